@@ -1,0 +1,68 @@
+//! Causal grouped-query attention over a key/value cache.
+
+use rayon::prelude::*;
+
+use super::matmul::dot;
+
+/// Causal attention for `T` queries at positions `pos0..pos0+T`.
+///
+/// `q` is `[T, hq, d]`; `k` and `v` are the cache `[S, hkv, d]` with `S >= pos0 + T`, and
+/// query `t` sees keys `0..=pos0+t`. Query head `h` uses kv head `h / (hq/hkv)`. Softmax is
+/// computed in f32 after scaling by `scale`. `out` is `[T, hq, d]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    out: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    pos0: usize,
+    scale: f32,
+) {
+    assert!(hq % hkv == 0, "query heads {hq} not a multiple of kv heads {hkv}");
+    let t = q.len() / (hq * d);
+    let s = k.len() / (hkv * d);
+    assert!(s >= pos0 + t, "cache holds {s} positions, need {}", pos0 + t);
+    assert_eq!(out.len(), q.len());
+    let group = hq / hkv;
+    out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
+        let (ti, h) = (i / hq, i % hq);
+        let kvh = h / group;
+        let qv = &q[i * d..(i + 1) * d];
+        let len = pos0 + ti + 1;
+        let mut scores: Vec<f32> = (0..len)
+            .map(|j| dot(qv, &k[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d]) * scale)
+            .collect();
+        super::softmax_in_place(&mut scores);
+        o.fill(0.0);
+        for (j, &p) in scores.iter().enumerate() {
+            let vr = &v[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d];
+            for (a, &b) in o.iter_mut().zip(vr) {
+                *a += p * b;
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_key_returns_its_value_and_causality_holds() {
+        // hq=2, hkv=1, d=2; two cached positions, query at position 0 sees only key 0.
+        let q = [1.0, 0.0, 0.0, 1.0];
+        let k = [1.0, 0.0, 0.0, 1.0];
+        let v = [1.0, 2.0, 10.0, 20.0];
+        let mut out = [0.0; 4];
+        attention(&mut out, &q, &k, &v, 2, 1, 2, 0, 1.0);
+        assert_eq!(out, [1.0, 2.0, 1.0, 2.0]);
+        // query at position 1 mixes both values
+        attention(&mut out, &q, &k, &v, 2, 1, 2, 1, 1.0);
+        let e = std::f32::consts::E;
+        let p0 = e / (e + 1.0); // head 0 prefers key 0
+        assert!((out[0] - (p0 * 1.0 + (1.0 - p0) * 10.0)).abs() < 1e-5);
+    }
+}

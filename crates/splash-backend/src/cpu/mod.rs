@@ -1,0 +1,15 @@
+//! The CPU backend: the reference definition of every op, multi-threaded with rayon.
+
+mod activation;
+mod attention;
+mod gdn;
+mod matmul;
+mod norm;
+mod rope;
+
+pub use activation::{add_in_place, sigmoid, silu, silu_mul, softmax_in_place, softplus};
+pub use attention::attention;
+pub use gdn::{causal_conv1d_silu, gdn_chunked, gdn_recurrent, GdnDims, GDN_CHUNK};
+pub use matmul::{dot, embedding, matmul};
+pub use norm::{l2_norm_rows, rms_norm, rms_norm_gated};
+pub use rope::Rope;

@@ -1,0 +1,309 @@
+//! Weights in their stored dtype, borrowed from a memory map or owned.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+/// Element type of a stored weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+        })
+    }
+}
+
+/// Errors raised when a weight does not have the shape or layout an op needs.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightError {
+    #[error("weight has shape {actual:?}, expected {expected:?}")]
+    Shape {
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
+    #[error("weight byte length {actual} does not match shape {shape:?} of dtype {dtype} ({expected} bytes)")]
+    Length {
+        shape: Vec<usize>,
+        dtype: DType,
+        expected: usize,
+        actual: usize,
+    },
+}
+
+/// A shared, immutable byte range: part of a memory-mapped file or an owned buffer.
+#[derive(Clone)]
+pub struct HostBytes {
+    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl HostBytes {
+    /// Bytes `range` of `owner` (for example a memory map shared by all tensors of a file).
+    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Self {
+        assert!(range.end <= (*owner).as_ref().len(), "byte range out of bounds");
+        Self { owner, range }
+    }
+
+    /// Bytes owned by this buffer alone.
+    pub fn from_vec(v: Vec<u8>) -> Self {
+        let len = v.len();
+        Self::new(Arc::new(v), 0..len)
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+
+    /// A sub-range of these bytes, sharing the owner.
+    pub fn slice(&self, r: Range<usize>) -> Self {
+        assert!(r.end <= self.range.len());
+        Self {
+            owner: self.owner.clone(),
+            range: self.range.start + r.start..self.range.start + r.end,
+        }
+    }
+
+    /// These bytes, copied to a fresh allocation only when their address is not a multiple of
+    /// `align` (safetensors does not promise aligned offsets; real files almost always are).
+    pub fn aligned(self, align: usize) -> Self {
+        if (self.as_slice().as_ptr() as usize) % align == 0 {
+            return self;
+        }
+        // Vec<u64> guarantees 8-byte alignment; view it as bytes.
+        let bytes = self.as_slice();
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        let len = bytes.len();
+        Self::new(Arc::new(AlignedBytes(words)), 0..len)
+    }
+}
+
+struct AlignedBytes(Vec<u64>);
+
+impl AsRef<[u8]> for AlignedBytes {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// A weight tensor in its stored dtype. Matrices are `[rows, cols]` with `y = W x`
+/// (PyTorch's `[out, in]`); leading axes (experts) may be sliced off with [`Weight::index`].
+#[derive(Clone)]
+pub struct Weight {
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: HostBytes,
+}
+
+impl fmt::Debug for Weight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Weight({}, {:?})", self.dtype, self.shape)
+    }
+}
+
+impl Weight {
+    /// A weight over `bytes`, which must hold exactly `shape` elements of `dtype`.
+    pub fn new(dtype: DType, shape: Vec<usize>, bytes: HostBytes) -> Result<Self, WeightError> {
+        let expected = shape.iter().product::<usize>() * dtype.size();
+        let actual = bytes.as_slice().len();
+        if expected != actual {
+            return Err(WeightError::Length {
+                shape,
+                dtype,
+                expected,
+                actual,
+            });
+        }
+        let bytes = bytes.aligned(dtype.size());
+        Ok(Self {
+            dtype,
+            shape,
+            bytes,
+        })
+    }
+
+    /// An owned f32 weight (tests, synthetic models).
+    pub fn from_f32(shape: Vec<usize>, data: &[f32]) -> Self {
+        let bytes = HostBytes::from_vec(bytemuck::cast_slice(data).to_vec());
+        Self::new(DType::F32, shape, bytes).expect("shape matches data")
+    }
+
+    /// Stored element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Shape, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True when the weight has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows of a matrix view: all axes but the last.
+    pub fn rows(&self) -> usize {
+        self.shape[..self.shape.len().saturating_sub(1)]
+            .iter()
+            .product()
+    }
+
+    /// Columns of a matrix view: the last axis.
+    pub fn cols(&self) -> usize {
+        *self.shape.last().unwrap_or(&1)
+    }
+
+    /// Checks the shape, naming both shapes on mismatch.
+    pub fn expect_shape(&self, expected: &[usize]) -> Result<(), WeightError> {
+        if self.shape != expected {
+            return Err(WeightError::Shape {
+                expected: expected.to_vec(),
+                actual: self.shape.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The same bytes under another shape with the same number of elements.
+    pub fn reshape(&self, shape: Vec<usize>) -> Result<Self, WeightError> {
+        if shape.iter().product::<usize>() != self.len() {
+            return Err(WeightError::Shape {
+                expected: shape,
+                actual: self.shape.clone(),
+            });
+        }
+        Ok(Self {
+            shape,
+            ..self.clone()
+        })
+    }
+
+    /// Sub-tensor `i` along the first axis (an expert of a stacked expert tensor).
+    pub fn index(&self, i: usize) -> Self {
+        assert!(i < self.shape[0], "index {i} out of {:?}", self.shape);
+        let inner: usize = self.shape[1..].iter().product();
+        self.narrow_rows_raw(i * inner, inner, self.shape[1..].to_vec())
+    }
+
+    /// Rows `start..start+n` of the matrix view (`[n, cols]`).
+    pub fn narrow_rows(&self, start: usize, n: usize) -> Self {
+        assert!(start + n <= self.rows(), "rows {start}+{n} out of {:?}", self.shape);
+        let cols = self.cols();
+        self.narrow_rows_raw(start * cols, n * cols, vec![n, cols])
+    }
+
+    fn narrow_rows_raw(&self, elem_start: usize, elems: usize, shape: Vec<usize>) -> Self {
+        let s = self.dtype.size();
+        Self {
+            dtype: self.dtype,
+            shape,
+            bytes: self.bytes.slice(elem_start * s..(elem_start + elems) * s),
+        }
+    }
+
+    /// Row `r` of the matrix view, converted to f32 into `out` (`cols` values).
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        let cols = self.cols();
+        self.range_to_f32(r * cols, out);
+    }
+
+    /// All elements as f32 (for small tensors: norms, biases, conv kernels).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.len()];
+        self.range_to_f32(0, &mut out);
+        out
+    }
+
+    fn range_to_f32(&self, start: usize, out: &mut [f32]) {
+        let n = out.len();
+        match self.dtype {
+            DType::F32 => out.copy_from_slice(&self.f32_data()[start..start + n]),
+            DType::BF16 => {
+                for (o, &b) in out.iter_mut().zip(&self.u16_data()[start..start + n]) {
+                    *o = bf16::from_bits(b).to_f32();
+                }
+            }
+            DType::F16 => {
+                for (o, &b) in out.iter_mut().zip(&self.u16_data()[start..start + n]) {
+                    *o = f16::from_bits(b).to_f32();
+                }
+            }
+        }
+    }
+
+    /// The elements of an F32 weight.
+    pub fn f32_data(&self) -> &[f32] {
+        assert_eq!(self.dtype, DType::F32);
+        bytemuck::cast_slice(self.bytes.as_slice())
+    }
+
+    /// The raw 16-bit elements of an F16 or BF16 weight.
+    pub fn u16_data(&self) -> &[u16] {
+        assert!(matches!(self.dtype, DType::F16 | DType::BF16));
+        bytemuck::cast_slice(self.bytes.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn misaligned_bytes_are_copied_and_read_back() {
+        let data: Vec<f32> = vec![1.0, -2.5, 3.25];
+        let mut raw = vec![0u8; 1];
+        raw.extend_from_slice(bytemuck::cast_slice(&data));
+        let bytes = HostBytes::from_vec(raw).slice(1..13);
+        let w = Weight::new(DType::F32, vec![3], bytes).unwrap();
+        assert_eq!(w.to_f32_vec(), data);
+    }
+
+    #[test]
+    fn bf16_rows_and_expert_index() {
+        let vals: Vec<f32> = (0..12).map(|i| i as f32 * 0.5).collect();
+        let bits: Vec<u16> = vals.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+        let bytes = HostBytes::from_vec(bytemuck::cast_slice(&bits).to_vec());
+        let w = Weight::new(DType::BF16, vec![2, 3, 2], bytes).unwrap();
+        let e1 = w.index(1);
+        assert_eq!(e1.shape(), &[3, 2]);
+        let mut row = [0.0; 2];
+        e1.row_to_f32(2, &mut row);
+        assert_eq!(row, [5.0, 5.5]);
+        assert_eq!(e1.narrow_rows(1, 2).to_f32_vec(), vec![4.0, 4.5, 5.0, 5.5]);
+    }
+
+    #[test]
+    fn wrong_length_is_an_error() {
+        let bytes = HostBytes::from_vec(vec![0u8; 10]);
+        assert!(Weight::new(DType::F32, vec![3], bytes).is_err());
+    }
+}
