@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Write a synthetic Qwen3.5 text-only checkpoint with random bf16 weights, for benchmarks.
+
+    python3 bench/make_synthetic.py OUT_DIR [--size 0.5b|0.8b|tiny] [--moe] [--seed N] [--dry-run]
+
+Needs only numpy (pip install numpy; `safetensors` is used for an extra check if installed).
+Writes OUT_DIR/{config.json, generation_config.json, model.safetensors, tokenizer.json.gz,
+tokenizer_config.json, chat_template.jinja} (tokenizer files copied from models/demo/).
+
+Sizes (real Qwen3.5 head geometry everywhere: 8 q heads / 2 kv heads of 256 with output gate,
+GDN 16 k heads / 16 v heads of 128, conv 4, layers linear x3 + full, vocab 248320):
+  0.5b  hidden 512, 24 layers, I 3584, untied lm_head   ~0.50B params (~1.0 GB)
+        --moe: 16 layers, 16 experts top-4, expert I 512, shared I 512   ~0.55B
+  0.8b  hidden 1024, 24 layers, I 3584, tied (the Qwen3.5-0.8B text geometry)  ~0.75B
+        --moe: 16 experts top-4, expert I 512, shared I 512, untied   ~1.38B
+  tiny  hidden 64, 4 layers, I 128, untied (quick CI smoke)
+With 248320 x hidden per embedding matrix, an untied 0.5B model cannot keep hidden 1024
+(embed + lm_head alone would be 0.51B), hence hidden 512 for the 0.5b preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from st_writer import verify_safetensors, write_safetensors  # noqa: E402
+import qwen35_layout  # noqa: E402
+
+COMMON = dict(vocab_size=248320, full_attention_interval=4, num_attention_heads=8, num_key_value_heads=2,
+              head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+              linear_value_head_dim=128, linear_conv_kernel_dim=4)
+MOE = dict(num_experts=16, num_experts_per_tok=4, moe_intermediate_size=512, shared_expert_intermediate_size=512)
+
+PRESETS = {
+    ("0.5b", False): dict(hidden_size=512, num_hidden_layers=24, intermediate_size=3584, tie_word_embeddings=False),
+    ("0.5b", True): dict(hidden_size=512, num_hidden_layers=16, intermediate_size=0, tie_word_embeddings=False, **MOE),
+    ("0.8b", False): dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=3584, tie_word_embeddings=True),
+    ("0.8b", True): dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=0, tie_word_embeddings=False,
+                         **MOE),
+    ("tiny", False): dict(hidden_size=64, num_hidden_layers=4, intermediate_size=128, tie_word_embeddings=False),
+    ("tiny", True): dict(hidden_size=64, num_hidden_layers=4, intermediate_size=0, tie_word_embeddings=False,
+                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                         shared_expert_intermediate_size=64),
+}
+
+DEMO = os.path.join(ROOT, "models", "demo")
+COPY_FILES = ["tokenizer.json.gz", "tokenizer_config.json", "chat_template.jinja"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir")
+    ap.add_argument("--size", default="0.5b", choices=sorted({k for k, _ in PRESETS}))
+    ap.add_argument("--moe", action="store_true", help="Qwen3.5-MoE text layout (qwen3_5_moe_text)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dry-run", action="store_true", help="print the parameter count, write nothing")
+    args = ap.parse_args()
+
+    cfg = qwen35_layout.text_config(moe=args.moe, **COMMON, **PRESETS[(args.size, args.moe)])
+    specs = qwen35_layout.tensor_specs(cfg, args.seed)
+    n = qwen35_layout.count_params(specs)
+    nbytes = sum(s.nbytes for s in specs)
+    print(f"{cfg['model_type']} size={args.size}: {n:,} parameters ({n / 1e9:.3f}B), "
+          f"{nbytes / 2**30:.2f} GiB of tensor data, {len(specs)} tensors")
+    if args.dry_run:
+        return
+
+    out = args.out_dir
+    os.makedirs(out, exist_ok=True)
+    t0 = time.time()
+    for name, obj in (("config.json", cfg), ("generation_config.json", qwen35_layout.generation_config())):
+        with open(os.path.join(out, name), "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+    for name in COPY_FILES:
+        shutil.copyfile(os.path.join(DEMO, name), os.path.join(out, name))
+    st = os.path.join(out, "model.safetensors")
+    write_safetensors(st, specs, args.seed, metadata={"format": "pt", "note": "splash synthetic: random weights"})
+    verify_safetensors(st)
+    dt = time.time() - t0
+    print(f"wrote {st}: {os.path.getsize(st):,} bytes in {dt:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

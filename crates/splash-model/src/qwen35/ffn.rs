@@ -1,0 +1,173 @@
+//! Feed-forward blocks: dense SwiGLU and the routed mixture of experts (model-spec §2.5).
+
+use splash_backend::cpu::{matmul, sigmoid, silu_mul, softmax_in_place};
+use splash_backend::Weight;
+
+use super::Names;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+
+/// `down(silu(gate x) * up x)`.
+pub(super) struct Mlp {
+    gate: Weight,
+    up: Weight,
+    down: Weight,
+}
+
+impl Mlp {
+    fn load(ck: &Checkpoint, prefix: &str, h: usize, i: usize) -> Result<Self, ModelError> {
+        Ok(Self {
+            gate: ck.get_shaped(&format!("{prefix}gate_proj.weight"), &[i, h])?,
+            up: ck.get_shaped(&format!("{prefix}up_proj.weight"), &[i, h])?,
+            down: ck.get_shaped(&format!("{prefix}down_proj.weight"), &[h, i])?,
+        })
+    }
+
+    fn num_parameters(&self) -> usize {
+        self.gate.len() + self.up.len() + self.down.len()
+    }
+
+    fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let t = x.len() / self.gate.cols();
+        let mut g = vec![0.0f32; t * self.gate.rows()];
+        matmul(&mut g, x, &self.gate);
+        let mut u = vec![0.0f32; g.len()];
+        matmul(&mut u, x, &self.up);
+        silu_mul(&mut g, &u);
+        let mut out = vec![0.0f32; t * self.down.rows()];
+        matmul(&mut out, &g, &self.down);
+        out
+    }
+}
+
+/// Softmax router over all experts, top-k renormalised, plus a sigmoid-gated shared expert.
+pub(super) struct Moe {
+    router: Weight,
+    experts: Vec<Mlp>,
+    top_k: usize,
+    shared: Mlp,
+    shared_gate: Weight,
+}
+
+impl Moe {
+    fn load(cfg: &ModelConfig, ck: &Checkpoint, names: &Names, li: usize) -> Result<Self, ModelError> {
+        let m = cfg.moe.as_ref().expect("MoE config");
+        let (h, e, i) = (cfg.hidden_size, m.num_experts, m.expert_intermediate);
+        let n = |rest: &str| names.layer(li, &format!("mlp.{rest}"));
+        // Experts come fused ([E, 2I, H] gate rows first, [E, H, I]) or one tensor per expert.
+        let experts = if ck.contains(&n("experts.gate_up_proj")) {
+            let gate_up = ck.get_shaped(&n("experts.gate_up_proj"), &[e, 2 * i, h])?;
+            let down = ck.get_shaped(&n("experts.down_proj"), &[e, h, i])?;
+            (0..e)
+                .map(|x| {
+                    let gu = gate_up.index(x);
+                    Mlp {
+                        gate: gu.narrow_rows(0, i),
+                        up: gu.narrow_rows(i, i),
+                        down: down.index(x),
+                    }
+                })
+                .collect()
+        } else {
+            (0..e)
+                .map(|x| Mlp::load(ck, &n(&format!("experts.{x}.")), h, i))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        Ok(Self {
+            router: ck.get_shaped(&n("gate.weight"), &[e, h])?,
+            experts,
+            top_k: m.experts_per_token,
+            shared: Mlp::load(ck, &n("shared_expert."), h, m.shared_intermediate)?,
+            shared_gate: ck.get_shaped(&n("shared_expert_gate.weight"), &[1, h])?,
+        })
+    }
+
+    fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let h = self.router.cols();
+        let t = x.len() / h;
+        let e = self.experts.len();
+        let mut probs = vec![0.0f32; t * e];
+        matmul(&mut probs, x, &self.router);
+        // Tokens routed to each expert, with their renormalised weights.
+        let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
+        let mut order: Vec<usize> = Vec::with_capacity(e);
+        for (ti, p) in probs.chunks_exact_mut(e).enumerate() {
+            softmax_in_place(p);
+            order.clear();
+            order.extend(0..e);
+            // Highest probability first; ties go to the lower expert index.
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let top = &order[..self.top_k];
+            let sum: f32 = top.iter().map(|&ei| p[ei]).sum();
+            for &ei in top {
+                routed[ei].push((ti, p[ei] / sum));
+            }
+        }
+        let mut out = self.shared.forward(x);
+        let mut sg = vec![0.0f32; t];
+        matmul(&mut sg, x, &self.shared_gate);
+        for (row, &g) in out.chunks_exact_mut(h).zip(&sg) {
+            let s = sigmoid(g);
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        let mut xs = Vec::new();
+        for (expert, tokens) in self.experts.iter().zip(&routed) {
+            if tokens.is_empty() {
+                continue;
+            }
+            xs.clear();
+            for &(ti, _) in tokens {
+                xs.extend_from_slice(&x[ti * h..(ti + 1) * h]);
+            }
+            let y = expert.forward(&xs);
+            for (&(ti, w), yr) in tokens.iter().zip(y.chunks_exact(h)) {
+                for (o, &v) in out[ti * h..(ti + 1) * h].iter_mut().zip(yr) {
+                    *o += w * v;
+                }
+            }
+        }
+        out
+    }
+
+    fn num_parameters(&self) -> usize {
+        self.router.len()
+            + self.experts.iter().map(Mlp::num_parameters).sum::<usize>()
+            + self.shared.num_parameters()
+            + self.shared_gate.len()
+    }
+}
+
+/// The feed-forward block of a layer.
+pub(super) enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+impl Ffn {
+    pub(super) fn load(cfg: &ModelConfig, ck: &Checkpoint, names: &Names, i: usize) -> Result<Self, ModelError> {
+        Ok(match cfg.moe {
+            Some(_) => Ffn::Moe(Moe::load(cfg, ck, names, i)?),
+            None => Ffn::Dense(Mlp::load(
+                ck,
+                &names.layer(i, "mlp."),
+                cfg.hidden_size,
+                cfg.intermediate_size,
+            )?),
+        })
+    }
+
+    pub(super) fn forward(&self, x: &[f32]) -> Vec<f32> {
+        match self {
+            Ffn::Dense(m) => m.forward(x),
+            Ffn::Moe(m) => m.forward(x),
+        }
+    }
+
+    pub(super) fn num_parameters(&self) -> usize {
+        match self {
+            Ffn::Dense(m) => m.num_parameters(),
+            Ffn::Moe(m) => m.num_parameters(),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Gated DeltaNet token mixer (model-spec §2.4), HF head order.
+
+use splash_backend::cpu::{
+    causal_conv1d_silu, gdn_chunked, gdn_recurrent, l2_norm_rows, matmul, rms_norm_gated,
+    sigmoid, softplus, GdnDims,
+};
+use splash_backend::Weight;
+
+use super::Names;
+use crate::checkpoint::Checkpoint;
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+
+pub(super) struct GatedDeltaNet {
+    dims: GdnDims,
+    in_qkv: Weight,
+    in_z: Weight,
+    in_b: Weight,
+    in_a: Weight,
+    /// Conv kernel `[conv_dim, K]`.
+    conv: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// `-exp(A_log)`, the per-head decay rate.
+    neg_a: Vec<f32>,
+    /// Gated output norm weight `[dv]`, used as stored (not zero-centred).
+    norm: Vec<f32>,
+    out: Weight,
+}
+
+impl GatedDeltaNet {
+    pub(super) fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        names: &Names,
+        i: usize,
+    ) -> Result<Self, ModelError> {
+        let GdnDims { hv, dv, .. } = cfg.gdn;
+        let (h, c, k) = (cfg.hidden_size, cfg.conv_dim(), cfg.conv_kernel);
+        let n = |rest: &str| names.layer(i, &format!("linear_attn.{rest}"));
+        let conv_w = ck.get(&n("conv1d.weight"))?;
+        if conv_w.shape() != [c, 1, k] {
+            // MLX stores [C, K, 1]; other layouts are not HF safetensors.
+            ck.get_shaped(&n("conv1d.weight"), &[c, 1, k])?;
+        }
+        Ok(Self {
+            dims: cfg.gdn,
+            in_qkv: ck.get_shaped(&n("in_proj_qkv.weight"), &[c, h])?,
+            in_z: ck.get_shaped(&n("in_proj_z.weight"), &[hv * dv, h])?,
+            in_b: ck.get_shaped(&n("in_proj_b.weight"), &[hv, h])?,
+            in_a: ck.get_shaped(&n("in_proj_a.weight"), &[hv, h])?,
+            conv: conv_w.to_f32_vec(),
+            dt_bias: ck.get_shaped(&n("dt_bias"), &[hv])?.to_f32_vec(),
+            neg_a: ck
+                .get_shaped(&n("A_log"), &[hv])?
+                .to_f32_vec()
+                .into_iter()
+                .map(|a| -a.exp())
+                .collect(),
+            norm: ck.get_shaped(&n("norm.weight"), &[dv])?.to_f32_vec(),
+            out: ck.get_shaped(&n("out_proj.weight"), &[h, hv * dv])?,
+        })
+    }
+
+    pub(super) fn num_parameters(&self) -> usize {
+        [&self.in_qkv, &self.in_z, &self.in_b, &self.in_a, &self.out]
+            .iter()
+            .map(|w| w.len())
+            .sum::<usize>()
+            + self.conv.len()
+            + self.dt_bias.len() * 2
+            + self.norm.len()
+    }
+
+    /// `x` `[T, H]` (normed) → `[T, H]`, advancing the conv and recurrent state.
+    pub(super) fn forward(&self, x: &[f32], conv_state: &mut [f32], recurrent: &mut [f32], eps: f32) -> Vec<f32> {
+        let GdnDims { hk, hv, dk, dv } = self.dims;
+        let t = x.len() / self.in_qkv.cols();
+        let c = self.in_qkv.rows();
+        let kd = hk * dk;
+        let mut qkv = vec![0.0f32; t * c];
+        matmul(&mut qkv, x, &self.in_qkv);
+        let mut z = vec![0.0f32; t * hv * dv];
+        matmul(&mut z, x, &self.in_z);
+        let mut b = vec![0.0f32; t * hv];
+        matmul(&mut b, x, &self.in_b);
+        let mut a = vec![0.0f32; t * hv];
+        matmul(&mut a, x, &self.in_a);
+
+        let mut mixed = vec![0.0f32; t * c];
+        causal_conv1d_silu(&mut mixed, &qkv, conv_state, &self.conv);
+        let (mut q, mut k, mut v) = (
+            Vec::with_capacity(t * kd),
+            Vec::with_capacity(t * kd),
+            Vec::with_capacity(t * hv * dv),
+        );
+        for row in mixed.chunks_exact(c) {
+            q.extend_from_slice(&row[..kd]);
+            k.extend_from_slice(&row[kd..2 * kd]);
+            v.extend_from_slice(&row[2 * kd..]);
+        }
+        l2_norm_rows(&mut q, dk, 1e-6);
+        l2_norm_rows(&mut k, dk, 1e-6);
+        let scale = (dk as f32).powf(-0.5);
+        q.iter_mut().for_each(|x| *x *= scale);
+
+        for (i, bv) in b.iter_mut().enumerate() {
+            *bv = sigmoid(*bv);
+            let h = i % hv;
+            a[i] = self.neg_a[h] * softplus(a[i] + self.dt_bias[h]);
+        }
+        let (beta, g) = (b, a);
+
+        let mut o = vec![0.0f32; t * hv * dv];
+        if t == 1 {
+            gdn_recurrent(&mut o, &q, &k, &v, &g, &beta, recurrent, self.dims);
+        } else {
+            gdn_chunked(&mut o, &q, &k, &v, &g, &beta, recurrent, self.dims);
+        }
+        let mut normed = vec![0.0f32; o.len()];
+        rms_norm_gated(&mut normed, &o, &z, &self.norm, eps);
+        let mut out = vec![0.0f32; t * self.out.rows()];
+        matmul(&mut out, &normed, &self.out);
+        out
+    }
+}

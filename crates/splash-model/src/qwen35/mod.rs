@@ -1,0 +1,212 @@
+//! The Qwen3.5 / 3.6 hybrid text model (dense and MoE): weights and forward pass.
+//!
+//! Skeleton (model-spec §2.2): embed → per layer `h += mixer(norm(h))`, `h += ffn(norm(h))`
+//! where the mixer is Gated DeltaNet or gated full attention → final norm → LM head.
+
+mod attention;
+mod ffn;
+mod gdn;
+
+use splash_backend::cpu::{add_in_place, embedding, matmul, rms_norm, Rope};
+use splash_backend::Weight;
+
+use crate::checkpoint::Checkpoint;
+use crate::config::{LayerKind, ModelConfig};
+use crate::error::ModelError;
+use crate::state::{LayerState, SequenceState};
+use attention::Attention;
+use ffn::Ffn;
+use gdn::GatedDeltaNet;
+
+/// Which rows of logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None (prefill of a prompt chunk that is not the last).
+    None,
+    /// The last token's row only (`[V]`).
+    Last,
+    /// Every token's row (`[T, V]`, perplexity and verification).
+    All,
+}
+
+enum Mixer {
+    Linear(GatedDeltaNet),
+    Full(Attention),
+}
+
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    mixer: Mixer,
+    ffn: Ffn,
+}
+
+/// A loaded Qwen3.5-family text model.
+pub struct Qwen35 {
+    config: ModelConfig,
+    embed: Weight,
+    layers: Vec<Layer>,
+    final_norm: Vec<f32>,
+    lm_head: Weight,
+    rope: Rope,
+}
+
+/// Tensor-name prefixes of a checkpoint: `p` for the text model, `head` for the LM head.
+pub(crate) struct Names {
+    p: String,
+    head: String,
+}
+
+impl Names {
+    fn detect(ck: &Checkpoint) -> Result<Self, ModelError> {
+        for p in ["model.language_model.", "model."] {
+            if ck.contains(&format!("{p}embed_tokens.weight")) {
+                return Ok(Self {
+                    p: p.to_string(),
+                    head: "lm_head.weight".to_string(),
+                });
+            }
+        }
+        if ck.contains("language_model.model.embed_tokens.weight") {
+            return Err(ModelError::config(
+                ck.dir(),
+                "this is an MLX-converted checkpoint (language_model.model.*); splash does not read the MLX layout yet — use the Hugging Face safetensors checkpoint",
+            ));
+        }
+        Err(ModelError::MissingTensor {
+            name: "model.language_model.embed_tokens.weight (or model.embed_tokens.weight)".into(),
+            dir: ck.dir().to_path_buf(),
+        })
+    }
+
+    fn layer(&self, i: usize, rest: &str) -> String {
+        format!("{}layers.{i}.{rest}", self.p)
+    }
+}
+
+/// A zero-centred RMSNorm weight, shifted once to `1 + w` (model-spec §0.1).
+fn load_shifted_norm(ck: &Checkpoint, name: &str, dim: usize) -> Result<Vec<f32>, ModelError> {
+    Ok(ck.get_shaped(name, &[dim])?.to_f32_vec().into_iter().map(|w| 1.0 + w).collect())
+}
+
+impl Qwen35 {
+    /// Binds the checkpoint's tensors to the graph, checking every shape.
+    pub fn load(config: &ModelConfig, ck: &Checkpoint) -> Result<Self, ModelError> {
+        let names = Names::detect(ck)?;
+        let (v, h) = (config.vocab_size, config.hidden_size);
+        let embed = ck.get_shaped(&format!("{}embed_tokens.weight", names.p), &[v, h])?;
+        let lm_head = if config.tie_word_embeddings {
+            embed.clone()
+        } else {
+            ck.get_shaped(&names.head, &[v, h])?
+        };
+        let layers = config
+            .layer_kinds
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| {
+                Ok(Layer {
+                    input_norm: load_shifted_norm(ck, &names.layer(i, "input_layernorm.weight"), h)?,
+                    post_norm: load_shifted_norm(ck, &names.layer(i, "post_attention_layernorm.weight"), h)?,
+                    mixer: match kind {
+                        LayerKind::Linear => Mixer::Linear(GatedDeltaNet::load(config, ck, &names, i)?),
+                        LayerKind::Full => Mixer::Full(Attention::load(config, ck, &names, i)?),
+                    },
+                    ffn: Ffn::load(config, ck, &names, i)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(Self {
+            config: config.clone(),
+            embed,
+            layers,
+            final_norm: load_shifted_norm(ck, &format!("{}norm.weight", names.p), h)?,
+            lm_head,
+            rope: Rope::new(config.rotary_dim, config.rope_theta),
+        })
+    }
+
+    /// The architecture this graph was built for.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// A fresh per-sequence state for this model.
+    pub fn new_state(&self) -> SequenceState {
+        SequenceState::new(&self.config)
+    }
+
+    /// Number of parameters of the text model (tied embeddings counted once).
+    pub fn num_parameters(&self) -> usize {
+        // Derived from shapes rather than stored: cheap and always in sync with the weights.
+        let mut n = self.embed.len() + self.final_norm.len();
+        if !self.config.tie_word_embeddings {
+            n += self.lm_head.len();
+        }
+        for l in &self.layers {
+            n += l.input_norm.len() + l.post_norm.len() + l.ffn.num_parameters();
+            n += match &l.mixer {
+                Mixer::Linear(g) => g.num_parameters(),
+                Mixer::Full(a) => a.num_parameters(),
+            };
+        }
+        n
+    }
+
+    /// Runs `tokens` through the model after the `state.len()` tokens already in `state`,
+    /// advancing it. Returns logits as selected by `want` (`[V]` or `[T, V]`).
+    pub fn forward(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = &self.config;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= cfg.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab: cfg.vocab_size,
+            });
+        }
+        let pos0 = state.len();
+        if pos0 + tokens.len() > cfg.max_position_embeddings {
+            return Err(ModelError::ContextOverflow {
+                needed: pos0 + tokens.len(),
+                limit: cfg.max_position_embeddings,
+            });
+        }
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (t, h, eps) = (tokens.len(), cfg.hidden_size, cfg.rms_norm_eps);
+        let mut x = vec![0.0f32; t * h];
+        embedding(&mut x, &self.embed, tokens);
+        let mut normed = vec![0.0f32; t * h];
+        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+            rms_norm(&mut normed, &x, &layer.input_norm, eps);
+            let mixed = match (&layer.mixer, ls) {
+                (Mixer::Linear(g), LayerState::Gdn { conv, recurrent }) => {
+                    g.forward(&normed, conv, recurrent, eps)
+                }
+                (Mixer::Full(a), LayerState::Attn { k, v }) => {
+                    a.forward(&normed, k, v, pos0, &self.rope, eps)
+                }
+                _ => unreachable!("sequence state was built for another model"),
+            };
+            add_in_place(&mut x, &mixed);
+            rms_norm(&mut normed, &x, &layer.post_norm, eps);
+            add_in_place(&mut x, &layer.ffn.forward(&normed));
+        }
+        state.advance(t);
+        let rows = match want {
+            Logits::None => return Ok(Vec::new()),
+            Logits::Last => &x[(t - 1) * h..],
+            Logits::All => &x[..],
+        };
+        let mut final_h = vec![0.0f32; rows.len()];
+        rms_norm(&mut final_h, rows, &self.final_norm, eps);
+        let mut logits = vec![0.0f32; rows.len() / h * cfg.vocab_size];
+        matmul(&mut logits, &final_h, &self.lm_head);
+        Ok(logits)
+    }
+}
