@@ -1,1 +1,18 @@
-//! splash-engine
+//! The generation engine of splash: sequences, sampling, stop rules and the step loop.
+//!
+//! An [`Engine`] owns a loaded model and any number of [`Sequence`]s. [`Engine::step`]
+//! advances every running sequence by one unit of work — a prefill chunk or one decoded
+//! token — and returns the text each produced; [`Engine::generate`] runs one request to the
+//! end. [`perplexity`] scores a token stream teacher-forced.
+
+mod engine;
+mod perplexity;
+mod sampling;
+mod sequence;
+mod stop;
+
+pub use engine::{Completion, Engine, EngineError, Event, Request, SeqId};
+pub use perplexity::{perplexity, Perplexity};
+pub use sampling::{Sampler, SamplingParams};
+pub use sequence::{FinishReason, Sequence};
+pub use stop::StopMatcher;

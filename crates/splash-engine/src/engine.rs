@@ -1,0 +1,186 @@
+//! The engine: admits requests as sequences and steps them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use splash_model::{Model, ModelError};
+
+use crate::sampling::SamplingParams;
+use crate::sequence::{FinishReason, Sequence};
+
+/// Identifies a sequence inside one engine.
+pub type SeqId = u64;
+
+/// Prompt tokens per prefill step: long prompts are prefilled in pieces so other sequences
+/// keep decoding in between.
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// A generation request in token space.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Upper bound on generated tokens.
+    pub max_tokens: usize,
+    /// Stop strings (the output ends before the first one).
+    pub stop: Vec<String>,
+    /// Keep generating through end-of-sequence tokens (benchmarks, tests).
+    pub ignore_eos: bool,
+}
+
+/// What a step produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// New text of a sequence.
+    Text { id: SeqId, text: String },
+    /// The sequence ended; see [`Engine::take_finished`] for the result.
+    Finished { id: SeqId },
+}
+
+/// A request rejected or a model failure.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// The result of a finished request.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+}
+
+/// Runs sequences of one model.
+pub struct Engine {
+    model: Arc<Model>,
+    running: Vec<Sequence>,
+    finished: Vec<Sequence>,
+    next_id: SeqId,
+    prefill_chunk: usize,
+    max_context: usize,
+}
+
+impl Engine {
+    /// An engine with the model's native context limit.
+    pub fn new(model: Arc<Model>) -> Self {
+        let max_context = model.config.max_position_embeddings;
+        Self {
+            model,
+            running: Vec::new(),
+            finished: Vec::new(),
+            next_id: 0,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            max_context,
+        }
+    }
+
+    /// Caps the context (prompt + output) of every sequence.
+    pub fn with_max_context(mut self, tokens: usize) -> Self {
+        self.max_context = tokens.min(self.model.config.max_position_embeddings);
+        self
+    }
+
+    /// Sets the prefill chunk size (≥ 1).
+    pub fn with_prefill_chunk(mut self, tokens: usize) -> Self {
+        self.prefill_chunk = tokens.max(1);
+        self
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The context limit in tokens.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// Validates and admits a request.
+    pub fn add(&mut self, req: Request) -> Result<SeqId, EngineError> {
+        if req.prompt.is_empty() {
+            return Err(EngineError::InvalidRequest("the prompt is empty: give at least one token".into()));
+        }
+        if req.prompt.len() >= self.max_context {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt has {} tokens but the context limit is {}: shorten the prompt",
+                req.prompt.len(),
+                self.max_context
+            )));
+        }
+        let vocab = self.model.config.vocab_size;
+        if let Some(&id) = req.prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::InvalidRequest(format!(
+                "token id {id} is outside the vocabulary (size {vocab})"
+            )));
+        }
+        if req.max_tokens == 0 {
+            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+        }
+        req.sampling.validate().map_err(EngineError::InvalidRequest)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.running.push(Sequence::new(id, req, &self.model, self.max_context));
+        Ok(id)
+    }
+
+    /// True while any sequence is running.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty()
+    }
+
+    /// Advances every running sequence by one prefill chunk or one token.
+    pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
+        let mut events = Vec::new();
+        for seq in &mut self.running {
+            seq.step(&self.model, self.prefill_chunk, &mut events)?;
+        }
+        let (done, running): (Vec<_>, Vec<_>) =
+            self.running.drain(..).partition(|s| s.finish_reason().is_some());
+        self.running = running;
+        self.finished.extend(done);
+        Ok(events)
+    }
+
+    /// Removes and returns a finished sequence.
+    pub fn take_finished(&mut self, id: SeqId) -> Option<Sequence> {
+        let i = self.finished.iter().position(|s| s.id() == id)?;
+        Some(self.finished.swap_remove(i))
+    }
+
+    /// Runs one request to the end, calling `on_text` with each piece of text as it comes.
+    pub fn generate(&mut self, req: Request, mut on_text: impl FnMut(&str)) -> Result<Completion, EngineError> {
+        let id = self.add(req)?;
+        let mut text = String::new();
+        loop {
+            for ev in self.step()? {
+                match ev {
+                    Event::Text { id: i, text: t } if i == id => {
+                        on_text(&t);
+                        text.push_str(&t);
+                    }
+                    Event::Finished { id: i } if i == id => {
+                        let seq = self.take_finished(id).expect("finished sequence is kept");
+                        let (prefill_time, decode_time) = seq.timings();
+                        return Ok(Completion {
+                            text,
+                            tokens: seq.output().to_vec(),
+                            finish_reason: seq.finish_reason().cloned().expect("finished"),
+                            prompt_tokens: seq.prompt().len(),
+                            prefill_time,
+                            decode_time,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}

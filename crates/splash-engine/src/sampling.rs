@@ -1,0 +1,281 @@
+//! Token sampling: penalties, temperature, top-k, top-p, min-p; seeded and reproducible.
+
+/// How the next token is chosen. The defaults sample nothing away: temperature 1, no
+/// truncation, no penalties. Temperature 0 means greedy (argmax).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens (0: all).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `top_p` (1: all).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` × the most likely one (0: none).
+    pub min_p: f32,
+    /// Subtracted once from the logit of every token already generated (OpenAI semantics).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of every token already generated.
+    pub frequency_penalty: f32,
+    /// CTRL-style penalty on tokens in the prompt or output: positive logits are divided by
+    /// it, negative ones multiplied (1: off).
+    pub repetition_penalty: f32,
+    /// RNG seed; `None` draws one from the OS.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Checks ranges; the message names the parameter and its valid range.
+    pub fn validate(&self) -> Result<(), String> {
+        let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(msg.to_string()) };
+        check(self.temperature.is_finite() && self.temperature >= 0.0, "temperature must be a finite number ≥ 0")?;
+        check(self.top_p > 0.0 && self.top_p <= 1.0, "top_p must be in (0, 1]")?;
+        check((0.0..=1.0).contains(&self.min_p), "min_p must be in [0, 1]")?;
+        check(self.presence_penalty.is_finite() && self.presence_penalty.abs() <= 2.0, "presence_penalty must be in [-2, 2]")?;
+        check(self.frequency_penalty.is_finite() && self.frequency_penalty.abs() <= 2.0, "frequency_penalty must be in [-2, 2]")?;
+        check(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0, "repetition_penalty must be > 0")
+    }
+}
+
+/// Samples tokens for one sequence with its own RNG stream.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Xoshiro256,
+}
+
+impl Sampler {
+    /// A sampler seeded from `params.seed`, or from the OS when absent.
+    pub fn new(params: SamplingParams) -> Self {
+        let seed = params.seed.unwrap_or_else(os_seed);
+        Self {
+            params,
+            rng: Xoshiro256::new(seed),
+        }
+    }
+
+    /// The parameters this sampler applies.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from `logits` (modified in place). `prompt` and `output` are the
+    /// tokens the penalties look at.
+    pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> u32 {
+        self.apply_penalties(logits, prompt, output);
+        let p = &self.params;
+        if p.temperature == 0.0 {
+            return argmax(logits);
+        }
+        // Candidates sorted by logit, best first; ties keep the lower id first.
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &l)| (i as u32, l / p.temperature))
+            .collect();
+        if cand.is_empty() {
+            return argmax(logits);
+        }
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            cand.truncate(p.top_k);
+        }
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        // Softmax over the survivors, in f64 so long tails do not lose mass.
+        let max = cand[0].1 as f64;
+        let mut probs: Vec<f64> = cand.iter().map(|c| (c.1 as f64 - max).exp()).collect();
+        let sum: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= sum);
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, &q) in probs.iter().enumerate() {
+                acc += q;
+                if acc >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
+        }
+        let total: f64 = probs[..keep].iter().sum();
+        let mut u = self.rng.next_f64() * total;
+        for (c, &q) in cand[..keep].iter().zip(&probs[..keep]) {
+            if u < q {
+                return c.0;
+            }
+            u -= q;
+        }
+        cand[keep - 1].0
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            let mut seen = std::collections::HashSet::new();
+            for &t in prompt.iter().chain(output) {
+                if seen.insert(t) {
+                    if let Some(l) = logits.get_mut(t as usize) {
+                        *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    }
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            let mut counts = std::collections::HashMap::<u32, u32>::new();
+            for &t in output {
+                *counts.entry(t).or_default() += 1;
+            }
+            for (t, n) in counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * n as f32;
+                }
+            }
+        }
+    }
+}
+
+/// Index of the largest value; the first one on ties.
+pub(crate) fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn os_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
+/// xoshiro256** seeded through splitmix64: small, fast and identical on every platform.
+#[derive(Clone, Debug)]
+struct Xoshiro256 {
+    s: [u64; 4],
+}
+
+impl Xoshiro256 {
+    fn new(seed: u64) -> Self {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        Self {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1).
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn draw(params: SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(params);
+        (0..n).map(|_| s.sample(&mut logits.to_vec(), &[], &[])).collect()
+    }
+
+    #[test]
+    fn greedy_takes_argmax_with_first_tie() {
+        assert_eq!(draw(SamplingParams::greedy(), &[0.1, 3.0, 3.0, -1.0], 3), vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_distribution_follows_softmax() {
+        let logits = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY];
+        let p = SamplingParams { seed: Some(7), ..Default::default() };
+        let a = draw(p.clone(), &logits, 4000);
+        assert_eq!(a, draw(p, &logits, 4000));
+        let ones = a.iter().filter(|&&t| t == 1).count() as f64 / 4000.0;
+        assert!((ones - 0.75).abs() < 0.03, "token 1 drawn {ones}, expected 0.75");
+        assert!(!a.contains(&2), "-inf logit must never be drawn");
+    }
+
+    #[test]
+    fn truncations_keep_only_the_head() {
+        let logits = [4.0f32, 3.0, 2.0, 1.0, 0.0];
+        let seed = Some(3);
+        let k = draw(SamplingParams { top_k: 2, seed, ..Default::default() }, &logits, 500);
+        assert!(k.iter().all(|&t| t < 2));
+        // top_p 0.5: token 0 alone has p ≈ 0.64
+        let p = draw(SamplingParams { top_p: 0.5, seed, ..Default::default() }, &logits, 200);
+        assert!(p.iter().all(|&t| t == 0));
+        // min_p 0.3: tokens with p ≥ 0.3·p0 are 0 and 1 (e^-1 ≈ 0.37)
+        let m = draw(SamplingParams { min_p: 0.3, seed, ..Default::default() }, &logits, 500);
+        assert!(m.iter().all(|&t| t < 2) && m.contains(&1));
+    }
+
+    #[test]
+    fn penalties_change_the_greedy_choice() {
+        let mut s = Sampler::new(SamplingParams { presence_penalty: 1.5, ..SamplingParams::greedy() });
+        assert_eq!(s.sample(&mut [2.0, 1.0], &[], &[0]), 1);
+        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.6, ..SamplingParams::greedy() });
+        assert_eq!(s.sample(&mut [2.0, 1.0], &[], &[0]), 0);
+        assert_eq!(s.sample(&mut [2.0, 1.0], &[], &[0, 0]), 1);
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 3.0, ..SamplingParams::greedy() });
+        assert_eq!(s.sample(&mut [2.0, 1.0], &[0], &[]), 1, "prompt tokens count for repetition");
+    }
+
+    #[test]
+    fn validation_names_the_parameter() {
+        let e = SamplingParams { top_p: 0.0, ..Default::default() }.validate().unwrap_err();
+        assert!(e.contains("top_p"));
+    }
+}

@@ -1,0 +1,173 @@
+//! One request in flight: its tokens, model state, sampler, stop rules and timings.
+
+use std::time::{Duration, Instant};
+
+use splash_model::{Logits, Model, ModelError, SequenceState, StreamDecoder};
+
+use crate::engine::{Event, Request, SeqId};
+use crate::sampling::Sampler;
+use crate::stop::StopMatcher;
+
+/// Why a sequence ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token.
+    Eos(u32),
+    /// A stop string appeared in the text (it is not part of the output).
+    StopString(String),
+    /// `max_tokens` were generated.
+    Length,
+    /// The context limit was reached.
+    ContextFull,
+}
+
+/// A request being prefilled or decoded.
+pub struct Sequence {
+    id: SeqId,
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+    state: SequenceState,
+    prefilled: usize,
+    /// Next-token logits, once the prompt is in.
+    logits: Option<Vec<f32>>,
+    sampler: Sampler,
+    stop: StopMatcher,
+    decoder: StreamDecoder,
+    max_tokens: usize,
+    max_context: usize,
+    eos: Vec<u32>,
+    finish: Option<FinishReason>,
+    started: Instant,
+    prefill_time: Duration,
+    decode_time: Duration,
+}
+
+impl Sequence {
+    pub(crate) fn new(id: SeqId, req: Request, model: &Model, max_context: usize) -> Self {
+        let eos = if req.ignore_eos {
+            Vec::new()
+        } else {
+            model.generation.eos_token_ids.clone()
+        };
+        Self {
+            id,
+            prompt: req.prompt,
+            output: Vec::new(),
+            state: model.graph.new_state(),
+            prefilled: 0,
+            logits: None,
+            sampler: Sampler::new(req.sampling),
+            stop: StopMatcher::new(req.stop),
+            decoder: StreamDecoder::new(),
+            max_tokens: req.max_tokens,
+            max_context,
+            eos,
+            finish: None,
+            started: Instant::now(),
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+        }
+    }
+
+    /// The id the engine gave this sequence.
+    pub fn id(&self) -> SeqId {
+        self.id
+    }
+
+    /// Prompt tokens.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// Generated tokens (the EOS token included when it ended the sequence).
+    pub fn output(&self) -> &[u32] {
+        &self.output
+    }
+
+    /// Why it ended, once it has.
+    pub fn finish_reason(&self) -> Option<&FinishReason> {
+        self.finish.as_ref()
+    }
+
+    /// Time spent in prefill and in decode.
+    pub fn timings(&self) -> (Duration, Duration) {
+        (self.prefill_time, self.decode_time)
+    }
+
+    /// One unit of work: the next prefill chunk of at most `chunk` tokens, or one decoded
+    /// token. Text produced is appended to `events`.
+    pub(crate) fn step(&mut self, model: &Model, chunk: usize, events: &mut Vec<Event>) -> Result<(), ModelError> {
+        if self.finish.is_some() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        if self.prefilled < self.prompt.len() {
+            let end = (self.prefilled + chunk).min(self.prompt.len());
+            let last = end == self.prompt.len();
+            let want = if last { Logits::Last } else { Logits::None };
+            let logits = model.graph.forward(&mut self.state, &self.prompt[self.prefilled..end], want)?;
+            self.prefilled = end;
+            if last {
+                self.logits = Some(logits);
+            }
+            self.prefill_time += t0.elapsed();
+            return Ok(());
+        }
+        let mut logits = self.logits.take().expect("decode step after prefill");
+        let token = self.sampler.sample(&mut logits, &self.prompt, &self.output);
+        self.output.push(token);
+        if self.eos.contains(&token) {
+            self.finish(FinishReason::Eos(token), model, events)?;
+        } else if let Some(piece) = self.decoder.push(&model.tokenizer, token)? {
+            let check = self.stop.push(&piece);
+            self.emit(check.emit, events);
+            if let Some(s) = check.stopped {
+                self.finish = Some(FinishReason::StopString(s));
+                events.push(Event::Finished { id: self.id });
+            }
+        }
+        if self.finish.is_none() && self.output.len() >= self.max_tokens {
+            self.finish(FinishReason::Length, model, events)?;
+        }
+        // Like vLLM's max_model_len: prompt + output never exceed the context limit.
+        if self.finish.is_none() && self.prompt.len() + self.output.len() >= self.max_context {
+            self.finish(FinishReason::ContextFull, model, events)?;
+        }
+        if self.finish.is_none() {
+            self.logits = Some(model.graph.forward(&mut self.state, &[token], Logits::Last)?);
+        }
+        self.decode_time += t0.elapsed();
+        Ok(())
+    }
+
+    fn emit(&self, text: String, events: &mut Vec<Event>) {
+        if !text.is_empty() {
+            events.push(Event::Text { id: self.id, text });
+        }
+    }
+
+    /// Ends the sequence, releasing text held back by the decoder and stop matcher.
+    fn finish(&mut self, reason: FinishReason, model: &Model, events: &mut Vec<Event>) -> Result<(), ModelError> {
+        let mut tail = String::new();
+        if let Some(rest) = self.decoder.flush(&model.tokenizer)? {
+            let check = self.stop.push(&rest);
+            tail.push_str(&check.emit);
+            if let Some(s) = check.stopped {
+                self.emit(tail, events);
+                self.finish = Some(FinishReason::StopString(s));
+                events.push(Event::Finished { id: self.id });
+                return Ok(());
+            }
+        }
+        tail.push_str(&self.stop.finish());
+        self.emit(tail, events);
+        self.finish = Some(reason);
+        events.push(Event::Finished { id: self.id });
+        Ok(())
+    }
+
+    /// Wall time since the sequence was added.
+    pub fn age(&self) -> Duration {
+        self.started.elapsed()
+    }
+}

@@ -1,0 +1,173 @@
+//! The engine on the transformers fixtures (`tests/fixtures/qwen35-{dense,moe}`): greedy
+//! continuations and perplexity as transformers computed them, stop rules, seeded sampling.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use splash_engine::{perplexity, Engine, EngineError, FinishReason, Request, SamplingParams};
+use splash_model::{load, Model};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+}
+
+fn reference(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        prompt,
+        sampling: SamplingParams::greedy(),
+        max_tokens,
+        stop: Vec::new(),
+        ignore_eos: true,
+    }
+}
+
+fn model(name: &str) -> (Arc<Model>, serde_json::Value) {
+    let dir = fixture(name);
+    (Arc::new(load(&dir).unwrap()), reference(&dir))
+}
+
+fn greedy_matches_transformers(name: &str) {
+    let (m, r) = model(name);
+    let prompts = r["prompts"].as_array().unwrap();
+    for g in r["greedy"].as_array().unwrap() {
+        let prompt = ids(&prompts[g["prompt_index"].as_u64().unwrap() as usize]["ids"]);
+        let want = ids(&g["output_ids"]);
+        // Small prefill chunks: the engine's chunked prefill must not change the result.
+        let mut engine = Engine::new(m.clone()).with_prefill_chunk(5);
+        let c = engine.generate(request(prompt, want.len()), |_| {}).unwrap();
+        assert_eq!(c.tokens, want, "{name}: greedy output differs from transformers");
+        assert_eq!(c.finish_reason, FinishReason::Length);
+        assert_eq!(c.text, m.tokenizer.decode(&want, false).unwrap());
+    }
+}
+
+fn perplexity_matches_transformers(name: &str) {
+    let (m, r) = model(name);
+    let p = &r["perplexity"];
+    let text = std::fs::read_to_string(fixture(name).join(p["file"].as_str().unwrap())).unwrap();
+    let tokens = m.tokenizer.encode(&text).unwrap();
+    assert_eq!(tokens.len() as u64, p["tokens"].as_u64().unwrap());
+    let got = perplexity(&m, &tokens, 4096, 64).unwrap();
+    let want = p["perplexity"].as_f64().unwrap();
+    let rel = (got.perplexity - want).abs() / want;
+    println!("{name}: perplexity {:.6} vs transformers {want:.6} (rel {rel:.2e})", got.perplexity);
+    assert!(rel < 1e-4, "{name}: perplexity {} vs {want}", got.perplexity);
+    assert_eq!(got.predicted, tokens.len() - 1);
+}
+
+#[test]
+fn dense_greedy_matches_transformers() {
+    greedy_matches_transformers("qwen35-dense");
+}
+
+#[test]
+fn moe_greedy_matches_transformers() {
+    greedy_matches_transformers("qwen35-moe");
+}
+
+#[test]
+fn dense_perplexity_matches_transformers() {
+    perplexity_matches_transformers("qwen35-dense");
+}
+
+#[test]
+fn moe_perplexity_matches_transformers() {
+    perplexity_matches_transformers("qwen35-moe");
+}
+
+#[test]
+fn eos_ends_the_sequence_at_the_right_token() {
+    // The MoE fixture's greedy continuation of prompt 0 contains <|im_end|> (an EOS id).
+    let (m, r) = model("qwen35-moe");
+    let g = &r["greedy"][0];
+    let prompt = ids(&r["prompts"][0]["ids"]);
+    let full = ids(&g["output_ids"]);
+    let eos = &m.generation.eos_token_ids;
+    let at = full.iter().position(|t| eos.contains(t)).expect("fixture output contains an EOS token");
+    let mut engine = Engine::new(m.clone());
+    let c = engine
+        .generate(Request { ignore_eos: false, ..request(prompt, full.len()) }, |_| {})
+        .unwrap();
+    assert_eq!(c.tokens, full[..=at].to_vec());
+    assert_eq!(c.finish_reason, FinishReason::Eos(full[at]));
+}
+
+#[test]
+fn stop_string_cuts_the_text_before_it() {
+    let (m, r) = model("qwen35-dense");
+    let prompt = ids(&r["prompts"][1]["ids"]);
+    let mut engine = Engine::new(m.clone());
+    let full = engine.generate(request(prompt.clone(), 30), |_| {}).unwrap().text;
+    let cut = full.char_indices().nth(full.chars().count() / 2).unwrap().0;
+    let stop: String = full[cut..].chars().take(3).collect();
+    let first = full.find(&stop).unwrap();
+    let mut streamed = String::new();
+    let c = engine
+        .generate(Request { stop: vec![stop.clone()], ..request(prompt, 30) }, |t| streamed.push_str(t))
+        .unwrap();
+    assert_eq!(c.text, full[..first]);
+    assert_eq!(streamed, c.text);
+    assert_eq!(c.finish_reason, FinishReason::StopString(stop));
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let (m, r) = model("qwen35-dense");
+    let prompt = ids(&r["prompts"][0]["ids"]);
+    let sampled = |seed| {
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            top_k: 50,
+            top_p: 0.95,
+            seed: Some(seed),
+            ..Default::default()
+        };
+        Engine::new(m.clone())
+            .generate(Request { sampling, ..request(prompt.clone(), 24) }, |_| {})
+            .unwrap()
+            .tokens
+    };
+    assert_eq!(sampled(1), sampled(1));
+    assert_ne!(sampled(1), sampled(2));
+}
+
+#[test]
+fn bad_requests_are_refused_with_a_reason() {
+    let (m, _) = model("qwen35-dense");
+    let mut engine = Engine::new(m).with_max_context(16);
+    let cases = [
+        (request(vec![], 4), "prompt is empty"),
+        (request(vec![1, 100_000], 4), "outside the vocabulary"),
+        (request(vec![1; 16], 4), "context limit is 16"),
+        (request(vec![1], 0), "max_tokens"),
+        (
+            Request { sampling: SamplingParams { top_p: 2.0, ..Default::default() }, ..request(vec![1], 4) },
+            "top_p",
+        ),
+    ];
+    for (req, needle) in cases {
+        match engine.add(req) {
+            Err(EngineError::InvalidRequest(msg)) => assert!(msg.contains(needle), "{msg}"),
+            other => panic!("expected InvalidRequest({needle}), got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn generation_stops_at_the_context_limit() {
+    let (m, r) = model("qwen35-dense");
+    let prompt = ids(&r["prompts"][0]["ids"]);
+    let limit = prompt.len() + 5;
+    let mut engine = Engine::new(m).with_max_context(limit);
+    let c = engine.generate(request(prompt.clone(), 100), |_| {}).unwrap();
+    assert_eq!(c.finish_reason, FinishReason::ContextFull);
+    assert_eq!(prompt.len() + c.tokens.len(), limit);
+}
