@@ -1,1 +1,50 @@
-fn main() {}
+//! `splash`: a local inference server for the Qwen3.5 / 3.6 hybrid models.
+//!
+//! Subcommands: `generate` (stream a completion to stdout), `perplexity` (score a text file),
+//! `bench` (prefill and decode speed). `--model demo` names the bundled demo checkpoint.
+
+mod commands;
+mod model_arg;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "splash", version, about = "Fast local inference for Qwen3.5/3.6 hybrid models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streamed to stdout.
+    Generate(commands::generate::Args),
+    /// Teacher-forced perplexity of a text file.
+    Perplexity(commands::perplexity::Args),
+    /// Measure prefill and decode speed.
+    Bench(commands::bench::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SPLASH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Perplexity(a) => commands::perplexity::run(a),
+        Command::Bench(a) => commands::bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
