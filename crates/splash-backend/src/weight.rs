@@ -61,7 +61,10 @@ pub struct HostBytes {
 impl HostBytes {
     /// Bytes `range` of `owner` (for example a memory map shared by all tensors of a file).
     pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Self {
-        assert!(range.end <= (*owner).as_ref().len(), "byte range out of bounds");
+        assert!(
+            range.end <= (*owner).as_ref().len(),
+            "byte range out of bounds"
+        );
         Self { owner, range }
     }
 
@@ -88,7 +91,7 @@ impl HostBytes {
     /// These bytes, copied to a fresh allocation only when their address is not a multiple of
     /// `align` (safetensors does not promise aligned offsets; real files almost always are).
     pub fn aligned(self, align: usize) -> Self {
-        if (self.as_slice().as_ptr() as usize) % align == 0 {
+        if (self.as_slice().as_ptr() as usize).is_multiple_of(align) {
             return self;
         }
         // Vec<u64> guarantees 8-byte alignment; view it as bytes.
@@ -216,7 +219,11 @@ impl Weight {
 
     /// Rows `start..start+n` of the matrix view (`[n, cols]`).
     pub fn narrow_rows(&self, start: usize, n: usize) -> Self {
-        assert!(start + n <= self.rows(), "rows {start}+{n} out of {:?}", self.shape);
+        assert!(
+            start + n <= self.rows(),
+            "rows {start}+{n} out of {:?}",
+            self.shape
+        );
         let cols = self.cols();
         self.narrow_rows_raw(start * cols, n * cols, vec![n, cols])
     }

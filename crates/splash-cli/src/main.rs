@@ -11,7 +11,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "splash", version, about = "Fast local inference for Qwen3.5/3.6 hybrid models")]
+#[command(
+    name = "splash",
+    version,
+    about = "Fast local inference for Qwen3.5/3.6 hybrid models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,7 +34,8 @@ enum Command {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SPLASH_LOG").unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("SPLASH_LOG")
+                .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -22,7 +22,8 @@ pub fn resolve(arg: &str) -> PathBuf {
 pub fn load(arg: &str) -> anyhow::Result<Arc<Model>> {
     let dir = resolve(arg);
     let t0 = Instant::now();
-    let model = splash_model::load(&dir).with_context(|| format!("cannot load model `{arg}` from {}", dir.display()))?;
+    let model = splash_model::load(&dir)
+        .with_context(|| format!("cannot load model `{arg}` from {}", dir.display()))?;
     tracing::info!(
         "loaded {} ({} parameters, {} layers) in {:.2}s",
         dir.display(),

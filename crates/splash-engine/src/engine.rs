@@ -106,7 +106,9 @@ impl Engine {
     /// Validates and admits a request.
     pub fn add(&mut self, req: Request) -> Result<SeqId, EngineError> {
         if req.prompt.is_empty() {
-            return Err(EngineError::InvalidRequest("the prompt is empty: give at least one token".into()));
+            return Err(EngineError::InvalidRequest(
+                "the prompt is empty: give at least one token".into(),
+            ));
         }
         if req.prompt.len() >= self.max_context {
             return Err(EngineError::InvalidRequest(format!(
@@ -122,12 +124,17 @@ impl Engine {
             )));
         }
         if req.max_tokens == 0 {
-            return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
         }
-        req.sampling.validate().map_err(EngineError::InvalidRequest)?;
+        req.sampling
+            .validate()
+            .map_err(EngineError::InvalidRequest)?;
         let id = self.next_id;
         self.next_id += 1;
-        self.running.push(Sequence::new(id, req, &self.model, self.max_context));
+        self.running
+            .push(Sequence::new(id, req, &self.model, self.max_context));
         Ok(id)
     }
 
@@ -142,8 +149,10 @@ impl Engine {
         for seq in &mut self.running {
             seq.step(&self.model, self.prefill_chunk, &mut events)?;
         }
-        let (done, running): (Vec<_>, Vec<_>) =
-            self.running.drain(..).partition(|s| s.finish_reason().is_some());
+        let (done, running): (Vec<_>, Vec<_>) = self
+            .running
+            .drain(..)
+            .partition(|s| s.finish_reason().is_some());
         self.running = running;
         self.finished.extend(done);
         Ok(events)
@@ -156,7 +165,11 @@ impl Engine {
     }
 
     /// Runs one request to the end, calling `on_text` with each piece of text as it comes.
-    pub fn generate(&mut self, req: Request, mut on_text: impl FnMut(&str)) -> Result<Completion, EngineError> {
+    pub fn generate(
+        &mut self,
+        req: Request,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<Completion, EngineError> {
         let id = self.add(req)?;
         let mut text = String::new();
         loop {

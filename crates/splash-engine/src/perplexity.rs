@@ -17,7 +17,12 @@ pub struct Perplexity {
 
 /// Scores `ids` in consecutive windows of `window` tokens (fresh state per window), running
 /// each window in chunks of `chunk` tokens so only `chunk × vocab` logits are held at once.
-pub fn perplexity(model: &Model, ids: &[u32], window: usize, chunk: usize) -> Result<Perplexity, ModelError> {
+pub fn perplexity(
+    model: &Model,
+    ids: &[u32],
+    window: usize,
+    chunk: usize,
+) -> Result<Perplexity, ModelError> {
     let window = window.max(2);
     let chunk = chunk.max(1);
     let v = model.config.vocab_size;
@@ -32,13 +37,22 @@ pub fn perplexity(model: &Model, ids: &[u32], window: usize, chunk: usize) -> Re
                     break;
                 };
                 let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-                let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+                let lse = max
+                    + row
+                        .iter()
+                        .map(|&x| (x as f64 - max).exp())
+                        .sum::<f64>()
+                        .ln();
                 nll += lse - row[target as usize] as f64;
                 predicted += 1;
             }
         }
     }
-    let mean_nll = if predicted > 0 { nll / predicted as f64 } else { 0.0 };
+    let mean_nll = if predicted > 0 {
+        nll / predicted as f64
+    } else {
+        0.0
+    };
     Ok(Perplexity {
         perplexity: mean_nll.exp(),
         mean_nll,

@@ -49,12 +49,27 @@ impl SamplingParams {
     /// Checks ranges; the message names the parameter and its valid range.
     pub fn validate(&self) -> Result<(), String> {
         let check = |ok: bool, msg: &str| if ok { Ok(()) } else { Err(msg.to_string()) };
-        check(self.temperature.is_finite() && self.temperature >= 0.0, "temperature must be a finite number ≥ 0")?;
-        check(self.top_p > 0.0 && self.top_p <= 1.0, "top_p must be in (0, 1]")?;
+        check(
+            self.temperature.is_finite() && self.temperature >= 0.0,
+            "temperature must be a finite number ≥ 0",
+        )?;
+        check(
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "top_p must be in (0, 1]",
+        )?;
         check((0.0..=1.0).contains(&self.min_p), "min_p must be in [0, 1]")?;
-        check(self.presence_penalty.is_finite() && self.presence_penalty.abs() <= 2.0, "presence_penalty must be in [-2, 2]")?;
-        check(self.frequency_penalty.is_finite() && self.frequency_penalty.abs() <= 2.0, "frequency_penalty must be in [-2, 2]")?;
-        check(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0, "repetition_penalty must be > 0")
+        check(
+            self.presence_penalty.is_finite() && self.presence_penalty.abs() <= 2.0,
+            "presence_penalty must be in [-2, 2]",
+        )?;
+        check(
+            self.frequency_penalty.is_finite() && self.frequency_penalty.abs() <= 2.0,
+            "frequency_penalty must be in [-2, 2]",
+        )?;
+        check(
+            self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0,
+            "repetition_penalty must be > 0",
+        )
     }
 }
 
@@ -99,7 +114,9 @@ impl Sampler {
             return argmax(logits);
         }
         if p.top_k > 0 && p.top_k < cand.len() {
-            cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            cand.select_nth_unstable_by(p.top_k - 1, |a, b| {
+                b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+            });
             cand.truncate(p.top_k);
         }
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -141,7 +158,11 @@ impl Sampler {
             for &t in prompt.iter().chain(output) {
                 if seen.insert(t) {
                     if let Some(l) = logits.get_mut(t as usize) {
-                        *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                        *l = if *l > 0.0 {
+                            *l / p.repetition_penalty
+                        } else {
+                            *l * p.repetition_penalty
+                        };
                     }
                 }
             }
@@ -229,22 +250,33 @@ mod tests {
 
     fn draw(params: SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
         let mut s = Sampler::new(params);
-        (0..n).map(|_| s.sample(&mut logits.to_vec(), &[], &[])).collect()
+        (0..n)
+            .map(|_| s.sample(&mut logits.to_vec(), &[], &[]))
+            .collect()
     }
 
     #[test]
     fn greedy_takes_argmax_with_first_tie() {
-        assert_eq!(draw(SamplingParams::greedy(), &[0.1, 3.0, 3.0, -1.0], 3), vec![1, 1, 1]);
+        assert_eq!(
+            draw(SamplingParams::greedy(), &[0.1, 3.0, 3.0, -1.0], 3),
+            vec![1, 1, 1]
+        );
     }
 
     #[test]
     fn same_seed_same_tokens_and_distribution_follows_softmax() {
         let logits = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY];
-        let p = SamplingParams { seed: Some(7), ..Default::default() };
+        let p = SamplingParams {
+            seed: Some(7),
+            ..Default::default()
+        };
         let a = draw(p.clone(), &logits, 4000);
         assert_eq!(a, draw(p, &logits, 4000));
         let ones = a.iter().filter(|&&t| t == 1).count() as f64 / 4000.0;
-        assert!((ones - 0.75).abs() < 0.03, "token 1 drawn {ones}, expected 0.75");
+        assert!(
+            (ones - 0.75).abs() < 0.03,
+            "token 1 drawn {ones}, expected 0.75"
+        );
         assert!(!a.contains(&2), "-inf logit must never be drawn");
     }
 
@@ -252,30 +284,72 @@ mod tests {
     fn truncations_keep_only_the_head() {
         let logits = [4.0f32, 3.0, 2.0, 1.0, 0.0];
         let seed = Some(3);
-        let k = draw(SamplingParams { top_k: 2, seed, ..Default::default() }, &logits, 500);
+        let k = draw(
+            SamplingParams {
+                top_k: 2,
+                seed,
+                ..Default::default()
+            },
+            &logits,
+            500,
+        );
         assert!(k.iter().all(|&t| t < 2));
         // top_p 0.5: token 0 alone has p ≈ 0.64
-        let p = draw(SamplingParams { top_p: 0.5, seed, ..Default::default() }, &logits, 200);
+        let p = draw(
+            SamplingParams {
+                top_p: 0.5,
+                seed,
+                ..Default::default()
+            },
+            &logits,
+            200,
+        );
         assert!(p.iter().all(|&t| t == 0));
         // min_p 0.3: tokens with p ≥ 0.3·p0 are 0 and 1 (e^-1 ≈ 0.37)
-        let m = draw(SamplingParams { min_p: 0.3, seed, ..Default::default() }, &logits, 500);
+        let m = draw(
+            SamplingParams {
+                min_p: 0.3,
+                seed,
+                ..Default::default()
+            },
+            &logits,
+            500,
+        );
         assert!(m.iter().all(|&t| t < 2) && m.contains(&1));
     }
 
     #[test]
     fn penalties_change_the_greedy_choice() {
-        let mut s = Sampler::new(SamplingParams { presence_penalty: 1.5, ..SamplingParams::greedy() });
+        let mut s = Sampler::new(SamplingParams {
+            presence_penalty: 1.5,
+            ..SamplingParams::greedy()
+        });
         assert_eq!(s.sample(&mut [2.0, 1.0], &[], &[0]), 1);
-        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.6, ..SamplingParams::greedy() });
+        let mut s = Sampler::new(SamplingParams {
+            frequency_penalty: 0.6,
+            ..SamplingParams::greedy()
+        });
         assert_eq!(s.sample(&mut [2.0, 1.0], &[], &[0]), 0);
         assert_eq!(s.sample(&mut [2.0, 1.0], &[], &[0, 0]), 1);
-        let mut s = Sampler::new(SamplingParams { repetition_penalty: 3.0, ..SamplingParams::greedy() });
-        assert_eq!(s.sample(&mut [2.0, 1.0], &[0], &[]), 1, "prompt tokens count for repetition");
+        let mut s = Sampler::new(SamplingParams {
+            repetition_penalty: 3.0,
+            ..SamplingParams::greedy()
+        });
+        assert_eq!(
+            s.sample(&mut [2.0, 1.0], &[0], &[]),
+            1,
+            "prompt tokens count for repetition"
+        );
     }
 
     #[test]
     fn validation_names_the_parameter() {
-        let e = SamplingParams { top_p: 0.0, ..Default::default() }.validate().unwrap_err();
+        let e = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
         assert!(e.contains("top_p"));
     }
 }

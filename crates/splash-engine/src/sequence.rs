@@ -96,7 +96,12 @@ impl Sequence {
 
     /// One unit of work: the next prefill chunk of at most `chunk` tokens, or one decoded
     /// token. Text produced is appended to `events`.
-    pub(crate) fn step(&mut self, model: &Model, chunk: usize, events: &mut Vec<Event>) -> Result<(), ModelError> {
+    pub(crate) fn step(
+        &mut self,
+        model: &Model,
+        chunk: usize,
+        events: &mut Vec<Event>,
+    ) -> Result<(), ModelError> {
         if self.finish.is_some() {
             return Ok(());
         }
@@ -105,7 +110,10 @@ impl Sequence {
             let end = (self.prefilled + chunk).min(self.prompt.len());
             let last = end == self.prompt.len();
             let want = if last { Logits::Last } else { Logits::None };
-            let logits = model.graph.forward(&mut self.state, &self.prompt[self.prefilled..end], want)?;
+            let logits =
+                model
+                    .graph
+                    .forward(&mut self.state, &self.prompt[self.prefilled..end], want)?;
             self.prefilled = end;
             if last {
                 self.logits = Some(logits);
@@ -134,7 +142,11 @@ impl Sequence {
             self.finish(FinishReason::ContextFull, model, events)?;
         }
         if self.finish.is_none() {
-            self.logits = Some(model.graph.forward(&mut self.state, &[token], Logits::Last)?);
+            self.logits = Some(
+                model
+                    .graph
+                    .forward(&mut self.state, &[token], Logits::Last)?,
+            );
         }
         self.decode_time += t0.elapsed();
         Ok(())
@@ -147,7 +159,12 @@ impl Sequence {
     }
 
     /// Ends the sequence, releasing text held back by the decoder and stop matcher.
-    fn finish(&mut self, reason: FinishReason, model: &Model, events: &mut Vec<Event>) -> Result<(), ModelError> {
+    fn finish(
+        &mut self,
+        reason: FinishReason,
+        model: &Model,
+        events: &mut Vec<Event>,
+    ) -> Result<(), ModelError> {
         let mut tail = String::new();
         if let Some(rest) = self.decoder.flush(&model.tokenizer)? {
             let check = self.stop.push(&rest);

@@ -39,7 +39,10 @@ impl StopMatcher {
             let stop = s.clone();
             let emit = self.held[..i].to_string();
             self.held.clear();
-            return StopCheck { emit, stopped: Some(stop) };
+            return StopCheck {
+                emit,
+                stopped: Some(stop),
+            };
         }
         // Hold back the longest tail that is a proper prefix of some stop string.
         let mut hold = 0;
@@ -53,7 +56,10 @@ impl StopMatcher {
         let cut = self.held.len() - hold;
         let emit = self.held[..cut].to_string();
         self.held.drain(..cut);
-        StopCheck { emit, stopped: None }
+        StopCheck {
+            emit,
+            stopped: None,
+        }
     }
 
     /// Releases held-back text at the end of the stream.
@@ -71,7 +77,13 @@ mod tests {
         let mut m = StopMatcher::new(vec!["</end>".into()]);
         assert_eq!(m.push("hello </e").emit, "hello ");
         let c = m.push("nd> more");
-        assert_eq!(c, StopCheck { emit: String::new(), stopped: Some("</end>".into()) });
+        assert_eq!(
+            c,
+            StopCheck {
+                emit: String::new(),
+                stopped: Some("</end>".into())
+            }
+        );
     }
 
     #[test]

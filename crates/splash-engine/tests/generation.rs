@@ -8,7 +8,9 @@ use splash_engine::{perplexity, Engine, EngineError, FinishReason, Request, Samp
 use splash_model::{load, Model};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
 }
 
 fn reference(dir: &Path) -> serde_json::Value {
@@ -16,7 +18,11 @@ fn reference(dir: &Path) -> serde_json::Value {
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
@@ -42,8 +48,13 @@ fn greedy_matches_transformers(name: &str) {
         let want = ids(&g["output_ids"]);
         // Small prefill chunks: the engine's chunked prefill must not change the result.
         let mut engine = Engine::new(m.clone()).with_prefill_chunk(5);
-        let c = engine.generate(request(prompt, want.len()), |_| {}).unwrap();
-        assert_eq!(c.tokens, want, "{name}: greedy output differs from transformers");
+        let c = engine
+            .generate(request(prompt, want.len()), |_| {})
+            .unwrap();
+        assert_eq!(
+            c.tokens, want,
+            "{name}: greedy output differs from transformers"
+        );
         assert_eq!(c.finish_reason, FinishReason::Length);
         assert_eq!(c.text, m.tokenizer.decode(&want, false).unwrap());
     }
@@ -58,8 +69,15 @@ fn perplexity_matches_transformers(name: &str) {
     let got = perplexity(&m, &tokens, 4096, 64).unwrap();
     let want = p["perplexity"].as_f64().unwrap();
     let rel = (got.perplexity - want).abs() / want;
-    println!("{name}: perplexity {:.6} vs transformers {want:.6} (rel {rel:.2e})", got.perplexity);
-    assert!(rel < 1e-4, "{name}: perplexity {} vs {want}", got.perplexity);
+    println!(
+        "{name}: perplexity {:.6} vs transformers {want:.6} (rel {rel:.2e})",
+        got.perplexity
+    );
+    assert!(
+        rel < 1e-4,
+        "{name}: perplexity {} vs {want}",
+        got.perplexity
+    );
     assert_eq!(got.predicted, tokens.len() - 1);
 }
 
@@ -91,10 +109,19 @@ fn eos_ends_the_sequence_at_the_right_token() {
     let prompt = ids(&r["prompts"][0]["ids"]);
     let full = ids(&g["output_ids"]);
     let eos = &m.generation.eos_token_ids;
-    let at = full.iter().position(|t| eos.contains(t)).expect("fixture output contains an EOS token");
+    let at = full
+        .iter()
+        .position(|t| eos.contains(t))
+        .expect("fixture output contains an EOS token");
     let mut engine = Engine::new(m.clone());
     let c = engine
-        .generate(Request { ignore_eos: false, ..request(prompt, full.len()) }, |_| {})
+        .generate(
+            Request {
+                ignore_eos: false,
+                ..request(prompt, full.len())
+            },
+            |_| {},
+        )
         .unwrap();
     assert_eq!(c.tokens, full[..=at].to_vec());
     assert_eq!(c.finish_reason, FinishReason::Eos(full[at]));
@@ -105,13 +132,22 @@ fn stop_string_cuts_the_text_before_it() {
     let (m, r) = model("qwen35-dense");
     let prompt = ids(&r["prompts"][1]["ids"]);
     let mut engine = Engine::new(m.clone());
-    let full = engine.generate(request(prompt.clone(), 30), |_| {}).unwrap().text;
+    let full = engine
+        .generate(request(prompt.clone(), 30), |_| {})
+        .unwrap()
+        .text;
     let cut = full.char_indices().nth(full.chars().count() / 2).unwrap().0;
     let stop: String = full[cut..].chars().take(3).collect();
     let first = full.find(&stop).unwrap();
     let mut streamed = String::new();
     let c = engine
-        .generate(Request { stop: vec![stop.clone()], ..request(prompt, 30) }, |t| streamed.push_str(t))
+        .generate(
+            Request {
+                stop: vec![stop.clone()],
+                ..request(prompt, 30)
+            },
+            |t| streamed.push_str(t),
+        )
         .unwrap();
     assert_eq!(c.text, full[..first]);
     assert_eq!(streamed, c.text);
@@ -131,7 +167,13 @@ fn seeded_sampling_is_reproducible() {
             ..Default::default()
         };
         Engine::new(m.clone())
-            .generate(Request { sampling, ..request(prompt.clone(), 24) }, |_| {})
+            .generate(
+                Request {
+                    sampling,
+                    ..request(prompt.clone(), 24)
+                },
+                |_| {},
+            )
             .unwrap()
             .tokens
     };
@@ -149,7 +191,13 @@ fn bad_requests_are_refused_with_a_reason() {
         (request(vec![1; 16], 4), "context limit is 16"),
         (request(vec![1], 0), "max_tokens"),
         (
-            Request { sampling: SamplingParams { top_p: 2.0, ..Default::default() }, ..request(vec![1], 4) },
+            Request {
+                sampling: SamplingParams {
+                    top_p: 2.0,
+                    ..Default::default()
+                },
+                ..request(vec![1], 4)
+            },
             "top_p",
         ),
     ];
@@ -167,7 +215,9 @@ fn generation_stops_at_the_context_limit() {
     let prompt = ids(&r["prompts"][0]["ids"]);
     let limit = prompt.len() + 5;
     let mut engine = Engine::new(m).with_max_context(limit);
-    let c = engine.generate(request(prompt.clone(), 100), |_| {}).unwrap();
+    let c = engine
+        .generate(request(prompt.clone(), 100), |_| {})
+        .unwrap();
     assert_eq!(c.finish_reason, FinishReason::ContextFull);
     assert_eq!(prompt.len() + c.tokens.len(), limit);
 }

@@ -48,7 +48,9 @@ impl ChatTemplate {
                     .iter()
                     .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
                     .and_then(|t| t.get("template")?.as_str())
-                    .ok_or_else(|| ModelError::config(&cfg, "chat_template list has no `default` entry"))?
+                    .ok_or_else(|| {
+                        ModelError::config(&cfg, "chat_template list has no `default` entry")
+                    })?
                     .to_string(),
                 _ => return Ok(None),
             }
@@ -183,8 +185,18 @@ fn strftime_now(format: String) -> String {
     let (y, m, d) = civil_from_days(secs.div_euclid(86400));
     let tod = secs.rem_euclid(86400);
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     let mut out = String::new();
     let mut chars = format.chars();
@@ -248,7 +260,10 @@ mod tests {
     #[test]
     fn raise_exception_is_an_error() {
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}".into()).unwrap();
-        let e = t.render(&TemplateInputs::default()).unwrap_err().to_string();
+        let e = t
+            .render(&TemplateInputs::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no system role"), "{e}");
     }
 

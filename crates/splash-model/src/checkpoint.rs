@@ -35,9 +35,10 @@ impl Checkpoint {
         let index = dir.join("model.safetensors.index.json");
         if index.exists() {
             let v = read_json(&index)?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
-                ModelError::config(&index, "missing `weight_map` object")
-            })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::config(&index, "missing `weight_map` object"))?;
             for f in map.values().filter_map(|f| f.as_str()) {
                 if !names.iter().any(|n| n == f) {
                     names.push(f.to_string());
@@ -68,12 +69,11 @@ impl Checkpoint {
             // SAFETY: the map is read-only; like every mmap-based loader we rely on the file not
             // being truncated while the server runs.
             let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
-            let (header_len, meta) = SafeTensors::read_metadata(&map[..]).map_err(|e| {
-                ModelError::Safetensors {
+            let (header_len, meta) =
+                SafeTensors::read_metadata(&map[..]).map_err(|e| ModelError::Safetensors {
                     path: path.clone(),
                     message: e.to_string(),
-                }
-            })?;
+                })?;
             let data_start = 8 + header_len;
             for (tname, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
@@ -119,10 +119,13 @@ impl Checkpoint {
 
     /// The tensor `name`, a view into the mapped file.
     pub fn get(&self, name: &str) -> Result<Weight, ModelError> {
-        let e = self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_string(),
-            dir: self.dir.clone(),
-        })?;
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+                dir: self.dir.clone(),
+            })?;
         let (path, map) = &self.files[e.file];
         let dtype = match e.dtype {
             Dtype::F32 => DType::F32,
@@ -148,11 +151,12 @@ impl Checkpoint {
     /// The tensor `name`, which must have exactly `shape`.
     pub fn get_shaped(&self, name: &str, shape: &[usize]) -> Result<Weight, ModelError> {
         let w = self.get(name)?;
-        w.expect_shape(shape).map_err(|source| ModelError::TensorLayout {
-            name: name.to_string(),
-            file: self.files[self.tensors[name].file].0.clone(),
-            source,
-        })?;
+        w.expect_shape(shape)
+            .map_err(|source| ModelError::TensorLayout {
+                name: name.to_string(),
+                file: self.files[self.tensors[name].file].0.clone(),
+                source,
+            })?;
         Ok(w)
     }
 }

@@ -68,7 +68,10 @@ impl ModelConfig {
         let (text, is_moe) = match model_type.as_str() {
             "qwen3_5" | "qwen3_5_moe" => {
                 let text = root_obj.get("text_config").ok_or_else(|| {
-                    ModelError::config(path, format!("model_type {model_type} needs a `text_config` object"))
+                    ModelError::config(
+                        path,
+                        format!("model_type {model_type} needs a `text_config` object"),
+                    )
                 })?;
                 (f.object(text)?, model_type == "qwen3_5_moe")
             }
@@ -82,7 +85,11 @@ impl ModelConfig {
         };
         let t = Fields {
             path,
-            scope: if std::ptr::eq(text, root_obj) { "" } else { "text_config." },
+            scope: if std::ptr::eq(text, root_obj) {
+                ""
+            } else {
+                "text_config."
+            },
         };
         let num_layers = t.usize(text, "num_hidden_layers")?;
         let layer_kinds = match text.get("layer_types") {
@@ -122,7 +129,9 @@ impl ModelConfig {
             None => hidden_size / num_heads,
         };
         // rope_parameters (transformers 5) or the older flat fields.
-        let rope = text.get("rope_parameters").or_else(|| text.get("rope_scaling"));
+        let rope = text
+            .get("rope_parameters")
+            .or_else(|| text.get("rope_scaling"));
         let rope_obj = rope.and_then(Value::as_object);
         let lookup = |key: &str| rope_obj.and_then(|r| r.get(key)).or_else(|| text.get(key));
         if let Some(kind) = lookup("rope_type").and_then(Value::as_str) {
@@ -135,13 +144,17 @@ impl ModelConfig {
         let rope_theta = lookup("rope_theta")
             .and_then(Value::as_f64)
             .ok_or_else(|| t.err("missing rope_theta (in rope_parameters or at top level)"))?;
-        let partial = lookup("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(1.0);
+        let partial = lookup("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .unwrap_or(1.0);
         let rotary_dim = (head_dim as f64 * partial) as usize;
-        if rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(t.err(format!("rotary dim {rotary_dim} (head_dim × partial_rotary_factor) must be even and ≤ head_dim")));
         }
         if let Some(false) = text.get("attn_output_gate").and_then(Value::as_bool) {
-            return Err(t.err("attn_output_gate=false is not a Qwen3.5 layout; splash expects the gated q_proj"));
+            return Err(t.err(
+                "attn_output_gate=false is not a Qwen3.5 layout; splash expects the gated q_proj",
+            ));
         }
         let gdn = GdnDims {
             hk: t.usize(text, "linear_num_key_heads")?,
@@ -149,7 +162,7 @@ impl ModelConfig {
             dk: t.usize(text, "linear_key_head_dim")?,
             dv: t.usize(text, "linear_value_head_dim")?,
         };
-        if gdn.hv % gdn.hk != 0 {
+        if !gdn.hv.is_multiple_of(gdn.hk) {
             return Err(t.err(format!(
                 "linear_num_value_heads {} must be a multiple of linear_num_key_heads {}",
                 gdn.hv, gdn.hk
@@ -199,9 +212,16 @@ impl ModelConfig {
             rotary_dim,
             gdn,
             conv_kernel: t.usize(text, "linear_conv_kernel_dim")?,
-            intermediate_size: if is_moe { 0 } else { t.usize(text, "intermediate_size")? },
+            intermediate_size: if is_moe {
+                0
+            } else {
+                t.usize(text, "intermediate_size")?
+            },
             moe,
-            rms_norm_eps: text.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6) as f32,
+            rms_norm_eps: text
+                .get("rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6) as f32,
             tie_word_embeddings: tie,
             max_position_embeddings: t.usize(text, "max_position_embeddings")?,
             eos_token_ids,
@@ -246,7 +266,10 @@ impl GenerationDefaults {
                 out.eos_token_ids.push(id);
             }
         }
-        out.temperature = v.get("temperature").and_then(Value::as_f64).map(|x| x as f32);
+        out.temperature = v
+            .get("temperature")
+            .and_then(Value::as_f64)
+            .map(|x| x as f32);
         out.top_p = v.get("top_p").and_then(Value::as_f64).map(|x| x as f32);
         out.top_k = v.get("top_k").and_then(Value::as_u64).map(|x| x as usize);
         Ok(out)
@@ -257,7 +280,11 @@ impl GenerationDefaults {
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|x| x as u32)
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -274,7 +301,8 @@ impl Fields<'_> {
     }
 
     fn object<'v>(&self, v: &'v Value) -> Result<&'v Map<String, Value>, ModelError> {
-        v.as_object().ok_or_else(|| self.err(format!("{}expected a JSON object", self.scope)))
+        v.as_object()
+            .ok_or_else(|| self.err(format!("{}expected a JSON object", self.scope)))
     }
 
     fn str<'v>(&self, o: &'v Map<String, Value>, key: &str) -> Result<&'v str, ModelError> {
@@ -285,9 +313,16 @@ impl Fields<'_> {
 
     fn usize(&self, o: &Map<String, Value>, key: &str) -> Result<usize, ModelError> {
         match o.get(key) {
-            Some(v) => v.as_u64().filter(|&x| x > 0).map(|x| x as usize).ok_or_else(|| {
-                self.err(format!("field `{}{key}` must be a positive integer, found {v}", self.scope))
-            }),
+            Some(v) => v
+                .as_u64()
+                .filter(|&x| x > 0)
+                .map(|x| x as usize)
+                .ok_or_else(|| {
+                    self.err(format!(
+                        "field `{}{key}` must be a positive integer, found {v}",
+                        self.scope
+                    ))
+                }),
             None => Err(self.err(format!("missing field `{}{key}`", self.scope))),
         }
     }
@@ -313,8 +348,19 @@ mod tests {
     #[test]
     fn flat_text_config() {
         let c = ModelConfig::from_value(Path::new("config.json"), &text_config()).unwrap();
-        assert_eq!(c.layer_kinds, [LayerKind::Linear, LayerKind::Linear, LayerKind::Linear, LayerKind::Full]);
-        assert_eq!((c.rotary_dim, c.conv_dim(), c.eos_token_ids.clone()), (4, 64, vec![7]));
+        assert_eq!(
+            c.layer_kinds,
+            [
+                LayerKind::Linear,
+                LayerKind::Linear,
+                LayerKind::Linear,
+                LayerKind::Full
+            ]
+        );
+        assert_eq!(
+            (c.rotary_dim, c.conv_dim(), c.eos_token_ids.clone()),
+            (4, 64, vec![7])
+        );
         assert!(c.moe.is_none() && !c.tie_word_embeddings);
     }
 
@@ -337,8 +383,13 @@ mod tests {
     fn errors_name_the_field() {
         let mut v = text_config();
         v.as_object_mut().unwrap().remove("hidden_size");
-        let e = ModelConfig::from_value(Path::new("x/config.json"), &v).unwrap_err().to_string();
-        assert!(e.contains("hidden_size") && e.contains("x/config.json"), "{e}");
+        let e = ModelConfig::from_value(Path::new("x/config.json"), &v)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("hidden_size") && e.contains("x/config.json"),
+            "{e}"
+        );
         let e = ModelConfig::from_value(Path::new("c.json"), &json!({"model_type": "llama"}))
             .unwrap_err()
             .to_string();

@@ -32,10 +32,11 @@ impl Tokenizer {
                 message: "not found: splash needs the checkpoint's Hugging Face tokenizer.json next to config.json".into(),
             });
         };
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| ModelError::Tokenizer {
-            path: path.clone(),
-            message: format!("not a valid tokenizer.json: {e}"),
-        })?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| ModelError::Tokenizer {
+                path: path.clone(),
+                message: format!("not a valid tokenizer.json: {e}"),
+            })?;
         Ok(Self { inner, path })
     }
 
@@ -55,7 +56,9 @@ impl Tokenizer {
 
     /// Text of `ids`; `skip_special` drops special tokens.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, ModelError> {
-        self.inner.decode(ids, skip_special).map_err(|e| self.err(e))
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| self.err(e))
     }
 
     /// Id of a token string, if it is in the vocabulary.
@@ -109,6 +112,9 @@ impl StreamDecoder {
         let full = tok.decode(&self.ids[self.prefix_offset..], false)?;
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();
-        Ok(full.get(prefix.len()..).map(str::to_string).filter(|s| !s.is_empty()))
+        Ok(full
+            .get(prefix.len()..)
+            .map(str::to_string)
+            .filter(|s| !s.is_empty()))
     }
 }

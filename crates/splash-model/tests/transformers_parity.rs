@@ -7,7 +7,9 @@ use safetensors::SafeTensors;
 use splash_model::{load, Logits, Model};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
 }
 
 struct Reference {
@@ -17,7 +19,9 @@ struct Reference {
 
 impl Reference {
     fn load(dir: &Path) -> Self {
-        let json = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        let json =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
         let tensors = std::fs::read(dir.join("reference.safetensors")).unwrap();
         Self { json, tensors }
     }
@@ -25,11 +29,18 @@ impl Reference {
     fn f32s(&self, key: &str) -> Vec<f32> {
         let st = SafeTensors::deserialize(&self.tensors).unwrap();
         let t = st.tensor(key).unwrap();
-        t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
     }
 
     fn ids(&self, v: &serde_json::Value) -> Vec<u32> {
-        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
     }
 }
 
@@ -37,24 +48,43 @@ impl Reference {
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
 }
 
 fn argmax(x: &[f32]) -> u32 {
-    x.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
+    x.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
+        .0 as u32
 }
 
 fn check_prefill_logits(model: &Model, r: &Reference) {
     for (i, p) in r.json["prompts"].as_array().unwrap().iter().enumerate() {
         let ids = r.ids(&p["ids"]);
         let text = p["text"].as_str().unwrap();
-        assert_eq!(model.tokenizer.encode(text).unwrap(), ids, "tokenizer disagrees on prompt {i}");
+        assert_eq!(
+            model.tokenizer.encode(text).unwrap(),
+            ids,
+            "tokenizer disagrees on prompt {i}"
+        );
         let want = r.f32s(p["logits_key"].as_str().unwrap());
         let mut state = model.graph.new_state();
         let got = model.graph.forward(&mut state, &ids, Logits::All).unwrap();
         let err = rel_err(&got, &want);
-        println!("prompt {i} ({} tokens): max logit error {err:.2e} (relative to max |logit|)", ids.len());
-        assert!(err < 1e-4, "prompt {i}: logits differ from transformers by {err:e}");
+        println!(
+            "prompt {i} ({} tokens): max logit error {err:.2e} (relative to max |logit|)",
+            ids.len()
+        );
+        assert!(
+            err < 1e-4,
+            "prompt {i}: logits differ from transformers by {err:e}"
+        );
     }
 }
 
@@ -65,14 +95,23 @@ fn check_greedy(model: &Model, r: &Reference) {
         let want = r.ids(&g["output_ids"]);
         let prompt = r.ids(&prompts[pi]["ids"]);
         let mut state = model.graph.new_state();
-        let mut logits = model.graph.forward(&mut state, &prompt, Logits::Last).unwrap();
+        let mut logits = model
+            .graph
+            .forward(&mut state, &prompt, Logits::Last)
+            .unwrap();
         let mut got = Vec::new();
         for _ in 0..want.len() {
             let next = argmax(&logits);
             got.push(next);
-            logits = model.graph.forward(&mut state, &[next], Logits::Last).unwrap();
+            logits = model
+                .graph
+                .forward(&mut state, &[next], Logits::Last)
+                .unwrap();
         }
-        assert_eq!(got, want, "greedy continuation of prompt {pi} differs from transformers");
+        assert_eq!(
+            got, want,
+            "greedy continuation of prompt {pi} differs from transformers"
+        );
     }
 }
 
@@ -90,7 +129,10 @@ fn check_chunked_prefill(model: &Model, r: &Reference) {
         let err = rel_err(&got, &want);
         println!("prefill in chunks of {chunk}: max logit difference to one pass {err:.2e}");
         // Chunks of 1 take the recurrent GDN path, others the chunked one: float noise only.
-        assert!(err < 5e-5, "prefill in chunks of {chunk} differs from one pass by {err:e}");
+        assert!(
+            err < 5e-5,
+            "prefill in chunks of {chunk} differs from one pass by {err:e}"
+        );
         assert_eq!(state.len(), ids.len());
     }
 }

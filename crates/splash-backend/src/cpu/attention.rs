@@ -21,10 +21,17 @@ pub fn attention(
     pos0: usize,
     scale: f32,
 ) {
-    assert!(hq % hkv == 0, "query heads {hq} not a multiple of kv heads {hkv}");
+    assert!(
+        hq.is_multiple_of(hkv),
+        "query heads {hq} not a multiple of kv heads {hkv}"
+    );
     let t = q.len() / (hq * d);
     let s = k.len() / (hkv * d);
-    assert!(s >= pos0 + t, "cache holds {s} positions, need {}", pos0 + t);
+    assert!(
+        s >= pos0 + t,
+        "cache holds {s} positions, need {}",
+        pos0 + t
+    );
     assert_eq!(out.len(), q.len());
     let group = hq / hkv;
     out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {

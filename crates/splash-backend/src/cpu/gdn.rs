@@ -42,7 +42,11 @@ pub fn causal_conv1d_silu(out: &mut [f32], x: &[f32], state: &mut [f32], w: &[f3
     // w is [C, K] and state [K-1, C], so C = |w| - |state|.
     let channels = w.len() - state.len();
     let k = w.len() / channels;
-    assert_eq!(state.len(), (k - 1) * channels, "conv state must be [K-1, C]");
+    assert_eq!(
+        state.len(),
+        (k - 1) * channels,
+        "conv state must be [K-1, C]"
+    );
     let t = x.len() / channels;
     let mut ext = Vec::with_capacity(state.len() + x.len());
     ext.extend_from_slice(state);
@@ -232,7 +236,10 @@ pub fn gdn_chunked(
                     let f = (last - gam[j]).exp();
                     for (r, &kr) in kj.iter().enumerate() {
                         let fk = f * kr;
-                        for (x, &y) in s[r * dv..(r + 1) * dv].iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
+                        for (x, &y) in s[r * dv..(r + 1) * dv]
+                            .iter_mut()
+                            .zip(&vn[j * dv..(j + 1) * dv])
+                        {
                             *x += fk * y;
                         }
                     }
@@ -256,7 +263,10 @@ fn check_shapes(
     t: usize,
 ) {
     let GdnDims { hk, hv, dk, dv } = dims;
-    assert!(hv % hk == 0, "value heads {hv} not a multiple of key heads {hk}");
+    assert!(
+        hv % hk == 0,
+        "value heads {hv} not a multiple of key heads {hk}"
+    );
     assert_eq!(q.len(), t * hk * dk);
     assert_eq!(k.len(), t * hk * dk);
     assert_eq!(v.len(), t * hv * dv);
@@ -289,7 +299,9 @@ mod tests {
     }
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
     }
 
@@ -307,38 +319,72 @@ mod tests {
         let g = r(t * hv).iter().map(|x| -(x.abs() * 2.0)).collect();
         let beta = r(t * hv).iter().map(|x| 0.5 + 0.5 * x).collect();
         let state = r(dims.state_len());
-        Inputs { q, k, v, g, beta, state }
+        Inputs {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state,
+        }
     }
 
     fn max_rel(a: &[f32], b: &[f32]) -> f32 {
         let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-6);
-        a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+        a.iter()
+            .zip(b)
+            .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+            / scale
     }
 
     #[test]
     fn chunked_equals_recurrent() {
-        let dims = GdnDims { hk: 2, hv: 4, dk: 16, dv: 8 };
+        let dims = GdnDims {
+            hk: 2,
+            hv: 4,
+            dk: 16,
+            dv: 8,
+        };
         for t in [1, 5, 64, 65, 150] {
             let inp = inputs(t, dims, t as u64);
             let mut s1 = inp.state.clone();
             let mut s2 = inp.state.clone();
             let mut o1 = vec![f32::NAN; t * dims.hv * dims.dv];
             let mut o2 = vec![f32::NAN; t * dims.hv * dims.dv];
-            gdn_recurrent(&mut o1, &inp.q, &inp.k, &inp.v, &inp.g, &inp.beta, &mut s1, dims);
-            gdn_chunked(&mut o2, &inp.q, &inp.k, &inp.v, &inp.g, &inp.beta, &mut s2, dims);
-            assert!(max_rel(&o2, &o1) < 1e-5, "t={t} output rel err {}", max_rel(&o2, &o1));
-            assert!(max_rel(&s2, &s1) < 1e-5, "t={t} state rel err {}", max_rel(&s2, &s1));
+            gdn_recurrent(
+                &mut o1, &inp.q, &inp.k, &inp.v, &inp.g, &inp.beta, &mut s1, dims,
+            );
+            gdn_chunked(
+                &mut o2, &inp.q, &inp.k, &inp.v, &inp.g, &inp.beta, &mut s2, dims,
+            );
+            assert!(
+                max_rel(&o2, &o1) < 1e-5,
+                "t={t} output rel err {}",
+                max_rel(&o2, &o1)
+            );
+            assert!(
+                max_rel(&s2, &s1) < 1e-5,
+                "t={t} state rel err {}",
+                max_rel(&s2, &s1)
+            );
         }
     }
 
     #[test]
     fn recurrent_in_pieces_equals_one_pass() {
-        let dims = GdnDims { hk: 1, hv: 2, dk: 8, dv: 4 };
+        let dims = GdnDims {
+            hk: 1,
+            hv: 2,
+            dk: 8,
+            dv: 4,
+        };
         let t = 9;
         let inp = inputs(t, dims, 7);
         let mut s1 = inp.state.clone();
         let mut o1 = vec![0.0; t * 8];
-        gdn_recurrent(&mut o1, &inp.q, &inp.k, &inp.v, &inp.g, &inp.beta, &mut s1, dims);
+        gdn_recurrent(
+            &mut o1, &inp.q, &inp.k, &inp.v, &inp.g, &inp.beta, &mut s1, dims,
+        );
         let mut s2 = inp.state.clone();
         let mut o2 = vec![0.0; t * 8];
         let split = 4;

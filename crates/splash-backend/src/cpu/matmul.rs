@@ -12,7 +12,11 @@ const ROW_BLOCK: usize = 16;
 /// `out[T,N] = x[T,K] · Wᵀ` where `W` is `[N,K]` in its stored dtype. Accumulates in f32.
 pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
     let (n, k) = (w.rows(), w.cols());
-    assert!(k > 0 && x.len() % k == 0, "x has {} values, not a multiple of K={k}", x.len());
+    assert!(
+        k > 0 && x.len().is_multiple_of(k),
+        "x has {} values, not a multiple of K={k}",
+        x.len()
+    );
     let t = x.len() / k;
     assert_eq!(out.len(), t * n, "out must be [T={t}, N={n}]");
     if t == 1 {

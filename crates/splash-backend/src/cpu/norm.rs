@@ -21,7 +21,7 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
 /// The GDN output norm: `rms_norm(x, w) * silu(z)`, per row of `w.len()` values.
 pub fn rms_norm_gated(out: &mut [f32], x: &[f32], z: &[f32], w: &[f32], eps: f32) {
     let d = w.len();
-    assert!(x.len() == out.len() && z.len() == x.len() && x.len() % d == 0);
+    assert!(x.len() == out.len() && z.len() == x.len() && x.len().is_multiple_of(d));
     for ((o, r), zr) in out
         .chunks_exact_mut(d)
         .zip(x.chunks_exact(d))

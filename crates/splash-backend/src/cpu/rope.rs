@@ -9,7 +9,7 @@ pub struct Rope {
 impl Rope {
     /// `inv_freq[i] = theta^(-2i/rot)` for `i < rot/2`, computed in f32 as transformers does.
     pub fn new(rot: usize, theta: f64) -> Self {
-        assert!(rot % 2 == 0, "rotary dim must be even, got {rot}");
+        assert!(rot.is_multiple_of(2), "rotary dim must be even, got {rot}");
         let inv_freq = (0..rot / 2)
             .map(|i| {
                 let exponent = (2 * i) as f32 / rot as f32;
@@ -28,7 +28,7 @@ impl Rope {
     /// Dim `i < rot/2` pairs with `i + rot/2`; dims from `rot` on pass through unchanged.
     pub fn apply(&self, x: &mut [f32], heads: usize, head_dim: usize, pos0: usize) {
         let half = self.inv_freq.len();
-        assert!(2 * half <= head_dim && x.len() % (heads * head_dim) == 0);
+        assert!(2 * half <= head_dim && x.len().is_multiple_of(heads * head_dim));
         let mut cos = vec![0.0f32; half];
         let mut sin = vec![0.0f32; half];
         for (t, token) in x.chunks_exact_mut(heads * head_dim).enumerate() {

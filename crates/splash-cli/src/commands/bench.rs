@@ -43,7 +43,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let repeat = a.repeat.max(1);
 
     // Warm-up (thread pool, page cache of the weights).
-    model.graph.forward(&mut model.graph.new_state(), &prompt[..prompt.len().min(16)], Logits::Last)?;
+    model.graph.forward(
+        &mut model.graph.new_state(),
+        &prompt[..prompt.len().min(16)],
+        Logits::Last,
+    )?;
 
     let mut prefill = Vec::new();
     for _ in 0..repeat {

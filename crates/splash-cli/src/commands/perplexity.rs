@@ -27,7 +27,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let model = model_arg::load(&a.model)?;
     let ids = model.tokenizer.encode(&text)?;
     if ids.len() < 2 {
-        bail!("{} has {} token(s); perplexity needs at least 2", a.file.display(), ids.len());
+        bail!(
+            "{} has {} token(s); perplexity needs at least 2",
+            a.file.display(),
+            ids.len()
+        );
     }
     let window = a.window.min(model.config.max_position_embeddings);
     let p = splash_engine::perplexity(&model, &ids, window, 64)?;

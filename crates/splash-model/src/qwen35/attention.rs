@@ -28,7 +28,12 @@ impl Attention {
         names: &Names,
         i: usize,
     ) -> Result<Self, ModelError> {
-        let (h, hq, hkv, d) = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let (h, hq, hkv, d) = (
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        );
         let n = |rest: &str| names.layer(i, &format!("self_attn.{rest}"));
         Ok(Self {
             heads: hq,
@@ -77,11 +82,25 @@ impl Attention {
         rms_norm(&mut kn, &k, &self.k_norm, eps);
         rope.apply(&mut qn, hq, d, pos0);
         rope.apply(&mut kn, hkv, d, pos0);
-        debug_assert_eq!(k_cache.len(), pos0 * hkv * d, "KV cache out of step with position");
+        debug_assert_eq!(
+            k_cache.len(),
+            pos0 * hkv * d,
+            "KV cache out of step with position"
+        );
         k_cache.extend_from_slice(&kn);
         v_cache.extend_from_slice(&v);
         let mut attn = vec![0.0f32; t * hq * d];
-        attention(&mut attn, &qn, k_cache, v_cache, hq, hkv, d, pos0, (d as f32).powf(-0.5));
+        attention(
+            &mut attn,
+            &qn,
+            k_cache,
+            v_cache,
+            hq,
+            hkv,
+            d,
+            pos0,
+            (d as f32).powf(-0.5),
+        );
         for (a, &g) in attn.iter_mut().zip(&gate) {
             *a *= sigmoid(g);
         }

@@ -51,7 +51,12 @@ pub(super) struct Moe {
 }
 
 impl Moe {
-    fn load(cfg: &ModelConfig, ck: &Checkpoint, names: &Names, li: usize) -> Result<Self, ModelError> {
+    fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        names: &Names,
+        li: usize,
+    ) -> Result<Self, ModelError> {
         let m = cfg.moe.as_ref().expect("MoE config");
         let (h, e, i) = (cfg.hidden_size, m.num_experts, m.expert_intermediate);
         let n = |rest: &str| names.layer(li, &format!("mlp.{rest}"));
@@ -145,7 +150,12 @@ pub(super) enum Ffn {
 }
 
 impl Ffn {
-    pub(super) fn load(cfg: &ModelConfig, ck: &Checkpoint, names: &Names, i: usize) -> Result<Self, ModelError> {
+    pub(super) fn load(
+        cfg: &ModelConfig,
+        ck: &Checkpoint,
+        names: &Names,
+        i: usize,
+    ) -> Result<Self, ModelError> {
         Ok(match cfg.moe {
             Some(_) => Ffn::Moe(Moe::load(cfg, ck, names, i)?),
             None => Ffn::Dense(Mlp::load(

@@ -1,8 +1,8 @@
 //! Gated DeltaNet token mixer (model-spec §2.4), HF head order.
 
 use splash_backend::cpu::{
-    causal_conv1d_silu, gdn_chunked, gdn_recurrent, l2_norm_rows, matmul, rms_norm_gated,
-    sigmoid, softplus, GdnDims,
+    causal_conv1d_silu, gdn_chunked, gdn_recurrent, l2_norm_rows, matmul, rms_norm_gated, sigmoid,
+    softplus, GdnDims,
 };
 use splash_backend::Weight;
 
@@ -72,7 +72,13 @@ impl GatedDeltaNet {
     }
 
     /// `x` `[T, H]` (normed) → `[T, H]`, advancing the conv and recurrent state.
-    pub(super) fn forward(&self, x: &[f32], conv_state: &mut [f32], recurrent: &mut [f32], eps: f32) -> Vec<f32> {
+    pub(super) fn forward(
+        &self,
+        x: &[f32],
+        conv_state: &mut [f32],
+        recurrent: &mut [f32],
+        eps: f32,
+    ) -> Vec<f32> {
         let GdnDims { hk, hv, dk, dv } = self.dims;
         let t = x.len() / self.in_qkv.cols();
         let c = self.in_qkv.rows();

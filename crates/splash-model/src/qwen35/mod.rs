@@ -86,7 +86,12 @@ impl Names {
 
 /// A zero-centred RMSNorm weight, shifted once to `1 + w` (model-spec §0.1).
 fn load_shifted_norm(ck: &Checkpoint, name: &str, dim: usize) -> Result<Vec<f32>, ModelError> {
-    Ok(ck.get_shaped(name, &[dim])?.to_f32_vec().into_iter().map(|w| 1.0 + w).collect())
+    Ok(ck
+        .get_shaped(name, &[dim])?
+        .to_f32_vec()
+        .into_iter()
+        .map(|w| 1.0 + w)
+        .collect())
 }
 
 impl Qwen35 {
@@ -106,10 +111,20 @@ impl Qwen35 {
             .enumerate()
             .map(|(i, kind)| {
                 Ok(Layer {
-                    input_norm: load_shifted_norm(ck, &names.layer(i, "input_layernorm.weight"), h)?,
-                    post_norm: load_shifted_norm(ck, &names.layer(i, "post_attention_layernorm.weight"), h)?,
+                    input_norm: load_shifted_norm(
+                        ck,
+                        &names.layer(i, "input_layernorm.weight"),
+                        h,
+                    )?,
+                    post_norm: load_shifted_norm(
+                        ck,
+                        &names.layer(i, "post_attention_layernorm.weight"),
+                        h,
+                    )?,
                     mixer: match kind {
-                        LayerKind::Linear => Mixer::Linear(GatedDeltaNet::load(config, ck, &names, i)?),
+                        LayerKind::Linear => {
+                            Mixer::Linear(GatedDeltaNet::load(config, ck, &names, i)?)
+                        }
                         LayerKind::Full => Mixer::Full(Attention::load(config, ck, &names, i)?),
                     },
                     ffn: Ffn::load(config, ck, &names, i)?,
