@@ -243,6 +243,12 @@ impl Weight {
         self.range_to_f32(r * cols, out);
     }
 
+    /// Elements `start..start+out.len()` of row `r`, converted to f32.
+    pub fn row_slice_to_f32(&self, r: usize, start: usize, out: &mut [f32]) {
+        assert!(start + out.len() <= self.cols());
+        self.range_to_f32(r * self.cols() + start, out);
+    }
+
     /// All elements as f32 (for small tensors: norms, biases, conv kernels).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.len()];
