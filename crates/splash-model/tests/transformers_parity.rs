@@ -128,9 +128,11 @@ fn check_chunked_prefill(model: &Model, r: &Reference) {
         }
         let err = rel_err(&got, &want);
         println!("prefill in chunks of {chunk}: max logit difference to one pass {err:.2e}");
-        // Chunks of 1 take the recurrent GDN path, others the chunked one: float noise only.
+        // Chunks of 1 take the GEMV and recurrent-GDN paths, longer chunks the GEMM and
+        // chunked-GDN ones: the summation orders differ, so the bound is the same float-noise
+        // bound as against transformers.
         assert!(
-            err < 5e-5,
+            err < 1e-4,
             "prefill in chunks of {chunk} differs from one pass by {err:e}"
         );
         assert_eq!(state.len(), ids.len());
