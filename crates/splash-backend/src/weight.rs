@@ -4,7 +4,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
-use half::{bf16, f16};
+use half::f16;
 
 /// Element type of a stored weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,8 +261,9 @@ impl Weight {
         match self.dtype {
             DType::F32 => out.copy_from_slice(&self.f32_data()[start..start + n]),
             DType::BF16 => {
+                // bf16 is the top half of an f32: widening is exact, NaNs included.
                 for (o, &b) in out.iter_mut().zip(&self.u16_data()[start..start + n]) {
-                    *o = bf16::from_bits(b).to_f32();
+                    *o = f32::from_bits((b as u32) << 16);
                 }
             }
             DType::F16 => {
@@ -289,6 +290,7 @@ impl Weight {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::bf16;
 
     #[test]
     fn misaligned_bytes_are_copied_and_read_back() {

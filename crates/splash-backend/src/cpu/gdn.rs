@@ -83,37 +83,39 @@ pub fn gdn_recurrent(
         .par_chunks_mut(dk * dv)
         .enumerate()
         .map(|(h, s)| {
-            let kh = dims.key_head(h);
-            let mut o = vec![0.0f32; t * dv];
-            let mut delta = vec![0.0f32; dv];
-            for ti in 0..t {
-                let qv = &q[(ti * hk + kh) * dk..][..dk];
-                let kv = &k[(ti * hk + kh) * dk..][..dk];
-                let vv = &v[(ti * hv + h) * dv..][..dv];
-                let decay = g[ti * hv + h].exp();
-                let b = beta[ti * hv + h];
-                for x in s.iter_mut() {
-                    *x *= decay;
-                }
-                delta.copy_from_slice(vv);
-                for (i, &ki) in kv.iter().enumerate() {
-                    for (d, &sv) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
-                        *d -= sv * ki;
+            super::simd(|| {
+                let kh = dims.key_head(h);
+                let mut o = vec![0.0f32; t * dv];
+                let mut delta = vec![0.0f32; dv];
+                for ti in 0..t {
+                    let qv = &q[(ti * hk + kh) * dk..][..dk];
+                    let kv = &k[(ti * hk + kh) * dk..][..dk];
+                    let vv = &v[(ti * hv + h) * dv..][..dv];
+                    let decay = g[ti * hv + h].exp();
+                    let b = beta[ti * hv + h];
+                    for x in s.iter_mut() {
+                        *x *= decay;
+                    }
+                    delta.copy_from_slice(vv);
+                    for (i, &ki) in kv.iter().enumerate() {
+                        for (d, &sv) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
+                            *d -= sv * ki;
+                        }
+                    }
+                    for d in delta.iter_mut() {
+                        *d *= b;
+                    }
+                    let ov = &mut o[ti * dv..(ti + 1) * dv];
+                    for (i, (&ki, &qi)) in kv.iter().zip(qv).enumerate() {
+                        let row = &mut s[i * dv..(i + 1) * dv];
+                        for ((sv, &d), ov) in row.iter_mut().zip(&delta).zip(ov.iter_mut()) {
+                            *sv += ki * d;
+                            *ov += *sv * qi;
+                        }
                     }
                 }
-                for d in delta.iter_mut() {
-                    *d *= b;
-                }
-                let ov = &mut o[ti * dv..(ti + 1) * dv];
-                for (i, (&ki, &qi)) in kv.iter().zip(qv).enumerate() {
-                    let row = &mut s[i * dv..(i + 1) * dv];
-                    for ((sv, &d), ov) in row.iter_mut().zip(&delta).zip(ov.iter_mut()) {
-                        *sv += ki * d;
-                        *ov += *sv * qi;
-                    }
-                }
-            }
-            o
+                o
+            })
         })
         .collect();
     scatter_heads(out, &per_head, hv, dv);
@@ -139,113 +141,115 @@ pub fn gdn_chunked(
         .par_chunks_mut(dk * dv)
         .enumerate()
         .map(|(h, s)| {
-            let kh = dims.key_head(h);
-            let mut o = vec![0.0f32; t * dv];
-            let c = GDN_CHUNK;
-            // Per-chunk scratch, reused.
-            let mut gam = vec![0.0f32; c];
-            let mut kb = vec![0.0f32; c * dk];
-            let mut a = vec![0.0f32; c * c];
-            let mut u = vec![0.0f32; c * dv];
-            let mut w = vec![0.0f32; c * dk];
-            let mut vn = vec![0.0f32; c * dv];
-            // Range of token `ti`'s key head in `q` / `k`.
-            let qk = |ti: usize| (ti * hk + kh) * dk..(ti * hk + kh + 1) * dk;
-            for c0 in (0..t).step_by(c) {
-                let l = c.min(t - c0);
-                // Γ: cumulative log decay inside the chunk.
-                let mut acc = 0.0f32;
-                for i in 0..l {
-                    acc += g[(c0 + i) * hv + h];
-                    gam[i] = acc;
-                }
-                for i in 0..l {
-                    let b = beta[(c0 + i) * hv + h];
-                    let ki = &k[qk(c0 + i)];
-                    for (dst, &x) in kb[i * dk..(i + 1) * dk].iter_mut().zip(ki) {
-                        *dst = b * x;
+            super::simd(|| {
+                let kh = dims.key_head(h);
+                let mut o = vec![0.0f32; t * dv];
+                let c = GDN_CHUNK;
+                // Per-chunk scratch, reused.
+                let mut gam = vec![0.0f32; c];
+                let mut kb = vec![0.0f32; c * dk];
+                let mut a = vec![0.0f32; c * c];
+                let mut u = vec![0.0f32; c * dv];
+                let mut w = vec![0.0f32; c * dk];
+                let mut vn = vec![0.0f32; c * dv];
+                // Range of token `ti`'s key head in `q` / `k`.
+                let qk = |ti: usize| (ti * hk + kh) * dk..(ti * hk + kh + 1) * dk;
+                for c0 in (0..t).step_by(c) {
+                    let l = c.min(t - c0);
+                    // Γ: cumulative log decay inside the chunk.
+                    let mut acc = 0.0f32;
+                    for i in 0..l {
+                        acc += g[(c0 + i) * hv + h];
+                        gam[i] = acc;
                     }
-                }
-                // A[i][j] = (β_i k_i · k_j) e^{Γ_i-Γ_j}, strictly lower.
-                for i in 0..l {
-                    for j in 0..i {
-                        let kj = &k[qk(c0 + j)];
-                        a[i * c + j] =
-                            super::dot(&kb[i * dk..(i + 1) * dk], kj) * (gam[i] - gam[j]).exp();
+                    for i in 0..l {
+                        let b = beta[(c0 + i) * hv + h];
+                        let ki = &k[qk(c0 + i)];
+                        for (dst, &x) in kb[i * dk..(i + 1) * dk].iter_mut().zip(ki) {
+                            *dst = b * x;
+                        }
                     }
-                }
-                // Forward substitution: (I + A) U = βV, (I + A) W = βK e^Γ.
-                for i in 0..l {
-                    let b = beta[(c0 + i) * hv + h];
-                    let vi = &v[((c0 + i) * hv + h) * dv..][..dv];
-                    let eg = gam[i].exp();
-                    for d in 0..dv {
-                        u[i * dv + d] = b * vi[d];
+                    // A[i][j] = (β_i k_i · k_j) e^{Γ_i-Γ_j}, strictly lower.
+                    for i in 0..l {
+                        for j in 0..i {
+                            let kj = &k[qk(c0 + j)];
+                            a[i * c + j] =
+                                super::dot(&kb[i * dk..(i + 1) * dk], kj) * (gam[i] - gam[j]).exp();
+                        }
                     }
-                    for d in 0..dk {
-                        w[i * dk + d] = kb[i * dk + d] * eg;
-                    }
-                    for j in 0..i {
-                        let aij = a[i * c + j];
+                    // Forward substitution: (I + A) U = βV, (I + A) W = βK e^Γ.
+                    for i in 0..l {
+                        let b = beta[(c0 + i) * hv + h];
+                        let vi = &v[((c0 + i) * hv + h) * dv..][..dv];
+                        let eg = gam[i].exp();
                         for d in 0..dv {
-                            u[i * dv + d] -= aij * u[j * dv + d];
+                            u[i * dv + d] = b * vi[d];
                         }
                         for d in 0..dk {
-                            w[i * dk + d] -= aij * w[j * dk + d];
+                            w[i * dk + d] = kb[i * dk + d] * eg;
+                        }
+                        for j in 0..i {
+                            let aij = a[i * c + j];
+                            for d in 0..dv {
+                                u[i * dv + d] -= aij * u[j * dv + d];
+                            }
+                            for d in 0..dk {
+                                w[i * dk + d] -= aij * w[j * dk + d];
+                            }
                         }
                     }
-                }
-                // Vn = U - W S.
-                for i in 0..l {
-                    let vni = &mut vn[i * dv..(i + 1) * dv];
-                    vni.copy_from_slice(&u[i * dv..(i + 1) * dv]);
-                    for r in 0..dk {
-                        let wr = w[i * dk + r];
-                        for (x, &sv) in vni.iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
-                            *x -= wr * sv;
+                    // Vn = U - W S.
+                    for i in 0..l {
+                        let vni = &mut vn[i * dv..(i + 1) * dv];
+                        vni.copy_from_slice(&u[i * dv..(i + 1) * dv]);
+                        for r in 0..dk {
+                            let wr = w[i * dk + r];
+                            for (x, &sv) in vni.iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
+                                *x -= wr * sv;
+                            }
                         }
                     }
-                }
-                // O_i = e^{Γ_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{Γ_i-Γ_j} Vn_j.
-                for i in 0..l {
-                    let qi = &q[qk(c0 + i)];
-                    let oi = &mut o[(c0 + i) * dv..(c0 + i + 1) * dv];
-                    let eg = gam[i].exp();
-                    for (r, &qr) in qi.iter().enumerate() {
-                        let f = qr * eg;
-                        for (x, &sv) in oi.iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
-                            *x += f * sv;
+                    // O_i = e^{Γ_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{Γ_i-Γ_j} Vn_j.
+                    for i in 0..l {
+                        let qi = &q[qk(c0 + i)];
+                        let oi = &mut o[(c0 + i) * dv..(c0 + i + 1) * dv];
+                        let eg = gam[i].exp();
+                        for (r, &qr) in qi.iter().enumerate() {
+                            let f = qr * eg;
+                            for (x, &sv) in oi.iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
+                                *x += f * sv;
+                            }
+                        }
+                        for j in 0..=i {
+                            let kj = &k[qk(c0 + j)];
+                            let f = super::dot(qi, kj) * (gam[i] - gam[j]).exp();
+                            for (x, &y) in oi.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
+                                *x += f * y;
+                            }
                         }
                     }
-                    for j in 0..=i {
+                    // S = e^{Γ_L} S + Σ_j e^{Γ_L-Γ_j} k_j ⊗ Vn_j.
+                    let last = gam[l - 1];
+                    let el = last.exp();
+                    for x in s.iter_mut() {
+                        *x *= el;
+                    }
+                    for j in 0..l {
                         let kj = &k[qk(c0 + j)];
-                        let f = super::dot(qi, kj) * (gam[i] - gam[j]).exp();
-                        for (x, &y) in oi.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
-                            *x += f * y;
+                        let f = (last - gam[j]).exp();
+                        for (r, &kr) in kj.iter().enumerate() {
+                            let fk = f * kr;
+                            for (x, &y) in s[r * dv..(r + 1) * dv]
+                                .iter_mut()
+                                .zip(&vn[j * dv..(j + 1) * dv])
+                            {
+                                *x += fk * y;
+                            }
                         }
                     }
                 }
-                // S = e^{Γ_L} S + Σ_j e^{Γ_L-Γ_j} k_j ⊗ Vn_j.
-                let last = gam[l - 1];
-                let el = last.exp();
-                for x in s.iter_mut() {
-                    *x *= el;
-                }
-                for j in 0..l {
-                    let kj = &k[qk(c0 + j)];
-                    let f = (last - gam[j]).exp();
-                    for (r, &kr) in kj.iter().enumerate() {
-                        let fk = f * kr;
-                        for (x, &y) in s[r * dv..(r + 1) * dv]
-                            .iter_mut()
-                            .zip(&vn[j * dv..(j + 1) * dv])
-                        {
-                            *x += fk * y;
-                        }
-                    }
-                }
-            }
-            o
+                o
+            })
         })
         .collect();
     scatter_heads(out, &per_head, hv, dv);
