@@ -221,3 +221,46 @@ fn generation_stops_at_the_context_limit() {
     assert_eq!(c.finish_reason, FinishReason::ContextFull);
     assert_eq!(prompt.len() + c.tokens.len(), limit);
 }
+
+#[test]
+fn concurrent_sequences_match_their_solo_runs() {
+    let (m, r) = model("qwen35-moe");
+    let prompts: Vec<Vec<u32>> = r["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| ids(&p["ids"]))
+        .collect();
+    let solo: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            Engine::new(m.clone())
+                .generate(request(p.clone(), 12), |_| {})
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    // All prompts in one engine, prefilled in small chunks while the others decode.
+    let mut engine = Engine::new(m.clone()).with_prefill_chunk(4);
+    let seq_ids: Vec<_> = prompts
+        .iter()
+        .map(|p| engine.add(request(p.clone(), 12)).unwrap())
+        .collect();
+    let mut texts = vec![String::new(); prompts.len()];
+    while engine.has_work() {
+        for ev in engine.step().unwrap() {
+            if let splash_engine::Event::Text { id, text } = ev {
+                texts[seq_ids.iter().position(|&s| s == id).unwrap()].push_str(&text);
+            }
+        }
+    }
+    for (i, id) in seq_ids.into_iter().enumerate() {
+        let seq = engine.take_finished(id).unwrap();
+        assert_eq!(
+            seq.output(),
+            &solo[i][..],
+            "sequence {i} changed when batched with others"
+        );
+        assert_eq!(texts[i], m.tokenizer.decode(&solo[i], false).unwrap());
+    }
+}

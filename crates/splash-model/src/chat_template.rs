@@ -13,6 +13,8 @@ const TEMPLATE_NAME: &str = "chat";
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// `bos_token`, `eos_token`, ... from tokenizer_config.json, which transformers passes too.
+    special_tokens: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What a template is rendered with: the variables transformers passes.
@@ -35,27 +37,43 @@ impl ChatTemplate {
     /// (a string, or the `default` entry of a list of named templates). `None` if neither.
     pub fn from_dir(dir: &Path) -> Result<Option<Self>, ModelError> {
         let jinja = dir.join("chat_template.jinja");
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg = if cfg_path.exists() {
+            Some(read_json(&cfg_path)?)
+        } else {
+            None
+        };
         let source = if jinja.exists() {
             std::fs::read_to_string(&jinja).map_err(|e| ModelError::io(&jinja, e))?
         } else {
-            let cfg = dir.join("tokenizer_config.json");
-            if !cfg.exists() {
+            let Some(cfg) = &cfg else {
                 return Ok(None);
-            }
-            match read_json(&cfg)?.get("chat_template") {
+            };
+            match cfg.get("chat_template") {
                 Some(serde_json::Value::String(s)) => s.clone(),
                 Some(serde_json::Value::Array(named)) => named
                     .iter()
                     .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
                     .and_then(|t| t.get("template")?.as_str())
                     .ok_or_else(|| {
-                        ModelError::config(&cfg, "chat_template list has no `default` entry")
+                        ModelError::config(&cfg_path, "chat_template list has no `default` entry")
                     })?
                     .to_string(),
                 _ => return Ok(None),
             }
         };
-        Self::new(source).map(Some)
+        let mut template = Self::new(source)?;
+        for key in ["bos_token", "eos_token", "pad_token", "unk_token"] {
+            // A token is a string, or an AddedToken object with a `content` field.
+            let token = cfg.as_ref().and_then(|c| c.get(key)).and_then(|v| match v {
+                serde_json::Value::String(s) => Some(s.clone()),
+                other => other.get("content")?.as_str().map(str::to_string),
+            });
+            if let Some(t) = token {
+                template.special_tokens.insert(key.to_string(), t.into());
+            }
+        }
+        Ok(Some(template))
     }
 
     /// Compiles template source.
@@ -76,13 +94,21 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| ModelError::Template(format!("cannot compile: {e:#}")))?;
-        Ok(Self { env })
+        Ok(Self {
+            env,
+            special_tokens: serde_json::Map::new(),
+        })
     }
 
     /// Renders the template.
     pub fn render(&self, inputs: &TemplateInputs) -> Result<String, ModelError> {
         let tmpl = self.env.get_template(TEMPLATE_NAME).expect("added in new");
-        tmpl.render(Value::from(minijinja::value::Serde(inputs)))
+        let mut ctx = serde_json::to_value(inputs).expect("template inputs serialise");
+        let obj = ctx.as_object_mut().expect("inputs serialise to an object");
+        for (k, v) in &self.special_tokens {
+            obj.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        tmpl.render(Value::from(minijinja::value::Serde(ctx)))
             .map_err(|e| ModelError::Template(format!("{e:#}")))
     }
 }
@@ -265,6 +291,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("no system role"), "{e}");
+    }
+
+    #[test]
+    fn special_tokens_come_from_tokenizer_config() {
+        let dir = std::env::temp_dir().join(format!("splash-template-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"chat_template": "{{ eos_token }}|{{ bos_token }}", "eos_token": "<|im_end|>",
+                "bos_token": {"content": "<s>", "lstrip": false}}"#,
+        )
+        .unwrap();
+        let t = ChatTemplate::from_dir(&dir).unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            t.render(&TemplateInputs::default()).unwrap(),
+            "<|im_end|>|<s>"
+        );
     }
 
     #[test]

@@ -210,3 +210,45 @@ fn bf16_and_f16_checkpoints_load_and_stay_close() {
         assert!(err < tol, "{dtype:?}: {err}");
     }
 }
+
+#[test]
+fn sharded_checkpoint_with_index() {
+    let s = Scratch::new("shards");
+    let path = s.0.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    names.sort();
+    let mut weight_map = serde_json::Map::new();
+    for (i, part) in names.chunks(names.len().div_ceil(2)).enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", i + 1);
+        let views: Vec<(String, TensorView)> = part
+            .iter()
+            .map(|n| (n.clone(), st.tensor(n).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &s.0.join(&file)).unwrap();
+        for n in part {
+            weight_map.insert(n.clone(), file.clone().into());
+        }
+    }
+    std::fs::rename(&path, s.0.join("unsharded.bin")).unwrap();
+    std::fs::write(
+        s.0.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": weight_map}).to_string(),
+    )
+    .unwrap();
+    let prompt = [5u32, 6, 7, 300];
+    let sharded = load(&s.0).unwrap();
+    let whole =
+        load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen35-dense"))
+            .unwrap();
+    let a = sharded
+        .graph
+        .forward(&mut sharded.graph.new_state(), &prompt, Logits::All)
+        .unwrap();
+    let b = whole
+        .graph
+        .forward(&mut whole.graph.new_state(), &prompt, Logits::All)
+        .unwrap();
+    assert_eq!(a, b);
+}

@@ -1,0 +1,180 @@
+//! The `splash` binary end to end: exit codes, stdout and stderr of each command.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn splash(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_splash"))
+        .args(args)
+        .output()
+        .expect("splash runs")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn generate_chat_on_the_demo_model() {
+    let out = splash(&[
+        "generate",
+        "--model",
+        "demo",
+        "--chat",
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "8",
+        "--seed",
+        "3",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert!(!text(&out.stdout).trim().is_empty(), "no text generated");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("prompt tokens") && err.contains("tok/s decode"),
+        "{err}"
+    );
+    // Same seed, same text.
+    let again = splash(&[
+        "generate",
+        "--model",
+        "demo",
+        "--chat",
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "8",
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(out.stdout, again.stdout);
+}
+
+#[test]
+fn greedy_generate_matches_the_transformers_continuation() {
+    let dir = fixture("qwen35-dense");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let prompt = r["prompts"][1]["text"].as_str().unwrap();
+    let want = r["greedy"][1]["output_text"].as_str().unwrap();
+    let out = splash(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "40",
+        "--ignore-eos",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim_end_matches('\n'), want);
+}
+
+#[test]
+fn perplexity_json_on_both_fixtures_and_the_demo() {
+    for name in ["qwen35-dense", "qwen35-moe"] {
+        let dir = fixture(name);
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
+        let out = splash(&[
+            "perplexity",
+            "--model",
+            dir.to_str().unwrap(),
+            "--file",
+            dir.join("ppl.txt").to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let want = r["perplexity"]["perplexity"].as_f64().unwrap();
+        assert!(
+            (got["perplexity"].as_f64().unwrap() - want).abs() / want < 1e-4,
+            "{name}: {got}"
+        );
+        assert_eq!(got["tokens"], r["perplexity"]["tokens"]);
+    }
+    let out = splash(&[
+        "perplexity",
+        "--model",
+        "demo",
+        "--file",
+        fixture("qwen35-dense/ppl.txt").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("perplexity "),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn errors_exit_nonzero_with_a_reason() {
+    let out = splash(&[
+        "generate",
+        "--model",
+        "/nonexistent/model",
+        "--prompt",
+        "hi",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not a directory"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = splash(&[
+        "perplexity",
+        "--model",
+        "demo",
+        "--file",
+        "/nonexistent.txt",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("/nonexistent.txt"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = splash(&[
+        "generate", "--model", "demo", "--prompt", "hi", "--top-p", "0",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("top_p"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn bench_reports_both_speeds() {
+    let dir = fixture("qwen35-moe");
+    let out = splash(&[
+        "bench",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-tokens",
+        "64",
+        "--decode-tokens",
+        "4",
+        "--repeat",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["prefill_tok_s"].as_f64().unwrap() > 0.0 && v["decode_tok_s"].as_f64().unwrap() > 0.0
+    );
+}
