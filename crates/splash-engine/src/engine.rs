@@ -158,6 +158,20 @@ impl Engine {
         Ok(events)
     }
 
+    /// Number of running sequences.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Stops a running sequence and frees its state (the client went away). Returns whether
+    /// it was running.
+    pub fn cancel(&mut self, id: SeqId) -> bool {
+        let before = self.running.len();
+        self.running.retain(|s| s.id() != id);
+        self.finished.retain(|s| s.id() != id);
+        self.running.len() != before
+    }
+
     /// Removes and returns a finished sequence.
     pub fn take_finished(&mut self, id: SeqId) -> Option<Sequence> {
         let i = self.finished.iter().position(|s| s.id() == id)?;

@@ -5,8 +5,9 @@ use rayon::prelude::*;
 
 use crate::{DType, Weight};
 
-/// Rows of `W` per task in the single-token (GEMV) path.
-const ROW_BLOCK: usize = 16;
+/// Weight elements per task in the single-token (GEMV) path: enough work to amortise the
+/// task overhead when rows are short (an LM head with a small hidden size).
+const GEMV_TASK_ELEMS: usize = 32 * 1024;
 
 /// `out[T,N] = x[T,K] · Wᵀ` where `W` is `[N,K]` in its stored dtype. Accumulates in f32.
 pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
@@ -19,12 +20,13 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
     let t = x.len() / k;
     assert_eq!(out.len(), t * n, "out must be [T={t}, N={n}]");
     if t == 1 {
-        out.par_chunks_mut(ROW_BLOCK)
+        let rows_per_task = (GEMV_TASK_ELEMS / k).max(1);
+        out.par_chunks_mut(rows_per_task)
             .enumerate()
             .for_each(|(b, chunk)| {
                 let mut row = Vec::new();
                 for (i, o) in chunk.iter_mut().enumerate() {
-                    *o = row_dot(w, b * ROW_BLOCK + i, x, &mut row);
+                    *o = row_dot(w, b * rows_per_task + i, x, &mut row);
                 }
             });
         return;
