@@ -1,7 +1,7 @@
 //! `splash`: a local inference server for the Qwen3.5 / 3.6 hybrid models.
 //!
 //! Subcommands: `generate` (stream a completion to stdout), `perplexity` (score a text file),
-//! `bench` (prefill and decode speed). `--model demo` names the bundled demo checkpoint.
+//! `bench` (prefill and decode speed), `serve` (the HTTP API). `--model demo` names the bundled demo checkpoint.
 
 mod commands;
 mod model_arg;
@@ -29,6 +29,8 @@ enum Command {
     Perplexity(commands::perplexity::Args),
     /// Measure prefill and decode speed.
     Bench(commands::bench::Args),
+    /// Serve the OpenAI-compatible API over HTTP.
+    Serve(commands::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => commands::generate::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Serve(a) => commands::serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

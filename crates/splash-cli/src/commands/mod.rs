@@ -3,3 +3,4 @@
 pub mod bench;
 pub mod generate;
 pub mod perplexity;
+pub mod serve;

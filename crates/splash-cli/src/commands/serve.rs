@@ -1,0 +1,75 @@
+//! `splash serve`: the OpenAI-compatible HTTP server.
+
+use anyhow::Context;
+use splash_server::{parse_size, ServerConfig};
+
+use crate::model_arg;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory, or `demo`.
+    #[arg(long)]
+    model: String,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, env = "SPLASH_PORT", default_value_t = 8000)]
+    port: u16,
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
+    #[arg(long, env = "SPLASH_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Accept this `Host` name besides IP addresses and localhost (repeatable; `*` for any).
+    #[arg(long = "allowed-host")]
+    allowed_hosts: Vec<String>,
+    /// Accept browser requests from this origin, e.g. http://app.local:3000 (repeatable).
+    #[arg(long = "allowed-origin")]
+    allowed_origins: Vec<String>,
+    /// Cap on prompt + output tokens, e.g. 32K (K = 1024); never above the model's limit.
+    #[arg(long, value_parser = parse_size)]
+    max_context: Option<usize>,
+    /// Extra model name the API answers to (repeatable).
+    #[arg(long = "served-model-name")]
+    served_model_names: Vec<String>,
+    /// reasoning_effort for requests that give none (`none` turns thinking off).
+    #[arg(long, env = "SPLASH_DEFAULT_REASONING_EFFORT")]
+    default_reasoning_effort: Option<String>,
+    /// Largest request body, e.g. 128M.
+    #[arg(long, value_parser = parse_size, default_value = "128M")]
+    max_request_size: usize,
+    /// Requests that may wait for a decode lane; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 32)]
+    queue_size: usize,
+    /// Do not serve the page at `/`.
+    #[arg(long)]
+    no_webui: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let config = ServerConfig {
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key.filter(|k| !k.is_empty()),
+        allowed_hosts: a.allowed_hosts,
+        allowed_origins: a.allowed_origins,
+        max_context: a.max_context,
+        served_model_names: a.served_model_names,
+        default_reasoning_effort: a.default_reasoning_effort,
+        max_request_size: a.max_request_size,
+        queue_size: a.queue_size,
+        webui: !a.no_webui,
+        ..ServerConfig::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("splash-http")
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        // Bind first: a taken port is reported before the model is loaded.
+        let listener = splash_server::bind(&config).await?;
+        let model = model_arg::load(&a.model)?;
+        splash_server::serve(listener, model, config).await?;
+        Ok(())
+    })
+}

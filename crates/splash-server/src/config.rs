@@ -1,0 +1,81 @@
+//! Server settings, as given on the command line.
+
+/// What `splash serve` was asked to do.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub host: String,
+    /// 0 picks a free port (printed in the `Ready` line).
+    pub port: u16,
+    pub api_key: Option<String>,
+    /// Extra `Host` names accepted besides IP literals and `localhost` (`*`: any).
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins accepted besides the server's own (`*`: any).
+    pub allowed_origins: Vec<String>,
+    /// Cap on prompt + output tokens (never above the model's native limit).
+    pub max_context: Option<usize>,
+    /// Model id the API answers to, then aliases.
+    pub served_model_names: Vec<String>,
+    /// `reasoning_effort` applied when a request has none.
+    pub default_reasoning_effort: Option<String>,
+    /// Largest accepted request body in bytes.
+    pub max_request_size: usize,
+    /// Requests that may wait for a free decode lane before new ones get 503.
+    pub queue_size: usize,
+    /// Sequences decoded at once.
+    pub lanes: usize,
+    /// Serve the page at `/`.
+    pub webui: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            api_key: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            max_context: None,
+            served_model_names: Vec::new(),
+            default_reasoning_effort: None,
+            max_request_size: 128 << 20,
+            queue_size: 32,
+            lanes: 4,
+            webui: true,
+        }
+    }
+}
+
+/// Parses a size with an optional binary suffix: `32K` = 32768, `128M`, `2G`, or a plain number.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size: use a number with an optional K, M or G suffix (K = 1024), e.g. 32K"))?;
+    if !(n.is_finite() && n > 0.0) {
+        return Err(format!("`{s}` must be a positive size"));
+    }
+    Ok((n * mult as f64) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("32K"), Ok(32768));
+        assert_eq!(parse_size("128M"), Ok(128 << 20));
+        assert_eq!(parse_size("1.5k"), Ok(1536));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").unwrap_err().contains("K = 1024"));
+        assert!(parse_size("0").is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answer: status, OpenAI `type`, optional `param` and `code`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// Seconds for `Retry-After` (503).
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400 about one request field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.to_string()),
+            ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+
+    /// 400 about the request as a whole.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 400 `context_length_exceeded`.
+    pub fn context_length(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("context_length_exceeded"),
+            ..Self::bad_request(message)
+        }
+    }
+
+    /// 404 for an unknown model.
+    pub fn model_not_found(model: &str, served: &[String]) -> Self {
+        Self {
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!(
+                    "the model `{model}` does not exist here; this server serves {}",
+                    served.join(", ")
+                ),
+            )
+        }
+    }
+
+    /// 404 for an unknown route.
+    pub fn not_found(method: &str, path: &str) -> Self {
+        Self {
+            code: Some("not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("no route for {method} {path}; see GET /v1/models, POST /v1/chat/completions, POST /v1/completions"),
+            )
+        }
+    }
+
+    /// 401.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("invalid_api_key"),
+            ..Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message)
+        }
+    }
+
+    /// 403.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("forbidden"),
+            ..Self::new(StatusCode::FORBIDDEN, "permission_error", message)
+        }
+    }
+
+    /// 413.
+    pub fn too_large(limit: usize) -> Self {
+        Self {
+            code: Some("request_too_large"),
+            ..Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("the request body is larger than {limit} bytes; raise the limit with --max-request-size"),
+            )
+        }
+    }
+
+    /// 503 with `Retry-After`.
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("server_overloaded"),
+            retry_after: Some(1),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
+        }
+    }
+
+    /// 500: the engine failed; the server keeps serving.
+    pub fn engine(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("engine_failed"),
+            ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+        }
+    }
+
+    /// The JSON body (also used as an SSE error event).
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}

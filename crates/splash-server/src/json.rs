@@ -1,0 +1,61 @@
+//! Request bodies: size-limited, parsed as a JSON object, then typed with errors that name the
+//! offending field (`messages[0].content: invalid type ...`).
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Request};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// A request body that is a JSON object.
+pub struct JsonObject(pub Value);
+
+impl FromRequest<AppState> for JsonObject {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let limit = state.config.max_request_size;
+        let body: Body = req.into_body();
+        let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+            // The only error with a cause chain that mentions the limit is the length limit.
+            let msg = format!("{e:#}");
+            if msg.contains("length limit")
+                || std::error::Error::source(&e)
+                    .is_some_and(|s| s.to_string().contains("length limit"))
+            {
+                ApiError::too_large(limit)
+            } else {
+                ApiError::bad_request(format!("could not read the request body: {msg}"))
+            }
+        })?;
+        if bytes.is_empty() {
+            return Err(ApiError::bad_request(
+                "the request body is empty: send a JSON object",
+            ));
+        }
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
+        })?;
+        if !value.is_object() {
+            return Err(ApiError::bad_request(
+                "the request body must be a JSON object",
+            ));
+        }
+        Ok(Self(value))
+    }
+}
+
+/// Deserialises `value` into `T`; a type error names the field path.
+pub fn typed<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            ApiError::bad_request(format!("invalid request: {inner}"))
+        } else {
+            ApiError::invalid(&path, format!("invalid value for `{path}`: {inner}"))
+        }
+    })
+}

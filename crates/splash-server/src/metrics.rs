@@ -1,0 +1,155 @@
+//! Counters and latency histograms, rendered for `/status` (JSON) and `/metrics` (Prometheus).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde_json::json;
+
+use crate::state::AppState;
+use crate::worker::Usage;
+
+const LATENCY_BOUNDS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+#[derive(Clone, Default)]
+struct Histogram {
+    counts: [u64; LATENCY_BOUNDS.len()],
+    count: u64,
+    sum: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, v: f64) {
+        for (c, &b) in self.counts.iter_mut().zip(&LATENCY_BOUNDS) {
+            if v <= b {
+                *c += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += v;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (c, b) in self.counts.iter().zip(&LATENCY_BOUNDS) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}",
+            self.count, self.sum, self.count
+        );
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: BTreeMap<(String, u16), u64>,
+    prompt_tokens: u64,
+    generated_tokens: u64,
+    generations: u64,
+    prefill_seconds: f64,
+    decode_seconds: f64,
+    request_seconds: Histogram,
+    ttft_seconds: Histogram,
+}
+
+/// Server-wide counters.
+#[derive(Default)]
+pub struct Metrics {
+    inner: Mutex<Counters>,
+}
+
+impl Metrics {
+    fn with<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
+        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A finished generation.
+    pub fn record_generation(&self, u: &Usage) {
+        self.with(|c| {
+            c.generations += 1;
+            c.prompt_tokens += u.prompt_tokens as u64;
+            c.generated_tokens += u.completion_tokens as u64;
+            c.prefill_seconds += u.prefill.as_secs_f64();
+            c.decode_seconds += u.decode.as_secs_f64();
+        });
+    }
+
+    /// Time from request arrival to the first generated text.
+    pub fn observe_ttft(&self, secs: f64) {
+        self.with(|c| c.ttft_seconds.observe(secs));
+    }
+
+    fn record_request(&self, route: String, status: u16, secs: f64) {
+        self.with(|c| {
+            *c.requests.entry((route, status)).or_default() += 1;
+            c.request_seconds.observe(secs);
+        });
+    }
+
+    /// Counters for `/status`.
+    pub fn snapshot(&self) -> serde_json::Value {
+        self.with(|c| {
+            json!({
+                "requests_total": c.requests.values().sum::<u64>(),
+                "generations_total": c.generations,
+                "prompt_tokens_total": c.prompt_tokens,
+                "generated_tokens_total": c.generated_tokens,
+                "prefill_seconds_total": c.prefill_seconds,
+                "decode_seconds_total": c.decode_seconds,
+                "prefill_tokens_per_second": if c.prefill_seconds > 0.0 { c.prompt_tokens as f64 / c.prefill_seconds } else { 0.0 },
+                "decode_tokens_per_second": if c.decode_seconds > 0.0 { c.generated_tokens as f64 / c.decode_seconds } else { 0.0 },
+            })
+        })
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self, waiting: usize, running: usize) -> String {
+        self.with(|c| {
+            let mut out = String::new();
+            let _ = writeln!(out, "# HELP splash_requests_total HTTP requests by route and status.\n# TYPE splash_requests_total counter");
+            for ((route, status), n) in &c.requests {
+                let _ = writeln!(out, "splash_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
+            }
+            for (name, help, v) in [
+                ("splash_prompt_tokens_total", "Prompt tokens prefilled.", c.prompt_tokens as f64),
+                ("splash_generation_tokens_total", "Tokens generated.", c.generated_tokens as f64),
+                ("splash_prefill_seconds_total", "Seconds spent in prefill.", c.prefill_seconds),
+                ("splash_decode_seconds_total", "Seconds spent in decode.", c.decode_seconds),
+            ] {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            }
+            for (name, help, v) in [
+                ("splash_queue_depth", "Requests waiting for a decode lane.", waiting),
+                ("splash_running_requests", "Requests being prefilled or decoded.", running),
+            ] {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+            }
+            c.request_seconds.render(&mut out, "splash_request_duration_seconds", "Time to the end of the response headers (streams: to the first byte).");
+            c.ttft_seconds.render(&mut out, "splash_time_to_first_token_seconds", "Time from request arrival to the first generated text.");
+            out
+        })
+    }
+}
+
+/// Middleware: counts every request by matched route and status.
+pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let t0 = Instant::now();
+    let resp = next.run(req).await;
+    state
+        .metrics
+        .record_request(route, resp.status().as_u16(), t0.elapsed().as_secs_f64());
+    resp
+}

@@ -1,0 +1,190 @@
+//! Chat messages → the model's chat template: roles, content parts, tool calls, reasoning
+//! effort and `chat_template_kwargs`, as transformers' `apply_chat_template` receives them.
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use splash_model::TemplateInputs;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+const EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+
+/// The conversation part of a chat request (also the body of `/apply-template`).
+#[derive(Deserialize)]
+pub struct ChatInput {
+    pub messages: Vec<Message>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    #[serde(default = "yes")]
+    pub add_generation_prompt: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One chat message.
+#[derive(Deserialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// Message content: a string or a list of parts.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+/// A content part (`{"type": "text", "text": ...}`).
+#[derive(Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl ChatInput {
+    /// The template variables for this conversation.
+    pub fn template_inputs(&self, s: &AppState) -> Result<TemplateInputs, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages must contain at least one message",
+            ));
+        }
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            let role = match m.role.as_str() {
+                "developer" => "system",
+                r @ ("system" | "user" | "assistant" | "tool") => r,
+                other => return Err(ApiError::invalid(
+                    &format!("messages[{i}].role"),
+                    format!(
+                        "unknown role `{other}`: use system, developer, user, assistant or tool"
+                    ),
+                )),
+            };
+            let content = match &m.content {
+                None => Value::Null,
+                Some(Content::Text(t)) => Value::String(t.clone()),
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text" | "input_text" | "output_text", Some(t)) => text.push_str(t),
+                            ("text" | "input_text" | "output_text", None) => {
+                                return Err(ApiError::invalid(&format!("messages[{i}].content[{j}].text"), "a text part needs `text`"))
+                            }
+                            (kind, _) => {
+                                return Err(ApiError::invalid(
+                                    &format!("messages[{i}].content[{j}].type"),
+                                    format!("content parts of type `{kind}` are not supported by this model; send text parts"),
+                                ))
+                            }
+                        }
+                    }
+                    Value::String(text)
+                }
+            };
+            let mut msg = json!({"role": role, "content": content});
+            if let Some(r) = &m.reasoning_content {
+                msg["reasoning_content"] = r.clone().into();
+            }
+            if let Some(calls) = &m.tool_calls {
+                msg["tool_calls"] =
+                    Value::Array(calls.iter().map(tool_call_for_template).collect());
+            }
+            if let Some(id) = &m.tool_call_id {
+                msg["tool_call_id"] = id.clone().into();
+            }
+            if let Some(n) = &m.name {
+                msg["name"] = n.clone().into();
+            }
+            messages.push(msg);
+        }
+        let mut extra = Map::new();
+        let effort = self
+            .reasoning_effort
+            .clone()
+            .or_else(|| s.config.default_reasoning_effort.clone());
+        if let Some(e) = effort {
+            if !EFFORTS.contains(&e.as_str()) {
+                return Err(ApiError::invalid(
+                    "reasoning_effort",
+                    format!(
+                        "unknown reasoning_effort `{e}`: use one of {}",
+                        EFFORTS.join(", ")
+                    ),
+                ));
+            }
+            if e == "none" {
+                extra.insert("enable_thinking".into(), false.into());
+            } else {
+                extra.insert("enable_thinking".into(), true.into());
+                extra.insert("reasoning_effort".into(), e.into());
+            }
+        }
+        // chat_template_kwargs win over reasoning_effort.
+        if let Some(kw) = &self.chat_template_kwargs {
+            for (k, v) in kw {
+                extra.insert(k.clone(), v.clone());
+            }
+        }
+        Ok(TemplateInputs {
+            messages: Value::Array(messages),
+            tools: self
+                .tools
+                .clone()
+                .filter(|t| !t.is_empty())
+                .map(Value::Array),
+            add_generation_prompt: self.add_generation_prompt,
+            extra,
+        })
+    }
+
+    /// The rendered prompt text.
+    pub fn render(&self, s: &AppState) -> Result<String, ApiError> {
+        let Some(template) = &s.model.template else {
+            return Err(ApiError::bad_request(
+                "this model has no chat template (chat_template.jinja or tokenizer_config.json): use /v1/completions with a raw prompt",
+            ));
+        };
+        let inputs = self.template_inputs(s)?;
+        template.render(&inputs).map_err(|e| {
+            ApiError::bad_request(format!("the chat template rejected these messages: {e}"))
+        })
+    }
+}
+
+/// OpenAI sends tool-call arguments as a JSON string; templates expect the object.
+fn tool_call_for_template(call: &Value) -> Value {
+    let mut call = call.clone();
+    if let Some(args) = call.pointer_mut("/function/arguments") {
+        if let Some(parsed) = args
+            .as_str()
+            .and_then(|a| serde_json::from_str::<Value>(a).ok())
+            .filter(Value::is_object)
+        {
+            *args = parsed;
+        }
+    }
+    call
+}

@@ -1,0 +1,123 @@
+//! What every handler shares: the model, the settings, the engine worker and the counters.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use splash_engine::Engine;
+use splash_model::Model;
+use tokio::sync::watch;
+
+use crate::config::ServerConfig;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::worker::Worker;
+
+/// Shared server state (cheap to clone).
+#[derive(Clone)]
+pub struct AppState {
+    pub model: Arc<Model>,
+    pub config: Arc<ServerConfig>,
+    pub worker: Arc<Worker>,
+    pub metrics: Arc<Metrics>,
+    /// Model id first, then aliases.
+    pub model_ids: Arc<Vec<String>>,
+    /// Prompt + output limit in tokens.
+    pub max_context: usize,
+    /// Set to true on Ctrl+C: open streams end with an error event.
+    pub shutdown: Arc<watch::Sender<bool>>,
+    pub started: Instant,
+}
+
+impl AppState {
+    /// Starts the engine worker for `engine` and gathers the shared state.
+    pub fn new(model: Arc<Model>, engine: Engine, config: ServerConfig) -> Self {
+        let metrics = Arc::new(Metrics::default());
+        let max_context = engine.max_context();
+        let worker = Worker::spawn(engine, config.lanes, config.queue_size, metrics.clone());
+        let id = model
+            .dir
+            .canonicalize()
+            .unwrap_or_else(|_| model.dir.clone())
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into());
+        let mut model_ids = vec![id];
+        for alias in &config.served_model_names {
+            if !model_ids.contains(alias) {
+                model_ids.push(alias.clone());
+            }
+        }
+        Self {
+            model,
+            config: Arc::new(config),
+            worker: Arc::new(worker),
+            metrics,
+            model_ids: Arc::new(model_ids),
+            max_context,
+            shutdown: Arc::new(watch::channel(false).0),
+            started: Instant::now(),
+        }
+    }
+
+    /// The id the API reports.
+    pub fn model_id(&self) -> &str {
+        &self.model_ids[0]
+    }
+
+    /// Checks a request's optional `model` field; returns the name to echo back.
+    pub fn resolve_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        match requested {
+            None | Some("") => Ok(self.model_id().to_string()),
+            Some(m) if self.model_ids.iter().any(|id| id == m) => Ok(m.to_string()),
+            Some(m) => Err(ApiError::model_not_found(m, &self.model_ids)),
+        }
+    }
+
+    /// Bytes of weights mapped from the checkpoint.
+    pub fn weight_bytes(&self) -> u64 {
+        std::fs::read_dir(&self.model.dir)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    /// The startup summary on stderr.
+    pub fn print_summary(&self, addr: SocketAddr) {
+        let c = &self.model.config;
+        eprintln!(
+            "splash {}: model {} ({}, {} parameters, {} layers, vocabulary {})",
+            env!("CARGO_PKG_VERSION"),
+            self.model_id(),
+            self.model.dir.display(),
+            self.model.graph.num_parameters(),
+            c.num_layers(),
+            c.vocab_size
+        );
+        eprintln!(
+            "  context limit {} tokens; weights {:.1} MiB (memory-mapped); {} decode lanes, queue {}",
+            self.max_context,
+            self.weight_bytes() as f64 / (1 << 20) as f64,
+            self.config.lanes,
+            self.config.queue_size
+        );
+        eprintln!(
+            "  listening on {addr}; API key {}; aliases: {}",
+            if self.config.api_key.is_some() {
+                "required"
+            } else {
+                "not required"
+            },
+            if self.model_ids.len() > 1 {
+                self.model_ids[1..].join(", ")
+            } else {
+                "none".into()
+            }
+        );
+    }
+}

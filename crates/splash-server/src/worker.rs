@@ -1,0 +1,207 @@
+//! The engine thread: owns the [`Engine`], admits queued requests into a fixed number of
+//! decode lanes, steps them, and sends each request's text to its own channel. A request
+//! whose receiver is gone (client disconnected) is cancelled and its state freed.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use splash_engine::{Engine, EngineError, Event, FinishReason, Request, SeqId};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::metrics::Metrics;
+
+/// Token counts and times of a finished request.
+#[derive(Clone, Debug)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub finish: FinishReason,
+    pub prefill: Duration,
+    pub decode: Duration,
+}
+
+/// What the worker tells a request.
+#[derive(Debug)]
+pub enum WorkerEvent {
+    Text(String),
+    Done(Usage),
+    /// The request was refused (`invalid`) or the engine failed.
+    Failed {
+        message: String,
+        invalid: bool,
+    },
+}
+
+struct Job {
+    request: Request,
+    events: UnboundedSender<WorkerEvent>,
+}
+
+/// Shared view of the worker's load.
+#[derive(Default)]
+pub struct Load {
+    /// Requests accepted and not yet finished (waiting + running).
+    pub in_flight: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub running: AtomicUsize,
+    pub alive: AtomicBool,
+}
+
+/// Handle to the engine thread.
+pub struct Worker {
+    jobs: mpsc::Sender<Job>,
+    pub load: Arc<Load>,
+    capacity: usize,
+}
+
+/// The worker is full.
+pub struct Overloaded;
+
+impl Worker {
+    /// Starts the engine thread with `lanes` concurrent sequences and `queue` waiting slots.
+    pub fn spawn(engine: Engine, lanes: usize, queue: usize, metrics: Arc<Metrics>) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let load = Arc::new(Load::default());
+        load.alive.store(true, Ordering::SeqCst);
+        let l = load.clone();
+        std::thread::Builder::new()
+            .name("splash-engine".into())
+            .spawn(move || run(engine, rx, lanes.max(1), l, metrics))
+            .expect("spawn engine thread");
+        Self {
+            jobs: tx,
+            load,
+            capacity: lanes.max(1) + queue,
+        }
+    }
+
+    /// Queues a request; its events arrive on the returned channel.
+    pub fn submit(&self, request: Request) -> Result<UnboundedReceiver<WorkerEvent>, Overloaded> {
+        let before = self.load.in_flight.fetch_add(1, Ordering::SeqCst);
+        if before >= self.capacity || !self.load.alive.load(Ordering::SeqCst) {
+            self.load.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(Overloaded);
+        }
+        let (events, rx) = unbounded_channel();
+        if self.jobs.send(Job { request, events }).is_err() {
+            self.load.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(Overloaded);
+        }
+        Ok(rx)
+    }
+}
+
+fn run(
+    mut engine: Engine,
+    jobs: mpsc::Receiver<Job>,
+    lanes: usize,
+    load: Arc<Load>,
+    metrics: Arc<Metrics>,
+) {
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut active: HashMap<SeqId, UnboundedSender<WorkerEvent>> = HashMap::new();
+    let done = |load: &Load| {
+        load.in_flight.fetch_sub(1, Ordering::SeqCst);
+    };
+    loop {
+        if active.is_empty() && waiting.is_empty() {
+            match jobs.recv() {
+                Ok(job) => waiting.push_back(job),
+                Err(_) => break, // the server is gone
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            waiting.push_back(job);
+        }
+        // Clients that left while waiting or running.
+        waiting.retain(|j| {
+            let keep = !j.events.is_closed();
+            if !keep {
+                done(&load);
+            }
+            keep
+        });
+        active.retain(|&id, tx| {
+            let keep = !tx.is_closed();
+            if !keep {
+                engine.cancel(id);
+                done(&load);
+            }
+            keep
+        });
+        while active.len() < lanes {
+            let Some(job) = waiting.pop_front() else {
+                break;
+            };
+            match engine.add(job.request) {
+                Ok(id) => {
+                    active.insert(id, job.events);
+                }
+                Err(e) => {
+                    let invalid = matches!(e, EngineError::InvalidRequest(_));
+                    let _ = job.events.send(WorkerEvent::Failed {
+                        message: e.to_string(),
+                        invalid,
+                    });
+                    done(&load);
+                }
+            }
+        }
+        load.waiting.store(waiting.len(), Ordering::SeqCst);
+        load.running.store(active.len(), Ordering::SeqCst);
+        if active.is_empty() {
+            continue;
+        }
+        let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| engine.step()));
+        let events = match stepped {
+            Ok(Ok(events)) => events,
+            failure => {
+                let message = match failure {
+                    Ok(Err(e)) => format!("the engine failed: {e}"),
+                    _ => "the engine failed (internal panic); the request was dropped, the server keeps serving".into(),
+                };
+                tracing::error!("{message}");
+                for (id, tx) in active.drain() {
+                    engine.cancel(id);
+                    let _ = tx.send(WorkerEvent::Failed {
+                        message: message.clone(),
+                        invalid: false,
+                    });
+                    done(&load);
+                }
+                continue;
+            }
+        };
+        for ev in events {
+            match ev {
+                Event::Text { id, text } => {
+                    if let Some(tx) = active.get(&id) {
+                        let _ = tx.send(WorkerEvent::Text(text));
+                    }
+                }
+                Event::Finished { id } => {
+                    let Some(seq) = engine.take_finished(id) else {
+                        continue;
+                    };
+                    let (prefill, decode) = seq.timings();
+                    let usage = Usage {
+                        prompt_tokens: seq.prompt().len(),
+                        completion_tokens: seq.output().len(),
+                        finish: seq.finish_reason().cloned().unwrap_or(FinishReason::Length),
+                        prefill,
+                        decode,
+                    };
+                    metrics.record_generation(&usage);
+                    if let Some(tx) = active.remove(&id) {
+                        let _ = tx.send(WorkerEvent::Done(usage));
+                        done(&load);
+                    }
+                }
+            }
+        }
+    }
+    load.alive.store(false, Ordering::SeqCst);
+}
