@@ -75,12 +75,14 @@ impl ChatInput {
             let role = match m.role.as_str() {
                 "developer" => "system",
                 r @ ("system" | "user" | "assistant" | "tool") => r,
-                other => return Err(ApiError::invalid(
-                    &format!("messages[{i}].role"),
-                    format!(
+                other => {
+                    return Err(ApiError::invalid(
+                        &format!("messages[{i}].role"),
+                        format!(
                         "unknown role `{other}`: use system, developer, user, assistant or tool"
                     ),
-                )),
+                    ))
+                }
             };
             let content = match &m.content {
                 None => Value::Null,

@@ -1,0 +1,189 @@
+"""Access control, malformed input, overload, cancellation and shutdown of `splash serve`."""
+
+import json
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import BIN, Server, wait_until
+
+CHAT = "/v1/chat/completions"
+HELLO = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def error_of(r):
+    body = r.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def test_api_key_required_with_either_header(keyed_server):
+    h = keyed_server.client()
+    assert h.get("/health").status_code == 200
+    assert h.get("/ready").status_code == 200
+    assert h.get("/").status_code == 200
+    r = h.get("/v1/models")
+    assert r.status_code == 401 and "API key" in error_of(r)["message"]
+    r = h.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and "wrong" in error_of(r)["message"]
+    assert h.get("/v1/models", headers={"x-api-key": "sekret-key"}).status_code == 200
+    assert h.get("/status", headers={"x-api-key": "nope"}).status_code == 401
+    ok = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="sekret-key", max_retries=0)
+    assert ok.chat.completions.create(model="demo", messages=HELLO["messages"], max_tokens=2).choices
+    bad = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key="guess", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_host_and_origin_guard(server, keyed_server):
+    h = server.client()
+    r = h.get("/v1/models", headers={"Host": "attacker.example"})
+    assert r.status_code == 403 and "--allowed-host" in error_of(r)["message"]
+    assert h.get("/v1/models", headers={"Host": f"localhost:{server.port}"}).status_code == 200
+    r = h.get("/v1/models", headers={"Origin": "http://attacker.example"})
+    assert r.status_code == 403 and "--allowed-origin" in error_of(r)["message"]
+    same = h.get("/v1/models", headers={"Origin": server.url})
+    assert same.status_code == 200 and same.headers["access-control-allow-origin"] == server.url
+    k = keyed_server.client()
+    allowed = {"Origin": "http://app.example:3000"}
+    pre = k.options("/v1/chat/completions", headers={**allowed, "Access-Control-Request-Method": "POST"})
+    assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == "http://app.example:3000"
+    assert k.get("/v1/models", headers={**allowed, "x-api-key": "sekret-key"}).status_code == 200
+
+
+def malformed_requests():
+    """(method, path, raw body or None, headers) that must all be refused with a 4xx."""
+    out = []
+    raw = [
+        b"", b"{", b"}", b"[]", b"null", b"42", b'"text"', b"{'single': 'quotes'}", b'{"messages": [}',
+        b'{"messages": [{"role": "user", "content": "hi"}]', b"\xff\xfe\xfd", b'{"messages": "\xff"}',
+        b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', b"{" * 5000, b'{"a":1}{"b":2}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e999}',
+    ]
+    out += [("POST", CHAT, b, {"content-type": "application/json"}) for b in raw]
+    bad_fields = [
+        {"messages": "hi"}, {"messages": []}, {"messages": [1, 2]}, {"messages": [{"content": "no role"}]},
+        {"messages": [{"role": "wizard", "content": "hi"}]}, {"messages": [{"role": "user", "content": 5}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+    ]
+    base = {"messages": [{"role": "user", "content": "hi"}]}
+    for field, value in [
+        ("max_tokens", "ten"), ("max_tokens", -1), ("max_tokens", 0), ("max_tokens", 1.5), ("max_tokens", 10**30),
+        ("max_completion_tokens", [1]), ("temperature", "hot"), ("temperature", -1), ("temperature", 1e300),
+        ("top_p", 0), ("top_p", 7), ("top_k", "all"), ("min_p", 2), ("presence_penalty", 99),
+        ("frequency_penalty", -99), ("repetition_penalty", 0), ("seed", "abc"), ("stop", 5), ("stop", [1, 2]),
+        ("stream", "yes"), ("stream_options", 3), ("n", 3), ("n", "one"), ("logprobs", True), ("logit_bias", {"1": 1}),
+        ("model", 7), ("model", "no-such-model"), ("reasoning_effort", 3), ("chat_template_kwargs", "x"),
+        ("tools", {"not": "a list"}),
+    ]:
+        bad_fields.append({**base, field: value})
+    out += [("POST", CHAT, json.dumps(b).encode(), {"content-type": "application/json"}) for b in bad_fields]
+    comp = [{"prompt": None}, {"prompt": [-1]}, {"prompt": [999999999]}, {"prompt": ["a", "b"]}, {"prompt": "x", "echo": True},
+            {"prompt": "x", "suffix": "y"}, {"prompt": [[1], [2]]}, {}]
+    out += [("POST", "/v1/completions", json.dumps(b).encode(), {"content-type": "application/json"}) for b in comp]
+    out += [
+        ("POST", "/tokenize", b'{"content": 5}', {}), ("POST", "/tokenize", b"{}", {}),
+        ("POST", "/detokenize", b'{"tokens": ["a"]}', {}), ("POST", "/detokenize", b'{"tokens": [4294967295]}', {}),
+        ("POST", "/apply-template", b'{"messages": 1}', {}), ("GET", "/v1/nothing", None, {}),
+        ("DELETE", "/v1/models", None, {}), ("GET", CHAT, None, {}), ("PUT", "/health", None, {}),
+    ]
+    return out
+
+
+def test_malformed_requests_get_clear_errors_and_the_server_keeps_serving(server):
+    cases = malformed_requests()
+    assert len(cases) >= 50
+    with server.client() as h:
+        for method, path, body, headers in cases:
+            r = h.request(method, path, content=body, headers=headers)
+            assert 400 <= r.status_code < 500, (method, path, body[:80] if body else None, r.status_code, r.text)
+            e = error_of(r)
+            assert e["message"], r.text
+        # A body above the limit: 413, in the same error shape.
+        big = {"messages": [{"role": "user", "content": "x" * (129 << 20)}]}
+        r = h.post(CHAT, content=json.dumps(big).encode())
+        assert r.status_code == 413 and "--max-request-size" in error_of(r)["message"]
+        # A body cut short: the declared length is never sent.
+        import socket
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 500\r\n\r\n{\"messages\"")
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(10)
+        reply = sock.recv(4096)
+        sock.close()
+        assert not reply or reply.startswith(b"HTTP/1.1 4"), reply[:200]
+        assert h.get("/health").status_code == 200
+        assert h.post(CHAT, json=HELLO).status_code == 200
+
+
+def test_client_disconnect_cancels_generation(server):
+    h = server.client()
+    body = {**HELLO, "max_tokens": 100000, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        with c.stream("POST", CHAT, json=body) as r:
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(l.startswith("data: ") for l in got)
+    # The stream is closed: the sequence is cancelled and its lane freed.
+    assert wait_until(lambda: h.get("/status").json()["queue"]["in_flight"] == 0), h.get("/status").json()
+    generated = h.get("/status").json()["metrics"]["generated_tokens_total"]
+    assert generated < 100000
+
+
+def test_full_queue_answers_503_with_retry_after(busy_server):
+    small_server = busy_server
+    # 4 lanes, no queue: the 5th concurrent request is refused.
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000, "stream": True, "ignore_eos": True}
+    streams, clients, readers = [], [], []
+    try:
+        for _ in range(4):
+            c = httpx.Client(base_url=small_server.url, timeout=30)
+            clients.append(c)
+            s = c.stream("POST", CHAT, json=body)
+            lines = s.__enter__().iter_lines()
+            next(lines)  # admitted and streaming
+            streams.append(s)
+            readers.append(lines)  # a dropped line iterator would close its stream
+        h = small_server.client()
+        assert h.get("/status").json()["queue"]["running"] == 4
+        r = h.post(CHAT, json={**body, "stream": False, "max_tokens": 4})
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] == "1"
+        assert "busy" in error_of(r)["message"]
+    finally:
+        for s in streams:
+            s.__exit__(None, None, None)
+        for c in clients:
+            c.close()
+    h = small_server.client()
+    assert wait_until(lambda: h.get("/status").json()["queue"]["in_flight"] == 0)
+    assert h.post(CHAT, json={**HELLO, "max_tokens": 2}).status_code == 200
+
+
+def test_ctrl_c_ends_open_streams_with_an_error_event():
+    s = Server()
+    try:
+        body = {**HELLO, "max_tokens": 100000, "stream": True, "ignore_eos": True}
+        with httpx.Client(base_url=s.url, timeout=30) as c, c.stream("POST", CHAT, json=body) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            s.proc.send_signal(signal.SIGINT)
+            rest = [l for l in lines if l.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        err = json.loads(rest[-2][len("data: "):])
+        assert err["error"]["code"] == "shutting_down"
+        assert s.proc.wait(20) == 0
+    finally:
+        s.stop()
+
+
+def test_port_in_use_is_refused_with_a_message(server):
+    p = subprocess.run([BIN, "serve", "--model", "demo", "--port", str(server.port)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1
+    assert "already in use" in p.stderr and "--port" in p.stderr
