@@ -90,7 +90,7 @@ async fn status(State(s): State<AppState>) -> Json<Value> {
         "parameters": s.model.graph.num_parameters(),
         "maximum_context_tokens": s.max_context,
         "native_context_tokens": c.max_position_embeddings,
-        "memory": {"weights_bytes": s.weight_bytes()},
+        "memory": {"weights_bytes": s.weight_bytes},
         "queue": {
             "waiting": load.waiting.load(Ordering::SeqCst),
             "running": load.running.load(Ordering::SeqCst),

@@ -26,6 +26,8 @@ pub struct AppState {
     pub max_context: usize,
     /// Set to true on Ctrl+C: open streams end with an error event.
     pub shutdown: Arc<watch::Sender<bool>>,
+    /// Bytes of safetensors weights in the checkpoint directory (mapped, not copied).
+    pub weight_bytes: u64,
     pub started: Instant,
 }
 
@@ -49,13 +51,14 @@ impl AppState {
             }
         }
         Self {
-            model,
             config: Arc::new(config),
             worker: Arc::new(worker),
             metrics,
             model_ids: Arc::new(model_ids),
             max_context,
             shutdown: Arc::new(watch::channel(false).0),
+            weight_bytes: weight_bytes(&model.dir),
+            model,
             started: Instant::now(),
         }
     }
@@ -74,19 +77,6 @@ impl AppState {
         }
     }
 
-    /// Bytes of weights mapped from the checkpoint.
-    pub fn weight_bytes(&self) -> u64 {
-        std::fs::read_dir(&self.model.dir)
-            .map(|rd| {
-                rd.filter_map(Result::ok)
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
-            })
-            .unwrap_or(0)
-    }
-
     /// The startup summary on stderr.
     pub fn print_summary(&self, addr: SocketAddr) {
         let c = &self.model.config;
@@ -102,7 +92,7 @@ impl AppState {
         eprintln!(
             "  context limit {} tokens; weights {:.1} MiB (memory-mapped); {} decode lanes, queue {}",
             self.max_context,
-            self.weight_bytes() as f64 / (1 << 20) as f64,
+            self.weight_bytes as f64 / (1 << 20) as f64,
             self.config.lanes,
             self.config.queue_size
         );
@@ -120,4 +110,17 @@ impl AppState {
             }
         );
     }
+}
+
+/// Total size of the `*.safetensors` files in `dir`.
+fn weight_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }
