@@ -13,6 +13,6 @@ mod stop;
 
 pub use engine::{Completion, Engine, EngineError, Event, Request, SeqId};
 pub use perplexity::{perplexity, Perplexity};
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{random_seed, Sampler, SamplingParams};
 pub use sequence::{FinishReason, Sequence};
 pub use stop::StopMatcher;

@@ -83,7 +83,7 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler seeded from `params.seed`, or from the OS when absent.
     pub fn new(params: SamplingParams) -> Self {
-        let seed = params.seed.unwrap_or_else(os_seed);
+        let seed = params.seed.unwrap_or_else(random_seed);
         Self {
             params,
             rng: Xoshiro256::new(seed),
@@ -192,7 +192,9 @@ pub(crate) fn argmax(x: &[f32]) -> u32 {
     best as u32
 }
 
-fn os_seed() -> u64 {
+/// A seed that differs between calls and processes (std's per-process random hasher keys mixed
+/// with the clock).
+pub fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(

@@ -35,23 +35,21 @@ pub fn attention(
     assert_eq!(out.len(), q.len());
     let group = hq / hkv;
     out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
-        super::simd(|| {
-            let (ti, h) = (i / hq, i % hq);
-            let kvh = h / group;
-            let qv = &q[i * d..(i + 1) * d];
-            let len = pos0 + ti + 1;
-            let mut scores: Vec<f32> = (0..len)
-                .map(|j| dot(qv, &k[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d]) * scale)
-                .collect();
-            super::softmax_in_place(&mut scores);
-            o.fill(0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                let vr = &v[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d];
-                for (a, &b) in o.iter_mut().zip(vr) {
-                    *a += p * b;
-                }
+        let (ti, h) = (i / hq, i % hq);
+        let kvh = h / group;
+        let qv = &q[i * d..(i + 1) * d];
+        let len = pos0 + ti + 1;
+        let mut scores: Vec<f32> = (0..len)
+            .map(|j| dot(qv, &k[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d]) * scale)
+            .collect();
+        super::softmax_in_place(&mut scores);
+        o.fill(0.0);
+        for (j, &p) in scores.iter().enumerate() {
+            let vr = &v[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d];
+            for (a, &b) in o.iter_mut().zip(vr) {
+                *a += p * b;
             }
-        })
+        }
     });
 }
 

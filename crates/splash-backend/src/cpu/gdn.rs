@@ -76,49 +76,25 @@ pub fn gdn_recurrent(
     state: &mut [f32],
     dims: GdnDims,
 ) {
-    let GdnDims { hk, hv, dk, dv } = dims;
-    let t = g.len() / hv;
+    let t = g.len() / dims.hv;
     check_shapes(out, q, k, v, beta, state, dims, t);
-    let per_head: Vec<Vec<f32>> = state
-        .par_chunks_mut(dk * dv)
-        .enumerate()
-        .map(|(h, s)| {
-            super::simd(|| {
-                let kh = dims.key_head(h);
-                let mut o = vec![0.0f32; t * dv];
-                let mut delta = vec![0.0f32; dv];
-                for ti in 0..t {
-                    let qv = &q[(ti * hk + kh) * dk..][..dk];
-                    let kv = &k[(ti * hk + kh) * dk..][..dk];
-                    let vv = &v[(ti * hv + h) * dv..][..dv];
-                    let decay = g[ti * hv + h].exp();
-                    let b = beta[ti * hv + h];
-                    for x in s.iter_mut() {
-                        *x *= decay;
-                    }
-                    delta.copy_from_slice(vv);
-                    for (i, &ki) in kv.iter().enumerate() {
-                        for (d, &sv) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
-                            *d -= sv * ki;
-                        }
-                    }
-                    for d in delta.iter_mut() {
-                        *d *= b;
-                    }
-                    let ov = &mut o[ti * dv..(ti + 1) * dv];
-                    for (i, (&ki, &qi)) in kv.iter().zip(qv).enumerate() {
-                        let row = &mut s[i * dv..(i + 1) * dv];
-                        for ((sv, &d), ov) in row.iter_mut().zip(&delta).zip(ov.iter_mut()) {
-                            *sv += ki * d;
-                            *ov += *sv * qi;
-                        }
-                    }
-                }
-                o
-            })
-        })
-        .collect();
-    scatter_heads(out, &per_head, hv, dv);
+    let scan = Scan {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        dims,
+        t,
+    };
+    for_each_head(
+        out,
+        state,
+        &scan,
+        pick(recurrent_head, |sc, h, s, o| unsafe {
+            recurrent_head_avx2(sc, h, s, o)
+        }),
+    );
 }
 
 /// The gated delta rule over chunks of [`GDN_CHUNK`] tokens (prefill). Equal to
@@ -134,125 +110,225 @@ pub fn gdn_chunked(
     state: &mut [f32],
     dims: GdnDims,
 ) {
-    let GdnDims { hk, hv, dk, dv } = dims;
-    let t = g.len() / hv;
+    let t = g.len() / dims.hv;
     check_shapes(out, q, k, v, beta, state, dims, t);
-    let per_head: Vec<Vec<f32>> = state
-        .par_chunks_mut(dk * dv)
-        .enumerate()
-        .map(|(h, s)| {
-            super::simd(|| {
-                let kh = dims.key_head(h);
-                let mut o = vec![0.0f32; t * dv];
-                let c = GDN_CHUNK;
-                // Per-chunk scratch, reused.
-                let mut gam = vec![0.0f32; c];
-                let mut kb = vec![0.0f32; c * dk];
-                let mut a = vec![0.0f32; c * c];
-                let mut u = vec![0.0f32; c * dv];
-                let mut w = vec![0.0f32; c * dk];
-                let mut vn = vec![0.0f32; c * dv];
-                // Range of token `ti`'s key head in `q` / `k`.
-                let qk = |ti: usize| (ti * hk + kh) * dk..(ti * hk + kh + 1) * dk;
-                for c0 in (0..t).step_by(c) {
-                    let l = c.min(t - c0);
-                    // Γ: cumulative log decay inside the chunk.
-                    let mut acc = 0.0f32;
-                    for i in 0..l {
-                        acc += g[(c0 + i) * hv + h];
-                        gam[i] = acc;
-                    }
-                    for i in 0..l {
-                        let b = beta[(c0 + i) * hv + h];
-                        let ki = &k[qk(c0 + i)];
-                        for (dst, &x) in kb[i * dk..(i + 1) * dk].iter_mut().zip(ki) {
-                            *dst = b * x;
-                        }
-                    }
-                    // A[i][j] = (β_i k_i · k_j) e^{Γ_i-Γ_j}, strictly lower.
-                    for i in 0..l {
-                        for j in 0..i {
-                            let kj = &k[qk(c0 + j)];
-                            a[i * c + j] =
-                                super::dot(&kb[i * dk..(i + 1) * dk], kj) * (gam[i] - gam[j]).exp();
-                        }
-                    }
-                    // Forward substitution: (I + A) U = βV, (I + A) W = βK e^Γ.
-                    for i in 0..l {
-                        let b = beta[(c0 + i) * hv + h];
-                        let vi = &v[((c0 + i) * hv + h) * dv..][..dv];
-                        let eg = gam[i].exp();
-                        for d in 0..dv {
-                            u[i * dv + d] = b * vi[d];
-                        }
-                        for d in 0..dk {
-                            w[i * dk + d] = kb[i * dk + d] * eg;
-                        }
-                        for j in 0..i {
-                            let aij = a[i * c + j];
-                            for d in 0..dv {
-                                u[i * dv + d] -= aij * u[j * dv + d];
-                            }
-                            for d in 0..dk {
-                                w[i * dk + d] -= aij * w[j * dk + d];
-                            }
-                        }
-                    }
-                    // Vn = U - W S.
-                    for i in 0..l {
-                        let vni = &mut vn[i * dv..(i + 1) * dv];
-                        vni.copy_from_slice(&u[i * dv..(i + 1) * dv]);
-                        for r in 0..dk {
-                            let wr = w[i * dk + r];
-                            for (x, &sv) in vni.iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
-                                *x -= wr * sv;
-                            }
-                        }
-                    }
-                    // O_i = e^{Γ_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{Γ_i-Γ_j} Vn_j.
-                    for i in 0..l {
-                        let qi = &q[qk(c0 + i)];
-                        let oi = &mut o[(c0 + i) * dv..(c0 + i + 1) * dv];
-                        let eg = gam[i].exp();
-                        for (r, &qr) in qi.iter().enumerate() {
-                            let f = qr * eg;
-                            for (x, &sv) in oi.iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
-                                *x += f * sv;
-                            }
-                        }
-                        for j in 0..=i {
-                            let kj = &k[qk(c0 + j)];
-                            let f = super::dot(qi, kj) * (gam[i] - gam[j]).exp();
-                            for (x, &y) in oi.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
-                                *x += f * y;
-                            }
-                        }
-                    }
-                    // S = e^{Γ_L} S + Σ_j e^{Γ_L-Γ_j} k_j ⊗ Vn_j.
-                    let last = gam[l - 1];
-                    let el = last.exp();
-                    for x in s.iter_mut() {
-                        *x *= el;
-                    }
-                    for j in 0..l {
-                        let kj = &k[qk(c0 + j)];
-                        let f = (last - gam[j]).exp();
-                        for (r, &kr) in kj.iter().enumerate() {
-                            let fk = f * kr;
-                            for (x, &y) in s[r * dv..(r + 1) * dv]
-                                .iter_mut()
-                                .zip(&vn[j * dv..(j + 1) * dv])
-                            {
-                                *x += fk * y;
-                            }
-                        }
-                    }
+    let scan = Scan {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        dims,
+        t,
+    };
+    for_each_head(
+        out,
+        state,
+        &scan,
+        pick(chunked_head, |sc, h, s, o| unsafe {
+            chunked_head_avx2(sc, h, s, o)
+        }),
+    );
+}
+
+/// Inputs of one scan, shared by all heads.
+#[derive(Clone, Copy)]
+struct Scan<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
+    dims: GdnDims,
+    t: usize,
+}
+
+/// One value head's scan: reads `Scan`, updates its state `s` `[dk, dv]`, writes `o` `[T, dv]`.
+type HeadFn = fn(&Scan, usize, &mut [f32], &mut [f32]);
+
+/// The AVX2 + FMA build of a head function when the CPU has them.
+fn pick(portable: HeadFn, avx2: HeadFn) -> HeadFn {
+    #[cfg(target_arch = "x86_64")]
+    if super::matmul::has_avx2_fma() {
+        return avx2;
+    }
+    let _ = avx2;
+    portable
+}
+
+/// Recurrent form for one head.
+#[inline(always)]
+fn recurrent_head(sc: &Scan, h: usize, s: &mut [f32], o: &mut [f32]) {
+    let Scan {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        dims,
+        t,
+    } = *sc;
+    let GdnDims { hk, hv, dk, dv } = dims;
+    let kh = dims.key_head(h);
+    let mut delta = vec![0.0f32; dv];
+    for ti in 0..t {
+        let qv = &q[(ti * hk + kh) * dk..][..dk];
+        let kv = &k[(ti * hk + kh) * dk..][..dk];
+        let vv = &v[(ti * hv + h) * dv..][..dv];
+        let decay = g[ti * hv + h].exp();
+        let b = beta[ti * hv + h];
+        for x in s.iter_mut() {
+            *x *= decay;
+        }
+        delta.copy_from_slice(vv);
+        for (i, &ki) in kv.iter().enumerate() {
+            for (d, &sv) in delta.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
+                *d -= sv * ki;
+            }
+        }
+        for d in delta.iter_mut() {
+            *d *= b;
+        }
+        let ov = &mut o[ti * dv..(ti + 1) * dv];
+        for (i, (&ki, &qi)) in kv.iter().zip(qv).enumerate() {
+            let row = &mut s[i * dv..(i + 1) * dv];
+            for ((sv, &d), ov) in row.iter_mut().zip(&delta).zip(ov.iter_mut()) {
+                *sv += ki * d;
+                *ov += *sv * qi;
+            }
+        }
+    }
+}
+
+/// Chunked form for one head.
+#[inline(always)]
+fn chunked_head(sc: &Scan, h: usize, s: &mut [f32], o: &mut [f32]) {
+    let Scan {
+        q,
+        k,
+        v,
+        g,
+        beta,
+        dims,
+        t,
+    } = *sc;
+    let GdnDims { hk, hv, dk, dv } = dims;
+    let kh = dims.key_head(h);
+    let c = GDN_CHUNK;
+    // Per-chunk scratch, reused.
+    let mut gam = vec![0.0f32; c];
+    let mut kb = vec![0.0f32; c * dk];
+    let mut a = vec![0.0f32; c * c];
+    let mut u = vec![0.0f32; c * dv];
+    let mut w = vec![0.0f32; c * dk];
+    let mut vn = vec![0.0f32; c * dv];
+    // Range of token `ti`'s key head in `q` / `k`.
+    let qk = |ti: usize| (ti * hk + kh) * dk..(ti * hk + kh + 1) * dk;
+    for c0 in (0..t).step_by(c) {
+        let l = c.min(t - c0);
+        // Γ: cumulative log decay inside the chunk.
+        let mut acc = 0.0f32;
+        for i in 0..l {
+            acc += g[(c0 + i) * hv + h];
+            gam[i] = acc;
+        }
+        for i in 0..l {
+            let b = beta[(c0 + i) * hv + h];
+            let ki = &k[qk(c0 + i)];
+            for (dst, &x) in kb[i * dk..(i + 1) * dk].iter_mut().zip(ki) {
+                *dst = b * x;
+            }
+        }
+        // A[i][j] = (β_i k_i · k_j) e^{Γ_i-Γ_j}, strictly lower.
+        for i in 0..l {
+            for j in 0..i {
+                let kj = &k[qk(c0 + j)];
+                a[i * c + j] = super::dot(&kb[i * dk..(i + 1) * dk], kj) * (gam[i] - gam[j]).exp();
+            }
+        }
+        // Forward substitution: (I + A) U = βV, (I + A) W = βK e^Γ.
+        for i in 0..l {
+            let b = beta[(c0 + i) * hv + h];
+            let vi = &v[((c0 + i) * hv + h) * dv..][..dv];
+            let eg = gam[i].exp();
+            for d in 0..dv {
+                u[i * dv + d] = b * vi[d];
+            }
+            for d in 0..dk {
+                w[i * dk + d] = kb[i * dk + d] * eg;
+            }
+            for j in 0..i {
+                let aij = a[i * c + j];
+                for d in 0..dv {
+                    u[i * dv + d] -= aij * u[j * dv + d];
                 }
-                o
-            })
-        })
-        .collect();
-    scatter_heads(out, &per_head, hv, dv);
+                for d in 0..dk {
+                    w[i * dk + d] -= aij * w[j * dk + d];
+                }
+            }
+        }
+        // Vn = U - W S.
+        for i in 0..l {
+            let vni = &mut vn[i * dv..(i + 1) * dv];
+            vni.copy_from_slice(&u[i * dv..(i + 1) * dv]);
+            for r in 0..dk {
+                let wr = w[i * dk + r];
+                for (x, &sv) in vni.iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
+                    *x -= wr * sv;
+                }
+            }
+        }
+        // O_i = e^{Γ_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{Γ_i-Γ_j} Vn_j.
+        for i in 0..l {
+            let qi = &q[qk(c0 + i)];
+            let oi = &mut o[(c0 + i) * dv..(c0 + i + 1) * dv];
+            let eg = gam[i].exp();
+            for (r, &qr) in qi.iter().enumerate() {
+                let f = qr * eg;
+                for (x, &sv) in oi.iter_mut().zip(&s[r * dv..(r + 1) * dv]) {
+                    *x += f * sv;
+                }
+            }
+            for j in 0..=i {
+                let kj = &k[qk(c0 + j)];
+                let f = super::dot(qi, kj) * (gam[i] - gam[j]).exp();
+                for (x, &y) in oi.iter_mut().zip(&vn[j * dv..(j + 1) * dv]) {
+                    *x += f * y;
+                }
+            }
+        }
+        // S = e^{Γ_L} S + Σ_j e^{Γ_L-Γ_j} k_j ⊗ Vn_j.
+        let last = gam[l - 1];
+        let el = last.exp();
+        for x in s.iter_mut() {
+            *x *= el;
+        }
+        for j in 0..l {
+            let kj = &k[qk(c0 + j)];
+            let f = (last - gam[j]).exp();
+            for (r, &kr) in kj.iter().enumerate() {
+                let fk = f * kr;
+                for (x, &y) in s[r * dv..(r + 1) * dv]
+                    .iter_mut()
+                    .zip(&vn[j * dv..(j + 1) * dv])
+                {
+                    *x += fk * y;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn recurrent_head_avx2(sc: &Scan, h: usize, s: &mut [f32], o: &mut [f32]) {
+    recurrent_head(sc, h, s, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chunked_head_avx2(sc: &Scan, h: usize, s: &mut [f32], o: &mut [f32]) {
+    chunked_head(sc, h, s, o)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -279,8 +355,19 @@ fn check_shapes(
     assert_eq!(state.len(), dims.state_len());
 }
 
-/// Writes per-head outputs `[hv][T, dv]` into `out` `[T, hv, dv]`.
-fn scatter_heads(out: &mut [f32], per_head: &[Vec<f32>], hv: usize, dv: usize) {
+/// Runs `head` for every value head in parallel, each with a zeroed `[T, dv]` output, then
+/// writes the heads' outputs into `out` `[T, hv, dv]`.
+fn for_each_head(out: &mut [f32], state: &mut [f32], scan: &Scan, head: HeadFn) {
+    let GdnDims { hv, dk, dv, .. } = scan.dims;
+    let per_head: Vec<Vec<f32>> = state
+        .par_chunks_mut(dk * dv)
+        .enumerate()
+        .map(|(h, s)| {
+            let mut o = vec![0.0f32; scan.t * dv];
+            head(scan, h, s, &mut o);
+            o
+        })
+        .collect();
     for (h, o) in per_head.iter().enumerate() {
         for (ti, row) in o.chunks_exact(dv).enumerate() {
             out[(ti * hv + h) * dv..][..dv].copy_from_slice(row);

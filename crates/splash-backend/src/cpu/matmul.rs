@@ -184,24 +184,8 @@ fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
     dot_bf16_portable(w, x)
 }
 
-/// Runs `f` compiled for AVX2 + FMA when the CPU has them (the body is inlined into a
-/// function with those target features), else as is. For loops that should vectorise 8-wide.
-#[inline(always)]
-pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        // SAFETY: the CPU supports AVX2 and FMA (checked above).
-        return unsafe { with_avx2(f) };
-    }
-    f()
-}
-
 #[cfg(target_arch = "x86_64")]
-fn has_avx2_fma() -> bool {
+pub(crate) fn has_avx2_fma() -> bool {
     use std::sync::OnceLock;
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))

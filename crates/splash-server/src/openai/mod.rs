@@ -221,15 +221,7 @@ pub fn timings_json(u: &Usage) -> Value {
 
 /// A fresh response id with `prefix`.
 pub fn new_id(prefix: &str) -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    format!("{prefix}-{:016x}", h.finish())
+    format!("{prefix}-{:016x}", splash_engine::random_seed())
 }
 
 /// Submits to the worker; 503 when it is full.
