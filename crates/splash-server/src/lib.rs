@@ -14,6 +14,7 @@ mod openai;
 mod reasoning;
 mod routes;
 mod state;
+mod tool_calls;
 mod worker;
 
 pub use config::{parse_size, ServerConfig};
