@@ -11,6 +11,7 @@ mod guard;
 mod json;
 mod metrics;
 mod openai;
+mod output;
 mod reasoning;
 mod routes;
 mod state;

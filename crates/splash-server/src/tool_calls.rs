@@ -120,11 +120,6 @@ impl ToolCallParser {
         out
     }
 
-    /// Number of calls started so far.
-    pub fn calls(&self) -> usize {
-        self.next_index
-    }
-
     fn run(&mut self, last: bool, out: &mut Vec<ToolEvent>) {
         while self.step(last, out) {}
     }
@@ -267,8 +262,7 @@ impl ToolCallParser {
     fn params(&mut self, call: Call, last: bool, out: &mut Vec<ToolEvent>) -> bool {
         let rest = self.buf.trim_start();
         let skipped = self.buf.len() - rest.len();
-        if rest.starts_with(PARAMETER) {
-            let after = &rest[PARAMETER.len()..];
+        if let Some(after) = rest.strip_prefix(PARAMETER) {
             if let Some(gt) = after.find('>') {
                 let key = after[..gt].trim().to_string();
                 self.buf.drain(..skipped + PARAMETER.len() + gt + 1);
@@ -600,29 +594,6 @@ fn json_string(s: &str) -> String {
 fn escape_json(s: &str) -> String {
     let q = json_string(s);
     q[1..q.len() - 1].to_string()
-}
-
-/// A whole answer, parsed at once: the text and the calls as `(name, arguments JSON)`.
-pub fn parse_all(tools: &[Value], text: &str) -> (String, Vec<(String, String)>) {
-    let mut p = ToolCallParser::new(tools);
-    let mut events = p.push(text);
-    events.extend(p.finish());
-    collect(events)
-}
-
-/// Folds events into text and `(name, arguments)` pairs.
-pub fn collect(events: Vec<ToolEvent>) -> (String, Vec<(String, String)>) {
-    let mut text = String::new();
-    let mut calls: Vec<(String, String)> = Vec::new();
-    for e in events {
-        match e {
-            ToolEvent::Text(t) => text.push_str(&t),
-            ToolEvent::Start { name, .. } => calls.push((name, String::new())),
-            ToolEvent::Args { index, delta } => calls[index].1.push_str(&delta),
-            ToolEvent::End { .. } => {}
-        }
-    }
-    (text, calls)
 }
 
 #[cfg(test)]

@@ -15,7 +15,8 @@ use super::{
 };
 use crate::error::ApiError;
 use crate::json::{typed, JsonObject};
-use crate::reasoning::{ReasoningSplitter, Split};
+use crate::output::{Message, OutputParser, Part};
+use crate::reasoning::ReasoningSplitter;
 use crate::routes::unix_now;
 use crate::state::AppState;
 
@@ -74,24 +75,42 @@ pub async fn handle(
     let rx = submit(&s, request)?;
     let id = new_id("chatcmpl");
     let created = unix_now();
-    let mut splitter = ReasoningSplitter::new(in_reasoning);
+    let tools: Vec<Value> = match fields.tool_choice.as_ref().and_then(Value::as_str) {
+        Some("none") => Vec::new(),
+        _ => input.tools.clone().unwrap_or_default(),
+    };
+    let mut parser = OutputParser::new(in_reasoning, &tools);
 
     if !common.streaming() {
         let (text, usage) = collect(&s, rx, t0).await?;
-        let mut split = splitter.push(&text);
-        let tail = splitter.finish();
-        split.reasoning.push_str(&tail.reasoning);
-        split.content.push_str(&tail.content);
-        let mut message = json!({"role": "assistant", "content": split.content});
-        if !split.reasoning.is_empty() {
-            message["reasoning_content"] = split.reasoning.into();
+        let mut m = Message::default();
+        m.extend(parser.push(&text));
+        m.extend(parser.finish());
+        let mut message = json!({"role": "assistant", "content": m.text});
+        if !m.reasoning.is_empty() {
+            message["reasoning_content"] = m.reasoning.into();
+        }
+        let finish = if m.calls.is_empty() {
+            finish_reason(&usage.finish)
+        } else {
+            "tool_calls"
+        };
+        if !m.calls.is_empty() {
+            if message["content"] == "" {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = m
+                .calls
+                .iter()
+                .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
+                .collect();
         }
         return Ok(Json(json!({
             "id": id,
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(&usage.finish)}],
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
             "usage": usage_json(&usage),
             "timings": timings_json(&usage),
         }))
@@ -117,27 +136,33 @@ pub async fn handle(
         json!({"role": "assistant", "content": ""}),
         None,
     ))];
-    let deltas = move |split: Split| -> Vec<Value> {
-        let mut v = Vec::new();
-        if !split.reasoning.is_empty() {
-            v.push(json!({"reasoning_content": split.reasoning}));
+    let delta = |p: Part| match p {
+        Part::Reasoning(t) => json!({"reasoning_content": t}),
+        Part::Text(t) => json!({"content": t}),
+        Part::CallStart { index, id, name } => json!({"tool_calls": [{
+            "index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+        Part::CallArgs { index, delta } => {
+            json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]})
         }
-        if !split.content.is_empty() {
-            v.push(json!({"content": split.content}));
-        }
-        v
     };
     Ok(stream(&s, rx, t0, initial, move |item| match item {
-        Item::Text(t) => deltas(splitter.push(&t))
+        Item::Text(t) => parser
+            .push(&t)
             .into_iter()
-            .map(|d| event(chunk(d, None)))
+            .map(|p| event(chunk(delta(p), None)))
             .collect(),
         Item::Done(u) => {
-            let mut events: Vec<Event> = deltas(splitter.finish())
+            let mut events: Vec<Event> = parser
+                .finish()
                 .into_iter()
-                .map(|d| event(chunk(d, None)))
+                .map(|p| event(chunk(delta(p), None)))
                 .collect();
-            let mut last = chunk(json!({}), Some(finish_reason(&u.finish)));
+            let finish = if parser.num_calls() > 0 {
+                "tool_calls"
+            } else {
+                finish_reason(&u.finish)
+            };
+            let mut last = chunk(json!({}), Some(finish));
             last["timings"] = timings_json(&u);
             events.push(event(last));
             if include_usage {

@@ -6,6 +6,29 @@ use serde_json::{json, Value};
 
 use super::*;
 
+/// A whole answer, parsed at once: the text and the calls as `(name, arguments JSON)`.
+fn parse_all(tools: &[Value], text: &str) -> (String, Vec<(String, String)>) {
+    let mut p = ToolCallParser::new(tools);
+    let mut events = p.push(text);
+    events.extend(p.finish());
+    collect(events)
+}
+
+/// Folds events into text and `(name, arguments)` pairs.
+fn collect(events: Vec<ToolEvent>) -> (String, Vec<(String, String)>) {
+    let mut text = String::new();
+    let mut calls: Vec<(String, String)> = Vec::new();
+    for e in events {
+        match e {
+            ToolEvent::Text(t) => text.push_str(&t),
+            ToolEvent::Start { name, .. } => calls.push((name, String::new())),
+            ToolEvent::Args { index, delta } => calls[index].1.push_str(&delta),
+            ToolEvent::End { .. } => {}
+        }
+    }
+    (text, calls)
+}
+
 fn tools() -> Vec<Value> {
     json!([
         {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {

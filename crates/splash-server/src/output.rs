@@ -1,0 +1,174 @@
+//! Generated text → the parts of an assistant message, as it streams: reasoning, answer text
+//! and tool calls. One parser for every API; each API only formats the [`Part`]s.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use crate::reasoning::ReasoningSplitter;
+use crate::tool_calls::{ToolCallParser, ToolEvent};
+
+/// A piece of the assistant message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    Reasoning(String),
+    Text(String),
+    /// A tool call begins (`index` counts calls in this message from 0).
+    CallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// More of a call's argument JSON.
+    CallArgs {
+        index: usize,
+        delta: String,
+    },
+}
+
+/// Splits one answer into [`Part`]s.
+pub struct OutputParser {
+    reasoning: ReasoningSplitter,
+    /// Tool-call parsers for the answer and for the reasoning (a model sometimes calls a tool
+    /// without closing its think block); none when the request has no tools.
+    calls: Option<[ToolCallParser; 2]>,
+    /// (channel, parser's index) → index in the message.
+    index: HashMap<(usize, usize), usize>,
+}
+
+impl OutputParser {
+    /// `in_reasoning`: the prompt leaves a think block open. `tools`: the request's tool
+    /// definitions (empty: no tool-call parsing).
+    pub fn new(in_reasoning: bool, tools: &[Value]) -> Self {
+        Self {
+            reasoning: ReasoningSplitter::new(in_reasoning),
+            calls: (!tools.is_empty())
+                .then(|| [ToolCallParser::new(tools), ToolCallParser::new(tools)]),
+            index: HashMap::new(),
+        }
+    }
+
+    /// Feeds generated text.
+    pub fn push(&mut self, text: &str) -> Vec<Part> {
+        let split = self.reasoning.push(text);
+        self.route(split.reasoning, split.content, false)
+    }
+
+    /// Ends the answer.
+    pub fn finish(&mut self) -> Vec<Part> {
+        let split = self.reasoning.finish();
+        self.route(split.reasoning, split.content, true)
+    }
+
+    /// Number of tool calls seen.
+    pub fn num_calls(&self) -> usize {
+        self.index.len()
+    }
+
+    fn route(&mut self, reasoning: String, content: String, last: bool) -> Vec<Part> {
+        let mut out = Vec::new();
+        let Some(parsers) = self.calls.as_mut() else {
+            if !reasoning.is_empty() {
+                out.push(Part::Reasoning(reasoning));
+            }
+            if !content.is_empty() {
+                out.push(Part::Text(content));
+            }
+            return out;
+        };
+        for (channel, text) in [(0, reasoning), (1, content)] {
+            let mut events = parsers[channel].push(&text);
+            if last {
+                events.extend(parsers[channel].finish());
+            }
+            for e in events {
+                let part = match e {
+                    ToolEvent::Text(t) if channel == 0 => Part::Reasoning(t),
+                    ToolEvent::Text(t) => Part::Text(t),
+                    ToolEvent::Start { index, id, name } => {
+                        let n = self.index.len();
+                        self.index.insert((channel, index), n);
+                        Part::CallStart { index: n, id, name }
+                    }
+                    ToolEvent::Args { index, delta } => Part::CallArgs {
+                        index: self.index[&(channel, index)],
+                        delta,
+                    },
+                    ToolEvent::End { .. } => continue,
+                };
+                out.push(part);
+            }
+        }
+        out
+    }
+}
+
+/// A whole message, assembled from parts.
+#[derive(Debug, Default)]
+pub struct Message {
+    pub reasoning: String,
+    pub text: String,
+    /// `(id, name, arguments JSON)`.
+    pub calls: Vec<(String, String, String)>,
+}
+
+impl Message {
+    /// Adds parts.
+    pub fn extend(&mut self, parts: Vec<Part>) {
+        for p in parts {
+            match p {
+                Part::Reasoning(t) => self.reasoning.push_str(&t),
+                Part::Text(t) => self.text.push_str(&t),
+                Part::CallStart { id, name, .. } => self.calls.push((id, name, String::new())),
+                Part::CallArgs { index, delta } => self.calls[index].2.push_str(&delta),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reasoning_then_text_then_call() {
+        let tools = [
+            json!({"type": "function", "function": {"name": "f", "parameters": {"properties": {"x": {"type": "integer"}}}}}),
+        ];
+        let mut p = OutputParser::new(true, &tools);
+        let mut m = Message::default();
+        m.extend(
+            p.push("Think.\n</think>\n\nCalling.\n\n<tool_call>\n<function=f>\n<parameter=x>\n4"),
+        );
+        m.extend(p.push("2\n</parameter>\n</function>\n</tool_call>"));
+        m.extend(p.finish());
+        assert_eq!(m.reasoning, "Think.\n");
+        assert_eq!(m.text, "Calling.");
+        assert_eq!(m.calls.len(), 1);
+        assert_eq!(
+            (m.calls[0].1.as_str(), m.calls[0].2.as_str()),
+            ("f", "{\"x\": 42}")
+        );
+    }
+
+    #[test]
+    fn call_inside_unclosed_reasoning_is_still_a_call() {
+        let tools = [json!({"name": "f", "parameters": {"properties": {}}})];
+        let mut p = OutputParser::new(true, &tools);
+        let mut m = Message::default();
+        m.extend(p.push("I should call f.\n<tool_call>\n<function=f>\n</function>\n</tool_call>"));
+        m.extend(p.finish());
+        assert_eq!(m.reasoning, "I should call f.");
+        assert_eq!(m.calls[0].1, "f");
+    }
+
+    #[test]
+    fn without_tools_markup_is_text() {
+        let mut p = OutputParser::new(false, &[]);
+        let mut m = Message::default();
+        m.extend(p.push("<tool_call>x</tool_call>"));
+        m.extend(p.finish());
+        assert_eq!(m.text, "<tool_call>x</tool_call>");
+    }
+}
