@@ -135,8 +135,9 @@ def test_unsupported_options_are_refused_by_name(server):
         (dict(n=2), "n"),
         (dict(logprobs=True), "logprobs"),
         (dict(logit_bias={"10": 5}), "logit_bias"),
-        (dict(response_format={"type": "json_object"}), "response_format"),
-        (dict(tool_choice="required", tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tool_choice"),
+        (dict(response_format={"type": "xml"}), "response_format.type"),
+        (dict(response_format={"type": "json_object"}, tool_choice="required",
+              tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "response_format"),
     ]:
         with pytest.raises(openai.BadRequestError) as e:
             chat(c, "hi", **kw)

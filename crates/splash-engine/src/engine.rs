@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use splash_model::{Model, ModelError};
 
+use crate::grammar::{GrammarFactory, GrammarRequest, GrammarState};
 use crate::sampling::SamplingParams;
 use crate::sequence::{FinishReason, Sequence};
 
@@ -26,6 +27,8 @@ pub struct Request {
     pub stop: Vec<String>,
     /// Keep generating through end-of-sequence tokens (benchmarks, tests).
     pub ignore_eos: bool,
+    /// Constrain the output to a JSON schema or grammar.
+    pub grammar: Option<GrammarRequest>,
 }
 
 /// What a step produced.
@@ -44,6 +47,8 @@ pub enum EngineError {
     InvalidRequest(String),
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// The result of a finished request.
@@ -65,6 +70,8 @@ pub struct Engine {
     next_id: SeqId,
     prefill_chunk: usize,
     max_context: usize,
+    /// Built on the first constrained request (token tables of the whole vocabulary).
+    grammar: Option<Result<Arc<GrammarFactory>, String>>,
 }
 
 impl Engine {
@@ -78,6 +85,7 @@ impl Engine {
             next_id: 0,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             max_context,
+            grammar: None,
         }
     }
 
@@ -131,11 +139,36 @@ impl Engine {
         req.sampling
             .validate()
             .map_err(EngineError::InvalidRequest)?;
+        let grammar = match &req.grammar {
+            Some(g) => Some((self.start_grammar(g)?, g.after_token)),
+            None => None,
+        };
         let id = self.next_id;
         self.next_id += 1;
-        self.running
-            .push(Sequence::new(id, req, &self.model, self.max_context));
+        self.running.push(Sequence::new(
+            id,
+            req,
+            grammar,
+            &self.model,
+            self.max_context,
+        ));
         Ok(id)
+    }
+
+    fn start_grammar(&mut self, g: &GrammarRequest) -> Result<GrammarState, EngineError> {
+        let model = &self.model;
+        let factory = self
+            .grammar
+            .get_or_insert_with(|| GrammarFactory::new(model).map(Arc::new))
+            .as_ref()
+            .map_err(|e| {
+                EngineError::Unavailable(format!(
+                    "constrained decoding is unavailable for this model: {e}"
+                ))
+            })?;
+        factory.start(&g.constraint).map_err(|e| {
+            EngineError::InvalidRequest(format!("the output constraint is invalid: {e}"))
+        })
     }
 
     /// True while any sequence is running.

@@ -3,15 +3,18 @@
 //! An [`Engine`] owns a loaded model and any number of [`Sequence`]s. [`Engine::step`]
 //! advances every running sequence by one unit of work — a prefill chunk or one decoded
 //! token — and returns the text each produced; [`Engine::generate`] runs one request to the
-//! end. [`perplexity`] scores a token stream teacher-forced.
+//! end. [`perplexity`] scores a token stream teacher-forced. A request may carry a
+//! [`GrammarRequest`]: its output is then constrained token by token (llguidance).
 
 mod engine;
+mod grammar;
 mod perplexity;
 mod sampling;
 mod sequence;
 mod stop;
 
 pub use engine::{Completion, Engine, EngineError, Event, Request, SeqId};
+pub use grammar::{with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState};
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{random_seed, Sampler, SamplingParams};
 pub use sequence::{FinishReason, Sequence};

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use splash_model::{Logits, Model, ModelError, SequenceState, StreamDecoder};
 
 use crate::engine::{Event, Request, SeqId};
+use crate::grammar::GrammarState;
 use crate::sampling::Sampler;
 use crate::stop::StopMatcher;
 
@@ -19,6 +20,10 @@ pub enum FinishReason {
     Length,
     /// The context limit was reached.
     ContextFull,
+    /// The output constraint (JSON schema, grammar) is complete.
+    GrammarEnd,
+    /// The sequence could not continue (its constraint failed); the message says why.
+    Failed(String),
 }
 
 /// A request being prefilled or decoded.
@@ -37,13 +42,26 @@ pub struct Sequence {
     max_context: usize,
     eos: Vec<u32>,
     finish: Option<FinishReason>,
+    grammar: Option<GrammarState>,
+    /// The grammar applies once this token was generated (`None`: it applies now).
+    grammar_after: Option<u32>,
     started: Instant,
     prefill_time: Duration,
     decode_time: Duration,
 }
 
 impl Sequence {
-    pub(crate) fn new(id: SeqId, req: Request, model: &Model, max_context: usize) -> Self {
+    pub(crate) fn new(
+        id: SeqId,
+        req: Request,
+        grammar: Option<(GrammarState, Option<u32>)>,
+        model: &Model,
+        max_context: usize,
+    ) -> Self {
+        let (grammar, grammar_after) = match grammar {
+            Some((g, after)) => (Some(g), after),
+            None => (None, None),
+        };
         let eos = if req.ignore_eos {
             Vec::new()
         } else {
@@ -63,6 +81,8 @@ impl Sequence {
             max_context,
             eos,
             finish: None,
+            grammar,
+            grammar_after,
             started: Instant::now(),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
@@ -122,8 +142,28 @@ impl Sequence {
             return Ok(());
         }
         let mut logits = self.logits.take().expect("decode step after prefill");
+        let constrained = self
+            .grammar
+            .as_mut()
+            .filter(|_| self.grammar_after.is_none());
+        if let Some(g) = constrained {
+            if let Err(e) = g.mask(&mut logits) {
+                return self.fail(format!("the output constraint failed: {e}"), events);
+            }
+        }
         let token = self.sampler.sample(&mut logits, &self.prompt, &self.output);
         self.output.push(token);
+        let mut grammar_done = false;
+        match self.grammar.as_mut() {
+            Some(g) if self.grammar_after.is_none() => {
+                if let Err(e) = g.consume(token) {
+                    return self.fail(format!("the output constraint failed: {e}"), events);
+                }
+                grammar_done = g.is_done();
+            }
+            Some(_) if self.grammar_after == Some(token) => self.grammar_after = None,
+            _ => {}
+        }
         if self.eos.contains(&token) {
             self.finish(FinishReason::Eos(token), model, events)?;
         } else if let Some(piece) = self.decoder.push(&model.tokenizer, token)? {
@@ -133,6 +173,9 @@ impl Sequence {
                 self.finish = Some(FinishReason::StopString(s));
                 events.push(Event::Finished { id: self.id });
             }
+        }
+        if self.finish.is_none() && grammar_done {
+            self.finish(FinishReason::GrammarEnd, model, events)?;
         }
         if self.finish.is_none() && self.output.len() >= self.max_tokens {
             self.finish(FinishReason::Length, model, events)?;
@@ -150,6 +193,17 @@ impl Sequence {
         }
         self.decode_time += t0.elapsed();
         Ok(())
+    }
+
+    fn fail(&mut self, message: String, events: &mut Vec<Event>) -> Result<(), ModelError> {
+        self.finish = Some(FinishReason::Failed(message));
+        events.push(Event::Finished { id: self.id });
+        Ok(())
+    }
+
+    /// Time spent computing grammar masks and how many were computed (constrained requests).
+    pub fn grammar_stats(&self) -> Option<(Duration, usize)> {
+        self.grammar.as_ref().map(GrammarState::mask_stats)
     }
 
     fn emit(&self, text: String, events: &mut Vec<Event>) {

@@ -32,6 +32,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
         max_tokens,
         stop: Vec::new(),
         ignore_eos: true,
+        grammar: None,
     }
 }
 
@@ -262,5 +263,60 @@ fn concurrent_sequences_match_their_solo_runs() {
             "sequence {i} changed when batched with others"
         );
         assert_eq!(texts[i], m.tokenizer.decode(&solo[i], false).unwrap());
+    }
+}
+
+#[test]
+fn json_schema_constraint_gives_valid_json() {
+    use splash_engine::{Constraint, GrammarRequest};
+    let (m, r) = model("qwen35-dense");
+    let prompt = ids(&r["prompts"][1]["ids"]);
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}
+        },
+        "required": ["name", "age", "tags"],
+        "additionalProperties": false
+    });
+    for temperature in [0.0, 1.0] {
+        let req = Request {
+            sampling: SamplingParams {
+                temperature,
+                seed: Some(5),
+                ..Default::default()
+            },
+            grammar: Some(GrammarRequest {
+                constraint: Constraint::JsonSchema(schema.clone()),
+                after_token: None,
+            }),
+            ..request(prompt.clone(), 300)
+        };
+        let c = Engine::new(m.clone()).generate(req, |_| {}).unwrap();
+        assert_eq!(c.finish_reason, FinishReason::GrammarEnd, "{:?}", c.text);
+        let v: serde_json::Value =
+            serde_json::from_str(&c.text).unwrap_or_else(|e| panic!("{e}: {:?}", c.text));
+        assert!(v["name"].as_str().unwrap().chars().count() <= 8);
+        assert!(v["age"].as_u64().unwrap() <= 150);
+        assert!(v["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t == "a" || t == "b"));
+    }
+    let bad = Request {
+        grammar: Some(GrammarRequest {
+            constraint: Constraint::Lark("start: ???".into()),
+            after_token: None,
+        }),
+        ..request(prompt, 4)
+    };
+    match Engine::new(m).add(bad) {
+        Err(EngineError::InvalidRequest(msg)) => {
+            assert!(msg.contains("constraint is invalid"), "{msg}")
+        }
+        other => panic!("expected InvalidRequest, got {other:?}"),
     }
 }

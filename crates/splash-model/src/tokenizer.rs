@@ -16,28 +16,33 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self, ModelError> {
         let plain = dir.join("tokenizer.json");
         let gz = dir.join("tokenizer.json.gz");
-        let (path, bytes) = if plain.exists() {
-            let b = std::fs::read(&plain).map_err(|e| ModelError::io(&plain, e))?;
-            (plain, b)
+        let path = if plain.exists() {
+            plain
         } else if gz.exists() {
-            let f = std::fs::File::open(&gz).map_err(|e| ModelError::io(&gz, e))?;
-            let mut b = Vec::new();
-            flate2::read::GzDecoder::new(f)
-                .read_to_end(&mut b)
-                .map_err(|e| ModelError::io(&gz, e))?;
-            (gz, b)
+            gz
         } else {
             return Err(ModelError::Tokenizer {
                 path: plain,
                 message: "not found: splash needs the checkpoint's Hugging Face tokenizer.json next to config.json".into(),
             });
         };
+        let bytes = read_maybe_gz(&path)?;
         let inner =
             tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| ModelError::Tokenizer {
                 path: path.clone(),
                 message: format!("not a valid tokenizer.json: {e}"),
             })?;
         Ok(Self { inner, path })
+    }
+
+    /// The tokenizer.json document itself (read again from disk: it is only needed to build
+    /// grammar token tables, once).
+    pub fn json(&self) -> Result<serde_json::Value, ModelError> {
+        let bytes = read_maybe_gz(&self.path)?;
+        serde_json::from_slice(&bytes).map_err(|source| ModelError::Json {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     fn err(&self, e: impl std::fmt::Display) -> ModelError {
@@ -69,6 +74,20 @@ impl Tokenizer {
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+}
+
+/// The bytes of `path`, gunzipped when it ends in `.gz`.
+fn read_maybe_gz(path: &Path) -> Result<Vec<u8>, ModelError> {
+    if path.extension().is_some_and(|e| e == "gz") {
+        let f = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let mut b = Vec::new();
+        flate2::read::GzDecoder::new(f)
+            .read_to_end(&mut b)
+            .map_err(|e| ModelError::io(path, e))?;
+        Ok(b)
+    } else {
+        std::fs::read(path).map_err(|e| ModelError::io(path, e))
     }
 }
 

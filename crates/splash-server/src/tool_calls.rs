@@ -528,6 +528,42 @@ impl ToolCallParser {
     }
 }
 
+/// A Lark grammar (llguidance) that makes the model emit exactly one call, in the JSON form,
+/// to `only` or to any of `tools`, with arguments valid against the tool's parameter schema.
+pub fn forced_call_grammar(tools: &[Value], only: Option<&str>) -> Result<String, String> {
+    let mut alternatives = Vec::new();
+    for t in tools {
+        let f = t.get("function").unwrap_or(t);
+        let Some(name) = f.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        let params = f
+            .get("parameters")
+            .or_else(|| f.get("input_schema"))
+            .cloned()
+            .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        alternatives.push(serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        }));
+    }
+    if alternatives.is_empty() {
+        return Err(match only {
+            Some(n) => format!("tool_choice names `{n}`, which is not among the request's tools"),
+            None => "tool_choice `required` needs at least one tool in `tools`".to_string(),
+        });
+    }
+    let schema = splash_engine::with_json_layout(serde_json::json!({"anyOf": alternatives}));
+    Ok(format!(
+        "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
+    ))
+}
+
 /// Where a parameter value ends in `text`: `(Some((value_end, consumed)), releasable)`, where
 /// `value_end` is the end of the value, `consumed` the end of its closing tag, and
 /// `releasable` how much of the value can be streamed now. `None` while the end is unknown.

@@ -21,6 +21,8 @@ pub struct Usage {
     pub finish: FinishReason,
     pub prefill: Duration,
     pub decode: Duration,
+    /// Grammar mask time and count (constrained requests).
+    pub grammar: Option<(Duration, usize)>,
 }
 
 /// What the worker tells a request.
@@ -193,10 +195,18 @@ fn run(
                         finish: seq.finish_reason().cloned().unwrap_or(FinishReason::Length),
                         prefill,
                         decode,
+                        grammar: seq.grammar_stats(),
                     };
                     metrics.record_generation(&usage);
                     if let Some(tx) = active.remove(&id) {
-                        let _ = tx.send(WorkerEvent::Done(usage));
+                        let event = match &usage.finish {
+                            FinishReason::Failed(message) => WorkerEvent::Failed {
+                                message: message.clone(),
+                                invalid: false,
+                            },
+                            _ => WorkerEvent::Done(usage),
+                        };
+                        let _ = tx.send(event);
                         done(&load);
                     }
                 }

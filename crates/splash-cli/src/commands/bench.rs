@@ -66,6 +66,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 max_tokens: a.decode_tokens,
                 stop: Vec::new(),
                 ignore_eos: true,
+                grammar: None,
             },
             |_| {},
         )?;

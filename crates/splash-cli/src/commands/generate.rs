@@ -108,6 +108,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             max_tokens: a.max_tokens,
             stop: a.stop,
             ignore_eos: a.ignore_eos,
+            grammar: None,
         },
         |piece| {
             // A closed pipe (`| head`) is not an error worth reporting.
@@ -117,9 +118,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let _ = writeln!(out);
     let n = completion.tokens.len();
     let reason = match &completion.finish_reason {
-        FinishReason::Eos(_) | FinishReason::StopString(_) => "stop",
+        FinishReason::Eos(_) | FinishReason::StopString(_) | FinishReason::GrammarEnd => "stop",
         FinishReason::Length => "length",
         FinishReason::ContextFull => "context limit",
+        FinishReason::Failed(e) => e,
     };
     eprintln!(
         "[{} prompt tokens, {:.1} tok/s prefill; {n} tokens, {:.1} tok/s decode; finished: {reason}]",

@@ -19,6 +19,8 @@ use crate::output::{Message, OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
 use crate::routes::unix_now;
 use crate::state::AppState;
+use crate::tool_calls::forced_call_grammar;
+use splash_engine::{Constraint, GrammarRequest};
 
 /// Chat-only fields (the conversation itself is [`ChatInput`]).
 #[derive(Deserialize)]
@@ -31,6 +33,58 @@ struct ChatFields {
     tool_choice: Option<Value>,
 }
 
+/// The output constraint the request asks for: a JSON schema (`response_format`) or a forced
+/// tool call (`tool_choice` `required` or a named function).
+fn constraint(fields: &ChatFields, tools: &[Value]) -> Result<Option<Constraint>, ApiError> {
+    let format = match &fields.response_format {
+        None | Some(Value::Null) => None,
+        Some(rf) => match rf.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(Constraint::JsonSchema(json!({"type": "object"}))),
+            Some("json_schema") => {
+                let schema = rf.pointer("/json_schema/schema").cloned().ok_or_else(|| {
+                    ApiError::invalid(
+                        "response_format.json_schema.schema",
+                        "a json_schema response format needs `json_schema.schema`",
+                    )
+                })?;
+                Some(Constraint::JsonSchema(schema))
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    "response_format.type must be `text`, `json_object` or `json_schema`",
+                ))
+            }
+        },
+    };
+    let forced = match &fields.tool_choice {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) if c == "auto" || c == "none" => None,
+        Some(Value::String(c)) if c == "required" => Some(None),
+        Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+            Some(name) => Some(Some(name.to_string())),
+            None => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice must be `auto`, `none`, `required` or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ))
+            }
+        },
+    };
+    match (format, forced) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "response_format",
+            "response_format cannot be combined with a forced tool_choice: the answer is either a tool call or a JSON document",
+        )),
+        (Some(f), None) => Ok(Some(f)),
+        (None, Some(only)) => forced_call_grammar(tools, only.as_deref())
+            .map(|g| Some(Constraint::Lark(g)))
+            .map_err(|e| ApiError::invalid("tool_choice", e)),
+        (None, None) => Ok(None),
+    }
+}
+
 pub async fn handle(
     State(s): State<AppState>,
     JsonObject(body): JsonObject,
@@ -41,26 +95,18 @@ pub async fn handle(
     let common: CommonFields = typed(&body)?;
     let model = s.resolve_model(fields.model.as_deref())?;
     common.check_supported()?;
-    if let Some(rf) = &fields.response_format {
-        if rf.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::invalid(
-                "response_format",
-                "structured output (json_object / json_schema) is not available on this server yet; remove response_format",
-            ));
-        }
-    }
-    match fields.tool_choice.as_ref() {
-        None | Some(Value::Null) => {}
-        Some(Value::String(c)) if c == "auto" || c == "none" => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "forcing a tool call (`required` or a named tool) needs constrained decoding, which this server does not have yet; use `auto`",
-            ))
-        }
-    }
+    let constraint = constraint(&fields, input.tools.as_deref().unwrap_or_default())?;
     let prompt_text = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
+    let grammar = constraint.map(|c| GrammarRequest {
+        constraint: c,
+        // Reasoning stays free; the constraint applies to the answer after `</think>`.
+        after_token: if in_reasoning {
+            s.model.tokenizer.token_to_id("</think>")
+        } else {
+            None
+        },
+    });
     let prompt = s
         .model
         .tokenizer
@@ -71,6 +117,7 @@ pub async fn handle(
         prompt,
         fields.max_completion_tokens.or(fields.max_tokens),
         None,
+        grammar,
     )?;
     let rx = submit(&s, request)?;
     let id = new_id("chatcmpl");

@@ -94,7 +94,13 @@ pub async fn handle(
             format!("token id {t} is outside the vocabulary (size {vocab})"),
         ));
     }
-    let request = common.engine_request(&s, prompt, fields.max_tokens, Some(DEFAULT_MAX_TOKENS))?;
+    let request = common.engine_request(
+        &s,
+        prompt,
+        fields.max_tokens,
+        Some(DEFAULT_MAX_TOKENS),
+        None,
+    )?;
     let rx = submit(&s, request)?;
     let id = new_id("cmpl");
     let created = unix_now();

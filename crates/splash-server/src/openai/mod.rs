@@ -12,7 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use splash_engine::{FinishReason, Request, SamplingParams};
+use splash_engine::{FinishReason, GrammarRequest, Request, SamplingParams};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -153,6 +153,7 @@ impl CommonFields {
         prompt: Vec<u32>,
         max_tokens: Option<u64>,
         default_max: Option<usize>,
+        grammar: Option<GrammarRequest>,
     ) -> Result<Request, ApiError> {
         let limit = s.max_context;
         if prompt.is_empty() {
@@ -182,6 +183,7 @@ impl CommonFields {
             max_tokens,
             stop: self.stops()?,
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            grammar,
         })
     }
 }
@@ -189,7 +191,10 @@ impl CommonFields {
 /// `finish_reason` as OpenAI names it.
 pub fn finish_reason(f: &FinishReason) -> &'static str {
     match f {
-        FinishReason::Eos(_) | FinishReason::StopString(_) => "stop",
+        FinishReason::Eos(_)
+        | FinishReason::StopString(_)
+        | FinishReason::GrammarEnd
+        | FinishReason::Failed(_) => "stop",
         FinishReason::Length | FinishReason::ContextFull => "length",
     }
 }
@@ -204,11 +209,11 @@ pub fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// llama-server-style `timings`.
+/// llama-server-style `timings` (plus the grammar mask time of constrained requests).
 pub fn timings_json(u: &Usage) -> Value {
     let (pms, dms) = (u.prefill.as_secs_f64() * 1e3, u.decode.as_secs_f64() * 1e3);
     let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 / ms * 1e3 } else { 0.0 };
-    json!({
+    let mut t = json!({
         "cache_n": 0,
         "prompt_n": u.prompt_tokens,
         "prompt_ms": pms,
@@ -216,7 +221,12 @@ pub fn timings_json(u: &Usage) -> Value {
         "predicted_n": u.completion_tokens,
         "predicted_ms": dms,
         "predicted_per_second": rate(u.completion_tokens, dms),
-    })
+    });
+    if let Some((time, masks)) = u.grammar {
+        t["grammar_mask_ms"] = (time.as_secs_f64() * 1e3).into();
+        t["grammar_masks"] = masks.into();
+    }
+    t
 }
 
 /// A fresh response id with `prefix`.

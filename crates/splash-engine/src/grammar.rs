@@ -1,0 +1,129 @@
+//! Constrained decoding with llguidance: a token mask per step so the output follows a JSON
+//! schema or a Lark grammar.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use splash_model::Model;
+use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
+
+/// What the output must match.
+#[derive(Clone, Debug)]
+pub enum Constraint {
+    /// A JSON document valid against this schema.
+    JsonSchema(serde_json::Value),
+    /// A Lark grammar (llguidance dialect; may embed `%json {...}`).
+    Lark(String),
+}
+
+/// A constraint and when it starts to apply.
+#[derive(Clone, Debug)]
+pub struct GrammarRequest {
+    pub constraint: Constraint,
+    /// Apply the constraint only after this token was generated (e.g. `</think>`, so the
+    /// reasoning stays free); `None`: from the first token.
+    pub after_token: Option<u32>,
+}
+
+/// Token tables and compiled-lexer caches shared by every constrained request of a model.
+pub struct GrammarFactory {
+    factory: ParserFactory,
+}
+
+impl GrammarFactory {
+    /// Builds the token trie from the model's tokenizer.json (takes a moment for a large
+    /// vocabulary; done once, on the first constrained request).
+    pub fn new(model: &Model) -> Result<Self, String> {
+        let json = model.tokenizer.json().map_err(|e| e.to_string())?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| format!("tokenizer.json: {e}"))?;
+        let vocab = model.config.vocab_size;
+        // The embedding may have more rows than the tokenizer has tokens: those ids never
+        // decode to anything, so they are never allowed.
+        words.resize(vocab.max(words.len()), Vec::new());
+        let eos = model.generation.eos_token_ids.first().copied().unwrap_or(0);
+        let trie = TokTrie::from(&TokRxInfo::new(words.len() as u32, eos), &words);
+        let env: toktrie::TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// A fresh matcher for `constraint`; an invalid schema or grammar is an error.
+    pub fn start(&self, constraint: &Constraint) -> Result<GrammarState, String> {
+        let grammar = match constraint {
+            Constraint::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(with_json_layout(schema.clone()))
+            }
+            Constraint::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+        };
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| e.to_string())?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(e);
+        }
+        Ok(GrammarState {
+            matcher,
+            mask_time: Duration::ZERO,
+            masks: 0,
+        })
+    }
+}
+
+/// Fixes the JSON layout to Python's `json.dumps` style (`", "`, `": "`, no other whitespace)
+/// unless the schema chooses its own (`x-guidance`). With free whitespace a weak or random model
+/// can fill the whole output budget with blanks and never close the document.
+pub fn with_json_layout(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+        });
+    }
+    schema
+}
+
+/// One sequence's position in its grammar.
+pub struct GrammarState {
+    matcher: Matcher,
+    mask_time: Duration,
+    masks: usize,
+}
+
+impl GrammarState {
+    /// Sets every token the grammar does not allow next to −∞.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let t0 = Instant::now();
+        let allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| e.to_string())?;
+        for (i, l) in logits.iter_mut().enumerate() {
+            if !allowed.is_allowed(i as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        self.mask_time += t0.elapsed();
+        self.masks += 1;
+        Ok(())
+    }
+
+    /// Advances past a sampled token.
+    pub fn consume(&mut self, token: u32) -> Result<(), String> {
+        self.matcher.consume_token(token).map_err(|e| e.to_string())
+    }
+
+    /// True when the grammar is complete and nothing more may follow.
+    pub fn is_done(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Total time spent computing masks, and how many were computed.
+    pub fn mask_stats(&self) -> (Duration, usize) {
+        (self.mask_time, self.masks)
+    }
+}

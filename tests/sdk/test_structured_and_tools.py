@@ -1,0 +1,141 @@
+"""Structured output (JSON schema) and tool calls through the chat API, with the real `openai`
+SDK. The demo model has random weights: only the constraint makes its output valid."""
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from test_openai_api import sdk
+
+SCHEMAS = [
+    {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "score": {"type": "number", "minimum": 0, "maximum": 1}},
+     "required": ["ok", "score"]},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"]},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 3}},
+     "required": ["tags"]},
+    {"type": "object", "properties": {"user": {"type": "object", "properties": {"id": {"type": "integer"}, "email": {"type": "string", "maxLength": 20}},
+                                              "required": ["id", "email"], "additionalProperties": False}}, "required": ["user"]},
+    {"type": "object", "properties": {"points": {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {
+        "x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"], "additionalProperties": False}}}, "required": ["points"]},
+    {"type": "object", "properties": {"kind": {"const": "event"}, "when": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
+     "required": ["kind", "when"]},
+    {"type": "object", "properties": {"value": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 5}]}}, "required": ["value"]},
+    {"type": "object", "properties": {"matrix": {"type": "array", "maxItems": 2, "items": {"type": "array", "maxItems": 2, "items": {"type": "integer"}}}},
+     "required": ["matrix"]},
+    {"type": "object", "properties": {"status": {"enum": ["ok", "fail"]}, "detail": {"type": ["string", "null"], "maxLength": 8}},
+     "required": ["status", "detail"]},
+]
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False}}}
+
+
+def closed(schema):
+    """The demo model never stops adding keys unless the schema forbids them."""
+    s = json.loads(json.dumps(schema))
+    s.setdefault("additionalProperties", False)
+    return s
+
+
+@pytest.mark.parametrize("i", range(len(SCHEMAS)))
+def test_json_schema_output_validates(server, i):
+    schema = closed(SCHEMAS[i])
+    r = sdk(server).chat.completions.create(
+        model="demo",
+        messages=[{"role": "user", "content": "Answer in JSON."}],
+        max_tokens=300,
+        reasoning_effort="none",
+        seed=i,
+        response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}},
+    )
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    doc = json.loads(r.choices[0].message.content)
+    jsonschema.validate(doc, schema)
+    assert r.model_extra["timings"]["grammar_masks"] > 0
+
+
+def test_json_object_and_streamed_json(server):
+    c = sdk(server)
+    r = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "JSON please"}], max_tokens=300,
+                                  reasoning_effort="none", response_format={"type": "json_object"}, seed=3)
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    schema = closed(SCHEMAS[3])
+    chunks = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "JSON please"}], max_tokens=300,
+                                       reasoning_effort="none", stream=True, seed=4,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_invalid_schema_is_a_clear_400(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk(server).chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "x"}], reasoning_effort="none",
+            response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "no-such-type"}}})
+    assert "constraint" in e.value.body["message"]
+
+
+def test_forced_tool_call_non_streaming(server):
+    r = sdk(server).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}], max_tokens=200,
+        reasoning_effort="none", tools=[WEATHER, TIME], tool_choice="required", seed=1)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    args = json.loads(call.function.arguments)
+    schema = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]["function"]["parameters"]
+    jsonschema.validate(args, schema)
+    assert not choice.message.content
+
+
+def test_named_tool_call_streams_as_tool_call_deltas(server):
+    chunks = list(sdk(server).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "What time is it?"}], max_tokens=200, reasoning_effort="none",
+        tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True, seed=2))
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id and deltas[0].function.name == "get_time"
+    args = "".join(d.function.arguments or "" for d in deltas)
+    jsonschema.validate(json.loads(args), TIME["function"]["parameters"])
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["tool_calls"]
+    assert not "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+
+
+def test_tool_choice_errors(server):
+    c = sdk(server)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "x"}], tools=[WEATHER],
+                                  tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert e.value.body["param"] == "tool_choice" and "nope" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "x"}], tool_choice="required")
+
+
+def test_call_result_answer_round_trip(server):
+    """call → result → answer: the tool call and its result go back through the template."""
+    c = sdk(server)
+    first = c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Weather in Oslo?"}],
+                                      max_tokens=200, reasoning_effort="none", tools=[WEATHER], tool_choice="required", seed=5)
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 4, "sky": "cloudy"}'},
+    ]
+    prompt = server.client().post("/apply-template", json={"messages": history, "tools": [WEATHER]}).json()["prompt"]
+    args = json.loads(call.function.arguments)
+    assert f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{args['city']}\n</parameter>" in prompt
+    assert "<tool_response>\n{\"temp_c\": 4, \"sky\": \"cloudy\"}\n</tool_response>" in prompt
+    answer = c.chat.completions.create(model="demo", messages=history, tools=[WEATHER], max_tokens=16, reasoning_effort="none",
+                                       extra_body={"ignore_eos": True}, temperature=0)
+    assert answer.choices[0].message.content or answer.choices[0].message.tool_calls
