@@ -1,4 +1,5 @@
-//! Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+//! API errors: OpenAI's shape `{"error": {"message", "type", "param", "code"}}` by default,
+//! Anthropic's `{"type": "error", "error": {"type", "message"}}` for the Messages API.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -136,5 +137,52 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         resp
+    }
+}
+
+/// The same error in Anthropic's shape, for `/v1/messages`.
+#[derive(Debug)]
+pub struct AnthropicError(pub ApiError);
+
+impl From<ApiError> for AnthropicError {
+    fn from(e: ApiError) -> Self {
+        Self(e)
+    }
+}
+
+impl AnthropicError {
+    /// The JSON body (also an SSE `error` event).
+    pub fn body(&self) -> serde_json::Value {
+        let kind = match self.0.status.as_u16() {
+            400 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            _ => "api_error",
+        };
+        json!({"type": "error", "error": {"type": kind, "message": self.0.message}})
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.0.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.0.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        resp
+    }
+}
+
+/// An error answer in the shape of the API that `path` belongs to.
+pub fn for_path(path: &str, e: ApiError) -> Response {
+    if path.starts_with("/v1/messages") {
+        AnthropicError(e).into_response()
+    } else {
+        e.into_response()
     }
 }

@@ -6,7 +6,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::error::ApiError;
+use crate::error::{for_path, ApiError};
 use crate::state::AppState;
 
 /// Routes that answer without a key.
@@ -15,6 +15,7 @@ const PUBLIC: [&str; 3] = ["/", "/health", "/ready"];
 /// Middleware: Host, then Origin, then key; answers CORS preflights for allowed origins.
 pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let cfg = &state.config;
+    let path = req.uri().path().to_string();
     let headers = req.headers();
     let host = headers
         .get(header::HOST)
@@ -22,11 +23,13 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
         .map(str::to_string);
     if let Some(h) = &host {
         if !host_allowed(h, &cfg.allowed_hosts) {
-            return ApiError::forbidden(format!(
-                "Host `{h}` is not allowed (protection against DNS rebinding): use an IP address or localhost, or start splash with --allowed-host {}",
-                host_name(h)
-            ))
-            .into_response();
+            return for_path(
+                &path,
+                ApiError::forbidden(format!(
+                    "Host `{h}` is not allowed (protection against DNS rebinding): use an IP address or localhost, or start splash with --allowed-host {}",
+                    host_name(h)
+                )),
+            );
         }
     }
     let origin = headers
@@ -35,10 +38,12 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
         .map(str::to_string);
     if let Some(o) = &origin {
         if !origin_allowed(o, host.as_deref(), &cfg.allowed_origins) {
-            return ApiError::forbidden(format!(
-                "browser Origin `{o}` is not allowed: start splash with --allowed-origin {o} to let that page call this server"
-            ))
-            .into_response();
+            return for_path(
+                &path,
+                ApiError::forbidden(format!(
+                    "browser Origin `{o}` is not allowed: start splash with --allowed-origin {o} to let that page call this server"
+                )),
+            );
         }
     }
     if req.method() == Method::OPTIONS && origin.is_some() {
@@ -55,7 +60,7 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
             } else {
                 "this server needs an API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
             };
-            return ApiError::unauthorized(msg).into_response();
+            return for_path(&path, ApiError::unauthorized(msg));
         }
     }
     let mut resp = next.run(req).await;

@@ -5,6 +5,7 @@
 //! key), is parsed strictly ([`json`]: errors name the field), translated once into an engine
 //! request, and answered in the API's own shape, streamed as SSE or whole.
 
+mod anthropic;
 mod config;
 mod error;
 mod guard;

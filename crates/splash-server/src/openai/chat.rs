@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::{
     collect, finish_reason, new_id, stream, submit, timings_json, usage_json, ChatInput,
-    CommonFields, Item,
+    CommonFields, Item, StreamEnd,
 };
 use crate::error::ApiError;
 use crate::json::{typed, JsonObject};
@@ -192,33 +192,40 @@ pub async fn handle(
             json!({"tool_calls": [{"index": index, "function": {"arguments": delta}}]})
         }
     };
-    Ok(stream(&s, rx, t0, initial, move |item| match item {
-        Item::Text(t) => parser
-            .push(&t)
-            .into_iter()
-            .map(|p| event(chunk(delta(p), None)))
-            .collect(),
-        Item::Done(u) => {
-            let mut events: Vec<Event> = parser
-                .finish()
+    Ok(stream(
+        &s,
+        rx,
+        t0,
+        initial,
+        StreamEnd::openai(),
+        move |item| match item {
+            Item::Text(t) => parser
+                .push(&t)
                 .into_iter()
                 .map(|p| event(chunk(delta(p), None)))
-                .collect();
-            let finish = if parser.num_calls() > 0 {
-                "tool_calls"
-            } else {
-                finish_reason(&u.finish)
-            };
-            let mut last = chunk(json!({}), Some(finish));
-            last["timings"] = timings_json(&u);
-            events.push(event(last));
-            if include_usage {
-                let mut usage = chunk(json!({}), None);
-                usage["choices"] = json!([]);
-                usage["usage"] = usage_json(&u);
-                events.push(event(usage));
+                .collect(),
+            Item::Done(u) => {
+                let mut events: Vec<Event> = parser
+                    .finish()
+                    .into_iter()
+                    .map(|p| event(chunk(delta(p), None)))
+                    .collect();
+                let finish = if parser.num_calls() > 0 {
+                    "tool_calls"
+                } else {
+                    finish_reason(&u.finish)
+                };
+                let mut last = chunk(json!({}), Some(finish));
+                last["timings"] = timings_json(&u);
+                events.push(event(last));
+                if include_usage {
+                    let mut usage = chunk(json!({}), None);
+                    usage["choices"] = json!([]);
+                    usage["usage"] = usage_json(&u);
+                    events.push(event(usage));
+                }
+                events
             }
-            events
-        }
-    }))
+        },
+    ))
 }

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use super::{
     collect, finish_reason, new_id, stream, submit, timings_json, usage_json, CommonFields, Item,
+    StreamEnd,
 };
 use crate::error::ApiError;
 use crate::json::{typed, JsonObject};
@@ -132,21 +133,28 @@ pub async fn handle(
         c
     };
     let event = |v: Value| Event::default().data(v.to_string());
-    Ok(stream(&s, rx, t0, Vec::new(), move |item| match item {
-        Item::Text(t) => vec![event(chunk(&t, None))],
-        Item::Done(u) => {
-            let mut last = chunk("", Some(finish_reason(&u.finish)));
-            last["timings"] = timings_json(&u);
-            let mut events = vec![event(last)];
-            if include_usage {
-                let mut usage = chunk("", None);
-                usage["choices"] = json!([]);
-                usage["usage"] = usage_json(&u);
-                events.push(event(usage));
+    Ok(stream(
+        &s,
+        rx,
+        t0,
+        Vec::new(),
+        StreamEnd::openai(),
+        move |item| match item {
+            Item::Text(t) => vec![event(chunk(&t, None))],
+            Item::Done(u) => {
+                let mut last = chunk("", Some(finish_reason(&u.finish)));
+                last["timings"] = timings_json(&u);
+                let mut events = vec![event(last)];
+                if include_usage {
+                    let mut usage = chunk("", None);
+                    usage["choices"] = json!([]);
+                    usage["usage"] = usage_json(&u);
+                    events.push(event(usage));
+                }
+                events
             }
-            events
-        }
-    }))
+        },
+    ))
 }
 
 fn encode(s: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {

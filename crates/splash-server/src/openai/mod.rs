@@ -284,22 +284,40 @@ pub enum Item {
     Done(Usage),
 }
 
+/// How an API ends a stream: a final marker event (OpenAI's `data: [DONE]`), and how it
+/// writes an error event.
+pub struct StreamEnd {
+    pub done: Option<Event>,
+    pub error: fn(ApiError) -> Event,
+}
+
+impl StreamEnd {
+    /// OpenAI: error objects as data, then `data: [DONE]`.
+    pub fn openai() -> Self {
+        Self {
+            done: Some(Event::default().data("[DONE]")),
+            error: |e| Event::default().data(e.body().to_string()),
+        }
+    }
+}
+
 /// Streams a generation as SSE: `initial` events first, then whatever `format` makes of each
-/// item, then `data: [DONE]`. Engine failures and server shutdown end the stream with an
-/// error event; a client that disconnects cancels the generation.
+/// item, then `end.done`. Engine failures and server shutdown end the stream with an error
+/// event; a client that disconnects cancels the generation.
 pub fn stream(
     s: &AppState,
     mut rx: UnboundedReceiver<WorkerEvent>,
     t0: Instant,
     initial: Vec<Event>,
+    end: StreamEnd,
     mut format: impl FnMut(Item) -> Vec<Event> + Send + 'static,
 ) -> Response {
     let (tx, out) = mpsc::channel::<Event>(64);
     let mut shutdown = s.shutdown.subscribe();
     let metrics = s.metrics.clone();
     tokio::spawn(async move {
-        let done = || Event::default().data("[DONE]");
-        let error = |e: ApiError| Event::default().data(e.body().to_string());
+        let done = || end.done.clone();
+        let error = end.error;
         for e in initial {
             if tx.send(e).await.is_err() {
                 return;
@@ -319,11 +337,11 @@ pub fn stream(
                     }
                     Some(WorkerEvent::Done(u)) => {
                         let mut v = format(Item::Done(u));
-                        v.push(done());
+                        v.extend(done());
                         (v, true)
                     }
-                    Some(WorkerEvent::Failed { message, .. }) => (vec![error(ApiError::engine(message)), done()], true),
-                    None => (vec![error(ApiError::engine("the engine stopped before the answer was complete")), done()], true),
+                    Some(WorkerEvent::Failed { message, .. }) => (std::iter::once(error(ApiError::engine(message))).chain(done()).collect(), true),
+                    None => (std::iter::once(error(ApiError::engine("the engine stopped before the answer was complete"))).chain(done()).collect(), true),
                 },
                 stopping = async { shutdown.wait_for(|stop| *stop).await.is_ok() } => {
                     if !stopping {
@@ -332,7 +350,7 @@ pub fn stream(
                     }
                     let mut e = ApiError::overloaded("the server is shutting down; this answer was cut short");
                     e.code = Some("shutting_down");
-                    (vec![error(e), done()], true)
+                    (std::iter::once(error(e)).chain(done()).collect(), true)
                 }
                 _ = tx.closed() => return, // client gone: dropping `rx` cancels the generation
             };

@@ -1,0 +1,356 @@
+//! `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use splash_engine::{Constraint, FinishReason, GrammarRequest};
+
+use super::convert::Conversation;
+use crate::error::{AnthropicError, ApiError};
+use crate::json::{typed, JsonObject};
+use crate::openai::{collect, stream, submit, CommonFields, Item, Stop, StreamEnd};
+use crate::output::{Message, OutputParser, Part};
+use crate::reasoning::ReasoningSplitter;
+use crate::state::AppState;
+use crate::tool_calls::forced_call_grammar;
+use crate::worker::Usage;
+
+#[derive(Deserialize)]
+struct MessagesFields {
+    model: String,
+    max_tokens: u64,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stop_sequences: Option<Vec<String>>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i64>,
+    #[serde(default)]
+    tool_choice: Option<ToolChoice>,
+}
+
+#[derive(Deserialize)]
+struct ToolChoice {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// The model name to answer with: Claude Code's `claude-*` names mean the served model.
+fn resolve(s: &AppState, model: &str) -> Result<String, ApiError> {
+    if model.starts_with("claude") {
+        Ok(model.to_string())
+    } else {
+        s.resolve_model(Some(model))
+    }
+}
+
+/// The prompt text for a Messages request.
+fn render(s: &AppState, conv: &Conversation, tools_in_prompt: bool) -> Result<String, ApiError> {
+    conv.chat_input(
+        tools_in_prompt,
+        s.config.default_reasoning_effort.as_deref(),
+    )?
+    .render(s)
+}
+
+pub async fn count_tokens(
+    State(s): State<AppState>,
+    body: Result<JsonObject, ApiError>,
+) -> Result<Json<Value>, AnthropicError> {
+    let JsonObject(body) = body?;
+    let conv: Conversation = typed(&body)?;
+    if let Some(m) = body.get("model").and_then(Value::as_str) {
+        resolve(&s, m)?;
+    }
+    let prompt = render(&s, &conv, true)?;
+    let n = s
+        .model
+        .tokenizer
+        .encode(&prompt)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?
+        .len();
+    Ok(Json(json!({"input_tokens": n})))
+}
+
+pub async fn handle(
+    State(s): State<AppState>,
+    body: Result<JsonObject, ApiError>,
+) -> Result<Response, AnthropicError> {
+    let t0 = Instant::now();
+    let JsonObject(body) = body?;
+    let f: MessagesFields = typed(&body)?;
+    let conv: Conversation = typed(&body)?;
+    let model = resolve(&s, &f.model)?;
+    if f.max_tokens == 0 {
+        return Err(ApiError::invalid("max_tokens", "max_tokens must be at least 1").into());
+    }
+    let tools = conv.tools();
+    let choice = f
+        .tool_choice
+        .as_ref()
+        .map(|c| c.kind.as_str())
+        .unwrap_or("auto");
+    let constraint = match choice {
+        "auto" | "none" => None,
+        "any" => Some(None),
+        "tool" => Some(Some(
+            f.tool_choice
+                .as_ref()
+                .and_then(|c| c.name.clone())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tool_choice.name",
+                        "tool_choice of type `tool` needs `name`",
+                    )
+                })?,
+        )),
+        other => {
+            return Err(ApiError::invalid(
+                "tool_choice.type",
+                format!("unknown tool_choice type `{other}`: use auto, any, tool or none"),
+            )
+            .into())
+        }
+    };
+    let format = conv
+        .output_config
+        .as_ref()
+        .and_then(|o| o.format.clone())
+        .filter(|v| !v.is_null());
+    let constraint = match (constraint, format) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "output_config.format",
+                "output_config.format cannot be combined with a forced tool_choice",
+            )
+            .into())
+        }
+        (Some(only), None) => Some(Constraint::Lark(
+            forced_call_grammar(&tools, only.as_deref())
+                .map_err(|e| ApiError::invalid("tool_choice", e))?,
+        )),
+        (None, Some(fmt)) => match fmt.get("type").and_then(Value::as_str) {
+            Some("json_schema") => Some(Constraint::JsonSchema(
+                fmt.get("schema")
+                    .cloned()
+                    .unwrap_or_else(|| json!({"type": "object"})),
+            )),
+            _ => {
+                return Err(ApiError::invalid(
+                    "output_config.format.type",
+                    "output_config.format.type must be `json_schema`",
+                )
+                .into())
+            }
+        },
+        (None, None) => None,
+    };
+    let prompt_text = render(&s, &conv, choice != "none")?;
+    let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
+    let prompt = s
+        .model
+        .tokenizer
+        .encode(&prompt_text)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    // Messages clamps max_tokens to the context instead of refusing the request.
+    let room = s.max_context.saturating_sub(prompt.len());
+    let clamped = f.max_tokens > room as u64;
+    let common = CommonFields {
+        temperature: f.temperature,
+        top_p: f.top_p,
+        top_k: f.top_k,
+        stop: f.stop_sequences.clone().map(Stop::Many),
+        ..CommonFields::default()
+    };
+    let grammar = constraint.map(|c| GrammarRequest {
+        constraint: c,
+        after_token: if in_reasoning {
+            s.model.tokenizer.token_to_id("</think>")
+        } else {
+            None
+        },
+    });
+    let input_tokens = prompt.len();
+    let request = common.engine_request(
+        &s,
+        prompt,
+        Some(f.max_tokens.min(room as u64)),
+        None,
+        grammar,
+    )?;
+    let rx = submit(&s, request)?;
+    let id = format!("msg_{:016x}", splash_engine::random_seed());
+    let parse_tools = if choice == "none" { Vec::new() } else { tools };
+    let mut parser = OutputParser::new(in_reasoning, &parse_tools);
+
+    if !f.stream {
+        let (text, usage) = collect(&s, rx, t0).await?;
+        let mut m = Message::default();
+        m.extend(parser.push(&text));
+        m.extend(parser.finish());
+        let mut content = Vec::new();
+        if !m.reasoning.is_empty() {
+            content.push(json!({"type": "thinking", "thinking": m.reasoning, "signature": ""}));
+        }
+        if !m.text.is_empty() {
+            content.push(json!({"type": "text", "text": m.text}));
+        }
+        for (cid, name, args) in &m.calls {
+            let input: Value = serde_json::from_str(args).unwrap_or_else(|_| json!({}));
+            content.push(
+                json!({"type": "tool_use", "id": tool_use_id(cid), "name": name, "input": input}),
+            );
+        }
+        let (stop_reason, stop_sequence) = stop_reason(&usage, !m.calls.is_empty(), clamped);
+        return Ok(Json(json!({
+            "id": id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": usage_json(&usage),
+        }))
+        .into_response());
+    }
+
+    let event = |name: &str, v: Value| Event::default().event(name).data(v.to_string());
+    let initial = vec![
+        event(
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": input_tokens, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+            }}),
+        ),
+        event("ping", json!({"type": "ping"})),
+    ];
+    // The open content block: (index, kind).
+    let mut open: Option<(usize, &'static str)> = None;
+    let mut next = 0usize;
+    let end = StreamEnd {
+        done: None,
+        error: |e| {
+            Event::default()
+                .event("error")
+                .data(AnthropicError(e).body().to_string())
+        },
+    };
+    let mut blocks = move |part: Option<Part>, events: &mut Vec<Event>| {
+        let want = match &part {
+            Some(Part::Reasoning(_)) => Some("thinking"),
+            Some(Part::Text(_)) => Some("text"),
+            Some(Part::CallStart { .. }) => Some("tool_use"),
+            Some(Part::CallArgs { .. }) => None, // continues the open tool_use block
+            None => None,
+        };
+        let switch = matches!(part, Some(Part::CallStart { .. }) | None)
+            || (want.is_some() && open.map(|o| o.1) != want);
+        if switch {
+            if let Some((i, kind)) = open.take() {
+                if kind == "thinking" {
+                    events.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": i,
+                        "delta": {"type": "signature_delta", "signature": ""}}),
+                    ));
+                }
+                events.push(event(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": i}),
+                ));
+            }
+            if let Some(kind) = want {
+                let block = match &part {
+                    Some(Part::CallStart { id, name, .. }) => {
+                        json!({"type": "tool_use", "id": tool_use_id(id), "name": name, "input": {}})
+                    }
+                    Some(Part::Reasoning(_)) => {
+                        json!({"type": "thinking", "thinking": "", "signature": ""})
+                    }
+                    _ => json!({"type": "text", "text": ""}),
+                };
+                events.push(event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": next, "content_block": block}),
+                ));
+                open = Some((next, kind));
+                next += 1;
+            }
+        }
+        let i = open.map(|o| o.0).unwrap_or(0);
+        let delta = match part {
+            Some(Part::Reasoning(t)) => json!({"type": "thinking_delta", "thinking": t}),
+            Some(Part::Text(t)) => json!({"type": "text_delta", "text": t}),
+            Some(Part::CallArgs { delta, .. }) => {
+                json!({"type": "input_json_delta", "partial_json": delta})
+            }
+            Some(Part::CallStart { .. }) | None => return,
+        };
+        events.push(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i, "delta": delta}),
+        ));
+    };
+    Ok(stream(&s, rx, t0, initial, end, move |item| {
+        let mut events = Vec::new();
+        match item {
+            Item::Text(t) => {
+                for p in parser.push(&t) {
+                    blocks(Some(p), &mut events);
+                }
+            }
+            Item::Done(u) => {
+                for p in parser.finish() {
+                    blocks(Some(p), &mut events);
+                }
+                blocks(None, &mut events);
+                let (reason, seq) = stop_reason(&u, parser.num_calls() > 0, clamped);
+                events.push(event("message_delta", json!({"type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": seq},
+                    "usage": {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens}})));
+                events.push(event("message_stop", json!({"type": "message_stop"})));
+            }
+        }
+        events
+    }))
+}
+
+fn tool_use_id(call_id: &str) -> String {
+    format!("toolu_{}", call_id.trim_start_matches("call_"))
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens,
+        "output_tokens": u.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    })
+}
+
+/// `stop_reason` and `stop_sequence`.
+fn stop_reason(u: &Usage, called: bool, clamped: bool) -> (&'static str, Option<String>) {
+    if called {
+        return ("tool_use", None);
+    }
+    match &u.finish {
+        FinishReason::StopString(s) => ("stop_sequence", Some(s.clone())),
+        FinishReason::Length if clamped => ("model_context_window_exceeded", None),
+        FinishReason::ContextFull => ("model_context_window_exceeded", None),
+        FinishReason::Length => ("max_tokens", None),
+        FinishReason::Eos(_) | FinishReason::GrammarEnd | FinishReason::Failed(_) => {
+            ("end_turn", None)
+        }
+    }
+}
