@@ -14,6 +14,7 @@ mod metrics;
 mod openai;
 mod output;
 mod reasoning;
+mod responses;
 mod routes;
 mod state;
 mod tool_calls;

@@ -15,7 +15,7 @@ use crate::error::ApiError;
 use crate::json::{typed, JsonObject};
 use crate::openai::{self, ChatInput};
 use crate::state::AppState;
-use crate::{anthropic, guard, metrics};
+use crate::{anthropic, guard, metrics, responses};
 
 /// Every route, behind the access guard and the request counter.
 pub fn router(state: AppState) -> Router {
@@ -33,6 +33,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::chat::handle))
         .route("/v1/completions", post(openai::completions::handle))
         .route("/v1/messages", post(anthropic::handle))
+        .route("/v1/responses", post(responses::handle))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -11,7 +11,11 @@ use tokio::sync::watch;
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::responses::ResponseStore;
 use crate::worker::Worker;
+
+/// Memory for stored Responses-API conversations.
+const RESPONSE_STORE_BYTES: usize = 64 << 20;
 
 /// Shared server state (cheap to clone).
 #[derive(Clone)]
@@ -28,6 +32,8 @@ pub struct AppState {
     pub shutdown: Arc<watch::Sender<bool>>,
     /// Bytes of safetensors weights in the checkpoint directory (mapped, not copied).
     pub weight_bytes: u64,
+    /// Stored Responses-API responses (for `previous_response_id`).
+    pub responses: Arc<ResponseStore>,
     pub started: Instant,
 }
 
@@ -58,6 +64,7 @@ impl AppState {
             max_context,
             shutdown: Arc::new(watch::channel(false).0),
             weight_bytes: weight_bytes(&model.dir),
+            responses: Arc::new(ResponseStore::new(RESPONSE_STORE_BYTES)),
             model,
             started: Instant::now(),
         }
