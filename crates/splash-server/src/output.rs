@@ -32,8 +32,12 @@ pub struct OutputParser {
     /// Tool-call parsers for the answer and for the reasoning (a model sometimes calls a tool
     /// without closing its think block); none when the request has no tools.
     calls: Option<[ToolCallParser; 2]>,
-    /// (channel, parser's index) → index in the message.
-    index: HashMap<(usize, usize), usize>,
+    /// (channel, parser's index) → index in the message; `None` for a call dropped because
+    /// the request allows fewer calls.
+    index: HashMap<(usize, usize), Option<usize>>,
+    /// Most calls to return (`parallel_tool_calls: false` → 1).
+    max_calls: usize,
+    returned: usize,
 }
 
 impl OutputParser {
@@ -45,7 +49,15 @@ impl OutputParser {
             calls: (!tools.is_empty())
                 .then(|| [ToolCallParser::new(tools), ToolCallParser::new(tools)]),
             index: HashMap::new(),
+            max_calls: usize::MAX,
+            returned: 0,
         }
+    }
+
+    /// Returns only the first call of the answer (the request disabled parallel calls).
+    pub fn single_call(mut self) -> Self {
+        self.max_calls = 1;
+        self
     }
 
     /// Feeds generated text.
@@ -60,9 +72,9 @@ impl OutputParser {
         self.route(split.reasoning, split.content, true)
     }
 
-    /// Number of tool calls seen.
+    /// Number of tool calls returned.
     pub fn num_calls(&self) -> usize {
-        self.index.len()
+        self.returned
     }
 
     fn route(&mut self, reasoning: String, content: String, last: bool) -> Vec<Part> {
@@ -86,13 +98,18 @@ impl OutputParser {
                     ToolEvent::Text(t) if channel == 0 => Part::Reasoning(t),
                     ToolEvent::Text(t) => Part::Text(t),
                     ToolEvent::Start { index, id, name } => {
-                        let n = self.index.len();
-                        self.index.insert((channel, index), n);
+                        if self.returned >= self.max_calls {
+                            self.index.insert((channel, index), None);
+                            continue;
+                        }
+                        let n = self.returned;
+                        self.returned += 1;
+                        self.index.insert((channel, index), Some(n));
                         Part::CallStart { index: n, id, name }
                     }
-                    ToolEvent::Args { index, delta } => Part::CallArgs {
-                        index: self.index[&(channel, index)],
-                        delta,
+                    ToolEvent::Args { index, delta } => match self.index[&(channel, index)] {
+                        Some(index) => Part::CallArgs { index, delta },
+                        None => continue,
                     },
                     ToolEvent::End { .. } => continue,
                 };
@@ -161,6 +178,17 @@ mod tests {
         m.extend(p.finish());
         assert_eq!(m.reasoning, "I should call f.");
         assert_eq!(m.calls[0].1, "f");
+    }
+
+    #[test]
+    fn single_call_drops_the_rest() {
+        let tools = [json!({"name": "f", "parameters": {"properties": {}}})];
+        let mut p = OutputParser::new(false, &tools).single_call();
+        let mut m = Message::default();
+        m.extend(p.push("<tool_call>\n<function=f>\n</function>\n</tool_call>\n<tool_call>\n<function=f>\n</function>\n</tool_call>"));
+        m.extend(p.finish());
+        assert_eq!(m.calls.len(), 1);
+        assert_eq!(p.num_calls(), 1);
     }
 
     #[test]

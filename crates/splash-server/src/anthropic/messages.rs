@@ -41,6 +41,8 @@ struct ToolChoice {
     kind: String,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default)]
+    disable_parallel_tool_use: bool,
 }
 
 /// The model name to answer with: Claude Code's `claude-*` names mean the served model.
@@ -190,6 +192,12 @@ pub async fn handle(
     let id = format!("msg_{:016x}", splash_engine::random_seed());
     let parse_tools = if choice == "none" { Vec::new() } else { tools };
     let mut parser = OutputParser::new(in_reasoning, &parse_tools);
+    if f.tool_choice
+        .as_ref()
+        .is_some_and(|c| c.disable_parallel_tool_use)
+    {
+        parser = parser.single_call();
+    }
 
     if !f.stream {
         let (text, usage) = collect(&s, rx, t0).await?;

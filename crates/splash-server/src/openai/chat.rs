@@ -31,6 +31,7 @@ struct ChatFields {
     max_completion_tokens: Option<u64>,
     response_format: Option<Value>,
     tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
 }
 
 /// The output constraint the request asks for: a JSON schema (`response_format`) or a forced
@@ -127,6 +128,9 @@ pub async fn handle(
         _ => input.tools.clone().unwrap_or_default(),
     };
     let mut parser = OutputParser::new(in_reasoning, &tools);
+    if fields.parallel_tool_calls == Some(false) {
+        parser = parser.single_call();
+    }
 
     if !common.streaming() {
         let (text, usage) = collect(&s, rx, t0).await?;

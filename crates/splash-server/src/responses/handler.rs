@@ -224,6 +224,9 @@ pub async fn handle(
 
     let id = short_id("resp");
     let mut parser = OutputParser::new(in_reasoning, if none { &[] } else { &tools });
+    if f.parallel_tool_calls == Some(false) {
+        parser = parser.single_call();
+    }
     let base = json!({
         "id": id,
         "object": "response",
