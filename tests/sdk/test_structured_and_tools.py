@@ -139,3 +139,15 @@ def test_call_result_answer_round_trip(server):
     answer = c.chat.completions.create(model="demo", messages=history, tools=[WEATHER], max_tokens=16, reasoning_effort="none",
                                        extra_body={"ignore_eos": True}, temperature=0)
     assert answer.choices[0].message.content or answer.choices[0].message.tool_calls
+
+
+def test_strict_tools_constrain_calls_the_model_chooses(server):
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    for seed in range(4):
+        r = sdk(server).chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "Weather?"}], max_tokens=60, reasoning_effort="none",
+            tools=[strict], seed=seed, temperature=1.0)
+        assert r.model_extra["timings"]["grammar_masks"] > 0
+        for call in r.choices[0].message.tool_calls or []:
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        assert "<tool_call>" not in (r.choices[0].message.content or "")

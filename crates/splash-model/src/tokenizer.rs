@@ -71,6 +71,17 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// True when `token` is a special added token (decoded only with special tokens shown;
+    /// grammars must name it as a token, not spell it as text).
+    pub fn is_special(&self, token: &str) -> bool {
+        self.inner.token_to_id(token).is_some_and(|id| {
+            self.inner
+                .get_added_tokens_decoder()
+                .get(&id)
+                .is_some_and(|t| t.special)
+        })
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

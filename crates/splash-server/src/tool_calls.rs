@@ -528,9 +528,26 @@ impl ToolCallParser {
     }
 }
 
-/// A Lark grammar (llguidance) that makes the model emit exactly one call, in the JSON form,
-/// to `only` or to any of `tools`, with arguments valid against the tool's parameter schema.
-pub fn forced_call_grammar(tools: &[Value], only: Option<&str>) -> Result<String, String> {
+/// How a grammar may produce tool calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallGrammar {
+    /// Exactly one call (`tool_choice` required / named).
+    Forced,
+    /// Free text, optionally followed by one call whose arguments must match the schema
+    /// (tools marked `strict`).
+    Strict,
+}
+
+/// A Lark grammar (llguidance) for calls, in the JSON form, to `only` or to any of `tools`,
+/// with arguments valid against the tool's parameter schema. `special_tags`: the tokenizer has
+/// `<tool_call>` / `</tool_call>` as special tokens, which the grammar must name as tokens (a
+/// model emits those, never the spelled-out text).
+pub fn call_grammar(
+    tools: &[Value],
+    only: Option<&str>,
+    mode: CallGrammar,
+    special_tags: bool,
+) -> Result<String, String> {
     let mut alternatives = Vec::new();
     for t in tools {
         let f = t.get("function").unwrap_or(t);
@@ -559,9 +576,52 @@ pub fn forced_call_grammar(tools: &[Value], only: Option<&str>) -> Result<String
         });
     }
     let schema = splash_engine::with_json_layout(serde_json::json!({"anyOf": alternatives}));
-    Ok(format!(
-        "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
-    ))
+    let (open, close) = if special_tags {
+        ("<tool_call>", "</tool_call>")
+    } else {
+        ("\"<tool_call>\"", "\"</tool_call>\"")
+    };
+    let body = format!("body: %json {schema}\n");
+    Ok(match mode {
+        CallGrammar::Forced => format!("start: {open} \"\\n\" body \"\\n\" {close}\n{body}"),
+        // Free text without the opening tag, or text up to the tag (a lazy lexeme: it ends at
+        // the first tag) and then one call. Lexemes are greedy otherwise, so the split at the
+        // tag has to be part of one lexeme.
+        CallGrammar::Strict if special_tags => format!(
+            "start: FREE | FREE {open} \"\\n\" body \"\\n\" {close}\nFREE: /(.|\\n)*/\n{body}"
+        ),
+        CallGrammar::Strict => format!(
+            "start: FREE | prefix \"\\n\" body \"\\n</tool_call>\"\n\
+             FREE: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n\
+             prefix[lazy]: /(.|\\n)*<tool_call>/\n{body}"
+        ),
+    })
+}
+
+/// The tool-call constraint of a request: a forced call (`forced` = `Some(name or any)`), or
+/// strict arguments when a tool in `raw_tools` (as the client sent them) is marked `strict`.
+pub fn tool_constraint(
+    tools: &[Value],
+    raw_tools: &[Value],
+    forced: Option<Option<String>>,
+    special_tags: bool,
+) -> Result<Option<splash_engine::Constraint>, String> {
+    let grammar = match forced {
+        Some(only) => call_grammar(tools, only.as_deref(), CallGrammar::Forced, special_tags)?,
+        None if any_strict(raw_tools) && !tools.is_empty() => {
+            call_grammar(tools, None, CallGrammar::Strict, special_tags)?
+        }
+        None => return Ok(None),
+    };
+    Ok(Some(splash_engine::Constraint::Lark(grammar)))
+}
+
+/// True when any tool asks for strict arguments (`strict: true`, OpenAI or Anthropic form).
+pub fn any_strict(tools: &[Value]) -> bool {
+    tools.iter().any(|t| {
+        t.get("strict").and_then(Value::as_bool) == Some(true)
+            || t.pointer("/function/strict").and_then(Value::as_bool) == Some(true)
+    })
 }
 
 /// Where a parameter value ends in `text`: `(Some((value_end, consumed)), releasable)`, where

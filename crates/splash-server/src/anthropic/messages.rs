@@ -17,7 +17,7 @@ use crate::openai::{collect, stream, submit, CommonFields, Item, Stop, StreamEnd
 use crate::output::{Message, OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
 use crate::state::AppState;
-use crate::tool_calls::forced_call_grammar;
+use crate::tool_calls::tool_constraint;
 use crate::worker::Usage;
 
 #[derive(Deserialize)]
@@ -135,10 +135,13 @@ pub async fn handle(
             )
             .into())
         }
-        (Some(only), None) => Some(Constraint::Lark(
-            forced_call_grammar(&tools, only.as_deref())
-                .map_err(|e| ApiError::invalid("tool_choice", e))?,
-        )),
+        (forced, None) => tool_constraint(
+            &tools,
+            conv.tools.as_deref().unwrap_or_default(),
+            forced,
+            s.model.tokenizer.is_special("<tool_call>"),
+        )
+        .map_err(|e| ApiError::invalid("tool_choice", e))?,
         (None, Some(fmt)) => match fmt.get("type").and_then(Value::as_str) {
             Some("json_schema") => Some(Constraint::JsonSchema(
                 fmt.get("schema")
@@ -153,7 +156,6 @@ pub async fn handle(
                 .into())
             }
         },
-        (None, None) => None,
     };
     let prompt_text = render(&s, &conv, choice != "none")?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);

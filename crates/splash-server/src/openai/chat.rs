@@ -19,7 +19,7 @@ use crate::output::{Message, OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
 use crate::routes::unix_now;
 use crate::state::AppState;
-use crate::tool_calls::forced_call_grammar;
+use crate::tool_calls::tool_constraint;
 use splash_engine::{Constraint, GrammarRequest};
 
 /// Chat-only fields (the conversation itself is [`ChatInput`]).
@@ -36,7 +36,11 @@ struct ChatFields {
 
 /// The output constraint the request asks for: a JSON schema (`response_format`) or a forced
 /// tool call (`tool_choice` `required` or a named function).
-fn constraint(fields: &ChatFields, tools: &[Value]) -> Result<Option<Constraint>, ApiError> {
+fn constraint(
+    fields: &ChatFields,
+    tools: &[Value],
+    special_tags: bool,
+) -> Result<Option<Constraint>, ApiError> {
     let format = match &fields.response_format {
         None | Some(Value::Null) => None,
         Some(rf) => match rf.get("type").and_then(Value::as_str) {
@@ -79,10 +83,7 @@ fn constraint(fields: &ChatFields, tools: &[Value]) -> Result<Option<Constraint>
             "response_format cannot be combined with a forced tool_choice: the answer is either a tool call or a JSON document",
         )),
         (Some(f), None) => Ok(Some(f)),
-        (None, Some(only)) => forced_call_grammar(tools, only.as_deref())
-            .map(|g| Some(Constraint::Lark(g)))
-            .map_err(|e| ApiError::invalid("tool_choice", e)),
-        (None, None) => Ok(None),
+        (None, forced) => tool_constraint(tools, tools, forced, special_tags).map_err(|e| ApiError::invalid("tool_choice", e)),
     }
 }
 
@@ -96,7 +97,12 @@ pub async fn handle(
     let common: CommonFields = typed(&body)?;
     let model = s.resolve_model(fields.model.as_deref())?;
     common.check_supported()?;
-    let constraint = constraint(&fields, input.tools.as_deref().unwrap_or_default())?;
+    let special_tags = s.model.tokenizer.is_special("<tool_call>");
+    let constraint = constraint(
+        &fields,
+        input.tools.as_deref().unwrap_or_default(),
+        special_tags,
+    )?;
     let prompt_text = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
     let grammar = constraint.map(|c| GrammarRequest {

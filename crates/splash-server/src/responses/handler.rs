@@ -18,7 +18,7 @@ use crate::output::{OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
 use crate::routes::unix_now;
 use crate::state::AppState;
-use crate::tool_calls::forced_call_grammar;
+use crate::tool_calls::tool_constraint;
 use crate::worker::Usage;
 
 #[derive(Deserialize)]
@@ -193,11 +193,13 @@ pub async fn handle(
             ))
         }
         (Some(c), None) => Some(c),
-        (None, Some(only)) => Some(Constraint::Lark(
-            forced_call_grammar(&tools, only.as_deref())
-                .map_err(|e| ApiError::invalid("tool_choice", e))?,
-        )),
-        (None, None) => None,
+        (None, forced) => tool_constraint(
+            &tools,
+            f.tools.as_deref().unwrap_or_default(),
+            forced,
+            s.model.tokenizer.is_special("<tool_call>"),
+        )
+        .map_err(|e| ApiError::invalid("tool_choice", e))?,
     };
     let grammar = constraint.map(|c| GrammarRequest {
         constraint: c,

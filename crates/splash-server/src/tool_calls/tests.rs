@@ -239,3 +239,68 @@ fn string_arguments_stream_before_the_value_ends() {
         .collect();
     assert_eq!(args, "{\"content\": \"line one\\nline two");
 }
+
+/// Feeds the call grammars with the tokens a model would emit: the tag tokens are allowed as
+/// the model writes them (a special token, or a plain added token), and the arguments must
+/// match the schema. Run on the real Qwen vocabulary (plain `<tool_call>`) and on the fixture
+/// tokenizer (special `<tool_call>`).
+fn check_call_grammars(dir: &str, expect_special: bool) {
+    use splash_engine::{Constraint, GrammarFactory};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(dir);
+    let model = splash_model::load(&dir).unwrap();
+    let tok = &model.tokenizer;
+    let special = tok.is_special("<tool_call>");
+    assert_eq!(special, expect_special);
+    let factory = GrammarFactory::new(&model).unwrap();
+    let tools = json!([{"type": "function", "function": {"name": "f", "strict": true, "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"], "additionalProperties": false}}}]);
+    let tools = tools.as_array().unwrap();
+    let open = tok.token_to_id("<tool_call>").unwrap();
+    let close = tok.token_to_id("</tool_call>").unwrap();
+    let ids = |text: &str| tok.encode(text).unwrap();
+    let call = |args: &str| {
+        [
+            vec![open],
+            ids(&format!("\n{{\"name\": \"f\", \"arguments\": {args}}}\n")),
+            vec![close],
+        ]
+        .concat()
+    };
+    // Feeds tokens through the mask; true when every one was allowed.
+    let accepts = |grammar: &str, tokens: &[u32]| {
+        let mut g = factory
+            .start(&Constraint::Lark(grammar.to_string()))
+            .unwrap();
+        tokens.iter().all(|&t| {
+            let mut logits = vec![0.0f32; model.config.vocab_size];
+            g.mask(&mut logits).unwrap();
+            logits[t as usize].is_finite() && g.consume(t).is_ok()
+        })
+    };
+    let forced = call_grammar(tools, None, CallGrammar::Forced, special).unwrap();
+    assert!(accepts(&forced, &call("{\"x\": 5}")));
+    assert!(!accepts(&forced, &call("{\"y\": 5}")));
+    assert!(!accepts(&forced, &ids("Sure.")));
+    let strict = call_grammar(tools, None, CallGrammar::Strict, special).unwrap();
+    assert!(accepts(&strict, &ids("No call needed, 1 < 2.")));
+    assert!(accepts(
+        &strict,
+        &[ids("Calling."), call("{\"x\": 7}")].concat()
+    ));
+    assert!(!accepts(
+        &strict,
+        &[ids("Calling."), call("{\"x\": \"seven\"}")].concat()
+    ));
+}
+
+#[test]
+fn call_grammars_on_the_qwen_vocabulary() {
+    check_call_grammars("models/demo", false);
+}
+
+#[test]
+fn call_grammars_with_special_tag_tokens() {
+    check_call_grammars("tests/fixtures/qwen35-dense", true);
+}
