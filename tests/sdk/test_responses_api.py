@@ -86,6 +86,12 @@ def test_text_format_json_schema(server):
     jsonschema.validate(json.loads(r.output_text), schema)
 
 
+def test_background_is_refused(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk(server).responses.create(model="demo", input="x", background=True)
+    assert e.value.body["param"] == "background"
+
+
 def test_bad_input_items(server):
     with pytest.raises(openai.BadRequestError) as e:
         sdk(server).responses.create(model="demo", input=[{"type": "computer_call_output", "call_id": "x"}])

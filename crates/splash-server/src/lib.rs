@@ -7,6 +7,7 @@
 
 mod anthropic;
 mod config;
+mod constraint;
 mod error;
 mod guard;
 mod json;

@@ -598,24 +598,6 @@ pub fn call_grammar(
     })
 }
 
-/// The tool-call constraint of a request: a forced call (`forced` = `Some(name or any)`), or
-/// strict arguments when a tool in `raw_tools` (as the client sent them) is marked `strict`.
-pub fn tool_constraint(
-    tools: &[Value],
-    raw_tools: &[Value],
-    forced: Option<Option<String>>,
-    special_tags: bool,
-) -> Result<Option<splash_engine::Constraint>, String> {
-    let grammar = match forced {
-        Some(only) => call_grammar(tools, only.as_deref(), CallGrammar::Forced, special_tags)?,
-        None if any_strict(raw_tools) && !tools.is_empty() => {
-            call_grammar(tools, None, CallGrammar::Strict, special_tags)?
-        }
-        None => return Ok(None),
-    };
-    Ok(Some(splash_engine::Constraint::Lark(grammar)))
-}
-
 /// True when any tool asks for strict arguments (`strict: true`, OpenAI or Anthropic form).
 pub fn any_strict(tools: &[Value]) -> bool {
     tools.iter().any(|t| {

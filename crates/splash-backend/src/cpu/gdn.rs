@@ -76,25 +76,10 @@ pub fn gdn_recurrent(
     state: &mut [f32],
     dims: GdnDims,
 ) {
-    let t = g.len() / dims.hv;
-    check_shapes(out, q, k, v, beta, state, dims, t);
-    let scan = Scan {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        dims,
-        t,
-    };
-    for_each_head(
-        out,
-        state,
-        &scan,
-        pick(recurrent_head, |sc, h, s, o| unsafe {
-            recurrent_head_avx2(sc, h, s, o)
-        }),
-    );
+    let head = pick(recurrent_head, |sc, h, s, o| unsafe {
+        recurrent_head_avx2(sc, h, s, o)
+    });
+    scan(out, Scan::new(q, k, v, g, beta, dims), state, head);
 }
 
 /// The gated delta rule over chunks of [`GDN_CHUNK`] tokens (prefill). Equal to
@@ -110,25 +95,16 @@ pub fn gdn_chunked(
     state: &mut [f32],
     dims: GdnDims,
 ) {
-    let t = g.len() / dims.hv;
-    check_shapes(out, q, k, v, beta, state, dims, t);
-    let scan = Scan {
-        q,
-        k,
-        v,
-        g,
-        beta,
-        dims,
-        t,
-    };
-    for_each_head(
-        out,
-        state,
-        &scan,
-        pick(chunked_head, |sc, h, s, o| unsafe {
-            chunked_head_avx2(sc, h, s, o)
-        }),
-    );
+    let head = pick(chunked_head, |sc, h, s, o| unsafe {
+        chunked_head_avx2(sc, h, s, o)
+    });
+    scan(out, Scan::new(q, k, v, g, beta, dims), state, head);
+}
+
+/// Checks the shapes, then runs `head` over every value head.
+fn scan(out: &mut [f32], sc: Scan, state: &mut [f32], head: HeadFn) {
+    check_shapes(out, sc.q, sc.k, sc.v, sc.beta, state, sc.dims, sc.t);
+    for_each_head(out, state, &sc, head);
 }
 
 /// Inputs of one scan, shared by all heads.
@@ -141,6 +117,27 @@ struct Scan<'a> {
     beta: &'a [f32],
     dims: GdnDims,
     t: usize,
+}
+
+impl<'a> Scan<'a> {
+    fn new(
+        q: &'a [f32],
+        k: &'a [f32],
+        v: &'a [f32],
+        g: &'a [f32],
+        beta: &'a [f32],
+        dims: GdnDims,
+    ) -> Self {
+        Self {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            dims,
+            t: g.len() / dims.hv,
+        }
+    }
 }
 
 /// One value head's scan: reads `Scan`, updates its state `s` `[dk, dv]`, writes `o` `[T, dv]`.

@@ -8,16 +8,16 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use splash_engine::{Constraint, FinishReason, GrammarRequest};
+use splash_engine::{Constraint, FinishReason};
 
 use super::convert::Conversation;
+use crate::constraint::{grammar_request, output_constraint};
 use crate::error::{AnthropicError, ApiError};
 use crate::json::{typed, JsonObject};
 use crate::openai::{collect, stream, submit, CommonFields, Item, Stop, StreamEnd};
 use crate::output::{Message, OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
 use crate::state::AppState;
-use crate::tool_calls::tool_constraint;
 use crate::worker::Usage;
 
 #[derive(Deserialize)]
@@ -100,7 +100,7 @@ pub async fn handle(
         .as_ref()
         .map(|c| c.kind.as_str())
         .unwrap_or("auto");
-    let constraint = match choice {
+    let forced = match choice {
         "auto" | "none" => None,
         "any" => Some(None),
         "tool" => Some(Some(
@@ -127,22 +127,9 @@ pub async fn handle(
         .as_ref()
         .and_then(|o| o.format.clone())
         .filter(|v| !v.is_null());
-    let constraint = match (constraint, format) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "output_config.format",
-                "output_config.format cannot be combined with a forced tool_choice",
-            )
-            .into())
-        }
-        (forced, None) => tool_constraint(
-            &tools,
-            conv.tools.as_deref().unwrap_or_default(),
-            forced,
-            s.model.tokenizer.is_special("<tool_call>"),
-        )
-        .map_err(|e| ApiError::invalid("tool_choice", e))?,
-        (None, Some(fmt)) => match fmt.get("type").and_then(Value::as_str) {
+    let format = match format {
+        None => None,
+        Some(fmt) => match fmt.get("type").and_then(Value::as_str) {
             Some("json_schema") => Some(Constraint::JsonSchema(
                 fmt.get("schema")
                     .cloned()
@@ -157,6 +144,14 @@ pub async fn handle(
             }
         },
     };
+    let constraint = output_constraint(
+        &s,
+        format,
+        "output_config.format",
+        &tools,
+        conv.tools.as_deref().unwrap_or_default(),
+        forced,
+    )?;
     let prompt_text = render(&s, &conv, choice != "none")?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
     let prompt = s
@@ -174,14 +169,7 @@ pub async fn handle(
         stop: f.stop_sequences.clone().map(Stop::Many),
         ..CommonFields::default()
     };
-    let grammar = constraint.map(|c| GrammarRequest {
-        constraint: c,
-        after_token: if in_reasoning {
-            s.model.tokenizer.token_to_id("</think>")
-        } else {
-            None
-        },
-    });
+    let grammar = grammar_request(&s, constraint, in_reasoning);
     let input_tokens = prompt.len();
     let request = common.engine_request(
         &s,

@@ -13,14 +13,14 @@ use super::{
     collect, finish_reason, new_id, stream, submit, timings_json, usage_json, ChatInput,
     CommonFields, Item, StreamEnd,
 };
+use crate::constraint::{grammar_request, output_constraint};
 use crate::error::ApiError;
 use crate::json::{typed, JsonObject};
 use crate::output::{Message, OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
 use crate::routes::unix_now;
 use crate::state::AppState;
-use crate::tool_calls::tool_constraint;
-use splash_engine::{Constraint, GrammarRequest};
+use splash_engine::Constraint;
 
 /// Chat-only fields (the conversation itself is [`ChatInput`]).
 #[derive(Deserialize)]
@@ -37,9 +37,9 @@ struct ChatFields {
 /// The output constraint the request asks for: a JSON schema (`response_format`) or a forced
 /// tool call (`tool_choice` `required` or a named function).
 fn constraint(
+    s: &AppState,
     fields: &ChatFields,
     tools: &[Value],
-    special_tags: bool,
 ) -> Result<Option<Constraint>, ApiError> {
     let format = match &fields.response_format {
         None | Some(Value::Null) => None,
@@ -77,14 +77,7 @@ fn constraint(
             }
         },
     };
-    match (format, forced) {
-        (Some(_), Some(_)) => Err(ApiError::invalid(
-            "response_format",
-            "response_format cannot be combined with a forced tool_choice: the answer is either a tool call or a JSON document",
-        )),
-        (Some(f), None) => Ok(Some(f)),
-        (None, forced) => tool_constraint(tools, tools, forced, special_tags).map_err(|e| ApiError::invalid("tool_choice", e)),
-    }
+    output_constraint(s, format, "response_format", tools, tools, forced)
 }
 
 pub async fn handle(
@@ -97,23 +90,10 @@ pub async fn handle(
     let common: CommonFields = typed(&body)?;
     let model = s.resolve_model(fields.model.as_deref())?;
     common.check_supported()?;
-    let special_tags = s.model.tokenizer.is_special("<tool_call>");
-    let constraint = constraint(
-        &fields,
-        input.tools.as_deref().unwrap_or_default(),
-        special_tags,
-    )?;
+    let constraint = constraint(&s, &fields, input.tools.as_deref().unwrap_or_default())?;
     let prompt_text = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let grammar = constraint.map(|c| GrammarRequest {
-        constraint: c,
-        // Reasoning stays free; the constraint applies to the answer after `</think>`.
-        after_token: if in_reasoning {
-            s.model.tokenizer.token_to_id("</think>")
-        } else {
-            None
-        },
-    });
+    let grammar = grammar_request(&s, constraint, in_reasoning);
     let prompt = s
         .model
         .tokenizer

@@ -8,9 +8,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use splash_engine::{Constraint, FinishReason, GrammarRequest};
+use splash_engine::{Constraint, FinishReason};
 
 use super::convert;
+use crate::constraint::{grammar_request, output_constraint};
 use crate::error::ApiError;
 use crate::json::{typed, JsonObject};
 use crate::openai::{collect, stream, submit, ChatInput, CommonFields, Item, StreamEnd};
@@ -18,7 +19,6 @@ use crate::output::{OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
 use crate::routes::unix_now;
 use crate::state::AppState;
-use crate::tool_calls::tool_constraint;
 use crate::worker::Usage;
 
 #[derive(Deserialize)]
@@ -49,6 +49,8 @@ struct Fields {
     previous_response_id: Option<String>,
     #[serde(default)]
     metadata: Option<Value>,
+    #[serde(default)]
+    background: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -104,6 +106,12 @@ pub async fn handle(
     let t0 = Instant::now();
     let f: Fields = typed(&body)?;
     let model = s.resolve_model(f.model.as_deref())?;
+    if f.background == Some(true) {
+        return Err(ApiError::invalid(
+            "background",
+            "background responses are not supported: send the request without `background` (stream it to see progress)",
+        ));
+    }
     // The conversation: the stored one this continues, then the new input.
     let mut history = match &f.previous_response_id {
         Some(prev) => {
@@ -185,30 +193,15 @@ pub async fn handle(
             "tool_choice must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
         )),
     };
-    let constraint = match (format, forced) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "text.format",
-                "text.format cannot be combined with a forced tool_choice",
-            ))
-        }
-        (Some(c), None) => Some(c),
-        (None, forced) => tool_constraint(
-            &tools,
-            f.tools.as_deref().unwrap_or_default(),
-            forced,
-            s.model.tokenizer.is_special("<tool_call>"),
-        )
-        .map_err(|e| ApiError::invalid("tool_choice", e))?,
-    };
-    let grammar = constraint.map(|c| GrammarRequest {
-        constraint: c,
-        after_token: if in_reasoning {
-            s.model.tokenizer.token_to_id("</think>")
-        } else {
-            None
-        },
-    });
+    let constraint = output_constraint(
+        &s,
+        format,
+        "text.format",
+        &tools,
+        f.tools.as_deref().unwrap_or_default(),
+        forced,
+    )?;
+    let grammar = grammar_request(&s, constraint, in_reasoning);
     let common = CommonFields {
         temperature: f.temperature,
         top_p: f.top_p,
