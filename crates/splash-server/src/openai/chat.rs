@@ -91,6 +91,11 @@ pub async fn handle(
     let model = s.resolve_model(fields.model.as_deref())?;
     common.check_supported()?;
     let constraint = constraint(&s, &fields, input.tools.as_deref().unwrap_or_default())?;
+    let mut input = input;
+    if fields.tool_choice.as_ref().and_then(Value::as_str) == Some("none") {
+        // `none`: the model must not call tools, so it is not shown them.
+        input.tools = None;
+    }
     let prompt_text = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
     let grammar = grammar_request(&s, constraint, in_reasoning);
