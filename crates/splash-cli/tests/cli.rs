@@ -76,6 +76,8 @@ fn greedy_generate_matches_the_transformers_continuation() {
         "--max-tokens",
         "40",
         "--ignore-eos",
+        "--kv-format",
+        "f32",
     ]);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim_end_matches('\n'), want);

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use splash_model::{Model, ModelError};
+use splash_model::{KvFormat, Model, ModelError};
 
 use crate::grammar::{GrammarFactory, GrammarRequest, GrammarState};
 use crate::sampling::SamplingParams;
@@ -72,6 +72,7 @@ pub struct Engine {
     max_context: usize,
     /// Built on the first constrained request (token tables of the whole vocabulary).
     grammar: Option<Result<Arc<GrammarFactory>, String>>,
+    kv_format: KvFormat,
 }
 
 impl Engine {
@@ -86,6 +87,7 @@ impl Engine {
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             max_context,
             grammar: None,
+            kv_format: KvFormat::default(),
         }
     }
 
@@ -93,6 +95,17 @@ impl Engine {
     pub fn with_max_context(mut self, tokens: usize) -> Self {
         self.max_context = tokens.min(self.model.config.max_position_embeddings);
         self
+    }
+
+    /// Sets how new sequences store keys and values (default int8).
+    pub fn with_kv_format(mut self, kv: KvFormat) -> Self {
+        self.kv_format = kv;
+        self
+    }
+
+    /// How new sequences store keys and values.
+    pub fn kv_format(&self) -> KvFormat {
+        self.kv_format
     }
 
     /// Sets the prefill chunk size (≥ 1).
@@ -151,6 +164,7 @@ impl Engine {
             grammar,
             &self.model,
             self.max_context,
+            self.kv_format,
         ));
         Ok(id)
     }

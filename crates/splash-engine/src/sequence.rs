@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use splash_model::{Logits, Model, ModelError, SequenceState, StreamDecoder};
+use splash_model::{KvFormat, Logits, Model, ModelError, SequenceState, StreamDecoder};
 
 use crate::engine::{Event, Request, SeqId};
 use crate::grammar::GrammarState;
@@ -57,6 +57,7 @@ impl Sequence {
         grammar: Option<(GrammarState, Option<u32>)>,
         model: &Model,
         max_context: usize,
+        kv: KvFormat,
     ) -> Self {
         let (grammar, grammar_after) = match grammar {
             Some((g, after)) => (Some(g), after),
@@ -71,7 +72,7 @@ impl Sequence {
             id,
             prompt: req.prompt,
             output: Vec::new(),
-            state: model.graph.new_state(),
+            state: model.graph.new_state_with(kv),
             prefilled: 0,
             logits: None,
             sampler: Sampler::new(req.sampling),

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use splash_engine::{perplexity, Engine, EngineError, FinishReason, Request, SamplingParams};
-use splash_model::{load, Model};
+use splash_model::{load, KvFormat, Model};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -48,7 +48,9 @@ fn greedy_matches_transformers(name: &str) {
         let prompt = ids(&prompts[g["prompt_index"].as_u64().unwrap() as usize]["ids"]);
         let want = ids(&g["output_ids"]);
         // Small prefill chunks: the engine's chunked prefill must not change the result.
-        let mut engine = Engine::new(m.clone()).with_prefill_chunk(5);
+        let mut engine = Engine::new(m.clone())
+            .with_prefill_chunk(5)
+            .with_kv_format(KvFormat::F32);
         let c = engine
             .generate(request(prompt, want.len()), |_| {})
             .unwrap();
@@ -114,7 +116,7 @@ fn eos_ends_the_sequence_at_the_right_token() {
         .iter()
         .position(|t| eos.contains(t))
         .expect("fixture output contains an EOS token");
-    let mut engine = Engine::new(m.clone());
+    let mut engine = Engine::new(m.clone()).with_kv_format(KvFormat::F32);
     let c = engine
         .generate(
             Request {

@@ -20,6 +20,7 @@ pub use checkpoint::Checkpoint;
 pub use config::{GenerationDefaults, LayerKind, ModelConfig, MoeConfig};
 pub use error::ModelError;
 pub use qwen35::{Logits, Qwen35};
+pub use splash_backend::cpu::KvFormat;
 pub use state::SequenceState;
 pub use tokenizer::{StreamDecoder, Tokenizer};
 

@@ -1,5 +1,7 @@
 //! Per-sequence decoding state: KV cache for attention layers, conv + recurrent state for GDN.
 
+use splash_backend::cpu::{KvFormat, KvStore};
+
 use crate::config::{LayerKind, ModelConfig};
 
 /// The state of one layer for one sequence.
@@ -8,7 +10,7 @@ pub(crate) enum LayerState {
     /// Last `K-1` conv inputs `[K-1, conv_dim]` and the f32 recurrent state `[Hv, dk, dv]`.
     Gdn { conv: Vec<f32>, recurrent: Vec<f32> },
     /// Keys (after norm and RoPE) and values, `[len, Hkv, head_dim]` each.
-    Attn { k: Vec<f32>, v: Vec<f32> },
+    Attn { k: KvStore, v: KvStore },
 }
 
 /// Everything one sequence carries between forward passes.
@@ -19,8 +21,9 @@ pub struct SequenceState {
 }
 
 impl SequenceState {
-    /// A fresh state (zero conv and recurrent state, empty caches) for `config`.
-    pub fn new(config: &ModelConfig) -> Self {
+    /// A fresh state (zero conv and recurrent state, empty caches) for `config`, with keys
+    /// and values stored as `kv`.
+    pub fn new(config: &ModelConfig, kv: KvFormat) -> Self {
         let layers = config
             .layer_kinds
             .iter()
@@ -30,8 +33,8 @@ impl SequenceState {
                     recurrent: vec![0.0; config.gdn.state_len()],
                 },
                 LayerKind::Full => LayerState::Attn {
-                    k: Vec::new(),
-                    v: Vec::new(),
+                    k: KvStore::new(kv),
+                    v: KvStore::new(kv),
                 },
             })
             .collect();
@@ -53,11 +56,10 @@ impl SequenceState {
         self.layers
             .iter()
             .map(|l| match l {
-                LayerState::Gdn { conv, recurrent } => conv.len() + recurrent.len(),
-                LayerState::Attn { k, v } => k.len() + v.len(),
+                LayerState::Gdn { conv, recurrent } => (conv.len() + recurrent.len()) * 4,
+                LayerState::Attn { k, v } => k.bytes() + v.bytes(),
             })
-            .sum::<usize>()
-            * 4
+            .sum()
     }
 
     pub(crate) fn advance(&mut self, tokens: usize) {

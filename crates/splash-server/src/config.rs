@@ -25,6 +25,8 @@ pub struct ServerConfig {
     pub lanes: usize,
     /// Serve the page at `/`.
     pub webui: bool,
+    /// How sequences store keys and values.
+    pub kv_format: splash_model::KvFormat,
 }
 
 impl Default for ServerConfig {
@@ -42,6 +44,7 @@ impl Default for ServerConfig {
             queue_size: 32,
             lanes: 4,
             webui: true,
+            kv_format: splash_model::KvFormat::default(),
         }
     }
 }

@@ -74,7 +74,7 @@ pub async fn serve(
     let local: SocketAddr = listener
         .local_addr()
         .map_err(|e| StartError(e.to_string()))?;
-    let mut engine = Engine::new(model.clone());
+    let mut engine = Engine::new(model.clone()).with_kv_format(config.kv_format);
     if let Some(limit) = config.max_context {
         engine = engine.with_max_context(limit);
     }

@@ -97,7 +97,11 @@ async fn status(State(s): State<AppState>) -> Json<Value> {
         "parameters": s.model.graph.num_parameters(),
         "maximum_context_tokens": s.max_context,
         "native_context_tokens": c.max_position_embeddings,
-        "memory": {"weights_bytes": s.weight_bytes},
+        "memory": {
+            "weights_bytes": s.weight_bytes,
+            "kv_format": format!("{:?}", s.config.kv_format).to_lowercase(),
+            "kv_bytes_per_token": s.kv_bytes_per_token(),
+        },
         "queue": {
             "waiting": load.waiting.load(Ordering::SeqCst),
             "running": load.running.load(Ordering::SeqCst),

@@ -84,6 +84,22 @@ impl AppState {
         }
     }
 
+    /// KV-cache bytes one token takes in every attention layer together.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let c = &self.model.config;
+        let layers = c
+            .layer_kinds
+            .iter()
+            .filter(|k| **k == splash_model::LayerKind::Full)
+            .count();
+        let rows = layers * 2 * c.num_kv_heads;
+        rows * match self.config.kv_format {
+            splash_model::KvFormat::F32 => 4 * c.head_dim,
+            splash_model::KvFormat::Bf16 => 2 * c.head_dim,
+            splash_model::KvFormat::Int8 => c.head_dim + 4, // codes plus one f32 scale per row
+        }
+    }
+
     /// The startup summary on stderr.
     pub fn print_summary(&self, addr: SocketAddr) {
         let c = &self.model.config;
@@ -97,9 +113,11 @@ impl AppState {
             c.vocab_size
         );
         eprintln!(
-            "  context limit {} tokens; weights {:.1} MiB (memory-mapped); {} decode lanes, queue {}",
+            "  context limit {} tokens; weights {:.1} MiB (memory-mapped); KV cache {:?}, {} bytes per token; {} decode lanes, queue {}",
             self.max_context,
             self.weight_bytes as f64 / (1 << 20) as f64,
+            self.config.kv_format,
+            self.kv_bytes_per_token(),
             self.config.lanes,
             self.config.queue_size
         );

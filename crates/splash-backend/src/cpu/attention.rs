@@ -2,19 +2,21 @@
 
 use rayon::prelude::*;
 
+use super::kv::KvStore;
 use super::matmul::dot;
 
 /// Causal attention for `T` queries at positions `pos0..pos0+T`.
 ///
-/// `q` is `[T, hq, d]`; `k` and `v` are the cache `[S, hkv, d]` with `S >= pos0 + T`, and
+/// `q` is `[T, hq, d]`; `k` and `v` are the cache `[S, hkv, d]` (any [`KvStore`] format,
+/// rows read back as f32) with `S >= pos0 + T`, and
 /// query `t` sees keys `0..=pos0+t`. Query head `h` uses kv head `h / (hq/hkv)`. Softmax is
 /// computed in f32 after scaling by `scale`. `out` is `[T, hq, d]`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     out: &mut [f32],
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: &KvStore,
+    v: &KvStore,
     hq: usize,
     hkv: usize,
     d: usize,
@@ -27,6 +29,11 @@ pub fn attention(
     );
     let t = q.len() / (hq * d);
     let s = k.len() / (hkv * d);
+    assert_eq!(
+        k.len(),
+        v.len(),
+        "keys and values must have the same length"
+    );
     assert!(
         s >= pos0 + t,
         "cache holds {s} positions, need {}",
@@ -39,14 +46,18 @@ pub fn attention(
         let kvh = h / group;
         let qv = &q[i * d..(i + 1) * d];
         let len = pos0 + ti + 1;
+        let mut row = vec![0.0f32; d];
         let mut scores: Vec<f32> = (0..len)
-            .map(|j| dot(qv, &k[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d]) * scale)
+            .map(|j| {
+                k.row(j * hkv + kvh, &mut row);
+                dot(qv, &row) * scale
+            })
             .collect();
         super::softmax_in_place(&mut scores);
         o.fill(0.0);
         for (j, &p) in scores.iter().enumerate() {
-            let vr = &v[(j * hkv + kvh) * d..(j * hkv + kvh + 1) * d];
-            for (a, &b) in o.iter_mut().zip(vr) {
+            v.row(j * hkv + kvh, &mut row);
+            for (a, &b) in o.iter_mut().zip(&row) {
                 *a += p * b;
             }
         }
@@ -61,8 +72,8 @@ mod tests {
     fn single_key_returns_its_value_and_causality_holds() {
         // hq=2, hkv=1, d=2; two cached positions, query at position 0 sees only key 0.
         let q = [1.0, 0.0, 0.0, 1.0];
-        let k = [1.0, 0.0, 0.0, 1.0];
-        let v = [1.0, 2.0, 10.0, 20.0];
+        let k = KvStore::F32(vec![1.0, 0.0, 0.0, 1.0]);
+        let v = KvStore::F32(vec![1.0, 2.0, 10.0, 20.0]);
         let mut out = [0.0; 4];
         attention(&mut out, &q, &k, &v, 2, 1, 2, 0, 1.0);
         assert_eq!(out, [1.0, 2.0, 1.0, 2.0]);

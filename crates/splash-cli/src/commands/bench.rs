@@ -25,6 +25,9 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// KV-cache storage for the decode measurement: int8, bf16, or f32.
+    #[arg(long, default_value = "int8")]
+    kv_format: splash_model::KvFormat,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -44,21 +47,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
     // Warm-up (thread pool, page cache of the weights).
     model.graph.forward(
-        &mut model.graph.new_state(),
+        &mut model.graph.new_state_with(a.kv_format),
         &prompt[..prompt.len().min(16)],
         Logits::Last,
     )?;
 
     let mut prefill = Vec::new();
     for _ in 0..repeat {
-        let mut state = model.graph.new_state();
+        let mut state = model.graph.new_state_with(a.kv_format);
         let t0 = Instant::now();
         model.graph.forward(&mut state, &prompt, Logits::Last)?;
         prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
     }
     let mut decode = Vec::new();
     for _ in 0..repeat {
-        let mut engine = Engine::new(model.clone());
+        let mut engine = Engine::new(model.clone()).with_kv_format(a.kv_format);
         let c = engine.generate(
             Request {
                 prompt: prompt[..prompt.len().min(16)].to_vec(),

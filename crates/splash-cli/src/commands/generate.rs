@@ -56,6 +56,9 @@ pub struct Args {
     /// Keep going through end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// KV-cache storage: int8, bf16, or f32 (exact).
+    #[arg(long, default_value = "int8")]
+    kv_format: splash_model::KvFormat,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -99,7 +102,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         repetition_penalty: a.repetition_penalty,
         seed: a.seed,
     };
-    let mut engine = Engine::new(model.clone());
+    let mut engine = Engine::new(model.clone()).with_kv_format(a.kv_format);
     let mut out = std::io::stdout().lock();
     let completion = engine.generate(
         Request {

@@ -43,6 +43,9 @@ pub struct Args {
     /// Do not serve the page at `/`.
     #[arg(long)]
     no_webui: bool,
+    /// KV-cache storage: int8 (one scale per token and head), bf16, or f32 (exact).
+    #[arg(long, default_value = "int8")]
+    kv_format: splash_model::KvFormat,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -58,6 +61,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_request_size: a.max_request_size,
         queue_size: a.queue_size,
         webui: !a.no_webui,
+        kv_format: a.kv_format,
         ..ServerConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

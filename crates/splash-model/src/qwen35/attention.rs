@@ -1,6 +1,6 @@
 //! Gated full attention (model-spec §2.3): interleaved q/gate, q/k norm, partial RoPE, GQA.
 
-use splash_backend::cpu::{attention, matmul, rms_norm, sigmoid, Rope};
+use splash_backend::cpu::{attention, matmul, rms_norm, sigmoid, KvStore, Rope};
 use splash_backend::Weight;
 
 use super::{load_shifted_norm, Names};
@@ -56,8 +56,8 @@ impl Attention {
     pub(super) fn forward(
         &self,
         x: &[f32],
-        k_cache: &mut Vec<f32>,
-        v_cache: &mut Vec<f32>,
+        k_cache: &mut KvStore,
+        v_cache: &mut KvStore,
         pos0: usize,
         rope: &Rope,
         eps: f32,
@@ -87,8 +87,8 @@ impl Attention {
             pos0 * hkv * d,
             "KV cache out of step with position"
         );
-        k_cache.extend_from_slice(&kn);
-        v_cache.extend_from_slice(&v);
+        k_cache.append(&kn, d);
+        v_cache.append(&v, d);
         let mut attn = vec![0.0f32; t * hq * d];
         attention(
             &mut attn,

@@ -7,7 +7,7 @@ mod attention;
 mod ffn;
 mod gdn;
 
-use splash_backend::cpu::{add_in_place, embedding, matmul, rms_norm, Rope};
+use splash_backend::cpu::{add_in_place, embedding, matmul, rms_norm, KvFormat, Rope};
 use splash_backend::Weight;
 
 use crate::checkpoint::Checkpoint;
@@ -146,9 +146,15 @@ impl Qwen35 {
         &self.config
     }
 
-    /// A fresh per-sequence state for this model.
+    /// A fresh per-sequence state with an exact (f32) KV cache: the reference, used by the
+    /// tests against transformers.
     pub fn new_state(&self) -> SequenceState {
-        SequenceState::new(&self.config)
+        self.new_state_with(KvFormat::F32)
+    }
+
+    /// A fresh per-sequence state whose KV cache is stored as `kv`.
+    pub fn new_state_with(&self, kv: KvFormat) -> SequenceState {
+        SequenceState::new(&self.config, kv)
     }
 
     /// Number of parameters of the text model (tied embeddings counted once).
