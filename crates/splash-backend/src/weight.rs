@@ -12,25 +12,37 @@ pub enum DType {
     F32,
     F16,
     BF16,
+    /// Affine-quantised codes of `bits` bits, packed little-endian into u32 words (MLX):
+    /// `w = scale · q + bias` with one scale and bias per group of columns.
+    Affine {
+        bits: u32,
+    },
 }
 
 impl DType {
-    /// Size of one element in bytes.
-    pub fn size(self) -> usize {
+    /// Size of one element in bits.
+    pub fn bits(self) -> usize {
         match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
+            DType::F32 => 32,
+            DType::F16 | DType::BF16 => 16,
+            DType::Affine { bits } => bits as usize,
         }
+    }
+
+    /// Size of one element in bytes (float types).
+    pub fn size(self) -> usize {
+        self.bits().div_ceil(8)
     }
 }
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DType::F32 => "F32",
-            DType::F16 => "F16",
-            DType::BF16 => "BF16",
-        })
+        match self {
+            DType::F32 => f.write_str("F32"),
+            DType::F16 => f.write_str("F16"),
+            DType::BF16 => f.write_str("BF16"),
+            DType::Affine { bits } => write!(f, "affine {bits}-bit"),
+        }
     }
 }
 
@@ -118,6 +130,15 @@ pub struct Weight {
     dtype: DType,
     shape: Vec<usize>,
     bytes: HostBytes,
+    /// Group scales and biases of an affine weight.
+    affine: Option<Arc<Groups>>,
+}
+
+/// Per-group scales and biases of an affine-quantised weight, each `[rows, cols / group]`.
+struct Groups {
+    group: usize,
+    scales: Weight,
+    biases: Weight,
 }
 
 impl fmt::Debug for Weight {
@@ -144,6 +165,61 @@ impl Weight {
             dtype,
             shape,
             bytes,
+            affine: None,
+        })
+    }
+
+    /// An affine-quantised weight of logical `shape` (`[.., rows, cols]`): packed `bits`-bit
+    /// codes (`cols·bits/32` u32 words per row) with `scales` and `biases` of shape
+    /// `[.., rows, cols/group]` in a float dtype.
+    pub fn affine(
+        shape: Vec<usize>,
+        bits: u32,
+        group: usize,
+        codes: HostBytes,
+        scales: Weight,
+        biases: Weight,
+    ) -> Result<Self, WeightError> {
+        let cols = *shape.last().unwrap_or(&0);
+        let bad = |expected: Vec<usize>, actual: &[usize]| WeightError::Shape {
+            expected,
+            actual: actual.to_vec(),
+        };
+        // Widths that pack whole codes into 32-bit words (MLX's 3/5/6-bit layouts are not read).
+        if !matches!(bits, 2 | 4 | 8)
+            || group == 0
+            || !cols.is_multiple_of(group)
+            || !(cols * bits as usize).is_multiple_of(32)
+        {
+            return Err(bad(shape.clone(), &[bits as usize, group]));
+        }
+        let mut gshape = shape.clone();
+        *gshape.last_mut().expect("non-empty shape") = cols / group;
+        if scales.shape() != gshape.as_slice() {
+            return Err(bad(gshape, scales.shape()));
+        }
+        if biases.shape() != gshape.as_slice() {
+            return Err(bad(gshape, biases.shape()));
+        }
+        let elems: usize = shape.iter().product();
+        let expected = elems * bits as usize / 8;
+        if codes.as_slice().len() != expected {
+            return Err(WeightError::Length {
+                shape,
+                dtype: DType::Affine { bits },
+                expected,
+                actual: codes.as_slice().len(),
+            });
+        }
+        Ok(Self {
+            dtype: DType::Affine { bits },
+            shape,
+            bytes: codes.aligned(4),
+            affine: Some(Arc::new(Groups {
+                group,
+                scales,
+                biases,
+            })),
         })
     }
 
@@ -229,11 +305,29 @@ impl Weight {
     }
 
     fn narrow_rows_raw(&self, elem_start: usize, elems: usize, shape: Vec<usize>) -> Self {
-        let s = self.dtype.size();
+        let b = self.dtype.bits();
+        let affine = self.affine.as_ref().map(|g| {
+            // The same rows of the group scales and biases.
+            let per_row = self.cols() / g.group;
+            let (start, n) = (
+                elem_start / self.cols() * per_row,
+                elems / self.cols() * per_row,
+            );
+            let mut gshape = shape.clone();
+            *gshape.last_mut().expect("non-empty shape") = per_row;
+            Arc::new(Groups {
+                group: g.group,
+                scales: g.scales.narrow_rows_raw(start, n, gshape.clone()),
+                biases: g.biases.narrow_rows_raw(start, n, gshape),
+            })
+        });
         Self {
             dtype: self.dtype,
             shape,
-            bytes: self.bytes.slice(elem_start * s..(elem_start + elems) * s),
+            bytes: self
+                .bytes
+                .slice(elem_start * b / 8..(elem_start + elems) * b / 8),
+            affine,
         }
     }
 
@@ -271,7 +365,40 @@ impl Weight {
                     *o = f16::from_bits(b).to_f32();
                 }
             }
+            DType::Affine { bits } => {
+                let g = self
+                    .affine
+                    .as_ref()
+                    .expect("affine weights carry their groups");
+                let words: &[u32] = bytemuck::cast_slice(self.bytes.as_slice());
+                let (per_word, mask) = (32 / bits as usize, (1u32 << bits) - 1);
+                let mut sb = [0.0f32; 2];
+                for (i, o) in out.iter_mut().enumerate() {
+                    let e = start + i;
+                    let gi = e / g.group;
+                    g.scales.range_to_f32(gi, &mut sb[..1]);
+                    g.biases.range_to_f32(gi, &mut sb[1..]);
+                    let q = (words[e / per_word] >> (bits as usize * (e % per_word))) & mask;
+                    *o = sb[0].mul_add(q as f32, sb[1]);
+                }
+            }
         }
+    }
+
+    /// The packed codes and group size of an affine weight, with its scales and biases
+    /// (the matmul kernels read them directly).
+    pub fn affine_parts(&self) -> Option<(u32, usize, &[u32], &Weight, &Weight)> {
+        let g = self.affine.as_ref()?;
+        let DType::Affine { bits } = self.dtype else {
+            return None;
+        };
+        Some((
+            bits,
+            g.group,
+            bytemuck::cast_slice(self.bytes.as_slice()),
+            &g.scales,
+            &g.biases,
+        ))
     }
 
     /// The elements of an F32 weight.

@@ -148,6 +148,48 @@ impl Checkpoint {
         })
     }
 
+    /// The affine-quantised (MLX) weight of `module`: packed codes in `{module}.weight`, group
+    /// scales and biases in `{module}.scales` / `.biases`; `shape` is the unpacked shape.
+    pub fn get_affine(
+        &self,
+        module: &str,
+        shape: &[usize],
+        bits: u32,
+        group: usize,
+    ) -> Result<Weight, ModelError> {
+        let name = format!("{module}.weight");
+        let e = self
+            .tensors
+            .get(&name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.clone(),
+                dir: self.dir.clone(),
+            })?;
+        let (path, map) = &self.files[e.file];
+        let layout = |source| ModelError::TensorLayout {
+            name: name.clone(),
+            file: path.clone(),
+            source,
+        };
+        let cols = *shape.last().unwrap_or(&0);
+        let mut packed = shape.to_vec();
+        *packed.last_mut().expect("non-empty shape") = cols * bits as usize / 32;
+        if e.dtype != Dtype::U32 || e.shape != packed {
+            return Err(ModelError::Config {
+                path: path.clone(),
+                message: format!(
+                    "tensor `{name}` is {:?} {:?}; a {bits}-bit group-{group} quantised weight of shape {shape:?} is U32 {packed:?} (check `quantization` in config.json)",
+                    e.dtype, e.shape
+                ),
+            });
+        }
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = map.clone();
+        let codes = HostBytes::new(owner, e.start..e.end);
+        let scales = self.get(&format!("{module}.scales"))?;
+        let biases = self.get(&format!("{module}.biases"))?;
+        Weight::affine(shape.to_vec(), bits, group, codes, scales, biases).map_err(layout)
+    }
+
     /// The tensor `name`, which must have exactly `shape`.
     pub fn get_shaped(&self, name: &str, shape: &[usize]) -> Result<Weight, ModelError> {
         let w = self.get(name)?;

@@ -49,6 +49,47 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// `eos_token_id` of config.json (root and text config).
     pub eos_token_ids: Vec<u32>,
+    /// MLX affine quantisation (`quantization` in config.json), if the weights are quantised.
+    pub quantization: Option<Quantization>,
+}
+
+/// MLX affine quantisation: default bits and group size, and per-module overrides keyed by
+/// the module path as the checkpoint names it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Quantization {
+    pub bits: u32,
+    pub group_size: usize,
+    pub overrides: std::collections::HashMap<String, (u32, usize)>,
+}
+
+impl Quantization {
+    /// Bits and group size of `module`.
+    pub fn for_module(&self, module: &str) -> (u32, usize) {
+        self.overrides
+            .get(module)
+            .copied()
+            .unwrap_or((self.bits, self.group_size))
+    }
+
+    fn from_value(v: &Value) -> Option<Self> {
+        let o = v.as_object()?;
+        let pair = |m: &Map<String, Value>| {
+            Some((
+                m.get("bits")?.as_u64()? as u32,
+                m.get("group_size")?.as_u64()? as usize,
+            ))
+        };
+        let (bits, group_size) = pair(o)?;
+        let overrides = o
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), pair(v.as_object()?)?)))
+            .collect();
+        Some(Self {
+            bits,
+            group_size,
+            overrides,
+        })
+    }
 }
 
 const SUPPORTED: &str = "qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text";
@@ -225,6 +266,10 @@ impl ModelConfig {
             tie_word_embeddings: tie,
             max_position_embeddings: t.usize(text, "max_position_embeddings")?,
             eos_token_ids,
+            quantization: root_obj
+                .get("quantization")
+                .or_else(|| root_obj.get("quantization_config"))
+                .and_then(Quantization::from_value),
         })
     }
 

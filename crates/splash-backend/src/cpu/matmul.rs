@@ -160,7 +160,37 @@ fn row_dot(w: &Weight, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
             }
             dot(scratch, x)
         }
+        DType::Affine { .. } => affine_row_dot(w, r, x, scratch),
     }
+}
+
+/// Row `r` of an affine weight dotted with `x` without expanding the row: per group,
+/// `scale · Σ q·x + bias · Σ x`.
+fn affine_row_dot(w: &Weight, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
+    let (bits, group, words, scales, biases) = w.affine_parts().expect("affine weight");
+    let k = w.cols();
+    let (bits, per_word) = (bits as usize, 32 / bits as usize);
+    let mask = (1u32 << bits) - 1;
+    let groups = k / group;
+    scratch.resize(2 * groups, 0.0);
+    let (sc, bi) = scratch.split_at_mut(groups);
+    scales.row_to_f32(r, sc);
+    biases.row_to_f32(r, bi);
+    let row = &words[r * k / per_word..(r + 1) * k / per_word];
+    let mut acc = 0.0f32;
+    for (gi, xs) in x.chunks_exact(group).enumerate() {
+        let (mut qx, mut sx) = (0.0f32, 0.0f32);
+        let words = &row[gi * group / per_word..(gi + 1) * group / per_word];
+        for (wi, &word) in words.iter().enumerate() {
+            for j in 0..per_word {
+                let xv = xs[wi * per_word + j];
+                qx = (((word >> (bits * j)) & mask) as f32).mul_add(xv, qx);
+                sx += xv;
+            }
+        }
+        acc += sc[gi].mul_add(qx, bi[gi] * sx);
+    }
+    acc
 }
 
 /// f32 dot product with 16 independent accumulators (vectorises without reassociation flags).
@@ -314,6 +344,63 @@ mod tests {
                     assert!(
                         (a - b).abs() < 1e-5 * (1.0 + b.abs()),
                         "{dtype} t={t}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn affine_weights_multiply_like_their_dequantised_values() {
+        use half::bf16;
+        for (bits, group) in [(4u32, 32usize), (8, 64), (2, 32)] {
+            let (e, n, k) = (2usize, 19usize, 128usize);
+            let per_word = 32 / bits as usize;
+            let codes: Vec<u32> = (0..e * n * k / per_word)
+                .map(|i| (i as u32).wrapping_mul(2654435761))
+                .collect();
+            let groups = e * n * k / group;
+            let sc: Vec<u16> = (0..groups)
+                .map(|i| bf16::from_f32(0.01 + (i % 7) as f32 * 0.003).to_bits())
+                .collect();
+            let bi: Vec<u16> = (0..groups)
+                .map(|i| bf16::from_f32(-0.05 + (i % 5) as f32 * 0.02).to_bits())
+                .collect();
+            let gshape = vec![e, n, k / group];
+            let scales = Weight::new(
+                DType::BF16,
+                gshape.clone(),
+                HostBytes::from_vec(bytemuck::cast_slice(&sc).to_vec()),
+            )
+            .unwrap();
+            let biases = Weight::new(
+                DType::BF16,
+                gshape,
+                HostBytes::from_vec(bytemuck::cast_slice(&bi).to_vec()),
+            )
+            .unwrap();
+            let codes = HostBytes::from_vec(bytemuck::cast_slice(&codes).to_vec());
+            let w = Weight::affine(vec![e, n, k], bits, group, codes, scales, biases).unwrap();
+            // Expert 1, as a MoE layer slices it; dequantised reference by the definition.
+            let w1 = w.index(1);
+            let mask = (1u32 << bits) - 1;
+            let words: Vec<u32> = bytemuck::cast_slice(w1.affine_parts().unwrap().2).to_vec();
+            let want_w: Vec<f32> = (0..n * k)
+                .map(|i| {
+                    let q = (words[i / per_word] >> (bits as usize * (i % per_word))) & mask;
+                    let gi = (n * k + i) / group; // expert 1 starts after n*k elements
+                    bf16::from_bits(sc[gi]).to_f32() * q as f32 + bf16::from_bits(bi[gi]).to_f32()
+                })
+                .collect();
+            assert_eq!(w1.to_f32_vec(), want_w, "{bits}-bit dequantisation");
+            for t in [1, 5] {
+                let x = pseudo_random(t * k, 9 + t as u32);
+                let mut out = vec![f32::NAN; t * n];
+                matmul(&mut out, &x, &w1);
+                for (a, b) in out.iter().zip(naive(&x, &want_w, n, k)) {
+                    assert!(
+                        (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                        "{bits}-bit t={t}: {a} vs {b}"
                     );
                 }
             }

@@ -3,7 +3,7 @@
 use splash_backend::cpu::{attention, matmul, rms_norm, sigmoid, KvStore, Rope};
 use splash_backend::Weight;
 
-use super::{load_shifted_norm, Names};
+use super::Names;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -39,12 +39,12 @@ impl Attention {
             heads: hq,
             kv_heads: hkv,
             head_dim: d,
-            q: ck.get_shaped(&n("q_proj.weight"), &[hq * d * 2, h])?,
-            k: ck.get_shaped(&n("k_proj.weight"), &[hkv * d, h])?,
-            v: ck.get_shaped(&n("v_proj.weight"), &[hkv * d, h])?,
-            o: ck.get_shaped(&n("o_proj.weight"), &[h, hq * d])?,
-            q_norm: load_shifted_norm(ck, &n("q_norm.weight"), d)?,
-            k_norm: load_shifted_norm(ck, &n("k_norm.weight"), d)?,
+            q: names.linear(ck, &n("q_proj"), &[hq * d * 2, h])?,
+            k: names.linear(ck, &n("k_proj"), &[hkv * d, h])?,
+            v: names.linear(ck, &n("v_proj"), &[hkv * d, h])?,
+            o: names.linear(ck, &n("o_proj"), &[h, hq * d])?,
+            q_norm: names.norm(ck, &n("q_norm.weight"), d)?,
+            k_norm: names.norm(ck, &n("k_norm.weight"), d)?,
         })
     }
 

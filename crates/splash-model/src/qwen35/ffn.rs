@@ -16,11 +16,17 @@ pub(super) struct Mlp {
 }
 
 impl Mlp {
-    fn load(ck: &Checkpoint, prefix: &str, h: usize, i: usize) -> Result<Self, ModelError> {
+    fn load(
+        ck: &Checkpoint,
+        names: &Names,
+        prefix: &str,
+        h: usize,
+        i: usize,
+    ) -> Result<Self, ModelError> {
         Ok(Self {
-            gate: ck.get_shaped(&format!("{prefix}gate_proj.weight"), &[i, h])?,
-            up: ck.get_shaped(&format!("{prefix}up_proj.weight"), &[i, h])?,
-            down: ck.get_shaped(&format!("{prefix}down_proj.weight"), &[h, i])?,
+            gate: names.linear(ck, &format!("{prefix}gate_proj"), &[i, h])?,
+            up: names.linear(ck, &format!("{prefix}up_proj"), &[i, h])?,
+            down: names.linear(ck, &format!("{prefix}down_proj"), &[h, i])?,
         })
     }
 
@@ -60,8 +66,20 @@ impl Moe {
         let m = cfg.moe.as_ref().expect("MoE config");
         let (h, e, i) = (cfg.hidden_size, m.num_experts, m.expert_intermediate);
         let n = |rest: &str| names.layer(li, &format!("mlp.{rest}"));
-        // Experts come fused ([E, 2I, H] gate rows first, [E, H, I]) or one tensor per expert.
-        let experts = if ck.contains(&n("experts.gate_up_proj")) {
+        // Experts come fused ([E, 2I, H] gate rows first, [E, H, I]), stacked per projection as
+        // MLX writes them (`switch_mlp`, [E, I, H] / [E, H, I]), or one tensor per expert.
+        let experts = if ck.contains(&n("switch_mlp.gate_proj.weight")) {
+            let gate = names.linear(ck, &n("switch_mlp.gate_proj"), &[e, i, h])?;
+            let up = names.linear(ck, &n("switch_mlp.up_proj"), &[e, i, h])?;
+            let down = names.linear(ck, &n("switch_mlp.down_proj"), &[e, h, i])?;
+            (0..e)
+                .map(|x| Mlp {
+                    gate: gate.index(x),
+                    up: up.index(x),
+                    down: down.index(x),
+                })
+                .collect()
+        } else if ck.contains(&n("experts.gate_up_proj")) {
             let gate_up = ck.get_shaped(&n("experts.gate_up_proj"), &[e, 2 * i, h])?;
             let down = ck.get_shaped(&n("experts.down_proj"), &[e, h, i])?;
             (0..e)
@@ -76,15 +94,15 @@ impl Moe {
                 .collect()
         } else {
             (0..e)
-                .map(|x| Mlp::load(ck, &n(&format!("experts.{x}.")), h, i))
+                .map(|x| Mlp::load(ck, names, &n(&format!("experts.{x}.")), h, i))
                 .collect::<Result<Vec<_>, _>>()?
         };
         Ok(Self {
-            router: ck.get_shaped(&n("gate.weight"), &[e, h])?,
+            router: names.linear(ck, &n("gate"), &[e, h])?,
             experts,
             top_k: m.experts_per_token,
-            shared: Mlp::load(ck, &n("shared_expert."), h, m.shared_intermediate)?,
-            shared_gate: ck.get_shaped(&n("shared_expert_gate.weight"), &[1, h])?,
+            shared: Mlp::load(ck, names, &n("shared_expert."), h, m.shared_intermediate)?,
+            shared_gate: names.linear(ck, &n("shared_expert_gate"), &[1, h])?,
         })
     }
 
@@ -160,6 +178,7 @@ impl Ffn {
             Some(_) => Ffn::Moe(Moe::load(cfg, ck, names, i)?),
             None => Ffn::Dense(Mlp::load(
                 ck,
+                names,
                 &names.layer(i, "mlp."),
                 cfg.hidden_size,
                 cfg.intermediate_size,

@@ -38,16 +38,16 @@ impl GatedDeltaNet {
         let (h, c, k) = (cfg.hidden_size, cfg.conv_dim(), cfg.conv_kernel);
         let n = |rest: &str| names.layer(i, &format!("linear_attn.{rest}"));
         let conv_w = ck.get(&n("conv1d.weight"))?;
-        if conv_w.shape() != [c, 1, k] {
-            // MLX stores [C, K, 1]; other layouts are not HF safetensors.
+        // HF stores [C, 1, K], MLX [C, K, 1]: the same values in the same order.
+        if conv_w.shape() != [c, 1, k] && conv_w.shape() != [c, k, 1] {
             ck.get_shaped(&n("conv1d.weight"), &[c, 1, k])?;
         }
         Ok(Self {
             dims: cfg.gdn,
-            in_qkv: ck.get_shaped(&n("in_proj_qkv.weight"), &[c, h])?,
-            in_z: ck.get_shaped(&n("in_proj_z.weight"), &[hv * dv, h])?,
-            in_b: ck.get_shaped(&n("in_proj_b.weight"), &[hv, h])?,
-            in_a: ck.get_shaped(&n("in_proj_a.weight"), &[hv, h])?,
+            in_qkv: names.linear(ck, &n("in_proj_qkv"), &[c, h])?,
+            in_z: names.linear(ck, &n("in_proj_z"), &[hv * dv, h])?,
+            in_b: names.linear(ck, &n("in_proj_b"), &[hv, h])?,
+            in_a: names.linear(ck, &n("in_proj_a"), &[hv, h])?,
             conv: conv_w.to_f32_vec(),
             dt_bias: ck.get_shaped(&n("dt_bias"), &[hv])?.to_f32_vec(),
             neg_a: ck
@@ -57,7 +57,7 @@ impl GatedDeltaNet {
                 .map(|a| -a.exp())
                 .collect(),
             norm: ck.get_shaped(&n("norm.weight"), &[dv])?.to_f32_vec(),
-            out: ck.get_shaped(&n("out_proj.weight"), &[h, hv * dv])?,
+            out: names.linear(ck, &n("out_proj"), &[h, hv * dv])?,
         })
     }
 

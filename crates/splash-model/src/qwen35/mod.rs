@@ -11,7 +11,7 @@ use splash_backend::cpu::{add_in_place, embedding, matmul, rms_norm, KvFormat, R
 use splash_backend::Weight;
 
 use crate::checkpoint::Checkpoint;
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::{LayerKind, ModelConfig, Quantization};
 use crate::error::ModelError;
 use crate::state::{LayerState, SequenceState};
 use attention::Attention;
@@ -51,30 +51,40 @@ pub struct Qwen35 {
     rope: Rope,
 }
 
-/// Tensor-name prefixes of a checkpoint: `p` for the text model, `head` for the LM head.
+/// The layout of a checkpoint: tensor-name prefixes (`p` for the text model, `head` for
+/// the LM head module), how norms are stored, and the weights' quantisation.
 pub(crate) struct Names {
     p: String,
     head: String,
+    /// Added to RMSNorm weights: HF stores zero-centred `w` (used as `1 + w`), MLX and GGUF
+    /// store `1 + w` already (model-spec §0.1-0.2).
+    norm_shift: f32,
+    quant: Option<Quantization>,
 }
 
 impl Names {
-    fn detect(ck: &Checkpoint) -> Result<Self, ModelError> {
+    fn detect(ck: &Checkpoint, config: &ModelConfig) -> Result<Self, ModelError> {
+        let quant = config.quantization.clone();
         for p in ["model.language_model.", "model."] {
             if ck.contains(&format!("{p}embed_tokens.weight")) {
                 return Ok(Self {
                     p: p.to_string(),
-                    head: "lm_head.weight".to_string(),
+                    head: "lm_head".to_string(),
+                    norm_shift: 1.0,
+                    quant,
                 });
             }
         }
         if ck.contains("language_model.model.embed_tokens.weight") {
-            return Err(ModelError::config(
-                ck.dir(),
-                "this is an MLX-converted checkpoint (language_model.model.*); splash does not read the MLX layout yet — use the Hugging Face safetensors checkpoint",
-            ));
+            return Ok(Self {
+                p: "language_model.model.".to_string(),
+                head: "language_model.lm_head".to_string(),
+                norm_shift: 0.0,
+                quant,
+            });
         }
         Err(ModelError::MissingTensor {
-            name: "model.language_model.embed_tokens.weight (or model.embed_tokens.weight)".into(),
+            name: "model.language_model.embed_tokens.weight (or model.embed_tokens.weight, or MLX language_model.model.embed_tokens.weight)".into(),
             dir: ck.dir().to_path_buf(),
         })
     }
@@ -82,28 +92,45 @@ impl Names {
     fn layer(&self, i: usize, rest: &str) -> String {
         format!("{}layers.{i}.{rest}", self.p)
     }
-}
 
-/// A zero-centred RMSNorm weight, shifted once to `1 + w` (model-spec §0.1).
-fn load_shifted_norm(ck: &Checkpoint, name: &str, dim: usize) -> Result<Vec<f32>, ModelError> {
-    Ok(ck
-        .get_shaped(name, &[dim])?
-        .to_f32_vec()
-        .into_iter()
-        .map(|w| 1.0 + w)
-        .collect())
+    /// The weight of a linear (or embedding) module: quantised when the checkpoint has
+    /// `{module}.scales`, else a float tensor `{module}.weight` of `shape`.
+    fn linear(&self, ck: &Checkpoint, module: &str, shape: &[usize]) -> Result<Weight, ModelError> {
+        if !ck.contains(&format!("{module}.scales")) {
+            return ck.get_shaped(&format!("{module}.weight"), shape);
+        }
+        let q = self.quant.as_ref().ok_or_else(|| {
+            ModelError::config(
+                ck.dir().join("config.json"),
+                format!("`{module}` is quantised (it has .scales) but config.json has no `quantization` with bits and group_size"),
+            )
+        })?;
+        let (bits, group) = q.for_module(module);
+        ck.get_affine(module, shape, bits, group)
+    }
+
+    /// An RMSNorm weight as the forward pass uses it (`1 + w` for HF checkpoints).
+    fn norm(&self, ck: &Checkpoint, name: &str, dim: usize) -> Result<Vec<f32>, ModelError> {
+        let shift = self.norm_shift;
+        Ok(ck
+            .get_shaped(name, &[dim])?
+            .to_f32_vec()
+            .into_iter()
+            .map(|w| shift + w)
+            .collect())
+    }
 }
 
 impl Qwen35 {
     /// Binds the checkpoint's tensors to the graph, checking every shape.
     pub fn load(config: &ModelConfig, ck: &Checkpoint) -> Result<Self, ModelError> {
-        let names = Names::detect(ck)?;
+        let names = Names::detect(ck, config)?;
         let (v, h) = (config.vocab_size, config.hidden_size);
-        let embed = ck.get_shaped(&format!("{}embed_tokens.weight", names.p), &[v, h])?;
+        let embed = names.linear(ck, &format!("{}embed_tokens", names.p), &[v, h])?;
         let lm_head = if config.tie_word_embeddings {
             embed.clone()
         } else {
-            ck.get_shaped(&names.head, &[v, h])?
+            names.linear(ck, &names.head, &[v, h])?
         };
         let layers = config
             .layer_kinds
@@ -111,12 +138,8 @@ impl Qwen35 {
             .enumerate()
             .map(|(i, kind)| {
                 Ok(Layer {
-                    input_norm: load_shifted_norm(
-                        ck,
-                        &names.layer(i, "input_layernorm.weight"),
-                        h,
-                    )?,
-                    post_norm: load_shifted_norm(
+                    input_norm: names.norm(ck, &names.layer(i, "input_layernorm.weight"), h)?,
+                    post_norm: names.norm(
                         ck,
                         &names.layer(i, "post_attention_layernorm.weight"),
                         h,
@@ -135,7 +158,7 @@ impl Qwen35 {
             config: config.clone(),
             embed,
             layers,
-            final_norm: load_shifted_norm(ck, &format!("{}norm.weight", names.p), h)?,
+            final_norm: names.norm(ck, &format!("{}norm.weight", names.p), h)?,
             lm_head,
             rope: Rope::new(config.rotary_dim, config.rope_theta),
         })
