@@ -373,13 +373,20 @@ impl Weight {
                 let words: &[u32] = bytemuck::cast_slice(self.bytes.as_slice());
                 let (per_word, mask) = (32 / bits as usize, (1u32 << bits) - 1);
                 let mut sb = [0.0f32; 2];
+                let mut current = usize::MAX;
                 for (i, o) in out.iter_mut().enumerate() {
                     let e = start + i;
                     let gi = e / g.group;
-                    g.scales.range_to_f32(gi, &mut sb[..1]);
-                    g.biases.range_to_f32(gi, &mut sb[1..]);
+                    if gi != current {
+                        // One scale and bias lookup per group.
+                        g.scales.range_to_f32(gi, &mut sb[..1]);
+                        g.biases.range_to_f32(gi, &mut sb[1..]);
+                        current = gi;
+                    }
                     let q = (words[e / per_word] >> (bits as usize * (e % per_word))) & mask;
-                    *o = sb[0].mul_add(q as f32, sb[1]);
+                    // scale · q is exact in f32 (bf16 scale, small q), so this is one rounding,
+                    // as MLX computes it, without a software fma call.
+                    *o = sb[0] * q as f32 + sb[1];
                 }
             }
         }

@@ -20,6 +20,10 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
     let t = x.len() / k;
     assert_eq!(out.len(), t * n, "out must be [T={t}, N={n}]");
     if t == 1 {
+        if w.affine_parts().is_some() {
+            affine_gemv(out, x, w);
+            return;
+        }
         let rows_per_task = (GEMV_TASK_ELEMS / k).max(1);
         out.par_chunks_mut(rows_per_task)
             .enumerate()
@@ -160,35 +164,91 @@ fn row_dot(w: &Weight, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
             }
             dot(scratch, x)
         }
-        DType::Affine { .. } => affine_row_dot(w, r, x, scratch),
+        DType::Affine { .. } => unreachable!("affine weights take affine_gemv"),
     }
 }
 
-/// Row `r` of an affine weight dotted with `x` without expanding the row: per group,
-/// `scale · Σ q·x + bias · Σ x`.
-fn affine_row_dot(w: &Weight, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
+/// `out = W x` for an affine weight without expanding it: per row and group,
+/// `scale · Σ q·x + bias · Σ x`, the codes unpacked a group at a time.
+fn affine_gemv(out: &mut [f32], x: &[f32], w: &Weight) {
     let (bits, group, words, scales, biases) = w.affine_parts().expect("affine weight");
     let k = w.cols();
-    let (bits, per_word) = (bits as usize, 32 / bits as usize);
-    let mask = (1u32 << bits) - 1;
     let groups = k / group;
-    scratch.resize(2 * groups, 0.0);
-    let (sc, bi) = scratch.split_at_mut(groups);
-    scales.row_to_f32(r, sc);
-    biases.row_to_f32(r, bi);
-    let row = &words[r * k / per_word..(r + 1) * k / per_word];
+    // Σx per group, shared by every row.
+    let xsum: Vec<f32> = x.chunks_exact(group).map(|xs| xs.iter().sum()).collect();
+    let per_word = 32 / bits as usize;
+    let rows_per_task = (GEMV_TASK_ELEMS / k).max(1);
+    out.par_chunks_mut(rows_per_task)
+        .enumerate()
+        .for_each(|(b, chunk)| {
+            let mut scratch = vec![0.0f32; 2 * groups + group];
+            let (sc, rest) = scratch.split_at_mut(groups);
+            let (bi, buf) = rest.split_at_mut(groups);
+            for (i, o) in chunk.iter_mut().enumerate() {
+                let r = b * rows_per_task + i;
+                scales.row_to_f32(r, sc);
+                biases.row_to_f32(r, bi);
+                let row = &words[r * k / per_word..(r + 1) * k / per_word];
+                let args = AffineRow {
+                    row,
+                    group,
+                    sc,
+                    bi,
+                    xsum: &xsum,
+                    x,
+                };
+                #[cfg(target_arch = "x86_64")]
+                if has_avx2_fma() {
+                    // SAFETY: the CPU supports AVX2 and FMA (checked above).
+                    *o = unsafe {
+                        match bits {
+                            2 => affine_dot_avx2::<2>(&args, buf),
+                            4 => affine_dot_avx2::<4>(&args, buf),
+                            _ => affine_dot_avx2::<8>(&args, buf),
+                        }
+                    };
+                    continue;
+                }
+                *o = match bits {
+                    2 => affine_dot::<2>(&args, buf),
+                    4 => affine_dot::<4>(&args, buf),
+                    _ => affine_dot::<8>(&args, buf),
+                };
+            }
+        });
+}
+
+/// One row of an affine weight and what its dot product needs.
+struct AffineRow<'a> {
+    row: &'a [u32],
+    group: usize,
+    sc: &'a [f32],
+    bi: &'a [f32],
+    xsum: &'a [f32],
+    x: &'a [f32],
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn affine_dot_avx2<const BITS: usize>(a: &AffineRow, buf: &mut [f32]) -> f32 {
+    affine_dot::<BITS>(a, buf)
+}
+
+#[inline(always)]
+fn affine_dot<const BITS: usize>(a: &AffineRow, buf: &mut [f32]) -> f32 {
+    let per_word = 32 / BITS;
+    let mask = (1u32 << BITS) - 1;
+    let words_per_group = a.group / per_word;
+    let buf = &mut buf[..a.group];
     let mut acc = 0.0f32;
-    for (gi, xs) in x.chunks_exact(group).enumerate() {
-        let (mut qx, mut sx) = (0.0f32, 0.0f32);
-        let words = &row[gi * group / per_word..(gi + 1) * group / per_word];
-        for (wi, &word) in words.iter().enumerate() {
-            for j in 0..per_word {
-                let xv = xs[wi * per_word + j];
-                qx = (((word >> (bits * j)) & mask) as f32).mul_add(xv, qx);
-                sx += xv;
+    for (gi, words) in a.row.chunks_exact(words_per_group).enumerate() {
+        for (out, &word) in buf.chunks_exact_mut(per_word).zip(words) {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = ((word >> (BITS * j)) & mask) as f32;
             }
         }
-        acc += sc[gi].mul_add(qx, bi[gi] * sx);
+        let qx = dot_portable(buf, &a.x[gi * a.group..(gi + 1) * a.group]);
+        acc += a.sc[gi].mul_add(qx, a.bi[gi] * a.xsum[gi]);
     }
     acc
 }
