@@ -60,17 +60,16 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
         / scale
 }
 
-#[test]
-fn mlx_4bit_model_computes_what_its_weights_encode() {
-    let q = load(&fixture("qwen35-dense-mlx4")).unwrap();
+/// A quantised fixture gives the logits of its dequantised twin (format correctness) and is
+/// compared with its f32 original (the quantisation error, reported).
+fn check_against_twin(name: &str, original: &str) {
+    let q = load(&fixture(name)).unwrap();
     assert!(q.config.quantization.is_some());
-    let text = std::fs::read_to_string(fixture("qwen35-dense").join("ppl.txt")).unwrap();
+    let text = std::fs::read_to_string(fixture(original).join("ppl.txt")).unwrap();
     let ids = q.tokenizer.encode(&text).unwrap();
-    let lq = all_logits("qwen35-dense-mlx4", &ids);
-    // The same weights, dequantised in Python into an f32 HF checkpoint: format correctness.
-    let exact = max_rel(&lq, &all_logits("qwen35-dense-mlx4-dequant", &ids));
-    // The original f32 model: the quantisation error itself (reported).
-    let lf = all_logits("qwen35-dense", &ids);
+    let lq = all_logits(name, &ids);
+    let exact = max_rel(&lq, &all_logits(&format!("{name}-dequant"), &ids));
+    let lf = all_logits(original, &ids);
     let vs_f32 = max_rel(&lq, &lf);
     let v = q.config.vocab_size;
     let argmax = |r: &[f32]| (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b });
@@ -80,13 +79,23 @@ fn mlx_4bit_model_computes_what_its_weights_encode() {
         .filter(|(a, b)| argmax(a) == argmax(b))
         .count();
     println!(
-        "MLX 4-bit: logits vs its dequantised twin {exact:.2e}; vs the f32 original {vs_f32:.2e} (relative to max |logit|), top-1 agreement {agree}/{}",
+        "{name}: logits vs its dequantised twin {exact:.2e}; vs the f32 original {vs_f32:.2e} (relative to max |logit|), top-1 agreement {agree}/{}",
         ids.len()
     );
     assert!(
         exact < 1e-4,
-        "the 4-bit path differs from its own dequantised weights: {exact}"
+        "{name}: the quantised path differs from its own dequantised weights: {exact}"
     );
+}
+
+#[test]
+fn mlx_4bit_dense_computes_what_its_weights_encode() {
+    check_against_twin("qwen35-dense-mlx4", "qwen35-dense");
+}
+
+#[test]
+fn mlx_4bit_moe_with_switch_mlp_experts_computes_what_its_weights_encode() {
+    check_against_twin("qwen35-moe-mlx4", "qwen35-moe");
 }
 
 #[test]
