@@ -44,8 +44,9 @@ def test_stream_event_sequence(server):
 
 def test_golden_raw_event_sequence(server):
     """The wire order Claude Code relies on, including ping and the named SSE events."""
-    body = {"model": "claude-x", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}],
-            "tool_choice": {"type": "any"}, "tools": [WEATHER]}
+    # A forced call with room to finish, greedy: the tool_use block is always there.
+    body = {"model": "claude-x", "max_tokens": 200, "stream": True, "messages": [{"role": "user", "content": "hi"}],
+            "tool_choice": {"type": "any"}, "tools": [WEATHER], "temperature": 0}
     with httpx.Client(base_url=server.url, timeout=60) as h, h.stream("POST", "/v1/messages?beta=true", json=body) as r:
         names = [l[len("event: "):] for l in r.iter_lines() if l.startswith("event: ")]
     assert names[:3] == ["message_start", "ping", "content_block_start"]
@@ -54,11 +55,12 @@ def test_golden_raw_event_sequence(server):
 
 
 def test_thinking_blocks(server):
+    greedy = {"temperature": 0, "ignore_eos": True}
     m = client(server).messages.create(model="claude-x", max_tokens=16, messages=[{"role": "user", "content": "Think first"}],
-                                       thinking={"type": "enabled", "budget_tokens": 1024})
+                                       thinking={"type": "enabled", "budget_tokens": 1024}, extra_body=greedy)
     assert m.content[0].type == "thinking" and m.content[0].thinking
     with client(server).messages.stream(model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "Think"}],
-                                        thinking={"type": "enabled", "budget_tokens": 1024}) as s:
+                                        thinking={"type": "enabled", "budget_tokens": 1024}, extra_body=greedy) as s:
         kinds = [e.type for e in s]
     assert "thinking" in kinds and "signature" in kinds
 
@@ -84,7 +86,8 @@ def test_forced_tool_use_and_round_trip(server):
         {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "4°C, cloudy"}]},
     ]
-    answer = c.messages.create(model="claude-x", max_tokens=8, messages=history, tools=[WEATHER])
+    answer = c.messages.create(model="claude-x", max_tokens=8, messages=history, tools=[WEATHER],
+                               extra_body={"temperature": 0, "ignore_eos": True})
     assert answer.content
     n = c.messages.count_tokens(model="claude-x", messages=history, tools=[WEATHER])
     assert n.input_tokens > 0
@@ -126,7 +129,7 @@ def test_errors_in_anthropic_shape(server, keyed_server):
         client(keyed_server).messages.create(model="claude-x", max_tokens=4, messages=[{"role": "user", "content": "x"}])
     assert e.value.body["error"]["type"] == "authentication_error"
     ok = anthropic.Anthropic(base_url=keyed_server.url, api_key="sekret-key", max_retries=0)
-    assert ok.messages.create(model="claude-x", max_tokens=2, messages=[{"role": "user", "content": "x"}]).content
+    assert ok.messages.create(model="claude-x", max_tokens=2, messages=[{"role": "user", "content": "x"}]).type == "message"
 
 
 def test_max_tokens_beyond_context_is_clamped(small_server):

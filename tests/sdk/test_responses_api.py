@@ -37,10 +37,11 @@ def test_streaming_event_types(server):
 
 
 def test_reasoning_items(server):
-    r = sdk(server).responses.create(model="demo", input="Think", max_output_tokens=8, reasoning={"effort": "high"})
+    greedy = {"temperature": 0, "ignore_eos": True}
+    r = sdk(server).responses.create(model="demo", input="Think", max_output_tokens=8, reasoning={"effort": "high"}, extra_body=greedy)
     assert r.output[0].type == "reasoning" and r.output[0].content[0].text
     events = list(sdk(server).responses.create(model="demo", input="Think", max_output_tokens=8, stream=True,
-                                               reasoning={"effort": "low"}))
+                                               reasoning={"effort": "low"}, extra_body=greedy))
     assert "response.reasoning_text.delta" in [e.type for e in events]
 
 
@@ -61,7 +62,7 @@ def test_function_call_and_continuation(server):
     # call → result → answer, continuing from the stored response.
     follow = c.responses.create(model="demo", previous_response_id=r.id, tools=[WEATHER], reasoning={"effort": "none"},
                                 input=[{"type": "function_call_output", "call_id": call.call_id, "output": "4C, cloudy"}],
-                                max_output_tokens=8)
+                                max_output_tokens=8, extra_body={"temperature": 0, "ignore_eos": True})
     assert follow.previous_response_id == r.id and follow.output
     # The stored conversation includes the call and its result: the continuation's prompt is longer.
     assert follow.usage.input_tokens > r.usage.input_tokens

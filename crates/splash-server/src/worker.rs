@@ -96,6 +96,16 @@ impl Worker {
     }
 }
 
+/// Marks the worker dead however its thread ends (a panic outside the guarded step too), so
+/// `/ready` answers 503 and new requests are refused instead of queued forever.
+struct AliveGuard(Arc<Load>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Ordering::SeqCst);
+    }
+}
+
 fn run(
     mut engine: Engine,
     jobs: mpsc::Receiver<Job>,
@@ -103,6 +113,7 @@ fn run(
     load: Arc<Load>,
     metrics: Arc<Metrics>,
 ) {
+    let _alive = AliveGuard(load.clone());
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: HashMap<SeqId, UnboundedSender<WorkerEvent>> = HashMap::new();
     let done = |load: &Load| {
@@ -213,5 +224,4 @@ fn run(
             }
         }
     }
-    load.alive.store(false, Ordering::SeqCst);
 }

@@ -31,6 +31,8 @@ struct MessagesFields {
     temperature: Option<f32>,
     top_p: Option<f32>,
     top_k: Option<i64>,
+    /// Not in Anthropic's API: keep generating through EOS (tests, benchmarks).
+    ignore_eos: Option<bool>,
     #[serde(default)]
     tool_choice: Option<ToolChoice>,
 }
@@ -164,6 +166,7 @@ pub async fn handle(
     let clamped = f.max_tokens > room as u64;
     let common = CommonFields {
         temperature: f.temperature,
+        ignore_eos: f.ignore_eos,
         top_p: f.top_p,
         top_k: f.top_k,
         stop: f.stop_sequences.clone().map(Stop::Many),

@@ -236,6 +236,16 @@ pub fn new_id(prefix: &str) -> String {
 
 /// Submits to the worker; 503 when it is full.
 pub fn submit(s: &AppState, request: Request) -> Result<UnboundedReceiver<WorkerEvent>, ApiError> {
+    if !s
+        .worker
+        .load
+        .alive
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        return Err(ApiError::engine(
+            "the engine has stopped (see the server log); restart splash serve",
+        ));
+    }
     s.worker.submit(request).map_err(|_| {
         ApiError::overloaded(format!(
             "the server is busy: {} decode lanes and {} queue slots are taken; retry shortly (or start splash with a larger --queue-size)",

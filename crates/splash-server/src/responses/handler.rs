@@ -41,6 +41,8 @@ struct Fields {
     max_output_tokens: Option<u64>,
     temperature: Option<f32>,
     top_p: Option<f32>,
+    /// Not in OpenAI's API: keep generating through EOS (tests, benchmarks).
+    ignore_eos: Option<bool>,
     #[serde(default)]
     stream: bool,
     #[serde(default)]
@@ -204,6 +206,7 @@ pub async fn handle(
     let grammar = grammar_request(&s, constraint, in_reasoning);
     let common = CommonFields {
         temperature: f.temperature,
+        ignore_eos: f.ignore_eos,
         top_p: f.top_p,
         ..CommonFields::default()
     };
