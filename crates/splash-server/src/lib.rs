@@ -10,6 +10,7 @@ mod config;
 mod constraint;
 mod error;
 mod guard;
+mod ids;
 mod json;
 mod metrics;
 mod openai;

@@ -15,6 +15,8 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
+use crate::ids::new_id;
+
 const TOOL_CALL: &str = "<tool_call>";
 const TOOL_CALL_END: &str = "</tool_call>";
 const FUNCTION: &str = "<function=";
@@ -398,7 +400,7 @@ impl ToolCallParser {
         self.next_index += 1;
         out.push(ToolEvent::Start {
             index,
-            id: format!("call_{:016x}", splash_engine::random_seed()),
+            id: new_id("call_"),
             name: name.clone(),
         });
         self.mode = Mode::Params(Call {
@@ -436,7 +438,7 @@ impl ToolCallParser {
                 self.next_index += 1;
                 out.push(ToolEvent::Start {
                     index,
-                    id: format!("call_{:016x}", splash_engine::random_seed()),
+                    id: new_id("call_"),
                     name,
                 });
                 out.push(ToolEvent::Args {

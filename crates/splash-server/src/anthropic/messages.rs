@@ -13,6 +13,7 @@ use splash_engine::{Constraint, FinishReason};
 use super::convert::Conversation;
 use crate::constraint::{grammar_request, output_constraint};
 use crate::error::{AnthropicError, ApiError};
+use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
 use crate::openai::{collect, stream, submit, CommonFields, Item, Stop, StreamEnd};
 use crate::output::{Message, OutputParser, Part};
@@ -182,7 +183,7 @@ pub async fn handle(
         grammar,
     )?;
     let rx = submit(&s, request)?;
-    let id = format!("msg_{:016x}", splash_engine::random_seed());
+    let id = new_id("msg_");
     let parse_tools = if choice == "none" { Vec::new() } else { tools };
     let mut parser = OutputParser::new(in_reasoning, &parse_tools);
     if f.tool_choice

@@ -10,11 +10,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{
-    collect, finish_reason, new_id, stream, submit, timings_json, usage_json, ChatInput,
-    CommonFields, Item, StreamEnd,
+    collect, finish_reason, stream, submit, timings_json, usage_json, ChatInput, CommonFields,
+    Item, StreamEnd,
 };
 use crate::constraint::{grammar_request, output_constraint};
 use crate::error::ApiError;
+use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
 use crate::output::{Message, OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
@@ -112,7 +113,7 @@ pub async fn handle(
         grammar,
     )?;
     let rx = submit(&s, request)?;
-    let id = new_id("chatcmpl");
+    let id = new_id("chatcmpl-");
     let created = unix_now();
     let tools: Vec<Value> = match fields.tool_choice.as_ref().and_then(Value::as_str) {
         Some("none") => Vec::new(),

@@ -10,10 +10,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{
-    collect, finish_reason, new_id, stream, submit, timings_json, usage_json, CommonFields, Item,
-    StreamEnd,
+    collect, finish_reason, stream, submit, timings_json, usage_json, CommonFields, Item, StreamEnd,
 };
 use crate::error::ApiError;
+use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
 use crate::routes::unix_now;
 use crate::state::AppState;
@@ -103,7 +103,7 @@ pub async fn handle(
         None,
     )?;
     let rx = submit(&s, request)?;
-    let id = new_id("cmpl");
+    let id = new_id("cmpl-");
     let created = unix_now();
     if !common.streaming() {
         let (text, usage) = collect(&s, rx, t0).await?;

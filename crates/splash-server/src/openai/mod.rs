@@ -229,11 +229,6 @@ pub fn timings_json(u: &Usage) -> Value {
     t
 }
 
-/// A fresh response id with `prefix`.
-pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}-{:016x}", splash_engine::random_seed())
-}
-
 /// Submits to the worker; 503 when it is full.
 pub fn submit(s: &AppState, request: Request) -> Result<UnboundedReceiver<WorkerEvent>, ApiError> {
     if !s

@@ -13,6 +13,7 @@ use splash_engine::{Constraint, FinishReason};
 use super::convert;
 use crate::constraint::{grammar_request, output_constraint};
 use crate::error::ApiError;
+use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
 use crate::openai::{collect, stream, submit, ChatInput, CommonFields, Item, StreamEnd};
 use crate::output::{OutputParser, Part};
@@ -65,10 +66,6 @@ struct Reasoning {
 struct TextConfig {
     #[serde(default)]
     format: Option<Value>,
-}
-
-fn short_id(prefix: &str) -> String {
-    format!("{prefix}_{:016x}", splash_engine::random_seed())
 }
 
 pub async fn get(
@@ -220,7 +217,7 @@ pub async fn handle(
         })?;
     let rx = submit(&s, request)?;
 
-    let id = short_id("resp");
+    let id = new_id("resp_");
     let mut parser = OutputParser::new(in_reasoning, if none { &[] } else { &tools });
     if f.parallel_tool_calls == Some(false) {
         parser = parser.single_call();
@@ -384,13 +381,13 @@ impl Items {
             let index = self.done.len();
             let item = match &part {
                 Part::Reasoning(_) => {
-                    json!({"type": "reasoning", "id": short_id("rs"), "summary": [], "content": []})
+                    json!({"type": "reasoning", "id": new_id("rs_"), "summary": [], "content": []})
                 }
                 Part::CallStart { id, name, .. } => {
-                    json!({"type": "function_call", "id": short_id("fc"), "call_id": id, "name": name, "arguments": "", "status": "in_progress"})
+                    json!({"type": "function_call", "id": new_id("fc_"), "call_id": id, "name": name, "arguments": "", "status": "in_progress"})
                 }
                 _ => {
-                    json!({"type": "message", "id": short_id("msg"), "status": "in_progress", "role": "assistant", "content": []})
+                    json!({"type": "message", "id": new_id("msg_"), "status": "in_progress", "role": "assistant", "content": []})
                 }
             };
             out.push((
