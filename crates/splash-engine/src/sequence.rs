@@ -45,7 +45,6 @@ pub struct Sequence {
     grammar: Option<GrammarState>,
     /// The grammar applies once this token was generated (`None`: it applies now).
     grammar_after: Option<u32>,
-    started: Instant,
     prefill_time: Duration,
     decode_time: Duration,
 }
@@ -84,7 +83,6 @@ impl Sequence {
             finish: None,
             grammar,
             grammar_after,
-            started: Instant::now(),
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
         }
@@ -171,8 +169,7 @@ impl Sequence {
             let check = self.stop.push(&piece);
             self.emit(check.emit, events);
             if let Some(s) = check.stopped {
-                self.finish = Some(FinishReason::StopString(s));
-                events.push(Event::Finished { id: self.id });
+                self.close(FinishReason::StopString(s), events);
             }
         }
         if self.finish.is_none() && grammar_done {
@@ -197,9 +194,14 @@ impl Sequence {
     }
 
     fn fail(&mut self, message: String, events: &mut Vec<Event>) -> Result<(), ModelError> {
-        self.finish = Some(FinishReason::Failed(message));
-        events.push(Event::Finished { id: self.id });
+        self.close(FinishReason::Failed(message), events);
         Ok(())
+    }
+
+    /// Records why the sequence ended and tells the engine.
+    fn close(&mut self, reason: FinishReason, events: &mut Vec<Event>) {
+        self.finish = Some(reason);
+        events.push(Event::Finished { id: self.id });
     }
 
     /// Time spent computing grammar masks and how many were computed (constrained requests).
@@ -220,26 +222,19 @@ impl Sequence {
         model: &Model,
         events: &mut Vec<Event>,
     ) -> Result<(), ModelError> {
+        let mut reason = reason;
         let mut tail = String::new();
         if let Some(rest) = self.decoder.flush(&model.tokenizer)? {
             let check = self.stop.push(&rest);
-            tail.push_str(&check.emit);
+            tail = check.emit;
             if let Some(s) = check.stopped {
-                self.emit(tail, events);
-                self.finish = Some(FinishReason::StopString(s));
-                events.push(Event::Finished { id: self.id });
-                return Ok(());
+                reason = FinishReason::StopString(s);
             }
         }
+        // Held-back text is released; after a stop string the matcher holds nothing.
         tail.push_str(&self.stop.finish());
         self.emit(tail, events);
-        self.finish = Some(reason);
-        events.push(Event::Finished { id: self.id });
+        self.close(reason, events);
         Ok(())
-    }
-
-    /// Wall time since the sequence was added.
-    pub fn age(&self) -> Duration {
-        self.started.elapsed()
     }
 }

@@ -92,12 +92,7 @@ impl AppState {
             .iter()
             .filter(|k| **k == splash_model::LayerKind::Full)
             .count();
-        let rows = layers * 2 * c.num_kv_heads;
-        rows * match self.config.kv_format {
-            splash_model::KvFormat::F32 => 4 * c.head_dim,
-            splash_model::KvFormat::Bf16 => 2 * c.head_dim,
-            splash_model::KvFormat::Int8 => c.head_dim + 4, // codes plus one f32 scale per row
-        }
+        layers * 2 * c.num_kv_heads * self.config.kv_format.row_bytes(c.head_dim)
     }
 
     /// The startup summary on stderr.

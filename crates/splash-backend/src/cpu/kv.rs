@@ -13,6 +13,17 @@ pub enum KvFormat {
     Int8,
 }
 
+impl KvFormat {
+    /// Bytes one cached row of `d` values takes (int8: the codes plus one f32 scale).
+    pub fn row_bytes(self, d: usize) -> usize {
+        match self {
+            Self::F32 => 4 * d,
+            Self::Bf16 => 2 * d,
+            Self::Int8 => d + 4,
+        }
+    }
+}
+
 impl std::str::FromStr for KvFormat {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -157,7 +168,7 @@ mod tests {
             s.append(&rows, d);
             s.bytes()
         };
-        assert_eq!(int8, 3 * d + 3 * 4);
+        assert_eq!(int8, 3 * KvFormat::Int8.row_bytes(d));
         assert_eq!("BF16".parse::<KvFormat>(), Ok(KvFormat::Bf16));
         assert!("fp8"
             .parse::<KvFormat>()
