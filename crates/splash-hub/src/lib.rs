@@ -15,6 +15,9 @@
 //! list; [`Repo::fetch_small`], [`Repo::fetch_range`] and [`Repo::download`] fetch files.
 //! [`list_cache`] lists what the cache holds (for `splash list`).
 //!
+//! The `fake-hub` feature adds `fake_hub`, a fake Hub server on loopback for tests (this
+//! crate's, and other crates' through `[dev-dependencies]`); release builds leave it out.
+//!
 //! Downloads land in `models--OWNER--REPO/blobs/<etag>.incomplete`, are checked against
 //! the size and sha256 the Hub lists while they stream, and are renamed to
 //! `blobs/<etag>` and linked from `snapshots/<commit>/<path>` only when whole; a later run
@@ -59,6 +62,8 @@ mod cache;
 mod config;
 mod download;
 mod error;
+#[cfg(feature = "fake-hub")]
+pub mod fake_hub;
 mod progress;
 mod repo;
 mod resolve;

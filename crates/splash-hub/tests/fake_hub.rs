@@ -1,16 +1,14 @@
-//! splash-hub against a fake Hub on loopback (see `support/mod.rs`): the HF cache layout,
+//! splash-hub against a fake Hub on loopback (`splash_hub::fake_hub`): the HF cache layout,
 //! resuming, offline use, moving branches, private repositories, the probe, corruption and
 //! GGUF variants.
-
-mod support;
 
 use std::cell::RefCell;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use splash_hub::fake_hub::{noise, sha256_hex, FakeFile, FakeHub, Silent, TempDir};
 use splash_hub::{list_cache, resolve, HubConfig, HubError, HubSpec, ModelFormat, Probe};
-use support::{noise, sha256_hex, FakeFile, FakeHub, Silent, TempDir};
 
 const REPO: &str = "acme/tiny";
 const COMMIT_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";

@@ -1,10 +1,33 @@
-//! A fake Hugging Face Hub on loopback: a tiny HTTP/1.1 server (one thread per
-//! connection, `Connection: close`) that answers the model info API and `resolve/` URLs the
-//! way the Hub does, redirects LFS files to a second listener playing the CDN, honours
-//! `Range`, checks bearer tokens of private repositories, logs every request, and can cut a
-//! connection short or serve corrupt bytes on demand.
-
-#![allow(dead_code)]
+//! A test double of the Hugging Face Hub's HTTP API, for tests only (compiled with the
+//! `fake-hub` feature; never part of a release build).
+//!
+//! [`FakeHub`] is a tiny HTTP/1.1 server on loopback (one thread per connection,
+//! `Connection: close`) that answers the model info API (`/api/models/OWNER/REPO/revision/REV`)
+//! and `resolve/` URLs the way the Hub does, redirects LFS files to a second listener playing
+//! the CDN, honours `Range`, checks bearer tokens of private repositories, logs every
+//! request ([`FakeHub::requests`]), and can cut a connection short ([`FakeHub::cut_once`]) or
+//! serve corrupt bytes ([`FakeHub::corrupt`]) on demand. [`Silent`] is a listener that never
+//! answers; [`TempDir`] a directory removed on drop; [`noise`] deterministic filler bytes.
+//!
+//! Point a program at it with `HF_ENDPOINT` = [`FakeHub::url`] (or
+//! [`HubConfig::endpoint`](crate::HubConfig::endpoint)):
+//!
+//! ```
+//! use splash_hub::fake_hub::{FakeFile, FakeHub};
+//!
+//! let hub = FakeHub::start();
+//! hub.push(
+//!     "acme/tiny",
+//!     "main",
+//!     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+//!     vec![
+//!         FakeFile::git("config.json", r#"{"model_type": "qwen3_5"}"#),
+//!         FakeFile::lfs("model.safetensors", vec![0u8; 1024]),
+//!     ],
+//! );
+//! // HF_ENDPOINT=<hub.url> now serves acme/tiny at `main`.
+//! assert!(hub.url.starts_with("http://127.0.0.1:"));
+//! ```
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
@@ -556,6 +579,12 @@ impl TempDir {
 
     pub fn path(&self) -> &Path {
         &self.0
+    }
+}
+
+impl Default for TempDir {
+    fn default() -> TempDir {
+        TempDir::new()
     }
 }
 
