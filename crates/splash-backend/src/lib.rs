@@ -6,6 +6,7 @@
 //! width, `H` heads, `D` head dim.
 
 pub mod cpu;
+pub mod ggml;
 mod weight;
 
 pub use weight::{DType, HostBytes, Weight, WeightError};

@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use half::f16;
 
+use crate::ggml::{self, GgmlType};
+
 /// Element type of a stored weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
@@ -17,21 +19,32 @@ pub enum DType {
     Affine {
         bits: u32,
     },
+    /// GGML blocks (GGUF files): each row is `cols / block_elems` self-contained blocks.
+    Ggml(GgmlType),
 }
 
 impl DType {
-    /// Size of one element in bits.
-    pub fn bits(self) -> usize {
+    /// Size of one element in bytes (float types; 1 for packed types, used for alignment).
+    pub fn size(self) -> usize {
         match self {
-            DType::F32 => 32,
-            DType::F16 | DType::BF16 => 16,
-            DType::Affine { bits } => bits as usize,
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Affine { .. } | DType::Ggml(_) => 1,
         }
     }
 
-    /// Size of one element in bytes (float types).
-    pub fn size(self) -> usize {
-        self.bits().div_ceil(8)
+    /// Bytes of one row of `cols` elements, or `None` when `cols` does not fill whole
+    /// blocks (GGML) or whole words (affine).
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => Some(cols * self.size()),
+            DType::Affine { bits } => (cols * bits as usize)
+                .is_multiple_of(32)
+                .then(|| cols * bits as usize / 8),
+            DType::Ggml(t) => cols
+                .is_multiple_of(t.block_elems())
+                .then(|| t.row_bytes(cols)),
+        }
     }
 }
 
@@ -42,6 +55,7 @@ impl fmt::Display for DType {
             DType::F16 => f.write_str("F16"),
             DType::BF16 => f.write_str("BF16"),
             DType::Affine { bits } => write!(f, "affine {bits}-bit"),
+            DType::Ggml(t) => write!(f, "GGML {t}"),
         }
     }
 }
@@ -61,6 +75,8 @@ pub enum WeightError {
         expected: usize,
         actual: usize,
     },
+    #[error("rows of {cols} elements do not fill whole blocks of dtype {dtype}")]
+    Blocks { dtype: DType, cols: usize },
 }
 
 /// A shared, immutable byte range: part of a memory-mapped file or an owned buffer.
@@ -150,7 +166,12 @@ impl fmt::Debug for Weight {
 impl Weight {
     /// A weight over `bytes`, which must hold exactly `shape` elements of `dtype`.
     pub fn new(dtype: DType, shape: Vec<usize>, bytes: HostBytes) -> Result<Self, WeightError> {
-        let expected = shape.iter().product::<usize>() * dtype.size();
+        let cols = *shape.last().unwrap_or(&1);
+        let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+        let Some(row_bytes) = dtype.row_bytes(cols) else {
+            return Err(WeightError::Blocks { dtype, cols });
+        };
+        let expected = rows * row_bytes;
         let actual = bytes.as_slice().len();
         if expected != actual {
             return Err(WeightError::Length {
@@ -305,7 +326,12 @@ impl Weight {
     }
 
     fn narrow_rows_raw(&self, elem_start: usize, elems: usize, shape: Vec<usize>) -> Self {
-        let b = self.dtype.bits();
+        // Every caller starts and ends on a row boundary, so packed rows slice cleanly.
+        let cols = self.cols();
+        let row_bytes = self
+            .dtype
+            .row_bytes(cols)
+            .expect("validated at construction");
         let affine = self.affine.as_ref().map(|g| {
             // The same rows of the group scales and biases.
             let per_row = self.cols() / g.group;
@@ -326,7 +352,7 @@ impl Weight {
             shape,
             bytes: self
                 .bytes
-                .slice(elem_start * b / 8..(elem_start + elems) * b / 8),
+                .slice(elem_start / cols * row_bytes..(elem_start + elems) / cols * row_bytes),
             affine,
         }
     }
@@ -389,7 +415,31 @@ impl Weight {
                     *o = sb[0] * q as f32 + sb[1];
                 }
             }
+            DType::Ggml(t) => {
+                // Dequantise the blocks that cover the range; rows hold whole blocks, so the
+                // block of element `e` starts at byte `e / block_elems * block_bytes`.
+                let (be, bb) = (t.block_elems(), t.block_bytes());
+                let bytes = self.bytes.as_slice();
+                let (first, last) = (start / be, (start + n).div_ceil(be));
+                let skip = start - first * be;
+                if skip == 0 && n.is_multiple_of(be) {
+                    ggml::dequantize(t, &bytes[first * bb..last * bb], out);
+                } else {
+                    let mut tmp = vec![0.0f32; (last - first) * be];
+                    ggml::dequantize(t, &bytes[first * bb..last * bb], &mut tmp);
+                    out.copy_from_slice(&tmp[skip..skip + n]);
+                }
+            }
         }
+    }
+
+    /// The blocks of row `r` of a GGML weight, with their type.
+    pub fn ggml_row(&self, r: usize) -> Option<(GgmlType, &[u8])> {
+        let DType::Ggml(t) = self.dtype else {
+            return None;
+        };
+        let rb = t.row_bytes(self.cols());
+        Some((t, &self.bytes.as_slice()[r * rb..(r + 1) * rb]))
     }
 
     /// The packed codes and group size of an affine weight, with its scales and biases

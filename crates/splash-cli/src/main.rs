@@ -1,7 +1,9 @@
 //! `splash`: a local inference server for the Qwen3.5 / 3.6 hybrid models.
 //!
 //! Subcommands: `generate` (stream a completion to stdout), `perplexity` (score a text file),
-//! `bench` (prefill and decode speed), `serve` (the HTTP API). `--model demo` names the bundled demo checkpoint.
+//! `bench` (prefill and decode speed), `serve` (the HTTP API), `pull` and `list` (the Hugging
+//! Face cache). `--model` takes `demo` (the bundled demo checkpoint), a local checkpoint, or a
+//! Hub repo `OWNER/REPO[:VARIANT]`.
 
 mod commands;
 mod model_arg;
@@ -31,6 +33,10 @@ enum Command {
     Bench(commands::bench::Args),
     /// Serve the OpenAI-compatible API over HTTP.
     Serve(commands::serve::Args),
+    /// Download a Hugging Face model into the local cache without serving it.
+    Pull(commands::pull::Args),
+    /// List the models in the local Hugging Face cache.
+    List(commands::list::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +53,8 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::Pull(a) => commands::pull::run(a),
+        Command::List(a) => commands::list::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -100,6 +100,11 @@ impl ChatTemplate {
         })
     }
 
+    /// Sets a variable such as `eos_token` that the template may use (from the tokenizer).
+    pub fn set_special_token(&mut self, key: &str, token: &str) {
+        self.special_tokens.insert(key.to_string(), token.into());
+    }
+
     /// Renders the template.
     pub fn render(&self, inputs: &TemplateInputs) -> Result<String, ModelError> {
         let tmpl = self.env.get_template(TEMPLATE_NAME).expect("added in new");

@@ -1,4 +1,5 @@
-//! A directory of safetensors shards, memory-mapped: tensors are views into the maps.
+//! The tensors of a checkpoint, memory-mapped: a directory of safetensors shards, or the
+//! GGUF file(s) of one model. Tensors are views into the maps.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -7,13 +8,32 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
+use splash_backend::ggml::GgmlType;
 use splash_backend::{DType, HostBytes, Weight};
 
 use crate::error::{read_json, ModelError};
+use crate::gguf::GgufHeader;
+
+/// How a tensor's elements are stored.
+#[derive(Clone, Copy)]
+enum Stored {
+    Safetensors(Dtype),
+    Ggml(GgmlType),
+}
+
+/// The file format of a checkpoint, which decides how some values are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Hugging Face or MLX safetensors.
+    Safetensors,
+    /// llama.cpp GGUF: tensors renamed to the HF names at open, norms stored as `1 + w`,
+    /// `ssm_a` = `-exp(A_log)`, V heads of GDN layers in tiled order (model-spec §5.3).
+    Gguf,
+}
 
 struct Entry {
     file: usize,
-    dtype: Dtype,
+    dtype: Stored,
     shape: Vec<usize>,
     /// Byte range inside the file.
     start: usize,
@@ -23,8 +43,17 @@ struct Entry {
 /// The tensors of a checkpoint directory, by name.
 pub struct Checkpoint {
     dir: PathBuf,
+    format: Format,
     files: Vec<(PathBuf, Arc<Mmap>)>,
     tensors: HashMap<String, Entry>,
+}
+
+/// Maps a file read-only.
+fn map_file(path: &Path) -> Result<Mmap, ModelError> {
+    let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+    // SAFETY: the map is read-only; like every mmap-based loader we rely on the file not
+    // being truncated while the server runs.
+    unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))
 }
 
 impl Checkpoint {
@@ -65,10 +94,7 @@ impl Checkpoint {
         let mut tensors = HashMap::new();
         for name in names {
             let path = dir.join(&name);
-            let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
-            // SAFETY: the map is read-only; like every mmap-based loader we rely on the file not
-            // being truncated while the server runs.
-            let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
+            let map = map_file(&path)?;
             let (header_len, meta) =
                 SafeTensors::read_metadata(&map[..]).map_err(|e| ModelError::Safetensors {
                     path: path.clone(),
@@ -81,7 +107,7 @@ impl Checkpoint {
                     tname,
                     Entry {
                         file: files.len(),
-                        dtype: info.dtype,
+                        dtype: Stored::Safetensors(info.dtype),
                         shape: info.shape.clone(),
                         start: data_start + s,
                         end: data_start + e,
@@ -92,12 +118,101 @@ impl Checkpoint {
         }
         Ok(Self {
             dir: dir.to_path_buf(),
+            format: Format::Safetensors,
             files,
             tensors,
         })
     }
 
-    /// The checkpoint directory.
+    /// Maps the GGUF file(s) of one model (all parts of a split model) and returns the
+    /// checkpoint with the first file's header. `rename` gives each tensor (name, shape
+    /// outermost first) its HF name and shape, or `None` for tensors the model does not use.
+    /// Every used tensor's type is checked here, so an unsupported quantisation is refused by
+    /// name before any weight is read.
+    pub fn open_gguf(
+        paths: &[PathBuf],
+        rename: impl Fn(&str, &[usize]) -> Option<(String, Vec<usize>)>,
+    ) -> Result<(Self, GgufHeader), ModelError> {
+        let mut files = Vec::new();
+        let mut tensors = HashMap::new();
+        let mut first = None;
+        for path in paths {
+            let map = map_file(path)?;
+            let header = GgufHeader::parse(path, &map[..])?;
+            for t in &header.tensors {
+                let shape: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
+                let Some((name, shape)) = rename(&t.name, &shape) else {
+                    continue;
+                };
+                let ty = GgmlType::from_id(t.type_id).map_err(|known| ModelError::Gguf {
+                    path: path.clone(),
+                    message: format!(
+                        "tensor `{}` has type {}, which splash cannot read yet (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS); pick another quantisation of this model",
+                        t.name,
+                        known.map_or(format!("id {}", t.type_id), str::to_string)
+                    ),
+                })?;
+                let cols = *shape.last().unwrap_or(&1);
+                let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+                let bytes = (cols.is_multiple_of(ty.block_elems()))
+                    .then(|| rows * ty.row_bytes(cols))
+                    .ok_or_else(|| ModelError::Gguf {
+                        path: path.clone(),
+                        message: format!(
+                            "tensor `{}` {shape:?} does not fill whole {ty} blocks",
+                            t.name
+                        ),
+                    })?;
+                let start = header.data_start + t.offset;
+                let end = start + bytes as u64;
+                if end > map.len() as u64 {
+                    return Err(ModelError::Gguf {
+                        path: path.clone(),
+                        message: format!(
+                            "tensor `{}` ends at byte {end} but the file has {} bytes (truncated download?)",
+                            t.name,
+                            map.len()
+                        ),
+                    });
+                }
+                tensors.insert(
+                    name,
+                    Entry {
+                        file: files.len(),
+                        dtype: Stored::Ggml(ty),
+                        shape,
+                        start: start as usize,
+                        end: end as usize,
+                    },
+                );
+            }
+            files.push((path.clone(), Arc::new(map)));
+            first.get_or_insert(header);
+        }
+        let header = first.ok_or_else(|| ModelError::config(".", "no GGUF file given"))?;
+        let dir = paths[0].clone();
+        Ok((
+            Self {
+                dir,
+                format: Format::Gguf,
+                files,
+                tensors,
+            },
+            header,
+        ))
+    }
+
+    /// The file format.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// Total size of the mapped weight files.
+    pub fn file_bytes(&self) -> u64 {
+        self.files.iter().map(|(_, m)| m.len() as u64).sum()
+    }
+
+    /// The checkpoint directory (the first file of a GGUF checkpoint).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -128,10 +243,11 @@ impl Checkpoint {
             })?;
         let (path, map) = &self.files[e.file];
         let dtype = match e.dtype {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            other => {
+            Stored::Safetensors(Dtype::F32) | Stored::Ggml(GgmlType::F32) => DType::F32,
+            Stored::Safetensors(Dtype::F16) | Stored::Ggml(GgmlType::F16) => DType::F16,
+            Stored::Safetensors(Dtype::BF16) | Stored::Ggml(GgmlType::BF16) => DType::BF16,
+            Stored::Ggml(t) => DType::Ggml(t),
+            Stored::Safetensors(other) => {
                 return Err(ModelError::TensorDtype {
                     name: name.to_string(),
                     file: path.clone(),
@@ -174,12 +290,12 @@ impl Checkpoint {
         let cols = *shape.last().unwrap_or(&0);
         let mut packed = shape.to_vec();
         *packed.last_mut().expect("non-empty shape") = cols * bits as usize / 32;
-        if e.dtype != Dtype::U32 || e.shape != packed {
+        if !matches!(e.dtype, Stored::Safetensors(Dtype::U32)) || e.shape != packed {
             return Err(ModelError::Config {
                 path: path.clone(),
                 message: format!(
-                    "tensor `{name}` is {:?} {:?}; a {bits}-bit group-{group} quantised weight of shape {shape:?} is U32 {packed:?} (check `quantization` in config.json)",
-                    e.dtype, e.shape
+                    "tensor `{name}` has shape {:?}; a {bits}-bit group-{group} quantised weight of shape {shape:?} is U32 {packed:?} (check `quantization` in config.json)",
+                    e.shape
                 ),
             });
         }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
-use splash_backend::cpu::GdnDims;
+use splash_backend::cpu::{GdnDims, VHeadOrder};
 
 use crate::error::{read_json, ModelError};
 
@@ -202,6 +202,7 @@ impl ModelConfig {
             hv: t.usize(text, "linear_num_value_heads")?,
             dk: t.usize(text, "linear_key_head_dim")?,
             dv: t.usize(text, "linear_value_head_dim")?,
+            v_order: VHeadOrder::Grouped,
         };
         if !gdn.hv.is_multiple_of(gdn.hk) {
             return Err(t.err(format!(
@@ -318,6 +319,20 @@ impl GenerationDefaults {
         out.top_p = v.get("top_p").and_then(Value::as_f64).map(|x| x as f32);
         out.top_k = v.get("top_k").and_then(Value::as_u64).map(|x| x as usize);
         Ok(out)
+    }
+}
+
+impl GenerationDefaults {
+    /// The stop tokens of a GGUF model, and the sampling defaults newer converters record
+    /// under `general.sampling.*`.
+    pub fn from_gguf(h: &crate::gguf::GgufHeader, config: &ModelConfig) -> Self {
+        let get = |k: &str| h.get(k).and_then(crate::gguf::Value::as_f64);
+        Self {
+            eos_token_ids: config.eos_token_ids.clone(),
+            temperature: get("general.sampling.temp").map(|x| x as f32),
+            top_p: get("general.sampling.top_p").map(|x| x as f32),
+            top_k: get("general.sampling.top_k").map(|x| x as usize),
+        }
     }
 }
 

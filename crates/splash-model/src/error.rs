@@ -22,6 +22,8 @@ pub enum ModelError {
     },
     #[error("{path}: {message}")]
     Config { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    Gguf { path: PathBuf, message: String },
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
     #[error("tensor `{name}` is missing from the checkpoint in {dir}")]

@@ -3,13 +3,44 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::error::ModelError;
+use serde_json::{json, Value as Json};
 
-/// A `tokenizer.json` tokenizer (read plain, or gzip-compressed as `tokenizer.json.gz`).
+use crate::error::ModelError;
+use crate::gguf::{GgufHeader, Value};
+
+/// A `tokenizer.json` tokenizer (read plain, or gzip-compressed as `tokenizer.json.gz`), or
+/// one built from the vocabulary in a GGUF file's metadata.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
+    /// The tokenizer.json document when it was built in memory (GGUF), not read from `path`.
+    built: Option<Json>,
 }
+
+/// Pre-tokenizer split patterns of the byte-level BPE vocabularies splash serves, by the
+/// `tokenizer.ggml.pre` name llama.cpp's converter writes, with `ignore_merges` as the HF
+/// tokenizer sets it.
+const PRE_TOKENIZERS: [(&str, &str, bool); 3] = [
+    (
+        "qwen35",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        true,
+    ),
+    (
+        "qwen2",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        false,
+    ),
+    (
+        "deepseek-r1-qwen",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        false,
+    ),
+];
+
+/// GGUF token types (llama.cpp `llama_token_type`).
+const TOKEN_CONTROL: i64 = 3;
+const TOKEN_USER_DEFINED: i64 = 4;
 
 impl Tokenizer {
     /// Loads `dir/tokenizer.json`, else `dir/tokenizer.json.gz`.
@@ -32,12 +63,119 @@ impl Tokenizer {
                 path: path.clone(),
                 message: format!("not a valid tokenizer.json: {e}"),
             })?;
-        Ok(Self { inner, path })
+        Ok(Self {
+            inner,
+            path,
+            built: None,
+        })
+    }
+
+    /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata: a
+    /// byte-level BPE (`model` "gpt2") with the Qwen pre-tokenizer, control and user-defined
+    /// tokens as added tokens.
+    pub fn from_gguf(path: &Path, h: &GgufHeader) -> Result<Self, ModelError> {
+        let err = |message: String| ModelError::Tokenizer {
+            path: path.to_path_buf(),
+            message,
+        };
+        let model = h.get("tokenizer.ggml.model").and_then(Value::as_str);
+        if model != Some("gpt2") {
+            return Err(err(format!(
+                "tokenizer.ggml.model is {model:?}; splash reads byte-level BPE vocabularies (\"gpt2\")"
+            )));
+        }
+        let pre = h
+            .get("tokenizer.ggml.pre")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let Some(&(_, pattern, ignore_merges)) = PRE_TOKENIZERS.iter().find(|p| p.0 == pre) else {
+            let known: Vec<&str> = PRE_TOKENIZERS.iter().map(|p| p.0).collect();
+            return Err(err(format!(
+                "tokenizer.ggml.pre `{pre}` is not supported (splash knows {})",
+                known.join(", ")
+            )));
+        };
+        let strings = |key: &str| -> Result<Vec<&str>, ModelError> {
+            h.get(key)
+                .and_then(Value::as_array)
+                .ok_or_else(|| err(format!("metadata `{key}` is missing")))?
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .ok_or_else(|| err(format!("`{key}` holds a non-string")))
+                })
+                .collect()
+        };
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges = strings("tokenizer.ggml.merges")?;
+        let types: Vec<i64> = match h.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+            Some(t) => t.iter().map(|v| v.as_f64().unwrap_or(1.0) as i64).collect(),
+            None => vec![1; tokens.len()],
+        };
+        let vocab: serde_json::Map<String, Json> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.to_string(), json!(i)))
+            .collect();
+        let merges: Vec<Json> = merges
+            .iter()
+            .map(|m| {
+                let (a, b) = m
+                    .split_once(' ')
+                    .ok_or_else(|| err(format!("merge `{m}` is not two tokens")))?;
+                Ok(json!([a, b]))
+            })
+            .collect::<Result<_, ModelError>>()?;
+        let added: Vec<Json> = tokens
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .filter(|(_, (_, &ty))| ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED)
+            .map(|(id, (t, &ty))| {
+                json!({"id": id, "content": t, "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": ty == TOKEN_CONTROL})
+            })
+            .collect();
+        let doc = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": {"type": "NFC"},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+            ]},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
+                      "vocab": vocab, "merges": merges},
+        });
+        let inner = tokenizers::Tokenizer::from_bytes(doc.to_string().as_bytes()).map_err(|e| {
+            err(format!(
+                "cannot build the tokenizer from GGUF metadata: {e}"
+            ))
+        })?;
+        Ok(Self {
+            inner,
+            path: path.to_path_buf(),
+            built: Some(doc),
+        })
+    }
+
+    /// The text of token `id`, if it exists (special tokens included).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 
     /// The tokenizer.json document itself (read again from disk: it is only needed to build
     /// grammar token tables, once).
     pub fn json(&self) -> Result<serde_json::Value, ModelError> {
+        if let Some(doc) = &self.built {
+            return Ok(doc.clone());
+        }
         let bytes = read_maybe_gz(&self.path)?;
         serde_json::from_slice(&bytes).map_err(|source| ModelError::Json {
             path: self.path.clone(),

@@ -15,6 +15,8 @@ pub struct ServerConfig {
     pub max_context: Option<usize>,
     /// Model id the API answers to, then aliases.
     pub served_model_names: Vec<String>,
+    /// The model's name in the API; by default the checkpoint directory or file name.
+    pub model_name: Option<String>,
     /// `reasoning_effort` applied when a request has none.
     pub default_reasoning_effort: Option<String>,
     /// Largest accepted request body in bytes.
@@ -39,6 +41,7 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             max_context: None,
             served_model_names: Vec::new(),
+            model_name: None,
             default_reasoning_effort: None,
             max_request_size: 128 << 20,
             queue_size: 32,

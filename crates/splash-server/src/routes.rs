@@ -98,7 +98,7 @@ async fn status(State(s): State<AppState>) -> Json<Value> {
         "maximum_context_tokens": s.max_context,
         "native_context_tokens": c.max_position_embeddings,
         "memory": {
-            "weights_bytes": s.weight_bytes,
+            "weights_bytes": s.model.weight_bytes,
             "kv_format": format!("{:?}", s.config.kv_format).to_lowercase(),
             "kv_bytes_per_token": s.kv_bytes_per_token(),
         },

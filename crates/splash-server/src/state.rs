@@ -30,8 +30,6 @@ pub struct AppState {
     pub max_context: usize,
     /// Set to true on Ctrl+C: open streams end with an error event.
     pub shutdown: Arc<watch::Sender<bool>>,
-    /// Bytes of safetensors weights in the checkpoint directory (mapped, not copied).
-    pub weight_bytes: u64,
     /// Stored Responses-API responses (for `previous_response_id`).
     pub responses: Arc<ResponseStore>,
     pub started: Instant,
@@ -43,13 +41,15 @@ impl AppState {
         let metrics = Arc::new(Metrics::default());
         let max_context = engine.max_context();
         let worker = Worker::spawn(engine, config.lanes, config.queue_size, metrics.clone());
-        let id = model
-            .dir
-            .canonicalize()
-            .unwrap_or_else(|_| model.dir.clone())
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into());
+        let id = config.model_name.clone().unwrap_or_else(|| {
+            model
+                .dir
+                .canonicalize()
+                .unwrap_or_else(|_| model.dir.clone())
+                .file_name()
+                .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+                .unwrap_or_else(|| "model".into())
+        });
         let mut model_ids = vec![id];
         for alias in &config.served_model_names {
             if !model_ids.contains(alias) {
@@ -63,7 +63,6 @@ impl AppState {
             model_ids: Arc::new(model_ids),
             max_context,
             shutdown: Arc::new(watch::channel(false).0),
-            weight_bytes: weight_bytes(&model.dir),
             responses: Arc::new(ResponseStore::new(RESPONSE_STORE_BYTES)),
             model,
             started: Instant::now(),
@@ -108,9 +107,10 @@ impl AppState {
             c.vocab_size
         );
         eprintln!(
-            "  context limit {} tokens; weights {:.1} MiB (memory-mapped); KV cache {:?}, {} bytes per token; {} decode lanes, queue {}",
+            "  context limit {} tokens; weights {:.1} MiB of {:?} (memory-mapped); KV cache {:?}, {} bytes per token; {} decode lanes, queue {}",
             self.max_context,
-            self.weight_bytes as f64 / (1 << 20) as f64,
+            self.model.weight_bytes as f64 / (1 << 20) as f64,
+            self.model.format,
             self.config.kv_format,
             self.kv_bytes_per_token(),
             self.config.lanes,
@@ -130,17 +130,4 @@ impl AppState {
             }
         );
     }
-}
-
-/// Total size of the `*.safetensors` files in `dir`.
-fn weight_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(Result::ok)
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
 }

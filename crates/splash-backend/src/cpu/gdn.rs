@@ -19,13 +19,27 @@ pub struct GdnDims {
     pub hv: usize,
     pub dk: usize,
     pub dv: usize,
+    pub v_order: VHeadOrder,
+}
+
+/// Which key head each value head reads (model-spec §0.3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VHeadOrder {
+    /// HF and MLX: value head `h` reads key head `h / (hv/hk)` (`repeat_interleave`).
+    #[default]
+    Grouped,
+    /// GGUF: the converter reorders value heads so that head `h` reads key head `h % hk`.
+    Tiled,
 }
 
 impl GdnDims {
     /// Key head read by value head `h`.
     #[inline]
     pub fn key_head(&self, h: usize) -> usize {
-        h / (self.hv / self.hk)
+        match self.v_order {
+            VHeadOrder::Grouped => h / (self.hv / self.hk),
+            VHeadOrder::Tiled => h % self.hk,
+        }
     }
 
     /// Size of one sequence's recurrent state.
@@ -165,7 +179,7 @@ fn recurrent_head(sc: &Scan, h: usize, s: &mut [f32], o: &mut [f32]) {
         dims,
         t,
     } = *sc;
-    let GdnDims { hk, hv, dk, dv } = dims;
+    let GdnDims { hk, hv, dk, dv, .. } = dims;
     let kh = dims.key_head(h);
     let mut delta = vec![0.0f32; dv];
     for ti in 0..t {
@@ -209,7 +223,7 @@ fn chunked_head(sc: &Scan, h: usize, s: &mut [f32], o: &mut [f32]) {
         dims,
         t,
     } = *sc;
-    let GdnDims { hk, hv, dk, dv } = dims;
+    let GdnDims { hk, hv, dk, dv, .. } = dims;
     let kh = dims.key_head(h);
     let c = GDN_CHUNK;
     // Per-chunk scratch, reused.
@@ -339,7 +353,7 @@ fn check_shapes(
     dims: GdnDims,
     t: usize,
 ) {
-    let GdnDims { hk, hv, dk, dv } = dims;
+    let GdnDims { hk, hv, dk, dv, .. } = dims;
     assert!(
         hv % hk == 0,
         "value heads {hv} not a multiple of key heads {hk}"
@@ -394,7 +408,7 @@ mod tests {
     }
 
     fn inputs(t: usize, dims: GdnDims, seed: u64) -> Inputs {
-        let GdnDims { hk, hv, dk, dv } = dims;
+        let GdnDims { hk, hv, dk, dv, .. } = dims;
         let mut s = seed;
         let mut r = |n: usize| (0..n).map(|_| lcg(&mut s)).collect::<Vec<f32>>();
         let mut q = r(t * hk * dk);
@@ -427,13 +441,17 @@ mod tests {
 
     #[test]
     fn chunked_equals_recurrent() {
-        let dims = GdnDims {
+        let cases = [VHeadOrder::Grouped, VHeadOrder::Tiled].map(|v_order| GdnDims {
             hk: 2,
             hv: 4,
             dk: 16,
             dv: 8,
-        };
-        for t in [1, 5, 64, 65, 150] {
+            v_order,
+        });
+        for (dims, t) in cases
+            .into_iter()
+            .flat_map(|d| [1, 5, 64, 65, 150].map(|t| (d, t)))
+        {
             let inp = inputs(t, dims, t as u64);
             let mut s1 = inp.state.clone();
             let mut s2 = inp.state.clone();
@@ -465,6 +483,7 @@ mod tests {
             hv: 2,
             dk: 8,
             dv: 4,
+            v_order: VHeadOrder::Grouped,
         };
         let t = 9;
         let inp = inputs(t, dims, 7);

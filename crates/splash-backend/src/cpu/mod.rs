@@ -10,7 +10,7 @@ mod rope;
 
 pub use activation::{add_in_place, sigmoid, silu, silu_mul, softmax_in_place, softplus};
 pub use attention::attention;
-pub use gdn::{causal_conv1d_silu, gdn_chunked, gdn_recurrent, GdnDims, GDN_CHUNK};
+pub use gdn::{causal_conv1d_silu, gdn_chunked, gdn_recurrent, GdnDims, VHeadOrder, GDN_CHUNK};
 pub use kv::{KvFormat, KvStore};
 pub use matmul::{dot, embedding, matmul};
 pub use norm::{l2_norm_rows, rms_norm, rms_norm_gated};

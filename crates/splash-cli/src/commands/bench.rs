@@ -10,9 +10,8 @@ use crate::model_arg;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Checkpoint directory, or `demo`.
-    #[arg(long)]
-    model: String,
+    #[command(flatten)]
+    model: model_arg::ModelArgs,
     /// Prompt length for the prefill measurement.
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,

@@ -11,9 +11,8 @@ use crate::model_arg;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Checkpoint directory, or `demo`.
-    #[arg(long)]
-    model: String,
+    #[command(flatten)]
+    model: model_arg::ModelArgs,
     /// The prompt text.
     #[arg(long)]
     prompt: String,

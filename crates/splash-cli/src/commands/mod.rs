@@ -2,5 +2,7 @@
 
 pub mod bench;
 pub mod generate;
+pub mod list;
 pub mod perplexity;
+pub mod pull;
 pub mod serve;

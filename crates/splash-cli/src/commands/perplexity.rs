@@ -7,9 +7,8 @@ use crate::model_arg;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Checkpoint directory, or `demo`.
-    #[arg(long)]
-    model: String,
+    #[command(flatten)]
+    model: model_arg::ModelArgs,
     /// UTF-8 text file to score.
     #[arg(long)]
     file: std::path::PathBuf,

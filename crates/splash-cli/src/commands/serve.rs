@@ -7,9 +7,8 @@ use crate::model_arg;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Checkpoint directory, or `demo`.
-    #[arg(long)]
-    model: String,
+    #[command(flatten)]
+    model: model_arg::ModelArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -57,6 +56,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         allowed_origins: a.allowed_origins,
         max_context: a.max_context,
         served_model_names: a.served_model_names,
+        // A Hub model is named by its repo (the snapshot directory is a commit hash).
+        model_name: match model_arg::source(&a.model)? {
+            model_arg::Source::Hub(spec) => Some(match &spec.variant {
+                Some(variant) => format!("{}:{variant}", spec.repo),
+                None => spec.repo,
+            }),
+            model_arg::Source::Local(_) => None,
+        },
         default_reasoning_effort: a.default_reasoning_effort,
         max_request_size: a.max_request_size,
         queue_size: a.queue_size,

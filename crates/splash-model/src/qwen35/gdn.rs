@@ -38,8 +38,8 @@ impl GatedDeltaNet {
         let (h, c, k) = (cfg.hidden_size, cfg.conv_dim(), cfg.conv_kernel);
         let n = |rest: &str| names.layer(i, &format!("linear_attn.{rest}"));
         let conv_w = ck.get(&n("conv1d.weight"))?;
-        // HF stores [C, 1, K], MLX [C, K, 1]: the same values in the same order.
-        if conv_w.shape() != [c, 1, k] && conv_w.shape() != [c, k, 1] {
+        // HF stores [C, 1, K], MLX [C, K, 1], GGUF [C, K]: the same values in the same order.
+        if ![&[c, 1, k][..], &[c, k, 1], &[c, k]].contains(&conv_w.shape()) {
             ck.get_shaped(&n("conv1d.weight"), &[c, 1, k])?;
         }
         Ok(Self {
@@ -50,12 +50,16 @@ impl GatedDeltaNet {
             in_a: names.linear(ck, &n("in_proj_a"), &[hv, h])?,
             conv: conv_w.to_f32_vec(),
             dt_bias: ck.get_shaped(&n("dt_bias"), &[hv])?.to_f32_vec(),
-            neg_a: ck
-                .get_shaped(&n("A_log"), &[hv])?
-                .to_f32_vec()
-                .into_iter()
-                .map(|a| -a.exp())
-                .collect(),
+            // GGUF stores `ssm_a` = -exp(A_log) itself.
+            neg_a: if ck.contains(&n("ssm_a")) {
+                ck.get_shaped(&n("ssm_a"), &[hv])?.to_f32_vec()
+            } else {
+                ck.get_shaped(&n("A_log"), &[hv])?
+                    .to_f32_vec()
+                    .into_iter()
+                    .map(|a| -a.exp())
+                    .collect()
+            },
             norm: ck.get_shaped(&n("norm.weight"), &[dv])?.to_f32_vec(),
             out: names.linear(ck, &n("out_proj"), &[h, hv * dv])?,
         })
@@ -79,7 +83,7 @@ impl GatedDeltaNet {
         recurrent: &mut [f32],
         eps: f32,
     ) -> Vec<f32> {
-        let GdnDims { hk, hv, dk, dv } = self.dims;
+        let GdnDims { hk, hv, dk, dv, .. } = self.dims;
         let t = x.len() / self.in_qkv.cols();
         let c = self.in_qkv.rows();
         let kd = hk * dk;

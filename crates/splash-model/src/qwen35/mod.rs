@@ -6,11 +6,12 @@
 mod attention;
 mod ffn;
 mod gdn;
+pub mod gguf;
 
 use splash_backend::cpu::{add_in_place, embedding, matmul, rms_norm, KvFormat, Rope};
 use splash_backend::Weight;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, Format};
 use crate::config::{LayerKind, ModelConfig, Quantization};
 use crate::error::ModelError;
 use crate::state::{LayerState, SequenceState};
@@ -65,6 +66,15 @@ pub(crate) struct Names {
 impl Names {
     fn detect(ck: &Checkpoint, config: &ModelConfig) -> Result<Self, ModelError> {
         let quant = config.quantization.clone();
+        if ck.format() == Format::Gguf {
+            // Renamed to HF names at open; norms are stored shifted, like MLX.
+            return Ok(Self {
+                p: "model.".to_string(),
+                head: "lm_head".to_string(),
+                norm_shift: 0.0,
+                quant,
+            });
+        }
         for p in ["model.language_model.", "model."] {
             if ck.contains(&format!("{p}embed_tokens.weight")) {
                 return Ok(Self {
