@@ -3,7 +3,7 @@
 use half::f16;
 use rayon::prelude::*;
 
-use crate::ggml::{dequantize, GgmlType};
+use crate::ggml::{self, GgmlType};
 use crate::{DType, Weight};
 
 /// Weight elements per task in the single-token (GEMV) path: enough work to amortise the
@@ -173,20 +173,21 @@ fn row_dot(w: &Weight, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
     }
 }
 
-/// Dot product of one row of GGML blocks with `x`: blocks are dequantised a few hundred
-/// values at a time into `scratch`, then multiplied with the vectorised f32 dot.
+/// Dot product of one row of GGML blocks with `x`, a block at a time.
 fn ggml_dot(t: GgmlType, row: &[u8], x: &[f32], scratch: &mut Vec<f32>) -> f32 {
-    let be = t.block_elems();
-    let blocks_per_step = (256 / be).max(1);
-    let (step_elems, step_bytes) = (blocks_per_step * be, blocks_per_step * t.block_bytes());
-    scratch.resize(step_elems, 0.0);
-    let mut acc = 0.0f32;
-    for (bytes, xs) in row.chunks(step_bytes).zip(x.chunks(step_elems)) {
-        let buf = &mut scratch[..xs.len()];
-        dequantize(t, bytes, buf);
-        acc += dot(buf, xs);
+    scratch.resize(256, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked above).
+        return unsafe { ggml_dot_avx2(t, row, x, scratch) };
     }
-    acc
+    ggml::row_dot(t, row, x, scratch, dot_portable)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn ggml_dot_avx2(t: GgmlType, row: &[u8], x: &[f32], scratch: &mut [f32]) -> f32 {
+    ggml::row_dot(t, row, x, scratch, dot_portable)
 }
 
 /// `out = W x` for an affine weight without expanding it: per row and group,

@@ -11,6 +11,131 @@ use super::GgmlType;
 /// Offset added to every IQ1_S / IQ1_M grid value (llama.cpp `IQ1S_DELTA`, `IQ1M_DELTA`).
 const IQ1_DELTA: f32 = 0.125;
 
+/// Runs `$body` with `$f` bound to the block function of type `$t` (a distinct fn item per
+/// type, so that generic callers are monomorphised and the block code inlines).
+macro_rules! with_block_fn {
+    ($t:expr, |$f:ident| $body:expr) => {
+        match $t {
+            GgmlType::F32 => {
+                let $f = |b: &[u8], y: &mut [f32]| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                $body
+            }
+            GgmlType::F16 => {
+                let $f = |b: &[u8], y: &mut [f32]| y[0] = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                $body
+            }
+            GgmlType::BF16 => {
+                let $f = |b: &[u8], y: &mut [f32]| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                $body
+            }
+            GgmlType::Q4_0 => {
+                let $f = q4_0;
+                $body
+            }
+            GgmlType::Q4_1 => {
+                let $f = q4_1;
+                $body
+            }
+            GgmlType::Q5_0 => {
+                let $f = q5_0;
+                $body
+            }
+            GgmlType::Q5_1 => {
+                let $f = q5_1;
+                $body
+            }
+            GgmlType::Q8_0 => {
+                let $f = q8_0;
+                $body
+            }
+            GgmlType::Q2_K => {
+                let $f = q2_k;
+                $body
+            }
+            GgmlType::Q3_K => {
+                let $f = q3_k;
+                $body
+            }
+            GgmlType::Q4_K => {
+                let $f = q4_k;
+                $body
+            }
+            GgmlType::Q5_K => {
+                let $f = q5_k;
+                $body
+            }
+            GgmlType::Q6_K => {
+                let $f = q6_k;
+                $body
+            }
+            GgmlType::IQ2_XXS => {
+                let $f = iq2_xxs;
+                $body
+            }
+            GgmlType::IQ2_XS => {
+                let $f = iq2_xs;
+                $body
+            }
+            GgmlType::IQ2_S => {
+                let $f = iq2_s;
+                $body
+            }
+            GgmlType::IQ3_XXS => {
+                let $f = iq3_xxs;
+                $body
+            }
+            GgmlType::IQ3_S => {
+                let $f = iq3_s;
+                $body
+            }
+            GgmlType::IQ1_S => {
+                let $f = iq1_s;
+                $body
+            }
+            GgmlType::IQ1_M => {
+                let $f = iq1_m;
+                $body
+            }
+            GgmlType::IQ4_NL => {
+                let $f = iq4_nl;
+                $body
+            }
+            GgmlType::IQ4_XS => {
+                let $f = iq4_xs;
+                $body
+            }
+        }
+    };
+}
+
+/// `Σ row·x` for one row of blocks: each block is dequantised into `buf` and multiplied with
+/// `dot`. Inlined into the caller, so that compiled inside a SIMD-enabled function the block
+/// code vectorises with it.
+#[inline(always)]
+pub(crate) fn row_dot(
+    ty: GgmlType,
+    row: &[u8],
+    x: &[f32],
+    buf: &mut [f32],
+    dot: impl Fn(&[f32], &[f32]) -> f32,
+) -> f32 {
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    // Float "blocks" are single elements: convert a run of them at once instead.
+    let step = if be == 1 { buf.len() } else { be };
+    let buf = &mut buf[..step];
+    with_block_fn!(ty, |block| {
+        let mut acc = 0.0f32;
+        for (bytes, xs) in row.chunks(step / be * bb).zip(x.chunks(step)) {
+            let y = &mut buf[..xs.len()];
+            for (b, o) in bytes.chunks_exact(bb).zip(y.chunks_exact_mut(be)) {
+                block(b, o);
+            }
+            acc += dot(y, xs);
+        }
+        acc
+    })
+}
+
 /// Dequantises whole blocks: `src` holds `dst.len() / ty.block_elems()` blocks of `ty`.
 pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     let (be, bb) = (ty.block_elems(), ty.block_bytes());
@@ -20,33 +145,11 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         src.len(),
         dst.len()
     );
-    let block: fn(&[u8], &mut [f32]) = match ty {
-        GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        GgmlType::F16 => |b, y| y[0] = f16::from_le_bytes([b[0], b[1]]).to_f32(),
-        GgmlType::BF16 => |b, y| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-        GgmlType::Q4_0 => q4_0,
-        GgmlType::Q4_1 => q4_1,
-        GgmlType::Q5_0 => q5_0,
-        GgmlType::Q5_1 => q5_1,
-        GgmlType::Q8_0 => q8_0,
-        GgmlType::Q2_K => q2_k,
-        GgmlType::Q3_K => q3_k,
-        GgmlType::Q4_K => q4_k,
-        GgmlType::Q5_K => q5_k,
-        GgmlType::Q6_K => q6_k,
-        GgmlType::IQ2_XXS => iq2_xxs,
-        GgmlType::IQ2_XS => iq2_xs,
-        GgmlType::IQ2_S => iq2_s,
-        GgmlType::IQ3_XXS => iq3_xxs,
-        GgmlType::IQ3_S => iq3_s,
-        GgmlType::IQ1_S => iq1_s,
-        GgmlType::IQ1_M => iq1_m,
-        GgmlType::IQ4_NL => iq4_nl,
-        GgmlType::IQ4_XS => iq4_xs,
-    };
-    for (b, y) in src.chunks_exact(bb).zip(dst.chunks_exact_mut(be)) {
-        block(b, y);
-    }
+    with_block_fn!(ty, |block| {
+        for (b, y) in src.chunks_exact(bb).zip(dst.chunks_exact_mut(be)) {
+            block(b, y);
+        }
+    })
 }
 
 #[inline(always)]
@@ -65,6 +168,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 }
 
 /// `half d; u8 qs[16]`: `(q - 8)·d`, low nibbles first.
+#[inline(always)]
 fn q4_0(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
     for (j, &q) in b[2..18].iter().enumerate() {
@@ -74,6 +178,7 @@ fn q4_0(b: &[u8], y: &mut [f32]) {
 }
 
 /// `half d, m; u8 qs[16]`: `q·d + m`.
+#[inline(always)]
 fn q4_1(b: &[u8], y: &mut [f32]) {
     let (d, m) = (half(b, 0), half(b, 2));
     for (j, &q) in b[4..20].iter().enumerate() {
@@ -83,6 +188,7 @@ fn q4_1(b: &[u8], y: &mut [f32]) {
 }
 
 /// `half d; u32 qh; u8 qs[16]`: five-bit codes, the fifth bits in `qh`, `(q - 16)·d`.
+#[inline(always)]
 fn q5_0(b: &[u8], y: &mut [f32]) {
     let (d, qh) = (half(b, 0), u32_at(b, 2));
     for (j, &q) in b[6..22].iter().enumerate() {
@@ -94,6 +200,7 @@ fn q5_0(b: &[u8], y: &mut [f32]) {
 }
 
 /// `half d, m; u32 qh; u8 qs[16]`: five-bit codes, `q·d + m`.
+#[inline(always)]
 fn q5_1(b: &[u8], y: &mut [f32]) {
     let (d, m, qh) = (half(b, 0), half(b, 2), u32_at(b, 4));
     for (j, &q) in b[8..24].iter().enumerate() {
@@ -105,6 +212,7 @@ fn q5_1(b: &[u8], y: &mut [f32]) {
 }
 
 /// `half d; i8 qs[32]`: `q·d`.
+#[inline(always)]
 fn q8_0(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
     for (o, &q) in y.iter_mut().zip(&b[2..34]) {
@@ -113,6 +221,7 @@ fn q8_0(b: &[u8], y: &mut [f32]) {
 }
 
 /// `u8 scales[16]; u8 qs[64]; half d, dmin`: two-bit codes, a 4-bit scale and min per 16.
+#[inline(always)]
 fn q2_k(b: &[u8], y: &mut [f32]) {
     let (scales, qs) = (&b[0..16], &b[16..80]);
     let (d, min) = (half(b, 80), half(b, 82));
@@ -135,6 +244,7 @@ fn q2_k(b: &[u8], y: &mut [f32]) {
 
 /// `u8 hmask[32]; u8 qs[64]; u8 scales[12]; half d`: three-bit codes (high bit in `hmask`),
 /// sixteen 6-bit signed scales.
+#[inline(always)]
 fn q3_k(b: &[u8], y: &mut [f32]) {
     let (hm, qs) = (&b[0..32], &b[32..96]);
     let d = half(b, 108);
@@ -181,6 +291,7 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (f32, f32) {
 }
 
 /// `half d, dmin; u8 scales[12]; u8 qs[128]`: four-bit codes, a scale and min per 32.
+#[inline(always)]
 fn q4_k(b: &[u8], y: &mut [f32]) {
     let (d, min, scales, qs) = (half(b, 0), half(b, 2), &b[4..16], &b[16..144]);
     for (j, (q, o)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
@@ -195,6 +306,7 @@ fn q4_k(b: &[u8], y: &mut [f32]) {
 }
 
 /// `half d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]`: Q4_K with a fifth bit from `qh`.
+#[inline(always)]
 fn q5_k(b: &[u8], y: &mut [f32]) {
     let (d, min, scales) = (half(b, 0), half(b, 2), &b[4..16]);
     let (qh, qs) = (&b[16..48], &b[48..176]);
@@ -213,6 +325,7 @@ fn q5_k(b: &[u8], y: &mut [f32]) {
 }
 
 /// `u8 ql[128]; u8 qh[64]; i8 scales[16]; half d`: six-bit codes centred on 32.
+#[inline(always)]
 fn q6_k(b: &[u8], y: &mut [f32]) {
     let d = half(b, 208);
     for n in 0..2 {
@@ -252,6 +365,7 @@ fn sign(signs: u8, j: usize) -> f32 {
 
 /// `half d; u16 qs[32]`: per 32 values, four 8-bit grid indices and 4×7 sign bits plus a
 /// 4-bit scale in the second word.
+#[inline(always)]
 fn iq2_xxs(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
     for (ib, o) in y.chunks_exact_mut(32).enumerate() {
@@ -271,6 +385,7 @@ fn iq2_xxs(b: &[u8], y: &mut [f32]) {
 
 /// `half d; u16 qs[32]; u8 scales[8]`: 9-bit grid indices with 7 sign bits, two 4-bit scales
 /// per 32 values.
+#[inline(always)]
 fn iq2_xs(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
     let scales = &b[66..74];
@@ -292,6 +407,7 @@ fn iq2_xs(b: &[u8], y: &mut [f32]) {
 
 /// `half d; u8 qs[32]; u8 signs[32]; u8 qh[8]; u8 scales[8]`: 10-bit grid indices, explicit
 /// sign bytes.
+#[inline(always)]
 fn iq2_s(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
     let (qs, signs, qh, scales) = (&b[2..34], &b[34..66], &b[66..74], &b[74..82]);
@@ -313,6 +429,7 @@ fn iq2_s(b: &[u8], y: &mut [f32]) {
 
 /// `half d; u8 qs[64]; u32 scales_and_signs[8]`: 8-bit indices into a grid of 4-value
 /// entries, 4×7 sign bits and a 4-bit scale per 32 values.
+#[inline(always)]
 fn iq3_xxs(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
     let qs = &b[2..66];
@@ -333,6 +450,7 @@ fn iq3_xxs(b: &[u8], y: &mut [f32]) {
 
 /// `half d; u8 qs[64]; u8 qh[8]; u8 signs[32]; u8 scales[4]`: 9-bit indices into a grid of
 /// 4-value entries, explicit signs, one 4-bit scale per 32 values.
+#[inline(always)]
 fn iq3_s(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
     let (qs, qh, signs, scales) = (&b[2..66], &b[66..74], &b[74..106], &b[106..110]);
@@ -354,6 +472,7 @@ fn iq3_s(b: &[u8], y: &mut [f32]) {
 
 /// `half d; u8 qs[32]; u16 qh[8]`: 11-bit indices into a ternary grid, a 3-bit scale and the
 /// sign of a shared offset per 32 values.
+#[inline(always)]
 fn iq1_s(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
     let qs = &b[2..34];
@@ -376,6 +495,7 @@ fn iq1_s(b: &[u8], y: &mut [f32]) {
 
 /// `u8 qs[32]; u8 qh[16]; u8 scales[8]`: IQ1_S with per-16 scales and offsets; the fp16
 /// super-scale is spread over the top nibbles of the four scale words.
+#[inline(always)]
 fn iq1_m(b: &[u8], y: &mut [f32]) {
     let (qs, qh) = (&b[0..32], &b[32..48]);
     let sc: [u16; 4] = std::array::from_fn(|i| u16_at(b, 48 + 2 * i));
@@ -419,6 +539,7 @@ fn iq1_m(b: &[u8], y: &mut [f32]) {
 }
 
 /// `half d; u8 qs[16]`: 4-bit indices into a fixed non-uniform table.
+#[inline(always)]
 fn iq4_nl(b: &[u8], y: &mut [f32]) {
     let d = half(b, 0);
     for (j, &q) in b[2..18].iter().enumerate() {
@@ -428,6 +549,7 @@ fn iq4_nl(b: &[u8], y: &mut [f32]) {
 }
 
 /// `half d; u16 scales_h; u8 scales_l[4]; u8 qs[128]`: IQ4_NL with a 6-bit scale per 32.
+#[inline(always)]
 fn iq4_xs(b: &[u8], y: &mut [f32]) {
     let (d, scales_h, scales_l) = (half(b, 0), u16_at(b, 2), &b[4..8]);
     for (ib, o) in y.chunks_exact_mut(32).enumerate() {

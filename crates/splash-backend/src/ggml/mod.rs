@@ -11,6 +11,7 @@ mod grids;
 use std::fmt;
 
 pub use dequant::dequantize;
+pub(crate) use dequant::row_dot;
 
 /// A GGML tensor type that splash can read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
