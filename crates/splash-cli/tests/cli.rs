@@ -133,7 +133,7 @@ fn errors_exit_nonzero_with_a_reason() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("not a directory"),
+        text(&out.stderr).contains("does not exist"),
         "{}",
         text(&out.stderr)
     );
