@@ -2,6 +2,8 @@
 
 mod activation;
 mod attention;
+mod block_attention;
+mod dyn_conv;
 mod gdn;
 mod kv;
 mod matmul;
@@ -10,6 +12,8 @@ mod rope;
 
 pub use activation::{add_in_place, sigmoid, silu, silu_mul, softmax_in_place, softplus};
 pub use attention::attention;
+pub use block_attention::BlockAttention;
+pub use dyn_conv::grouped_dynamic_conv;
 pub use gdn::{causal_conv1d_silu, gdn_chunked, gdn_recurrent, GdnDims, VHeadOrder, GDN_CHUNK};
 pub use kv::{KvFormat, KvStore};
 pub use matmul::{dot, embedding, matmul};

@@ -10,6 +10,7 @@ use super::Names;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::state::GdnReplay;
 
 pub(super) struct GatedDeltaNet {
     dims: GdnDims,
@@ -75,12 +76,15 @@ impl GatedDeltaNet {
             + self.norm.len()
     }
 
-    /// `x` `[T, H]` (normed) → `[T, H]`, advancing the conv and recurrent state.
+    /// `x` `[T, H]` (normed) → `[T, H]`, advancing the conv and recurrent state. With
+    /// `record`, also stores the state before the pass and the scan inputs (speculative
+    /// rollback, model-spec §2.6).
     pub(super) fn forward(
         &self,
         x: &[f32],
         conv_state: &mut [f32],
         recurrent: &mut [f32],
+        record: Option<&mut Option<GdnReplay>>,
         eps: f32,
     ) -> Vec<f32> {
         let GdnDims { hk, hv, dk, dv, .. } = self.dims;
@@ -96,6 +100,7 @@ impl GatedDeltaNet {
         let mut a = vec![0.0f32; t * hv];
         matmul(&mut a, x, &self.in_a);
 
+        let conv_before = record.is_some().then(|| conv_state.to_vec());
         let mut mixed = vec![0.0f32; t * c];
         causal_conv1d_silu(&mut mixed, &qkv, conv_state, &self.conv);
         let (mut q, mut k, mut v) = (
@@ -119,6 +124,19 @@ impl GatedDeltaNet {
             a[i] = self.neg_a[h] * softplus(a[i] + self.dt_bias[h]);
         }
         let (beta, g) = (b, a);
+        if let Some(slot) = record {
+            *slot = Some(GdnReplay {
+                conv: conv_before.unwrap_or_default(),
+                recurrent: recurrent.to_vec(),
+                qkv: qkv.clone(),
+                q: q.clone(),
+                k: k.clone(),
+                v: v.clone(),
+                g: g.clone(),
+                beta: beta.clone(),
+                dims: self.dims,
+            });
+        }
 
         let mut o = vec![0.0f32; t * hv * dv];
         if t == 1 {

@@ -215,7 +215,26 @@ impl Qwen35 {
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
+        Ok(self.forward_with_taps(state, tokens, want, &[])?.0)
+    }
+
+    /// [`forward`](Self::forward) that also returns the hidden states leaving the decoder
+    /// layers listed in `taps` (0-based; transformers' `hidden_states[l + 1]`), concatenated
+    /// per token in the listed order: `[T, taps.len() · H]` (the DFlash context features).
+    pub fn forward_with_taps(
+        &self,
+        state: &mut SequenceState,
+        tokens: &[u32],
+        want: Logits,
+        taps: &[usize],
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         let cfg = &self.config;
+        // Drafts are validated against the target when paired (dflash::DraftConfig::check).
+        assert!(
+            taps.iter().all(|&l| l < cfg.num_layers()),
+            "tap layers {taps:?} beyond the model's {} layers",
+            cfg.num_layers()
+        );
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= cfg.vocab_size) {
             return Err(ModelError::TokenOutOfRange {
                 id,
@@ -230,17 +249,20 @@ impl Qwen35 {
             });
         }
         if tokens.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let (t, h, eps) = (tokens.len(), cfg.hidden_size, cfg.rms_norm_eps);
+        let mut features = vec![0.0f32; t * taps.len() * h];
         let mut x = vec![0.0f32; t * h];
         embedding(&mut x, &self.embed, tokens);
         let mut normed = vec![0.0f32; t * h];
-        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+        let mut checkpoint = state.checkpoint.as_mut();
+        for (li, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             rms_norm(&mut normed, &x, &layer.input_norm, eps);
             let mixed = match (&layer.mixer, ls) {
                 (Mixer::Linear(g), LayerState::Gdn { conv, recurrent }) => {
-                    g.forward(&normed, conv, recurrent, eps)
+                    let record = checkpoint.as_mut().map(|c| &mut c.gdn[li]);
+                    g.forward(&normed, conv, recurrent, record, eps)
                 }
                 (Mixer::Full(a), LayerState::Attn { k, v }) => {
                     a.forward(&normed, k, v, pos0, &self.rope, eps)
@@ -250,17 +272,37 @@ impl Qwen35 {
             add_in_place(&mut x, &mixed);
             rms_norm(&mut normed, &x, &layer.post_norm, eps);
             add_in_place(&mut x, &layer.ffn.forward(&normed));
+            for (j, _) in taps.iter().enumerate().filter(|(_, &l)| l == li) {
+                let width = taps.len() * h;
+                for (ti, row) in x.chunks_exact(h).enumerate() {
+                    features[ti * width + j * h..][..h].copy_from_slice(row);
+                }
+            }
         }
         state.advance(t);
         let rows = match want {
-            Logits::None => return Ok(Vec::new()),
+            Logits::None => return Ok((Vec::new(), features)),
             Logits::Last => &x[(t - 1) * h..],
             Logits::All => &x[..],
         };
         let mut final_h = vec![0.0f32; rows.len()];
         rms_norm(&mut final_h, rows, &self.final_norm, eps);
-        let mut logits = vec![0.0f32; rows.len() / h * cfg.vocab_size];
-        matmul(&mut logits, &final_h, &self.lm_head);
-        Ok(logits)
+        Ok((self.lm_head(&final_h), features))
+    }
+
+    /// Token embeddings `[T, H]` (the DFlash draft embeds its block with them).
+    pub fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        let mut x = vec![0.0f32; tokens.len() * self.config.hidden_size];
+        embedding(&mut x, &self.embed, tokens);
+        x
+    }
+
+    /// The LM head over already-normed hidden rows `[T, H]` → logits `[T, V]` (the DFlash
+    /// draft scores its proposals with it).
+    pub fn lm_head(&self, hidden: &[f32]) -> Vec<f32> {
+        let mut logits =
+            vec![0.0f32; hidden.len() / self.config.hidden_size * self.config.vocab_size];
+        matmul(&mut logits, hidden, &self.lm_head);
+        logits
     }
 }

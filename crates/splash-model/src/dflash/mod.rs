@@ -1,0 +1,411 @@
+//! DFlash and DFlash2 draft models (model-spec §4): a few Qwen3-style layers that draft a
+//! whole block in one parallel pass, conditioned on the target's hidden states.
+//!
+//! Legend: `B` = block size (anchor + `B-1` mask rows), `H` = hidden size (the target's),
+//! `n` = number of tap layers, `C` = committed context rows, `hq`/`hkv`/`d` = draft heads.
+//!
+//! ```text
+//! ctx   = hidden_norm(fc(concat taps))                     [C, H]   once per committed token
+//! h     = target.embed([anchor, MASK × (B-1)]) · scale     [B, H]   positions s..s+B-1
+//! layer: x = input_ln(h); (DFlash2: x = attn_conv.prepare(x))
+//!        K,V = [cached ctx K,V ; block K,V]  (ctx K/V: k_norm + RoPE at their positions)
+//!        h += o_proj(attention(q(x), K, V))  no causal mask; sliding layers |Δpos| < W
+//!        (DFlash2: attn_conv.finish), then the MLP the same way with mlp_conv
+//! out   = norm(h)[1..]                                     [B-1, H]
+//! logits = target.lm_head(out) · output_multiplier, optional tanh softcap
+//! ```
+//!
+//! The context K/V rows of each layer depend only on the context features, so they are
+//! computed once when a token is committed ([`DFlashDraft::append_context`]) and kept in a
+//! per-sequence [`DraftContext`] (sliding layers keep only the last `W-1` rows).
+
+mod config;
+mod selector;
+
+use std::path::Path;
+
+use splash_backend::cpu::{
+    add_in_place, grouped_dynamic_conv, matmul, rms_norm, silu_mul, BlockAttention, Rope,
+};
+use splash_backend::Weight;
+
+pub use config::{build_target_layer_ids, DFlash2Config, DraftConfig, DraftKind};
+pub use selector::{Selector, SelectorSlot};
+
+use crate::checkpoint::Checkpoint;
+use crate::error::ModelError;
+use crate::qwen35::Qwen35;
+
+/// DFlash2's convolution around one sublayer: `base [2, K, H]`, `kernel_projection [2·K·G, H]`.
+struct DynConv {
+    base: Vec<f32>,
+    projection: Weight,
+    kernel: usize,
+    group: usize,
+}
+
+impl DynConv {
+    /// `x [T, H]` → (`conv(x, dyn[:,0], base[0])`, `dyn[:,1]` for [`finish`](Self::finish)).
+    fn prepare(&self, x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let h = self.base.len() / (2 * self.kernel);
+        let t = x.len() / h;
+        let per_side = self.kernel * (h / self.group);
+        let mut dynamic = vec![0.0f32; t * 2 * per_side];
+        matmul(&mut dynamic, x, &self.projection);
+        // [T, 2, K, G] → the two sides, each [T, K, G].
+        let (mut first, mut second) = (
+            Vec::with_capacity(t * per_side),
+            Vec::with_capacity(t * per_side),
+        );
+        for row in dynamic.chunks_exact(2 * per_side) {
+            first.extend_from_slice(&row[..per_side]);
+            second.extend_from_slice(&row[per_side..]);
+        }
+        let mut out = vec![0.0f32; x.len()];
+        grouped_dynamic_conv(
+            &mut out,
+            x,
+            &first,
+            &self.base[..self.kernel * h],
+            self.kernel,
+            self.group,
+        );
+        (out, second)
+    }
+
+    fn finish(&self, y: &[f32], dynamic: &[f32]) -> Vec<f32> {
+        let h = self.base.len() / (2 * self.kernel);
+        let mut out = vec![0.0f32; y.len()];
+        grouped_dynamic_conv(
+            &mut out,
+            y,
+            dynamic,
+            &self.base[self.kernel * h..],
+            self.kernel,
+            self.group,
+        );
+        out
+    }
+}
+
+struct DraftLayer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    q: Weight,
+    k: Weight,
+    v: Weight,
+    o: Weight,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    gate: Weight,
+    up: Weight,
+    down: Weight,
+    window: Option<usize>,
+    /// DFlash2: around the attention and the MLP.
+    convs: Option<(DynConv, DynConv)>,
+}
+
+/// A loaded DFlash or DFlash2 draft. It has no embedding or LM head: the target's are used.
+pub struct DFlashDraft {
+    config: DraftConfig,
+    fc: Weight,
+    hidden_norm: Vec<f32>,
+    layers: Vec<DraftLayer>,
+    norm: Vec<f32>,
+    selector: Option<Selector>,
+    rope: Rope,
+}
+
+/// One layer's cached context keys (normed, rotated) and values, `[rows, hkv, d]`.
+#[derive(Clone, Debug, Default)]
+struct LayerContext {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Position of the first cached row.
+    pos0: usize,
+}
+
+/// Per-sequence draft state: the context K/V of every draft layer.
+#[derive(Clone, Debug)]
+pub struct DraftContext {
+    layers: Vec<LayerContext>,
+    /// Context rows appended so far (= the position of the next one).
+    len: usize,
+}
+
+impl DraftContext {
+    /// Committed positions whose taps were appended.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True before any context row.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held.
+    pub fn memory_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| (l.k.len() + l.v.len()) * 4)
+            .sum()
+    }
+}
+
+impl DFlashDraft {
+    /// Loads the draft checkpoint in `dir` (config.json + safetensors).
+    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        let config = DraftConfig::from_dir(dir)?;
+        let ck = Checkpoint::open(dir)?;
+        Self::from_checkpoint(config, &ck)
+    }
+
+    fn from_checkpoint(config: DraftConfig, ck: &Checkpoint) -> Result<Self, ModelError> {
+        // Saved from the bare draft module (no prefix), or wrapped (`model.`).
+        let p = if ck.contains("fc.weight") {
+            ""
+        } else {
+            "model."
+        };
+        let n = |rest: &str| format!("{p}{rest}");
+        let c = &config;
+        let (h, hq, hkv, d, i) = (
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+        );
+        let taps = c.target_layer_ids.len();
+        let vec = |name: &str, len: usize| -> Result<Vec<f32>, ModelError> {
+            Ok(ck.get_shaped(&n(name), &[len])?.to_f32_vec())
+        };
+        let layers = c
+            .windows
+            .iter()
+            .enumerate()
+            .map(|(l, &window)| {
+                let w = |rest: &str, shape: &[usize]| {
+                    ck.get_shaped(&n(&format!("layers.{l}.{rest}")), shape)
+                };
+                let convs = match c.dflash2 {
+                    None => None,
+                    Some(d2) => {
+                        let conv = |side: &str| -> Result<DynConv, ModelError> {
+                            let groups = h / d2.conv_group;
+                            Ok(DynConv {
+                                base: w(&format!("{side}.base_kernel"), &[2, d2.conv_kernel, h])?
+                                    .to_f32_vec(),
+                                projection: w(
+                                    &format!("{side}.kernel_projection.weight"),
+                                    &[2 * d2.conv_kernel * groups, h],
+                                )?,
+                                kernel: d2.conv_kernel,
+                                group: d2.conv_group,
+                            })
+                        };
+                        Some((conv("attention_conv")?, conv("mlp_conv")?))
+                    }
+                };
+                Ok(DraftLayer {
+                    input_norm: vec(&format!("layers.{l}.input_layernorm.weight"), h)?,
+                    post_norm: vec(&format!("layers.{l}.post_attention_layernorm.weight"), h)?,
+                    q: w("self_attn.q_proj.weight", &[hq * d, h])?,
+                    k: w("self_attn.k_proj.weight", &[hkv * d, h])?,
+                    v: w("self_attn.v_proj.weight", &[hkv * d, h])?,
+                    o: w("self_attn.o_proj.weight", &[h, hq * d])?,
+                    q_norm: vec(&format!("layers.{l}.self_attn.q_norm.weight"), d)?,
+                    k_norm: vec(&format!("layers.{l}.self_attn.k_norm.weight"), d)?,
+                    gate: w("mlp.gate_proj.weight", &[i, h])?,
+                    up: w("mlp.up_proj.weight", &[i, h])?,
+                    down: w("mlp.down_proj.weight", &[h, i])?,
+                    window,
+                    convs,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let selector = match c.dflash2 {
+            None => None,
+            Some(d2) => Some(Selector::load(ck, p, c.vocab_size, h, d2)?),
+        };
+        Ok(Self {
+            fc: ck.get_shaped(&n("fc.weight"), &[h, taps * h])?,
+            hidden_norm: vec("hidden_norm.weight", h)?,
+            norm: vec("norm.weight", h)?,
+            layers,
+            selector,
+            rope: Rope::new(d, c.rope_theta),
+            config,
+        })
+    }
+
+    /// The draft's hyper-parameters.
+    pub fn config(&self) -> &DraftConfig {
+        &self.config
+    }
+
+    /// DFlash2's candidate selector (`None` for DFlash v1).
+    pub fn selector(&self) -> Option<&Selector> {
+        self.selector.as_ref()
+    }
+
+    /// An empty per-sequence context.
+    pub fn new_context(&self) -> DraftContext {
+        DraftContext {
+            layers: vec![LayerContext::default(); self.layers.len()],
+            len: 0,
+        }
+    }
+
+    /// Appends the taps `features` `[T, n·H]` of the next `T` committed positions.
+    pub fn append_context(&self, ctx: &mut DraftContext, features: &[f32]) {
+        let c = &self.config;
+        let (h, hkv, d, eps) = (c.hidden_size, c.num_kv_heads, c.head_dim, c.rms_norm_eps);
+        let t = features.len() / self.fc.cols();
+        if t == 0 {
+            return;
+        }
+        let pos0 = ctx.len;
+        let mut x = vec![0.0f32; t * h];
+        matmul(&mut x, features, &self.fc);
+        let mut xn = vec![0.0f32; x.len()];
+        rms_norm(&mut xn, &x, &self.hidden_norm, eps);
+        for (layer, lc) in self.layers.iter().zip(ctx.layers.iter_mut()) {
+            let (k, v) = self.project_kv(layer, &xn, pos0);
+            if lc.k.is_empty() {
+                lc.pos0 = pos0;
+            }
+            lc.k.extend_from_slice(&k);
+            lc.v.extend_from_slice(&v);
+            // A sliding layer's block query at position s sees keys from s-W+1 on.
+            if let Some(w) = layer.window {
+                let rows = lc.k.len() / (hkv * d);
+                let keep = w.saturating_sub(1);
+                if rows > keep {
+                    let drop = rows - keep;
+                    lc.k.drain(..drop * hkv * d);
+                    lc.v.drain(..drop * hkv * d);
+                    lc.pos0 += drop;
+                }
+            }
+        }
+        ctx.len += t;
+    }
+
+    /// K (k_proj, k_norm, RoPE from `pos0`) and V of rows `x` `[T, H]`.
+    fn project_kv(&self, layer: &DraftLayer, x: &[f32], pos0: usize) -> (Vec<f32>, Vec<f32>) {
+        let c = &self.config;
+        let t = x.len() / c.hidden_size;
+        let mut k = vec![0.0f32; t * c.num_kv_heads * c.head_dim];
+        matmul(&mut k, x, &layer.k);
+        let mut kn = vec![0.0f32; k.len()];
+        rms_norm(&mut kn, &k, &layer.k_norm, c.rms_norm_eps);
+        self.rope.apply(&mut kn, c.num_kv_heads, c.head_dim, pos0);
+        let mut v = vec![0.0f32; t * c.num_kv_heads * c.head_dim];
+        matmul(&mut v, x, &layer.v);
+        (kn, v)
+    }
+
+    /// Drafts one block: `[anchor, MASK × (block-1)]` at positions `ctx.len()..`, returning
+    /// the final-normed hidden states of the `block - 1` mask rows `[block-1, H]`.
+    pub fn forward(
+        &self,
+        ctx: &DraftContext,
+        target: &Qwen35,
+        anchor: u32,
+        block: usize,
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (h, hq, hkv, d, eps) = (
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.rms_norm_eps,
+        );
+        let s = ctx.len;
+        let mut tokens = vec![c.mask_token_id; block];
+        tokens[0] = anchor;
+        let mut x = target.embed(&tokens);
+        if c.input_embedding_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.input_embedding_scale);
+        }
+        let mut normed = vec![0.0f32; x.len()];
+        for (layer, lc) in self.layers.iter().zip(&ctx.layers) {
+            // 1. attention sublayer: (B, H) -> (B, hq, d) queries over [ctx ; block] keys.
+            rms_norm(&mut normed, &x, &layer.input_norm, eps);
+            let (a_in, a_dyn) = match &layer.convs {
+                Some((conv, _)) => {
+                    let (y, dynamic) = conv.prepare(&normed);
+                    (y, Some(dynamic))
+                }
+                None => (normed.clone(), None),
+            };
+            let mut q = vec![0.0f32; block * hq * d];
+            matmul(&mut q, &a_in, &layer.q);
+            let mut qn = vec![0.0f32; q.len()];
+            rms_norm(&mut qn, &q, &layer.q_norm, eps);
+            self.rope.apply(&mut qn, hq, d, s);
+            let (kb, vb) = self.project_kv(layer, &a_in, s);
+            let (mut keys, mut values) = (lc.k.clone(), lc.v.clone());
+            let k_pos0 = if lc.k.is_empty() { s } else { lc.pos0 };
+            keys.extend_from_slice(&kb);
+            values.extend_from_slice(&vb);
+            let att = BlockAttention {
+                heads: hq,
+                kv_heads: hkv,
+                head_dim: d,
+                scale: (d as f32).powf(-0.5),
+                causal: c.causal,
+                window: layer.window,
+            };
+            let mut a = vec![0.0f32; qn.len()];
+            att.forward(&mut a, &qn, s, &keys, &values, k_pos0);
+            let mut o = vec![0.0f32; block * h];
+            matmul(&mut o, &a, &layer.o);
+            if let (Some((conv, _)), Some(dynamic)) = (&layer.convs, a_dyn) {
+                o = conv.finish(&o, &dynamic);
+            }
+            add_in_place(&mut x, &o);
+            // 2. MLP sublayer.
+            rms_norm(&mut normed, &x, &layer.post_norm, eps);
+            let (m_in, m_dyn) = match &layer.convs {
+                Some((_, conv)) => {
+                    let (y, dynamic) = conv.prepare(&normed);
+                    (y, Some(dynamic))
+                }
+                None => (normed.clone(), None),
+            };
+            let inter = layer.gate.rows();
+            let mut g = vec![0.0f32; block * inter];
+            matmul(&mut g, &m_in, &layer.gate);
+            let mut u = vec![0.0f32; block * inter];
+            matmul(&mut u, &m_in, &layer.up);
+            silu_mul(&mut g, &u);
+            let mut m = vec![0.0f32; block * h];
+            matmul(&mut m, &g, &layer.down);
+            if let (Some((_, conv)), Some(dynamic)) = (&layer.convs, m_dyn) {
+                m = conv.finish(&m, &dynamic);
+            }
+            add_in_place(&mut x, &m);
+        }
+        let mut out = vec![0.0f32; (block - 1) * h];
+        rms_norm(&mut out, &x[h..], &self.norm, eps);
+        out
+    }
+
+    /// Draft logits of hidden rows `[R, H]` through the target's LM head, with the draft's
+    /// `output_multiplier` and softcap: `[R, V]`.
+    pub fn logits(&self, target: &Qwen35, hidden: &[f32]) -> Vec<f32> {
+        let mut logits = target.lm_head(hidden);
+        let c = &self.config;
+        if c.output_multiplier != 1.0 {
+            logits.iter_mut().for_each(|l| *l *= c.output_multiplier);
+        }
+        if let Some(cap) = c.logit_softcap {
+            logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
+        }
+        logits
+    }
+}

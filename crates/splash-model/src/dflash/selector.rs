@@ -1,0 +1,125 @@
+//! DFlash2's candidate selector (model-spec §4.3): instead of taking each slot's argmax on
+//! its own, walk the block slot by slot, re-scoring each slot's top-k candidates by a
+//! rank-R transition from the token chosen for the previous slot.
+//!
+//! `score_j = u_j + Σ_r pred[prev][r] · hp[r] · succ[cand_j][r]`, `hp = hidden_projection(h)`.
+
+use splash_backend::cpu::matmul;
+use splash_backend::Weight;
+
+use super::config::DFlash2Config;
+use crate::checkpoint::Checkpoint;
+use crate::error::ModelError;
+
+/// The selector's weights.
+pub struct Selector {
+    /// `[V, R]` each.
+    predecessor: Weight,
+    successor: Weight,
+    /// `[R, H]`.
+    projection: Weight,
+    top_k: usize,
+}
+
+/// One slot of a walk: its candidates (best logit first), their scores, and the one chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SelectorSlot {
+    pub candidates: Vec<u32>,
+    pub scores: Vec<f32>,
+    pub chosen: usize,
+}
+
+impl SelectorSlot {
+    /// The chosen token.
+    pub fn token(&self) -> u32 {
+        self.candidates[self.chosen]
+    }
+}
+
+impl Selector {
+    pub(super) fn load(
+        ck: &Checkpoint,
+        prefix: &str,
+        vocab: usize,
+        hidden: usize,
+        cfg: DFlash2Config,
+    ) -> Result<Self, ModelError> {
+        let r = cfg.selector_rank;
+        // Published checkpoints store the codebooks without `.weight`; nn.Embedding adds it.
+        let codebook = |name: &str| {
+            let bare = format!("{prefix}candidate_selector.{name}");
+            if ck.contains(&bare) {
+                ck.get_shaped(&bare, &[vocab, r])
+            } else {
+                ck.get_shaped(&format!("{bare}.weight"), &[vocab, r])
+            }
+        };
+        Ok(Self {
+            predecessor: codebook("predecessor_codebook")?,
+            successor: codebook("successor_codebook")?,
+            projection: ck.get_shaped(
+                &format!("{prefix}candidate_selector.hidden_projection.weight"),
+                &[r, hidden],
+            )?,
+            top_k: cfg.selector_top_k,
+        })
+    }
+
+    /// Candidates per slot.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// Walks the block: `hidden` `[S, H]` (final-normed draft rows), `logits` `[S, V]` (the
+    /// unary scores), starting from `anchor`. `choose` picks an index into each slot's
+    /// scores (argmax for greedy, a draw from `softmax(scores / T)` when sampling).
+    pub fn walk(
+        &self,
+        hidden: &[f32],
+        logits: &[f32],
+        anchor: u32,
+        mut choose: impl FnMut(&[f32]) -> usize,
+    ) -> Vec<SelectorSlot> {
+        let r = self.projection.rows();
+        let slots = hidden.len() / self.projection.cols();
+        let vocab = logits.len() / slots;
+        let mut hp = vec![0.0f32; slots * r];
+        matmul(&mut hp, hidden, &self.projection);
+        let (mut pred_row, mut succ_row) = (vec![0.0f32; r], vec![0.0f32; r]);
+        let mut prev = anchor;
+        let mut walk = Vec::with_capacity(slots);
+        for (row, hp_row) in logits.chunks_exact(vocab).zip(hp.chunks_exact(r)) {
+            let candidates = top_k(row, self.top_k);
+            self.predecessor.row_to_f32(prev as usize, &mut pred_row);
+            let ctx: Vec<f32> = pred_row.iter().zip(hp_row).map(|(a, b)| a * b).collect();
+            let scores: Vec<f32> = candidates
+                .iter()
+                .map(|&c| {
+                    self.successor.row_to_f32(c as usize, &mut succ_row);
+                    row[c as usize] + ctx.iter().zip(&succ_row).map(|(a, b)| a * b).sum::<f32>()
+                })
+                .collect();
+            let chosen = choose(&scores);
+            prev = candidates[chosen];
+            walk.push(SelectorSlot {
+                candidates,
+                scores,
+                chosen,
+            });
+        }
+        walk
+    }
+}
+
+/// The `k` largest entries of `row`, best first (ties: lower id first).
+fn top_k(row: &[f32], k: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..row.len() as u32).collect();
+    let k = k.min(ids.len());
+    let cmp = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    if k < ids.len() {
+        ids.select_nth_unstable_by(k - 1, cmp);
+        ids.truncate(k);
+    }
+    ids.sort_unstable_by(cmp);
+    ids
+}
