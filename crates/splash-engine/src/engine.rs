@@ -8,6 +8,7 @@ use splash_model::{KvFormat, Model, ModelError};
 use crate::grammar::{GrammarFactory, GrammarRequest, GrammarState};
 use crate::sampling::SamplingParams;
 use crate::sequence::{FinishReason, Sequence};
+use crate::speculative::{Drafter, SpecStats};
 
 /// Identifies a sequence inside one engine.
 pub type SeqId = u64;
@@ -60,6 +61,8 @@ pub struct Completion {
     pub prompt_tokens: usize,
     pub prefill_time: Duration,
     pub decode_time: Duration,
+    /// Speculation counters, when the request decoded with a draft.
+    pub speculation: Option<SpecStats>,
 }
 
 /// Runs sequences of one model.
@@ -73,6 +76,10 @@ pub struct Engine {
     /// Built on the first constrained request (token tables of the whole vocabulary).
     grammar: Option<Result<Arc<GrammarFactory>, String>>,
     kv_format: KvFormat,
+    /// The draft every unconstrained sequence speculates with.
+    drafter: Option<Arc<dyn Drafter>>,
+    /// Speculation counters of the sequences that ended.
+    spec_totals: SpecStats,
 }
 
 impl Engine {
@@ -88,7 +95,26 @@ impl Engine {
             max_context,
             grammar: None,
             kv_format: KvFormat::default(),
+            drafter: None,
+            spec_totals: SpecStats::default(),
         }
+    }
+
+    /// Decodes with `drafter`: every sequence without an output constraint advances by a
+    /// drafted block verified in one target pass (constrained ones decode a token a step).
+    pub fn with_drafter(mut self, drafter: Arc<dyn Drafter>) -> Self {
+        self.drafter = Some(drafter);
+        self
+    }
+
+    /// The draft, when speculation is on.
+    pub fn drafter(&self) -> Option<&Arc<dyn Drafter>> {
+        self.drafter.as_ref()
+    }
+
+    /// Speculation counters summed over the sequences that ended so far.
+    pub fn spec_stats(&self) -> SpecStats {
+        self.spec_totals
     }
 
     /// Caps the context (prompt + output) of every sequence.
@@ -152,6 +178,7 @@ impl Engine {
         req.sampling
             .validate()
             .map_err(EngineError::InvalidRequest)?;
+        let req_unconstrained = req.grammar.is_none();
         let grammar = match &req.grammar {
             Some(g) => Some((self.start_grammar(g)?, g.after_token)),
             None => None,
@@ -165,6 +192,7 @@ impl Engine {
             &self.model,
             self.max_context,
             self.kv_format,
+            self.drafter.as_ref().filter(|_| req_unconstrained),
         ));
         Ok(id)
     }
@@ -201,6 +229,11 @@ impl Engine {
             .drain(..)
             .partition(|s| s.finish_reason().is_some());
         self.running = running;
+        for seq in &done {
+            if let Some(st) = seq.spec_stats() {
+                self.spec_totals.add(&st);
+            }
+        }
         self.finished.extend(done);
         Ok(events)
     }
@@ -250,6 +283,7 @@ impl Engine {
                             prompt_tokens: seq.prompt().len(),
                             prefill_time,
                             decode_time,
+                            speculation: seq.spec_stats(),
                         });
                     }
                     _ => {}

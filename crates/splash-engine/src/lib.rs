@@ -11,11 +11,16 @@ mod grammar;
 mod perplexity;
 mod sampling;
 mod sequence;
+mod speculative;
 mod stop;
 
 pub use engine::{Completion, Engine, EngineError, Event, Request, SeqId};
 pub use grammar::{with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState};
 pub use perplexity::{perplexity, Perplexity};
-pub use sampling::{random_seed, Sampler, SamplingParams};
+pub use sampling::{random_seed, Distribution, Sampler, SamplingParams};
 pub use sequence::{FinishReason, Sequence};
+pub use speculative::{
+    accept_greedy, accept_sampled, Accepted, DFlashDrafter, DraftSession, Drafter, Proposal,
+    SpecStats,
+};
 pub use stop::StopMatcher;

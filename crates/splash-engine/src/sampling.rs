@@ -98,10 +98,27 @@ impl Sampler {
     /// Picks the next token from `logits` (modified in place). `prompt` and `output` are the
     /// tokens the penalties look at.
     pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> u32 {
+        let dist = self.distribution(logits, prompt, output);
+        if self.params.temperature == 0.0 {
+            return dist.entries[0].0;
+        }
+        self.draw(&dist)
+    }
+
+    /// The distribution [`sample`](Self::sample) draws from: penalties, temperature and the
+    /// truncations applied to `logits` (modified in place). Greedy is the point mass on the
+    /// argmax.
+    pub fn distribution(&self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> Distribution {
         self.apply_penalties(logits, prompt, output);
+        self.truncated(logits)
+    }
+
+    /// The distribution of `logits` under temperature and truncation, without penalties (a
+    /// draft's proposal distribution).
+    pub fn truncated(&self, logits: &[f32]) -> Distribution {
         let p = &self.params;
         if p.temperature == 0.0 {
-            return argmax(logits);
+            return Distribution::point(argmax(logits));
         }
         // Candidates sorted by logit, best first; ties keep the lower id first.
         let mut cand: Vec<(u32, f32)> = logits
@@ -111,7 +128,7 @@ impl Sampler {
             .map(|(i, &l)| (i as u32, l / p.temperature))
             .collect();
         if cand.is_empty() {
-            return argmax(logits);
+            return Distribution::point(argmax(logits));
         }
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.select_nth_unstable_by(p.top_k - 1, |a, b| {
@@ -140,15 +157,31 @@ impl Sampler {
             let floor = probs[0] * p.min_p as f64;
             keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
         }
-        let total: f64 = probs[..keep].iter().sum();
+        Distribution {
+            entries: cand[..keep]
+                .iter()
+                .zip(&probs[..keep])
+                .map(|(c, &q)| (c.0, q))
+                .collect(),
+        }
+    }
+
+    /// Draws a token from `dist` (its weights need not sum to 1).
+    pub fn draw(&mut self, dist: &Distribution) -> u32 {
+        let total: f64 = dist.entries.iter().map(|e| e.1).sum();
         let mut u = self.rng.next_f64() * total;
-        for (c, &q) in cand[..keep].iter().zip(&probs[..keep]) {
+        for &(t, q) in &dist.entries {
             if u < q {
-                return c.0;
+                return t;
             }
             u -= q;
         }
-        cand[keep - 1].0
+        dist.entries.last().expect("a distribution has an entry").0
+    }
+
+    /// A uniform draw in [0, 1) from this sequence's stream.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
     }
 
     fn apply_penalties(&self, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
@@ -178,6 +211,39 @@ impl Sampler {
                 }
             }
         }
+    }
+}
+
+/// A sparse distribution over tokens: `(token, weight)`, most likely first. The weights of
+/// [`Sampler::distribution`] sum to 1 up to the truncations (top-p, min-p keep the head of a
+/// normalised softmax without renormalising; [`Distribution::prob`] normalises).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Distribution {
+    pub entries: Vec<(u32, f64)>,
+}
+
+impl Distribution {
+    /// All mass on `token`.
+    pub fn point(token: u32) -> Self {
+        Self {
+            entries: vec![(token, 1.0)],
+        }
+    }
+
+    /// Normalised probability of `token` (0 outside the support).
+    pub fn prob(&self, token: u32) -> f64 {
+        let total: f64 = self.entries.iter().map(|e| e.1).sum();
+        self.entries
+            .iter()
+            .find(|e| e.0 == token)
+            .map_or(0.0, |e| e.1 / total)
+    }
+
+    /// The same distribution with weights summing to 1.
+    pub fn normalized(mut self) -> Self {
+        let total: f64 = self.entries.iter().map(|e| e.1).sum();
+        self.entries.iter_mut().for_each(|e| e.1 /= total);
+        self
     }
 }
 

@@ -1,5 +1,6 @@
 //! One request in flight: its tokens, model state, sampler, stop rules and timings.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use splash_model::{KvFormat, Logits, Model, ModelError, SequenceState, StreamDecoder};
@@ -7,6 +8,7 @@ use splash_model::{KvFormat, Logits, Model, ModelError, SequenceState, StreamDec
 use crate::engine::{Event, Request, SeqId};
 use crate::grammar::GrammarState;
 use crate::sampling::Sampler;
+use crate::speculative::{self, DraftSession, Drafter, SpecStats};
 use crate::stop::StopMatcher;
 
 /// Why a sequence ended.
@@ -47,6 +49,15 @@ pub struct Sequence {
     grammar_after: Option<u32>,
     prefill_time: Duration,
     decode_time: Duration,
+    /// Set when the sequence decodes speculatively (a draft is attached).
+    spec: Option<Speculation>,
+}
+
+/// A sequence's draft: it advances by a verified block per step.
+struct Speculation {
+    drafter: Arc<dyn Drafter>,
+    session: Box<dyn DraftSession>,
+    stats: SpecStats,
 }
 
 impl Sequence {
@@ -57,6 +68,7 @@ impl Sequence {
         model: &Model,
         max_context: usize,
         kv: KvFormat,
+        drafter: Option<&Arc<dyn Drafter>>,
     ) -> Self {
         let (grammar, grammar_after) = match grammar {
             Some((g, after)) => (Some(g), after),
@@ -85,7 +97,17 @@ impl Sequence {
             grammar_after,
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            spec: drafter.map(|d| Speculation {
+                drafter: d.clone(),
+                session: d.session(),
+                stats: SpecStats::default(),
+            }),
         }
+    }
+
+    /// Speculation counters, when the sequence decodes with a draft.
+    pub fn spec_stats(&self) -> Option<SpecStats> {
+        self.spec.as_ref().map(|s| s.stats)
     }
 
     /// The id the engine gave this sequence.
@@ -129,15 +151,29 @@ impl Sequence {
             let end = (self.prefilled + chunk).min(self.prompt.len());
             let last = end == self.prompt.len();
             let want = if last { Logits::Last } else { Logits::None };
-            let logits =
-                model
-                    .graph
-                    .forward(&mut self.state, &self.prompt[self.prefilled..end], want)?;
+            let taps = self
+                .spec
+                .as_ref()
+                .map_or(&[][..], |s| s.drafter.tap_layers());
+            let (logits, features) = model.graph.forward_with_taps(
+                &mut self.state,
+                &self.prompt[self.prefilled..end],
+                want,
+                taps,
+            )?;
+            if let Some(spec) = &mut self.spec {
+                spec.session.commit(&features);
+            }
             self.prefilled = end;
             if last {
                 self.logits = Some(logits);
             }
             self.prefill_time += t0.elapsed();
+            return Ok(());
+        }
+        if self.spec.is_some() {
+            self.speculate(model, events)?;
+            self.decode_time += t0.elapsed();
             return Ok(());
         }
         let mut logits = self.logits.take().expect("decode step after prefill");
@@ -151,6 +187,83 @@ impl Sequence {
             }
         }
         let token = self.sampler.sample(&mut logits, &self.prompt, &self.output);
+        self.push(token, model, events)?;
+        if self.finish.is_none() {
+            self.logits = Some(
+                model
+                    .graph
+                    .forward(&mut self.state, &[token], Logits::Last)?,
+            );
+        }
+        self.decode_time += t0.elapsed();
+        Ok(())
+    }
+
+    /// One speculative step: a drafted block verified by one target pass (right after
+    /// prefill, the first token comes from the prefill logits, as without a draft).
+    fn speculate(&mut self, model: &Model, events: &mut Vec<Event>) -> Result<(), ModelError> {
+        if let Some(mut logits) = self.logits.take() {
+            let token = self.sampler.sample(&mut logits, &self.prompt, &self.output);
+            self.push(token, model, events)?;
+            if self.finish.is_some() {
+                return Ok(());
+            }
+        }
+        let spec = self.spec.as_mut().expect("a speculating sequence");
+        // Never verify past what may still be emitted: the budget and the context limit.
+        let room = (self.max_tokens - self.output.len())
+            .min(self.max_context - self.prompt.len() - self.output.len());
+        let block = spec.drafter.block_size().min(room);
+        let mut history = self.prompt.clone();
+        history.extend_from_slice(&self.output);
+        let anchor = *history
+            .last()
+            .expect("the anchor is the last emitted token");
+        let proposal = speculative::draft(
+            spec.session.as_mut(),
+            model,
+            &history,
+            block,
+            &mut self.sampler,
+        )?;
+        let taps = spec.drafter.tap_layers();
+        let verified = speculative::verify(model, &mut self.state, anchor, &proposal, taps)?;
+        let accepted = speculative::accept(
+            &mut self.sampler,
+            &verified,
+            &proposal,
+            &self.prompt,
+            &self.output,
+        );
+        let rows = proposal.tokens.len() + 1;
+        speculative::commit(
+            spec.session.as_mut(),
+            &mut self.state,
+            &verified,
+            rows,
+            accepted.drafts + 1,
+        );
+        spec.stats.target_passes += 1;
+        spec.stats.drafted += proposal.tokens.len() as u64;
+        spec.stats.accepted += accepted.drafts as u64;
+        // A stop token or string inside the span ends the sequence at that token.
+        for &token in &accepted.tokens {
+            self.push(token, model, events)?;
+            if self.finish.is_some() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends a generated token: grammar, end-of-sequence, stop strings, budget and
+    /// context limit.
+    fn push(
+        &mut self,
+        token: u32,
+        model: &Model,
+        events: &mut Vec<Event>,
+    ) -> Result<(), ModelError> {
         self.output.push(token);
         let mut grammar_done = false;
         match self.grammar.as_mut() {
@@ -182,14 +295,6 @@ impl Sequence {
         if self.finish.is_none() && self.prompt.len() + self.output.len() >= self.max_context {
             self.finish(FinishReason::ContextFull, model, events)?;
         }
-        if self.finish.is_none() {
-            self.logits = Some(
-                model
-                    .graph
-                    .forward(&mut self.state, &[token], Logits::Last)?,
-            );
-        }
-        self.decode_time += t0.elapsed();
         Ok(())
     }
 

@@ -1,0 +1,430 @@
+//! Speculative decoding through the engine's real path on the fixture targets: greedy output
+//! with a draft is identical token for token to output without it (random DFlash / DFlash2
+//! drafts that reject often, oracle drafts that propose the target's own tokens, and oracle
+//! drafts with injected errors for every partial acceptance length), stop tokens and stop
+//! strings inside an accepted span, and sampled output that follows the target's
+//! distribution (chi-square).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use splash_engine::{
+    DFlashDrafter, DraftSession, Drafter, Engine, FinishReason, Proposal, Request, Sampler,
+    SamplingParams, SpecStats,
+};
+use splash_model::{load, DFlashDraft, KvFormat, Logits, Model, ModelError};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+fn json(path: PathBuf) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        prompt,
+        sampling: SamplingParams::greedy(),
+        max_tokens,
+        stop: Vec::new(),
+        ignore_eos: true,
+        grammar: None,
+    }
+}
+
+fn target(name: &str) -> Arc<Model> {
+    Arc::new(load(&fixture(name)).unwrap())
+}
+
+fn dflash(name: &str) -> Arc<dyn Drafter> {
+    Arc::new(DFlashDrafter::new(Arc::new(
+        DFlashDraft::load(&fixture(&format!("dflash/{name}"))).unwrap(),
+    )))
+}
+
+/// Prompts of the target fixture, the long one (147 tokens) included.
+fn prompts(target: &str) -> Vec<Vec<u32>> {
+    let r = json(fixture(target).join("reference.json"));
+    r["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| ids(&p["ids"]))
+        .collect()
+}
+
+fn run(
+    m: &Arc<Model>,
+    drafter: Option<Arc<dyn Drafter>>,
+    req: Request,
+    kv: KvFormat,
+) -> splash_engine::Completion {
+    let mut engine = Engine::new(m.clone())
+        .with_kv_format(kv)
+        .with_prefill_chunk(64);
+    if let Some(d) = drafter {
+        engine = engine.with_drafter(d);
+    }
+    engine.generate(req, |_| {}).unwrap()
+}
+
+/// Proposes the known greedy continuation of each prompt, with a slot replaced by a wrong
+/// token at pseudo-random places when `error_every` is set.
+struct Oracle {
+    sequences: Vec<Vec<u32>>,
+    block: usize,
+    error_every: Option<u64>,
+}
+
+struct OracleSession {
+    sequences: Vec<Vec<u32>>,
+    error_every: Option<u64>,
+    calls: u64,
+}
+
+impl Drafter for Oracle {
+    fn block_size(&self) -> usize {
+        self.block
+    }
+    fn tap_layers(&self) -> &[usize] {
+        &[]
+    }
+    fn session(&self) -> Box<dyn DraftSession> {
+        Box::new(OracleSession {
+            sequences: self.sequences.clone(),
+            error_every: self.error_every,
+            calls: 0,
+        })
+    }
+}
+
+impl DraftSession for OracleSession {
+    fn commit(&mut self, features: &[f32]) {
+        assert!(features.is_empty(), "the oracle asked for no taps");
+    }
+    fn propose(
+        &mut self,
+        _: &Model,
+        history: &[u32],
+        len: usize,
+        _: &mut Sampler,
+    ) -> Result<Proposal, ModelError> {
+        let known = self
+            .sequences
+            .iter()
+            .find(|s| s.len() >= history.len() && s[..history.len()] == *history)
+            .expect("the oracle knows this history");
+        let mut tokens: Vec<u32> = (0..len)
+            .map(|i| known.get(history.len() + i).copied().unwrap_or(0))
+            .collect();
+        if let Some(every) = self.error_every {
+            self.calls += 1;
+            // Slot (calls · 7) mod every gets a wrong token when it falls inside the block.
+            let slot = ((self.calls * 7) % every) as usize;
+            if slot < len {
+                tokens[slot] = (tokens[slot] + 1) % 500;
+            }
+        }
+        Ok(Proposal {
+            tokens,
+            q: Vec::new(),
+        })
+    }
+}
+
+#[test]
+fn greedy_with_random_drafts_is_lossless_and_matches_the_reference_loop() {
+    for name in ["dense-dflash", "dense-dflash2", "moe-dflash", "moe-dflash2"] {
+        let r = json(fixture(&format!("dflash/{name}/reference.json")));
+        let m = target(r["target"].as_str().unwrap());
+        let d = dflash(name);
+        let want = ids(&r["output_ids"]);
+        // The reference loop (transformers + z-lab draft, no caches) on the same prompt.
+        let c = run(
+            &m,
+            Some(d.clone()),
+            request(ids(&r["prompt_ids"]), want.len()),
+            KvFormat::F32,
+        );
+        assert_eq!(
+            c.tokens, want,
+            "{name}: differs from the reference speculative loop"
+        );
+        let accepted: u64 = r["blocks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["accepted"].as_u64().unwrap())
+            .sum();
+        let st = c.speculation.unwrap();
+        println!("{name}: reference {accepted} accepted drafts, splash {st:?}");
+        assert_eq!(
+            st.accepted, accepted,
+            "{name}: acceptances differ from the reference loop"
+        );
+        // Long outputs over every fixture prompt: identical to decoding without the draft.
+        let tname = r["target"].as_str().unwrap();
+        let mut total = SpecStats::default();
+        for (i, prompt) in prompts(tname).into_iter().enumerate() {
+            let kv = if i == 3 {
+                KvFormat::Int8
+            } else {
+                KvFormat::F32
+            };
+            let plain = run(&m, None, request(prompt.clone(), 160), kv);
+            let spec = run(&m, Some(d.clone()), request(prompt, 160), kv);
+            assert_eq!(spec.tokens, plain.tokens, "{name} prompt {i}: not lossless");
+            assert_eq!(spec.text, plain.text);
+            total.add(&spec.speculation.unwrap());
+        }
+        println!(
+            "{name}: 4 prompts × 160 tokens, {total:?}, τ = {:.3}",
+            total.acceptance_length()
+        );
+        assert!(total.target_passes > 100);
+    }
+}
+
+#[test]
+fn greedy_with_oracle_drafts_is_lossless_over_full_and_partial_blocks() {
+    for tname in ["qwen35-dense", "qwen35-moe"] {
+        let m = target(tname);
+        let prompts = prompts(tname);
+        let plain: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| run(&m, None, request(p.clone(), 200), KvFormat::F32).tokens)
+            .collect();
+        let sequences: Vec<Vec<u32>> = prompts
+            .iter()
+            .zip(&plain)
+            .map(|(p, o)| p.iter().chain(o).copied().collect())
+            .collect();
+        for (block, error_every) in [(8, None), (16, None), (8, Some(9)), (5, Some(4))] {
+            let oracle: Arc<dyn Drafter> = Arc::new(Oracle {
+                sequences: sequences.clone(),
+                block,
+                error_every,
+            });
+            let mut total = SpecStats::default();
+            let mut lengths = std::collections::BTreeSet::new();
+            for (prompt, want) in prompts.iter().zip(&plain) {
+                let c = run(
+                    &m,
+                    Some(oracle.clone()),
+                    request(prompt.clone(), 200),
+                    KvFormat::F32,
+                );
+                assert_eq!(
+                    &c.tokens, want,
+                    "{tname} block {block} errors {error_every:?}: not lossless"
+                );
+                let st = c.speculation.unwrap();
+                total.add(&st);
+                lengths.insert(st.accepted);
+            }
+            println!(
+                "{tname} oracle block {block}, error every {error_every:?}: {total:?}, τ = {:.3}",
+                total.acceptance_length()
+            );
+            match error_every {
+                None => {
+                    // Every proposal is the target's token: full blocks (the last may be cut
+                    // by the budget).
+                    assert_eq!(
+                        total.accepted, total.drafted,
+                        "{tname}: a perfect draft was rejected"
+                    );
+                    assert!(total.acceptance_length() > block as f64 - 1.0);
+                }
+                Some(_) => assert!(total.accepted < total.drafted && total.accepted > 0),
+            }
+        }
+    }
+}
+
+#[test]
+fn stop_tokens_and_strings_inside_an_accepted_span() {
+    for tname in ["qwen35-dense", "qwen35-moe"] {
+        let m = target(tname);
+        for prompt in prompts(tname) {
+            let plain = run(&m, None, request(prompt.clone(), 60), KvFormat::F32);
+            let seq: Vec<u32> = prompt.iter().chain(&plain.tokens).copied().collect();
+            let oracle: Arc<dyn Drafter> = Arc::new(Oracle {
+                sequences: vec![seq],
+                block: 16,
+                error_every: None,
+            });
+            // EOS: the fixture's eos (505) shows up mid-output for some MoE prompts.
+            let mut req = request(prompt.clone(), 60);
+            req.ignore_eos = false;
+            let a = run(&m, None, req.clone(), KvFormat::F32);
+            let b = run(&m, Some(oracle.clone()), req, KvFormat::F32);
+            assert_eq!((&a.tokens, &a.finish_reason), (&b.tokens, &b.finish_reason));
+            // A stop string taken from the middle of the output.
+            let text = &plain.text;
+            let chars: Vec<char> = text.chars().collect();
+            if chars.len() < 30 {
+                continue;
+            }
+            let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
+            let mut req = request(prompt.clone(), 60);
+            req.stop = vec![stop.clone()];
+            let a = run(&m, None, req.clone(), KvFormat::F32);
+            let b = run(&m, Some(oracle), req, KvFormat::F32);
+            assert_eq!(a.text, b.text, "{tname}: stop {stop:?}");
+            assert_eq!(a.tokens, b.tokens);
+            assert_eq!(a.finish_reason, FinishReason::StopString(stop.clone()));
+            assert_eq!(b.finish_reason, a.finish_reason);
+        }
+    }
+}
+
+/// Drafts from the target's own distribution mixed with mass on tokens the target never
+/// picks (so both acceptance and the residual draw are exercised).
+struct Noisy;
+
+struct NoisySession;
+
+impl Drafter for Noisy {
+    fn block_size(&self) -> usize {
+        4
+    }
+    fn tap_layers(&self) -> &[usize] {
+        &[]
+    }
+    fn session(&self) -> Box<dyn DraftSession> {
+        Box::new(NoisySession)
+    }
+}
+
+impl DraftSession for NoisySession {
+    fn commit(&mut self, _: &[f32]) {}
+    fn propose(
+        &mut self,
+        target: &Model,
+        history: &[u32],
+        len: usize,
+        sampler: &mut Sampler,
+    ) -> Result<Proposal, ModelError> {
+        let mut st = target.graph.new_state();
+        let mut logits = target.graph.forward(&mut st, history, Logits::Last)?;
+        let mut proposal = Proposal::default();
+        for _ in 0..len {
+            let p = sampler.truncated(&logits).normalized();
+            let mut entries: Vec<(u32, f64)> =
+                p.entries.iter().map(|&(t, x)| (t, 0.6 * x)).collect();
+            let others: Vec<u32> = p
+                .entries
+                .iter()
+                .map(|e| (e.0 + 1) % 500)
+                .filter(|t| p.prob(*t) == 0.0)
+                .collect();
+            let support = p.entries.len() + others.len();
+            for e in entries.iter_mut() {
+                e.1 += 0.4 / support as f64;
+            }
+            entries.extend(others.iter().map(|&t| (t, 0.4 / support as f64)));
+            let q = splash_engine::Distribution { entries };
+            let d = sampler.draw(&q);
+            proposal.tokens.push(d);
+            proposal.q.push(q);
+            logits = target.graph.forward(&mut st, &[d], Logits::Last)?;
+        }
+        Ok(proposal)
+    }
+}
+
+/// Upper tail of chi-square at 99.9 % (Wilson–Hilferty).
+fn chi2_critical(dof: f64) -> f64 {
+    let z = 3.09;
+    let a = 2.0 / (9.0 * dof);
+    dof * (1.0 - a + z * a.sqrt()).powi(3)
+}
+
+#[test]
+fn sampled_speculation_follows_the_target_distribution() {
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_k: 3,
+        ..Default::default()
+    };
+    for (name, noisy) in [
+        ("dense-dflash", false),
+        ("moe-dflash2", false),
+        ("dense-dflash", true),
+        ("moe-dflash2", true),
+    ] {
+        let r = json(fixture(&format!("dflash/{name}/reference.json")));
+        let m = target(r["target"].as_str().unwrap());
+        let d: Arc<dyn Drafter> = if noisy { Arc::new(Noisy) } else { dflash(name) };
+        let prompt = ids(&r["prompt_ids"]);
+        // Exact probabilities of every 3-token output under the target alone.
+        let shaper = Sampler::new(params.clone());
+        let dist = |ctx: &[u32]| {
+            let mut st = m.graph.new_state();
+            let mut logits = m.graph.forward(&mut st, ctx, Logits::Last).unwrap();
+            shaper.distribution(&mut logits, ctx, &[]).normalized()
+        };
+        let mut exact = std::collections::HashMap::new();
+        for &(a, pa) in &dist(&prompt).entries {
+            let ctx_a: Vec<u32> = prompt.iter().copied().chain([a]).collect();
+            for &(b, pb) in &dist(&ctx_a).entries {
+                let ctx_b: Vec<u32> = ctx_a.iter().copied().chain([b]).collect();
+                for &(c, pc) in &dist(&ctx_b).entries {
+                    exact.insert(vec![a, b, c], pa * pb * pc);
+                }
+            }
+        }
+        let n = 2000;
+        let mut counts = std::collections::HashMap::<Vec<u32>, usize>::new();
+        let mut engine = Engine::new(m.clone())
+            .with_kv_format(KvFormat::F32)
+            .with_drafter(d);
+        for seed in 0..n {
+            let mut req = request(prompt.clone(), 3);
+            req.sampling = SamplingParams {
+                seed: Some(seed),
+                ..params.clone()
+            };
+            let c = engine.generate(req, |_| {}).unwrap();
+            *counts.entry(c.tokens).or_default() += 1;
+        }
+        assert!(
+            counts.keys().all(|k| exact.contains_key(k)),
+            "{name}: a sequence outside the target's support"
+        );
+        let chi2: f64 = exact
+            .iter()
+            .map(|(k, &p)| {
+                let e = p * n as f64;
+                let o = *counts.get(k).unwrap_or(&0) as f64;
+                (o - e).powi(2) / e
+            })
+            .sum();
+        let dof = (exact.len() - 1) as f64;
+        let st = engine.spec_stats();
+        println!(
+            "{name} (noisy target draft: {noisy}): chi2 = {chi2:.1} over {dof} dof (99.9% critical {:.1}); {st:?}",
+            chi2_critical(dof)
+        );
+        assert!(chi2 < chi2_critical(dof), "{name}: chi-square {chi2}");
+        // The random drafts' top-3 rarely meets the target's: only the residual path runs.
+        if noisy {
+            assert!(
+                st.accepted > 0 && st.accepted < st.drafted,
+                "{name}: {st:?}"
+            );
+        }
+    }
+}
