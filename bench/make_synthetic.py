@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write a synthetic Qwen3.5 text-only checkpoint with random bf16 weights, for benchmarks.
 
-    python3 bench/make_synthetic.py OUT_DIR [--size 0.5b|0.8b|tiny] [--moe] [--seed N] [--dry-run]
+    python3 bench/make_synthetic.py OUT_DIR [--size 0.5b|0.8b|tiny|27b|35b-a3b] [--moe] [--seed N] [--dry-run]
+                                    [--config-only]
 
 Needs only numpy (pip install numpy; `safetensors` is used for an extra check if installed).
 Writes OUT_DIR/{config.json, generation_config.json, model.safetensors, tokenizer.json.gz,
@@ -31,7 +32,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from st_writer import verify_safetensors, write_safetensors  # noqa: E402
 import qwen35_layout  # noqa: E402
 
 COMMON = dict(vocab_size=248320, full_attention_interval=4, num_attention_heads=8, num_key_value_heads=2,
@@ -49,6 +49,14 @@ PRESETS = {
     ("tiny", True): dict(hidden_size=64, num_hidden_layers=4, intermediate_size=0, tie_word_embeddings=False,
                          num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                          shared_expert_intermediate_size=64),
+    # The real geometries (model-spec §1.1, §1.2), for GPU benchmarks: use --config-only and
+    # bench/make_synthetic_gguf.py (the bf16 weights would be 54 GB / 69 GB).
+    ("27b", False): dict(hidden_size=5120, num_hidden_layers=64, intermediate_size=17408, tie_word_embeddings=False,
+                         num_attention_heads=24, num_key_value_heads=4, linear_num_value_heads=48),
+    ("35b-a3b", True): dict(hidden_size=2048, num_hidden_layers=40, intermediate_size=0, tie_word_embeddings=False,
+                            num_attention_heads=16, num_key_value_heads=2, linear_num_value_heads=32,
+                            num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                            shared_expert_intermediate_size=512),
 }
 
 DEMO = os.path.join(ROOT, "models", "demo")
@@ -62,9 +70,13 @@ def main():
     ap.add_argument("--moe", action="store_true", help="Qwen3.5-MoE text layout (qwen3_5_moe_text)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dry-run", action="store_true", help="print the parameter count, write nothing")
+    ap.add_argument("--config-only", action="store_true",
+                    help="write config and tokenizer files but no weights (input of make_synthetic_gguf.py)")
     args = ap.parse_args()
 
-    cfg = qwen35_layout.text_config(moe=args.moe, **COMMON, **PRESETS[(args.size, args.moe)])
+    if (args.size, args.moe) not in PRESETS:
+        ap.error(f"no preset for --size {args.size}{' --moe' if args.moe else ''}")
+    cfg = qwen35_layout.text_config(moe=args.moe, **dict(COMMON, **PRESETS[(args.size, args.moe)]))
     specs = qwen35_layout.tensor_specs(cfg, args.seed)
     n = qwen35_layout.count_params(specs)
     nbytes = sum(s.nbytes for s in specs)
@@ -82,6 +94,11 @@ def main():
             f.write("\n")
     for name in COPY_FILES:
         shutil.copyfile(os.path.join(DEMO, name), os.path.join(out, name))
+    if args.config_only:
+        print(f"wrote the config and tokenizer files of {out}")
+        return
+    from st_writer import verify_safetensors, write_safetensors  # needs numpy
+
     st = os.path.join(out, "model.safetensors")
     write_safetensors(st, specs, args.seed, metadata={"format": "pt", "note": "splash synthetic: random weights"})
     verify_safetensors(st)

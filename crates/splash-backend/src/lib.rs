@@ -6,6 +6,8 @@
 //! width, `H` heads, `D` head dim.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod ggml;
 mod weight;
 

@@ -458,6 +458,11 @@ impl Weight {
         ))
     }
 
+    /// The stored bytes (codes only, for affine weights), as laid out on disk.
+    pub fn raw_bytes(&self) -> &[u8] {
+        self.bytes.as_slice()
+    }
+
     /// The elements of an F32 weight.
     pub fn f32_data(&self) -> &[f32] {
         assert_eq!(self.dtype, DType::F32);

@@ -22,6 +22,9 @@ pub struct ModelArgs {
     /// Use only what is in the Hugging Face cache (also HF_HUB_OFFLINE=1).
     #[arg(long)]
     pub offline: bool,
+    /// Where the model runs: cuda (GPU 0), cpu, or auto (cuda when a usable GPU is found).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
+    pub device: String,
 }
 
 /// Where a `--model` value points.
@@ -128,8 +131,9 @@ pub fn resolve(args: &ModelArgs) -> anyhow::Result<PathBuf> {
 pub fn load(args: &ModelArgs) -> anyhow::Result<Arc<Model>> {
     let path = resolve(args)?;
     let t0 = Instant::now();
-    let model = splash_model::load(&path)
+    let mut model = splash_model::load(&path)
         .with_context(|| format!("cannot load model `{}` from {}", args.model, path.display()))?;
+    place(&mut model, &args.device)?;
     tracing::info!(
         "loaded {} ({} parameters, {} layers) in {:.2}s",
         path.display(),
@@ -138,4 +142,38 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Arc<Model>> {
         t0.elapsed().as_secs_f64()
     );
     Ok(Arc::new(model))
+}
+
+/// Moves the model to the device `--device` asks for (`auto`: the GPU when one is usable and
+/// holds every weight format, else the CPU, saying why).
+#[cfg(feature = "cuda")]
+fn place(model: &mut Model, device: &str) -> anyhow::Result<()> {
+    if device == "cpu" {
+        return Ok(());
+    }
+    let gpu = match splash_backend::cuda::Gpu::new(0) {
+        Ok(gpu) => gpu,
+        Err(e) if device == "auto" => {
+            tracing::info!("running on the CPU: {e}");
+            return Ok(());
+        }
+        Err(e) => bail!("--device cuda: {e}"),
+    };
+    match model.graph.to_gpu(gpu) {
+        Ok(()) => Ok(()),
+        Err(e) if device == "auto" => {
+            tracing::warn!("running on the CPU: the model cannot run on the GPU: {e}");
+            Ok(())
+        }
+        Err(e) => Err(e).context("--device cuda"),
+    }
+}
+
+/// Without the `cuda` feature everything runs on the CPU.
+#[cfg(not(feature = "cuda"))]
+fn place(_model: &mut Model, device: &str) -> anyhow::Result<()> {
+    if device == "cuda" {
+        bail!("--device cuda: this splash was built without CUDA support; build it with `cargo build --release --features cuda`");
+    }
+    Ok(())
 }

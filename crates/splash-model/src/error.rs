@@ -24,6 +24,8 @@ pub enum ModelError {
     Config { path: PathBuf, message: String },
     #[error("{path}: {message}")]
     Gguf { path: PathBuf, message: String },
+    #[error("GPU: {0}")]
+    Gpu(String),
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
     #[error("tensor `{name}` is missing from the checkpoint in {dir}")]

@@ -23,6 +23,12 @@ pub struct SequenceState {
     pub(crate) checkpoint: Option<Checkpoint>,
     /// `(kv heads, head dim)` of the attention layers: one cached row per token and kv head.
     kv_row: (usize, usize),
+    /// How keys and values are stored.
+    kv: KvFormat,
+    /// The state on the GPU when the model runs there (allocated by the first forward pass;
+    /// `layers` is then empty).
+    #[cfg(feature = "cuda")]
+    pub(crate) gpu: Option<crate::qwen35::cuda::GpuState>,
 }
 
 /// The point a speculative verify pass started from (model-spec §2.6, variant (a)).
@@ -99,7 +105,30 @@ impl SequenceState {
             len: 0,
             checkpoint: None,
             kv_row: (config.num_kv_heads, config.head_dim),
+            kv,
+            #[cfg(feature = "cuda")]
+            gpu: None,
         }
+    }
+
+    /// A state whose layers live on a device (allocated by the first forward pass).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn on_device(config: &ModelConfig, kv: KvFormat) -> Self {
+        Self {
+            layers: Vec::new(),
+            ..Self::new(
+                &ModelConfig {
+                    layer_kinds: Vec::new(),
+                    ..config.clone()
+                },
+                kv,
+            )
+        }
+    }
+
+    /// How keys and values are stored.
+    pub fn kv_format(&self) -> KvFormat {
+        self.kv
     }
 
     /// Tokens consumed so far (the position of the next token).
@@ -114,6 +143,10 @@ impl SequenceState {
 
     /// Bytes held by this state.
     pub fn memory_bytes(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.bytes();
+        }
         self.layers
             .iter()
             .map(|l| match l {
@@ -145,7 +178,10 @@ impl SequenceState {
             return;
         };
         let ran = self.len - cp.start;
-        assert!(keep <= ran, "cannot keep {keep} of the {ran} tokens of the pass");
+        assert!(
+            keep <= ran,
+            "cannot keep {keep} of the {ran} tokens of the pass"
+        );
         if keep == ran {
             return;
         }

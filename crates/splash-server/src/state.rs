@@ -98,13 +98,14 @@ impl AppState {
     pub fn print_summary(&self, addr: SocketAddr) {
         let c = &self.model.config;
         eprintln!(
-            "splash {}: model {} ({}, {} parameters, {} layers, vocabulary {})",
+            "splash {}: model {} ({}, {} parameters, {} layers, vocabulary {}) on {}",
             env!("CARGO_PKG_VERSION"),
             self.model_id(),
             self.model.dir.display(),
             self.model.graph.num_parameters(),
             c.num_layers(),
-            c.vocab_size
+            c.vocab_size,
+            self.model.graph.device()
         );
         eprintln!(
             "  context limit {} tokens; weights {:.1} MiB of {:?} (memory-mapped); KV cache {:?}, {} bytes per token; {} decode lanes, queue {}",

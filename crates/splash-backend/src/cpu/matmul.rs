@@ -181,13 +181,13 @@ fn ggml_dot(t: GgmlType, row: &[u8], x: &[f32], scratch: &mut Vec<f32>) -> f32 {
         // SAFETY: the CPU supports AVX2 and FMA (checked above).
         return unsafe { ggml_dot_avx2(t, row, x, scratch) };
     }
-    ggml::row_dot(t, row, x, scratch, dot_portable)
+    ggml::row_dot(t, row, x, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn ggml_dot_avx2(t: GgmlType, row: &[u8], x: &[f32], scratch: &mut [f32]) -> f32 {
-    ggml::row_dot(t, row, x, scratch, dot_portable)
+    ggml::row_dot(t, row, x, scratch)
 }
 
 /// `out = W x` for an affine weight without expanding it: per row and group,

@@ -17,7 +17,8 @@ macro_rules! with_block_fn {
     ($t:expr, |$f:ident| $body:expr) => {
         match $t {
             GgmlType::F32 => {
-                let $f = |b: &[u8], y: &mut [f32]| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                let $f =
+                    |b: &[u8], y: &mut [f32]| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 $body
             }
             GgmlType::F16 => {
@@ -25,7 +26,8 @@ macro_rules! with_block_fn {
                 $body
             }
             GgmlType::BF16 => {
-                let $f = |b: &[u8], y: &mut [f32]| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                let $f =
+                    |b: &[u8], y: &mut [f32]| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32();
                 $body
             }
             GgmlType::Q4_0 => {
@@ -108,31 +110,33 @@ macro_rules! with_block_fn {
     };
 }
 
-/// `Σ row·x` for one row of blocks: each block is dequantised into `buf` and multiplied with
-/// `dot`. Inlined into the caller, so that compiled inside a SIMD-enabled function the block
-/// code vectorises with it.
+/// `Σ row·x` for one row of blocks: each block is dequantised into `buf` and multiplied into
+/// eight running sums. Inlined into the caller, so that compiled inside a SIMD-enabled function
+/// the block code and the sums vectorise (with FMA) together.
 #[inline(always)]
-pub(crate) fn row_dot(
-    ty: GgmlType,
-    row: &[u8],
-    x: &[f32],
-    buf: &mut [f32],
-    dot: impl Fn(&[f32], &[f32]) -> f32,
-) -> f32 {
+pub(crate) fn row_dot(ty: GgmlType, row: &[u8], x: &[f32], buf: &mut [f32]) -> f32 {
     let (be, bb) = (ty.block_elems(), ty.block_bytes());
     // Float "blocks" are single elements: convert a run of them at once instead.
     let step = if be == 1 { buf.len() } else { be };
     let buf = &mut buf[..step];
     with_block_fn!(ty, |block| {
-        let mut acc = 0.0f32;
+        let mut acc = [0.0f32; 8];
         for (bytes, xs) in row.chunks(step / be * bb).zip(x.chunks(step)) {
             let y = &mut buf[..xs.len()];
             for (b, o) in bytes.chunks_exact(bb).zip(y.chunks_exact_mut(be)) {
                 block(b, o);
             }
-            acc += dot(y, xs);
+            for (yc, xc) in y.chunks_exact(8).zip(xs.chunks_exact(8)) {
+                for j in 0..8 {
+                    acc[j] = yc[j].mul_add(xc[j], acc[j]);
+                }
+            }
+            let tail = y.len() / 8 * 8;
+            for (a, b) in y[tail..].iter().zip(&xs[tail..]) {
+                acc[0] = a.mul_add(*b, acc[0]);
+            }
         }
-        acc
+        acc.iter().sum()
     })
 }
 

@@ -9,16 +9,16 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 
 pub(super) struct Attention {
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) head_dim: usize,
     /// `[Hq·2·D, H]`: per head, D query rows then D gate rows.
-    q: Weight,
-    k: Weight,
-    v: Weight,
-    o: Weight,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
+    pub(super) q: Weight,
+    pub(super) k: Weight,
+    pub(super) v: Weight,
+    pub(super) o: Weight,
+    pub(super) q_norm: Vec<f32>,
+    pub(super) k_norm: Vec<f32>,
 }
 
 impl Attention {

@@ -10,9 +10,9 @@ use crate::error::ModelError;
 
 /// `down(silu(gate x) * up x)`.
 pub(super) struct Mlp {
-    gate: Weight,
-    up: Weight,
-    down: Weight,
+    pub(super) gate: Weight,
+    pub(super) up: Weight,
+    pub(super) down: Weight,
 }
 
 impl Mlp {
@@ -49,11 +49,11 @@ impl Mlp {
 
 /// Softmax router over all experts, top-k renormalised, plus a sigmoid-gated shared expert.
 pub(super) struct Moe {
-    router: Weight,
-    experts: Vec<Mlp>,
-    top_k: usize,
-    shared: Mlp,
-    shared_gate: Weight,
+    pub(super) router: Weight,
+    pub(super) experts: Vec<Mlp>,
+    pub(super) top_k: usize,
+    pub(super) shared: Mlp,
+    pub(super) shared_gate: Weight,
 }
 
 impl Moe {

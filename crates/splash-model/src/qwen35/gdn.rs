@@ -13,19 +13,19 @@ use crate::error::ModelError;
 use crate::state::GdnReplay;
 
 pub(super) struct GatedDeltaNet {
-    dims: GdnDims,
-    in_qkv: Weight,
-    in_z: Weight,
-    in_b: Weight,
-    in_a: Weight,
+    pub(super) dims: GdnDims,
+    pub(super) in_qkv: Weight,
+    pub(super) in_z: Weight,
+    pub(super) in_b: Weight,
+    pub(super) in_a: Weight,
     /// Conv kernel `[conv_dim, K]`.
-    conv: Vec<f32>,
-    dt_bias: Vec<f32>,
+    pub(super) conv: Vec<f32>,
+    pub(super) dt_bias: Vec<f32>,
     /// `-exp(A_log)`, the per-head decay rate.
-    neg_a: Vec<f32>,
+    pub(super) neg_a: Vec<f32>,
     /// Gated output norm weight `[dv]`, used as stored (not zero-centred).
-    norm: Vec<f32>,
-    out: Weight,
+    pub(super) norm: Vec<f32>,
+    pub(super) out: Weight,
 }
 
 impl GatedDeltaNet {

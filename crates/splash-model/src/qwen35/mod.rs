@@ -4,6 +4,8 @@
 //! where the mixer is Gated DeltaNet or gated full attention → final norm → LM head.
 
 mod attention;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
 mod ffn;
 mod gdn;
 pub mod gguf;
@@ -50,6 +52,9 @@ pub struct Qwen35 {
     final_norm: Vec<f32>,
     lm_head: Weight,
     rope: Rope,
+    /// The weights on a GPU, when the forward pass runs there.
+    #[cfg(feature = "cuda")]
+    gpu: Option<std::sync::Arc<cuda::GpuModel>>,
 }
 
 /// The layout of a checkpoint: tensor-name prefixes (`p` for the text model, `head` for
@@ -171,7 +176,18 @@ impl Qwen35 {
             final_norm: names.norm(ck, &format!("{}norm.weight", names.p), h)?,
             lm_head,
             rope: Rope::new(config.rotary_dim, config.rope_theta),
+            #[cfg(feature = "cuda")]
+            gpu: None,
         })
+    }
+
+    /// Where the forward pass runs: `cpu`, or `cuda (NAME)`.
+    pub fn device(&self) -> String {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return format!("cuda ({})", g.gpu().name());
+        }
+        "cpu".to_string()
     }
 
     /// The architecture this graph was built for.
@@ -187,6 +203,10 @@ impl Qwen35 {
 
     /// A fresh per-sequence state whose KV cache is stored as `kv`.
     pub fn new_state_with(&self, kv: KvFormat) -> SequenceState {
+        #[cfg(feature = "cuda")]
+        if self.gpu.is_some() {
+            return SequenceState::on_device(&self.config, kv);
+        }
         SequenceState::new(&self.config, kv)
     }
 
@@ -250,6 +270,21 @@ impl Qwen35 {
         }
         if tokens.is_empty() {
             return Ok((Vec::new(), Vec::new()));
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            if !taps.is_empty() || state.checkpoint.is_some() {
+                return Err(ModelError::Gpu(
+                    "speculative decoding does not run on the CUDA backend yet; use --speculative off or --device cpu".into(),
+                ));
+            }
+            if state.gpu.is_none() {
+                state.gpu = Some(g.new_state(cfg, state.kv_format())?);
+            }
+            let gs = state.gpu.as_mut().expect("allocated above");
+            let logits = g.forward(self, gs, tokens, pos0, want)?;
+            state.advance(tokens.len());
+            return Ok((logits, Vec::new()));
         }
         let (t, h, eps) = (tokens.len(), cfg.hidden_size, cfg.rms_norm_eps);
         let mut features = vec![0.0f32; t * taps.len() * h];

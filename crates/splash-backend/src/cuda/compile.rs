@@ -1,0 +1,101 @@
+//! NVRTC compilation of `kernels.cu` for one set of model dimensions, cached on disk by the
+//! hash of source, dimensions and target architecture.
+
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use super::GpuError;
+
+/// The compile-time dimensions of a kernel module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelDims {
+    /// Attention head dim (a multiple of 32).
+    pub head_dim: usize,
+    /// Gated DeltaNet key head dim.
+    pub gdn_dk: usize,
+    /// Gated DeltaNet value head dim (threads per block of the recurrent kernel, ≤ 1024).
+    pub gdn_dv: usize,
+}
+
+/// The CUDA source of every kernel.
+pub fn kernel_source() -> &'static str {
+    include_str!("kernels.cu")
+}
+
+/// The PTX target for a GPU of compute capability `major.minor` (PTX: the driver compiles it
+/// for the exact chip at load).
+pub(crate) fn arch_for(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, _) => "compute_100",
+        (12, _) => "compute_120",
+        (m, _) if m > 12 => "compute_120",
+        _ => "compute_75",
+    }
+}
+
+/// PTX of the kernels for `dims` and `arch`, from the cache directory or freshly compiled.
+pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuError> {
+    if dims.head_dim == 0
+        || !dims.head_dim.is_multiple_of(32)
+        || dims.gdn_dv == 0
+        || dims.gdn_dv > 1024
+    {
+        return Err(GpuError::Unsupported(format!(
+            "the CUDA kernels need an attention head dim that is a multiple of 32 and a GDN value head dim of 1..1024 (got {dims:?})"
+        )));
+    }
+    let defines = vec![
+        format!("-DHEAD_DIM={}", dims.head_dim),
+        format!("-DGDN_DK={}", dims.gdn_dk),
+        format!("-DGDN_DV={}", dims.gdn_dv),
+    ];
+    let mut h = Sha256::new();
+    h.update(kernel_source().as_bytes());
+    h.update(defines.join(" ").as_bytes());
+    h.update(arch.as_bytes());
+    let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let cached = cache_dir().map(|d| d.join(format!("{key}.ptx")));
+    if let Some(path) = &cached {
+        if let Ok(ptx) = std::fs::read_to_string(path) {
+            return Ok(ptx);
+        }
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        options: defines,
+        name: Some("splash_kernels.cu".into()),
+        ..Default::default()
+    };
+    let nvrtc = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), opts))
+        .map_err(|_| GpuError::Compile("the NVRTC library (libnvrtc.so) could not be loaded; install the CUDA toolkit or `pip install nvidia-cuda-nvrtc` and put its lib directory on LD_LIBRARY_PATH".into()))?;
+    let ptx = nvrtc
+        .map_err(|e| GpuError::Compile(format!("{e:?}")))?
+        .to_src();
+    if let Some(path) = &cached {
+        // Written under a temporary name and renamed: a reader never sees half a file.
+        if let Some(dir) = path.parent() {
+            let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
+            if std::fs::create_dir_all(dir).is_ok() && std::fs::write(&tmp, &ptx).is_ok() {
+                let _ = std::fs::rename(&tmp, path);
+            }
+        }
+    }
+    Ok(ptx)
+}
+
+/// `SPLASH_KERNEL_CACHE`, else `$XDG_CACHE_HOME/splash/kernels`, else `~/.cache/splash/kernels`.
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("SPLASH_KERNEL_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("splash").join("kernels"))
+}

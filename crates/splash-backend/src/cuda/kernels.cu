@@ -1,0 +1,660 @@
+// splash CUDA kernels, compiled by NVRTC at first use with the model's dimensions as
+// compile-time constants (HEAD_DIM: attention head dim; GDN_DK / GDN_DV: Gated DeltaNet key
+// and value head dims). Every kernel has a CPU twin in `src/cpu/` that defines it.
+//
+// Activations are f32 row-major. Weights stay in their stored format; `deq32<F>` decodes the
+// 32-element sub-block `s` of a row, following `src/ggml/dequant.rs` for GGML blocks and the
+// MLX affine formula for packed codes.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 256
+#endif
+#ifndef GDN_DK
+#define GDN_DK 128
+#endif
+#ifndef GDN_DV
+#define GDN_DV 128
+#endif
+
+#define NEG_INF (__int_as_float(0xff800000))
+
+// Tokens handled by one GEMV launch (more are split into launches by the host).
+#define GEMV_MAX_T 8
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Round to nearest even, as half::bf16::from_f32 does for finite values.
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float ld_half(const u8* p) { return f16_to_f32((u16)(p[0] | (p[1] << 8))); }
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
+__device__ __forceinline__ u32 ld_u32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the sum.
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    float s = lane < warps ? partial[lane] : 0.0f;
+    return warp_sum(s);
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// ---------------------------------------------------------------------------------------------
+// Weight formats (codes shared with src/cuda/weights.rs)
+
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_BF16 2
+#define FMT_Q4_0 3
+#define FMT_Q4_1 4
+#define FMT_Q5_0 5
+#define FMT_Q5_1 6
+#define FMT_Q8_0 7
+#define FMT_Q2_K 8
+#define FMT_Q3_K 9
+#define FMT_Q4_K 10
+#define FMT_Q5_K 11
+#define FMT_Q6_K 12
+#define FMT_IQ4_NL 13
+#define FMT_IQ4_XS 14
+#define FMT_AFFINE4 15
+#define FMT_AFFINE8 16
+
+__constant__ float KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                        1,    13,   25,  38,  53,  69,  89,  113};
+
+// Per-row group scales and biases of an affine (MLX) weight, as f32.
+struct Affine {
+    const float* scales;
+    const float* biases;
+    int group;
+};
+
+__device__ __forceinline__ void scale_min_k4(int j, const u8* s, float& sc, float& m) {
+    if (j < 4) {
+        sc = (float)(s[j] & 63);
+        m = (float)(s[j + 4] & 63);
+    } else {
+        sc = (float)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
+        m = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+// The 16 six-bit scales of a Q3_K block (llama.cpp's aux-word shuffle, one scale at a time).
+__device__ __forceinline__ int q3k_scale(const u8* s, int is) {
+    int g = is >> 2, b = is & 3;
+    int low = (g == 0) ? (s[b] & 15) : (g == 1) ? (s[4 + b] & 15) : (g == 2) ? (s[b] >> 4) : (s[4 + b] >> 4);
+    int high = (s[8 + b] >> (2 * g)) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+// Decodes values 32s..32s+31 of `row` into w.
+template <int F>
+__device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affine& a, int n, int k) {
+    if (F == FMT_F32) {
+        const float* p = (const float*)row + 32 * s;
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = p[i];
+    } else if (F == FMT_F16 || F == FMT_BF16) {
+        const u16* p = (const u16*)row + 32 * s;
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = F == FMT_F16 ? f16_to_f32(p[i]) : bf16_to_f32(p[i]);
+    } else if (F == FMT_Q4_0) {
+        const u8* b = row + 18 * s;
+        float d = ld_half(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            w[j] = (float)((int)(b[2 + j] & 15) - 8) * d;
+            w[j + 16] = (float)((int)(b[2 + j] >> 4) - 8) * d;
+        }
+    } else if (F == FMT_Q4_1) {
+        const u8* b = row + 20 * s;
+        float d = ld_half(b), m = ld_half(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            w[j] = (float)(b[4 + j] & 15) * d + m;
+            w[j + 16] = (float)(b[4 + j] >> 4) * d + m;
+        }
+    } else if (F == FMT_Q5_0) {
+        const u8* b = row + 22 * s;
+        float d = ld_half(b);
+        u32 qh = ld_u32(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u32 h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            w[j] = (float)((int)((b[6 + j] & 15) | h0) - 16) * d;
+            w[j + 16] = (float)((int)((b[6 + j] >> 4) | h1) - 16) * d;
+        }
+    } else if (F == FMT_Q5_1) {
+        const u8* b = row + 24 * s;
+        float d = ld_half(b), m = ld_half(b + 2);
+        u32 qh = ld_u32(b + 4);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u32 h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            w[j] = (float)((b[8 + j] & 15) | h0) * d + m;
+            w[j + 16] = (float)((b[8 + j] >> 4) | h1) * d + m;
+        }
+    } else if (F == FMT_Q8_0) {
+        const u8* b = row + 34 * s;
+        float d = ld_half(b);
+#pragma unroll
+        for (int j = 0; j < 32; j++) w[j] = (float)(i8)b[2 + j] * d;
+    } else if (F == FMT_IQ4_NL) {
+        const u8* b = row + 18 * s;
+        float d = ld_half(b);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * KVALUES_IQ4NL[b[2 + j] & 15];
+            w[j + 16] = d * KVALUES_IQ4NL[b[2 + j] >> 4];
+        }
+    } else if (F == FMT_Q2_K) {
+        const u8* b = row + 84 * (s >> 3);
+        int j = s & 7, n = j >> 2, jj = j & 3, shift = 2 * jj;
+        const u8* scales = b;
+        const u8* qs = b + 16 + 32 * n;
+        float d = ld_half(b + 80), dmin = ld_half(b + 82);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            u8 sc = scales[8 * n + 2 * jj + (l >> 4)];
+            float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+            w[l] = dl * (float)((qs[l] >> shift) & 3) - ml;
+        }
+    } else if (F == FMT_Q3_K) {
+        const u8* b = row + 110 * (s >> 3);
+        int j = s & 7, n = j >> 2, jj = j & 3, shift = 2 * jj;
+        const u8* hm = b;
+        const u8* qs = b + 32 + 32 * n;
+        float d = ld_half(b + 108);
+        u8 m = (u8)(1u << (4 * n + jj));
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            float dl = d * (float)q3k_scale(b + 96, 8 * n + 2 * jj + (l >> 4));
+            int q = (int)((qs[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4);
+            w[l] = dl * (float)q;
+        }
+    } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
+        const int bytes = F == FMT_Q4_K ? 144 : 176;
+        const u8* b = row + bytes * (s >> 3);
+        int j = s & 7;
+        float d = ld_half(b), dmin = ld_half(b + 2), sc, m;
+        scale_min_k4(j, b + 4, sc, m);
+        float d1 = d * sc, m1 = dmin * m;
+        const u8* qs = b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1);
+        const u8* qh = b + 16;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int q = (j & 1) ? (qs[l] >> 4) : (qs[l] & 15);
+            if (F == FMT_Q5_K) q += ((qh[l] >> j) & 1) << 4;
+            w[l] = d1 * (float)q - m1;
+        }
+    } else if (F == FMT_Q6_K) {
+        const u8* b = row + 210 * (s >> 3);
+        int j = s & 7, n = j >> 2, m = j & 3;
+        const u8* ql = b + 64 * n + (m & 1) * 32;
+        const u8* qh = b + 128 + 32 * n;
+        const i8* sc = (const i8*)(b + 192 + 8 * n);
+        float d = ld_half(b + 208);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int low = m < 2 ? (ql[l] & 15) : (ql[l] >> 4);
+            int q = (low | (((qh[l] >> (2 * m)) & 3) << 4)) - 32;
+            w[l] = d * (float)sc[(l >> 4) + 2 * m] * (float)q;
+        }
+    } else if (F == FMT_IQ4_XS) {
+        const u8* b = row + 136 * (s >> 3);
+        int j = s & 7;
+        float d = ld_half(b);
+        u16 sh = ld_u16(b + 2);
+        int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4);
+        float dl = d * (float)(ls - 32);
+        const u8* qs = b + 8 + 16 * j;
+#pragma unroll
+        for (int l = 0; l < 16; l++) {
+            w[l] = dl * KVALUES_IQ4NL[qs[l] & 15];
+            w[l + 16] = dl * KVALUES_IQ4NL[qs[l] >> 4];
+        }
+    } else if (F == FMT_AFFINE4 || F == FMT_AFFINE8) {
+        const int bits = F == FMT_AFFINE4 ? 4 : 8, per_word = 32 / bits;
+        const u32* words = (const u32*)row + (32 / per_word) * s;
+        int g = (32 * s) / a.group;
+        float sc = a.scales[(long)n * (k / a.group) + g], bi = a.biases[(long)n * (k / a.group) + g];
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            u32 q = (words[i / per_word] >> (bits * (i % per_word))) & ((1u << bits) - 1);
+            w[i] = sc * (float)q + bi;
+        }
+    }
+}
+
+// y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ GEMV_MAX_T. One warp per output row; lane i
+// decodes sub-blocks i, i+32, ... of the row and multiplies them with every token.
+template <int F>
+__device__ void gemv(const u8* W, long row_bytes, Affine a, const float* x, float* y, int N, int K, int T) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (n >= N) return;
+    const u8* row = W + (long)n * row_bytes;
+    float acc[GEMV_MAX_T];
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++) acc[t] = 0.0f;
+    for (int s = lane; s < K / 32; s += 32) {
+        float w[32];
+        deq32<F>(row, s, w, a, n, K);
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_T; t++) {
+            if (t < T) {
+                const float4* xs = (const float4*)(x + (long)t * K + 32 * s);
+                float sum = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    float4 v = xs[i];
+                    sum += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+                }
+                acc[t] += sum;
+            }
+        }
+    }
+    // Float rows may end in a partial sub-block (K % 32 != 0): one element per lane.
+    if (F == FMT_F32 || F == FMT_F16 || F == FMT_BF16) {
+        int e = (K / 32) * 32 + lane;
+        if (e < K) {
+            float w = F == FMT_F32 ? ((const float*)row)[e]
+                    : F == FMT_F16 ? f16_to_f32(((const u16*)row)[e])
+                                   : bf16_to_f32(((const u16*)row)[e]);
+#pragma unroll
+            for (int t = 0; t < GEMV_MAX_T; t++)
+                if (t < T) acc[t] += w * x[(long)t * K + e];
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++) {
+        if (t < T) {
+            float v = warp_sum(acc[t]);
+            if (lane == 0) y[(long)t * N + n] = v;
+        }
+    }
+}
+
+// W as bf16 (or f32) [N, K] for the cuBLAS prefill GEMM: one thread per sub-block.
+template <int F, bool BF16>
+__device__ void dequant_rows(const u8* W, long row_bytes, Affine a, void* out, int N, int K) {
+    long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long subs = (long)N * (K / 32);
+    if (idx >= subs) return;
+    int n = (int)(idx / (K / 32)), s = (int)(idx % (K / 32));
+    float w[32];
+    deq32<F>(W + (long)n * row_bytes, s, w, a, n, K);
+    long o = (long)n * K + 32 * s;
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        if (BF16) ((u16*)out)[o + i] = f32_to_bf16(w[i]);
+        else ((float*)out)[o + i] = w[i];
+    }
+}
+
+#define WEIGHT_KERNELS(NAME, F)                                                                   \
+    extern "C" __global__ void gemv_##NAME(const u8* W, long row_bytes, const float* scales,       \
+                                           const float* biases, int group, const float* x,        \
+                                           float* y, int N, int K, int T) {                       \
+        Affine a = {scales, biases, group};                                                       \
+        gemv<F>(W, row_bytes, a, x, y, N, K, T);                                                  \
+    }                                                                                             \
+    extern "C" __global__ void dequant_bf16_##NAME(const u8* W, long row_bytes,                   \
+                                                   const float* scales, const float* biases,      \
+                                                   int group, void* out, int N, int K) {          \
+        Affine a = {scales, biases, group};                                                       \
+        dequant_rows<F, true>(W, row_bytes, a, out, N, K);                                        \
+    }                                                                                             \
+    extern "C" __global__ void dequant_f32_##NAME(const u8* W, long row_bytes,                    \
+                                                  const float* scales, const float* biases,       \
+                                                  int group, void* out, int N, int K) {           \
+        Affine a = {scales, biases, group};                                                       \
+        dequant_rows<F, false>(W, row_bytes, a, out, N, K);                                       \
+    }
+
+WEIGHT_KERNELS(f32, FMT_F32)
+WEIGHT_KERNELS(f16, FMT_F16)
+WEIGHT_KERNELS(bf16, FMT_BF16)
+WEIGHT_KERNELS(q4_0, FMT_Q4_0)
+WEIGHT_KERNELS(q4_1, FMT_Q4_1)
+WEIGHT_KERNELS(q5_0, FMT_Q5_0)
+WEIGHT_KERNELS(q5_1, FMT_Q5_1)
+WEIGHT_KERNELS(q8_0, FMT_Q8_0)
+WEIGHT_KERNELS(q2_k, FMT_Q2_K)
+WEIGHT_KERNELS(q3_k, FMT_Q3_K)
+WEIGHT_KERNELS(q4_k, FMT_Q4_K)
+WEIGHT_KERNELS(q5_k, FMT_Q5_K)
+WEIGHT_KERNELS(q6_k, FMT_Q6_K)
+WEIGHT_KERNELS(iq4_nl, FMT_IQ4_NL)
+WEIGHT_KERNELS(iq4_xs, FMT_IQ4_XS)
+WEIGHT_KERNELS(affine4, FMT_AFFINE4)
+WEIGHT_KERNELS(affine8, FMT_AFFINE8)
+
+// f32 → bf16, elementwise (activations for the cuBLAS GEMM).
+extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f32_to_bf16(x[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Norms and elementwise ops
+
+// out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, one block per row (out may alias x).
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
+    const float* xr = x + (long)blockIdx.x * d;
+    float* o = out + (long)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+// The GDN output norm: w * rms_norm(x) * silu(z), one block per row of d.
+extern "C" __global__ void rms_norm_gated(const float* x, const float* z, const float* w, float* out, int d,
+                                          float eps) {
+    long base = (long)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[base + i] * x[base + i];
+    float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[base + i] = w[i] * (x[base + i] * inv) * silu(z[base + i]);
+}
+
+extern "C" __global__ void add_in_place(float* x, const float* y, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// g = silu(g) * u (SwiGLU).
+extern "C" __global__ void silu_mul(float* g, const float* u, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) g[i] = silu(g[i]) * u[i];
+}
+
+// x[t, :] *= sigmoid(g[t]) (the shared-expert gate): one block per row.
+extern "C" __global__ void scale_rows_sigmoid(float* x, const float* g, int d) {
+    float s = sigmoid(g[blockIdx.x]);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) x[(long)blockIdx.x * d + i] *= s;
+}
+
+// out[i, :] = x[idx[i], :].
+extern "C" __global__ void gather_rows(const float* x, const int* idx, float* out, int d) {
+    const float* src = x + (long)idx[blockIdx.x] * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[(long)blockIdx.x * d + i] = src[i];
+}
+
+// out[idx[i], :] += w[i] * y[i, :] (rows of idx are distinct within one launch).
+extern "C" __global__ void scatter_add_rows(const float* y, const int* idx, const float* w, float* out, int d) {
+    float* dst = out + (long)idx[blockIdx.x] * d;
+    float s = w[blockIdx.x];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] += s * y[(long)blockIdx.x * d + i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated attention
+
+// The q_proj output is per head [q(D) | gate(D)]: split it into q [rows, D] and gate [rows, D].
+extern "C" __global__ void split_q_gate(const float* qg, float* q, float* gate, int d) {
+    long r = blockIdx.x;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        q[r * d + i] = qg[r * 2 * d + i];
+        gate[r * d + i] = qg[r * 2 * d + d + i];
+    }
+}
+
+// Partial NeoX RoPE on x [T, heads, d]: dim j < rot/2 pairs with j + rot/2. One block per
+// (token, head).
+extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int d, int rot, int pos0) {
+    int t = blockIdx.x / heads;
+    float* h = x + (long)blockIdx.x * d;
+    int half = rot / 2;
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        float angle = (float)(pos0 + t) * inv_freq[j];
+        float c = cosf(angle), s = sinf(angle);
+        float a = h[j], b = h[j + half];
+        h[j] = a * c - b * s;
+        h[j + half] = b * c + a * s;
+    }
+}
+
+// KV cache formats (src/cpu/kv.rs): 0 f32, 1 bf16, 2 int8 with one f32 scale per row.
+#define KV_F32 0
+#define KV_BF16 1
+#define KV_INT8 2
+
+// Appends rows x [T, hkv, d] at row pos0*hkv of the cache. One block per row.
+extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, int fmt, int d, long row0) {
+    long r = row0 + blockIdx.x;
+    const float* xr = x + (long)blockIdx.x * d;
+    if (fmt == KV_F32) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) ((float*)cache)[r * d + i] = xr[i];
+    } else if (fmt == KV_BF16) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) ((u16*)cache)[r * d + i] = f32_to_bf16(xr[i]);
+    } else {
+        __shared__ float red[32];
+        float m = 0.0f;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
+        m = warp_max(m);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+            v = warp_max(v);
+            if (threadIdx.x == 0) red[0] = v;
+        }
+        __syncthreads();
+        float s = red[0] > 0.0f ? red[0] / 127.0f : 1.0f;
+        float inv = 1.0f / s;
+        for (int i = threadIdx.x; i < d; i += blockDim.x)
+            ((i8*)cache)[r * d + i] = (i8)fminf(127.0f, fmaxf(-127.0f, roundf(xr[i] * inv)));
+        if (threadIdx.x == 0) scales[r] = s;
+    }
+}
+
+__device__ __forceinline__ void kv_load(const u8* cache, const float* scales, int fmt, long r, int i0, float* out) {
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 32; i++) {
+        long e = r * HEAD_DIM + i0 + i;
+        out[i] = fmt == KV_F32 ? ((const float*)cache)[e]
+               : fmt == KV_BF16 ? bf16_to_f32(((const u16*)cache)[e])
+                                : (float)((const i8*)cache)[e] * scales[r];
+    }
+}
+
+#define ATTN_WARPS 4
+
+// Causal GQA attention: q [T, hq, HEAD_DIM] at positions pos0.., keys 0..=pos0+t from the
+// cache [S, hkv, HEAD_DIM]. One block per (token, query head); each warp runs an online
+// softmax over every ATTN_WARPS-th key, lane i holding dims [i·D/32, (i+1)·D/32).
+extern "C" __global__ void attention(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                     const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
+                                     float scale) {
+    const int DPL = HEAD_DIM / 32;
+    int t = blockIdx.x / hq, h = blockIdx.x % hq, kvh = h / (hq / hkv);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float* qv = q + (long)blockIdx.x * HEAD_DIM + lane * DPL;
+    float qr[DPL], acc[DPL], kr[DPL], vr[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        qr[i] = qv[i];
+        acc[i] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    int len = pos0 + t + 1;
+    for (int j = warp; j < len; j += ATTN_WARPS) {
+        long r = (long)j * hkv + kvh;
+        kv_load(kc, ks, fmt, r, lane * DPL, kr);
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) p += qr[i] * kr[i];
+        float sc = warp_sum(p) * scale;
+        float m2 = fmaxf(m, sc);
+        float corr = expf(m - m2), e = expf(sc - m2);
+        kv_load(vc, vs, fmt, r, lane * DPL, vr);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] = acc[i] * corr + e * vr[i];
+        l = l * corr + e;
+        m = m2;
+    }
+    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS], sacc[ATTN_WARPS][HEAD_DIM];
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) sacc[warp][lane * DPL + i] = acc[i];
+    __syncthreads();
+    float mt = NEG_INF;
+    for (int w = 0; w < ATTN_WARPS; w++) mt = fmaxf(mt, sm[w]);
+    float lt = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; w++) lt += sl[w] * (sm[w] == NEG_INF ? 0.0f : expf(sm[w] - mt));
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            if (sm[w] != NEG_INF) v += sacc[w][i] * expf(sm[w] - mt);
+        out[(long)blockIdx.x * HEAD_DIM + i] = v / lt;
+    }
+}
+
+// x *= sigmoid(gate), elementwise (the attention output gate).
+extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= sigmoid(gate[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet
+
+// Depthwise causal conv + SiLU over x [T, C] with state [K-1, C] (oldest first), advanced past
+// x. One thread per channel.
+extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, const float* w, int T, int C,
+                                       int K) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float hist[8];
+    for (int j = 0; j < K - 1; j++) hist[j] = state[(long)j * C + c];
+    for (int t = 0; t < T; t++) {
+        float xv = x[(long)t * C + c];
+        float acc = 0.0f;
+        for (int j = 0; j < K - 1; j++) acc += w[c * K + j] * hist[j];
+        acc += w[c * K + K - 1] * xv;
+        y[(long)t * C + c] = silu(acc);
+        for (int j = 0; j < K - 2; j++) hist[j] = hist[j + 1];
+        if (K > 1) hist[K - 2] = xv;
+    }
+    for (int j = 0; j < K - 1; j++) state[(long)j * C + c] = hist[j];
+}
+
+// beta = sigmoid(b), g = neg_a[h] · softplus(a + dt_bias[h]) for b, a [T, hv], in place.
+extern "C" __global__ void gdn_gates(float* b, float* a, const float* dt_bias, const float* neg_a, int hv,
+                                     long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int h = (int)(i % hv);
+    b[i] = sigmoid(b[i]);
+    a[i] = neg_a[h] * softplus(a[i] + dt_bias[h]);
+}
+
+// The gated delta rule, token by token. `mixed` [T, C] holds q | k | v after the conv (C =
+// 2·hk·GDN_DK + hv·GDN_DV); q and k are L2-normalised here (q also scaled by dk^-0.5). One
+// block per value head of at least GDN_DV threads (a multiple of 32): thread c < GDN_DV owns
+// column c of the head's state [GDN_DK, GDN_DV] in registers. `tiled`: value head h reads key
+// head h % hk (GGUF order), else h / (hv/hk).
+extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
+                                         float* out, int T, int hk, int hv, int tiled) {
+    const int DK = GDN_DK, DV = GDN_DV;
+    int h = blockIdx.x, c = threadIdx.x;
+    bool active = c < DV;
+    int kh = tiled ? h % hk : h / (hv / hk);
+    int C = 2 * hk * DK + hv * DV;
+    __shared__ float qs[DK], ks[DK], red[2][32];
+    float s[DK];
+    float* st = state + (long)h * DK * DV;
+#pragma unroll
+    for (int i = 0; i < DK; i++) s[i] = active ? st[i * DV + c] : 0.0f;
+    float qscale = rsqrtf((float)DK);
+    int warps = blockDim.x >> 5;
+    for (int t = 0; t < T; t++) {
+        const float* row = mixed + (long)t * C;
+        float qss = 0.0f, kss = 0.0f;
+        for (int i = c; i < DK; i += blockDim.x) {
+            float qv = row[kh * DK + i], kv = row[hk * DK + kh * DK + i];
+            qs[i] = qv;
+            ks[i] = kv;
+            qss += qv * qv;
+            kss += kv * kv;
+        }
+        qss = warp_sum(qss);
+        kss = warp_sum(kss);
+        if ((c & 31) == 0) {
+            red[0][c >> 5] = qss;
+            red[1][c >> 5] = kss;
+        }
+        __syncthreads();
+        float qn = 0.0f, kn = 0.0f;
+        for (int w = 0; w < warps; w++) {
+            qn += red[0][w];
+            kn += red[1][w];
+        }
+        float qinv = rsqrtf(qn + 1e-6f) * qscale, kinv = rsqrtf(kn + 1e-6f);
+        if (active) {
+            float decay = expf(g[(long)t * hv + h]), b = beta[(long)t * hv + h];
+            float v = row[2 * hk * DK + h * DV + c];
+            float kv = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DK; i++) {
+                s[i] *= decay;
+                kv += s[i] * (ks[i] * kinv);
+            }
+            float delta = (v - kv) * b;
+            float o = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DK; i++) {
+                s[i] += (ks[i] * kinv) * delta;
+                o += s[i] * (qs[i] * qinv);
+            }
+            out[((long)t * hv + h) * DV + c] = o;
+        }
+        __syncthreads();
+    }
+    if (active) {
+#pragma unroll
+        for (int i = 0; i < DK; i++) st[i * DV + c] = s[i];
+    }
+}

@@ -1,0 +1,271 @@
+//! The CUDA backend (feature `cuda`): device memory, kernels compiled by NVRTC at first use
+//! with the model's dimensions as compile-time constants (cached on disk), and launch wrappers
+//! for every op the models need. The driver and NVRTC are loaded at run time, so building
+//! needs no CUDA toolkit; [`Gpu::new`] fails cleanly on a machine without a GPU.
+//!
+//! Buffers are `CudaSlice`s owned by their users; kernels receive raw device pointers (event
+//! tracking is off: everything runs in order on one stream).
+
+mod compile;
+mod ops;
+mod weights;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
+
+pub use compile::{compile_ptx, kernel_source, KernelDims};
+pub use ops::*;
+pub use weights::{DeviceWeight, GpuFormat};
+
+/// What went wrong on the GPU side.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("CUDA: {0}")]
+    Driver(String),
+    #[error("CUDA kernel compilation (NVRTC) failed: {0}")]
+    Compile(String),
+    #[error("cuBLAS: {0}")]
+    Blas(String),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl From<cudarc::driver::DriverError> for GpuError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        GpuError::Driver(e.to_string())
+    }
+}
+
+/// One GPU: its context, the stream everything runs on, and the compiled kernel modules.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: &'static str,
+    name: String,
+    modules: Mutex<HashMap<KernelDims, Arc<Kernels>>>,
+    /// cuBLAS for prefill GEMMs, created at first use (`Err`: the library is missing, and
+    /// the GEMV kernels do the work instead).
+    blas: Mutex<Option<Result<Arc<cudarc::cublas::CudaBlas>, String>>>,
+    /// Prefill GEMMs in f32 instead of bf16 (the reference path of the parity tests).
+    exact_gemm: std::sync::atomic::AtomicBool,
+}
+
+/// The kernels of one compiled module (one set of model dimensions).
+pub struct Kernels {
+    dims: KernelDims,
+    module: Arc<CudaModule>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+/// A kernel argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// A device address.
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal`: fails with a message when the driver cannot be loaded or no such
+    /// device exists.
+    pub fn new(ordinal: usize) -> Result<Arc<Self>, GpuError> {
+        // SAFETY: only probes whether the driver library can be loaded.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(GpuError::Driver(
+                "no NVIDIA driver found (libcuda.so cannot be loaded)".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        // One in-order stream: cudarc's per-buffer event tracking is not needed.
+        // SAFETY: called before any buffer or stream exists in this context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let (major, minor) = ctx.compute_capability()?;
+        let name = ctx.name()?;
+        Ok(Arc::new(Self {
+            arch: compile::arch_for(major, minor),
+            name,
+            ctx,
+            stream,
+            modules: Mutex::new(HashMap::new()),
+            blas: Mutex::new(None),
+            exact_gemm: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    /// The device's name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize), GpuError> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
+    /// The stream all work is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The kernels compiled for `dims` (compiled, or read from the disk cache, on first use).
+    pub fn kernels(&self, dims: KernelDims) -> Result<Arc<Kernels>, GpuError> {
+        let mut modules = self.modules.lock().expect("module cache lock");
+        if let Some(k) = modules.get(&dims) {
+            return Ok(k.clone());
+        }
+        let ptx = compile::compile_ptx(dims, self.arch)?;
+        let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+        let k = Arc::new(Kernels {
+            dims,
+            module,
+            functions: Mutex::new(HashMap::new()),
+        });
+        modules.insert(dims, k.clone());
+        Ok(k)
+    }
+
+    /// A zeroed device buffer of `len` elements.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+    ) -> Result<CudaSlice<T>, GpuError> {
+        Ok(self.stream.alloc_zeros(len.max(1))?)
+    }
+
+    /// An uninitialised device buffer of `len` elements, for outputs a kernel writes whole.
+    pub fn uninit<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>, GpuError> {
+        // SAFETY: the memory is only read after a kernel has written it.
+        Ok(unsafe { self.stream.alloc(len.max(1)) }?)
+    }
+
+    /// Runs the cuBLAS prefill GEMMs in f32 (`true`: the reference path, what the parity
+    /// tests use) or on bf16 tensor cores (`false`, the default: about 10× the f32 rate; the
+    /// activations and weights are rounded to bf16, products accumulate in f32).
+    pub fn set_exact_gemm(&self, exact: bool) {
+        self.exact_gemm
+            .store(exact, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn exact_gemm(&self) -> bool {
+        self.exact_gemm.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The cuBLAS handle, if the library can be loaded (tried once).
+    pub fn blas(&self) -> Option<Arc<cudarc::cublas::CudaBlas>> {
+        let mut b = self.blas.lock().expect("cuBLAS lock");
+        let handle = b.get_or_insert_with(|| {
+            // SAFETY: only probes whether the library can be loaded.
+            if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+                return Err("libcublas cannot be loaded".into());
+            }
+            cudarc::cublas::CudaBlas::new(self.stream.clone())
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
+        match handle {
+            Ok(h) => Some(h.clone()),
+            Err(_) => None,
+        }
+    }
+
+    /// A device copy of `data`.
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>, GpuError> {
+        if data.is_empty() {
+            // cudarc refuses zero-length copies; keep a one-element buffer instead.
+            return Ok(unsafe { self.stream.alloc(1) }?);
+        }
+        Ok(self.stream.clone_htod(data)?)
+    }
+
+    /// Copies `data` into the start of `dst`.
+    pub fn write<T: DeviceRepr>(&self, dst: &mut CudaSlice<T>, data: &[T]) -> Result<(), GpuError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.slice_mut(..data.len());
+        self.stream.memcpy_htod(data, &mut view)?;
+        Ok(())
+    }
+
+    /// The first `len` elements of `src`, on the host (waits for queued work).
+    pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        src: &CudaSlice<T>,
+        len: usize,
+    ) -> Result<Vec<T>, GpuError> {
+        let mut out = vec![T::default(); len];
+        if len > 0 {
+            self.stream.memcpy_dtoh(&src.slice(..len), &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// Launches kernel `name` of `k` on a 1-D grid.
+    pub fn launch(
+        &self,
+        k: &Kernels,
+        name: &str,
+        grid: u32,
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
+        if grid == 0 {
+            return Ok(());
+        }
+        let f = k.function(name)?;
+        let mut b = self.stream.launch_builder(&f);
+        for a in args {
+            match a {
+                Arg::Ptr(p) => b.arg(p),
+                Arg::I32(v) => b.arg(v),
+                Arg::I64(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every kernel's parameter list matches the wrapper in ops.rs that builds
+        // `args`; pointers are live device buffers owned by the caller.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+impl Kernels {
+    /// The dimensions this module was compiled for.
+    pub fn dims(&self) -> KernelDims {
+        self.dims
+    }
+
+    fn function(&self, name: &str) -> Result<CudaFunction, GpuError> {
+        let mut f = self.functions.lock().expect("function cache lock");
+        if let Some(func) = f.get(name) {
+            return Ok(func.clone());
+        }
+        let func = self.module.load_function(name)?;
+        f.insert(name.to_string(), func.clone());
+        Ok(func)
+    }
+}
+
+/// The device address of a buffer, `offset` elements in.
+pub fn ptr<T>(gpu: &Gpu, buf: &CudaSlice<T>, offset: usize) -> u64 {
+    let (p, _sync) = buf.device_ptr(&gpu.stream);
+    p + (offset * std::mem::size_of::<T>()) as u64
+}

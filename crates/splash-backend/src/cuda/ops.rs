@@ -1,0 +1,559 @@
+//! Launch wrappers, one per kernel of `kernels.cu`, named after the CPU op they mirror.
+//! Pointers are device addresses from [`super::ptr`]; shapes follow the CPU ops' docs.
+
+use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
+use crate::cpu::KvFormat;
+
+/// Tokens per GEMV launch (`GEMV_MAX_T` in kernels.cu).
+const GEMV_MAX_T: usize = 8;
+
+/// From this many tokens on, a product runs as a cuBLAS bf16 GEMM over the weight decoded to
+/// bf16 (one decode pass) instead of GEMV launches (one weight pass per 8 tokens).
+const GEMM_MIN_T: usize = 48;
+
+/// Weight rows decoded to bf16 at a time for the GEMM (bounds the scratch buffer).
+const GEMM_ROW_CHUNK: usize = 8192;
+
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per) as u32
+}
+
+/// Threads for a row-wise kernel over rows of `d` values: a multiple of 32, at most 256.
+fn row_threads(d: usize) -> u32 {
+    (d.div_ceil(32) * 32).clamp(32, 256) as u32
+}
+
+/// `out[t, :] = W[row0..row0+n, :] · x[t, :]` for `t < tokens`, `out` `[tokens, n]`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    assert!(row0 + n <= w.rows, "rows {row0}+{n} of {}", w.rows);
+    let kdim = w.cols;
+    if tokens >= GEMM_MIN_T && kdim.is_multiple_of(32) {
+        if let Some(blas) = gpu.blas() {
+            return gemm(gpu, k, &blas, out, x, w, row0, n, tokens);
+        }
+    }
+    let name = format!("gemv_{}", w.format.kernel_suffix());
+    let base = super::ptr(gpu, &w.data, row0 * w.row_bytes);
+    let (scales, biases, group) = group_args(gpu, w, row0);
+    for t0 in (0..tokens).step_by(GEMV_MAX_T) {
+        let tc = GEMV_MAX_T.min(tokens - t0);
+        gpu.launch(
+            k,
+            &name,
+            blocks(n, 4),
+            128,
+            &[
+                Arg::Ptr(base),
+                Arg::I64(w.row_bytes as i64),
+                Arg::Ptr(scales),
+                Arg::Ptr(biases),
+                Arg::I32(group),
+                Arg::Ptr(x + (t0 * kdim * 4) as u64),
+                Arg::Ptr(out + (t0 * n * 4) as u64),
+                Arg::I32(n as i32),
+                Arg::I32(kdim as i32),
+                Arg::I32(tc as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// `matmul` for many tokens: the activations and each chunk of weight rows converted to bf16,
+/// multiplied by cuBLAS with f32 accumulation and output.
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    gpu: &Gpu,
+    k: &Kernels,
+    blas: &cudarc::cublas::CudaBlas,
+    out: u64,
+    x: u64,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    use cudarc::cublas::{result::gemm_ex, sys};
+    let kdim = w.cols;
+    let exact = gpu.exact_gemm();
+    // Operands in bf16 (tensor cores), or the f32 activations as they are (exact).
+    let (xa, xtype) = if exact {
+        (None, sys::cudaDataType_t::CUDA_R_32F)
+    } else {
+        let xb = gpu.uninit::<u16>(tokens * kdim)?;
+        gpu.launch(
+            k,
+            "to_bf16",
+            blocks(tokens * kdim, 256),
+            256,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(super::ptr(gpu, &xb, 0)),
+                Arg::I64((tokens * kdim) as i64),
+            ],
+        )?;
+        (Some(xb), sys::cudaDataType_t::CUDA_R_16BF)
+    };
+    let xp = xa.as_ref().map_or(x, |b| super::ptr(gpu, b, 0));
+    let chunk = GEMM_ROW_CHUNK.min(n);
+    let wb = gpu.uninit::<f32>(chunk * kdim / if exact { 1 } else { 2 })?;
+    let dequant = format!(
+        "dequant_{}_{}",
+        if exact { "f32" } else { "bf16" },
+        w.format.kernel_suffix()
+    );
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    for r0 in (0..n).step_by(chunk) {
+        let rows = chunk.min(n - r0);
+        let (scales, biases, group) = group_args(gpu, w, row0 + r0);
+        gpu.launch(
+            k,
+            &dequant,
+            blocks(rows * kdim / 32, 128),
+            128,
+            &[
+                Arg::Ptr(super::ptr(gpu, &w.data, (row0 + r0) * w.row_bytes)),
+                Arg::I64(w.row_bytes as i64),
+                Arg::Ptr(scales),
+                Arg::Ptr(biases),
+                Arg::I32(group),
+                Arg::Ptr(super::ptr(gpu, &wb, 0)),
+                Arg::I32(rows as i32),
+                Arg::I32(kdim as i32),
+            ],
+        )?;
+        // Column-major view: out^T [n, tokens] (ld n) = W [rows, K]^T-as-stored · X^T.
+        // SAFETY: all pointers are live device buffers of the sizes the dimensions imply.
+        unsafe {
+            gemm_ex(
+                *blas.handle(),
+                sys::cublasOperation_t::CUBLAS_OP_T,
+                sys::cublasOperation_t::CUBLAS_OP_N,
+                rows as i32,
+                tokens as i32,
+                kdim as i32,
+                &alpha as *const f32 as *const _,
+                super::ptr(gpu, &wb, 0) as *const _,
+                xtype,
+                kdim as i32,
+                xp as *const _,
+                xtype,
+                kdim as i32,
+                &beta as *const f32 as *const _,
+                (out + (r0 * 4) as u64) as *mut _,
+                sys::cudaDataType_t::CUDA_R_32F,
+                n as i32,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| GpuError::Blas(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Scale and bias pointers of an affine weight from row `row0` (null for other formats).
+fn group_args(gpu: &Gpu, w: &DeviceWeight, row0: usize) -> (u64, u64, i32) {
+    match &w.groups {
+        Some((s, b, g)) => {
+            let per_row = w.cols / g;
+            (
+                super::ptr(gpu, s, row0 * per_row),
+                super::ptr(gpu, b, row0 * per_row),
+                *g as i32,
+            )
+        }
+        None => (0, 0, 32),
+    }
+}
+
+/// `out[r] = rms_norm(x[r]) * w` over `rows` rows of `d` (`out` may equal `x`).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    w: u64,
+    rows: usize,
+    d: usize,
+    eps: f32,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "rms_norm",
+        rows as u32,
+        row_threads(d),
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(out),
+            Arg::I32(d as i32),
+            Arg::F32(eps),
+        ],
+    )
+}
+
+/// `out = w * rms_norm(x) * silu(z)` per row of `d`.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_gated(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    z: u64,
+    w: u64,
+    rows: usize,
+    d: usize,
+    eps: f32,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "rms_norm_gated",
+        rows as u32,
+        row_threads(d),
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(z),
+            Arg::Ptr(w),
+            Arg::Ptr(out),
+            Arg::I32(d as i32),
+            Arg::F32(eps),
+        ],
+    )
+}
+
+fn elementwise(
+    gpu: &Gpu,
+    k: &Kernels,
+    name: &'static str,
+    a: u64,
+    b: u64,
+    n: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        name,
+        blocks(n, 256),
+        256,
+        &[Arg::Ptr(a), Arg::Ptr(b), Arg::I64(n as i64)],
+    )
+}
+
+/// `x += y` over `n` values.
+pub fn add_in_place(gpu: &Gpu, k: &Kernels, x: u64, y: u64, n: usize) -> Result<(), GpuError> {
+    elementwise(gpu, k, "add_in_place", x, y, n)
+}
+
+/// `g = silu(g) * u` over `n` values.
+pub fn silu_mul(gpu: &Gpu, k: &Kernels, g: u64, u: u64, n: usize) -> Result<(), GpuError> {
+    elementwise(gpu, k, "silu_mul", g, u, n)
+}
+
+/// `x *= sigmoid(gate)` over `n` values.
+pub fn sigmoid_gate(gpu: &Gpu, k: &Kernels, x: u64, gate: u64, n: usize) -> Result<(), GpuError> {
+    elementwise(gpu, k, "sigmoid_gate", x, gate, n)
+}
+
+/// `x[r, :] *= sigmoid(g[r])` for `rows` rows of `d`.
+pub fn scale_rows_sigmoid(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: u64,
+    g: u64,
+    rows: usize,
+    d: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "scale_rows_sigmoid",
+        rows as u32,
+        row_threads(d),
+        &[Arg::Ptr(x), Arg::Ptr(g), Arg::I32(d as i32)],
+    )
+}
+
+/// `out[i, :] = x[idx[i], :]` for `rows` indices (`idx` i32 on the device).
+pub fn gather_rows(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    idx: u64,
+    rows: usize,
+    d: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "gather_rows",
+        rows as u32,
+        row_threads(d),
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(idx),
+            Arg::Ptr(out),
+            Arg::I32(d as i32),
+        ],
+    )
+}
+
+/// `out[idx[i], :] += w[i] * y[i, :]` (distinct indices).
+#[allow(clippy::too_many_arguments)]
+pub fn scatter_add_rows(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    y: u64,
+    idx: u64,
+    w: u64,
+    rows: usize,
+    d: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "scatter_add_rows",
+        rows as u32,
+        row_threads(d),
+        &[
+            Arg::Ptr(y),
+            Arg::Ptr(idx),
+            Arg::Ptr(w),
+            Arg::Ptr(out),
+            Arg::I32(d as i32),
+        ],
+    )
+}
+
+/// Splits per-head `[q | gate]` rows (`rows` heads of `2d`) into `q` and `gate` (`[rows, d]`).
+pub fn split_q_gate(
+    gpu: &Gpu,
+    k: &Kernels,
+    q: u64,
+    gate: u64,
+    qg: u64,
+    rows: usize,
+    d: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "split_q_gate",
+        rows as u32,
+        row_threads(d),
+        &[
+            Arg::Ptr(qg),
+            Arg::Ptr(q),
+            Arg::Ptr(gate),
+            Arg::I32(d as i32),
+        ],
+    )
+}
+
+/// Partial NeoX RoPE on `x` `[tokens, heads, d]` at positions `pos0..` (`inv_freq` `[rot/2]`).
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: u64,
+    inv_freq: u64,
+    tokens: usize,
+    heads: usize,
+    d: usize,
+    rot: usize,
+    pos0: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "rope",
+        (tokens * heads) as u32,
+        row_threads(rot / 2),
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(inv_freq),
+            Arg::I32(heads as i32),
+            Arg::I32(d as i32),
+            Arg::I32(rot as i32),
+            Arg::I32(pos0 as i32),
+        ],
+    )
+}
+
+fn kv_code(f: KvFormat) -> i32 {
+    match f {
+        KvFormat::F32 => 0,
+        KvFormat::Bf16 => 1,
+        KvFormat::Int8 => 2,
+    }
+}
+
+/// Appends `rows` rows of `d` values (`x`) to a KV cache at row `row0` (`scales`: int8 only).
+#[allow(clippy::too_many_arguments)]
+pub fn kv_append(
+    gpu: &Gpu,
+    k: &Kernels,
+    cache: u64,
+    scales: u64,
+    x: u64,
+    format: KvFormat,
+    rows: usize,
+    d: usize,
+    row0: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "kv_append",
+        rows as u32,
+        128,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(cache),
+            Arg::Ptr(scales),
+            Arg::I32(kv_code(format)),
+            Arg::I32(d as i32),
+            Arg::I64(row0 as i64),
+        ],
+    )
+}
+
+/// Causal attention of `q` `[tokens, hq, HEAD_DIM]` at positions `pos0..` over the caches.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    q: u64,
+    keys: (u64, u64),
+    values: (u64, u64),
+    format: KvFormat,
+    tokens: usize,
+    hq: usize,
+    hkv: usize,
+    pos0: usize,
+    scale: f32,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "attention",
+        (tokens * hq) as u32,
+        128,
+        &[
+            Arg::Ptr(q),
+            Arg::Ptr(keys.0),
+            Arg::Ptr(keys.1),
+            Arg::Ptr(values.0),
+            Arg::Ptr(values.1),
+            Arg::Ptr(out),
+            Arg::I32(kv_code(format)),
+            Arg::I32(hq as i32),
+            Arg::I32(hkv as i32),
+            Arg::I32(pos0 as i32),
+            Arg::F32(scale),
+        ],
+    )
+}
+
+/// Depthwise causal conv + SiLU: `y`, `x` `[tokens, c]`, `state` `[kernel-1, c]`, `w` `[c, kernel]`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_silu(
+    gpu: &Gpu,
+    k: &Kernels,
+    y: u64,
+    x: u64,
+    state: u64,
+    w: u64,
+    tokens: usize,
+    c: usize,
+    kernel: usize,
+) -> Result<(), GpuError> {
+    if kernel > 9 {
+        return Err(GpuError::Unsupported(format!("conv kernel {kernel} > 9")));
+    }
+    gpu.launch(
+        k,
+        "conv1d_silu",
+        blocks(c, 128),
+        128,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Ptr(state),
+            Arg::Ptr(w),
+            Arg::I32(tokens as i32),
+            Arg::I32(c as i32),
+            Arg::I32(kernel as i32),
+        ],
+    )
+}
+
+/// In place: `b = sigmoid(b)`, `a = neg_a[h] * softplus(a + dt_bias[h])` over `[n/hv, hv]`.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_gates(
+    gpu: &Gpu,
+    k: &Kernels,
+    b: u64,
+    a: u64,
+    dt_bias: u64,
+    neg_a: u64,
+    hv: usize,
+    n: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "gdn_gates",
+        blocks(n, 256),
+        256,
+        &[
+            Arg::Ptr(b),
+            Arg::Ptr(a),
+            Arg::Ptr(dt_bias),
+            Arg::Ptr(neg_a),
+            Arg::I32(hv as i32),
+            Arg::I64(n as i64),
+        ],
+    )
+}
+
+/// The gated delta rule over `tokens` tokens of `mixed` `[tokens, 2·hk·dk + hv·dv]` (q, k, v
+/// after the conv; normalised inside), advancing `state` `[hv, dk, dv]`; `out` `[tokens, hv, dv]`.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_recurrent(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    mixed: u64,
+    g: u64,
+    beta: u64,
+    state: u64,
+    tokens: usize,
+    hk: usize,
+    hv: usize,
+    tiled: bool,
+) -> Result<(), GpuError> {
+    let dv = k.dims().gdn_dv;
+    gpu.launch(
+        k,
+        "gdn_recurrent",
+        hv as u32,
+        (dv.div_ceil(32) * 32) as u32,
+        &[
+            Arg::Ptr(mixed),
+            Arg::Ptr(g),
+            Arg::Ptr(beta),
+            Arg::Ptr(state),
+            Arg::Ptr(out),
+            Arg::I32(tokens as i32),
+            Arg::I32(hk as i32),
+            Arg::I32(hv as i32),
+            Arg::I32(tiled as i32),
+        ],
+    )
+}

@@ -1,0 +1,70 @@
+//! Every CUDA kernel compiles with NVRTC for the model dimensions splash serves. Needs the
+//! NVRTC library (CUDA toolkit, or `pip install nvidia-cuda-nvrtc` with its lib directory on
+//! LD_LIBRARY_PATH) but no GPU; skipped without it unless `SPLASH_REQUIRE_NVRTC` is set (CI).
+#![cfg(feature = "cuda")]
+
+use splash_backend::cuda::{compile_ptx, KernelDims};
+
+fn nvrtc_present() -> bool {
+    // SAFETY: only probes whether the library can be loaded.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+#[test]
+fn every_kernel_compiles_for_the_served_shapes() {
+    if !nvrtc_present() {
+        assert!(
+            std::env::var_os("SPLASH_REQUIRE_NVRTC").is_none(),
+            "SPLASH_REQUIRE_NVRTC is set but libnvrtc cannot be loaded (check LD_LIBRARY_PATH)"
+        );
+        eprintln!(
+            "skipped: libnvrtc not found (set LD_LIBRARY_PATH to a CUDA 13 NVRTC lib directory)"
+        );
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("splash-kcache-{}", std::process::id()));
+    std::env::set_var("SPLASH_KERNEL_CACHE", &tmp);
+    // Qwen3.5/3.6 (head dim 256, GDN 128/128) and the test fixtures (32, 16/16).
+    for dims in [
+        KernelDims {
+            head_dim: 256,
+            gdn_dk: 128,
+            gdn_dv: 128,
+        },
+        KernelDims {
+            head_dim: 32,
+            gdn_dk: 16,
+            gdn_dv: 16,
+        },
+    ] {
+        for arch in ["compute_80", "compute_90"] {
+            let ptx = compile_ptx(dims, arch).unwrap_or_else(|e| panic!("{dims:?} {arch}: {e}"));
+            for kernel in [
+                "gemv_q4_k",
+                "gemv_q6_k",
+                "gemv_iq4_xs",
+                "gemv_affine4",
+                "gemv_bf16",
+                "dequant_bf16_q8_0",
+                "rms_norm",
+                "rms_norm_gated",
+                "attention",
+                "kv_append",
+                "rope",
+                "conv1d_silu",
+                "gdn_recurrent",
+                "gdn_gates",
+                "scatter_add_rows",
+            ] {
+                assert!(
+                    ptx.contains(&format!(".entry {kernel}(")),
+                    "{kernel} missing from the PTX"
+                );
+            }
+        }
+    }
+    // The second compile of the same dims comes from the disk cache.
+    let n = std::fs::read_dir(&tmp).unwrap().count();
+    assert_eq!(n, 4, "one cached PTX per (dims, arch)");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

@@ -1,0 +1,530 @@
+//! Every CUDA op against its CPU definition on fresh random inputs, outputs poisoned with NaN
+//! first (an unwritten element fails). Needs a GPU: skipped without one unless
+//! `SPLASH_REQUIRE_GPU` is set (the GPU machine's run sets it).
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use splash_backend::cpu::{self, GdnDims, KvFormat, KvStore, Rope, VHeadOrder};
+use splash_backend::cuda::{self as dev, ptr, Gpu, KernelDims, Kernels};
+use splash_backend::ggml::GgmlType;
+use splash_backend::{DType, HostBytes, Weight};
+
+fn gpu() -> Option<Arc<Gpu>> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            assert!(
+                std::env::var_os("SPLASH_REQUIRE_GPU").is_none(),
+                "SPLASH_REQUIRE_GPU is set but no GPU is usable: {e}"
+            );
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// xorshift values in [-1, 1).
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn bytes_of<T: bytemuck::Pod>(v: &[T]) -> HostBytes {
+    HostBytes::from_vec(bytemuck::cast_slice(v).to_vec())
+}
+
+/// Largest |a - b| relative to the largest |b|.
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-20);
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| {
+        if x.is_nan() {
+            f32::INFINITY
+        } else {
+            m.max((x - y).abs())
+        }
+    }) / scale
+}
+
+fn poisoned(gpu: &Gpu, n: usize) -> cudarc::driver::CudaSlice<f32> {
+    gpu.upload(&vec![f32::NAN; n]).unwrap()
+}
+
+const FIXTURE_DIMS: KernelDims = KernelDims {
+    head_dim: 32,
+    gdn_dk: 16,
+    gdn_dv: 16,
+};
+const REAL_DIMS: KernelDims = KernelDims {
+    head_dim: 256,
+    gdn_dk: 128,
+    gdn_dv: 128,
+};
+
+/// Weights of every format the CUDA kernels read, `[n, k]`.
+/// (Floats first; the block formats need `k` a multiple of 256.)
+fn weights(n: usize, k: usize, seed: u64) -> Vec<(String, Weight)> {
+    let vals = random(n * k, seed);
+    let mut out = vec![("f32".to_string(), Weight::from_f32(vec![n, k], &vals))];
+    let b: Vec<u16> = vals.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+    out.push((
+        "bf16".into(),
+        Weight::new(DType::BF16, vec![n, k], bytes_of(&b)).unwrap(),
+    ));
+    let h: Vec<u16> = vals.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+    out.push((
+        "f16".into(),
+        Weight::new(DType::F16, vec![n, k], bytes_of(&h)).unwrap(),
+    ));
+    if !k.is_multiple_of(256) {
+        return out;
+    }
+    for (bits, group) in [(4u32, 64usize), (8, 32)] {
+        let per_word = 32 / bits as usize;
+        let codes: Vec<u32> = random(n * k / per_word, seed + bits as u64)
+            .iter()
+            .map(|v| v.to_bits().wrapping_mul(2_654_435_761))
+            .collect();
+        let g = n * k / group;
+        let sc: Vec<u16> = random(g, seed + 7)
+            .iter()
+            .map(|v| bf16::from_f32(0.01 + 0.02 * v.abs()).to_bits())
+            .collect();
+        let bi: Vec<u16> = random(g, seed + 8)
+            .iter()
+            .map(|v| bf16::from_f32(0.1 * v).to_bits())
+            .collect();
+        let scales = Weight::new(DType::BF16, vec![n, k / group], bytes_of(&sc)).unwrap();
+        let biases = Weight::new(DType::BF16, vec![n, k / group], bytes_of(&bi)).unwrap();
+        let w = Weight::affine(vec![n, k], bits, group, bytes_of(&codes), scales, biases).unwrap();
+        out.push((format!("affine{bits}"), w));
+    }
+    // GGML blocks: random bytes with sane fp16 scale fields, as make_dequant_fixture.py makes.
+    for (t, fp16_fields) in [
+        (GgmlType::Q4_0, &[0usize][..]),
+        (GgmlType::Q4_1, &[0, 2]),
+        (GgmlType::Q5_0, &[0]),
+        (GgmlType::Q5_1, &[0, 2]),
+        (GgmlType::Q8_0, &[0]),
+        (GgmlType::IQ4_NL, &[0]),
+        (GgmlType::Q2_K, &[80, 82]),
+        (GgmlType::Q3_K, &[108]),
+        (GgmlType::Q4_K, &[0, 2]),
+        (GgmlType::Q5_K, &[0, 2]),
+        (GgmlType::Q6_K, &[208]),
+        (GgmlType::IQ4_XS, &[0]),
+    ] {
+        let row = t.row_bytes(k);
+        let mut raw: Vec<u8> = random(n * row, seed + t.id() as u64)
+            .iter()
+            .map(|v| (v.to_bits() >> 9) as u8)
+            .collect();
+        let scales = random(n * row / t.block_bytes() * fp16_fields.len(), seed + 99);
+        let mut si = 0;
+        for block in raw.chunks_exact_mut(t.block_bytes()) {
+            for &off in fp16_fields {
+                let v = f16::from_f32(0.001 + 0.05 * scales[si].abs()).to_le_bytes();
+                block[off..off + 2].copy_from_slice(&v);
+                si += 1;
+            }
+        }
+        out.push((
+            t.to_string(),
+            Weight::new(DType::Ggml(t), vec![n, k], HostBytes::from_vec(raw)).unwrap(),
+        ));
+    }
+    out
+}
+
+#[test]
+fn matmul_every_format_matches_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let k = gpu.kernels(FIXTURE_DIMS).unwrap();
+    let (n, kd) = (67, 512);
+    for (name, w) in weights(n, kd, 3) {
+        let dw = gpu.upload_weight(&w).unwrap();
+        // 1-13 tokens: the GEMV kernel; 64: the cuBLAS GEMM in f32 (exact), then in bf16.
+        for (t, exact) in [
+            (1, true),
+            (3, true),
+            (8, true),
+            (13, true),
+            (64, true),
+            (64, false),
+        ] {
+            gpu.set_exact_gemm(exact);
+            let tol = if exact { 1e-5 } else { 1e-2 };
+            let x = random(t * kd, t as u64);
+            let mut want = vec![0.0f32; t * n];
+            cpu::matmul(&mut want, &x, &w);
+            let xd = gpu.upload(&x).unwrap();
+            let out = poisoned(&gpu, t * n);
+            dev::matmul(
+                &gpu,
+                &k,
+                ptr(&gpu, &out, 0),
+                ptr(&gpu, &xd, 0),
+                &dw,
+                0,
+                n,
+                t,
+            )
+            .unwrap();
+            let got = gpu.download(&out, t * n).unwrap();
+            let err = rel_err(&got, &want);
+            assert!(
+                err < tol,
+                "{name} t={t} exact={exact}: relative error {err}"
+            );
+            // A row range (an expert of a stacked tensor).
+            let out = poisoned(&gpu, t * 20);
+            dev::matmul(
+                &gpu,
+                &k,
+                ptr(&gpu, &out, 0),
+                ptr(&gpu, &xd, 0),
+                &dw,
+                30,
+                20,
+                t,
+            )
+            .unwrap();
+            let got = gpu.download(&out, t * 20).unwrap();
+            let want_rows: Vec<f32> = (0..t)
+                .flat_map(|ti| want[ti * n + 30..ti * n + 50].to_vec())
+                .collect();
+            assert!(rel_err(&got, &want_rows) < tol, "{name} t={t}: rows 30..50");
+        }
+    }
+    gpu.set_exact_gemm(false);
+    // Float rows that end in a partial 32-value sub-block (the MoE fixture's shared expert).
+    for (name, w) in weights(9, 48, 4).into_iter().take(3) {
+        let dw = gpu.upload_weight(&w).unwrap();
+        let x = random(2 * 48, 9);
+        let mut want = vec![0.0f32; 2 * 9];
+        cpu::matmul(&mut want, &x, &w);
+        let xd = gpu.upload(&x).unwrap();
+        let out = poisoned(&gpu, 2 * 9);
+        dev::matmul(
+            &gpu,
+            &k,
+            ptr(&gpu, &out, 0),
+            ptr(&gpu, &xd, 0),
+            &dw,
+            0,
+            9,
+            2,
+        )
+        .unwrap();
+        assert!(
+            rel_err(&gpu.download(&out, 18).unwrap(), &want) < 1e-5,
+            "{name} K=48"
+        );
+    }
+}
+
+#[test]
+fn norms_and_elementwise_match_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let k = gpu.kernels(FIXTURE_DIMS).unwrap();
+    for d in [16, 64, 300, 5120] {
+        let rows = 7;
+        let x = random(rows * d, d as u64);
+        let w = random(d, 5);
+        let z = random(rows * d, 6);
+        let mut want = vec![0.0; rows * d];
+        cpu::rms_norm(&mut want, &x, &w, 1e-6);
+        let (xd, wd, zd) = (
+            gpu.upload(&x).unwrap(),
+            gpu.upload(&w).unwrap(),
+            gpu.upload(&z).unwrap(),
+        );
+        let out = poisoned(&gpu, rows * d);
+        dev::rms_norm(
+            &gpu,
+            &k,
+            ptr(&gpu, &out, 0),
+            ptr(&gpu, &xd, 0),
+            ptr(&gpu, &wd, 0),
+            rows,
+            d,
+            1e-6,
+        )
+        .unwrap();
+        assert!(
+            rel_err(&gpu.download(&out, rows * d).unwrap(), &want) < 1e-5,
+            "rms_norm d={d}"
+        );
+        cpu::rms_norm_gated(&mut want, &x, &z, &w, 1e-6);
+        let out = poisoned(&gpu, rows * d);
+        dev::rms_norm_gated(
+            &gpu,
+            &k,
+            ptr(&gpu, &out, 0),
+            ptr(&gpu, &xd, 0),
+            ptr(&gpu, &zd, 0),
+            ptr(&gpu, &wd, 0),
+            rows,
+            d,
+            1e-6,
+        )
+        .unwrap();
+        assert!(
+            rel_err(&gpu.download(&out, rows * d).unwrap(), &want) < 1e-5,
+            "rms_norm_gated d={d}"
+        );
+    }
+    let n = 1000;
+    let (a, b) = (random(n, 1), random(n, 2));
+    let mut want = a.clone();
+    cpu::silu_mul(&mut want, &b);
+    let (ad, bd) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
+    dev::silu_mul(&gpu, &k, ptr(&gpu, &ad, 0), ptr(&gpu, &bd, 0), n).unwrap();
+    assert!(
+        rel_err(&gpu.download(&ad, n).unwrap(), &want) < 1e-6,
+        "silu_mul"
+    );
+}
+
+#[test]
+fn rope_and_attention_match_the_cpu_for_every_kv_format() {
+    let Some(gpu) = gpu() else { return };
+    for dims in [FIXTURE_DIMS, REAL_DIMS] {
+        let k = gpu.kernels(dims).unwrap();
+        let d = dims.head_dim;
+        let (hq, hkv, pos0, t) = (8, 2, 37, 5);
+        let rope = Rope::new(d / 4, 1e7);
+        let inv: Vec<f32> = (0..d / 8)
+            .map(|i| 1.0 / 1e7f32.powf((2 * i) as f32 / (d / 4) as f32))
+            .collect();
+        let invd = gpu.upload(&inv).unwrap();
+        let mut q = random(t * hq * d, 11);
+        let qd = gpu.upload(&q).unwrap();
+        rope.apply(&mut q, hq, d, pos0);
+        dev::rope(
+            &gpu,
+            &k,
+            ptr(&gpu, &qd, 0),
+            ptr(&gpu, &invd, 0),
+            t,
+            hq,
+            d,
+            d / 4,
+            pos0,
+        )
+        .unwrap();
+        assert!(
+            rel_err(&gpu.download(&qd, t * hq * d).unwrap(), &q) < 1e-5,
+            "rope d={d}"
+        );
+        for format in [KvFormat::F32, KvFormat::Bf16, KvFormat::Int8] {
+            let s = pos0 + t;
+            let keys = random(s * hkv * d, 12);
+            let values = random(s * hkv * d, 13);
+            let (mut kc, mut vc) = (KvStore::new(format), KvStore::new(format));
+            kc.append(&keys, d);
+            vc.append(&values, d);
+            let mut want = vec![0.0; t * hq * d];
+            cpu::attention(
+                &mut want,
+                &q,
+                &kc,
+                &vc,
+                hq,
+                hkv,
+                d,
+                pos0,
+                (d as f32).powf(-0.5),
+            );
+            let eb = match format {
+                KvFormat::F32 => 4,
+                KvFormat::Bf16 => 2,
+                KvFormat::Int8 => 1,
+            };
+            let kcd = gpu.zeros::<u8>(s * hkv * d * eb).unwrap();
+            let vcd = gpu.zeros::<u8>(s * hkv * d * eb).unwrap();
+            let (ksd, vsd) = (
+                gpu.zeros::<f32>(s * hkv).unwrap(),
+                gpu.zeros::<f32>(s * hkv).unwrap(),
+            );
+            // Two appends (a prefill, then the new rows), as the model does.
+            let (kd, vd) = (gpu.upload(&keys).unwrap(), gpu.upload(&values).unwrap());
+            for (rows, at) in [(pos0 * hkv, 0), (t * hkv, pos0 * hkv)] {
+                dev::kv_append(
+                    &gpu,
+                    &k,
+                    ptr(&gpu, &kcd, 0),
+                    ptr(&gpu, &ksd, 0),
+                    ptr(&gpu, &kd, at * d),
+                    format,
+                    rows,
+                    d,
+                    at,
+                )
+                .unwrap();
+                dev::kv_append(
+                    &gpu,
+                    &k,
+                    ptr(&gpu, &vcd, 0),
+                    ptr(&gpu, &vsd, 0),
+                    ptr(&gpu, &vd, at * d),
+                    format,
+                    rows,
+                    d,
+                    at,
+                )
+                .unwrap();
+            }
+            let qd = gpu.upload(&q).unwrap();
+            let out = poisoned(&gpu, t * hq * d);
+            dev::attention(
+                &gpu,
+                &k,
+                ptr(&gpu, &out, 0),
+                ptr(&gpu, &qd, 0),
+                (ptr(&gpu, &kcd, 0), ptr(&gpu, &ksd, 0)),
+                (ptr(&gpu, &vcd, 0), ptr(&gpu, &vsd, 0)),
+                format,
+                t,
+                hq,
+                hkv,
+                pos0,
+                (d as f32).powf(-0.5),
+            )
+            .unwrap();
+            let err = rel_err(&gpu.download(&out, t * hq * d).unwrap(), &want);
+            assert!(err < 1e-4, "attention d={d} {format:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn gated_delta_net_matches_the_cpu_in_both_head_orders() {
+    let Some(gpu) = gpu() else { return };
+    for kd in [FIXTURE_DIMS, REAL_DIMS] {
+        let k = gpu.kernels(kd).unwrap();
+        for v_order in [VHeadOrder::Grouped, VHeadOrder::Tiled] {
+            let dims = GdnDims {
+                hk: 2,
+                hv: 4,
+                dk: kd.gdn_dk,
+                dv: kd.gdn_dv,
+                v_order,
+            };
+            let (t, kernel) = (9, 4);
+            let c = 2 * dims.hk * dims.dk + dims.hv * dims.dv;
+            let x = random(t * c, 21);
+            let w = random(c * kernel, 22);
+            let conv0 = random((kernel - 1) * c, 23);
+            let b = random(t * dims.hv, 24);
+            let a: Vec<f32> = random(t * dims.hv, 25);
+            let dt_bias = random(dims.hv, 26);
+            let neg_a: Vec<f32> = random(dims.hv, 27)
+                .iter()
+                .map(|v| -(1.0 + 4.0 * v.abs()))
+                .collect();
+            let state0 = random(dims.state_len(), 28);
+            // CPU: the model's sequence of ops.
+            let mut conv = conv0.clone();
+            let mut mixed = vec![0.0; t * c];
+            cpu::causal_conv1d_silu(&mut mixed, &x, &mut conv, &w);
+            let kdim = dims.hk * dims.dk;
+            let (mut q, mut kk, mut v) = (Vec::new(), Vec::new(), Vec::new());
+            for row in mixed.chunks_exact(c) {
+                q.extend_from_slice(&row[..kdim]);
+                kk.extend_from_slice(&row[kdim..2 * kdim]);
+                v.extend_from_slice(&row[2 * kdim..]);
+            }
+            cpu::l2_norm_rows(&mut q, dims.dk, 1e-6);
+            cpu::l2_norm_rows(&mut kk, dims.dk, 1e-6);
+            let scale = (dims.dk as f32).powf(-0.5);
+            q.iter_mut().for_each(|v| *v *= scale);
+            let (mut beta, mut g) = (b.clone(), a.clone());
+            for i in 0..t * dims.hv {
+                let h = i % dims.hv;
+                beta[i] = cpu::sigmoid(b[i]);
+                g[i] = neg_a[h] * cpu::softplus(a[i] + dt_bias[h]);
+            }
+            let mut state = state0.clone();
+            let mut want = vec![0.0; t * dims.hv * dims.dv];
+            cpu::gdn_recurrent(&mut want, &q, &kk, &v, &g, &beta, &mut state, dims);
+            // GPU.
+            let (xd, wd, convd) = (
+                gpu.upload(&x).unwrap(),
+                gpu.upload(&w).unwrap(),
+                gpu.upload(&conv0).unwrap(),
+            );
+            let mixedd = poisoned(&gpu, t * c);
+            dev::conv1d_silu(
+                &gpu,
+                &k,
+                ptr(&gpu, &mixedd, 0),
+                ptr(&gpu, &xd, 0),
+                ptr(&gpu, &convd, 0),
+                ptr(&gpu, &wd, 0),
+                t,
+                c,
+                kernel,
+            )
+            .unwrap();
+            assert!(
+                rel_err(&gpu.download(&mixedd, t * c).unwrap(), &mixed) < 1e-5,
+                "conv"
+            );
+            assert!(
+                rel_err(&gpu.download(&convd, conv.len()).unwrap(), &conv) == 0.0,
+                "conv state"
+            );
+            let (bd, ad) = (gpu.upload(&b).unwrap(), gpu.upload(&a).unwrap());
+            let (dtd, nad) = (gpu.upload(&dt_bias).unwrap(), gpu.upload(&neg_a).unwrap());
+            dev::gdn_gates(
+                &gpu,
+                &k,
+                ptr(&gpu, &bd, 0),
+                ptr(&gpu, &ad, 0),
+                ptr(&gpu, &dtd, 0),
+                ptr(&gpu, &nad, 0),
+                dims.hv,
+                t * dims.hv,
+            )
+            .unwrap();
+            let stated = gpu.upload(&state0).unwrap();
+            let out = poisoned(&gpu, want.len());
+            dev::gdn_recurrent(
+                &gpu,
+                &k,
+                ptr(&gpu, &out, 0),
+                ptr(&gpu, &mixedd, 0),
+                ptr(&gpu, &ad, 0),
+                ptr(&gpu, &bd, 0),
+                ptr(&gpu, &stated, 0),
+                t,
+                dims.hk,
+                dims.hv,
+                v_order == VHeadOrder::Tiled,
+            )
+            .unwrap();
+            let err = rel_err(&gpu.download(&out, want.len()).unwrap(), &want);
+            assert!(err < 1e-4, "gdn {kd:?} {v_order:?}: output {err}");
+            let err = rel_err(&gpu.download(&stated, state.len()).unwrap(), &state);
+            assert!(err < 1e-4, "gdn {kd:?} {v_order:?}: state {err}");
+        }
+    }
+}
+
+#[test]
+fn kernels_of_one_module_are_reused() {
+    let Some(gpu) = gpu() else { return };
+    let a: Arc<Kernels> = gpu.kernels(FIXTURE_DIMS).unwrap();
+    let b = gpu.kernels(FIXTURE_DIMS).unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+}

@@ -1,0 +1,705 @@
+//! The Qwen3.5 forward pass on the CUDA backend: the same graph as the CPU forward in
+//! `mod.rs`, with weights copied to the device in their stored format and the per-sequence
+//! state (KV cache, conv and recurrent state) kept on the device.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use splash_backend::cpu::{softmax_in_place, KvFormat, VHeadOrder};
+use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, GpuError, KernelDims, Kernels};
+
+use super::attention::Attention;
+use super::ffn::{Ffn, Mlp, Moe};
+use super::gdn::GatedDeltaNet;
+use super::{Logits, Mixer, Qwen35};
+use crate::config::{LayerKind, ModelConfig};
+use crate::error::ModelError;
+
+impl From<GpuError> for ModelError {
+    fn from(e: GpuError) -> Self {
+        ModelError::Gpu(e.to_string())
+    }
+}
+
+type Buf = CudaSlice<f32>;
+
+/// The model's weights on one GPU.
+pub(crate) struct GpuModel {
+    gpu: Arc<Gpu>,
+    k: Arc<Kernels>,
+    layers: Vec<GpuLayer>,
+    final_norm: Buf,
+    lm_head: DeviceWeight,
+    inv_freq: Buf,
+    rotary_dim: usize,
+}
+
+struct GpuLayer {
+    input_norm: Buf,
+    post_norm: Buf,
+    mixer: GpuMixer,
+    ffn: GpuFfn,
+}
+
+enum GpuMixer {
+    Gdn(GpuGdn),
+    Attn(GpuAttn),
+}
+
+struct GpuGdn {
+    in_qkv: DeviceWeight,
+    in_z: DeviceWeight,
+    in_b: DeviceWeight,
+    in_a: DeviceWeight,
+    conv: Buf,
+    conv_kernel: usize,
+    dt_bias: Buf,
+    neg_a: Buf,
+    norm: Buf,
+    out: DeviceWeight,
+    hk: usize,
+    hv: usize,
+    dv: usize,
+    tiled: bool,
+}
+
+struct GpuAttn {
+    q: DeviceWeight,
+    k: DeviceWeight,
+    v: DeviceWeight,
+    o: DeviceWeight,
+    q_norm: Buf,
+    k_norm: Buf,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+struct GpuMlp {
+    gate: DeviceWeight,
+    up: DeviceWeight,
+    down: DeviceWeight,
+}
+
+enum GpuFfn {
+    Dense(GpuMlp),
+    Moe {
+        router: DeviceWeight,
+        experts: Vec<GpuMlp>,
+        top_k: usize,
+        shared: GpuMlp,
+        shared_gate: DeviceWeight,
+    },
+}
+
+/// One sequence's state on the device.
+#[derive(Clone)]
+pub(crate) struct GpuState {
+    layers: Vec<GpuLayerState>,
+    kv: KvFormat,
+}
+
+#[derive(Clone)]
+enum GpuLayerState {
+    Gdn {
+        conv: Buf,
+        recurrent: Buf,
+    },
+    /// Keys and values `[cap, hkv, d]` in the KV format, with int8 row scales `[cap, hkv]`.
+    Attn {
+        k: CudaSlice<u8>,
+        v: CudaSlice<u8>,
+        ks: Buf,
+        vs: Buf,
+        cap: usize,
+    },
+}
+
+/// Positions a fresh attention cache holds before it grows (doubling).
+const INITIAL_KV_CAPACITY: usize = 1024;
+
+impl std::fmt::Debug for GpuState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GpuState({} layers, {:?} KV, {} bytes)",
+            self.layers.len(),
+            self.kv,
+            self.bytes()
+        )
+    }
+}
+
+impl GpuState {
+    /// Device bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                GpuLayerState::Gdn { conv, recurrent } => 4 * (conv.len() + recurrent.len()),
+                GpuLayerState::Attn { k, v, ks, vs, .. } => {
+                    k.len() + v.len() + 4 * (ks.len() + vs.len())
+                }
+            })
+            .sum()
+    }
+}
+
+fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<Buf, ModelError> {
+    Ok(gpu.upload(v)?)
+}
+
+impl GpuMlp {
+    fn upload(gpu: &Gpu, m: &Mlp) -> Result<Self, ModelError> {
+        Ok(Self {
+            gate: gpu.upload_weight(&m.gate)?,
+            up: gpu.upload_weight(&m.up)?,
+            down: gpu.upload_weight(&m.down)?,
+        })
+    }
+
+    /// `down(silu(gate x) * up x)` for `t` rows of `x`.
+    fn forward(&self, m: &GpuModel, x: u64, t: usize) -> Result<Buf, ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        let i = self.gate.rows();
+        let g = m.scratch(t * i)?;
+        let u = m.scratch(t * i)?;
+        dev::matmul(gpu, k, ptr(gpu, &g, 0), x, &self.gate, 0, i, t)?;
+        dev::matmul(gpu, k, ptr(gpu, &u, 0), x, &self.up, 0, i, t)?;
+        dev::silu_mul(gpu, k, ptr(gpu, &g, 0), ptr(gpu, &u, 0), t * i)?;
+        let out = m.scratch(t * self.down.rows())?;
+        dev::matmul(
+            gpu,
+            k,
+            ptr(gpu, &out, 0),
+            ptr(gpu, &g, 0),
+            &self.down,
+            0,
+            self.down.rows(),
+            t,
+        )?;
+        Ok(out)
+    }
+}
+
+impl GpuModel {
+    /// Copies the weights of `cpu` to `gpu` and compiles the kernels for its shapes.
+    pub(crate) fn upload(cpu: &Qwen35, gpu: Arc<Gpu>) -> Result<Self, ModelError> {
+        let cfg = &cpu.config;
+        let k = gpu.kernels(KernelDims {
+            head_dim: cfg.head_dim,
+            gdn_dk: cfg.gdn.dk,
+            gdn_dv: cfg.gdn.dv,
+        })?;
+        let g = &*gpu;
+        let layers = cpu
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(GpuLayer {
+                    input_norm: upload_vec(g, &l.input_norm)?,
+                    post_norm: upload_vec(g, &l.post_norm)?,
+                    mixer: match &l.mixer {
+                        Mixer::Linear(d) => GpuMixer::Gdn(upload_gdn(g, cfg, d)?),
+                        Mixer::Full(a) => GpuMixer::Attn(upload_attn(g, a)?),
+                    },
+                    ffn: match &l.ffn {
+                        Ffn::Dense(m) => GpuFfn::Dense(GpuMlp::upload(g, m)?),
+                        Ffn::Moe(m) => upload_moe(g, m)?,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let half = cfg.rotary_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / cfg.rotary_dim as f32))
+            .collect();
+        Ok(Self {
+            final_norm: upload_vec(g, &cpu.final_norm)?,
+            lm_head: g.upload_weight(&cpu.lm_head)?,
+            inv_freq: upload_vec(g, &inv_freq)?,
+            rotary_dim: cfg.rotary_dim,
+            layers,
+            k,
+            gpu,
+        })
+    }
+
+    /// The device the weights live on.
+    pub(crate) fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// An uninitialised f32 buffer (every kernel writing it writes every element).
+    fn scratch(&self, len: usize) -> Result<Buf, ModelError> {
+        Ok(self.gpu.zeros(len)?)
+    }
+
+    /// A fresh state: zero conv and recurrent state, empty caches.
+    pub(crate) fn new_state(
+        &self,
+        cfg: &ModelConfig,
+        kv: KvFormat,
+    ) -> Result<GpuState, ModelError> {
+        let layers = cfg
+            .layer_kinds
+            .iter()
+            .map(|kind| {
+                Ok(match kind {
+                    LayerKind::Linear => GpuLayerState::Gdn {
+                        conv: self.gpu.zeros((cfg.conv_kernel - 1) * cfg.conv_dim())?,
+                        recurrent: self.gpu.zeros(cfg.gdn.state_len())?,
+                    },
+                    LayerKind::Full => {
+                        let rows = INITIAL_KV_CAPACITY * cfg.num_kv_heads;
+                        let bytes = rows * cfg.head_dim * elem_bytes(kv);
+                        GpuLayerState::Attn {
+                            k: self.gpu.zeros(bytes)?,
+                            v: self.gpu.zeros(bytes)?,
+                            ks: self.gpu.zeros(rows)?,
+                            vs: self.gpu.zeros(rows)?,
+                            cap: INITIAL_KV_CAPACITY,
+                        }
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(GpuState { layers, kv })
+    }
+
+    /// The forward pass of `tokens` at positions `pos0..` (see [`Qwen35::forward`]).
+    pub(crate) fn forward(
+        &self,
+        cpu: &Qwen35,
+        state: &mut GpuState,
+        tokens: &[u32],
+        pos0: usize,
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = &cpu.config;
+        let (gpu, k) = (&*self.gpu, &*self.k);
+        let (t, h, eps) = (tokens.len(), cfg.hidden_size, cfg.rms_norm_eps);
+        // The embedding rows are gathered on the host (a few KB per token) and copied over.
+        let mut rows = vec![0.0f32; t * h];
+        splash_backend::cpu::embedding(&mut rows, &cpu.embed, tokens);
+        let x = gpu.upload(&rows)?;
+        let xp = ptr(gpu, &x, 0);
+        let normed = self.scratch(t * h)?;
+        let np = ptr(gpu, &normed, 0);
+        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
+            let mixed = match (&layer.mixer, ls) {
+                (GpuMixer::Gdn(g), GpuLayerState::Gdn { conv, recurrent }) => {
+                    g.forward(self, np, t, conv, recurrent, eps)?
+                }
+                (GpuMixer::Attn(a), ls @ GpuLayerState::Attn { .. }) => {
+                    a.forward(self, np, t, ls, state.kv, pos0, eps)?
+                }
+                _ => unreachable!("sequence state was built for another model"),
+            };
+            dev::add_in_place(gpu, k, xp, ptr(gpu, &mixed, 0), t * h)?;
+            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), t, h, eps)?;
+            let ffn = match &layer.ffn {
+                GpuFfn::Dense(m) => m.forward(self, np, t)?,
+                moe @ GpuFfn::Moe { .. } => self.moe(moe, np, t)?,
+            };
+            dev::add_in_place(gpu, k, xp, ptr(gpu, &ffn, 0), t * h)?;
+        }
+        let (first, n) = match want {
+            Logits::None => {
+                gpu.synchronize()?;
+                return Ok(Vec::new());
+            }
+            Logits::Last => (t - 1, 1),
+            Logits::All => (0, t),
+        };
+        let rows_in = xp + (first * h * 4) as u64;
+        dev::rms_norm(
+            gpu,
+            k,
+            np,
+            rows_in,
+            ptr(gpu, &self.final_norm, 0),
+            n,
+            h,
+            eps,
+        )?;
+        let v = cfg.vocab_size;
+        let logits = self.scratch(n * v)?;
+        dev::matmul(gpu, k, ptr(gpu, &logits, 0), np, &self.lm_head, 0, v, n)?;
+        Ok(gpu.download(&logits, n * v)?)
+    }
+
+    /// The routed experts and the gated shared expert. Routing (softmax, top-k, renormalise)
+    /// runs on the host over the downloaded router logits, exactly as the CPU does.
+    fn moe(&self, ffn: &GpuFfn, x: u64, t: usize) -> Result<Buf, ModelError> {
+        let GpuFfn::Moe {
+            router,
+            experts,
+            top_k,
+            shared,
+            shared_gate,
+        } = ffn
+        else {
+            unreachable!("called for MoE layers only")
+        };
+        let (gpu, k) = (&*self.gpu, &*self.k);
+        let (e, h) = (router.rows(), router.cols());
+        let logits = self.scratch(t * e)?;
+        dev::matmul(gpu, k, ptr(gpu, &logits, 0), x, router, 0, e, t)?;
+        let mut probs = gpu.download(&logits, t * e)?;
+        let mut routed: Vec<(Vec<i32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); e];
+        let mut order: Vec<usize> = Vec::with_capacity(e);
+        for (ti, p) in probs.chunks_exact_mut(e).enumerate() {
+            softmax_in_place(p);
+            order.clear();
+            order.extend(0..e);
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let top = &order[..*top_k];
+            let sum: f32 = top.iter().map(|&ei| p[ei]).sum();
+            for &ei in top {
+                routed[ei].0.push(ti as i32);
+                routed[ei].1.push(p[ei] / sum);
+            }
+        }
+        let out = shared.forward(self, x, t)?;
+        let sg = self.scratch(t)?;
+        dev::matmul(gpu, k, ptr(gpu, &sg, 0), x, shared_gate, 0, 1, t)?;
+        dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
+        for (expert, (idx, weights)) in experts.iter().zip(&routed) {
+            if idx.is_empty() {
+                continue;
+            }
+            let n = idx.len();
+            let idx_d = gpu.upload(idx)?;
+            let w_d = gpu.upload(weights)?;
+            let xs = self.scratch(n * h)?;
+            dev::gather_rows(gpu, k, ptr(gpu, &xs, 0), x, ptr(gpu, &idx_d, 0), n, h)?;
+            let y = expert.forward(self, ptr(gpu, &xs, 0), n)?;
+            dev::scatter_add_rows(
+                gpu,
+                k,
+                ptr(gpu, &out, 0),
+                ptr(gpu, &y, 0),
+                ptr(gpu, &idx_d, 0),
+                ptr(gpu, &w_d, 0),
+                n,
+                h,
+            )?;
+        }
+        Ok(out)
+    }
+}
+
+fn upload_gdn(gpu: &Gpu, cfg: &ModelConfig, d: &GatedDeltaNet) -> Result<GpuGdn, ModelError> {
+    Ok(GpuGdn {
+        in_qkv: gpu.upload_weight(&d.in_qkv)?,
+        in_z: gpu.upload_weight(&d.in_z)?,
+        in_b: gpu.upload_weight(&d.in_b)?,
+        in_a: gpu.upload_weight(&d.in_a)?,
+        conv: upload_vec(gpu, &d.conv)?,
+        conv_kernel: cfg.conv_kernel,
+        dt_bias: upload_vec(gpu, &d.dt_bias)?,
+        neg_a: upload_vec(gpu, &d.neg_a)?,
+        norm: upload_vec(gpu, &d.norm)?,
+        out: gpu.upload_weight(&d.out)?,
+        hk: d.dims.hk,
+        hv: d.dims.hv,
+        dv: d.dims.dv,
+        tiled: d.dims.v_order == VHeadOrder::Tiled,
+    })
+}
+
+fn upload_attn(gpu: &Gpu, a: &Attention) -> Result<GpuAttn, ModelError> {
+    Ok(GpuAttn {
+        q: gpu.upload_weight(&a.q)?,
+        k: gpu.upload_weight(&a.k)?,
+        v: gpu.upload_weight(&a.v)?,
+        o: gpu.upload_weight(&a.o)?,
+        q_norm: upload_vec(gpu, &a.q_norm)?,
+        k_norm: upload_vec(gpu, &a.k_norm)?,
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        head_dim: a.head_dim,
+    })
+}
+
+fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
+    Ok(GpuFfn::Moe {
+        router: gpu.upload_weight(&m.router)?,
+        experts: m
+            .experts
+            .iter()
+            .map(|e| GpuMlp::upload(gpu, e))
+            .collect::<Result<Vec<_>, _>>()?,
+        top_k: m.top_k,
+        shared: GpuMlp::upload(gpu, &m.shared)?,
+        shared_gate: gpu.upload_weight(&m.shared_gate)?,
+    })
+}
+
+impl GpuGdn {
+    fn forward(
+        &self,
+        m: &GpuModel,
+        x: u64,
+        t: usize,
+        conv: &mut Buf,
+        rec: &mut Buf,
+        eps: f32,
+    ) -> Result<Buf, ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        let c = self.in_qkv.rows();
+        let vd = self.hv * self.dv;
+        let qkv = m.scratch(t * c)?;
+        dev::matmul(gpu, k, ptr(gpu, &qkv, 0), x, &self.in_qkv, 0, c, t)?;
+        let z = m.scratch(t * vd)?;
+        dev::matmul(gpu, k, ptr(gpu, &z, 0), x, &self.in_z, 0, vd, t)?;
+        let b = m.scratch(t * self.hv)?;
+        dev::matmul(gpu, k, ptr(gpu, &b, 0), x, &self.in_b, 0, self.hv, t)?;
+        let a = m.scratch(t * self.hv)?;
+        dev::matmul(gpu, k, ptr(gpu, &a, 0), x, &self.in_a, 0, self.hv, t)?;
+        let mixed = m.scratch(t * c)?;
+        dev::conv1d_silu(
+            gpu,
+            k,
+            ptr(gpu, &mixed, 0),
+            ptr(gpu, &qkv, 0),
+            ptr(gpu, conv, 0),
+            ptr(gpu, &self.conv, 0),
+            t,
+            c,
+            self.conv_kernel,
+        )?;
+        dev::gdn_gates(
+            gpu,
+            k,
+            ptr(gpu, &b, 0),
+            ptr(gpu, &a, 0),
+            ptr(gpu, &self.dt_bias, 0),
+            ptr(gpu, &self.neg_a, 0),
+            self.hv,
+            t * self.hv,
+        )?;
+        let o = m.scratch(t * vd)?;
+        dev::gdn_recurrent(
+            gpu,
+            k,
+            ptr(gpu, &o, 0),
+            ptr(gpu, &mixed, 0),
+            ptr(gpu, &a, 0),
+            ptr(gpu, &b, 0),
+            ptr(gpu, rec, 0),
+            t,
+            self.hk,
+            self.hv,
+            self.tiled,
+        )?;
+        dev::rms_norm_gated(
+            gpu,
+            k,
+            ptr(gpu, &o, 0),
+            ptr(gpu, &o, 0),
+            ptr(gpu, &z, 0),
+            ptr(gpu, &self.norm, 0),
+            t * self.hv,
+            self.dv,
+            eps,
+        )?;
+        let out = m.scratch(t * self.out.rows())?;
+        dev::matmul(
+            gpu,
+            k,
+            ptr(gpu, &out, 0),
+            ptr(gpu, &o, 0),
+            &self.out,
+            0,
+            self.out.rows(),
+            t,
+        )?;
+        Ok(out)
+    }
+}
+
+impl GpuAttn {
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        m: &GpuModel,
+        x: u64,
+        t: usize,
+        state: &mut GpuLayerState,
+        kv: KvFormat,
+        pos0: usize,
+        eps: f32,
+    ) -> Result<Buf, ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
+        let qg = m.scratch(t * hq * 2 * d)?;
+        dev::matmul(gpu, k, ptr(gpu, &qg, 0), x, &self.q, 0, hq * 2 * d, t)?;
+        let q = m.scratch(t * hq * d)?;
+        let gate = m.scratch(t * hq * d)?;
+        dev::split_q_gate(
+            gpu,
+            k,
+            ptr(gpu, &q, 0),
+            ptr(gpu, &gate, 0),
+            ptr(gpu, &qg, 0),
+            t * hq,
+            d,
+        )?;
+        let kb = m.scratch(t * hkv * d)?;
+        dev::matmul(gpu, k, ptr(gpu, &kb, 0), x, &self.k, 0, hkv * d, t)?;
+        let vb = m.scratch(t * hkv * d)?;
+        dev::matmul(gpu, k, ptr(gpu, &vb, 0), x, &self.v, 0, hkv * d, t)?;
+        dev::rms_norm(
+            gpu,
+            k,
+            ptr(gpu, &q, 0),
+            ptr(gpu, &q, 0),
+            ptr(gpu, &self.q_norm, 0),
+            t * hq,
+            d,
+            eps,
+        )?;
+        dev::rms_norm(
+            gpu,
+            k,
+            ptr(gpu, &kb, 0),
+            ptr(gpu, &kb, 0),
+            ptr(gpu, &self.k_norm, 0),
+            t * hkv,
+            d,
+            eps,
+        )?;
+        let inv = ptr(gpu, &m.inv_freq, 0);
+        dev::rope(gpu, k, ptr(gpu, &q, 0), inv, t, hq, d, m.rotary_dim, pos0)?;
+        dev::rope(gpu, k, ptr(gpu, &kb, 0), inv, t, hkv, d, m.rotary_dim, pos0)?;
+        ensure_capacity(m, state, kv, pos0 + t, hkv, d)?;
+        let GpuLayerState::Attn {
+            k: kc,
+            v: vc,
+            ks,
+            vs,
+            ..
+        } = state
+        else {
+            unreachable!("attention layer state")
+        };
+        let (kcp, vcp) = (ptr(gpu, kc, 0), ptr(gpu, vc, 0));
+        let (ksp, vsp) = (ptr(gpu, ks, 0), ptr(gpu, vs, 0));
+        dev::kv_append(
+            gpu,
+            k,
+            kcp,
+            ksp,
+            ptr(gpu, &kb, 0),
+            kv,
+            t * hkv,
+            d,
+            pos0 * hkv,
+        )?;
+        dev::kv_append(
+            gpu,
+            k,
+            vcp,
+            vsp,
+            ptr(gpu, &vb, 0),
+            kv,
+            t * hkv,
+            d,
+            pos0 * hkv,
+        )?;
+        let attn = m.scratch(t * hq * d)?;
+        dev::attention(
+            gpu,
+            k,
+            ptr(gpu, &attn, 0),
+            ptr(gpu, &q, 0),
+            (kcp, ksp),
+            (vcp, vsp),
+            kv,
+            t,
+            hq,
+            hkv,
+            pos0,
+            (d as f32).powf(-0.5),
+        )?;
+        dev::sigmoid_gate(gpu, k, ptr(gpu, &attn, 0), ptr(gpu, &gate, 0), t * hq * d)?;
+        let out = m.scratch(t * self.o.rows())?;
+        dev::matmul(
+            gpu,
+            k,
+            ptr(gpu, &out, 0),
+            ptr(gpu, &attn, 0),
+            &self.o,
+            0,
+            self.o.rows(),
+            t,
+        )?;
+        Ok(out)
+    }
+}
+
+/// Element bytes of one cached value (the int8 scales live in their own buffer).
+fn elem_bytes(kv: KvFormat) -> usize {
+    match kv {
+        KvFormat::F32 => 4,
+        KvFormat::Bf16 => 2,
+        KvFormat::Int8 => 1,
+    }
+}
+
+/// Grows an attention cache (doubling) so that it holds `needed` positions.
+fn ensure_capacity(
+    m: &GpuModel,
+    state: &mut GpuLayerState,
+    kv: KvFormat,
+    needed: usize,
+    hkv: usize,
+    d: usize,
+) -> Result<(), ModelError> {
+    let GpuLayerState::Attn { k, v, ks, vs, cap } = state else {
+        unreachable!("attention layer state")
+    };
+    if needed <= *cap {
+        return Ok(());
+    }
+    let new_cap = needed.max(*cap * 2);
+    let gpu = &*m.gpu;
+    let eb = elem_bytes(kv);
+    let grow = |old: &CudaSlice<u8>| -> Result<CudaSlice<u8>, ModelError> {
+        let mut fresh = gpu.zeros::<u8>(new_cap * hkv * d * eb)?;
+        gpu.stream()
+            .memcpy_dtod(old, &mut fresh.slice_mut(..old.len()))
+            .map_err(GpuError::from)?;
+        Ok(fresh)
+    };
+    let grow_f = |old: &Buf| -> Result<Buf, ModelError> {
+        let mut fresh = gpu.zeros::<f32>(new_cap * hkv)?;
+        gpu.stream()
+            .memcpy_dtod(old, &mut fresh.slice_mut(..old.len()))
+            .map_err(GpuError::from)?;
+        Ok(fresh)
+    };
+    *k = grow(k)?;
+    *v = grow(v)?;
+    *ks = grow_f(ks)?;
+    *vs = grow_f(vs)?;
+    *cap = new_cap;
+    Ok(())
+}
+
+impl Qwen35 {
+    /// Moves the forward pass to `gpu`: the weights are copied in their stored format and new
+    /// states live on the device. The CPU weights (memory-mapped) stay for the embedding rows.
+    pub fn to_gpu(&mut self, gpu: Arc<Gpu>) -> Result<(), ModelError> {
+        self.gpu = Some(Arc::new(GpuModel::upload(self, gpu)?));
+        Ok(())
+    }
+
+    /// The GPU the forward pass runs on, if any.
+    pub fn gpu(&self) -> Option<&Arc<Gpu>> {
+        self.gpu.as_ref().map(|g| g.gpu())
+    }
+}

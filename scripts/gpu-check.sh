@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the CUDA test and bench binaries here (no GPU or CUDA toolkit needed) and stages them
+# in .device/ (git-ignored), with what the GPU machine needs to make synthetic checkpoints.
+# Needs a Python with numpy (PYTHON=...) for the config files. Prints the one command that runs them there (scripts/gpu-run.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_PROFILE_RELEASE_DEBUG=0
+mkdir -p .device
+bins=$(cargo test --release --features cuda -p splash-backend -p splash-model --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda_ops", "cuda_parity"):
+        print(m["target"]["name"], m["executable"])')
+while read -r name exe; do cp "$exe" ".device/$name"; done <<<"$bins"
+cargo build --release --features cuda -p splash-cli
+cp target/release/splash .device/splash
+strip .device/splash .device/cuda_ops .device/cuda_parity
+pwd > .device/built_in
+"${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: -d .device gguf==0.19.0
+for m in 27b:"--size 27b" 35b:"--size 35b-a3b --moe"; do
+  [ -d ".device/cfg-${m%%:*}" ] || "${PYTHON:-python3}" bench/make_synthetic.py ".device/cfg-${m%%:*}" ${m#*:} --config-only
+done
+rm -f .device/cfg-*/tokenizer.json.gz  # gpu-run.sh copies models/demo's
+du -sh .device
+echo "run on the GPU machine (device tool): bash scripts/gpu-run.sh all"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
+# staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
+# checkpoints of the real sizes (made there: they are too large to carry).
+#   bash scripts/gpu-run.sh [tests|bench|all]      (results under $OUT, default ./gpu-out)
+set -uo pipefail
+what=${1:-all}
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+# Test binaries look for fixtures at the path they were built in.
+built_in=$(cat .device/built_in)
+if [ "$built_in" != "$PWD" ] && [ ! -e "$built_in" ]; then
+  mkdir -p "$(dirname "$built_in")" && ln -s "$PWD" "$built_in"
+fi
+export SPLASH_KERNEL_CACHE=/tmp/splash-kernels
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  for t in cuda_ops cuda_parity; do
+    echo "== $t"
+    SPLASH_REQUIRE_GPU=1 ".device/$t" --test-threads 1 --nocapture 2>&1 | tee "$out/$t.log" | grep -E '^test |test result|panicked|GPU vs CPU' | head -60
+  done
+fi
+
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
+  for m in 27b 35b; do
+    f=/tmp/synth-$m-Q4_K_M.gguf
+    if [ ! -f "$f" ]; then
+      # Staged without the 5 MB tokenizer, which the repository already carries.
+      cp -n models/demo/tokenizer.json.gz ".device/cfg-$m/"
+      start=$SECONDS
+      python3 bench/make_synthetic_gguf.py ".device/cfg-$m" "$f" --type Q4_K_M --no-verify 2>&1 | tail -2
+      echo "made $f in $((SECONDS - start)) s"
+    fi
+    echo "== bench $m"
+    ./.device/splash bench --model "$f" --device cuda --prompt-tokens 512 --decode-tokens 64 --repeat 3 2>&1 | tee "$out/bench-$m.txt" | tail -6
+  done
+fi
