@@ -6,6 +6,7 @@
 //! Hub repo `OWNER/REPO[:VARIANT]`.
 
 mod commands;
+mod draft_arg;
 mod model_arg;
 
 use std::process::ExitCode;

@@ -29,6 +29,17 @@ pub trait Drafter: Send + Sync {
     fn session(&self) -> Box<dyn DraftSession>;
 }
 
+impl std::fmt::Debug for dyn Drafter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Drafter(block {}, taps {:?})",
+            self.block_size(),
+            self.tap_layers()
+        )
+    }
+}
+
 /// One sequence's drafting state.
 pub trait DraftSession: Send {
     /// The taps `[T, n·H]` of the next `T` committed positions (prompt, then accepted rows).

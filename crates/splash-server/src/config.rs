@@ -29,6 +29,8 @@ pub struct ServerConfig {
     pub webui: bool,
     /// How sequences store keys and values.
     pub kv_format: splash_model::KvFormat,
+    /// The speculative draft (DFlash), when speculation is on.
+    pub drafter: Option<std::sync::Arc<dyn splash_engine::Drafter>>,
 }
 
 impl Default for ServerConfig {
@@ -48,6 +50,7 @@ impl Default for ServerConfig {
             lanes: 4,
             webui: true,
             kv_format: splash_model::KvFormat::default(),
+            drafter: None,
         }
     }
 }

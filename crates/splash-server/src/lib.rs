@@ -79,6 +79,9 @@ pub async fn serve(
     if let Some(limit) = config.max_context {
         engine = engine.with_max_context(limit);
     }
+    if let Some(drafter) = &config.drafter {
+        engine = engine.with_drafter(drafter.clone());
+    }
     let state = AppState::new(model, engine, config);
     state.print_summary(local);
     if !local.ip().is_loopback() && state.config.api_key.is_none() {

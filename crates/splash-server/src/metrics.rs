@@ -1,6 +1,6 @@
 //! Counters and latency histograms, rendered for `/status` (JSON) and `/metrics` (Prometheus).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -10,8 +10,16 @@ use axum::middleware::Next;
 use axum::response::Response;
 use serde_json::json;
 
+use splash_engine::SpecStats;
+
 use crate::state::AppState;
 use crate::worker::Usage;
+
+/// Bucket bounds of the per-request acceptance length τ (tokens per target pass).
+const ACCEPTANCE_BOUNDS: [f64; 9] = [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0];
+
+/// Acceptance lengths of the last requests kept for `/status`.
+const RECENT_ACCEPTANCE: usize = 16;
 
 const LATENCY_BOUNDS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -58,6 +66,12 @@ struct Counters {
     decode_seconds: f64,
     request_seconds: Histogram,
     ttft_seconds: Histogram,
+    /// Speculation: summed counters, per-request τ histogram, the last requests' τ.
+    spec: SpecStats,
+    spec_requests: u64,
+    acceptance: [u64; ACCEPTANCE_BOUNDS.len()],
+    acceptance_sum: f64,
+    recent_acceptance: VecDeque<f64>,
 }
 
 /// Server-wide counters.
@@ -79,6 +93,21 @@ impl Metrics {
             c.generated_tokens += u.completion_tokens as u64;
             c.prefill_seconds += u.prefill.as_secs_f64();
             c.decode_seconds += u.decode.as_secs_f64();
+            if let Some(st) = u.speculation.filter(|st| st.target_passes > 0) {
+                let tau = st.acceptance_length();
+                c.spec.add(&st);
+                c.spec_requests += 1;
+                c.acceptance_sum += tau;
+                for (n, &b) in c.acceptance.iter_mut().zip(&ACCEPTANCE_BOUNDS) {
+                    if tau <= b {
+                        *n += 1;
+                    }
+                }
+                if c.recent_acceptance.len() == RECENT_ACCEPTANCE {
+                    c.recent_acceptance.pop_front();
+                }
+                c.recent_acceptance.push_back(tau);
+            }
         });
     }
 
@@ -106,6 +135,15 @@ impl Metrics {
                 "decode_seconds_total": c.decode_seconds,
                 "prefill_tokens_per_second": if c.prefill_seconds > 0.0 { c.prompt_tokens as f64 / c.prefill_seconds } else { 0.0 },
                 "decode_tokens_per_second": if c.decode_seconds > 0.0 { c.generated_tokens as f64 / c.decode_seconds } else { 0.0 },
+                "speculation": {
+                    "requests_total": c.spec_requests,
+                    "target_passes_total": c.spec.target_passes,
+                    "draft_tokens_total": c.spec.drafted,
+                    "accepted_tokens_total": c.spec.accepted,
+                    "acceptance_length": c.spec.acceptance_length(),
+                    "acceptance_rate": if c.spec.drafted > 0 { c.spec.accepted as f64 / c.spec.drafted as f64 } else { 0.0 },
+                    "recent_acceptance_lengths": c.recent_acceptance.iter().collect::<Vec<_>>(),
+                },
             })
         })
     }
@@ -123,6 +161,9 @@ impl Metrics {
                 ("splash_generation_tokens_total", "Tokens generated.", c.generated_tokens as f64),
                 ("splash_prefill_seconds_total", "Seconds spent in prefill.", c.prefill_seconds),
                 ("splash_decode_seconds_total", "Seconds spent in decode.", c.decode_seconds),
+                ("splash_spec_target_passes_total", "Speculative verify passes of the target.", c.spec.target_passes as f64),
+                ("splash_spec_draft_tokens_total", "Tokens proposed by the draft.", c.spec.drafted as f64),
+                ("splash_spec_accepted_tokens_total", "Draft tokens the target accepted.", c.spec.accepted as f64),
             ] {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
             }
@@ -132,6 +173,12 @@ impl Metrics {
             ] {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
             }
+            let name = "splash_spec_acceptance_length";
+            let _ = writeln!(out, "# HELP {name} Tokens per target pass (accepted drafts + 1) of each speculative request.\n# TYPE {name} histogram");
+            for (n, b) in c.acceptance.iter().zip(&ACCEPTANCE_BOUNDS) {
+                let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {n}");
+            }
+            let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", c.spec_requests, c.acceptance_sum, c.spec_requests);
             c.request_seconds.render(&mut out, "splash_request_duration_seconds", "Time to the end of the response headers (streams: to the first byte).");
             c.ttft_seconds.render(&mut out, "splash_time_to_first_token_seconds", "Time from request arrival to the first generated text.");
             out
@@ -146,10 +193,21 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string())
         .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let agent = req
+        .headers()
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_string();
     let t0 = Instant::now();
     let resp = next.run(req).await;
+    let secs = t0.elapsed().as_secs_f64();
+    // One line per request with SPLASH_LOG=info (streams: logged when the stream starts).
+    tracing::info!(target: "splash::http", "{method} {path} {} {:.1} ms \"{agent}\"", resp.status().as_u16(), secs * 1e3);
     state
         .metrics
-        .record_request(route, resp.status().as_u16(), t0.elapsed().as_secs_f64());
+        .record_request(route, resp.status().as_u16(), secs);
     resp
 }

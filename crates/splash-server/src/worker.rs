@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use splash_engine::{Engine, EngineError, Event, FinishReason, Request, SeqId};
+use splash_engine::{Engine, EngineError, Event, FinishReason, Request, SeqId, SpecStats};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::metrics::Metrics;
@@ -23,6 +23,8 @@ pub struct Usage {
     pub decode: Duration,
     /// Grammar mask time and count (constrained requests).
     pub grammar: Option<(Duration, usize)>,
+    /// Speculation counters (requests decoded with a draft).
+    pub speculation: Option<SpecStats>,
 }
 
 /// What the worker tells a request.
@@ -207,6 +209,7 @@ fn run(
                         prefill,
                         decode,
                         grammar: seq.grammar_stats(),
+                        speculation: seq.spec_stats(),
                     };
                     metrics.record_generation(&usage);
                     if let Some(tx) = active.remove(&id) {

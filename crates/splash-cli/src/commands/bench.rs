@@ -1,17 +1,22 @@
-//! `splash bench`: prefill throughput at a fixed prompt length and single-sequence decode speed.
+//! `splash bench`: prefill throughput at a fixed prompt length and single-sequence decode
+//! speed, without and (when a draft is available) with speculative decoding, and the cost of
+//! one draft pass and one verify pass against a one-token target pass.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
-use splash_engine::{Engine, Request, SamplingParams};
-use splash_model::Logits;
+use splash_engine::{DFlashDrafter, Drafter, Engine, Request, SamplingParams, SpecStats};
+use splash_model::{DFlashDraft, Logits, Model};
 
-use crate::model_arg;
+use crate::{draft_arg, model_arg};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: model_arg::ModelArgs,
+    #[command(flatten)]
+    draft: draft_arg::DraftArgs,
     /// Prompt length for the prefill measurement.
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
@@ -58,47 +63,148 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         model.graph.forward(&mut state, &prompt, Logits::Last)?;
         prefill.push(prompt.len() as f64 / t0.elapsed().as_secs_f64());
     }
-    let mut decode = Vec::new();
-    for _ in 0..repeat {
-        let mut engine = Engine::new(model.clone()).with_kv_format(a.kv_format);
-        let c = engine.generate(
-            Request {
-                prompt: prompt[..prompt.len().min(16)].to_vec(),
-                sampling: SamplingParams::greedy(),
-                max_tokens: a.decode_tokens,
-                stop: Vec::new(),
-                ignore_eos: true,
-                grammar: None,
-            },
-            |_| {},
-        )?;
-        decode.push(c.tokens.len() as f64 / c.decode_time.as_secs_f64());
-    }
-    let (p, d) = (median(&mut prefill), median(&mut decode));
+    let decode_prompt = &prompt[..prompt.len().min(16)];
+    let decode = |drafter: Option<Arc<dyn Drafter>>| -> anyhow::Result<(f64, Option<SpecStats>)> {
+        let (mut speeds, mut stats) = (Vec::new(), None);
+        for _ in 0..repeat {
+            let mut engine = Engine::new(model.clone()).with_kv_format(a.kv_format);
+            if let Some(d) = &drafter {
+                engine = engine.with_drafter(d.clone());
+            }
+            let c = engine.generate(
+                Request {
+                    prompt: decode_prompt.to_vec(),
+                    sampling: SamplingParams::greedy(),
+                    max_tokens: a.decode_tokens,
+                    stop: Vec::new(),
+                    ignore_eos: true,
+                    grammar: None,
+                },
+                |_| {},
+            )?;
+            speeds.push(c.tokens.len() as f64 / c.decode_time.as_secs_f64());
+            stats = c.speculation;
+        }
+        Ok((median(&mut speeds), stats))
+    };
+    let (d, _) = decode(None)?;
+    let draft = draft_arg::load_dflash(&a.draft, &a.model, &model)?;
+    let spec = match &draft {
+        Some(dr) => {
+            let (tok_s, stats) = decode(Some(Arc::new(DFlashDrafter::new(dr.clone()))))?;
+            let costs = pass_costs(&model, dr, &prompt, a.kv_format, repeat)?;
+            Some((tok_s, stats.unwrap_or_default(), costs))
+        }
+        None => None,
+    };
+    let p = median(&mut prefill);
     let threads = rayon::current_num_threads();
     if a.json {
-        println!(
-            "{}",
-            json!({
-                "model": model.dir.display().to_string(),
-                "parameters": model.graph.num_parameters(),
-                "threads": threads,
-                "prompt_tokens": a.prompt_tokens,
-                "prefill_tok_s": p,
-                "decode_tokens": a.decode_tokens,
-                "decode_tok_s": d,
-            })
-        );
+        let mut v = json!({
+            "model": model.dir.display().to_string(),
+            "parameters": model.graph.num_parameters(),
+            "threads": threads,
+            "prompt_tokens": a.prompt_tokens,
+            "prefill_tok_s": p,
+            "decode_tokens": a.decode_tokens,
+            "decode_tok_s": d,
+        });
+        if let Some((tok_s, st, c)) = &spec {
+            v["speculative"] = json!({
+                "decode_tok_s": tok_s,
+                "tokens_per_target_pass": st.acceptance_length(),
+                "target_passes": st.target_passes,
+                "drafted": st.drafted,
+                "accepted": st.accepted,
+                "block_size": c.block,
+                "target_pass_ms": c.target_ms,
+                "verify_pass_ms": c.verify_ms,
+                "draft_pass_ms": c.draft_ms,
+            });
+        }
+        println!("{v}");
     } else {
         println!(
-            "{}: {} parameters, {threads} threads\nprefill {:>5} tokens: {p:>9.1} tok/s\ndecode  {:>5} tokens: {d:>9.2} tok/s",
+            "{}: {} parameters, {threads} threads\nprefill {:>5} tokens: {p:>9.1} tok/s\ndecode  {:>5} tokens: {d:>9.2} tok/s (speculation off)",
             model.dir.display(),
             model.graph.num_parameters(),
             a.prompt_tokens,
             a.decode_tokens,
         );
+        if let Some((tok_s, st, c)) = &spec {
+            println!(
+                "decode  {:>5} tokens: {tok_s:>9.2} tok/s with the draft, {:.2} tokens per target pass ({} of {} drafts accepted)\npass cost (context {}): target 1 token {:.2} ms; verify {} tokens {:.2} ms ({:.2}x); draft block {:.2} ms ({:.2}x)",
+                a.decode_tokens,
+                st.acceptance_length(),
+                st.accepted,
+                st.drafted,
+                prompt.len(),
+                c.target_ms,
+                c.block,
+                c.verify_ms,
+                c.verify_ms / c.target_ms,
+                c.draft_ms,
+                c.draft_ms / c.target_ms,
+            );
+        }
     }
     Ok(())
+}
+
+/// Median milliseconds of one pass each, after a `prompt`-long context.
+struct PassCosts {
+    block: usize,
+    target_ms: f64,
+    verify_ms: f64,
+    draft_ms: f64,
+}
+
+fn pass_costs(
+    model: &Model,
+    draft: &DFlashDraft,
+    prompt: &[u32],
+    kv: splash_model::KvFormat,
+    repeat: usize,
+) -> anyhow::Result<PassCosts> {
+    let taps = &draft.config().target_layer_ids;
+    let block = draft.config().block_size;
+    let mut state = model.graph.new_state_with(kv);
+    let (_, features) = model
+        .graph
+        .forward_with_taps(&mut state, prompt, Logits::Last, taps)?;
+    let mut ctx = draft.new_context();
+    draft.append_context(&mut ctx, &features);
+    let tokens: Vec<u32> = prompt[..block].to_vec();
+    let (mut target, mut verify, mut drafting) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..repeat.max(3) {
+        // Each pass is rolled back, so every pass sees the same context; the verify time
+        // includes its rollback (the GDN replay of the kept row), as in decoding.
+        state.checkpoint();
+        let t0 = Instant::now();
+        model
+            .graph
+            .forward(&mut state, &tokens[..1], Logits::Last)?;
+        target.push(t0.elapsed().as_secs_f64() * 1e3);
+        state.rollback(0);
+        state.checkpoint();
+        let t0 = Instant::now();
+        model
+            .graph
+            .forward_with_taps(&mut state, &tokens, Logits::All, taps)?;
+        state.rollback(1);
+        verify.push(t0.elapsed().as_secs_f64() * 1e3);
+        let t0 = Instant::now();
+        let hidden = draft.forward(&ctx, &model.graph, tokens[0], block);
+        let logits = draft.logits(&model.graph, &hidden);
+        std::hint::black_box(logits);
+        drafting.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(PassCosts {
+        block,
+        target_ms: median(&mut target),
+        verify_ms: median(&mut verify),
+        draft_ms: median(&mut drafting),
+    })
 }
 
 fn median(v: &mut [f64]) -> f64 {

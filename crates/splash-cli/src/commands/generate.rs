@@ -7,12 +7,14 @@ use serde_json::json;
 use splash_engine::{Engine, FinishReason, Request, SamplingParams};
 use splash_model::TemplateInputs;
 
-use crate::model_arg;
+use crate::{draft_arg, model_arg};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: model_arg::ModelArgs,
+    #[command(flatten)]
+    draft: draft_arg::DraftArgs,
     /// The prompt text.
     #[arg(long)]
     prompt: String,
@@ -62,6 +64,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let model = model_arg::load(&a.model)?;
+    let drafter = draft_arg::load(&a.draft, &a.model, &model)?;
     let text = if a.chat {
         let Some(template) = &model.template else {
             bail!(
@@ -102,6 +105,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         seed: a.seed,
     };
     let mut engine = Engine::new(model.clone()).with_kv_format(a.kv_format);
+    if let Some(d) = drafter {
+        engine = engine.with_drafter(d);
+    }
     let mut out = std::io::stdout().lock();
     let completion = engine.generate(
         Request {
@@ -131,5 +137,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         completion.prompt_tokens as f64 / completion.prefill_time.as_secs_f64().max(1e-9),
         n as f64 / completion.decode_time.as_secs_f64().max(1e-9),
     );
+    if let Some(st) = completion.speculation {
+        eprintln!(
+            "[speculative: {} target passes, {} of {} drafted tokens accepted, {:.2} tokens per pass]",
+            st.target_passes,
+            st.accepted,
+            st.drafted,
+            st.acceptance_length()
+        );
+    }
     Ok(())
 }

@@ -3,12 +3,14 @@
 use anyhow::Context;
 use splash_server::{parse_size, ServerConfig};
 
-use crate::model_arg;
+use crate::{draft_arg, model_arg};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: model_arg::ModelArgs,
+    #[command(flatten)]
+    draft: draft_arg::DraftArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -48,7 +50,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let config = ServerConfig {
+    let mut config = ServerConfig {
         host: a.host,
         port: a.port,
         api_key: a.api_key.filter(|k| !k.is_empty()),
@@ -80,6 +82,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         // Bind first: a taken port is reported before the model is loaded.
         let listener = splash_server::bind(&config).await?;
         let model = model_arg::load(&a.model)?;
+        config.drafter = draft_arg::load(&a.draft, &a.model, &model)?;
         splash_server::serve(listener, model, config).await?;
         Ok(())
     })

@@ -1,0 +1,151 @@
+//! `--draft-model` and `--speculative`: the DFlash draft that speculative decoding runs with.
+//! Without `--draft-model`, a target whose name is in [`KNOWN_DRAFTS`] gets its published
+//! draft (from the Hub cache, or downloaded); any other target decodes without one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use splash_engine::{DFlashDrafter, Drafter};
+use splash_hub::{HubSpec, Probe};
+use splash_model::{DFlashDraft, DraftConfig, Model};
+
+use crate::model_arg::{self, ModelArgs};
+
+/// The flags that choose the draft.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DraftArgs {
+    /// DFlash / DFlash2 draft: a directory or a Hugging Face repo OWNER/REPO. Default: the
+    /// known draft of the target (see the README), if any.
+    #[arg(long)]
+    pub draft_model: Option<String>,
+    /// Speculative decoding with the draft: on (whenever a draft is available) or off
+    /// (for measurement).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub speculative: String,
+}
+
+/// Targets (matched in the model's name, case-insensitively) and their published drafts
+/// (model-spec §4.4).
+pub const KNOWN_DRAFTS: &[(&str, &str)] = &[
+    ("qwen3.8-27b", "z-lab/Qwen3.8-27B-DFlash2"),
+    ("qwen3.6-35b-a3b", "incoai/Qwen3.6-35B-A3B-DFlash2"),
+    ("qwen3.6-27b", "z-lab/Qwen3.6-27B-DFlash"),
+];
+
+/// The published draft of a target named `name` (a repo id or a path).
+pub fn known_draft(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    KNOWN_DRAFTS
+        .iter()
+        .find(|(key, _)| name.contains(key))
+        .map(|(_, draft)| *draft)
+}
+
+/// Loads the draft for `model` (named by `target`), checked against it. `None` when
+/// speculation is off, or when no draft was asked for and none is known or reachable.
+pub fn load(
+    args: &DraftArgs,
+    target: &ModelArgs,
+    model: &Model,
+) -> anyhow::Result<Option<Arc<dyn Drafter>>> {
+    Ok(load_dflash(args, target, model)?
+        .map(|d| Arc::new(DFlashDrafter::new(d)) as Arc<dyn Drafter>))
+}
+
+/// [`load`], returning the draft model itself.
+pub fn load_dflash(
+    args: &DraftArgs,
+    target: &ModelArgs,
+    model: &Model,
+) -> anyhow::Result<Option<Arc<DFlashDraft>>> {
+    if args.speculative == "off" {
+        return Ok(None);
+    }
+    let (name, explicit) = match &args.draft_model {
+        Some(d) => (d.clone(), true),
+        None => {
+            let target_name = format!("{} {}", target.model, model.dir.display());
+            match known_draft(&target_name) {
+                Some(d) => (d.to_string(), false),
+                None => return Ok(None),
+            }
+        }
+    };
+    let dir = match resolve(&name, target) {
+        Ok(dir) => dir,
+        Err(e) if !explicit => {
+            tracing::warn!(
+                "no speculative decoding: the draft {name} of this model is not available: {e:#}"
+            );
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let draft =
+        DFlashDraft::load(&dir).with_context(|| format!("cannot load the draft `{name}`"))?;
+    draft
+        .config()
+        .check(&model.config)
+        .with_context(|| format!("--draft-model {name}"))?;
+    let c = draft.config();
+    eprintln!(
+        "speculative decoding: draft {name} ({:?}, {} layers, block {}, taps {:?})",
+        c.kind,
+        c.windows.len(),
+        c.block_size,
+        c.target_layer_ids
+    );
+    Ok(Some(Arc::new(draft)))
+}
+
+/// A local draft directory, or a Hub repo fetched into the cache (config.json checked first).
+fn resolve(name: &str, target: &ModelArgs) -> anyhow::Result<PathBuf> {
+    let path = Path::new(name);
+    if path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if path.is_absolute() || name.starts_with('.') || name.matches('/').count() != 1 {
+        bail!("`{name}` does not exist: --draft-model takes a draft directory or a Hugging Face repo OWNER/REPO");
+    }
+    let spec = HubSpec::parse(name).with_context(|| {
+        format!("`{name}` is neither a local path nor a Hugging Face repo name")
+    })?;
+    let snapshot = splash_hub::resolve(
+        &spec,
+        &model_arg::hub_config(target),
+        &|p: &Probe| match p {
+            Probe::Config { bytes, .. } => {
+                let v: serde_json::Value = serde_json::from_slice(bytes)
+                    .map_err(|e| format!("config.json is not valid JSON: {e}"))?;
+                DraftConfig::from_value(Path::new("config.json"), &v)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+            _ => Err("a draft is a safetensors checkpoint, not a GGUF file".to_string()),
+        },
+    )?;
+    Ok(snapshot.dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_targets_pair_with_their_drafts() {
+        assert_eq!(
+            known_draft("Qwen/Qwen3.8-27B"),
+            Some("z-lab/Qwen3.8-27B-DFlash2")
+        );
+        assert_eq!(
+            known_draft("unsloth/Qwen3.6-35B-A3B-GGUF:UD-Q4_K_M"),
+            Some("incoai/Qwen3.6-35B-A3B-DFlash2")
+        );
+        assert_eq!(
+            known_draft("/hub/models--mlx-community--Qwen3.6-27B-4bit/snapshots/abc"),
+            Some("z-lab/Qwen3.6-27B-DFlash")
+        );
+        assert_eq!(known_draft("demo"), None);
+    }
+}
