@@ -120,7 +120,7 @@ def test_errors_in_anthropic_shape(server, keyed_server):
         c.messages.create(model="gpt-4o", max_tokens=4, messages=[{"role": "user", "content": "x"}])
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
     with pytest.raises(anthropic.BadRequestError) as e:
-        c.messages.create(model="claude-x", max_tokens=4, messages=[{"role": "system", "content": "x"}])
+        c.messages.create(model="claude-x", max_tokens=4, messages=[{"role": "developer", "content": "x"}])
     assert "role" in e.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):
         c.messages.create(model="claude-x", max_tokens=4, messages=[{"role": "user", "content": [

@@ -147,10 +147,19 @@ impl Conversation {
             match m.role.as_str() {
                 "user" => user_messages(i, &m.content, &mut messages)?,
                 "assistant" => messages.push(assistant_message(i, &m.content)?),
+                // Claude Code 2.1 sends some instructions as system turns between the others.
+                "system" => {
+                    let text = strip_volatile(&block_text(&m.content));
+                    if !text.is_empty() {
+                        messages.push(json!({"role": "system", "content": text}));
+                    }
+                }
                 other => {
                     return Err(ApiError::invalid(
                         &format!("messages[{i}].role"),
-                        format!("unknown role `{other}`: Messages takes `user` and `assistant` (system goes in `system`)"),
+                        format!(
+                        "unknown role `{other}`: Messages takes `user`, `assistant` and `system`"
+                    ),
                     ))
                 }
             }
@@ -296,5 +305,25 @@ mod tests {
             ),
             "You are Claude Code."
         );
+    }
+
+    #[test]
+    fn system_turns_are_kept_in_place() {
+        let c: Conversation = serde_json::from_value(json!({
+            "system": "Be brief.",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": [{"type": "text", "text": "Agents: explore"}]},
+                {"role": "user", "content": "go"},
+            ],
+        }))
+        .unwrap();
+        let input = c.chat_input(true, None).unwrap();
+        let roles: Vec<&str> = input.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "system", "user"]);
+        let bad: Conversation =
+            serde_json::from_value(json!({"messages": [{"role": "tool", "content": "x"}]}))
+                .unwrap();
+        assert!(bad.chat_input(true, None).is_err());
     }
 }

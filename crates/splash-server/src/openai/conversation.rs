@@ -122,6 +122,8 @@ impl ChatInput {
             }
             messages.push(msg);
         }
+        merge_leading_system(&mut messages);
+        later_system_as_user(&mut messages);
         let mut extra = Map::new();
         let effort = self
             .reasoning_effort
@@ -189,4 +191,65 @@ fn tool_call_for_template(call: &Value) -> Value {
         }
     }
     call
+}
+
+/// Coding agents send their instructions as several system / developer messages (Codex: two
+/// developer messages; OpenCode: two system messages), but Qwen templates take one system
+/// message, first. The leading run is joined into one, in order.
+fn merge_leading_system(messages: &mut Vec<Value>) {
+    let lead = messages
+        .iter()
+        .take_while(|m| m["role"] == "system" && m["content"].is_string())
+        .count();
+    if lead < 2 {
+        return;
+    }
+    let text = messages[..lead]
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .filter(|t| !t.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    messages.splice(..lead, [json!({"role": "system", "content": text})]);
+}
+
+/// Qwen templates refuse a system message after the first turn, but agents send them (Claude
+/// Code's system turns, Codex's developer messages mid-session). Such a message becomes a user
+/// turn in place, marked as a system reminder, so the prompt prefix before it stays the same.
+fn later_system_as_user(messages: &mut [Value]) {
+    for m in messages.iter_mut().skip(1) {
+        if m["role"] == "system" {
+            let text = m["content"].as_str().unwrap_or_default();
+            *m = json!({"role": "user", "content": format!("<system-reminder>\n{text}\n</system-reminder>")});
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leading_system_messages_are_joined() {
+        let mut m = vec![
+            json!({"role": "system", "content": "a"}),
+            json!({"role": "system", "content": ""}),
+            json!({"role": "system", "content": "b"}),
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "system", "content": "later"}),
+        ];
+        merge_leading_system(&mut m);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0], json!({"role": "system", "content": "a\n\nb"}));
+        assert_eq!(m[1]["role"], "user");
+        assert_eq!(m[2]["content"], "later");
+        later_system_as_user(&mut m);
+        assert_eq!(
+            m[2],
+            json!({"role": "user", "content": "<system-reminder>\nlater\n</system-reminder>"})
+        );
+        let mut one = vec![json!({"role": "system", "content": "a"})];
+        merge_leading_system(&mut one);
+        assert_eq!(one, vec![json!({"role": "system", "content": "a"})]);
+    }
 }
