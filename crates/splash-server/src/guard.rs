@@ -9,8 +9,11 @@ use axum::response::{IntoResponse, Response};
 use crate::error::{for_path, ApiError};
 use crate::state::AppState;
 
-/// Routes that answer without a key.
-const PUBLIC: [&str; 3] = ["/", "/health", "/ready"];
+/// Routes that answer without a key: the chat page (which asks for the key itself), liveness
+/// and readiness.
+fn is_public(path: &str) -> bool {
+    matches!(path, "/" | "/health" | "/ready") || path.starts_with("/webui/")
+}
 
 /// Middleware: Host, then Origin, then key; answers CORS preflights for allowed origins.
 pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -52,7 +55,7 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
         return resp;
     }
     if let Some(key) = &cfg.api_key {
-        if !PUBLIC.contains(&req.uri().path()) && !key_matches(headers, key) {
+        if !is_public(req.uri().path()) && !key_matches(headers, key) {
             let msg = if headers.contains_key(header::AUTHORIZATION)
                 || headers.contains_key("x-api-key")
             {

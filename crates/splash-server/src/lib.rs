@@ -20,6 +20,7 @@ mod responses;
 mod routes;
 mod state;
 mod tool_calls;
+mod webui;
 mod worker;
 
 pub use config::{parse_size, ServerConfig};

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 
 use axum::extract::{Path, State};
 use axum::http::{header, Method, StatusCode, Uri};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
 use serde::Deserialize;
@@ -15,12 +15,13 @@ use crate::error::ApiError;
 use crate::json::{typed, JsonObject};
 use crate::openai::{self, ChatInput};
 use crate::state::AppState;
-use crate::{anthropic, guard, metrics, responses};
+use crate::{anthropic, guard, metrics, responses, webui};
 
 /// Every route, behind the access guard and the request counter.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/", get(index))
+        .route("/", get(webui::index))
+        .route("/webui/{name}", get(webui::asset))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/status", get(status))
@@ -47,19 +48,6 @@ pub fn router(state: AppState) -> Router {
             metrics::track,
         ))
         .with_state(state)
-}
-
-async fn index(State(s): State<AppState>) -> Response {
-    if !s.config.webui {
-        return ApiError::not_found("GET", "/ (the web page is off: --no-webui)").into_response();
-    }
-    Html(format!(
-        "<!doctype html><meta charset=utf-8><title>splash</title>\
-         <h1>splash</h1><p>Serving <code>{}</code>. OpenAI-compatible API at <code>/v1</code> \
-         (<code>POST /v1/chat/completions</code>, <code>POST /v1/completions</code>, <code>GET /v1/models</code>).</p>",
-        s.model_id()
-    ))
-    .into_response()
 }
 
 async fn health() -> Json<Value> {
@@ -97,6 +85,8 @@ async fn status(State(s): State<AppState>) -> Json<Value> {
         "parameters": s.model.graph.num_parameters(),
         "maximum_context_tokens": s.max_context,
         "native_context_tokens": c.max_position_embeddings,
+        // Text-only for now: image input is refused.
+        "vision": false,
         "memory": {
             "weights_bytes": s.model.weight_bytes,
             "kv_format": format!("{:?}", s.config.kv_format).to_lowercase(),
