@@ -82,12 +82,22 @@ pub fn load_dflash(
         }
         Err(e) => return Err(e),
     };
-    let draft =
-        DFlashDraft::load(&dir).with_context(|| format!("cannot load the draft `{name}`"))?;
-    draft
-        .config()
-        .check(&model.config)
-        .with_context(|| format!("--draft-model {name}"))?;
+    let loaded = DFlashDraft::load(&dir)
+        .with_context(|| format!("cannot load the draft `{name}`"))
+        .and_then(|d| {
+            d.config()
+                .check(&model.config)
+                .with_context(|| format!("--draft-model {name}"))?;
+            Ok(d)
+        });
+    let draft = match loaded {
+        Ok(d) => d,
+        Err(e) if !explicit => {
+            tracing::warn!("no speculative decoding: the known draft {name} of this model cannot be used: {e:#}");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
     let c = draft.config();
     eprintln!(
         "speculative decoding: draft {name} ({:?}, {} layers, block {}, taps {:?})",

@@ -305,7 +305,7 @@ impl DraftSession for DFlashSession {
         );
         let hidden = self
             .draft
-            .forward(&self.ctx, &target.graph, anchor, len + 1);
+            .forward(&mut self.ctx, &target.graph, anchor, len + 1);
         let logits = self.draft.logits(&target.graph, &hidden);
         let vocab = logits.len() / len;
         let greedy = sampler.params().temperature == 0.0;

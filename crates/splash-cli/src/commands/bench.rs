@@ -194,7 +194,7 @@ fn pass_costs(
         state.rollback(1);
         verify.push(t0.elapsed().as_secs_f64() * 1e3);
         let t0 = Instant::now();
-        let hidden = draft.forward(&ctx, &model.graph, tokens[0], block);
+        let hidden = draft.forward(&mut ctx, &model.graph, tokens[0], block);
         let logits = draft.logits(&model.graph, &hidden);
         std::hint::black_box(logits);
         drafting.push(t0.elapsed().as_secs_f64() * 1e3);

@@ -308,10 +308,11 @@ impl DFlashDraft {
     }
 
     /// Drafts one block: `[anchor, MASK × (block-1)]` at positions `ctx.len()..`, returning
-    /// the final-normed hidden states of the `block - 1` mask rows `[block-1, H]`.
+    /// the final-normed hidden states of the `block - 1` mask rows `[block-1, H]`. The block's
+    /// K/V are appended to `ctx` for the pass and removed after it (`ctx` ends unchanged).
     pub fn forward(
         &self,
-        ctx: &DraftContext,
+        ctx: &mut DraftContext,
         target: &Qwen35,
         anchor: u32,
         block: usize,
@@ -332,7 +333,7 @@ impl DFlashDraft {
             x.iter_mut().for_each(|v| *v *= c.input_embedding_scale);
         }
         let mut normed = vec![0.0f32; x.len()];
-        for (layer, lc) in self.layers.iter().zip(&ctx.layers) {
+        for (layer, lc) in self.layers.iter().zip(ctx.layers.iter_mut()) {
             // 1. attention sublayer: (B, H) -> (B, hq, d) queries over [ctx ; block] keys.
             rms_norm(&mut normed, &x, &layer.input_norm, eps);
             let (a_in, a_dyn) = match &layer.convs {
@@ -347,11 +348,12 @@ impl DFlashDraft {
             let mut qn = vec![0.0f32; q.len()];
             rms_norm(&mut qn, &q, &layer.q_norm, eps);
             self.rope.apply(&mut qn, hq, d, s);
+            // The block's K/V go after the cached context for this pass only.
             let (kb, vb) = self.project_kv(layer, &a_in, s);
-            let (mut keys, mut values) = (lc.k.clone(), lc.v.clone());
             let k_pos0 = if lc.k.is_empty() { s } else { lc.pos0 };
-            keys.extend_from_slice(&kb);
-            values.extend_from_slice(&vb);
+            let cached = lc.k.len();
+            lc.k.extend_from_slice(&kb);
+            lc.v.extend_from_slice(&vb);
             let att = BlockAttention {
                 heads: hq,
                 kv_heads: hkv,
@@ -361,7 +363,9 @@ impl DFlashDraft {
                 window: layer.window,
             };
             let mut a = vec![0.0f32; qn.len()];
-            att.forward(&mut a, &qn, s, &keys, &values, k_pos0);
+            att.forward(&mut a, &qn, s, &lc.k, &lc.v, k_pos0);
+            lc.k.truncate(cached);
+            lc.v.truncate(cached);
             let mut o = vec![0.0f32; block * h];
             matmul(&mut o, &a, &layer.o);
             if let (Some((conv, _)), Some(dynamic)) = (&layer.convs, a_dyn) {
