@@ -22,7 +22,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   done
 fi
 
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
   for m in 27b 35b; do
     f=/tmp/synth-$m-Q4_K_M.gguf
@@ -33,7 +33,12 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
       python3 bench/make_synthetic_gguf.py ".device/cfg-$m" "$f" --type Q4_K_M --no-verify 2>&1 | tail -2
       echo "made $f in $((SECONDS - start)) s"
     fi
-    echo "== bench $m"
-    ./.device/splash bench --model "$f" --device cuda --prompt-tokens 512 --decode-tokens 64 --repeat 3 2>&1 | tee "$out/bench-$m.txt" | tail -6
+    if [ "$what" = profile ]; then
+      echo "== profile $m (every launch synchronised: times are per kernel, not end to end)"
+      SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 --decode-tokens 16 --repeat 1 2>&1 | tee "$out/profile-$m.txt" | tail -30
+    else
+      echo "== bench $m"
+      ./.device/splash bench --model "$f" --device cuda --prompt-tokens 512 --decode-tokens 64 --repeat 3 2>&1 | tee "$out/bench-$m.txt" | tail -6
+    fi
   done
 fi

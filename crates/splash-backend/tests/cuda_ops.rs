@@ -152,16 +152,19 @@ fn matmul_every_format_matches_the_cpu() {
     let (n, kd) = (67, 512);
     for (name, w) in weights(n, kd, 3) {
         let dw = gpu.upload_weight(&w).unwrap();
-        // 1-13 tokens: the GEMV kernel; 64: the cuBLAS GEMM in f32 (exact), then in bf16.
+        // 1-13 tokens: the GEMV kernels (f32, then int8 activations); 64: the cuBLAS GEMM in
+        // f32 (exact), then in bf16.
         for (t, exact) in [
             (1, true),
             (3, true),
             (8, true),
             (13, true),
+            (1, false),
+            (13, false),
             (64, true),
             (64, false),
         ] {
-            gpu.set_exact_gemm(exact);
+            gpu.set_exact(exact);
             let tol = if exact { 1e-5 } else { 1e-2 };
             let x = random(t * kd, t as u64);
             let mut want = vec![0.0f32; t * n];
@@ -205,7 +208,7 @@ fn matmul_every_format_matches_the_cpu() {
             assert!(rel_err(&got, &want_rows) < tol, "{name} t={t}: rows 30..50");
         }
     }
-    gpu.set_exact_gemm(false);
+    gpu.set_exact(false);
     // Float rows that end in a partial 32-value sub-block (the MoE fixture's shared expert).
     for (name, w) in weights(9, 48, 4).into_iter().take(3) {
         let dw = gpu.upload_weight(&w).unwrap();

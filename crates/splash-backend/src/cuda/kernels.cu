@@ -49,6 +49,9 @@ __device__ __forceinline__ u32 ld_u32(const u8* p) {
     return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
 }
 
+// Byte i of a little-endian array of 32-bit words.
+#define WBYTE(w, i) (((w)[(i) >> 2] >> (8 * ((i) & 3))) & 0xffu)
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -132,9 +135,18 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
 #pragma unroll
         for (int i = 0; i < 32; i++) w[i] = p[i];
     } else if (F == FMT_F16 || F == FMT_BF16) {
-        const u16* p = (const u16*)row + 32 * s;
+        // Rows are 64-byte aligned (K a multiple of 32 when this path runs): 16-byte loads.
+        const uint4* p = (const uint4*)((const u16*)row + 32 * s);
 #pragma unroll
-        for (int i = 0; i < 32; i++) w[i] = F == FMT_F16 ? f16_to_f32(p[i]) : bf16_to_f32(p[i]);
+        for (int v = 0; v < 4; v++) {
+            uint4 q = p[v];
+            u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                u16 h = (u16)(words[i >> 1] >> (16 * (i & 1)));
+                w[8 * v + i] = F == FMT_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+            }
+        }
     } else if (F == FMT_Q4_0) {
         const u8* b = row + 18 * s;
         float d = ld_half(b);
@@ -172,10 +184,15 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
             w[j + 16] = (float)((b[8 + j] >> 4) | h1) * d + m;
         }
     } else if (F == FMT_Q8_0) {
-        const u8* b = row + 34 * s;
-        float d = ld_half(b);
+        // 34-byte blocks are 2-byte aligned: 16-bit loads.
+        const u16* b = (const u16*)(row + 34 * s);
+        float d = f16_to_f32(b[0]);
 #pragma unroll
-        for (int j = 0; j < 32; j++) w[j] = (float)(i8)b[2 + j] * d;
+        for (int j = 0; j < 16; j++) {
+            u16 q = b[1 + j];
+            w[2 * j] = (float)(i8)(q & 0xff) * d;
+            w[2 * j + 1] = (float)(i8)(q >> 8) * d;
+        }
     } else if (F == FMT_IQ4_NL) {
         const u8* b = row + 18 * s;
         float d = ld_half(b);
@@ -210,32 +227,56 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
             w[l] = dl * (float)q;
         }
     } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
+        // 144- and 176-byte blocks are 16-byte aligned: the header and the 32 code bytes
+        // of sub-block j come in 16-byte loads.
         const int bytes = F == FMT_Q4_K ? 144 : 176;
         const u8* b = row + bytes * (s >> 3);
         int j = s & 7;
-        float d = ld_half(b), dmin = ld_half(b + 2), sc, m;
-        scale_min_k4(j, b + 4, sc, m);
+        uint4 hv = *(const uint4*)b;
+        u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
+        float d = f16_to_f32((u16)(hw[0] & 0xffff)), dmin = f16_to_f32((u16)(hw[0] >> 16)), sc, m;
+        u8 sb[12];
+#pragma unroll
+        for (int i = 0; i < 12; i++) sb[i] = (u8)WBYTE(hw, i + 4);
+        scale_min_k4(j, sb, sc, m);
         float d1 = d * sc, m1 = dmin * m;
-        const u8* qs = b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1);
-        const u8* qh = b + 16;
+        const uint4* qp = (const uint4*)(b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1));
+        uint4 q0 = qp[0], q1 = qp[1];
+        u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        u32 hq[8];
+        if (F == FMT_Q5_K) {
+            uint4 h0 = ((const uint4*)(b + 16))[0], h1 = ((const uint4*)(b + 16))[1];
+            hq[0] = h0.x; hq[1] = h0.y; hq[2] = h0.z; hq[3] = h0.w;
+            hq[4] = h1.x; hq[5] = h1.y; hq[6] = h1.z; hq[7] = h1.w;
+        }
 #pragma unroll
         for (int l = 0; l < 32; l++) {
-            int q = (j & 1) ? (qs[l] >> 4) : (qs[l] & 15);
-            if (F == FMT_Q5_K) q += ((qh[l] >> j) & 1) << 4;
+            u32 byte = WBYTE(qw, l);
+            int q = (j & 1) ? (int)(byte >> 4) : (int)(byte & 15);
+            if (F == FMT_Q5_K) q += (int)((WBYTE(hq, l) >> j) & 1) << 4;
             w[l] = d1 * (float)q - m1;
         }
     } else if (F == FMT_Q6_K) {
+        // 210-byte blocks are only 2-byte aligned: 16-bit loads.
         const u8* b = row + 210 * (s >> 3);
         int j = s & 7, n = j >> 2, m = j & 3;
-        const u8* ql = b + 64 * n + (m & 1) * 32;
-        const u8* qh = b + 128 + 32 * n;
-        const i8* sc = (const i8*)(b + 192 + 8 * n);
-        float d = ld_half(b + 208);
+        const u16* ql = (const u16*)(b + 64 * n + (m & 1) * 32);
+        const u16* qh = (const u16*)(b + 128 + 32 * n);
+        u16 scw = ((const u16*)(b + 192 + 8 * n))[m];
+        float s0 = (float)(i8)(scw & 0xff), s1 = (float)(i8)(scw >> 8);
+        // sc[(l >> 4) + 2m]: bytes 2m and 2m+1 of the 8 scales of this half.
+        float d = f16_to_f32(((const u16*)(b + 208))[0]);
 #pragma unroll
-        for (int l = 0; l < 32; l++) {
-            int low = m < 2 ? (ql[l] & 15) : (ql[l] >> 4);
-            int q = (low | (((qh[l] >> (2 * m)) & 3) << 4)) - 32;
-            w[l] = d * (float)sc[(l >> 4) + 2 * m] * (float)q;
+        for (int l2 = 0; l2 < 16; l2++) {
+            u16 lw = ql[l2], hw2 = qh[l2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int l = 2 * l2 + e;
+                u32 lb = (lw >> (8 * e)) & 0xff, hb = (hw2 >> (8 * e)) & 0xff;
+                int low = m < 2 ? (int)(lb & 15) : (int)(lb >> 4);
+                int q = (low | (int)(((hb >> (2 * m)) & 3) << 4)) - 32;
+                w[l] = d * (l < 16 ? s0 : s1) * (float)q;
+            }
         }
     } else if (F == FMT_IQ4_XS) {
         const u8* b = row + 136 * (s >> 3);
@@ -244,11 +285,15 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
         u16 sh = ld_u16(b + 2);
         int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4);
         float dl = d * (float)(ls - 32);
-        const u8* qs = b + 8 + 16 * j;
+        // 136-byte blocks are 8-byte aligned: the 16 code bytes in two 8-byte loads.
+        const uint2* qp = (const uint2*)(b + 8 + 16 * j);
+        uint2 a0 = qp[0], a1 = qp[1];
+        u32 qw[4] = {a0.x, a0.y, a1.x, a1.y};
 #pragma unroll
         for (int l = 0; l < 16; l++) {
-            w[l] = dl * KVALUES_IQ4NL[qs[l] & 15];
-            w[l + 16] = dl * KVALUES_IQ4NL[qs[l] >> 4];
+            u32 byte = WBYTE(qw, l);
+            w[l] = dl * KVALUES_IQ4NL[byte & 15];
+            w[l + 16] = dl * KVALUES_IQ4NL[byte >> 4];
         }
     } else if (F == FMT_AFFINE4 || F == FMT_AFFINE8) {
         const int bits = F == FMT_AFFINE4 ? 4 : 8, per_word = 32 / bits;
@@ -274,6 +319,7 @@ __device__ void gemv(const u8* W, long row_bytes, Affine a, const float* x, floa
     float acc[GEMV_MAX_T];
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_T; t++) acc[t] = 0.0f;
+#pragma unroll 2
     for (int s = lane; s < K / 32; s += 32) {
         float w[32];
         deq32<F>(row, s, w, a, n, K);
@@ -366,6 +412,136 @@ WEIGHT_KERNELS(iq4_nl, FMT_IQ4_NL)
 WEIGHT_KERNELS(iq4_xs, FMT_IQ4_XS)
 WEIGHT_KERNELS(affine4, FMT_AFFINE4)
 WEIGHT_KERNELS(affine8, FMT_AFFINE8)
+
+// ---------------------------------------------------------------------------------------------
+// Integer GEMV: the activations quantised to int8 per 32 values (scale xd, exact sum xs), the
+// weights' integer codes multiplied four at a time with dp4a. About an order of magnitude fewer
+// instructions than decoding every weight to f32; the activation rounding is llama.cpp's
+// (Q8_1). The f32 kernels above stay the exact reference (Gpu::set_exact).
+
+// One warp per 32 values of x [T, K]: xq [T, K] int8, xd and xs [T, K/32].
+extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float* xs, long blocks) {
+    long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (blk >= blocks) return;
+    float v = x[blk * 32 + lane];
+    float amax = warp_max(fabsf(v));
+    float sum = warp_sum(v);
+    float d = amax / 127.0f;
+    xq[blk * 32 + lane] = (i8)(d > 0.0f ? roundf(v / d) : 0.0f);
+    if (lane == 0) {
+        xd[blk] = d;
+        xs[blk] = sum;
+    }
+}
+
+__device__ __forceinline__ u32 ld_u32_2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+// Σ over sub-block s of row · x for token t, from the quantised activations.
+template <int F>
+__device__ __forceinline__ float dot32_q8(const u8* row, int s, const int* xq, float xd, float xs) {
+    if (F == FMT_Q4_K || F == FMT_Q5_K) {
+        const int bytes = F == FMT_Q4_K ? 144 : 176;
+        const u8* b = row + bytes * (s >> 3);
+        int j = s & 7;
+        uint4 hv = *(const uint4*)b;
+        u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
+        float d = f16_to_f32((u16)(hw[0] & 0xffff)), dmin = f16_to_f32((u16)(hw[0] >> 16)), sc, m;
+        u8 sb[12];
+#pragma unroll
+        for (int i = 0; i < 12; i++) sb[i] = (u8)WBYTE(hw, i + 4);
+        scale_min_k4(j, sb, sc, m);
+        const uint4* qp = (const uint4*)(b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1));
+        uint4 q0 = qp[0], q1 = qp[1];
+        u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        u32 hq[8];
+        if (F == FMT_Q5_K) {
+            uint4 h0 = ((const uint4*)(b + 16))[0], h1 = ((const uint4*)(b + 16))[1];
+            hq[0] = h0.x; hq[1] = h0.y; hq[2] = h0.z; hq[3] = h0.w;
+            hq[4] = h1.x; hq[5] = h1.y; hq[6] = h1.z; hq[7] = h1.w;
+        }
+        int isum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 v = (j & 1) ? ((qw[i] >> 4) & 0x0f0f0f0fu) : (qw[i] & 0x0f0f0f0fu);
+            if (F == FMT_Q5_K) v |= ((hq[i] >> j) & 0x01010101u) << 4;
+            isum = __dp4a((int)v, xq[i], isum);
+        }
+        return d * sc * xd * (float)isum - dmin * m * xs;
+    } else if (F == FMT_Q6_K) {
+        const u8* b = row + 210 * (s >> 3);
+        int j = s & 7, n = j >> 2, m = j & 3;
+        const u8* ql = b + 64 * n + (m & 1) * 32;
+        const u8* qh = b + 128 + 32 * n;
+        u16 scw = ((const u16*)(b + 192 + 8 * n))[m];
+        float d = f16_to_f32(((const u16*)(b + 208))[0]);
+        int isum[2] = {0, 0}, xsum[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 lw = ld_u32_2(ql + 4 * i), hw2 = ld_u32_2(qh + 4 * i);
+            u32 lo = m < 2 ? (lw & 0x0f0f0f0fu) : ((lw >> 4) & 0x0f0f0f0fu);
+            u32 v = lo | (((hw2 >> (2 * m)) & 0x03030303u) << 4);
+            isum[i >> 2] = __dp4a((int)v, xq[i], isum[i >> 2]);
+            xsum[i >> 2] = __dp4a(0x01010101, xq[i], xsum[i >> 2]);
+        }
+        float s0 = (float)(i8)(scw & 0xff), s1 = (float)(i8)(scw >> 8);
+        return d * xd * (s0 * (float)(isum[0] - 32 * xsum[0]) + s1 * (float)(isum[1] - 32 * xsum[1]));
+    } else {  // FMT_Q8_0
+        const u8* b = row + 34 * s;
+        float d = f16_to_f32(((const u16*)b)[0]);
+        int isum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) isum = __dp4a((int)ld_u32_2(b + 2 + 4 * i), xq[i], isum);
+        return d * xd * (float)isum;
+    }
+}
+
+template <int F>
+__device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
+                        int N, int K, int T) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (n >= N) return;
+    const u8* row = W + (long)n * row_bytes;
+    float acc[GEMV_MAX_T];
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++) acc[t] = 0.0f;
+    int subs = K / 32;
+#pragma unroll 2
+    for (int s = lane; s < subs; s += 32) {
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_T; t++) {
+            if (t < T) {
+                const uint4* xp = (const uint4*)(xq + (long)t * K + 32 * s);
+                uint4 a0 = xp[0], a1 = xp[1];
+                int xw[8] = {(int)a0.x, (int)a0.y, (int)a0.z, (int)a0.w, (int)a1.x, (int)a1.y, (int)a1.z, (int)a1.w};
+                acc[t] += dot32_q8<F>(row, s, xw, xd[(long)t * subs + s], xs[(long)t * subs + s]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++) {
+        if (t < T) {
+            float v = warp_sum(acc[t]);
+            if (lane == 0) y[(long)t * N + n] = v;
+        }
+    }
+}
+
+#define Q8_KERNEL(NAME, F)                                                                        \
+    extern "C" __global__ void gemv_q8_##NAME(const u8* W, long row_bytes, const i8* xq,          \
+                                              const float* xd, const float* xs, float* y, int N,  \
+                                              int K, int T) {                                     \
+        gemv_q8<F>(W, row_bytes, xq, xd, xs, y, N, K, T);                                         \
+    }
+
+Q8_KERNEL(q4_k, FMT_Q4_K)
+Q8_KERNEL(q5_k, FMT_Q5_K)
+Q8_KERNEL(q6_k, FMT_Q6_K)
+Q8_KERNEL(q8_0, FMT_Q8_0)
 
 // f32 → bf16, elementwise (activations for the cuBLAS GEMM).
 extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {

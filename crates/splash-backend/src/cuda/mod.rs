@@ -51,8 +51,38 @@ pub struct Gpu {
     /// cuBLAS for prefill GEMMs, created at first use (`Err`: the library is missing, and
     /// the GEMV kernels do the work instead).
     blas: Mutex<Option<Result<Arc<cudarc::cublas::CudaBlas>, String>>>,
-    /// Prefill GEMMs in f32 instead of bf16 (the reference path of the parity tests).
-    exact_gemm: std::sync::atomic::AtomicBool,
+    /// f32 arithmetic everywhere (the reference path of the parity tests) instead of int8
+    /// activations in the GEMV and bf16 operands in the prefill GEMMs.
+    exact: std::sync::atomic::AtomicBool,
+    /// Per-kernel launch counts and seconds when `SPLASH_GPU_PROFILE` is set: every launch is
+    /// then synchronised and timed (slow; for finding where the time goes). Printed on drop.
+    profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let Some(p) = &self.profile else { return };
+        let p = p.lock().expect("profile lock");
+        let total: f64 = p.values().map(|v| v.1).sum();
+        let mut rows: Vec<_> = p.iter().collect();
+        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        eprintln!(
+            "GPU profile (synchronised launches): {:.3} s in kernels",
+            total
+        );
+        eprintln!(
+            "{:<28} {:>9} {:>10} {:>9} {:>6}",
+            "kernel", "launches", "total ms", "us/launch", "share"
+        );
+        for (name, (n, secs)) in rows {
+            eprintln!(
+                "{name:<28} {n:>9} {:>10.2} {:>9.1} {:>5.1}%",
+                secs * 1e3,
+                secs * 1e6 / *n as f64,
+                100.0 * secs / total
+            );
+        }
+    }
 }
 
 /// The kernels of one compiled module (one set of model dimensions).
@@ -96,7 +126,8 @@ impl Gpu {
             stream,
             modules: Mutex::new(HashMap::new()),
             blas: Mutex::new(None),
-            exact_gemm: std::sync::atomic::AtomicBool::new(false),
+            exact: std::sync::atomic::AtomicBool::new(false),
+            profile: std::env::var_os("SPLASH_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
         }))
     }
 
@@ -146,16 +177,17 @@ impl Gpu {
         Ok(unsafe { self.stream.alloc(len.max(1)) }?)
     }
 
-    /// Runs the cuBLAS prefill GEMMs in f32 (`true`: the reference path, what the parity
-    /// tests use) or on bf16 tensor cores (`false`, the default: about 10× the f32 rate; the
-    /// activations and weights are rounded to bf16, products accumulate in f32).
-    pub fn set_exact_gemm(&self, exact: bool) {
-        self.exact_gemm
+    /// `true`: every product in f32, weights decoded exactly (the reference path, what the
+    /// parity tests use). `false`, the default: the K-quant and Q8_0 GEMVs take activations
+    /// rounded to int8 per 32 values and multiply integer codes (dp4a), and prefill GEMMs run
+    /// on bf16 tensor cores; products accumulate in f32 either way.
+    pub fn set_exact(&self, exact: bool) {
+        self.exact
             .store(exact, std::sync::atomic::Ordering::Relaxed);
     }
 
-    pub(crate) fn exact_gemm(&self) -> bool {
-        self.exact_gemm.load(std::sync::atomic::Ordering::Relaxed)
+    pub(crate) fn exact(&self) -> bool {
+        self.exact.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The cuBLAS handle, if the library can be loaded (tried once).
@@ -240,9 +272,20 @@ impl Gpu {
             block_dim: (block, 1, 1),
             shared_mem_bytes: 0,
         };
+        let t0 = self.profile.as_ref().map(|_| {
+            let _ = self.stream.synchronize();
+            std::time::Instant::now()
+        });
         // SAFETY: every kernel's parameter list matches the wrapper in ops.rs that builds
         // `args`; pointers are live device buffers owned by the caller.
         unsafe { b.launch(cfg) }?;
+        if let (Some(p), Some(t0)) = (&self.profile, t0) {
+            self.stream.synchronize()?;
+            let mut p = p.lock().expect("profile lock");
+            let e = p.entry(name.to_string()).or_default();
+            e.0 += 1;
+            e.1 += t0.elapsed().as_secs_f64();
+        }
         Ok(())
     }
 }

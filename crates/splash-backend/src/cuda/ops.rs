@@ -44,6 +44,9 @@ pub fn matmul(
     }
     let name = format!("gemv_{}", w.format.kernel_suffix());
     let base = super::ptr(gpu, &w.data, row0 * w.row_bytes);
+    if !gpu.exact() && int8_kernel(w) {
+        return gemv_q8(gpu, k, out, x, w, base, n, tokens);
+    }
     let (scales, biases, group) = group_args(gpu, w, row0);
     for t0 in (0..tokens).step_by(GEMV_MAX_T) {
         let tc = GEMV_MAX_T.min(tokens - t0);
@@ -85,7 +88,7 @@ fn gemm(
 ) -> Result<(), GpuError> {
     use cudarc::cublas::{result::gemm_ex, sys};
     let kdim = w.cols;
-    let exact = gpu.exact_gemm();
+    let exact = gpu.exact();
     // Operands in bf16 (tensor cores), or the f32 activations as they are (exact).
     let (xa, xtype) = if exact {
         (None, sys::cudaDataType_t::CUDA_R_32F)
@@ -158,6 +161,69 @@ fn gemm(
             )
         }
         .map_err(|e| GpuError::Blas(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Formats with an integer (dp4a) GEMV.
+fn int8_kernel(w: &DeviceWeight) -> bool {
+    use crate::ggml::GgmlType;
+    matches!(
+        w.format,
+        super::GpuFormat::Ggml(GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0)
+    )
+}
+
+/// The integer GEMV: `x` quantised to int8 per 32 values once, then every chunk of tokens.
+#[allow(clippy::too_many_arguments)]
+fn gemv_q8(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    w: &DeviceWeight,
+    base: u64,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let kdim = w.cols;
+    let blocks32 = tokens * kdim / 32;
+    let xq = gpu.uninit::<i8>(tokens * kdim)?;
+    let xd = gpu.uninit::<f32>(blocks32)?;
+    let xs = gpu.uninit::<f32>(blocks32)?;
+    gpu.launch(
+        k,
+        "quantize_q8",
+        blocks(blocks32 * 32, 256),
+        256,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(super::ptr(gpu, &xq, 0)),
+            Arg::Ptr(super::ptr(gpu, &xd, 0)),
+            Arg::Ptr(super::ptr(gpu, &xs, 0)),
+            Arg::I64(blocks32 as i64),
+        ],
+    )?;
+    let name = format!("gemv_q8_{}", w.format.kernel_suffix());
+    for t0 in (0..tokens).step_by(GEMV_MAX_T) {
+        let tc = GEMV_MAX_T.min(tokens - t0);
+        gpu.launch(
+            k,
+            &name,
+            blocks(n, 4),
+            128,
+            &[
+                Arg::Ptr(base),
+                Arg::I64(w.row_bytes as i64),
+                Arg::Ptr(super::ptr(gpu, &xq, t0 * kdim)),
+                Arg::Ptr(super::ptr(gpu, &xd, t0 * kdim / 32)),
+                Arg::Ptr(super::ptr(gpu, &xs, t0 * kdim / 32)),
+                Arg::Ptr(out + (t0 * n * 4) as u64),
+                Arg::I32(n as i32),
+                Arg::I32(kdim as i32),
+                Arg::I32(tc as i32),
+            ],
+        )?;
     }
     Ok(())
 }

@@ -232,7 +232,7 @@ impl GpuModel {
 
     /// An uninitialised f32 buffer (every kernel writing it writes every element).
     fn scratch(&self, len: usize) -> Result<Buf, ModelError> {
-        Ok(self.gpu.zeros(len)?)
+        Ok(self.gpu.uninit(len)?)
     }
 
     /// A fresh state: zero conv and recurrent state, empty caches.
