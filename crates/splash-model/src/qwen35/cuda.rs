@@ -42,8 +42,8 @@ struct GpuLayer {
 }
 
 enum GpuMixer {
-    Gdn(GpuGdn),
-    Attn(GpuAttn),
+    Gdn(Box<GpuGdn>),
+    Attn(Box<GpuAttn>),
 }
 
 struct GpuGdn {
@@ -82,14 +82,16 @@ struct GpuMlp {
 }
 
 enum GpuFfn {
-    Dense(GpuMlp),
-    Moe {
-        router: DeviceWeight,
-        experts: Vec<GpuMlp>,
-        top_k: usize,
-        shared: GpuMlp,
-        shared_gate: DeviceWeight,
-    },
+    Dense(Box<GpuMlp>),
+    Moe(Box<GpuMoe>),
+}
+
+struct GpuMoe {
+    router: DeviceWeight,
+    experts: Vec<GpuMlp>,
+    top_k: usize,
+    shared: GpuMlp,
+    shared_gate: DeviceWeight,
 }
 
 /// One sequence's state on the device.
@@ -200,11 +202,11 @@ impl GpuModel {
                     input_norm: upload_vec(g, &l.input_norm)?,
                     post_norm: upload_vec(g, &l.post_norm)?,
                     mixer: match &l.mixer {
-                        Mixer::Linear(d) => GpuMixer::Gdn(upload_gdn(g, cfg, d)?),
-                        Mixer::Full(a) => GpuMixer::Attn(upload_attn(g, a)?),
+                        Mixer::Linear(d) => GpuMixer::Gdn(Box::new(upload_gdn(g, cfg, d)?)),
+                        Mixer::Full(a) => GpuMixer::Attn(Box::new(upload_attn(g, a)?)),
                     },
                     ffn: match &l.ffn {
-                        Ffn::Dense(m) => GpuFfn::Dense(GpuMlp::upload(g, m)?),
+                        Ffn::Dense(m) => GpuFfn::Dense(Box::new(GpuMlp::upload(g, m)?)),
                         Ffn::Moe(m) => upload_moe(g, m)?,
                     },
                 })
@@ -301,7 +303,7 @@ impl GpuModel {
             dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), t, h, eps)?;
             let ffn = match &layer.ffn {
                 GpuFfn::Dense(m) => m.forward(self, np, t)?,
-                moe @ GpuFfn::Moe { .. } => self.moe(moe, np, t)?,
+                GpuFfn::Moe(moe) => self.moe(moe, np, t)?,
             };
             dev::add_in_place(gpu, k, xp, ptr(gpu, &ffn, 0), t * h)?;
         }
@@ -332,17 +334,14 @@ impl GpuModel {
 
     /// The routed experts and the gated shared expert. Routing (softmax, top-k, renormalise)
     /// runs on the host over the downloaded router logits, exactly as the CPU does.
-    fn moe(&self, ffn: &GpuFfn, x: u64, t: usize) -> Result<Buf, ModelError> {
-        let GpuFfn::Moe {
+    fn moe(&self, moe: &GpuMoe, x: u64, t: usize) -> Result<Buf, ModelError> {
+        let GpuMoe {
             router,
             experts,
             top_k,
             shared,
             shared_gate,
-        } = ffn
-        else {
-            unreachable!("called for MoE layers only")
-        };
+        } = moe;
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (e, h) = (router.rows(), router.cols());
         let logits = self.scratch(t * e)?;
@@ -425,7 +424,7 @@ fn upload_attn(gpu: &Gpu, a: &Attention) -> Result<GpuAttn, ModelError> {
 }
 
 fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
-    Ok(GpuFfn::Moe {
+    Ok(GpuFfn::Moe(Box::new(GpuMoe {
         router: gpu.upload_weight(&m.router)?,
         experts: m
             .experts
@@ -435,7 +434,7 @@ fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
         top_k: m.top_k,
         shared: GpuMlp::upload(gpu, &m.shared)?,
         shared_gate: gpu.upload_weight(&m.shared_gate)?,
-    })
+    })))
 }
 
 impl GpuGdn {
