@@ -2,8 +2,9 @@
 //!
 //! Subcommands: `generate` (stream a completion to stdout), `perplexity` (score a text file),
 //! `bench` (prefill and decode speed), `serve` (the HTTP API), `pull` and `list` (the Hugging
-//! Face cache). `--model` takes `demo` (the bundled demo checkpoint), a local checkpoint, or a
-//! Hub repo `OWNER/REPO[:VARIANT]`.
+//! Face cache), and `claude`, `codex`, `opencode`, `hermes`, `pi` (start a coding agent wired
+//! to the running server). `--model` takes `demo` (the bundled demo checkpoint), a local
+//! checkpoint, or a Hub repo `OWNER/REPO[:VARIANT]`.
 
 mod commands;
 mod draft_arg;
@@ -12,6 +13,7 @@ mod model_arg;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use commands::launch::Agent;
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +40,16 @@ enum Command {
     Pull(commands::pull::Args),
     /// List the models in the local Hugging Face cache.
     List(commands::list::Args),
+    /// Start Claude Code wired to the running splash server (extra arguments go to it).
+    Claude(commands::launch::Args),
+    /// Start Codex wired to the running splash server (extra arguments go to it).
+    Codex(commands::launch::Args),
+    /// Start OpenCode wired to the running splash server (extra arguments go to it).
+    Opencode(commands::launch::Args),
+    /// Start Hermes Agent wired to the running splash server (extra arguments go to it).
+    Hermes(commands::launch::Args),
+    /// Start Pi wired to the running splash server (extra arguments go to it).
+    Pi(commands::launch::Args),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +68,11 @@ fn main() -> ExitCode {
         Command::Serve(a) => commands::serve::run(a),
         Command::Pull(a) => commands::pull::run(a),
         Command::List(a) => commands::list::run(a),
+        Command::Claude(a) => commands::launch::run(Agent::Claude, a),
+        Command::Codex(a) => commands::launch::run(Agent::Codex, a),
+        Command::Opencode(a) => commands::launch::run(Agent::OpenCode, a),
+        Command::Hermes(a) => commands::launch::run(Agent::Hermes, a),
+        Command::Pi(a) => commands::launch::run(Agent::Pi, a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

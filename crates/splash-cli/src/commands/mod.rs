@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod generate;
+pub mod launch;
 pub mod list;
 pub mod perplexity;
 pub mod pull;
