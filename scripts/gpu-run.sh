@@ -28,7 +28,7 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ]; then
     f=/tmp/synth-$m-Q4_K_M.gguf
     if [ ! -f "$f" ]; then
       # Staged without the 5 MB tokenizer, which the repository already carries.
-      cp -n models/demo/tokenizer.json.gz ".device/cfg-$m/"
+      cp --update=none models/demo/tokenizer.json.gz ".device/cfg-$m/"
       start=$SECONDS
       python3 bench/make_synthetic_gguf.py ".device/cfg-$m" "$f" --type Q4_K_M --no-verify 2>&1 | tail -2
       echo "made $f in $((SECONDS - start)) s"
@@ -38,7 +38,12 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ]; then
       SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 --decode-tokens 16 --repeat 1 2>&1 | tee "$out/profile-$m.txt" | tail -30
     else
       echo "== bench $m"
-      ./.device/splash bench --model "$f" --device cuda --prompt-tokens 512 --decode-tokens 64 --repeat 3 2>&1 | tee "$out/bench-$m.txt" | tail -6
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/mem-$m.txt" &
+      smi=$!
+      ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
+        --verify-rows 16 --speculative off 2>&1 | tee "$out/bench-$m.txt" | tail -6
+      kill $smi
+      echo "peak GPU memory $(sort -n "$out/mem-$m.txt" | tail -1) MiB"
     fi
   done
 fi

@@ -32,6 +32,10 @@ pub struct Args {
     /// KV-cache storage for the decode measurement: int8, bf16, or f32.
     #[arg(long, default_value = "int8")]
     kv_format: splash_model::KvFormat,
+    /// Also time one forward pass of this many tokens (a speculative verify block, all rows'
+    /// logits) against a one-token pass, after the prompt as context.
+    #[arg(long, default_value_t = 0)]
+    verify_rows: usize,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -97,6 +101,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let rows = (a.verify_rows > 0)
+        .then(|| row_costs(&model, &prompt, a.verify_rows, a.kv_format, repeat))
+        .transpose()?;
     let p = median(&mut prefill);
     let threads = rayon::current_num_threads();
     if a.json {
@@ -122,6 +129,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "draft_pass_ms": c.draft_ms,
             });
         }
+        if let Some((one, many)) = rows {
+            v["pass_ms"] = json!({"rows_1": one, format!("rows_{}", a.verify_rows): many});
+        }
         println!("{v}");
     } else {
         println!(
@@ -131,6 +141,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.prompt_tokens,
             a.decode_tokens,
         );
+        if let Some((one, many)) = rows {
+            println!(
+                "pass cost (context {}): 1 token {one:.2} ms; {} tokens {many:.2} ms ({:.2}x)",
+                prompt.len(),
+                a.verify_rows,
+                many / one
+            );
+        }
         if let Some((tok_s, st, c)) = &spec {
             println!(
                 "decode  {:>5} tokens: {tok_s:>9.2} tok/s with the draft, {:.2} tokens per target pass ({} of {} drafts accepted)\npass cost (context {}): target 1 token {:.2} ms; verify {} tokens {:.2} ms ({:.2}x); draft block {:.2} ms ({:.2}x)",
@@ -205,6 +223,31 @@ fn pass_costs(
         verify_ms: median(&mut verify),
         draft_ms: median(&mut drafting),
     })
+}
+
+/// Median milliseconds of a one-token pass and of a `rows`-token pass (every row's logits),
+/// each on a fresh state holding `prompt`.
+fn row_costs(
+    model: &Model,
+    prompt: &[u32],
+    rows: usize,
+    kv: splash_model::KvFormat,
+    repeat: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let (mut one, mut many) = (Vec::new(), Vec::new());
+    let tokens: Vec<u32> = (0..rows as u32)
+        .map(|i| prompt[i as usize % prompt.len()])
+        .collect();
+    for _ in 0..repeat.max(3) {
+        for (n, out) in [(1, &mut one), (rows, &mut many)] {
+            let mut state = model.graph.new_state_with(kv);
+            model.graph.forward(&mut state, prompt, Logits::None)?;
+            let t0 = Instant::now();
+            model.graph.forward(&mut state, &tokens[..n], Logits::All)?;
+            out.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok((median(&mut one), median(&mut many)))
 }
 
 fn median(v: &mut [f64]) -> f64 {
