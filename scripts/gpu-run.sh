@@ -24,7 +24,7 @@ fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
-  for m in 27b 35b; do
+  for m in ${MODELS:-27b 35b}; do
     f=/tmp/synth-$m-Q4_K_M.gguf
     if [ ! -f "$f" ]; then
       # Staged without the 5 MB tokenizer, which the repository already carries.

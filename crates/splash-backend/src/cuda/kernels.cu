@@ -24,8 +24,9 @@ typedef unsigned long long u64;
 
 #define NEG_INF (__int_as_float(0xff800000))
 
-// Tokens handled by one GEMV launch (more are split into launches by the host).
-#define GEMV_MAX_T 8
+// Tokens handled by one GEMV launch (more are split into launches by the host): a 16-row
+// speculative verify block is one launch.
+#define GEMV_MAX_T 16
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
@@ -440,9 +441,18 @@ __device__ __forceinline__ u32 ld_u32_2(const u8* p) {
     return (u32)h[0] | ((u32)h[1] << 16);
 }
 
-// Σ over sub-block s of row · x for token t, from the quantised activations.
+// The integer codes of one 32-value sub-block, packed four per word, with what turns their
+// products into values: decoded once per sub-block and reused for every token.
+struct Codes {
+    u32 v[8];
+    float scale;   // Q4_K/Q5_K: d·sc; Q6_K: d·sc of the first 16 values; Q8_0: d
+    float scale2;  // Q6_K: d·sc of the last 16 values
+    float minus;   // Q4_K/Q5_K: dmin·m (subtracted once per Σx)
+};
+
 template <int F>
-__device__ __forceinline__ float dot32_q8(const u8* row, int s, const int* xq, float xd, float xs) {
+__device__ __forceinline__ Codes load_codes(const u8* row, int s) {
+    Codes c;
     if (F == FMT_Q4_K || F == FMT_Q5_K) {
         const int bytes = F == FMT_Q4_K ? 144 : 176;
         const u8* b = row + bytes * (s >> 3);
@@ -454,6 +464,8 @@ __device__ __forceinline__ float dot32_q8(const u8* row, int s, const int* xq, f
 #pragma unroll
         for (int i = 0; i < 12; i++) sb[i] = (u8)WBYTE(hw, i + 4);
         scale_min_k4(j, sb, sc, m);
+        c.scale = d * sc;
+        c.minus = dmin * m;
         const uint4* qp = (const uint4*)(b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1));
         uint4 q0 = qp[0], q1 = qp[1];
         u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
@@ -463,14 +475,12 @@ __device__ __forceinline__ float dot32_q8(const u8* row, int s, const int* xq, f
             hq[0] = h0.x; hq[1] = h0.y; hq[2] = h0.z; hq[3] = h0.w;
             hq[4] = h1.x; hq[5] = h1.y; hq[6] = h1.z; hq[7] = h1.w;
         }
-        int isum = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             u32 v = (j & 1) ? ((qw[i] >> 4) & 0x0f0f0f0fu) : (qw[i] & 0x0f0f0f0fu);
             if (F == FMT_Q5_K) v |= ((hq[i] >> j) & 0x01010101u) << 4;
-            isum = __dp4a((int)v, xq[i], isum);
+            c.v[i] = v;
         }
-        return d * sc * xd * (float)isum - dmin * m * xs;
     } else if (F == FMT_Q6_K) {
         const u8* b = row + 210 * (s >> 3);
         int j = s & 7, n = j >> 2, m = j & 3;
@@ -478,52 +488,71 @@ __device__ __forceinline__ float dot32_q8(const u8* row, int s, const int* xq, f
         const u8* qh = b + 128 + 32 * n;
         u16 scw = ((const u16*)(b + 192 + 8 * n))[m];
         float d = f16_to_f32(((const u16*)(b + 208))[0]);
-        int isum[2] = {0, 0}, xsum[2] = {0, 0};
+        c.scale = d * (float)(i8)(scw & 0xff);
+        c.scale2 = d * (float)(i8)(scw >> 8);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             u32 lw = ld_u32_2(ql + 4 * i), hw2 = ld_u32_2(qh + 4 * i);
             u32 lo = m < 2 ? (lw & 0x0f0f0f0fu) : ((lw >> 4) & 0x0f0f0f0fu);
-            u32 v = lo | (((hw2 >> (2 * m)) & 0x03030303u) << 4);
-            isum[i >> 2] = __dp4a((int)v, xq[i], isum[i >> 2]);
-            xsum[i >> 2] = __dp4a(0x01010101, xq[i], xsum[i >> 2]);
+            c.v[i] = lo | (((hw2 >> (2 * m)) & 0x03030303u) << 4);
         }
-        float s0 = (float)(i8)(scw & 0xff), s1 = (float)(i8)(scw >> 8);
-        return d * xd * (s0 * (float)(isum[0] - 32 * xsum[0]) + s1 * (float)(isum[1] - 32 * xsum[1]));
     } else {  // FMT_Q8_0
         const u8* b = row + 34 * s;
-        float d = f16_to_f32(((const u16*)b)[0]);
-        int isum = 0;
+        c.scale = f16_to_f32(((const u16*)b)[0]);
 #pragma unroll
-        for (int i = 0; i < 8; i++) isum = __dp4a((int)ld_u32_2(b + 2 + 4 * i), xq[i], isum);
-        return d * xd * (float)isum;
+        for (int i = 0; i < 8; i++) c.v[i] = ld_u32_2(b + 2 + 4 * i);
     }
+    return c;
 }
 
+// Σ over one sub-block of w · x, from its codes and one token's quantised activations.
 template <int F>
+__device__ __forceinline__ float dot_codes(const Codes& c, const int* xq, float xd, float xs) {
+    if (F == FMT_Q6_K) {
+        int isum[2] = {0, 0}, xsum[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            isum[i >> 2] = __dp4a((int)c.v[i], xq[i], isum[i >> 2]);
+            xsum[i >> 2] = __dp4a(0x01010101, xq[i], xsum[i >> 2]);
+        }
+        // The codes are stored biased by 32.
+        return xd * (c.scale * (float)(isum[0] - 32 * xsum[0]) + c.scale2 * (float)(isum[1] - 32 * xsum[1]));
+    }
+    int isum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) isum = __dp4a((int)c.v[i], xq[i], isum);
+    if (F == FMT_Q8_0) return c.scale * xd * (float)isum;
+    return c.scale * xd * (float)isum - c.minus * xs;
+}
+
+// MAXT: tokens per launch, a compile-time bound so that a one-token decode keeps few
+// registers (occupancy hides the memory latency) while a verify block shares each decode.
+template <int F, int MAXT>
 __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
                         int N, int K, int T) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n = blockIdx.x * (blockDim.x >> 5) + warp;
     if (n >= N) return;
     const u8* row = W + (long)n * row_bytes;
-    float acc[GEMV_MAX_T];
+    float acc[MAXT];
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_T; t++) acc[t] = 0.0f;
+    for (int t = 0; t < MAXT; t++) acc[t] = 0.0f;
     int subs = K / 32;
 #pragma unroll 2
     for (int s = lane; s < subs; s += 32) {
+        Codes c = load_codes<F>(row, s);
 #pragma unroll
-        for (int t = 0; t < GEMV_MAX_T; t++) {
+        for (int t = 0; t < MAXT; t++) {
             if (t < T) {
                 const uint4* xp = (const uint4*)(xq + (long)t * K + 32 * s);
                 uint4 a0 = xp[0], a1 = xp[1];
                 int xw[8] = {(int)a0.x, (int)a0.y, (int)a0.z, (int)a0.w, (int)a1.x, (int)a1.y, (int)a1.z, (int)a1.w};
-                acc[t] += dot32_q8<F>(row, s, xw, xd[(long)t * subs + s], xs[(long)t * subs + s]);
+                acc[t] += dot_codes<F>(c, xw, xd[(long)t * subs + s], xs[(long)t * subs + s]);
             }
         }
     }
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_T; t++) {
+    for (int t = 0; t < MAXT; t++) {
         if (t < T) {
             float v = warp_sum(acc[t]);
             if (lane == 0) y[(long)t * N + n] = v;
@@ -535,7 +564,12 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
     extern "C" __global__ void gemv_q8_##NAME(const u8* W, long row_bytes, const i8* xq,          \
                                               const float* xd, const float* xs, float* y, int N,  \
                                               int K, int T) {                                     \
-        gemv_q8<F>(W, row_bytes, xq, xd, xs, y, N, K, T);                                         \
+        gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, N, K, T);                             \
+    }                                                                                             \
+    extern "C" __global__ void gemv1_q8_##NAME(const u8* W, long row_bytes, const i8* xq,         \
+                                               const float* xd, const float* xs, float* y, int N, \
+                                               int K, int T) {                                    \
+        gemv_q8<F, 1>(W, row_bytes, xq, xd, xs, y, N, K, 1);                                      \
     }
 
 Q8_KERNEL(q4_k, FMT_Q4_K)

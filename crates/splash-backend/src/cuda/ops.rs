@@ -5,10 +5,10 @@ use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
 use crate::cpu::KvFormat;
 
 /// Tokens per GEMV launch (`GEMV_MAX_T` in kernels.cu).
-const GEMV_MAX_T: usize = 8;
+const GEMV_MAX_T: usize = 16;
 
 /// From this many tokens on, a product runs as a cuBLAS bf16 GEMM over the weight decoded to
-/// bf16 (one decode pass) instead of GEMV launches (one weight pass per 8 tokens).
+/// bf16 (one decode pass) instead of GEMV launches (one weight pass per 16 tokens).
 const GEMM_MIN_T: usize = 48;
 
 /// Weight rows decoded to bf16 at a time for the GEMM (bounds the scratch buffer).
@@ -204,7 +204,9 @@ fn gemv_q8(
             Arg::I64(blocks32 as i64),
         ],
     )?;
-    let name = format!("gemv_q8_{}", w.format.kernel_suffix());
+    // One token (decode): the single-token build of the kernel, with fewer registers.
+    let one = if tokens == 1 { "1" } else { "" };
+    let name = format!("gemv{one}_q8_{}", w.format.kernel_suffix());
     for t0 in (0..tokens).step_by(GEMV_MAX_T) {
         let tc = GEMV_MAX_T.min(tokens - t0);
         gpu.launch(
