@@ -94,6 +94,8 @@ fn load_gguf(parts: &[PathBuf]) -> Result<Model, ModelError> {
         gguf::GgufHeader::parse(first, &m[..])?
     };
     let config_json = qwen35::gguf::config_json(first, &probe)?;
+    // The vocabulary arrays are large: one parsed copy at a time.
+    drop(probe);
     let mut config = ModelConfig::from_value(first, &config_json)?;
     config.gdn.v_order = splash_backend::cpu::VHeadOrder::Tiled;
     let layers = config.num_layers();

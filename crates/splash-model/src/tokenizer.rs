@@ -13,8 +13,9 @@ use crate::gguf::{GgufHeader, Value};
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
-    /// The tokenizer.json document when it was built in memory (GGUF), not read from `path`.
-    built: Option<Json>,
+    /// The tokenizer.json text when it was built in memory (GGUF), not read from `path`
+    /// (kept as text: a parsed document of a 248K vocabulary is many times larger).
+    built: Option<String>,
 }
 
 /// Pre-tokenizer split patterns of the byte-level BPE vocabularies splash serves, by the
@@ -153,7 +154,9 @@ impl Tokenizer {
                       "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignore_merges,
                       "vocab": vocab, "merges": merges},
         });
-        let inner = tokenizers::Tokenizer::from_bytes(doc.to_string().as_bytes()).map_err(|e| {
+        let text = doc.to_string();
+        drop(doc);
+        let inner = tokenizers::Tokenizer::from_bytes(text.as_bytes()).map_err(|e| {
             err(format!(
                 "cannot build the tokenizer from GGUF metadata: {e}"
             ))
@@ -161,7 +164,7 @@ impl Tokenizer {
         Ok(Self {
             inner,
             path: path.to_path_buf(),
-            built: Some(doc),
+            built: Some(text),
         })
     }
 
@@ -173,8 +176,11 @@ impl Tokenizer {
     /// The tokenizer.json document itself (read again from disk: it is only needed to build
     /// grammar token tables, once).
     pub fn json(&self) -> Result<serde_json::Value, ModelError> {
-        if let Some(doc) = &self.built {
-            return Ok(doc.clone());
+        if let Some(text) = &self.built {
+            return serde_json::from_str(text).map_err(|source| ModelError::Json {
+                path: self.path.clone(),
+                source,
+            });
         }
         let bytes = read_maybe_gz(&self.path)?;
         serde_json::from_slice(&bytes).map_err(|source| ModelError::Json {
