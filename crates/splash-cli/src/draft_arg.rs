@@ -62,6 +62,17 @@ pub fn load_dflash(
     if args.speculative == "off" {
         return Ok(None);
     }
+    let device = model.graph.device();
+    if device != "cpu" {
+        // Taps and rollback are not on the CUDA backend yet: decode without the draft rather
+        // than fail every request.
+        if args.draft_model.is_some() {
+            tracing::warn!(
+                "--draft-model ignored: speculative decoding does not run on {device} yet"
+            );
+        }
+        return Ok(None);
+    }
     let (name, explicit) = match &args.draft_model {
         Some(d) => (d.clone(), true),
         None => {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
-use splash_backend::cpu::{softmax_in_place, KvFormat, VHeadOrder};
+use splash_backend::cpu::{KvFormat, VHeadOrder};
 use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, GpuError, KernelDims, Kernels};
 
 use super::attention::Attention;
@@ -347,31 +347,20 @@ impl GpuModel {
         let logits = self.scratch(t * e)?;
         dev::matmul(gpu, k, ptr(gpu, &logits, 0), x, router, 0, e, t)?;
         let mut probs = gpu.download(&logits, t * e)?;
-        let mut routed: Vec<(Vec<i32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); e];
-        let mut order: Vec<usize> = Vec::with_capacity(e);
-        for (ti, p) in probs.chunks_exact_mut(e).enumerate() {
-            softmax_in_place(p);
-            order.clear();
-            order.extend(0..e);
-            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-            let top = &order[..*top_k];
-            let sum: f32 = top.iter().map(|&ei| p[ei]).sum();
-            for &ei in top {
-                routed[ei].0.push(ti as i32);
-                routed[ei].1.push(p[ei] / sum);
-            }
-        }
+        let routed = super::ffn::route(&mut probs, e, *top_k);
         let out = shared.forward(self, x, t)?;
         let sg = self.scratch(t)?;
         dev::matmul(gpu, k, ptr(gpu, &sg, 0), x, shared_gate, 0, 1, t)?;
         dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
-        for (expert, (idx, weights)) in experts.iter().zip(&routed) {
-            if idx.is_empty() {
+        for (expert, tokens) in experts.iter().zip(&routed) {
+            if tokens.is_empty() {
                 continue;
             }
-            let n = idx.len();
-            let idx_d = gpu.upload(idx)?;
-            let w_d = gpu.upload(weights)?;
+            let n = tokens.len();
+            let idx: Vec<i32> = tokens.iter().map(|&(ti, _)| ti as i32).collect();
+            let weights: Vec<f32> = tokens.iter().map(|&(_, w)| w).collect();
+            let idx_d = gpu.upload(&idx)?;
+            let w_d = gpu.upload(&weights)?;
             let xs = self.scratch(n * h)?;
             dev::gather_rows(gpu, k, ptr(gpu, &xs, 0), x, ptr(gpu, &idx_d, 0), n, h)?;
             let y = expert.forward(self, ptr(gpu, &xs, 0), n)?;

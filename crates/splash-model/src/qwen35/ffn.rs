@@ -112,21 +112,7 @@ impl Moe {
         let e = self.experts.len();
         let mut probs = vec![0.0f32; t * e];
         matmul(&mut probs, x, &self.router);
-        // Tokens routed to each expert, with their renormalised weights.
-        let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
-        let mut order: Vec<usize> = Vec::with_capacity(e);
-        for (ti, p) in probs.chunks_exact_mut(e).enumerate() {
-            softmax_in_place(p);
-            order.clear();
-            order.extend(0..e);
-            // Highest probability first; ties go to the lower expert index.
-            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-            let top = &order[..self.top_k];
-            let sum: f32 = top.iter().map(|&ei| p[ei]).sum();
-            for &ei in top {
-                routed[ei].push((ti, p[ei] / sum));
-            }
-        }
+        let routed = route(&mut probs, e, self.top_k);
         let mut out = self.shared.forward(x);
         let mut sg = vec![0.0f32; t];
         matmul(&mut sg, x, &self.shared_gate);
@@ -159,6 +145,26 @@ impl Moe {
             + self.shared.num_parameters()
             + self.shared_gate.len()
     }
+}
+
+/// Per expert, the tokens routed to it and their weights: softmax over each row of router
+/// logits `[T, E]` (in place), the `top_k` most probable experts (ties to the lower index),
+/// their probabilities renormalised to sum 1.
+pub(super) fn route(logits: &mut [f32], e: usize, top_k: usize) -> Vec<Vec<(usize, f32)>> {
+    let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
+    let mut order: Vec<usize> = Vec::with_capacity(e);
+    for (ti, p) in logits.chunks_exact_mut(e).enumerate() {
+        softmax_in_place(p);
+        order.clear();
+        order.extend(0..e);
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        let top = &order[..top_k];
+        let sum: f32 = top.iter().map(|&ei| p[ei]).sum();
+        for &ei in top {
+            routed[ei].push((ti, p[ei] / sum));
+        }
+    }
+    routed
 }
 
 /// The feed-forward block of a layer.
