@@ -128,6 +128,76 @@ __device__ __forceinline__ int q3k_scale(const u8* s, int is) {
     return (low | (high << 4)) - 32;
 }
 
+__device__ __forceinline__ u32 ld_u32_2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+// The integer codes of one 32-value sub-block of a Q4_K/Q5_K/Q6_K/Q8_0 row, packed four per
+// word (Q6_K biased by 32, Q8_0 signed), with the scales that turn them into values: what both
+// the f32 decode (deq32) and the integer GEMV (decoded once, reused for every token) read.
+struct Codes {
+    u32 v[8];
+    float scale;   // Q4_K/Q5_K: d·sc; Q6_K: d·sc of the first 16 values; Q8_0: d
+    float scale2;  // Q6_K: d·sc of the last 16 values
+    float minus;   // Q4_K/Q5_K: dmin·m (subtracted once per Σx)
+};
+
+template <int F>
+__device__ __forceinline__ Codes load_codes(const u8* row, int s) {
+    Codes c;
+    if (F == FMT_Q4_K || F == FMT_Q5_K) {
+        const int bytes = F == FMT_Q4_K ? 144 : 176;
+        const u8* b = row + bytes * (s >> 3);
+        int j = s & 7;
+        uint4 hv = *(const uint4*)b;
+        u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
+        float d = f16_to_f32((u16)(hw[0] & 0xffff)), dmin = f16_to_f32((u16)(hw[0] >> 16)), sc, m;
+        u8 sb[12];
+#pragma unroll
+        for (int i = 0; i < 12; i++) sb[i] = (u8)WBYTE(hw, i + 4);
+        scale_min_k4(j, sb, sc, m);
+        c.scale = d * sc;
+        c.minus = dmin * m;
+        const uint4* qp = (const uint4*)(b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1));
+        uint4 q0 = qp[0], q1 = qp[1];
+        u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        u32 hq[8];
+        if (F == FMT_Q5_K) {
+            uint4 h0 = ((const uint4*)(b + 16))[0], h1 = ((const uint4*)(b + 16))[1];
+            hq[0] = h0.x; hq[1] = h0.y; hq[2] = h0.z; hq[3] = h0.w;
+            hq[4] = h1.x; hq[5] = h1.y; hq[6] = h1.z; hq[7] = h1.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 v = (j & 1) ? ((qw[i] >> 4) & 0x0f0f0f0fu) : (qw[i] & 0x0f0f0f0fu);
+            if (F == FMT_Q5_K) v |= ((hq[i] >> j) & 0x01010101u) << 4;
+            c.v[i] = v;
+        }
+    } else if (F == FMT_Q6_K) {
+        const u8* b = row + 210 * (s >> 3);
+        int j = s & 7, n = j >> 2, m = j & 3;
+        const u8* ql = b + 64 * n + (m & 1) * 32;
+        const u8* qh = b + 128 + 32 * n;
+        u16 scw = ((const u16*)(b + 192 + 8 * n))[m];
+        float d = f16_to_f32(((const u16*)(b + 208))[0]);
+        c.scale = d * (float)(i8)(scw & 0xff);
+        c.scale2 = d * (float)(i8)(scw >> 8);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u32 lw = ld_u32_2(ql + 4 * i), hw2 = ld_u32_2(qh + 4 * i);
+            u32 lo = m < 2 ? (lw & 0x0f0f0f0fu) : ((lw >> 4) & 0x0f0f0f0fu);
+            c.v[i] = lo | (((hw2 >> (2 * m)) & 0x03030303u) << 4);
+        }
+    } else {  // FMT_Q8_0
+        const u8* b = row + 34 * s;
+        c.scale = f16_to_f32(((const u16*)b)[0]);
+#pragma unroll
+        for (int i = 0; i < 8; i++) c.v[i] = ld_u32_2(b + 2 + 4 * i);
+    }
+    return c;
+}
+
 // Decodes values 32s..32s+31 of `row` into w.
 template <int F>
 __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affine& a, int n, int k) {
@@ -185,15 +255,9 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
             w[j + 16] = (float)((b[8 + j] >> 4) | h1) * d + m;
         }
     } else if (F == FMT_Q8_0) {
-        // 34-byte blocks are 2-byte aligned: 16-bit loads.
-        const u16* b = (const u16*)(row + 34 * s);
-        float d = f16_to_f32(b[0]);
+        Codes c = load_codes<F>(row, s);
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            u16 q = b[1 + j];
-            w[2 * j] = (float)(i8)(q & 0xff) * d;
-            w[2 * j + 1] = (float)(i8)(q >> 8) * d;
-        }
+        for (int l = 0; l < 32; l++) w[l] = c.scale * (float)(i8)WBYTE(c.v, l);
     } else if (F == FMT_IQ4_NL) {
         const u8* b = row + 18 * s;
         float d = ld_half(b);
@@ -228,57 +292,13 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
             w[l] = dl * (float)q;
         }
     } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
-        // 144- and 176-byte blocks are 16-byte aligned: the header and the 32 code bytes
-        // of sub-block j come in 16-byte loads.
-        const int bytes = F == FMT_Q4_K ? 144 : 176;
-        const u8* b = row + bytes * (s >> 3);
-        int j = s & 7;
-        uint4 hv = *(const uint4*)b;
-        u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
-        float d = f16_to_f32((u16)(hw[0] & 0xffff)), dmin = f16_to_f32((u16)(hw[0] >> 16)), sc, m;
-        u8 sb[12];
+        Codes c = load_codes<F>(row, s);
 #pragma unroll
-        for (int i = 0; i < 12; i++) sb[i] = (u8)WBYTE(hw, i + 4);
-        scale_min_k4(j, sb, sc, m);
-        float d1 = d * sc, m1 = dmin * m;
-        const uint4* qp = (const uint4*)(b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1));
-        uint4 q0 = qp[0], q1 = qp[1];
-        u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        u32 hq[8];
-        if (F == FMT_Q5_K) {
-            uint4 h0 = ((const uint4*)(b + 16))[0], h1 = ((const uint4*)(b + 16))[1];
-            hq[0] = h0.x; hq[1] = h0.y; hq[2] = h0.z; hq[3] = h0.w;
-            hq[4] = h1.x; hq[5] = h1.y; hq[6] = h1.z; hq[7] = h1.w;
-        }
-#pragma unroll
-        for (int l = 0; l < 32; l++) {
-            u32 byte = WBYTE(qw, l);
-            int q = (j & 1) ? (int)(byte >> 4) : (int)(byte & 15);
-            if (F == FMT_Q5_K) q += (int)((WBYTE(hq, l) >> j) & 1) << 4;
-            w[l] = d1 * (float)q - m1;
-        }
+        for (int l = 0; l < 32; l++) w[l] = c.scale * (float)WBYTE(c.v, l) - c.minus;
     } else if (F == FMT_Q6_K) {
-        // 210-byte blocks are only 2-byte aligned: 16-bit loads.
-        const u8* b = row + 210 * (s >> 3);
-        int j = s & 7, n = j >> 2, m = j & 3;
-        const u16* ql = (const u16*)(b + 64 * n + (m & 1) * 32);
-        const u16* qh = (const u16*)(b + 128 + 32 * n);
-        u16 scw = ((const u16*)(b + 192 + 8 * n))[m];
-        float s0 = (float)(i8)(scw & 0xff), s1 = (float)(i8)(scw >> 8);
-        // sc[(l >> 4) + 2m]: bytes 2m and 2m+1 of the 8 scales of this half.
-        float d = f16_to_f32(((const u16*)(b + 208))[0]);
+        Codes c = load_codes<F>(row, s);
 #pragma unroll
-        for (int l2 = 0; l2 < 16; l2++) {
-            u16 lw = ql[l2], hw2 = qh[l2];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int l = 2 * l2 + e;
-                u32 lb = (lw >> (8 * e)) & 0xff, hb = (hw2 >> (8 * e)) & 0xff;
-                int low = m < 2 ? (int)(lb & 15) : (int)(lb >> 4);
-                int q = (low | (int)(((hb >> (2 * m)) & 3) << 4)) - 32;
-                w[l] = d * (l < 16 ? s0 : s1) * (float)q;
-            }
-        }
+        for (int l = 0; l < 32; l++) w[l] = (l < 16 ? c.scale : c.scale2) * (float)((int)WBYTE(c.v, l) - 32);
     } else if (F == FMT_IQ4_XS) {
         const u8* b = row + 136 * (s >> 3);
         int j = s & 7;
@@ -436,74 +456,6 @@ extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float*
     }
 }
 
-__device__ __forceinline__ u32 ld_u32_2(const u8* p) {
-    const u16* h = (const u16*)p;
-    return (u32)h[0] | ((u32)h[1] << 16);
-}
-
-// The integer codes of one 32-value sub-block, packed four per word, with what turns their
-// products into values: decoded once per sub-block and reused for every token.
-struct Codes {
-    u32 v[8];
-    float scale;   // Q4_K/Q5_K: d·sc; Q6_K: d·sc of the first 16 values; Q8_0: d
-    float scale2;  // Q6_K: d·sc of the last 16 values
-    float minus;   // Q4_K/Q5_K: dmin·m (subtracted once per Σx)
-};
-
-template <int F>
-__device__ __forceinline__ Codes load_codes(const u8* row, int s) {
-    Codes c;
-    if (F == FMT_Q4_K || F == FMT_Q5_K) {
-        const int bytes = F == FMT_Q4_K ? 144 : 176;
-        const u8* b = row + bytes * (s >> 3);
-        int j = s & 7;
-        uint4 hv = *(const uint4*)b;
-        u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
-        float d = f16_to_f32((u16)(hw[0] & 0xffff)), dmin = f16_to_f32((u16)(hw[0] >> 16)), sc, m;
-        u8 sb[12];
-#pragma unroll
-        for (int i = 0; i < 12; i++) sb[i] = (u8)WBYTE(hw, i + 4);
-        scale_min_k4(j, sb, sc, m);
-        c.scale = d * sc;
-        c.minus = dmin * m;
-        const uint4* qp = (const uint4*)(b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1));
-        uint4 q0 = qp[0], q1 = qp[1];
-        u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        u32 hq[8];
-        if (F == FMT_Q5_K) {
-            uint4 h0 = ((const uint4*)(b + 16))[0], h1 = ((const uint4*)(b + 16))[1];
-            hq[0] = h0.x; hq[1] = h0.y; hq[2] = h0.z; hq[3] = h0.w;
-            hq[4] = h1.x; hq[5] = h1.y; hq[6] = h1.z; hq[7] = h1.w;
-        }
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            u32 v = (j & 1) ? ((qw[i] >> 4) & 0x0f0f0f0fu) : (qw[i] & 0x0f0f0f0fu);
-            if (F == FMT_Q5_K) v |= ((hq[i] >> j) & 0x01010101u) << 4;
-            c.v[i] = v;
-        }
-    } else if (F == FMT_Q6_K) {
-        const u8* b = row + 210 * (s >> 3);
-        int j = s & 7, n = j >> 2, m = j & 3;
-        const u8* ql = b + 64 * n + (m & 1) * 32;
-        const u8* qh = b + 128 + 32 * n;
-        u16 scw = ((const u16*)(b + 192 + 8 * n))[m];
-        float d = f16_to_f32(((const u16*)(b + 208))[0]);
-        c.scale = d * (float)(i8)(scw & 0xff);
-        c.scale2 = d * (float)(i8)(scw >> 8);
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            u32 lw = ld_u32_2(ql + 4 * i), hw2 = ld_u32_2(qh + 4 * i);
-            u32 lo = m < 2 ? (lw & 0x0f0f0f0fu) : ((lw >> 4) & 0x0f0f0f0fu);
-            c.v[i] = lo | (((hw2 >> (2 * m)) & 0x03030303u) << 4);
-        }
-    } else {  // FMT_Q8_0
-        const u8* b = row + 34 * s;
-        c.scale = f16_to_f32(((const u16*)b)[0]);
-#pragma unroll
-        for (int i = 0; i < 8; i++) c.v[i] = ld_u32_2(b + 2 + 4 * i);
-    }
-    return c;
-}
 
 // Σ over one sub-block of w · x, from its codes and one token's quantised activations.
 template <int F>
