@@ -19,7 +19,7 @@ pub struct KernelDims {
 }
 
 /// The CUDA source of every kernel.
-pub fn kernel_source() -> &'static str {
+fn kernel_source() -> &'static str {
     include_str!("kernels.cu")
 }
 
@@ -72,9 +72,13 @@ pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuEr
         name: Some("splash_kernels.cu".into()),
         ..Default::default()
     };
-    let nvrtc = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), opts))
-        .map_err(|_| GpuError::Compile("the NVRTC library (libnvrtc.so) could not be loaded; install the CUDA toolkit or `pip install nvidia-cuda-nvrtc` and put its lib directory on LD_LIBRARY_PATH".into()))?;
-    let ptx = nvrtc
+    // SAFETY: only probes whether the library can be loaded.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(GpuError::Compile(
+            "the NVRTC library (libnvrtc.so) cannot be loaded: install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc` and put its lib directory on LD_LIBRARY_PATH".into(),
+        ));
+    }
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), opts)
         .map_err(|e| GpuError::Compile(format!("{e:?}")))?
         .to_src();
     if let Some(path) = &cached {

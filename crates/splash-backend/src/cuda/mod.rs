@@ -18,7 +18,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 
-pub use compile::{compile_ptx, kernel_source, KernelDims};
+pub use compile::{compile_ptx, KernelDims};
 pub use ops::*;
 pub use weights::{DeviceWeight, GpuFormat};
 
