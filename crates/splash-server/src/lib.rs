@@ -76,7 +76,9 @@ pub async fn serve(
     let local: SocketAddr = listener
         .local_addr()
         .map_err(|e| StartError(e.to_string()))?;
-    let mut engine = Engine::new(model.clone()).with_kv_format(config.kv_format);
+    let mut engine = Engine::new(model.clone())
+        .with_kv_format(config.kv_format)
+        .with_grammar_warmup();
     if let Some(limit) = config.max_context {
         engine = engine.with_max_context(limit);
     }
