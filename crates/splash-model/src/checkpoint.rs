@@ -125,20 +125,30 @@ impl Checkpoint {
     }
 
     /// Maps the GGUF file(s) of one model (all parts of a split model) and returns the
-    /// checkpoint with the first file's header. `rename` gives each tensor (name, shape
-    /// outermost first) its HF name and shape, or `None` for tensors the model does not use.
-    /// Every used tensor's type is checked here, so an unsupported quantisation is refused by
-    /// name before any weight is read.
-    pub fn open_gguf(
+    /// checkpoint with the first file's header. `plan` sees that header first (each header is
+    /// parsed once) and returns the renaming: each tensor (name, shape outermost first) gets
+    /// its HF name and shape, or `None` when the model does not use it. Every used tensor's
+    /// type is checked here, so an unsupported quantisation is refused by name before any
+    /// weight is read.
+    pub fn open_gguf<R>(
         paths: &[PathBuf],
-        rename: impl Fn(&str, &[usize]) -> Option<(String, Vec<usize>)>,
-    ) -> Result<(Self, GgufHeader), ModelError> {
+        plan: impl FnOnce(&GgufHeader) -> Result<R, ModelError>,
+    ) -> Result<(Self, GgufHeader), ModelError>
+    where
+        R: Fn(&str, &[usize]) -> Option<(String, Vec<usize>)>,
+    {
         let mut files = Vec::new();
         let mut tensors = HashMap::new();
         let mut first = None;
+        let mut plan = Some(plan);
+        let mut rename = None;
         for path in paths {
             let map = map_file(path)?;
             let header = GgufHeader::parse(path, &map[..])?;
+            if let Some(plan) = plan.take() {
+                rename = Some(plan(&header)?);
+            }
+            let rename = rename.as_ref().expect("planned on the first file");
             for t in &header.tensors {
                 let shape: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
                 let Some((name, shape)) = rename(&t.name, &shape) else {

@@ -85,23 +85,17 @@ pub fn load(path: &Path) -> Result<Model, ModelError> {
 /// Loads a GGUF model from its file(s): config, tokenizer and template from the metadata.
 fn load_gguf(parts: &[PathBuf]) -> Result<Model, ModelError> {
     let first = &parts[0];
-    // The layer count is needed to skip the MTP block, so read the header first (the
-    // checkpoint parses it again with the tensor directory; metadata parsing is cheap).
-    let probe = {
-        let file = std::fs::File::open(first).map_err(|e| ModelError::io(first, e))?;
-        // SAFETY: read-only map, dropped before returning.
-        let m = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io(first, e))?;
-        gguf::GgufHeader::parse(first, &m[..])?
-    };
-    let config_json = qwen35::gguf::config_json(first, &probe)?;
-    // The vocabulary arrays are large: one parsed copy at a time.
-    drop(probe);
-    let mut config = ModelConfig::from_value(first, &config_json)?;
-    config.gdn.v_order = splash_backend::cpu::VHeadOrder::Tiled;
-    let layers = config.num_layers();
-    let (checkpoint, header) = Checkpoint::open_gguf(parts, |name, shape| {
-        qwen35::gguf::hf_tensor(name, shape, layers)
+    // The config (and with it the layer count that skips the MTP block) comes from the first
+    // header, before the tensors are renamed.
+    let mut config = None;
+    let (checkpoint, header) = Checkpoint::open_gguf(parts, |h| {
+        let mut c = ModelConfig::from_value(first, &qwen35::gguf::config_json(first, h)?)?;
+        c.gdn.v_order = splash_backend::cpu::VHeadOrder::Tiled;
+        let layers = c.num_layers();
+        config = Some(c);
+        Ok(move |name: &str, shape: &[usize]| qwen35::gguf::hf_tensor(name, shape, layers))
     })?;
+    let config = config.expect("set by the plan");
     let graph = Qwen35::load(&config, &checkpoint)?;
     let tokenizer = Tokenizer::from_gguf(first, &header)?;
     let template = match header
