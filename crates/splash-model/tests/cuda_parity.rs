@@ -3,16 +3,11 @@
 //! GPU: skipped without one unless `SPLASH_REQUIRE_GPU` is set.
 #![cfg(feature = "cuda")]
 
-use std::path::{Path, PathBuf};
-
 use splash_backend::cuda::Gpu;
-use splash_model::{load, KvFormat, Logits, Model};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+mod common;
+use common::{argmax, fixture, max_rel};
+use splash_model::{load, KvFormat, Logits, Model};
 
 /// The same checkpoint twice: on the CPU and on GPU 0 (None without a GPU).
 fn pair(name: &str) -> Option<(Model, Model)> {
@@ -35,21 +30,6 @@ fn pair(name: &str) -> Option<(Model, Model)> {
     on_gpu.graph.to_gpu(gpu).unwrap();
     assert!(on_gpu.graph.device().starts_with("cuda"));
     Some((cpu, on_gpu))
-}
-
-fn max_rel(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| {
-        if x.is_nan() {
-            f32::INFINITY
-        } else {
-            m.max((x - y).abs())
-        }
-    }) / scale
-}
-
-fn argmax(r: &[f32]) -> usize {
-    (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b })
 }
 
 const CHECKPOINTS: [&str; 6] = [

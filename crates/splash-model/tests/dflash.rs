@@ -2,16 +2,13 @@
 //! `make_dflash_fixtures.py` with transformers 5.17), target taps against transformers'
 //! hidden states, and the GDN rollback of a verify pass.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::SafeTensors;
-use splash_model::{load, DFlashDraft, Logits, Model};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+mod common;
+use common::fixture;
+use splash_model::{load, DFlashDraft, Logits, Model};
 
 struct Reference {
     json: serde_json::Value,

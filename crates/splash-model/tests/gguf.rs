@@ -3,33 +3,18 @@
 //! the tokenizer built from GGUF metadata.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use splash_model::gguf::GgufHeader;
-use splash_model::{load, Format, Logits, Tokenizer};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+mod common;
+use common::{argmax, fixture, max_rel};
+use splash_model::{load, Format, Logits, Tokenizer};
 
 fn all_logits(m: &splash_model::Model, ids: &[u32]) -> Vec<f32> {
     m.graph
         .forward(&mut m.graph.new_state(), ids, Logits::All)
         .unwrap()
-}
-
-fn max_rel(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    a.iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
-}
-
-fn argmax(r: &[f32]) -> usize {
-    (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b })
 }
 
 /// The GGUF file gives the logits of its twin (the same weights, dequantised and un-transformed

@@ -2,16 +2,11 @@
 //! transformers fixture by `tests/fixtures/make_mlx_fixture.py` with MLX's quantisation
 //! formula): exact dequantisation, and the whole model against its f32 original.
 
-use std::path::{Path, PathBuf};
-
 use safetensors::SafeTensors;
-use splash_model::{load, Checkpoint, Logits};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+mod common;
+use common::{fixture, max_rel};
+use splash_model::{load, Checkpoint, Logits};
 
 #[test]
 fn dequantisation_matches_the_mlx_formula() {
@@ -50,14 +45,6 @@ fn all_logits(dir: &str, ids: &[u32]) -> Vec<f32> {
     m.graph
         .forward(&mut m.graph.new_state(), ids, Logits::All)
         .unwrap()
-}
-
-fn max_rel(a: &[f32], b: &[f32]) -> f32 {
-    let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-    a.iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
-        / scale
 }
 
 /// A quantised fixture gives the logits of its dequantised twin (format correctness) and is

@@ -1,16 +1,13 @@
 //! The Qwen3.5 graph against transformers 5.17 on the committed tiny fixtures
 //! (`tests/fixtures/qwen35-{dense,moe}`, made by `tests/fixtures/make_fixtures.py`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::SafeTensors;
-use splash_model::{load, Logits, Model};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+mod common;
+use common::fixture;
+use splash_model::{load, Logits, Model};
 
 struct Reference {
     json: serde_json::Value,
