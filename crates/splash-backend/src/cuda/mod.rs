@@ -217,6 +217,18 @@ impl Gpu {
         Ok(self.stream.clone_htod(data)?)
     }
 
+    /// A zeroed buffer of `len` elements that starts with a copy of `old` (a cache that grows).
+    pub fn grown<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        old: &CudaSlice<T>,
+        len: usize,
+    ) -> Result<CudaSlice<T>, GpuError> {
+        let mut fresh = self.zeros::<T>(len)?;
+        self.stream
+            .memcpy_dtod(old, &mut fresh.slice_mut(..old.len()))?;
+        Ok(fresh)
+    }
+
     /// Copies `data` into the start of `dst`.
     pub fn write<T: DeviceRepr>(&self, dst: &mut CudaSlice<T>, data: &[T]) -> Result<(), GpuError> {
         if data.is_empty() {

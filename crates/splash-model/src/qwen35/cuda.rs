@@ -655,25 +655,11 @@ fn ensure_capacity(
     }
     let new_cap = needed.max(*cap * 2);
     let gpu = &*m.gpu;
-    let eb = elem_bytes(kv);
-    let grow = |old: &CudaSlice<u8>| -> Result<CudaSlice<u8>, ModelError> {
-        let mut fresh = gpu.zeros::<u8>(new_cap * hkv * d * eb)?;
-        gpu.stream()
-            .memcpy_dtod(old, &mut fresh.slice_mut(..old.len()))
-            .map_err(GpuError::from)?;
-        Ok(fresh)
-    };
-    let grow_f = |old: &Buf| -> Result<Buf, ModelError> {
-        let mut fresh = gpu.zeros::<f32>(new_cap * hkv)?;
-        gpu.stream()
-            .memcpy_dtod(old, &mut fresh.slice_mut(..old.len()))
-            .map_err(GpuError::from)?;
-        Ok(fresh)
-    };
-    *k = grow(k)?;
-    *v = grow(v)?;
-    *ks = grow_f(ks)?;
-    *vs = grow_f(vs)?;
+    let bytes = new_cap * hkv * d * elem_bytes(kv);
+    *k = gpu.grown(k, bytes)?;
+    *v = gpu.grown(v, bytes)?;
+    *ks = gpu.grown(ks, new_cap * hkv)?;
+    *vs = gpu.grown(vs, new_cap * hkv)?;
     *cap = new_cap;
     Ok(())
 }
