@@ -6,7 +6,7 @@
 
 Needs only numpy (pip install numpy; `safetensors` is used for an extra check if installed).
 Writes OUT_DIR/{config.json, generation_config.json, model.safetensors, tokenizer.json.gz,
-tokenizer_config.json, chat_template.jinja} (tokenizer files copied from models/demo/).
+tokenizer_config.json, chat_template.jinja} (tokenizer files copied from tests/fixtures/qwen35-realvocab/).
 
 Sizes (real Qwen3.5 head geometry everywhere: 8 q heads / 2 kv heads of 256 with output gate,
 GDN 16 k heads / 16 v heads of 128, conv 4, layers linear x3 + full, vocab 248320):
@@ -59,7 +59,7 @@ PRESETS = {
                             shared_expert_intermediate_size=512),
 }
 
-DEMO = os.path.join(ROOT, "models", "demo")
+DEMO = os.path.join(ROOT, "tests", "fixtures", "qwen35-realvocab")
 COPY_FILES = ["tokenizer.json.gz", "tokenizer_config.json", "chat_template.jinja"]
 
 

@@ -1,5 +1,5 @@
 """Qwen3.5 text-only checkpoint layout (HF `Qwen3_5ForCausalLM` / `Qwen3_5MoeForCausalLM`
-tensor names), shared by `models/demo/make_demo.py` and `bench/make_synthetic.py`.
+tensor names), shared by `tests/fixtures/qwen35-realvocab/make_demo.py` and `bench/make_synthetic.py`.
 
 Conventions follow transformers' modeling_qwen3_5.py / modeling_qwen3_5_moe.py:
   * `model.norm`, `input_layernorm`, `post_attention_layernorm`, `q_norm`, `k_norm` are

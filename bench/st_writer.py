@@ -1,6 +1,6 @@
 """Tiny, dependency-light safetensors writer for random test checkpoints.
 
-Shared by `models/demo/make_demo.py` and `bench/make_synthetic.py`.
+Shared by `tests/fixtures/qwen35-realvocab/make_demo.py` and `bench/make_synthetic.py`.
 Needs only numpy (the `safetensors` package is used by callers for verification only).
 
 Why hand-written: numpy has no bfloat16 dtype, so `safetensors.numpy.save_file` cannot

@@ -1,6 +1,7 @@
 //! `--draft-model` and `--speculative`: the DFlash draft that speculative decoding runs with.
-//! Without `--draft-model`, a target whose name is in [`KNOWN_DRAFTS`] gets its published
-//! draft (from the Hub cache, or downloaded); any other target decodes without one.
+//! Without `--draft-model`, a checkpoint directory with a `draft/` subdirectory (the bundled
+//! demo) uses that draft, a target whose name is in [`KNOWN_DRAFTS`] gets its published
+//! draft (from the Hub cache, or downloaded), and any other target decodes without one.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,6 +33,9 @@ pub const KNOWN_DRAFTS: &[(&str, &str)] = &[
     ("qwen3.6-35b-a3b", "incoai/Qwen3.6-35B-A3B-DFlash2"),
     ("qwen3.6-27b", "z-lab/Qwen3.6-27B-DFlash"),
 ];
+
+/// The subdirectory of a checkpoint that holds its own draft.
+pub const BUNDLED_DRAFT: &str = "draft";
 
 /// The published draft of a target named `name` (a repo id or a path).
 pub fn known_draft(name: &str) -> Option<&'static str> {
@@ -76,10 +80,14 @@ pub fn load_dflash(
     let (name, explicit) = match &args.draft_model {
         Some(d) => (d.clone(), true),
         None => {
+            let bundled = model.dir.join(BUNDLED_DRAFT);
             let target_name = format!("{} {}", target.model, model.dir.display());
-            match known_draft(&target_name) {
-                Some(d) => (d.to_string(), false),
-                None => return Ok(None),
+            if bundled.join("config.json").is_file() {
+                (bundled.display().to_string(), false)
+            } else if let Some(d) = known_draft(&target_name) {
+                (d.to_string(), false)
+            } else {
+                return Ok(None);
             }
         }
     };
