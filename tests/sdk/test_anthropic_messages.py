@@ -25,8 +25,8 @@ def test_message_non_streaming(server):
     assert m.type == "message" and m.role == "assistant" and m.model == "claude-sonnet-5"
     assert m.id.startswith("msg_")
     assert [b.type for b in m.content] == ["text"] and m.content[0].text
-    assert m.usage.output_tokens == 12 and m.usage.input_tokens > 0
-    assert m.stop_reason in ("max_tokens", "end_turn")
+    assert 0 < m.usage.output_tokens <= 12 and m.usage.input_tokens > 0
+    assert m.stop_reason == ("max_tokens" if m.usage.output_tokens == 12 else "end_turn")
 
 
 def test_stream_event_sequence(server):

@@ -1,5 +1,5 @@
 """Structured output (JSON schema) and tool calls through the chat API, with the real `openai`
-SDK. The demo model has random weights: only the constraint makes its output valid."""
+SDK. The schema, not the model, makes the output valid: these run greedy and check the constraint."""
 
 import json
 
@@ -41,7 +41,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 
 
 def closed(schema):
-    """The demo model never stops adding keys unless the schema forbids them."""
+    """Without `additionalProperties: false` a weak model may keep adding keys."""
     s = json.loads(json.dumps(schema))
     s.setdefault("additionalProperties", False)
     return s

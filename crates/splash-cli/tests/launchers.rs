@@ -1,8 +1,8 @@
 //! End-to-end runs of `splash claude|codex|opencode|hermes|pi`: each installed agent is started
 //! through its launcher, non-interactively with a one-line prompt, against a fresh
-//! `splash serve --model demo` that requires an API key, in a throw-away HOME.
+//! `splash serve` (the random real-vocabulary model) that requires an API key, in a throw-away HOME.
 //!
-//! The demo model answers with noise, so what is checked is the wiring. An agent passes when
+//! The model answers with noise, so what is checked is the wiring. An agent passes when
 //! - the launcher found the server and started the agent (its `splash: starting` line);
 //! - the server answered the agent's own API calls (Messages for Claude Code, Responses for
 //!   Codex, Chat Completions for the others) with 200, and none of them with an error: the
@@ -106,6 +106,11 @@ const CASES: [Case; 5] = [
     },
 ];
 
+const REALVOCAB: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/qwen35-realvocab"
+);
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -137,7 +142,7 @@ fn listed(var: &str, agent: &str) -> Option<bool> {
     Some(v.split(',').any(|a| a.trim() == agent || a.trim() == "all"))
 }
 
-/// A keyed `splash serve --model demo` whose log lines are kept.
+/// A keyed `splash serve` on the real-vocabulary fixture whose log lines are kept.
 struct Server {
     child: std::process::Child,
     port: u16,
@@ -150,7 +155,9 @@ impl Server {
             .args([
                 "serve",
                 "--model",
-                "demo",
+                // The random model on the real vocabulary: the agents' prompts are long, and
+                // its tiny layers prefill them in seconds on a CI machine.
+                REALVOCAB,
                 "--port",
                 "0",
                 "--max-context",

@@ -54,9 +54,7 @@ impl GrammarFactory {
     /// A fresh matcher for `constraint`; an invalid schema or grammar is an error.
     pub fn start(&self, constraint: &Constraint) -> Result<GrammarState, String> {
         let grammar = match constraint {
-            Constraint::JsonSchema(schema) => {
-                TopLevelGrammar::from_json_schema(with_json_layout(schema.clone()))
-            }
+            Constraint::JsonSchema(schema) => TopLevelGrammar::from_lark(json_document(schema)),
             Constraint::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
         };
         let parser = self
@@ -73,6 +71,16 @@ impl GrammarFactory {
             masks: 0,
         })
     }
+}
+
+/// The Lark grammar of a JSON document that follows `schema`, after at most two newlines:
+/// Qwen's template puts "\n\n" between `</think>` and the answer, and a grammar that forbids
+/// it pushes the model off its distribution before the document starts.
+fn json_document(schema: &serde_json::Value) -> String {
+    format!(
+        "start: LEAD? document\nLEAD: /\\n\\n?/\ndocument: %json {}\n",
+        with_json_layout(schema.clone())
+    )
 }
 
 /// Fixes the JSON layout to Python's `json.dumps` style (`", "`, `": "`, no other whitespace)

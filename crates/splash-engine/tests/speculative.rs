@@ -428,3 +428,43 @@ fn sampled_speculation_follows_the_target_distribution() {
         }
     }
 }
+
+#[test]
+fn trained_demo_draft_is_lossless_and_accepts_several_tokens_per_pass() {
+    // The bundled demo and its trained draft: real acceptance, long accepted spans, EOS
+    // inside them; greedy output must still equal decoding without the draft.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let m = Arc::new(load(&dir).unwrap());
+    let d: Arc<dyn Drafter> = Arc::new(DFlashDrafter::new(
+        DFlashDraft::load(&dir.join("draft")).unwrap(),
+    ));
+    let mut total = SpecStats::default();
+    for (i, question) in [
+        "What is 486 + 275?",
+        "Write a Python function that counts the vowels in a string.",
+        "What is the capital of Kenya?",
+        "Return a JSON object for: Liam is 29 years old and lives in Lima.\nSchema: {\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": \"integer\"}, \"city\": {\"type\": \"string\"}}, \"required\": [\"name\", \"age\", \"city\"]}",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let text = format!("<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n<think>\n");
+        let prompt = m.tokenizer.encode(&text).unwrap();
+        let kv = if i % 2 == 0 { KvFormat::Int8 } else { KvFormat::F32 };
+        let req = Request {
+            ignore_eos: false,
+            ..request(prompt, 200)
+        };
+        let plain = run(&m, None, req.clone(), kv);
+        let spec = run(&m, Some(d.clone()), req, kv);
+        assert_eq!(spec.tokens, plain.tokens, "question {i}: not lossless");
+        assert_eq!(spec.finish_reason, FinishReason::Stop, "question {i}: {}", spec.text);
+        total.add(&spec.speculation.unwrap());
+    }
+    let tau = total.acceptance_length();
+    println!("demo: {total:?}, τ = {tau:.3}");
+    assert!(
+        tau > 2.5,
+        "the trained draft should be accepted often: τ = {tau:.3}"
+    );
+}

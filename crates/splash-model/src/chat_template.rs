@@ -13,6 +13,8 @@ const TEMPLATE_NAME: &str = "chat";
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template writes tool calls in Qwen3.5's XML form (`<function=NAME>`).
+    xml_tool_calls: bool,
     /// `bos_token`, `eos_token`, ... from tokenizer_config.json, which transformers passes too.
     special_tokens: serde_json::Map<String, serde_json::Value>,
 }
@@ -76,6 +78,12 @@ impl ChatTemplate {
         Ok(Some(template))
     }
 
+    /// True when the template renders tool calls in the XML form
+    /// (`<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>`) rather than as JSON.
+    pub fn xml_tool_calls(&self) -> bool {
+        self.xml_tool_calls
+    }
+
     /// Compiles template source.
     pub fn new(source: String) -> Result<Self, ModelError> {
         let mut env = Environment::new();
@@ -92,10 +100,12 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        let xml_tool_calls = source.contains("<function=");
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| ModelError::Template(format!("cannot compile: {e:#}")))?;
         Ok(Self {
             env,
+            xml_tool_calls,
             special_tokens: serde_json::Map::new(),
         })
     }

@@ -1,74 +1,66 @@
-//! The bundled demo checkpoint (`models/demo`): the real Qwen3.5 vocabulary and chat template.
+//! The bundled demo (`models/demo`): a model trained here (train/), with its own tokenizer and
+//! DFlash draft. Checks what the rest of the system relies on: the Qwen special tokens are
+//! single ids, the draft fits the target, and the weights answer a trained question.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 
-use splash_model::{load, ChatTemplate, Logits, TemplateInputs, Tokenizer};
+use splash_model::{load, DFlashDraft, Logits};
 
 fn demo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
 }
 
 #[test]
-fn template_renders_like_transformers() {
-    // Cases rendered by transformers' apply_chat_template (models/demo/make_demo.py).
-    let samples: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(demo().join("template_samples.json")).unwrap(),
-    )
-    .unwrap();
-    let template = ChatTemplate::from_dir(&demo())
-        .unwrap()
-        .expect("demo has a template");
-    for (i, case) in samples["cases"].as_array().unwrap().iter().enumerate() {
-        let mut extra = serde_json::Map::new();
-        if let Some(b) = case["enable_thinking"].as_bool() {
-            extra.insert("enable_thinking".into(), b.into());
-        }
-        let got = template
-            .render(&TemplateInputs {
-                messages: case["messages"].clone(),
-                tools: Some(case["tools"].clone()).filter(|t| !t.is_null()),
-                add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
-                extra,
-            })
-            .unwrap();
-        assert_eq!(
-            got,
-            case["rendered"].as_str().unwrap(),
-            "case {i} renders differently"
-        );
-    }
-}
-
-#[test]
-fn real_vocabulary_and_special_tokens() {
-    let tok = Tokenizer::from_dir(&demo()).unwrap();
-    assert_eq!(
-        tok.encode("<|im_start|>user\nhi<|im_end|>").unwrap(),
-        vec![248045, 846, 198, 5834, 248046]
-    );
-    assert_eq!(tok.encode("Hello world").unwrap(), vec![9419, 1814]);
-    for (text, id) in [
-        ("<think>", 248068),
-        ("</think>", 248069),
-        ("<tool_call>", 248058),
-        ("<|endoftext|>", 248044),
-    ] {
-        assert_eq!(tok.token_to_id(text), Some(id), "{text}");
-    }
-    let text = "fn main() {\n\tprintln!(\"héllo 世界\");\n}";
-    assert_eq!(tok.decode(&tok.encode(text).unwrap(), false).unwrap(), text);
-}
-
-#[test]
-fn demo_model_runs_on_the_full_vocabulary() {
+fn special_tokens_are_single_ids_and_eos_is_im_end() {
     let model = load(&demo()).unwrap();
-    assert_eq!(model.config.vocab_size, 248_320);
-    assert_eq!(model.generation.eos_token_ids, vec![248046, 248044]);
+    assert_eq!(model.config.vocab_size, 8192);
+    let tok = &model.tokenizer;
+    for t in [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_response>",
+        "</tool_response>",
+        "<|mask|>",
+    ] {
+        assert_eq!(tok.encode(t).unwrap().len(), 1, "{t}");
+    }
+    let im_end = tok.encode("<|im_end|>").unwrap()[0];
+    assert!(model.generation.eos_token_ids.contains(&im_end));
+}
+
+#[test]
+fn bundled_draft_fits_the_target() {
+    let model = load(&demo()).unwrap();
+    let draft = DFlashDraft::load(&demo().join("draft")).unwrap();
+    draft.config().check(&model.config).unwrap();
+}
+
+#[test]
+fn greedy_answer_to_a_trained_question() {
+    let model = load(&demo()).unwrap();
+    let prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    let mut ids = model.tokenizer.encode(prompt).unwrap();
+    let n = ids.len();
     let mut state = model.graph.new_state();
-    let logits = model
-        .graph
-        .forward(&mut state, &[248045, 846, 198], Logits::Last)
-        .unwrap();
-    assert_eq!(logits.len(), 248_320);
-    assert!(logits.iter().all(|x| x.is_finite()));
+    let mut logits = model.graph.forward(&mut state, &ids, Logits::Last).unwrap();
+    for _ in 0..20 {
+        let next = common::argmax(&logits) as u32;
+        if model.generation.eos_token_ids.contains(&next) {
+            break;
+        }
+        ids.push(next);
+        logits = model
+            .graph
+            .forward(&mut state, &[next], Logits::Last)
+            .unwrap();
+    }
+    let answer = model.tokenizer.decode(&ids[n..], true).unwrap();
+    assert!(answer.contains("Paris"), "{answer}");
 }
