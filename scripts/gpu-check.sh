@@ -21,6 +21,6 @@ pwd > .device/built_in
 for m in 27b:"--size 27b" 35b:"--size 35b-a3b --moe"; do
   [ -d ".device/cfg-${m%%:*}" ] || "${PYTHON:-python3}" bench/make_synthetic.py ".device/cfg-${m%%:*}" ${m#*:} --config-only
 done
-rm -f .device/cfg-*/tokenizer.json.gz  # gpu-run.sh copies models/demo's
+rm -f .device/cfg-*/tokenizer.json.gz  # gpu-run.sh copies the real-vocabulary fixture's
 du -sh .device
 echo "run on the GPU machine (device tool): bash scripts/gpu-run.sh all"

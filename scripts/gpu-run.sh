@@ -28,7 +28,7 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ]; then
     f=/tmp/synth-$m-Q4_K_M.gguf
     if [ ! -f "$f" ]; then
       # Staged without the 5 MB tokenizer, which the repository already carries.
-      cp --update=none models/demo/tokenizer.json.gz ".device/cfg-$m/"
+      cp --update=none tests/fixtures/qwen35-realvocab/tokenizer.json.gz ".device/cfg-$m/"
       start=$SECONDS
       python3 bench/make_synthetic_gguf.py ".device/cfg-$m" "$f" --type Q4_K_M --no-verify 2>&1 | tail -2
       echo "made $f in $((SECONDS - start)) s"

@@ -20,10 +20,18 @@ pub struct DraftArgs {
     /// known draft of the target (see the README), if any.
     #[arg(long)]
     pub draft_model: Option<String>,
-    /// Speculative decoding with the draft: on (whenever a draft is available) or off
-    /// (for measurement).
-    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    /// Speculative decoding with the draft: on (whenever a draft is available; each sequence
+    /// skips the draft while plain steps are faster), always (a full block every step), or
+    /// off. `always` and `off` are for measurement.
+    #[arg(long, default_value = "on", value_parser = ["on", "off", "always"])]
     pub speculative: String,
+}
+
+impl DraftArgs {
+    /// `--speculative always`: draft a full block at every step.
+    pub fn every_step(&self) -> bool {
+        self.speculative == "always"
+    }
 }
 
 /// Targets (matched in the model's name, case-insensitively) and their published drafts

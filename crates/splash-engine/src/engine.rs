@@ -79,6 +79,8 @@ pub struct Engine {
     kv_format: KvFormat,
     /// The draft every unconstrained sequence speculates with.
     drafter: Option<Arc<dyn Drafter>>,
+    /// Draft a full block every step instead of choosing per step by speed.
+    draft_every_step: bool,
     /// Speculation counters of the sequences that ended.
     spec_totals: SpecStats,
 }
@@ -97,6 +99,7 @@ impl Engine {
             grammar: Arc::new(OnceLock::new()),
             kv_format: KvFormat::default(),
             drafter: None,
+            draft_every_step: false,
             spec_totals: SpecStats::default(),
         }
     }
@@ -121,6 +124,13 @@ impl Engine {
     /// drafted block verified in one target pass (constrained ones decode a token a step).
     pub fn with_drafter(mut self, drafter: Arc<dyn Drafter>) -> Self {
         self.drafter = Some(drafter);
+        self
+    }
+
+    /// Drafts a full block at every step (`true`: measurement, and comparisons with a
+    /// reference loop) instead of letting each sequence skip the draft where it does not pay.
+    pub fn with_draft_every_step(mut self, on: bool) -> Self {
+        self.draft_every_step = on;
         self
     }
 
@@ -209,7 +219,10 @@ impl Engine {
             &self.model,
             self.max_context,
             self.kv_format,
-            self.drafter.as_ref().filter(|_| req_unconstrained),
+            self.drafter
+                .as_ref()
+                .filter(|_| req_unconstrained)
+                .map(|d| (d, self.draft_every_step)),
         ));
         Ok(id)
     }

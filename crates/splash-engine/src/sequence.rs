@@ -58,6 +58,63 @@ struct Speculation {
     drafter: Arc<dyn Drafter>,
     session: Box<dyn DraftSession>,
     stats: SpecStats,
+    choice: BlockChoice,
+}
+
+/// Whether the next step drafts a full block or verifies the anchor alone (a plain decode
+/// step that still feeds the draft its features). Each choice's recent speed (tokens per
+/// second of the step) decides: where the draft is rarely accepted (text it cannot guess),
+/// a drafted block costs more than the tokens it brings. The other choice is tried again
+/// after `explore_every` steps (doubling up to 64 while the winner stays the same), so the
+/// sequence returns to drafting when the text becomes predictable again.
+#[derive(Debug, Default)]
+struct BlockChoice {
+    /// Always draft (no choice).
+    fixed: bool,
+    /// Tokens per second of full-block steps and of single-row steps (moving averages).
+    full: Option<f64>,
+    single: Option<f64>,
+    steps_since_explore: u32,
+    explore_every: u32,
+    last_best_full: bool,
+}
+
+impl BlockChoice {
+    const WEIGHT: f64 = 0.3;
+
+    /// True when the next step should draft a full block.
+    fn draft_next(&mut self) -> bool {
+        if self.fixed {
+            return true;
+        }
+        let (Some(full), Some(single)) = (self.full, self.single) else {
+            // First a drafted step, then one plain step, so both have a speed.
+            return self.full.is_none();
+        };
+        let best_full = full >= single;
+        if best_full != self.last_best_full {
+            self.last_best_full = best_full;
+            self.explore_every = 8;
+        }
+        self.steps_since_explore += 1;
+        if self.steps_since_explore >= self.explore_every.max(8) {
+            self.steps_since_explore = 0;
+            self.explore_every = (self.explore_every.max(8) * 2).min(64);
+            return !best_full;
+        }
+        best_full
+    }
+
+    /// Records a step that emitted `tokens` in `secs`.
+    fn record(&mut self, drafted: bool, tokens: usize, secs: f64) {
+        let rate = tokens as f64 / secs.max(1e-9);
+        let slot = if drafted {
+            &mut self.full
+        } else {
+            &mut self.single
+        };
+        *slot = Some(slot.map_or(rate, |r| r + Self::WEIGHT * (rate - r)));
+    }
 }
 
 impl Sequence {
@@ -68,7 +125,8 @@ impl Sequence {
         model: &Model,
         max_context: usize,
         kv: KvFormat,
-        drafter: Option<&Arc<dyn Drafter>>,
+        // The draft, and whether it drafts a full block every step.
+        drafter: Option<(&Arc<dyn Drafter>, bool)>,
     ) -> Self {
         let (grammar, grammar_after) = match grammar {
             Some((g, after)) => (Some(g), after),
@@ -97,10 +155,14 @@ impl Sequence {
             grammar_after,
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
-            spec: drafter.map(|d| Speculation {
+            spec: drafter.map(|(d, draft_every_step)| Speculation {
                 drafter: d.clone(),
                 session: d.session(),
                 stats: SpecStats::default(),
+                choice: BlockChoice {
+                    fixed: draft_every_step,
+                    ..BlockChoice::default()
+                },
             }),
         }
     }
@@ -209,11 +271,17 @@ impl Sequence {
                 return Ok(());
             }
         }
+        let t0 = Instant::now();
         let spec = self.spec.as_mut().expect("a speculating sequence");
         // Never verify past what may still be emitted: the budget and the context limit.
         let room = (self.max_tokens - self.output.len())
             .min(self.max_context - self.prompt.len() - self.output.len());
-        let block = spec.drafter.block_size().min(room);
+        let drafted = spec.choice.draft_next();
+        let block = if drafted {
+            spec.drafter.block_size().min(room)
+        } else {
+            1
+        };
         let mut history = self.prompt.clone();
         history.extend_from_slice(&self.output);
         let anchor = *history
@@ -243,9 +311,16 @@ impl Sequence {
             rows,
             accepted.drafts + 1,
         );
-        spec.stats.target_passes += 1;
-        spec.stats.drafted += proposal.tokens.len() as u64;
-        spec.stats.accepted += accepted.drafts as u64;
+        if !proposal.tokens.is_empty() {
+            spec.stats.target_passes += 1;
+            spec.stats.drafted += proposal.tokens.len() as u64;
+            spec.stats.accepted += accepted.drafts as u64;
+        }
+        spec.choice.record(
+            !proposal.tokens.is_empty(),
+            accepted.tokens.len(),
+            t0.elapsed().as_secs_f64(),
+        );
         // A stop token or string inside the span ends the sequence at that token.
         for &token in &accepted.tokens {
             self.push(token, model, events)?;

@@ -67,7 +67,8 @@ pub struct Proposal {
 /// Speculation counters of a sequence or of an engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpecStats {
-    /// Verify passes of the target.
+    /// Verify passes of the target over a drafted block (steps that skipped the draft are
+    /// not counted: these counters describe the draft).
     pub target_passes: u64,
     /// Tokens proposed by the draft.
     pub drafted: u64,

@@ -70,9 +70,11 @@ fn run(
     req: Request,
     kv: KvFormat,
 ) -> splash_engine::Completion {
+    // Every step drafted: the tests compare with loops that draft every block.
     let mut engine = Engine::new(m.clone())
         .with_kv_format(kv)
-        .with_prefill_chunk(64);
+        .with_prefill_chunk(64)
+        .with_draft_every_step(true);
     if let Some(d) = drafter {
         engine = engine.with_drafter(d);
     }
@@ -436,7 +438,7 @@ fn trained_demo_draft_is_lossless_and_accepts_several_tokens_per_pass() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
     let m = Arc::new(load(&dir).unwrap());
     let d: Arc<dyn Drafter> = Arc::new(DFlashDrafter::new(
-        DFlashDraft::load(&dir.join("draft")).unwrap(),
+        DFlashDraft::load(&dir.join("draft")).unwrap().into(),
     ));
     let mut total = SpecStats::default();
     for (i, question) in [
@@ -456,13 +458,24 @@ fn trained_demo_draft_is_lossless_and_accepts_several_tokens_per_pass() {
             ..request(prompt, 200)
         };
         let plain = run(&m, None, req.clone(), kv);
-        let spec = run(&m, Some(d.clone()), req, kv);
+        // The default engine: each step drafts or not by speed, and both kinds interleave.
+        let spec = Engine::new(m.clone())
+            .with_kv_format(kv)
+            .with_drafter(d.clone())
+            .generate(req.clone(), |_| {})
+            .unwrap();
         assert_eq!(spec.tokens, plain.tokens, "question {i}: not lossless");
-        assert_eq!(spec.finish_reason, FinishReason::Stop, "question {i}: {}", spec.text);
-        total.add(&spec.speculation.unwrap());
+        let every = run(&m, Some(d.clone()), req, kv);
+        assert_eq!(every.tokens, plain.tokens, "question {i}: not lossless");
+        assert!(
+            matches!(spec.finish_reason, FinishReason::Eos(_)),
+            "question {i} should end at <|im_end|>: {}",
+            spec.text
+        );
+        total.add(&every.speculation.unwrap());
     }
     let tau = total.acceptance_length();
-    println!("demo: {total:?}, τ = {tau:.3}");
+    println!("demo, a block every step: {total:?}, τ = {tau:.3}");
     assert!(
         tau > 2.5,
         "the trained draft should be accepted often: τ = {tau:.3}"

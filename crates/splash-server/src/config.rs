@@ -31,6 +31,8 @@ pub struct ServerConfig {
     pub kv_format: splash_model::KvFormat,
     /// The speculative draft (DFlash), when speculation is on.
     pub drafter: Option<std::sync::Arc<dyn splash_engine::Drafter>>,
+    /// Draft a full block at every step (`--speculative always`).
+    pub draft_every_step: bool,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +53,7 @@ impl Default for ServerConfig {
             webui: true,
             kv_format: splash_model::KvFormat::default(),
             drafter: None,
+            draft_every_step: false,
         }
     }
 }

@@ -83,7 +83,9 @@ pub async fn serve(
         engine = engine.with_max_context(limit);
     }
     if let Some(drafter) = &config.drafter {
-        engine = engine.with_drafter(drafter.clone());
+        engine = engine
+            .with_drafter(drafter.clone())
+            .with_draft_every_step(config.draft_every_step);
     }
     let state = AppState::new(model, engine, config);
     state.print_summary(local);

@@ -71,7 +71,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let decode = |drafter: Option<Arc<dyn Drafter>>| -> anyhow::Result<(f64, Option<SpecStats>)> {
         let (mut speeds, mut stats) = (Vec::new(), None);
         for _ in 0..repeat {
-            let mut engine = Engine::new(model.clone()).with_kv_format(a.kv_format);
+            let mut engine = Engine::new(model.clone())
+                .with_kv_format(a.kv_format)
+                .with_draft_every_step(a.draft.every_step());
             if let Some(d) = &drafter {
                 engine = engine.with_drafter(d.clone());
             }

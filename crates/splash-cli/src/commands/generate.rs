@@ -104,7 +104,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         repetition_penalty: a.repetition_penalty,
         seed: a.seed,
     };
-    let mut engine = Engine::new(model.clone()).with_kv_format(a.kv_format);
+    let mut engine = Engine::new(model.clone())
+        .with_kv_format(a.kv_format)
+        .with_draft_every_step(a.draft.every_step());
     if let Some(d) = drafter {
         engine = engine.with_drafter(d);
     }

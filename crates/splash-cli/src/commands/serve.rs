@@ -83,6 +83,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let listener = splash_server::bind(&config).await?;
         let model = model_arg::load(&a.model)?;
         config.drafter = draft_arg::load(&a.draft, &a.model, &model)?;
+        config.draft_every_step = a.draft.every_step();
         splash_server::serve(listener, model, config).await?;
         Ok(())
     })
