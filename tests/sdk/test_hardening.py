@@ -189,3 +189,46 @@ def test_port_in_use_is_refused_with_a_message(server):
     p = subprocess.run([BIN, "serve", "--model", "demo", "--port", str(server.port)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1
     assert "already in use" in p.stderr and "--port" in p.stderr
+
+
+def test_memory_plan_refuses_what_cannot_fit_with_the_breakdown():
+    p = subprocess.run([BIN, "serve", "--model", "demo", "--port", "0", "--max-memory", "200M"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    for part in ("does not fit", "capped by --max-memory", "weights", "safety reserve", "one sequence",
+                 "raise --max-memory"):
+        assert part in p.stderr, (part, p.stderr)
+
+
+def test_memory_plan_lowers_the_context_and_admission_keeps_to_the_kv_budget():
+    # ~330 MB: weights, draft, activations and the 256 MiB reserve leave KV for a few thousand tokens.
+    s = Server("--max-memory", "330M")
+    try:
+        h = s.client()
+        status = h.get("/status").json()
+        plan = status["memory"]["plan"]
+        assert plan["budget_bytes"] == 330 << 20 and plan["lanes"] == 4
+        assert status["maximum_context_tokens"] == plan["context_tokens"] == plan["kv_tokens"] < 262144
+        assert "memory plan:" in s.log and "lowered to what fits" in s.log
+        # Two requests that may each reach 60% of the KV budget: the second waits for the first
+        # although a lane is free; when the first is cancelled, its share frees and the second
+        # runs to its end.
+        n = int(plan["kv_tokens"] * 0.6)
+        second = []
+
+        def post():
+            with httpx.Client(base_url=s.url, timeout=120) as c:
+                second.append(c.post(CHAT, json={**HELLO, "max_tokens": n, "temperature": 0}).json())
+
+        long = {**HELLO, "max_tokens": n, "ignore_eos": True, "stream": True}
+        with httpx.Client(base_url=s.url, timeout=60) as c, c.stream("POST", CHAT, json=long) as r:
+            lines = r.iter_lines()  # kept: a dropped iterator closes the stream
+            assert next(lines).startswith("data: ")
+            t = threading.Thread(target=post)
+            t.start()
+            queue = lambda: h.get("/status").json()["queue"]  # noqa: E731
+            assert wait_until(lambda: queue()["running"] == 1 and queue()["waiting"] == 1), queue()
+        t.join(120)
+        assert second and second[0]["choices"][0]["finish_reason"] == "stop", second
+    finally:
+        s.stop()

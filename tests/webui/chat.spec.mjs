@@ -140,7 +140,7 @@ try {
   await page.goto(URL_);
   await page.waitForSelector('.empty h1');
   check((await page.title()) === 'splash', 'title');
-  check((await page.textContent('#model-name')) === 'demo', 'model name shown');
+  check((await page.textContent('#model-name')) === (await serverStatus(URL_)).model, 'model name shown');
   check(/context/.test(await page.textContent('#model-ctx')), 'context shown');
   check(await page.isHidden('#attach'), 'no image attachment for a text-only model');
 

@@ -120,6 +120,9 @@ fn serve_reports_acceptance_in_status_and_metrics() {
             &fixture("qwen35-dense"),
             "--draft-model",
             &fixture("dflash/dense-dflash"),
+            // A random draft is rarely accepted: `on` would soon stop drafting.
+            "--speculative",
+            "always",
             "--port",
             "0",
             "--no-webui",

@@ -20,10 +20,21 @@ struct Server {
     url: String,
 }
 
+/// The random model on the real vocabulary: it never stops early, so the page's streaming
+/// and stop button always have a long answer to work on (the demo ends its answers quickly).
+const REALVOCAB: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/qwen35-realvocab"
+);
+
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Self::start_model("demo", extra)
+    }
+
+    fn start_model(model: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_splash"))
-            .args(["serve", "--model", "demo", "--port", "0"])
+            .args(["serve", "--model", model, "--port", "0"])
             .args(extra)
             .env_remove("SPLASH_API_KEY")
             .stdout(Stdio::null())
@@ -196,8 +207,8 @@ fn chat_page_in_headless_chromium() {
         println!("SKIPPED: the chat page browser test: {why}");
         return;
     }
-    let plain = Server::start(&[]);
-    let keyed = Server::start(&["--api-key", "webui-test-key"]);
+    let plain = Server::start_model(REALVOCAB, &[]);
+    let keyed = Server::start_model(REALVOCAB, &["--api-key", "webui-test-key"]);
     let shot = root().join("target/webui-screenshot.png");
     let out = Command::new("node")
         .arg(specs.join("chat.spec.mjs"))

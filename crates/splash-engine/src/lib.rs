@@ -8,19 +8,21 @@
 
 mod engine;
 mod grammar;
+mod memory_plan;
 mod perplexity;
 mod sampling;
 mod sequence;
 mod speculative;
 mod stop;
 
-pub use engine::{Completion, Engine, EngineError, Event, Request, SeqId};
+pub use engine::{Completion, Engine, EngineError, Event, Request, SeqId, DEFAULT_PREFILL_CHUNK};
 pub use grammar::{with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState};
+pub use memory_plan::{MemoryPlan, PlanError, PlanInputs};
 pub use perplexity::{perplexity, Perplexity};
 pub use sampling::{random_seed, Distribution, Sampler, SamplingParams};
 pub use sequence::{FinishReason, Sequence};
 pub use speculative::{
-    accept_greedy, accept_sampled, Accepted, DFlashDrafter, DraftSession, Drafter, Proposal,
-    SpecStats,
+    accept_greedy, accept_sampled, Accepted, DFlashDrafter, DraftMemory, DraftSession, Drafter,
+    Proposal, SpecStats,
 };
 pub use stop::StopMatcher;

@@ -27,6 +27,17 @@ pub trait Drafter: Send + Sync {
     fn tap_layers(&self) -> &[usize];
     /// Per-sequence drafting state.
     fn session(&self) -> Box<dyn DraftSession>;
+    /// What the draft holds in memory, for the memory plan.
+    fn memory(&self) -> DraftMemory {
+        DraftMemory::default()
+    }
+}
+
+/// Memory a draft needs: its weights, and its context per committed token of a sequence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DraftMemory {
+    pub weights: u64,
+    pub per_token: u64,
 }
 
 impl std::fmt::Debug for dyn Drafter {
@@ -271,6 +282,11 @@ impl Drafter for DFlashDrafter {
 
     fn tap_layers(&self) -> &[usize] {
         &self.draft.config().target_layer_ids
+    }
+
+    fn memory(&self) -> DraftMemory {
+        let (weights, per_token) = self.draft.memory();
+        DraftMemory { weights, per_token }
     }
 
     fn session(&self) -> Box<dyn DraftSession> {

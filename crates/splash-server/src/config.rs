@@ -33,6 +33,10 @@ pub struct ServerConfig {
     pub drafter: Option<std::sync::Arc<dyn splash_engine::Drafter>>,
     /// Draft a full block at every step (`--speculative always`).
     pub draft_every_step: bool,
+    /// Memory the plan may use at most (`--max-memory`), in bytes.
+    pub max_memory: Option<u64>,
+    /// The memory plan the server started with (set by `serve`).
+    pub memory_plan: Option<splash_engine::MemoryPlan>,
 }
 
 impl Default for ServerConfig {
@@ -54,6 +58,8 @@ impl Default for ServerConfig {
             kv_format: splash_model::KvFormat::default(),
             drafter: None,
             draft_every_step: false,
+            max_memory: None,
+            memory_plan: None,
         }
     }
 }

@@ -15,6 +15,7 @@ mod json;
 mod metrics;
 mod openai;
 mod output;
+mod plan;
 mod reasoning;
 mod responses;
 mod routes;
@@ -71,7 +72,7 @@ pub async fn bind(config: &ServerConfig) -> Result<tokio::net::TcpListener, Star
 pub async fn serve(
     listener: tokio::net::TcpListener,
     model: Arc<Model>,
-    config: ServerConfig,
+    mut config: ServerConfig,
 ) -> Result<(), StartError> {
     let local: SocketAddr = listener
         .local_addr()
@@ -79,9 +80,12 @@ pub async fn serve(
     let mut engine = Engine::new(model.clone())
         .with_kv_format(config.kv_format)
         .with_grammar_warmup();
-    if let Some(limit) = config.max_context {
-        engine = engine.with_max_context(limit);
-    }
+    // The context limit and the lanes come from the memory plan; a configuration that cannot
+    // serve one request stops here with the budget breakdown.
+    let plan = plan::plan(&model, &config).map_err(|e| StartError(e.to_string()))?;
+    engine = engine.with_max_context(plan.context);
+    config.lanes = plan.lanes;
+    config.memory_plan = Some(plan);
     if let Some(drafter) = &config.drafter {
         engine = engine
             .with_drafter(drafter.clone())

@@ -91,6 +91,7 @@ async fn status(State(s): State<AppState>) -> Json<Value> {
             "weights_bytes": s.model.weight_bytes,
             "kv_format": format!("{:?}", s.config.kv_format).to_lowercase(),
             "kv_bytes_per_token": s.kv_bytes_per_token(),
+            "plan": s.config.memory_plan.as_ref().map(|p| p.to_json()),
         },
         "queue": {
             "waiting": load.waiting.load(Ordering::SeqCst),

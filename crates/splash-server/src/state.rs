@@ -40,7 +40,17 @@ impl AppState {
     pub fn new(model: Arc<Model>, engine: Engine, config: ServerConfig) -> Self {
         let metrics = Arc::new(Metrics::default());
         let max_context = engine.max_context();
-        let worker = Worker::spawn(engine, config.lanes, config.queue_size, metrics.clone());
+        let kv_tokens = config
+            .memory_plan
+            .as_ref()
+            .map_or(u64::MAX, |p| p.kv_tokens);
+        let worker = Worker::spawn(
+            engine,
+            config.lanes,
+            kv_tokens,
+            config.queue_size,
+            metrics.clone(),
+        );
         let id = config.model_name.clone().unwrap_or_else(|| {
             model
                 .dir
@@ -85,13 +95,7 @@ impl AppState {
 
     /// KV-cache bytes one token takes in every attention layer together.
     pub fn kv_bytes_per_token(&self) -> usize {
-        let c = &self.model.config;
-        let layers = c
-            .layer_kinds
-            .iter()
-            .filter(|k| **k == splash_model::LayerKind::Full)
-            .count();
-        layers * 2 * c.num_kv_heads * self.config.kv_format.row_bytes(c.head_dim)
+        crate::plan::kv_bytes_per_token(&self.model, self.config.kv_format)
     }
 
     /// The startup summary on stderr.
@@ -117,6 +121,9 @@ impl AppState {
             self.config.lanes,
             self.config.queue_size
         );
+        if let Some(plan) = &self.config.memory_plan {
+            eprintln!("  {}", plan.summary());
+        }
         eprintln!(
             "  listening on {addr}; API key {}; aliases: {}",
             if self.config.api_key.is_some() {

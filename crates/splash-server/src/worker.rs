@@ -65,15 +65,22 @@ pub struct Worker {
 pub struct Overloaded;
 
 impl Worker {
-    /// Starts the engine thread with `lanes` concurrent sequences and `queue` waiting slots.
-    pub fn spawn(engine: Engine, lanes: usize, queue: usize, metrics: Arc<Metrics>) -> Self {
+    /// Starts the engine thread with `lanes` concurrent sequences sharing `kv_tokens` tokens of
+    /// KV cache, and `queue` waiting slots.
+    pub fn spawn(
+        engine: Engine,
+        lanes: usize,
+        kv_tokens: u64,
+        queue: usize,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel();
         let load = Arc::new(Load::default());
         load.alive.store(true, Ordering::SeqCst);
         let l = load.clone();
         std::thread::Builder::new()
             .name("splash-engine".into())
-            .spawn(move || run(engine, rx, lanes.max(1), l, metrics))
+            .spawn(move || run(engine, rx, lanes.max(1), kv_tokens, l, metrics))
             .expect("spawn engine thread");
         Self {
             jobs: tx,
@@ -112,9 +119,14 @@ fn run(
     mut engine: Engine,
     jobs: mpsc::Receiver<Job>,
     lanes: usize,
+    kv_tokens: u64,
     load: Arc<Load>,
     metrics: Arc<Metrics>,
 ) {
+    // KV tokens each running sequence may reach (prompt + max_tokens, within the context):
+    // a request waits until its share fits in the memory plan's KV budget.
+    let mut reserved: HashMap<SeqId, u64> = HashMap::new();
+    let context = engine.max_context();
     let _alive = AliveGuard(load.clone());
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut active: HashMap<SeqId, UnboundedSender<WorkerEvent>> = HashMap::new();
@@ -143,17 +155,24 @@ fn run(
             let keep = !tx.is_closed();
             if !keep {
                 engine.cancel(id);
+                reserved.remove(&id);
                 done(&load);
             }
             keep
         });
         while active.len() < lanes {
-            let Some(job) = waiting.pop_front() else {
+            let Some(job) = waiting.front() else {
                 break;
             };
+            let need = (job.request.prompt.len() + job.request.max_tokens).min(context) as u64;
+            if !active.is_empty() && reserved.values().sum::<u64>() + need > kv_tokens {
+                break; // waits for running sequences to free their share
+            }
+            let job = waiting.pop_front().expect("front exists");
             match engine.add(job.request) {
                 Ok(id) => {
                     active.insert(id, job.events);
+                    reserved.insert(id, need);
                 }
                 Err(e) => {
                     let invalid = matches!(e, EngineError::InvalidRequest(_));
@@ -179,6 +198,7 @@ fn run(
                     _ => "the engine failed (internal panic); the request was dropped, the server keeps serving".into(),
                 };
                 tracing::error!("{message}");
+                reserved.clear();
                 for (id, tx) in active.drain() {
                     engine.cancel(id);
                     let _ = tx.send(WorkerEvent::Failed {
@@ -212,6 +232,7 @@ fn run(
                         speculation: seq.spec_stats(),
                     };
                     metrics.record_generation(&usage);
+                    reserved.remove(&id);
                     if let Some(tx) = active.remove(&id) {
                         let event = match &usage.finish {
                             FinishReason::Failed(message) => WorkerEvent::Failed {

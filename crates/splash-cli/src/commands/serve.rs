@@ -26,9 +26,14 @@ pub struct Args {
     /// Accept browser requests from this origin, e.g. http://app.local:3000 (repeatable).
     #[arg(long = "allowed-origin")]
     allowed_origins: Vec<String>,
-    /// Cap on prompt + output tokens, e.g. 32K (K = 1024); never above the model's limit.
+    /// Cap on prompt + output tokens, e.g. 32K (K = 1024); never above the model's limit,
+    /// lowered to what fits in memory.
     #[arg(long, value_parser = parse_size)]
     max_context: Option<usize>,
+    /// Most memory (RAM, or GPU memory with CUDA) the weights, draft, KV cache and working
+    /// buffers may take, e.g. 28G. Default: what the device has available.
+    #[arg(long, value_parser = parse_size)]
+    max_memory: Option<usize>,
     /// Extra model name the API answers to (repeatable).
     #[arg(long = "served-model-name")]
     served_model_names: Vec<String>,
@@ -57,6 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         allowed_hosts: a.allowed_hosts,
         allowed_origins: a.allowed_origins,
         max_context: a.max_context,
+        max_memory: a.max_memory.map(|m| m as u64),
         served_model_names: a.served_model_names,
         // A Hub model is named by its repo (the snapshot directory is a commit hash).
         model_name: match model_arg::source(&a.model)? {

@@ -250,6 +250,25 @@ impl DFlashDraft {
         self.selector.as_ref()
     }
 
+    /// Bytes of the weights (its safetensors files) and of the context cached per committed
+    /// token (f32 keys and values of every layer).
+    pub fn memory(&self) -> (u64, u64) {
+        let c = &self.config;
+        let dir = c.path.parent().unwrap_or(Path::new("."));
+        let weights = std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0);
+        let per_token = (self.layers.len() * 2 * c.num_kv_heads * c.head_dim * 4) as u64;
+        (weights, per_token)
+    }
+
     /// An empty per-sequence context.
     pub fn new_context(&self) -> DraftContext {
         DraftContext {

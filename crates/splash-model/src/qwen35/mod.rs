@@ -190,6 +190,15 @@ impl Qwen35 {
         "cpu".to_string()
     }
 
+    /// Free and total memory of the GPU the graph runs on; `None` on the CPU.
+    pub fn device_memory(&self) -> Option<(u64, u64)> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.gpu().memory().ok().map(|(f, t)| (f as u64, t as u64));
+        }
+        None
+    }
+
     /// The architecture this graph was built for.
     pub fn config(&self) -> &ModelConfig {
         &self.config

@@ -1,0 +1,296 @@
+//! The memory plan computed at start: from what the device offers, less the weights, the
+//! draft, the activations and a safety reserve, how many tokens of KV cache and how many
+//! sequence states fit, hence the context limit and the number of decode lanes. A
+//! configuration where one full request cannot fit is refused with the breakdown.
+
+use std::fmt;
+
+const GIB: f64 = (1u64 << 30) as f64;
+/// The shortest context worth serving: a plan that cannot hold it for one request fails.
+const MIN_USEFUL_CONTEXT: usize = 4096;
+
+/// What the plan is computed from (bytes unless said otherwise).
+#[derive(Clone, Debug)]
+pub struct PlanInputs {
+    /// "RAM" or "GPU memory": what `available` measures, for messages.
+    pub device: String,
+    /// What the device offers to this process (free RAM, or free GPU memory plus what the
+    /// weights already took there).
+    pub available: u64,
+    /// `--max-memory`.
+    pub max_memory: Option<u64>,
+    pub weights: u64,
+    pub draft_weights: u64,
+    /// Working buffers of a forward pass (prefill chunk, logits), estimated.
+    pub activations: u64,
+    /// KV cache of the target plus the draft's context, per token.
+    pub kv_bytes_per_token: u64,
+    /// Fixed per-sequence state (Gated DeltaNet recurrent and conv states).
+    pub state_bytes_per_sequence: u64,
+    /// The model's native context limit, and `--max-context`.
+    pub native_context: usize,
+    pub max_context: Option<usize>,
+    /// Decode lanes asked for.
+    pub lanes: usize,
+    /// The KV-cache format (`--kv-format`), for the advice when nothing fits.
+    pub kv_format: String,
+}
+
+/// The plan: what the server runs with.
+#[derive(Clone, Debug)]
+pub struct MemoryPlan {
+    pub inputs: PlanInputs,
+    /// min(available, --max-memory).
+    pub budget: u64,
+    pub reserve: u64,
+    /// Tokens of KV cache shared by all running sequences.
+    pub kv_tokens: u64,
+    /// Per-request context limit.
+    pub context: usize,
+    pub lanes: usize,
+}
+
+/// A configuration that cannot serve one full request, with its breakdown.
+#[derive(Clone, Debug)]
+pub struct PlanError {
+    pub inputs: PlanInputs,
+    pub budget: u64,
+    pub reserve: u64,
+    pub needed: u64,
+}
+
+/// The safety reserve: 5% of the budget, at least 256 MiB, at most 2 GiB.
+fn reserve_for(budget: u64) -> u64 {
+    (budget / 20).clamp(256 << 20, 2 << 30)
+}
+
+impl PlanInputs {
+    /// The plan, or why one request of the smallest useful context does not fit.
+    pub fn plan(self) -> Result<MemoryPlan, PlanError> {
+        let budget = self
+            .max_memory
+            .map_or(self.available, |m| m.min(self.available));
+        let reserve = reserve_for(budget);
+        let fixed = self.weights + self.draft_weights + self.activations + reserve;
+        let wanted = self
+            .max_context
+            .map_or(self.native_context, |m| m.min(self.native_context));
+        let min_context = wanted.min(MIN_USEFUL_CONTEXT) as u64;
+        let per_token = self.kv_bytes_per_token.max(1);
+        let one_request = self.state_bytes_per_sequence + min_context * per_token;
+        if budget < fixed + one_request {
+            return Err(PlanError {
+                needed: fixed + one_request,
+                inputs: self,
+                budget,
+                reserve,
+            });
+        }
+        let free = budget - fixed;
+        // Fewer lanes when their states would leave less than the minimum context.
+        let mut lanes = self.lanes.max(1);
+        while lanes > 1
+            && free < lanes as u64 * self.state_bytes_per_sequence + min_context * per_token
+        {
+            lanes -= 1;
+        }
+        let kv_tokens = (free - lanes as u64 * self.state_bytes_per_sequence) / per_token;
+        let context = (wanted as u64).min(kv_tokens) as usize;
+        Ok(MemoryPlan {
+            inputs: self,
+            budget,
+            reserve,
+            kv_tokens,
+            context,
+            lanes,
+        })
+    }
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / GIB)
+}
+
+impl MemoryPlan {
+    /// One line for the startup summary.
+    pub fn summary(&self) -> String {
+        let i = &self.inputs;
+        format!(
+            "memory plan: {} of {} (available {}{}): weights {}, draft {}, activations {}, reserve {}; \
+             KV for {} tokens ({} B/token), context {} tokens{}, {} lanes",
+            gib(self.budget),
+            i.device,
+            gib(i.available),
+            if i.max_memory.is_some() { ", --max-memory" } else { "" },
+            gib(i.weights),
+            gib(i.draft_weights),
+            gib(i.activations),
+            gib(self.reserve),
+            self.kv_tokens,
+            i.kv_bytes_per_token,
+            self.context,
+            if self.context < i.native_context.min(i.max_context.unwrap_or(usize::MAX)) {
+                " (lowered to what fits)"
+            } else {
+                ""
+            },
+            self.lanes
+        )
+    }
+
+    /// The plan as JSON for `/status`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let i = &self.inputs;
+        serde_json::json!({
+            "device": i.device,
+            "available_bytes": i.available,
+            "max_memory_bytes": i.max_memory,
+            "budget_bytes": self.budget,
+            "weights_bytes": i.weights,
+            "draft_bytes": i.draft_weights,
+            "activations_bytes": i.activations,
+            "reserve_bytes": self.reserve,
+            "kv_bytes_per_token": i.kv_bytes_per_token,
+            "state_bytes_per_sequence": i.state_bytes_per_sequence,
+            "kv_tokens": self.kv_tokens,
+            "context_tokens": self.context,
+            "lanes": self.lanes,
+        })
+    }
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inputs;
+        writeln!(
+            f,
+            "the model does not fit: one request needs {} of {}, {} is available{}",
+            gib(self.needed),
+            i.device,
+            gib(self.budget),
+            if i.max_memory.is_some() {
+                " (capped by --max-memory)"
+            } else {
+                ""
+            }
+        )?;
+        writeln!(f, "  weights               {}", gib(i.weights))?;
+        writeln!(f, "  draft                 {}", gib(i.draft_weights))?;
+        writeln!(f, "  activations           {}", gib(i.activations))?;
+        writeln!(f, "  safety reserve        {}", gib(self.reserve))?;
+        let min_context = i
+            .max_context
+            .unwrap_or(i.native_context)
+            .min(i.native_context)
+            .min(MIN_USEFUL_CONTEXT);
+        writeln!(
+            f,
+            "  one sequence          {} (state {} + KV for {} tokens at {} B/token)",
+            gib(i.state_bytes_per_sequence + min_context as u64 * i.kv_bytes_per_token),
+            gib(i.state_bytes_per_sequence),
+            min_context,
+            i.kv_bytes_per_token
+        )?;
+        let mut help = Vec::new();
+        if i.max_memory.is_some_and(|m| m < i.available) {
+            help.push("raise --max-memory");
+        }
+        if i.draft_weights > 0 {
+            help.push("--speculative off (no draft)");
+        }
+        if i.kv_format != "int8" {
+            help.push("--kv-format int8 (smaller KV)");
+        }
+        help.push("a smaller quantisation of the model");
+        write!(f, "  what would help: {}", help.join(", "))
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs() -> PlanInputs {
+        PlanInputs {
+            device: "RAM".into(),
+            available: 16 << 30,
+            max_memory: None,
+            weights: 4 << 30,
+            draft_weights: 0,
+            activations: 256 << 20,
+            kv_bytes_per_token: 64 << 10,
+            state_bytes_per_sequence: 50 << 20,
+            native_context: 262_144,
+            max_context: None,
+            lanes: 4,
+            kv_format: "bf16".into(),
+        }
+    }
+
+    #[test]
+    fn context_is_lowered_to_what_fits() {
+        let p = inputs().plan().unwrap();
+        // 16 GiB - 4 GiB - 0.25 GiB - reserve 0.8 GiB - 4 × 50 MiB, at 64 KiB per token.
+        let free = (16u64 << 30) - (4 << 30) - (256 << 20) - p.reserve - 4 * (50 << 20);
+        assert_eq!(p.kv_tokens, free / (64 << 10));
+        assert_eq!(p.context, p.kv_tokens as usize);
+        assert!(p.context < 262_144);
+        assert_eq!(p.lanes, 4);
+        assert!(
+            p.summary().contains("lowered to what fits"),
+            "{}",
+            p.summary()
+        );
+    }
+
+    #[test]
+    fn max_context_and_max_memory_cap_the_plan() {
+        let p = PlanInputs {
+            max_context: Some(32_768),
+            max_memory: Some(8 << 30),
+            ..inputs()
+        }
+        .plan()
+        .unwrap();
+        assert_eq!(p.budget, 8 << 30);
+        assert_eq!(p.context, 32_768);
+        assert!(p.kv_tokens > 32_768);
+    }
+
+    #[test]
+    fn lanes_shrink_before_the_minimum_context_does() {
+        let p = PlanInputs {
+            available: (4 << 30) + (256 << 20) + (256 << 20) + (300 << 20) + 4096 * (64 << 10),
+            lanes: 8,
+            ..inputs()
+        }
+        .plan()
+        .unwrap();
+        assert!(p.lanes < 8 && p.lanes >= 1, "{p:?}");
+        assert!(p.context >= 4096);
+    }
+
+    #[test]
+    fn impossible_configuration_is_refused_with_the_breakdown() {
+        let e = PlanInputs {
+            max_memory: Some(3 << 30),
+            draft_weights: 1 << 30,
+            ..inputs()
+        }
+        .plan()
+        .unwrap_err();
+        let text = e.to_string();
+        for part in [
+            "does not fit",
+            "weights               4.00 GiB",
+            "draft                 1.00 GiB",
+            "one sequence",
+            "raise --max-memory",
+            "--speculative off",
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+    }
+}
