@@ -66,7 +66,7 @@ fn reserve_for(budget: u64) -> u64 {
 
 impl PlanInputs {
     /// The plan, or why one request of the smallest useful context does not fit.
-    pub fn plan(self) -> Result<MemoryPlan, PlanError> {
+    pub fn plan(self) -> Result<MemoryPlan, Box<PlanError>> {
         let budget = self
             .max_memory
             .map_or(self.available, |m| m.min(self.available));
@@ -79,12 +79,12 @@ impl PlanInputs {
         let per_token = self.kv_bytes_per_token.max(1);
         let one_request = self.state_bytes_per_sequence + min_context * per_token;
         if budget < fixed + one_request {
-            return Err(PlanError {
+            return Err(Box::new(PlanError {
                 needed: fixed + one_request,
                 inputs: self,
                 budget,
                 reserve,
-            });
+            }));
         }
         let free = budget - fixed;
         // Fewer lanes when their states would leave less than the minimum context.
