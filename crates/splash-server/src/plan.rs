@@ -7,7 +7,7 @@ use crate::config::ServerConfig;
 
 /// The plan for serving `model` with `config`; an error when it cannot serve one request.
 pub fn plan(model: &Model, config: &ServerConfig) -> Result<MemoryPlan, Box<PlanError>> {
-    let weights = model.weight_bytes as u64;
+    let weights = model.weight_bytes;
     let (device, available) = match model.graph.device_memory() {
         // The weights are already on the GPU: they count as offered to this process.
         Some((free, _total)) => ("GPU memory", free + weights),
