@@ -48,12 +48,12 @@ fn generate_with_a_draft_prints_the_same_greedy_text() {
     assert!(on.status.success(), "{}", text(&on.stderr));
     let err = text(&on.stderr);
     assert!(
-        err.contains("speculative decoding: draft") && err.contains("tokens per pass"),
+        err.contains("speculative decoding: draft") && err.contains("tokens per drafted pass"),
         "{err}"
     );
     let off = splash(&[&base[..], &["--speculative", "off"]].concat());
     assert!(off.status.success(), "{}", text(&off.stderr));
-    assert!(!text(&off.stderr).contains("tokens per pass"));
+    assert!(!text(&off.stderr).contains("tokens per drafted pass"));
     assert_eq!(text(&on.stdout), text(&off.stdout));
 }
 

@@ -141,7 +141,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     );
     if let Some(st) = completion.speculation {
         eprintln!(
-            "[speculative: {} target passes, {} of {} drafted tokens accepted, {:.2} tokens per pass]",
+            "[speculative: {} drafted passes, {} of {} drafted tokens accepted, {:.2} tokens per drafted pass]",
             st.target_passes,
             st.accepted,
             st.drafted,
