@@ -92,3 +92,22 @@ def test_thinking_arithmetic_and_speculation(server):
     accepted = after["accepted_tokens_total"] - before["accepted_tokens_total"]
     assert passes > 0, "the bundled draft should be on by default"
     assert (accepted + passes) / passes > 2.0, (accepted, passes)
+
+
+def test_repeated_conversation_is_served_from_the_prefix_cache(server):
+    system = "You answer questions about geography. " * 30
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "What is the capital of Peru?"}]
+    c = sdk(server)
+    first = c.chat.completions.create(model="demo", messages=msgs, temperature=0, max_tokens=50)
+    second = c.chat.completions.create(model="demo", messages=msgs, temperature=0, max_tokens=50)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # Everything up to the generation prompt comes from the cache; the answer is the same.
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 12
+    assert second.choices[0].message.content == first.choices[0].message.content
+    # The same conversation through the Messages API: Anthropic counts cache reads apart.
+    m = anthropic.Anthropic(base_url=server.url, api_key="none").messages.create(
+        model="demo", max_tokens=50, system=system, messages=msgs[1:], extra_body={"temperature": 0})
+    assert m.usage.cache_read_input_tokens >= first.usage.prompt_tokens - 12, m.usage
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens > m.usage.cache_read_input_tokens
+    cache = httpx.get(server.url + "/status").json()["metrics"]["prefix_cache"]
+    assert cache["hits_total"] >= 2 and cache["entries"] >= 1, cache

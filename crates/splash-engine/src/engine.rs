@@ -6,6 +6,7 @@ use std::time::Duration;
 use splash_model::{KvFormat, Model, ModelError};
 
 use crate::grammar::{GrammarFactory, GrammarRequest, GrammarState};
+use crate::prefix_cache::{checkpoint_positions, PrefixCache, PrefixCacheStats};
 use crate::sampling::SamplingParams;
 use crate::sequence::{FinishReason, Sequence};
 use crate::speculative::{Drafter, SpecStats};
@@ -59,6 +60,8 @@ pub struct Completion {
     pub tokens: Vec<u32>,
     pub finish_reason: FinishReason,
     pub prompt_tokens: usize,
+    /// Prompt tokens restored from the prefix cache instead of prefilled.
+    pub cached_tokens: usize,
     pub prefill_time: Duration,
     pub decode_time: Duration,
     /// Speculation counters, when the request decoded with a draft.
@@ -83,6 +86,8 @@ pub struct Engine {
     draft_every_step: bool,
     /// Speculation counters of the sequences that ended.
     spec_totals: SpecStats,
+    /// States of prompt prefixes kept for later requests (off until given a budget).
+    prefix_cache: PrefixCache,
 }
 
 impl Engine {
@@ -101,6 +106,7 @@ impl Engine {
             drafter: None,
             draft_every_step: false,
             spec_totals: SpecStats::default(),
+            prefix_cache: PrefixCache::new(0),
         }
     }
 
@@ -132,6 +138,19 @@ impl Engine {
     pub fn with_draft_every_step(mut self, on: bool) -> Self {
         self.draft_every_step = on;
         self
+    }
+
+    /// Keeps prompt-prefix states for later requests, within `bytes` (0: off). Only for
+    /// models on the CPU for now: a GPU state is not copied yet.
+    pub fn with_prefix_cache(mut self, bytes: usize) -> Self {
+        let on_cpu = self.model.graph.device() == "cpu";
+        self.prefix_cache = PrefixCache::new(if on_cpu { bytes } else { 0 });
+        self
+    }
+
+    /// Prefix-cache counters.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.prefix_cache.stats()
     }
 
     /// The draft, when speculation is on.
@@ -212,18 +231,28 @@ impl Engine {
         };
         let id = self.next_id;
         self.next_id += 1;
-        self.running.push(Sequence::new(
+        let drafter = self.drafter.as_ref().filter(|_| req_unconstrained);
+        let prompt = req.prompt.clone();
+        let mut seq = Sequence::new(
             id,
             req,
             grammar,
             &self.model,
             self.max_context,
             self.kv_format,
-            self.drafter
-                .as_ref()
-                .filter(|_| req_unconstrained)
-                .map(|d| (d, self.draft_every_step)),
-        ));
+            drafter.map(|d| (d, self.draft_every_step)),
+        );
+        if self.prefix_cache.enabled() {
+            let restored = self.prefix_cache.lookup(&prompt, drafter.is_some());
+            let from = restored.as_ref().map_or(0, |r| r.len);
+            if let Some(r) = restored {
+                seq.resume_from(r);
+            }
+            let im_start = self.model.tokenizer.token_to_id("<|im_start|>");
+            let positions = checkpoint_positions(&prompt, im_start);
+            seq.keep_states_at(positions.into_iter().filter(|&p| p > from).collect());
+        }
+        self.running.push(seq);
         Ok(id)
     }
 
@@ -253,6 +282,9 @@ impl Engine {
         let mut events = Vec::new();
         for seq in &mut self.running {
             seq.step(&self.model, self.prefill_chunk, &mut events)?;
+            for (tokens, r) in seq.take_snapshots() {
+                self.prefix_cache.insert(tokens, r.state, r.draft);
+            }
         }
         let (done, running): (Vec<_>, Vec<_>) = self
             .running
@@ -311,6 +343,7 @@ impl Engine {
                             tokens: seq.output().to_vec(),
                             finish_reason: seq.finish_reason().cloned().expect("finished"),
                             prompt_tokens: seq.prompt().len(),
+                            cached_tokens: seq.cached_tokens(),
                             prefill_time,
                             decode_time,
                             speculation: seq.spec_stats(),

@@ -10,6 +10,7 @@ mod engine;
 mod grammar;
 mod memory_plan;
 mod perplexity;
+mod prefix_cache;
 mod sampling;
 mod sequence;
 mod speculative;
@@ -19,6 +20,7 @@ pub use engine::{Completion, Engine, EngineError, Event, Request, SeqId, DEFAULT
 pub use grammar::{with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState};
 pub use memory_plan::{MemoryPlan, PlanError, PlanInputs};
 pub use perplexity::{perplexity, Perplexity};
+pub use prefix_cache::PrefixCacheStats;
 pub use sampling::{random_seed, Distribution, Sampler, SamplingParams};
 pub use sequence::{FinishReason, Sequence};
 pub use speculative::{

@@ -45,6 +45,9 @@ pub struct MemoryPlan {
     pub reserve: u64,
     /// Tokens of KV cache shared by all running sequences.
     pub kv_tokens: u64,
+    /// Bytes for prompt-prefix states kept for later requests: a quarter of what is left after
+    /// the lanes' states, at most 4 GiB, never below the minimum context.
+    pub prefix_cache_bytes: u64,
     /// Per-request context limit.
     pub context: usize,
     pub lanes: usize,
@@ -94,13 +97,18 @@ impl PlanInputs {
         {
             lanes -= 1;
         }
-        let kv_tokens = (free - lanes as u64 * self.state_bytes_per_sequence) / per_token;
+        let for_kv = free - lanes as u64 * self.state_bytes_per_sequence;
+        let prefix_cache_bytes = (for_kv / 4)
+            .min(4 << 30)
+            .min(for_kv - min_context * per_token);
+        let kv_tokens = (for_kv - prefix_cache_bytes) / per_token;
         let context = (wanted as u64).min(kv_tokens) as usize;
         Ok(MemoryPlan {
             inputs: self,
             budget,
             reserve,
             kv_tokens,
+            prefix_cache_bytes,
             context,
             lanes,
         })
@@ -117,7 +125,7 @@ impl MemoryPlan {
         let i = &self.inputs;
         format!(
             "memory plan: {} of {} (available {}{}): weights {}, draft {}, activations {}, reserve {}; \
-             KV for {} tokens ({} B/token), context {} tokens{}, {} lanes",
+             KV for {} tokens ({} B/token), prefix cache {}, context {} tokens{}, {} lanes",
             gib(self.budget),
             i.device,
             gib(i.available),
@@ -128,6 +136,7 @@ impl MemoryPlan {
             gib(self.reserve),
             self.kv_tokens,
             i.kv_bytes_per_token,
+            gib(self.prefix_cache_bytes),
             self.context,
             if self.context < i.native_context.min(i.max_context.unwrap_or(usize::MAX)) {
                 " (lowered to what fits)"
@@ -153,6 +162,7 @@ impl MemoryPlan {
             "kv_bytes_per_token": i.kv_bytes_per_token,
             "state_bytes_per_sequence": i.state_bytes_per_sequence,
             "kv_tokens": self.kv_tokens,
+            "prefix_cache_bytes": self.prefix_cache_bytes,
             "context_tokens": self.context,
             "lanes": self.lanes,
         })
@@ -234,7 +244,8 @@ mod tests {
         let p = inputs().plan().unwrap();
         // 16 GiB - 4 GiB - 0.25 GiB - reserve 0.8 GiB - 4 × 50 MiB, at 64 KiB per token.
         let free = (16u64 << 30) - (4 << 30) - (256 << 20) - p.reserve - 4 * (50 << 20);
-        assert_eq!(p.kv_tokens, free / (64 << 10));
+        assert_eq!(p.prefix_cache_bytes, free / 4);
+        assert_eq!(p.kv_tokens, (free - free / 4) / (64 << 10));
         assert_eq!(p.context, p.kv_tokens as usize);
         assert!(p.context < 262_144);
         assert_eq!(p.lanes, 4);

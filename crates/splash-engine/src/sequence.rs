@@ -7,6 +7,7 @@ use splash_model::{KvFormat, Logits, Model, ModelError, SequenceState, StreamDec
 
 use crate::engine::{Event, Request, SeqId};
 use crate::grammar::GrammarState;
+use crate::prefix_cache::Restored;
 use crate::sampling::Sampler;
 use crate::speculative::{self, DraftSession, Drafter, SpecStats};
 use crate::stop::StopMatcher;
@@ -51,6 +52,12 @@ pub struct Sequence {
     decode_time: Duration,
     /// Set when the sequence decodes speculatively (a draft is attached).
     spec: Option<Speculation>,
+    /// Prompt tokens restored from the prefix cache instead of prefilled.
+    cached: usize,
+    /// Prompt positions whose state the prefix cache should keep, ascending.
+    checkpoints: Vec<usize>,
+    /// States reached at those positions, for the engine to store.
+    snapshots: Vec<Restored>,
 }
 
 /// A sequence's draft: it advances by a verified block per step.
@@ -164,7 +171,25 @@ impl Sequence {
                     ..BlockChoice::default()
                 },
             }),
+            cached: 0,
+            checkpoints: Vec::new(),
+            snapshots: Vec::new(),
         }
+    }
+
+    /// Starts from a cached prefix of the prompt instead of prefilling it.
+    pub(crate) fn resume_from(&mut self, r: Restored) {
+        self.state = r.state;
+        self.prefilled = r.len;
+        self.cached = r.len;
+        if let (Some(spec), Some(draft)) = (&mut self.spec, r.draft) {
+            spec.session = draft;
+        }
+    }
+
+    /// Keeps the states reached at these prompt positions for the prefix cache.
+    pub(crate) fn keep_states_at(&mut self, positions: Vec<usize>) {
+        self.checkpoints = positions;
     }
 
     /// Speculation counters, when the sequence decodes with a draft.
@@ -197,6 +222,19 @@ impl Sequence {
         (self.prefill_time, self.decode_time)
     }
 
+    /// Prompt tokens restored from the prefix cache instead of prefilled.
+    pub fn cached_tokens(&self) -> usize {
+        self.cached
+    }
+
+    /// States reached at checkpoint positions since the last call, with their prompt prefix.
+    pub(crate) fn take_snapshots(&mut self) -> Vec<(Vec<u32>, Restored)> {
+        std::mem::take(&mut self.snapshots)
+            .into_iter()
+            .map(|r| (self.prompt[..r.len].to_vec(), r))
+            .collect()
+    }
+
     /// One unit of work: the next prefill chunk of at most `chunk` tokens, or one decoded
     /// token. Text produced is appended to `events`.
     pub(crate) fn step(
@@ -210,7 +248,15 @@ impl Sequence {
         }
         let t0 = Instant::now();
         if self.prefilled < self.prompt.len() {
-            let end = (self.prefilled + chunk).min(self.prompt.len());
+            let mut end = (self.prefilled + chunk).min(self.prompt.len());
+            // Stop at a checkpoint so the state there can be kept.
+            if let Some(&cp) = self
+                .checkpoints
+                .iter()
+                .find(|&&c| c > self.prefilled && c < end)
+            {
+                end = cp;
+            }
             let last = end == self.prompt.len();
             let want = if last { Logits::Last } else { Logits::None };
             let taps = self
@@ -227,6 +273,16 @@ impl Sequence {
                 spec.session.commit(&features);
             }
             self.prefilled = end;
+            if self.checkpoints.contains(&end) {
+                let draft = self.spec.as_ref().and_then(|s| s.session.fork());
+                if self.spec.is_none() || draft.is_some() {
+                    self.snapshots.push(Restored {
+                        len: end,
+                        state: self.state.clone(),
+                        draft,
+                    });
+                }
+            }
             if last {
                 self.logits = Some(logits);
             }

@@ -55,6 +55,15 @@ impl std::fmt::Debug for dyn Drafter {
 pub trait DraftSession: Send {
     /// The taps `[T, n·H]` of the next `T` committed positions (prompt, then accepted rows).
     fn commit(&mut self, features: &[f32]);
+    /// A copy of this session, for the prefix cache (`None`: this draft cannot be copied,
+    /// and its sequences are not cached).
+    fn fork(&self) -> Option<Box<dyn DraftSession>> {
+        None
+    }
+    /// Bytes held by this session.
+    fn memory_bytes(&self) -> usize {
+        0
+    }
     /// Proposes `len` tokens after `history` (prompt and output; its last token is the
     /// anchor, at position `history.len() - 1`). With a sampling `sampler`, the tokens are
     /// drawn and each slot's proposal distribution is returned for rejection sampling.
@@ -305,6 +314,17 @@ struct DFlashSession {
 impl DraftSession for DFlashSession {
     fn commit(&mut self, features: &[f32]) {
         self.draft.append_context(&mut self.ctx, features);
+    }
+
+    fn fork(&self) -> Option<Box<dyn DraftSession>> {
+        Some(Box::new(DFlashSession {
+            draft: self.draft.clone(),
+            ctx: self.ctx.clone(),
+        }))
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.ctx.memory_bytes()
     }
 
     fn propose(

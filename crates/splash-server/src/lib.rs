@@ -83,7 +83,9 @@ pub async fn serve(
     // The context limit and the lanes come from the memory plan; a configuration that cannot
     // serve one request stops here with the budget breakdown.
     let plan = plan::plan(&model, &config).map_err(|e| StartError(e.to_string()))?;
-    engine = engine.with_max_context(plan.context);
+    engine = engine
+        .with_max_context(plan.context)
+        .with_prefix_cache(plan.prefix_cache_bytes as usize);
     config.lanes = plan.lanes;
     config.memory_plan = Some(plan);
     if let Some(drafter) = &config.drafter {

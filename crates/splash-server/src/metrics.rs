@@ -58,6 +58,8 @@ impl Histogram {
 
 #[derive(Default)]
 struct Counters {
+    /// The engine's prefix cache, as of its last step.
+    prefix_cache: splash_engine::PrefixCacheStats,
     requests: BTreeMap<(String, u16), u64>,
     prompt_tokens: u64,
     generated_tokens: u64,
@@ -111,6 +113,11 @@ impl Metrics {
         });
     }
 
+    /// The prefix cache's counters after an engine step.
+    pub fn set_prefix_cache(&self, stats: splash_engine::PrefixCacheStats) {
+        self.with(|c| c.prefix_cache = stats);
+    }
+
     /// Time from request arrival to the first generated text.
     pub fn observe_ttft(&self, secs: f64) {
         self.with(|c| c.ttft_seconds.observe(secs));
@@ -135,6 +142,15 @@ impl Metrics {
                 "decode_seconds_total": c.decode_seconds,
                 "prefill_tokens_per_second": if c.prefill_seconds > 0.0 { c.prompt_tokens as f64 / c.prefill_seconds } else { 0.0 },
                 "decode_tokens_per_second": if c.decode_seconds > 0.0 { c.generated_tokens as f64 / c.decode_seconds } else { 0.0 },
+                "prefix_cache": {
+                    "entries": c.prefix_cache.entries,
+                    "bytes": c.prefix_cache.bytes,
+                    "budget_bytes": c.prefix_cache.budget_bytes,
+                    "lookups_total": c.prefix_cache.lookups,
+                    "hits_total": c.prefix_cache.hits,
+                    "hit_tokens_total": c.prefix_cache.hit_tokens,
+                    "evictions_total": c.prefix_cache.evictions,
+                },
                 "speculation": {
                     "requests_total": c.spec_requests,
                     "target_passes_total": c.spec.target_passes,
@@ -164,6 +180,8 @@ impl Metrics {
                 ("splash_spec_target_passes_total", "Speculative verify passes of the target.", c.spec.target_passes as f64),
                 ("splash_spec_draft_tokens_total", "Tokens proposed by the draft.", c.spec.drafted as f64),
                 ("splash_spec_accepted_tokens_total", "Draft tokens the target accepted.", c.spec.accepted as f64),
+                ("splash_prefix_cache_hits_total", "Requests that resumed from a cached prompt prefix.", c.prefix_cache.hits as f64),
+                ("splash_prefix_cache_hit_tokens_total", "Prompt tokens restored from the prefix cache instead of prefilled.", c.prefix_cache.hit_tokens as f64),
             ] {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
             }

@@ -17,6 +17,8 @@ use crate::metrics::Metrics;
 #[derive(Clone, Debug)]
 pub struct Usage {
     pub prompt_tokens: usize,
+    /// Prompt tokens restored from the prefix cache (included in `prompt_tokens`).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub finish: FinishReason,
     pub prefill: Duration,
@@ -190,6 +192,7 @@ fn run(
             continue;
         }
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| engine.step()));
+        metrics.set_prefix_cache(engine.prefix_cache_stats());
         let events = match stepped {
             Ok(Ok(events)) => events,
             failure => {
@@ -224,6 +227,7 @@ fn run(
                     let (prefill, decode) = seq.timings();
                     let usage = Usage {
                         prompt_tokens: seq.prompt().len(),
+                        cached_tokens: seq.cached_tokens(),
                         completion_tokens: seq.output().len(),
                         finish: seq.finish_reason().cloned().unwrap_or(FinishReason::Length),
                         prefill,

@@ -334,10 +334,11 @@ fn tool_use_id(call_id: &str) -> String {
 
 fn usage_json(u: &Usage) -> Value {
     json!({
-        "input_tokens": u.prompt_tokens,
+        // Anthropic counts cache reads apart from `input_tokens`.
+        "input_tokens": u.prompt_tokens - u.cached_tokens,
         "output_tokens": u.completion_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": u.cached_tokens,
     })
 }
 

@@ -205,7 +205,7 @@ pub fn usage_json(u: &Usage) -> Value {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     })
 }
 
@@ -214,7 +214,7 @@ pub fn timings_json(u: &Usage) -> Value {
     let (pms, dms) = (u.prefill.as_secs_f64() * 1e3, u.decode.as_secs_f64() * 1e3);
     let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 / ms * 1e3 } else { 0.0 };
     let mut t = json!({
-        "cache_n": 0,
+        "cache_n": u.cached_tokens,
         "prompt_n": u.prompt_tokens,
         "prompt_ms": pms,
         "prompt_per_second": rate(u.prompt_tokens, pms),

@@ -339,7 +339,7 @@ impl Finisher {
         r["output_text"] = text.into();
         r["usage"] = json!({
             "input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.prompt_tokens + u.completion_tokens,
