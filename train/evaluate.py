@@ -161,11 +161,11 @@ def check_answer(reply, expected, body):
 
 def perplexity_pair(splash, window=512):
     """Held-out perplexity from transformers (f32 on the CPU) and from `splash perplexity`."""
-    import math
     import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
     from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    import train  # its perplexity: the same windows as `splash perplexity`
     rng = random.Random(SEED + 1)
     template = open(os.path.join(ROOT, "models", "demo", "chat_template.jinja")).read()
     text = "".join(data.render(data.generate(rng), template) for _ in range(60))
@@ -174,19 +174,11 @@ def perplexity_pair(splash, window=512):
     tok = Tokenizer.from_file(os.path.join(ROOT, "models", "demo", "tokenizer.json"))
     ids = tok.encode(text).ids
     model = AutoModelForCausalLM.from_pretrained(os.path.join(ROOT, "models", "demo"), dtype=torch.float32).eval()
-    nll, n = 0.0, 0
-    with torch.no_grad():
-        for s in range(0, len(ids), window):
-            w = torch.tensor(ids[s:s + window])[None]
-            if w.shape[1] < 2:
-                continue
-            logits = model(input_ids=w).logits.double()
-            nll += F.cross_entropy(logits[0, :-1], w[0, 1:], reduction="sum").item()
-            n += w.shape[1] - 1
+    ppl, _, n = train.perplexity(model, ids, window, "cpu")
     out = subprocess.run([splash, "perplexity", "--model", "demo", "--file", path, "--window", str(window), "--json"],
                          capture_output=True, text=True, check=True)
     ours = json.loads(out.stdout)
-    return {"tokens": len(ids), "window": window, "transformers_ppl": math.exp(nll / n), "transformers_predicted": n,
+    return {"tokens": len(ids), "window": window, "transformers_ppl": ppl, "transformers_predicted": n,
             "splash_ppl": ours["perplexity"], "splash_predicted": ours["predicted"]}
 
 

@@ -60,6 +60,8 @@ pub struct PlanError {
     pub budget: u64,
     pub reserve: u64,
     pub needed: u64,
+    /// The context one request needs at least.
+    pub min_context: u64,
 }
 
 /// The safety reserve: 5% of the budget, at least 256 MiB, at most 2 GiB.
@@ -87,6 +89,7 @@ impl PlanInputs {
                 inputs: self,
                 budget,
                 reserve,
+                min_context,
             }));
         }
         let free = budget - fixed;
@@ -188,17 +191,12 @@ impl fmt::Display for PlanError {
         writeln!(f, "  draft                 {}", gib(i.draft_weights))?;
         writeln!(f, "  activations           {}", gib(i.activations))?;
         writeln!(f, "  safety reserve        {}", gib(self.reserve))?;
-        let min_context = i
-            .max_context
-            .unwrap_or(i.native_context)
-            .min(i.native_context)
-            .min(MIN_USEFUL_CONTEXT);
         writeln!(
             f,
             "  one sequence          {} (state {} + KV for {} tokens at {} B/token)",
-            gib(i.state_bytes_per_sequence + min_context as u64 * i.kv_bytes_per_token),
+            gib(i.state_bytes_per_sequence + self.min_context * i.kv_bytes_per_token),
             gib(i.state_bytes_per_sequence),
-            min_context,
+            self.min_context,
             i.kv_bytes_per_token
         )?;
         let mut help = Vec::new();
