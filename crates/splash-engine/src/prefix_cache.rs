@@ -139,25 +139,40 @@ impl PrefixCache {
     }
 }
 
+/// Tokens between rolling checkpoints in a long prompt.
+const ROLLING_CHECKPOINT: usize = 4096;
+
 /// Where a prompt's state is worth keeping: before the second `<|im_start|>` (the end of
-/// the system prompt and tools, shared by every turn of a conversation) and before the last
-/// one (the start of the generation prompt: the next turn repeats everything before it).
+/// the system prompt and tools, shared by every turn of a conversation), before the last one
+/// (the start of the generation prompt: the next turn repeats everything before it), and
+/// every 4,096 tokens before that (a conversation that changes further back still resumes
+/// near the change). Ascending.
 pub(crate) fn checkpoint_positions(prompt: &[u32], im_start: Option<u32>) -> Vec<usize> {
-    let Some(im_start) = im_start else {
-        return Vec::new();
+    let starts: Vec<usize> = match im_start {
+        Some(im_start) => prompt
+            .iter()
+            .enumerate()
+            .filter(|&(i, &t)| i > 0 && t == im_start)
+            .map(|(i, _)| i)
+            .collect(),
+        None => Vec::new(),
     };
-    let starts: Vec<usize> = prompt
-        .iter()
-        .enumerate()
-        .filter(|&(i, &t)| i > 0 && t == im_start)
-        .map(|(i, _)| i)
-        .collect();
+    // Without turn markers the prompt's last token must still be prefilled: stop before it.
+    let last = starts
+        .last()
+        .copied()
+        .unwrap_or(prompt.len().saturating_sub(1));
+    let rolling = (1..)
+        .map(|k| k * ROLLING_CHECKPOINT)
+        .take_while(|&p| p <= last);
     let mut out: Vec<usize> = starts
         .first()
         .into_iter()
         .chain(starts.last())
         .copied()
+        .chain(rolling)
         .collect();
+    out.sort_unstable();
     out.dedup();
     out
 }
@@ -167,7 +182,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn checkpoints_at_the_second_and_last_turn_starts() {
+    fn checkpoints_at_the_second_and_last_turn_starts_and_every_4096_tokens() {
         let s = 1;
         assert_eq!(
             checkpoint_positions(&[s, 5, 6, s, 7, s, 8, s, 9], Some(s)),
@@ -179,5 +194,18 @@ mod tests {
             Vec::<usize>::new()
         );
         assert_eq!(checkpoint_positions(&[5, 6], None), Vec::<usize>::new());
+        let mut long = vec![7u32; 10_000];
+        long[0] = s;
+        long[100] = s;
+        long[9_000] = s;
+        assert_eq!(
+            checkpoint_positions(&long, Some(s)),
+            vec![100, 4096, 8192, 9000]
+        );
+        assert_eq!(
+            checkpoint_positions(&vec![7u32; 8193], None),
+            vec![4096, 8192]
+        );
+        assert_eq!(checkpoint_positions(&vec![7u32; 8192], None), vec![4096]);
     }
 }

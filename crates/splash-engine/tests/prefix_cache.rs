@@ -113,3 +113,33 @@ fn a_budget_of_one_entry_evicts_and_stays_exact() {
         "{stats:?}"
     );
 }
+
+#[test]
+fn a_long_prompt_changed_far_back_resumes_from_a_rolling_checkpoint() {
+    let (model, draft) = demo();
+    let tok = &model.tokenizer;
+    let mut cached = Engine::new(model.clone())
+        .with_drafter(draft.clone())
+        .with_prefix_cache(1 << 30);
+    let text = |tail: &str| {
+        format!(
+            "<|im_start|>system\n{}{tail}<|im_end|>\n<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+            "You are a helpful assistant. ".repeat(900)
+        )
+    };
+    let a = tok.encode(&text("Be brief.")).unwrap();
+    let b = tok.encode(&text("Be kind.")).unwrap();
+    assert!(
+        a.len() > 4200 && a[..4096] == b[..4096],
+        "{} tokens",
+        a.len()
+    );
+    cached.generate(request(a), |_| {}).unwrap();
+    let resumed = cached.generate(request(b.clone()), |_| {}).unwrap();
+    assert_eq!(resumed.cached_tokens, 4096);
+    let plain = Engine::new(model.clone())
+        .with_drafter(draft)
+        .generate(request(b), |_| {})
+        .unwrap();
+    assert_eq!(resumed.tokens, plain.tokens);
+}
