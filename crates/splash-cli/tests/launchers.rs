@@ -20,8 +20,9 @@
 //! A missing agent is skipped with a message unless `SPLASH_REQUIRE_AGENTS` names it
 //! (comma-separated, or `all`); `SPLASH_AGENTS` limits which run.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -106,11 +107,6 @@ const CASES: [Case; 5] = [
     },
 ];
 
-const REALVOCAB: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/fixtures/qwen35-realvocab"
-);
-
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -157,7 +153,7 @@ impl Server {
                 "--model",
                 // The random model on the real vocabulary: the agents' prompts are long, and
                 // its tiny layers prefill them in seconds on a CI machine.
-                REALVOCAB,
+                common::REALVOCAB,
                 "--port",
                 "0",
                 "--max-context",
@@ -196,17 +192,8 @@ impl Server {
     }
 
     fn get(&self, path: &str) -> String {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).unwrap();
-        raw.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default()
+        let auth = format!("Authorization: Bearer {KEY}\r\n");
+        common::http(self.port, "GET", path, &auth, "")
     }
 
     /// `splash_requests_total` for `route`, by status.

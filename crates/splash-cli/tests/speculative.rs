@@ -2,8 +2,9 @@
 //! greedy text), a draft that does not fit its target is refused, and `serve` reports
 //! acceptance in `/status` and `/metrics`.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+mod common;
+
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -96,18 +97,13 @@ impl Drop for Server {
 
 impl Server {
     fn request(&self, method: &str, path: &str, body: &str) -> String {
-        let mut s = TcpStream::connect(("127.0.0.1", self.1)).unwrap();
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
+        common::http(
+            self.1,
+            method,
+            path,
+            "Content-Type: application/json\r\n",
+            body,
         )
-        .unwrap();
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).unwrap();
-        raw.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default()
     }
 }
 

@@ -7,6 +7,8 @@
 //! set (CI sets it), in which case it fails. The screenshot goes to
 //! `target/webui-screenshot.png` (and `target/webui-screenshot-markdown.png`).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -19,13 +21,6 @@ struct Server {
     child: Child,
     url: String,
 }
-
-/// The random model on the real vocabulary: it never stops early, so the page's streaming
-/// and stop button always have a long answer to work on (the demo ends its answers quickly).
-const REALVOCAB: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/fixtures/qwen35-realvocab"
-);
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
@@ -207,8 +202,10 @@ fn chat_page_in_headless_chromium() {
         println!("SKIPPED: the chat page browser test: {why}");
         return;
     }
-    let plain = Server::start_model(REALVOCAB, &[]);
-    let keyed = Server::start_model(REALVOCAB, &["--api-key", "webui-test-key"]);
+    // The real-vocabulary model never stops early, so the page's streaming and stop button
+    // always have a long answer to work on (the demo ends its answers quickly).
+    let plain = Server::start_model(common::REALVOCAB, &[]);
+    let keyed = Server::start_model(common::REALVOCAB, &["--api-key", "webui-test-key"]);
     let shot = root().join("target/webui-screenshot.png");
     let out = Command::new("node")
         .arg(specs.join("chat.spec.mjs"))
