@@ -55,14 +55,7 @@ mod tests {
     use super::*;
 
     fn server() -> Server {
-        Server {
-            base_url: "http://127.0.0.1:8000".into(),
-            port: 8000,
-            model: "Qwen3.6-27B".into(),
-            context: 131072,
-            vision: false,
-            max_output: None,
-        }
+        Server::local(8000, "Qwen3.6-27B", 131072)
     }
 
     #[test]

@@ -70,14 +70,7 @@ mod tests {
     use super::*;
 
     fn server(port: u16) -> Server {
-        Server {
-            base_url: format!("http://127.0.0.1:{port}"),
-            port,
-            model: "unsloth/Qwen3.6-35B-A3B-GGUF:UD-Q4_K_M".into(),
-            context: 65536,
-            vision: false,
-            max_output: None,
-        }
+        Server::local(port, "unsloth/Qwen3.6-35B-A3B-GGUF:UD-Q4_K_M", 65536)
     }
 
     fn overrides(l: &Launch) -> Vec<&str> {

@@ -157,14 +157,7 @@ mod tests {
     use super::*;
 
     fn server() -> Server {
-        Server {
-            base_url: "http://127.0.0.1:8000".into(),
-            port: 8000,
-            model: "unsloth/Qwen3.6-27B-GGUF:Q4_K_M".into(),
-            context: 131072,
-            vision: false,
-            max_output: None,
-        }
+        Server::local(8000, "unsloth/Qwen3.6-27B-GGUF:Q4_K_M", 131072)
     }
 
     const SECTION: &str = "model:\n  default: \"unsloth/Qwen3.6-27B-GGUF:Q4_K_M\"\n  provider: custom\n  base_url: \"http://127.0.0.1:8000/v1\"\n  api_key: \"${SPLASH_API_KEY}\"\n  api_mode: chat_completions\n  context_length: 131072\n  max_tokens: 32768\n  supports_vision: false\n";

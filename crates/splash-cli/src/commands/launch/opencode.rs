@@ -107,14 +107,7 @@ mod tests {
     use super::*;
 
     fn server() -> Server {
-        Server {
-            base_url: "http://127.0.0.1:8000".into(),
-            port: 8000,
-            model: "demo".into(),
-            context: 65536,
-            vision: false,
-            max_output: None,
-        }
+        Server::local(8000, "demo", 65536)
     }
 
     #[test]

@@ -82,14 +82,7 @@ mod tests {
     use super::*;
 
     fn server(port: u16) -> Server {
-        Server {
-            base_url: format!("http://127.0.0.1:{port}"),
-            port,
-            model: "demo".into(),
-            context: 262144,
-            vision: false,
-            max_output: None,
-        }
+        Server::local(port, "demo", 262144)
     }
 
     #[test]

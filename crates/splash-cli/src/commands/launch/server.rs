@@ -44,6 +44,19 @@ impl Server {
         }
     }
 
+    /// A text-only server on loopback `port` serving `model` (the launchers' unit tests).
+    #[cfg(test)]
+    pub fn local(port: u16, model: &str, context: usize) -> Self {
+        Self {
+            base_url: format!("http://127.0.0.1:{port}"),
+            port,
+            model: model.into(),
+            context,
+            vision: false,
+            max_output: None,
+        }
+    }
+
     /// Output tokens an agent asks for per answer: `--max-output-tokens` (within the context),
     /// else the default allowance.
     pub fn response_tokens(&self) -> usize {
