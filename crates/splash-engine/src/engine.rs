@@ -232,7 +232,16 @@ impl Engine {
         let id = self.next_id;
         self.next_id += 1;
         let drafter = self.drafter.as_ref().filter(|_| req_unconstrained);
-        let prompt = req.prompt.clone();
+        let (restored, checkpoints) = if self.prefix_cache.enabled() {
+            let restored = self.prefix_cache.lookup(&req.prompt, drafter.is_some());
+            let from = restored.as_ref().map_or(0, |r| r.len);
+            let im_start = self.model.tokenizer.token_to_id("<|im_start|>");
+            let mut positions = checkpoint_positions(&req.prompt, im_start);
+            positions.retain(|&p| p > from);
+            (restored, positions)
+        } else {
+            (None, Vec::new())
+        };
         let mut seq = Sequence::new(
             id,
             req,
@@ -242,16 +251,10 @@ impl Engine {
             self.kv_format,
             drafter.map(|d| (d, self.draft_every_step)),
         );
-        if self.prefix_cache.enabled() {
-            let restored = self.prefix_cache.lookup(&prompt, drafter.is_some());
-            let from = restored.as_ref().map_or(0, |r| r.len);
-            if let Some(r) = restored {
-                seq.resume_from(r);
-            }
-            let im_start = self.model.tokenizer.token_to_id("<|im_start|>");
-            let positions = checkpoint_positions(&prompt, im_start);
-            seq.keep_states_at(positions.into_iter().filter(|&p| p > from).collect());
+        if let Some(r) = restored {
+            seq.resume_from(r);
         }
+        seq.keep_states_at(checkpoints);
         self.running.push(seq);
         Ok(id)
     }

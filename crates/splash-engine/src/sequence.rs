@@ -74,7 +74,7 @@ struct Speculation {
 /// a drafted block costs more than the tokens it brings. The other choice is tried again
 /// after `explore_every` steps (doubling up to 64 while the winner stays the same), so the
 /// sequence returns to drafting when the text becomes predictable again.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct BlockChoice {
     /// Always draft (no choice).
     fixed: bool,
@@ -88,6 +88,18 @@ struct BlockChoice {
 
 impl BlockChoice {
     const WEIGHT: f64 = 0.3;
+    const FIRST_RETRY: u32 = 8;
+
+    fn new(fixed: bool) -> Self {
+        Self {
+            fixed,
+            full: None,
+            single: None,
+            steps_since_explore: 0,
+            explore_every: Self::FIRST_RETRY,
+            last_best_full: true,
+        }
+    }
 
     /// True when the next step should draft a full block.
     fn draft_next(&mut self) -> bool {
@@ -101,12 +113,12 @@ impl BlockChoice {
         let best_full = full >= single;
         if best_full != self.last_best_full {
             self.last_best_full = best_full;
-            self.explore_every = 8;
+            self.explore_every = Self::FIRST_RETRY;
         }
         self.steps_since_explore += 1;
-        if self.steps_since_explore >= self.explore_every.max(8) {
+        if self.steps_since_explore >= self.explore_every {
             self.steps_since_explore = 0;
-            self.explore_every = (self.explore_every.max(8) * 2).min(64);
+            self.explore_every = (self.explore_every * 2).min(64);
             return !best_full;
         }
         best_full
@@ -166,10 +178,7 @@ impl Sequence {
                 drafter: d.clone(),
                 session: d.session(),
                 stats: SpecStats::default(),
-                choice: BlockChoice {
-                    fixed: draft_every_step,
-                    ..BlockChoice::default()
-                },
+                choice: BlockChoice::new(draft_every_step),
             }),
             cached: 0,
             checkpoints: Vec::new(),
