@@ -6,16 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_PROFILE_RELEASE_DEBUG=0
 mkdir -p .device
-bins=$(cargo test --release --features cuda -p splash-backend -p splash-model --no-run --message-format=json 2>/dev/null |
+bins=$(cargo test --release --features cuda -p splash-backend -p splash-model -p splash-engine --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda_ops", "cuda_parity"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda_ops", "cuda_parity", "speculative_cuda"):
         print(m["target"]["name"], m["executable"])')
 while read -r name exe; do cp "$exe" ".device/$name"; done <<<"$bins"
 cargo build --release --features cuda -p splash-cli
 cp target/release/splash .device/splash
-strip .device/splash .device/cuda_ops .device/cuda_parity
+strip .device/splash .device/cuda_ops .device/cuda_parity .device/speculative_cuda
 pwd > .device/built_in
 "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: -d .device gguf==0.19.0
 for m in 27b:"--size 27b" 35b:"--size 35b-a3b --moe"; do

@@ -402,10 +402,64 @@ fn rope_and_attention_match_the_cpu_for_every_kv_format() {
                 hkv,
                 pos0,
                 (d as f32).powf(-0.5),
+                dev::KeyMask::default(),
             )
             .unwrap();
             let err = rel_err(&gpu.download(&out, t * hq * d).unwrap(), &want);
             assert!(err < 1e-4, "attention d={d} {format:?}: {err}");
+        }
+    }
+}
+
+/// The DFlash draft's block attention: a block of queries at `pos0..` that sees the whole
+/// block (no causal mask) and, in sliding layers, only keys within the window.
+#[test]
+fn block_attention_matches_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    for kd in [FIXTURE_DIMS, REAL_DIMS] {
+        let k = gpu.kernels(kd).unwrap();
+        let d = kd.head_dim;
+        let (hq, hkv, t, pos0) = (4, 2, 8, 13);
+        let s = pos0 + t;
+        let q = random(t * hq * d, 41);
+        let keys = random(s * hkv * d, 42);
+        let values = random(s * hkv * d, 43);
+        for window in [None, Some(5), Some(64)] {
+            let att = cpu::BlockAttention {
+                heads: hq,
+                kv_heads: hkv,
+                head_dim: d,
+                scale: (d as f32).powf(-0.5),
+                causal: false,
+                window,
+            };
+            let mut want = vec![0.0f32; q.len()];
+            att.forward(&mut want, &q, pos0, &keys, &values, 0);
+            let (kd_, vd, qd) = (
+                gpu.upload(&keys).unwrap(),
+                gpu.upload(&values).unwrap(),
+                gpu.upload(&q).unwrap(),
+            );
+            let unused = gpu.zeros::<f32>(1).unwrap();
+            let out = poisoned(&gpu, t * hq * d);
+            dev::attention(
+                &gpu,
+                &k,
+                ptr(&gpu, &out, 0),
+                ptr(&gpu, &qd, 0),
+                (ptr(&gpu, &kd_, 0), ptr(&gpu, &unused, 0)),
+                (ptr(&gpu, &vd, 0), ptr(&gpu, &unused, 0)),
+                KvFormat::F32,
+                t,
+                hq,
+                hkv,
+                pos0,
+                att.scale,
+                dev::KeyMask { block: t, window },
+            )
+            .unwrap();
+            let err = rel_err(&gpu.download(&out, t * hq * d).unwrap(), &want);
+            assert!(err < 1e-5, "block attention d={d} window {window:?}: {err}");
         }
     }
 }

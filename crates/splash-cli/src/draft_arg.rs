@@ -74,17 +74,6 @@ pub fn load_dflash(
     if args.speculative == "off" {
         return Ok(None);
     }
-    let device = model.graph.device();
-    if device != "cpu" {
-        // Taps and rollback are not on the CUDA backend yet: decode without the draft rather
-        // than fail every request.
-        if args.draft_model.is_some() {
-            tracing::warn!(
-                "--draft-model ignored: speculative decoding does not run on {device} yet"
-            );
-        }
-        return Ok(None);
-    }
     let (name, explicit) = match &args.draft_model {
         Some(d) => (d.clone(), true),
         None => {
@@ -117,7 +106,7 @@ pub fn load_dflash(
                 .with_context(|| format!("--draft-model {name}"))?;
             Ok(d)
         });
-    let draft = match loaded {
+    let draft = match loaded.and_then(|d| on_target_device(d, model)) {
         Ok(d) => d,
         Err(e) if !explicit => {
             tracing::warn!("no speculative decoding: the known draft {name} of this model cannot be used: {e:#}");
@@ -127,13 +116,32 @@ pub fn load_dflash(
     };
     let c = draft.config();
     eprintln!(
-        "speculative decoding: draft {name} ({:?}, {} layers, block {}, taps {:?})",
+        "speculative decoding: draft {name} ({:?} on {}, {} layers, block {}, taps {:?})",
         c.kind,
+        draft.device(),
         c.windows.len(),
         c.block_size,
         c.target_layer_ids
     );
     Ok(Some(Arc::new(draft)))
+}
+
+/// The draft on the device its target runs on (a GPU target reads its taps there and
+/// scores the drafted block with its own head).
+fn on_target_device(draft: DFlashDraft, model: &Model) -> anyhow::Result<DFlashDraft> {
+    if model.graph.device() == "cpu" {
+        return Ok(draft);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let mut draft = draft;
+        draft
+            .to_gpu(&model.graph)
+            .context("the draft cannot run on the target's GPU; use --speculative off")?;
+        Ok(draft)
+    }
+    #[cfg(not(feature = "cuda"))]
+    unreachable!("a model runs on a GPU only in a build with the cuda feature")
 }
 
 /// A local draft directory, or a Hub repo fetched into the cache (config.json checked first).

@@ -279,7 +279,7 @@ impl Sequence {
                 taps,
             )?;
             if let Some(spec) = &mut self.spec {
-                spec.session.commit(&features);
+                spec.session.commit(&features)?;
             }
             self.prefilled = end;
             if self.checkpoints.contains(&end) {
@@ -375,7 +375,7 @@ impl Sequence {
             &verified,
             rows,
             accepted.drafts + 1,
-        );
+        )?;
         if !proposal.tokens.is_empty() {
             spec.stats.target_passes += 1;
             spec.stats.drafted += proposal.tokens.len() as u64;

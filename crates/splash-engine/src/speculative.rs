@@ -14,7 +14,9 @@
 
 use std::sync::Arc;
 
-use splash_model::{DFlashDraft, DraftContext, Logits, Model, ModelError, SequenceState};
+use splash_model::{
+    DFlashDraft, DraftBlock, DraftContext, Logits, Model, ModelError, SequenceState,
+};
 
 use crate::sampling::{argmax, Distribution, Sampler};
 
@@ -54,7 +56,7 @@ impl std::fmt::Debug for dyn Drafter {
 /// One sequence's drafting state.
 pub trait DraftSession: Send {
     /// The taps `[T, n·H]` of the next `T` committed positions (prompt, then accepted rows).
-    fn commit(&mut self, features: &[f32]);
+    fn commit(&mut self, features: &[f32]) -> Result<(), ModelError>;
     /// A copy of this session, for the prefix cache (`None`: this draft cannot be copied,
     /// and its sequences are not cached).
     fn fork(&self) -> Option<Box<dyn DraftSession>> {
@@ -262,10 +264,10 @@ pub(crate) fn commit(
     verified: &Verified,
     rows: usize,
     keep: usize,
-) {
-    state.rollback(keep);
+) -> Result<(), ModelError> {
+    state.rollback(keep)?;
     let width = verified.features.len() / rows;
-    session.commit(&verified.features[..keep * width]);
+    session.commit(&verified.features[..keep * width])
 }
 
 /// A DFlash or DFlash2 draft as a [`Drafter`].
@@ -312,8 +314,8 @@ struct DFlashSession {
 }
 
 impl DraftSession for DFlashSession {
-    fn commit(&mut self, features: &[f32]) {
-        self.draft.append_context(&mut self.ctx, features);
+    fn commit(&mut self, features: &[f32]) -> Result<(), ModelError> {
+        self.draft.append_context(&mut self.ctx, features)
     }
 
     fn fork(&self) -> Option<Box<dyn DraftSession>> {
@@ -340,10 +342,9 @@ impl DraftSession for DFlashSession {
             history.len(),
             "draft context out of step"
         );
-        let hidden = self
-            .draft
-            .forward(&mut self.ctx, &target.graph, anchor, len + 1);
-        let logits = self.draft.logits(&target.graph, &hidden);
+        let DraftBlock { hidden, logits } =
+            self.draft
+                .draft_block(&mut self.ctx, &target.graph, anchor, len + 1)?;
         let vocab = logits.len() / len;
         let greedy = sampler.params().temperature == 0.0;
         let mut proposal = Proposal::default();

@@ -112,8 +112,9 @@ impl Drafter for Oracle {
 }
 
 impl DraftSession for OracleSession {
-    fn commit(&mut self, features: &[f32]) {
+    fn commit(&mut self, features: &[f32]) -> Result<(), ModelError> {
         assert!(features.is_empty(), "the oracle asked for no taps");
+        Ok(())
     }
     fn propose(
         &mut self,
@@ -311,7 +312,9 @@ impl Drafter for Noisy {
 }
 
 impl DraftSession for NoisySession {
-    fn commit(&mut self, _: &[f32]) {}
+    fn commit(&mut self, _: &[f32]) -> Result<(), ModelError> {
+        Ok(())
+    }
     fn propose(
         &mut self,
         target: &Model,

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 pub use chat_template::{ChatTemplate, TemplateInputs};
 pub use checkpoint::{Checkpoint, Format};
 pub use config::{GenerationDefaults, LayerKind, ModelConfig, MoeConfig};
-pub use dflash::{DFlashDraft, DraftConfig, DraftContext, DraftKind};
+pub use dflash::{DFlashDraft, DraftBlock, DraftConfig, DraftContext, DraftKind};
 pub use error::ModelError;
 pub use qwen35::gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
 pub use qwen35::{Logits, Qwen35};

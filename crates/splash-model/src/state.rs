@@ -173,19 +173,25 @@ impl SequenceState {
     /// and forgets the rest: the KV cache is truncated, the GDN conv and recurrent state are
     /// rebuilt by replaying the recurrence over the kept tokens (model-spec §2.6 (a)). Ends
     /// the checkpoint; a no-op without one.
-    pub fn rollback(&mut self, keep: usize) {
+    pub fn rollback(&mut self, keep: usize) -> Result<(), crate::ModelError> {
         let Some(cp) = self.checkpoint.take() else {
-            return;
+            return Ok(());
         };
         let ran = self.len - cp.start;
         assert!(
             keep <= ran,
             "cannot keep {keep} of the {ran} tokens of the pass"
         );
-        if keep == ran {
-            return;
-        }
         let end = cp.start + keep;
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &mut self.gpu {
+            g.rollback(keep, ran)?;
+            self.len = end;
+            return Ok(());
+        }
+        if keep == ran {
+            return Ok(());
+        }
         let (kv_heads, head_dim) = self.kv_row;
         for (layer, replay) in self.layers.iter_mut().zip(&cp.gdn) {
             match (layer, replay) {
@@ -202,5 +208,6 @@ impl SequenceState {
             }
         }
         self.len = end;
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@ use splash_backend::cuda::Gpu;
 
 mod common;
 use common::{argmax, fixture, max_rel};
-use splash_model::{load, KvFormat, Logits, Model};
+use splash_model::{load, DFlashDraft, KvFormat, Logits, Model};
 
 /// The same checkpoint twice: on the CPU and on GPU 0 (None without a GPU).
 fn pair(name: &str) -> Option<(Model, Model)> {
@@ -128,4 +128,102 @@ fn long_sequences_grow_the_device_cache() {
     }
     let err = max_rel(&last.1, &last.0);
     assert!(err < 1e-3, "after 1500 tokens: {err}");
+}
+
+/// A fixture target and its DFlash v1 draft, or the demo model and its trained draft.
+const DRAFTED: [(&str, &str); 3] = [
+    ("qwen35-dense", "dflash/dense-dflash"),
+    ("qwen35-moe", "dflash/moe-dflash"),
+    ("../../models/demo", "../../models/demo/draft"),
+];
+
+/// The target's taps and the draft's block logits on the GPU match the CPU's, the context
+/// appended in uneven pieces (the sliding windows mask by position on the device).
+#[test]
+fn draft_and_taps_match_the_cpu() {
+    for (target, draft_dir) in DRAFTED {
+        let Some((cpu, gpu)) = pair(target) else {
+            return;
+        };
+        let cpu_draft = DFlashDraft::load(&fixture(draft_dir)).unwrap();
+        let mut gpu_draft = DFlashDraft::load(&fixture(draft_dir)).unwrap();
+        gpu_draft.to_gpu(&gpu.graph).unwrap();
+        assert_eq!(gpu_draft.device(), "cuda");
+        let taps = cpu_draft.config().target_layer_ids.clone();
+        let prompt: Vec<u32> = (0..45u32).map(|i| (i * 37 + 5) % 400).collect();
+        let (_, fc) = cpu
+            .graph
+            .forward_with_taps(&mut cpu.graph.new_state(), &prompt, Logits::None, &taps)
+            .unwrap();
+        let (_, fg) = gpu
+            .graph
+            .forward_with_taps(&mut gpu.graph.new_state(), &prompt, Logits::None, &taps)
+            .unwrap();
+        let err = max_rel(&fg, &fc);
+        println!("{target}: GPU vs CPU taps {err:.2e}");
+        assert!(err < 1e-4, "{target}: taps differ by {err}");
+        let (mut cc, mut gc) = (cpu_draft.new_context(), gpu_draft.new_context());
+        cpu_draft.append_context(&mut cc, &fc).unwrap();
+        let width = fc.len() / prompt.len();
+        for piece in [
+            &fg[..17 * width],
+            &fg[17 * width..18 * width],
+            &fg[18 * width..],
+        ] {
+            gpu_draft.append_context(&mut gc, piece).unwrap();
+        }
+        assert_eq!(gc.len(), cc.len());
+        let block = cpu_draft.config().block_size;
+        let want = cpu_draft
+            .draft_block(&mut cc, &cpu.graph, 7, block)
+            .unwrap();
+        let got = gpu_draft
+            .draft_block(&mut gc, &gpu.graph, 7, block)
+            .unwrap();
+        let (eh, el) = (
+            max_rel(&got.hidden, &want.hidden),
+            max_rel(&got.logits, &want.logits),
+        );
+        println!("{target}: GPU vs CPU draft hidden {eh:.2e}, logits {el:.2e}");
+        assert!(
+            eh < 1e-4 && el < 1e-4,
+            "{target}: draft differs ({eh}, {el})"
+        );
+        let v = cpu.config.vocab_size;
+        let top = |l: &[f32]| l.chunks_exact(v).map(argmax).collect::<Vec<_>>();
+        assert_eq!(top(&got.logits), top(&want.logits));
+        // Drafting leaves the context as it was: a second block is the same.
+        let again = gpu_draft
+            .draft_block(&mut gc, &gpu.graph, 7, block)
+            .unwrap();
+        assert_eq!(again.logits, got.logits);
+    }
+}
+
+/// A verify pass rolled back to `keep` rows on the GPU leaves the state a plain pass over
+/// those rows gives: the next token's logits agree.
+#[test]
+fn rollback_matches_a_plain_pass_on_the_gpu() {
+    for name in ["qwen35-dense", "qwen35-moe"] {
+        let Some((_, gpu)) = pair(name) else { return };
+        let g = &gpu.graph;
+        let prompt: Vec<u32> = (0..70).map(|i| (i * 37 % 500) as u32).collect();
+        let block: Vec<u32> = vec![11, 22, 33, 44, 55, 66, 77];
+        for keep in [0, 1, 3, 7] {
+            let mut spec = g.new_state();
+            g.forward(&mut spec, &prompt, Logits::None).unwrap();
+            spec.checkpoint();
+            g.forward(&mut spec, &block, Logits::All).unwrap();
+            spec.rollback(keep).unwrap();
+            assert_eq!(spec.len(), prompt.len() + keep);
+            let mut plain = g.new_state();
+            g.forward(&mut plain, &prompt, Logits::None).unwrap();
+            g.forward(&mut plain, &block[..keep], Logits::None).unwrap();
+            let a = g.forward(&mut spec, &[99], Logits::Last).unwrap();
+            let b = g.forward(&mut plain, &[99], Logits::Last).unwrap();
+            let err = max_rel(&a, &b);
+            println!("{name} keep {keep}: rolled back vs plain {err:.2e}");
+            assert!(err < 1e-5, "{name} keep {keep}: {err}");
+        }
+    }
 }

@@ -99,9 +99,9 @@ fn draft_logits_match_the_reference() {
             // Context appended in uneven pieces: the sliding window must not depend on them.
             let mut ctx = draft.new_context();
             let split = (start / 3).max(1) * width;
-            draft.append_context(&mut ctx, &ctx_rows[..split]);
+            draft.append_context(&mut ctx, &ctx_rows[..split]).unwrap();
             for row in ctx_rows[split..].chunks(width) {
-                draft.append_context(&mut ctx, row);
+                draft.append_context(&mut ctx, row).unwrap();
             }
             let anchor = rec["anchor"].as_u64().unwrap() as u32;
             let hidden = draft.forward(&mut ctx, &target.graph, anchor, block);
@@ -186,7 +186,7 @@ fn rollback_equals_running_only_the_kept_tokens() {
             m.graph.forward(&mut spec, &prompt, Logits::None).unwrap();
             spec.checkpoint();
             m.graph.forward(&mut spec, &block, Logits::All).unwrap();
-            spec.rollback(keep);
+            spec.rollback(keep).unwrap();
             assert_eq!(spec.len(), prompt.len() + keep);
             let mut plain = m.graph.new_state();
             m.graph.forward(&mut plain, &prompt, Logits::None).unwrap();

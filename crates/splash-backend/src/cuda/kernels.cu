@@ -661,12 +661,14 @@ __device__ __forceinline__ void kv_load(const u8* cache, const float* scales, in
 
 #define ATTN_WARPS 4
 
-// Causal GQA attention: q [T, hq, HEAD_DIM] at positions pos0.., keys 0..=pos0+t from the
-// cache [S, hkv, HEAD_DIM]. One block per (token, query head); each warp runs an online
+// GQA attention: q [T, hq, HEAD_DIM] at positions pos0.. over the cache [S, hkv, HEAD_DIM]
+// (row j = position j). Causal (`block` 0): query t sees keys 0..=pos0+t. A DFlash draft
+// block (`block` = T): every query sees keys 0..pos0+T. `window` > 0 keeps only keys with
+// |q_pos - k_pos| < window. One block per (token, query head); each warp runs an online
 // softmax over every ATTN_WARPS-th key, lane i holding dims [i·D/32, (i+1)·D/32).
 extern "C" __global__ void attention(const float* q, const u8* kc, const float* ks, const u8* vc,
                                      const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
-                                     float scale) {
+                                     float scale, int block, int window) {
     const int DPL = HEAD_DIM / 32;
     int t = blockIdx.x / hq, h = blockIdx.x % hq, kvh = h / (hq / hkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -678,8 +680,12 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const float* 
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    int len = pos0 + t + 1;
-    for (int j = warp; j < len; j += ATTN_WARPS) {
+    int qp = pos0 + t, lo = 0, hi = block > 0 ? pos0 + block : qp + 1;
+    if (window > 0) {
+        lo = max(0, qp - window + 1);
+        hi = min(hi, qp + window);
+    }
+    for (int j = lo + warp; j < hi; j += ATTN_WARPS) {
         long r = (long)j * hkv + kvh;
         kv_load(kc, ks, fmt, r, lane * DPL, kr);
         float p = 0.0f;

@@ -229,6 +229,19 @@ impl Gpu {
         Ok(fresh)
     }
 
+    /// Copies `bytes` bytes from device address `src` to `dst` (queued on the stream).
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<(), GpuError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: callers pass addresses inside live buffers of at least `bytes` bytes
+        // (from `ptr`); the copy is ordered with every kernel on the one stream.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())
+        }?;
+        Ok(())
+    }
+
     /// Copies `data` into the start of `dst`.
     pub fn write<T: DeviceRepr>(&self, dst: &mut CudaSlice<T>, data: &[T]) -> Result<(), GpuError> {
         if data.is_empty() {

@@ -492,7 +492,18 @@ pub fn kv_append(
     )
 }
 
-/// Causal attention of `q` `[tokens, hq, HEAD_DIM]` at positions `pos0..` over the caches.
+/// Which cached keys the queries of an [`attention`] call see.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyMask {
+    /// `0`: causal (query `t` sees positions `..=pos0 + t`). A DFlash draft block of `T`
+    /// rows passes `T`: every query sees positions `..pos0 + T`.
+    pub block: usize,
+    /// Sliding window `W`: only keys with `|q_pos - k_pos| < W` (`None`: all).
+    pub window: Option<usize>,
+}
+
+/// Attention of `q` `[tokens, hq, HEAD_DIM]` at positions `pos0..` over the caches (row `j`
+/// holds position `j`), with the keys `mask` lets each query see.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     gpu: &Gpu,
@@ -507,6 +518,7 @@ pub fn attention(
     hkv: usize,
     pos0: usize,
     scale: f32,
+    mask: KeyMask,
 ) -> Result<(), GpuError> {
     gpu.launch(
         k,
@@ -525,6 +537,8 @@ pub fn attention(
             Arg::I32(hkv as i32),
             Arg::I32(pos0 as i32),
             Arg::F32(scale),
+            Arg::I32(mask.block as i32),
+            Arg::I32(mask.window.unwrap_or(0) as i32),
         ],
     )
 }

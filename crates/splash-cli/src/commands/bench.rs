@@ -193,7 +193,7 @@ fn pass_costs(
         .graph
         .forward_with_taps(&mut state, prompt, Logits::Last, taps)?;
     let mut ctx = draft.new_context();
-    draft.append_context(&mut ctx, &features);
+    draft.append_context(&mut ctx, &features)?;
     let tokens: Vec<u32> = prompt[..block].to_vec();
     let (mut target, mut verify, mut drafting) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..repeat.max(3) {
@@ -205,18 +205,17 @@ fn pass_costs(
             .graph
             .forward(&mut state, &tokens[..1], Logits::Last)?;
         target.push(t0.elapsed().as_secs_f64() * 1e3);
-        state.rollback(0);
+        state.rollback(0)?;
         state.checkpoint();
         let t0 = Instant::now();
         model
             .graph
             .forward_with_taps(&mut state, &tokens, Logits::All, taps)?;
-        state.rollback(1);
+        state.rollback(1)?;
         verify.push(t0.elapsed().as_secs_f64() * 1e3);
         let t0 = Instant::now();
-        let hidden = draft.forward(&mut ctx, &model.graph, tokens[0], block);
-        let logits = draft.logits(&model.graph, &hidden);
-        std::hint::black_box(logits);
+        let drafted = draft.draft_block(&mut ctx, &model.graph, tokens[0], block)?;
+        std::hint::black_box(drafted.logits);
         drafting.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     Ok(PassCosts {

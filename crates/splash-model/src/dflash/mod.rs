@@ -20,6 +20,8 @@
 //! per-sequence [`DraftContext`] (sliding layers keep only the last `W-1` rows).
 
 mod config;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod selector;
 
 use std::path::Path;
@@ -114,6 +116,9 @@ pub struct DFlashDraft {
     norm: Vec<f32>,
     selector: Option<Selector>,
     rope: Rope,
+    /// The weights on the target's GPU, when the draft runs there.
+    #[cfg(feature = "cuda")]
+    gpu: Option<cuda::GpuDraft>,
 }
 
 /// One layer's cached context keys (normed, rotated) and values, `[rows, hkv, d]`.
@@ -126,11 +131,33 @@ struct LayerContext {
 }
 
 /// Per-sequence draft state: the context K/V of every draft layer.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct DraftContext {
     layers: Vec<LayerContext>,
     /// Context rows appended so far (= the position of the next one).
     len: usize,
+    /// The context on the GPU when the draft runs there (allocated at the first append;
+    /// `layers` then stays empty).
+    #[cfg(feature = "cuda")]
+    gpu: Option<cuda::GpuDraftContext>,
+}
+
+impl std::fmt::Debug for DraftContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DraftContext({} rows, {} bytes)",
+            self.len,
+            self.memory_bytes()
+        )
+    }
+}
+
+/// A drafted block: the final-normed hidden rows of the proposals `[R, H]` and their logits
+/// `[R, V]` (with the draft's multiplier and softcap).
+pub struct DraftBlock {
+    pub hidden: Vec<f32>,
+    pub logits: Vec<f32>,
 }
 
 impl DraftContext {
@@ -146,6 +173,10 @@ impl DraftContext {
 
     /// Bytes held.
     pub fn memory_bytes(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.bytes();
+        }
         self.layers
             .iter()
             .map(|l| (l.k.len() + l.v.len()) * 4)
@@ -237,7 +268,25 @@ impl DFlashDraft {
             selector,
             rope: Rope::new(d, c.rope_theta),
             config,
+            #[cfg(feature = "cuda")]
+            gpu: None,
         })
+    }
+
+    /// Moves the draft to the GPU its target runs on: weights copied, contexts kept there.
+    #[cfg(feature = "cuda")]
+    pub fn to_gpu(&mut self, target: &Qwen35) -> Result<(), ModelError> {
+        self.gpu = Some(cuda::GpuDraft::upload(self, target)?);
+        Ok(())
+    }
+
+    /// Where the draft runs: `cpu`, or `cuda`.
+    pub fn device(&self) -> &'static str {
+        #[cfg(feature = "cuda")]
+        if self.gpu.is_some() {
+            return "cuda";
+        }
+        "cpu"
     }
 
     /// The draft's hyper-parameters.
@@ -274,18 +323,34 @@ impl DFlashDraft {
         DraftContext {
             layers: vec![LayerContext::default(); self.layers.len()],
             len: 0,
+            #[cfg(feature = "cuda")]
+            gpu: None,
         }
     }
 
     /// Appends the taps `features` `[T, n·H]` of the next `T` committed positions.
-    pub fn append_context(&self, ctx: &mut DraftContext, features: &[f32]) {
+    pub fn append_context(
+        &self,
+        ctx: &mut DraftContext,
+        features: &[f32],
+    ) -> Result<(), ModelError> {
         let c = &self.config;
         let (h, hkv, d, eps) = (c.hidden_size, c.num_kv_heads, c.head_dim, c.rms_norm_eps);
         let t = features.len() / self.fc.cols();
         if t == 0 {
-            return;
+            return Ok(());
         }
         let pos0 = ctx.len;
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            if ctx.gpu.is_none() {
+                ctx.gpu = Some(g.new_context(c)?);
+            }
+            let gc = ctx.gpu.as_mut().expect("allocated above");
+            g.append_context(c, gc, features, pos0)?;
+            ctx.len += t;
+            return Ok(());
+        }
         let mut x = vec![0.0f32; t * h];
         matmul(&mut x, features, &self.fc);
         let mut xn = vec![0.0f32; x.len()];
@@ -310,6 +375,7 @@ impl DFlashDraft {
             }
         }
         ctx.len += t;
+        Ok(())
     }
 
     /// K (k_proj, k_norm, RoPE from `pos0`) and V of rows `x` `[T, H]`.
@@ -345,12 +411,7 @@ impl DFlashDraft {
             c.rms_norm_eps,
         );
         let s = ctx.len;
-        let mut tokens = vec![c.mask_token_id; block];
-        tokens[0] = anchor;
-        let mut x = target.embed(&tokens);
-        if c.input_embedding_scale != 1.0 {
-            x.iter_mut().for_each(|v| *v *= c.input_embedding_scale);
-        }
+        let mut x = self.embed_block(target, anchor, block);
         let mut normed = vec![0.0f32; x.len()];
         for (layer, lc) in self.layers.iter().zip(ctx.layers.iter_mut()) {
             // 1. attention sublayer: (B, H) -> (B, hq, d) queries over [ctx ; block] keys.
@@ -418,10 +479,59 @@ impl DFlashDraft {
         out
     }
 
+    /// Drafts one block after the context (see [`forward`](Self::forward)) and scores it
+    /// (see [`logits`](Self::logits)), on the GPU when the draft runs there.
+    pub fn draft_block(
+        &self,
+        ctx: &mut DraftContext,
+        target: &Qwen35,
+        anchor: u32,
+        block: usize,
+    ) -> Result<DraftBlock, ModelError> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            let c = &self.config;
+            if ctx.gpu.is_none() {
+                ctx.gpu = Some(g.new_context(c)?);
+            }
+            let gc = ctx.gpu.as_mut().expect("allocated above");
+            let (hidden, mut logits) = g.forward(
+                c,
+                gc,
+                &self.embed_block(target, anchor, block),
+                block,
+                ctx.len,
+            )?;
+            self.shape_logits(&mut logits);
+            return Ok(DraftBlock { hidden, logits });
+        }
+        let hidden = self.forward(ctx, target, anchor, block);
+        let logits = self.logits(target, &hidden);
+        Ok(DraftBlock { hidden, logits })
+    }
+
+    /// The block's input rows: `[anchor, MASK × (block-1)]` embedded by the target, scaled.
+    fn embed_block(&self, target: &Qwen35, anchor: u32, block: usize) -> Vec<f32> {
+        let c = &self.config;
+        let mut tokens = vec![c.mask_token_id; block];
+        tokens[0] = anchor;
+        let mut x = target.embed(&tokens);
+        if c.input_embedding_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.input_embedding_scale);
+        }
+        x
+    }
+
     /// Draft logits of hidden rows `[R, H]` through the target's LM head, with the draft's
     /// `output_multiplier` and softcap: `[R, V]`.
     pub fn logits(&self, target: &Qwen35, hidden: &[f32]) -> Vec<f32> {
         let mut logits = target.lm_head(hidden);
+        self.shape_logits(&mut logits);
+        logits
+    }
+
+    /// The draft's `output_multiplier` and softcap.
+    fn shape_logits(&self, logits: &mut [f32]) {
         let c = &self.config;
         if c.output_multiplier != 1.0 {
             logits.iter_mut().for_each(|l| *l *= c.output_multiplier);
@@ -429,6 +539,5 @@ impl DFlashDraft {
         if let Some(cap) = c.logit_softcap {
             logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
         }
-        logits
     }
 }

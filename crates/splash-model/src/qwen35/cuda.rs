@@ -97,8 +97,23 @@ struct GpuMoe {
 /// One sequence's state on the device.
 #[derive(Clone)]
 pub(crate) struct GpuState {
+    model: Arc<GpuModel>,
     layers: Vec<GpuLayerState>,
     kv: KvFormat,
+    /// Recorded by a verify pass run from a checkpoint, for [`GpuState::rollback`].
+    replay: Option<Vec<Option<GdnReplay>>>,
+}
+
+/// A GDN layer's state before a verify pass and the pass's conv inputs and gates: enough to
+/// rebuild the state after any prefix of the pass (model-spec §2.6 (a), on the device).
+#[derive(Clone)]
+struct GdnReplay {
+    conv: Buf,
+    recurrent: Buf,
+    /// `in_proj_qkv` rows `[T, C]`, decays `g` and `beta` `[T, hv]` of the pass.
+    qkv: Buf,
+    g: Buf,
+    beta: Buf,
 }
 
 #[derive(Clone)]
@@ -133,6 +148,27 @@ impl std::fmt::Debug for GpuState {
 }
 
 impl GpuState {
+    /// Keeps the first `keep` of the `ran` tokens of the last (recorded) pass: attention rows
+    /// past them are simply overwritten later; GDN layers replay the kept tokens from the
+    /// state saved before the pass.
+    pub(crate) fn rollback(&mut self, keep: usize, ran: usize) -> Result<(), ModelError> {
+        let Some(replay) = self.replay.take() else {
+            return Ok(());
+        };
+        if keep == ran {
+            return Ok(());
+        }
+        let m = self.model.clone();
+        for ((layer, ls), r) in m.layers.iter().zip(&mut self.layers).zip(&replay) {
+            if let (GpuMixer::Gdn(g), GpuLayerState::Gdn { conv, recurrent }, Some(r)) =
+                (&layer.mixer, ls, r)
+            {
+                g.replay(&m, r, keep, conv, recurrent)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Device bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.layers
@@ -232,6 +268,14 @@ impl GpuModel {
         &self.gpu
     }
 
+    /// A device copy of `b`.
+    fn clone_buf(&self, b: &Buf) -> Result<Buf, ModelError> {
+        let out = self.scratch(b.len())?;
+        self.gpu
+            .copy(ptr(&self.gpu, &out, 0), ptr(&self.gpu, b, 0), b.len() * 4)?;
+        Ok(out)
+    }
+
     /// An uninitialised f32 buffer (every kernel writing it writes every element).
     fn scratch(&self, len: usize) -> Result<Buf, ModelError> {
         Ok(self.gpu.uninit(len)?)
@@ -239,7 +283,7 @@ impl GpuModel {
 
     /// A fresh state: zero conv and recurrent state, empty caches.
     pub(crate) fn new_state(
-        &self,
+        self: &Arc<Self>,
         cfg: &ModelConfig,
         kv: KvFormat,
     ) -> Result<GpuState, ModelError> {
@@ -266,10 +310,18 @@ impl GpuModel {
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        Ok(GpuState { layers, kv })
+        Ok(GpuState {
+            model: self.clone(),
+            layers,
+            kv,
+            replay: None,
+        })
     }
 
-    /// The forward pass of `tokens` at positions `pos0..` (see [`Qwen35::forward`]).
+    /// The forward pass of `tokens` at positions `pos0..` (see [`Qwen35::forward_with_taps`]):
+    /// logits and the tap layers' outputs `[T, taps.len() · H]`. `record`: keep what
+    /// [`GpuState::rollback`] needs.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         cpu: &Qwen35,
@@ -277,7 +329,9 @@ impl GpuModel {
         tokens: &[u32],
         pos0: usize,
         want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
+        taps: &[usize],
+        record: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         let cfg = &cpu.config;
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (t, h, eps) = (tokens.len(), cfg.hidden_size, cfg.rms_norm_eps);
@@ -288,11 +342,16 @@ impl GpuModel {
         let xp = ptr(gpu, &x, 0);
         let normed = self.scratch(t * h)?;
         let np = ptr(gpu, &normed, 0);
-        for (layer, ls) in self.layers.iter().zip(state.layers.iter_mut()) {
+        // Tap outputs gathered on the device `[taps, T, H]`, downloaded once at the end.
+        let features = self.scratch(taps.len() * t * h)?;
+        let mut replay: Vec<Option<GdnReplay>> = Vec::new();
+        for (li, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
             dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
+            let mut recorded = None;
             let mixed = match (&layer.mixer, ls) {
                 (GpuMixer::Gdn(g), GpuLayerState::Gdn { conv, recurrent }) => {
-                    g.forward(self, np, t, conv, recurrent, eps)?
+                    let rec = record.then_some(&mut recorded);
+                    g.forward(self, np, t, conv, recurrent, eps, rec)?
                 }
                 (GpuMixer::Attn(a), ls @ GpuLayerState::Attn { .. }) => {
                     a.forward(self, np, t, ls, state.kv, pos0, eps)?
@@ -306,11 +365,29 @@ impl GpuModel {
                 GpuFfn::Moe(moe) => self.moe(moe, np, t)?,
             };
             dev::add_in_place(gpu, k, xp, ptr(gpu, &ffn, 0), t * h)?;
+            for (j, _) in taps.iter().enumerate().filter(|(_, &l)| l == li) {
+                gpu.copy(ptr(gpu, &features, j * t * h), xp, t * h * 4)?;
+            }
+            replay.push(recorded);
         }
+        state.replay = record.then_some(replay);
+        let features = if taps.is_empty() {
+            Vec::new()
+        } else {
+            // [taps, T, H] → [T, taps · H].
+            let f = gpu.download(&features, taps.len() * t * h)?;
+            let mut out = vec![0.0f32; f.len()];
+            for (j, tap) in f.chunks_exact(t * h).enumerate() {
+                for (ti, row) in tap.chunks_exact(h).enumerate() {
+                    out[(ti * taps.len() + j) * h..][..h].copy_from_slice(row);
+                }
+            }
+            out
+        };
         let (first, n) = match want {
             Logits::None => {
                 gpu.synchronize()?;
-                return Ok(Vec::new());
+                return Ok((Vec::new(), features));
             }
             Logits::Last => (t - 1, 1),
             Logits::All => (0, t),
@@ -329,7 +406,25 @@ impl GpuModel {
         let v = cfg.vocab_size;
         let logits = self.scratch(n * v)?;
         dev::matmul(gpu, k, ptr(gpu, &logits, 0), np, &self.lm_head, 0, v, n)?;
-        Ok(gpu.download(&logits, n * v)?)
+        Ok((gpu.download(&logits, n * v)?, features))
+    }
+
+    /// Logits `[n, V]` of `n` already-normed hidden rows at device address `x` (the DFlash
+    /// draft scores its block with the target's head).
+    pub(crate) fn lm_head(&self, x: u64, n: usize) -> Result<Buf, ModelError> {
+        let v = self.lm_head.rows();
+        let logits = self.scratch(n * v)?;
+        dev::matmul(
+            &self.gpu,
+            &self.k,
+            ptr(&self.gpu, &logits, 0),
+            x,
+            &self.lm_head,
+            0,
+            v,
+            n,
+        )?;
+        Ok(logits)
     }
 
     /// The routed experts and the gated shared expert. Routing (softmax, top-k, renormalise)
@@ -427,6 +522,9 @@ fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
 }
 
 impl GpuGdn {
+    /// `record`: first saves the conv and recurrent state, then keeps the pass's conv inputs
+    /// and gates there.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         m: &GpuModel,
@@ -435,8 +533,13 @@ impl GpuGdn {
         conv: &mut Buf,
         rec: &mut Buf,
         eps: f32,
+        record: Option<&mut Option<GdnReplay>>,
     ) -> Result<Buf, ModelError> {
         let (gpu, k) = (&*m.gpu, &*m.k);
+        let saved = match record {
+            Some(slot) => Some((slot, m.clone_buf(conv)?, m.clone_buf(rec)?)),
+            None => None,
+        };
         let c = self.in_qkv.rows();
         let vd = self.hv * self.dv;
         let qkv = m.scratch(t * c)?;
@@ -483,6 +586,15 @@ impl GpuGdn {
             self.hv,
             self.tiled,
         )?;
+        if let Some((slot, conv, recurrent)) = saved {
+            *slot = Some(GdnReplay {
+                conv,
+                recurrent,
+                qkv,
+                g: a,
+                beta: b,
+            });
+        }
         dev::rms_norm_gated(
             gpu,
             k,
@@ -506,6 +618,56 @@ impl GpuGdn {
             t,
         )?;
         Ok(out)
+    }
+
+    /// Restores the state saved before a recorded pass and runs its first `keep` tokens
+    /// again (conv and recurrence only: their outputs are not needed).
+    fn replay(
+        &self,
+        m: &GpuModel,
+        r: &GdnReplay,
+        keep: usize,
+        conv: &mut Buf,
+        rec: &mut Buf,
+    ) -> Result<(), ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        gpu.copy(ptr(gpu, conv, 0), ptr(gpu, &r.conv, 0), r.conv.len() * 4)?;
+        gpu.copy(
+            ptr(gpu, rec, 0),
+            ptr(gpu, &r.recurrent, 0),
+            r.recurrent.len() * 4,
+        )?;
+        if keep == 0 {
+            return Ok(());
+        }
+        let c = self.in_qkv.rows();
+        let mixed = m.scratch(keep * c)?;
+        dev::conv1d_silu(
+            gpu,
+            k,
+            ptr(gpu, &mixed, 0),
+            ptr(gpu, &r.qkv, 0),
+            ptr(gpu, conv, 0),
+            ptr(gpu, &self.conv, 0),
+            keep,
+            c,
+            self.conv_kernel,
+        )?;
+        let o = m.scratch(keep * self.hv * self.dv)?;
+        dev::gdn_recurrent(
+            gpu,
+            k,
+            ptr(gpu, &o, 0),
+            ptr(gpu, &mixed, 0),
+            ptr(gpu, &r.g, 0),
+            ptr(gpu, &r.beta, 0),
+            ptr(gpu, rec, 0),
+            keep,
+            self.hk,
+            self.hv,
+            self.tiled,
+        )?;
+        Ok(())
     }
 }
 
@@ -612,6 +774,7 @@ impl GpuAttn {
             hkv,
             pos0,
             (d as f32).powf(-0.5),
+            dev::KeyMask::default(),
         )?;
         dev::sigmoid_gate(gpu, k, ptr(gpu, &attn, 0), ptr(gpu, &gate, 0), t * hq * d)?;
         let out = m.scratch(t * self.o.rows())?;
@@ -675,5 +838,10 @@ impl Qwen35 {
     /// The GPU the forward pass runs on, if any.
     pub fn gpu(&self) -> Option<&Arc<Gpu>> {
         self.gpu.as_ref().map(|g| g.gpu())
+    }
+
+    /// The weights on the GPU, if the forward pass runs there.
+    pub(crate) fn gpu_model(&self) -> Option<&Arc<GpuModel>> {
+        self.gpu.as_ref()
     }
 }

@@ -282,18 +282,14 @@ impl Qwen35 {
         }
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
-            if !taps.is_empty() || state.checkpoint.is_some() {
-                return Err(ModelError::Gpu(
-                    "speculative decoding does not run on the CUDA backend yet; use --speculative off or --device cpu".into(),
-                ));
-            }
             if state.gpu.is_none() {
                 state.gpu = Some(g.new_state(cfg, state.kv_format())?);
             }
+            let record = state.checkpoint.is_some();
             let gs = state.gpu.as_mut().expect("allocated above");
-            let logits = g.forward(self, gs, tokens, pos0, want)?;
+            let out = g.forward(self, gs, tokens, pos0, want, taps, record)?;
             state.advance(tokens.len());
-            return Ok((logits, Vec::new()));
+            return Ok(out);
         }
         let (t, h, eps) = (tokens.len(), cfg.hidden_size, cfg.rms_norm_eps);
         let mut features = vec![0.0f32; t * taps.len() * h];

@@ -1,0 +1,117 @@
+//! Speculative decoding on the CUDA backend, through the engine's real path: target taps,
+//! verify and GDN rollback on the device, the DFlash draft on the device. Greedy output with
+//! the draft is identical token for token to output without it (on the same GPU, in its
+//! default fast arithmetic), for a dense and a MoE fixture with random drafts (frequent
+//! partial acceptance) and for the trained demo with its trained draft (long acceptances).
+//! Needs a GPU: skipped without one unless `SPLASH_REQUIRE_GPU` is set.
+#![cfg(feature = "cuda")]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use splash_backend::cuda::Gpu;
+use splash_engine::{DFlashDrafter, Drafter, Engine, Request, SamplingParams};
+use splash_model::{load, DFlashDraft, Model};
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+fn gpu() -> Option<Arc<Gpu>> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            assert!(
+                std::env::var_os("SPLASH_REQUIRE_GPU").is_none(),
+                "SPLASH_REQUIRE_GPU is set but no GPU is usable: {e}"
+            );
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// The target on the GPU and its draft there too.
+fn on_gpu(gpu: &Arc<Gpu>, target: &str, draft: &str) -> (Arc<Model>, Arc<dyn Drafter>) {
+    let mut m = load(&repo(target)).unwrap();
+    m.graph.to_gpu(gpu.clone()).unwrap();
+    let mut d = DFlashDraft::load(&repo(draft)).unwrap();
+    d.to_gpu(&m.graph).unwrap();
+    (Arc::new(m), Arc::new(DFlashDrafter::new(Arc::new(d))))
+}
+
+fn generate(
+    m: &Arc<Model>,
+    drafter: Option<(&Arc<dyn Drafter>, bool)>,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> (Vec<u32>, f64) {
+    let mut engine = Engine::new(m.clone()).with_prefill_chunk(64);
+    if let Some((d, every_step)) = drafter {
+        engine = engine
+            .with_drafter(d.clone())
+            .with_draft_every_step(every_step);
+    }
+    let c = engine
+        .generate(
+            Request {
+                prompt: prompt.to_vec(),
+                sampling: SamplingParams::greedy(),
+                max_tokens,
+                stop: Vec::new(),
+                ignore_eos: true,
+                grammar: None,
+            },
+            |_| {},
+        )
+        .unwrap();
+    let tau = c.speculation.map_or(0.0, |s| s.acceptance_length());
+    (c.tokens, tau)
+}
+
+#[test]
+fn greedy_output_with_the_draft_is_the_output_without_it() {
+    let Some(gpu) = gpu() else { return };
+    let cases = [
+        (
+            "tests/fixtures/qwen35-dense",
+            "tests/fixtures/dflash/dense-dflash",
+        ),
+        (
+            "tests/fixtures/qwen35-moe",
+            "tests/fixtures/dflash/moe-dflash",
+        ),
+        ("models/demo", "models/demo/draft"),
+    ];
+    for (target, draft) in cases {
+        let (m, d) = on_gpu(&gpu, target, draft);
+        let chat = |q: &str| {
+            m.tokenizer
+                .encode(&format!(
+                    "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+                ))
+                .unwrap()
+        };
+        let prompts = [
+            chat("What is 47 + 38?"),
+            chat("Write a Python function that reverses a list."),
+            (0..150u32).map(|i| (i * 53 + 7) % 500).collect(),
+        ];
+        for prompt in &prompts {
+            let (plain, _) = generate(&m, None, prompt, 96);
+            for every_step in [true, false] {
+                let (spec, tau) = generate(&m, Some((&d, every_step)), prompt, 96);
+                println!(
+                    "{target}: {} tokens, τ = {tau:.2} (draft every step: {every_step})",
+                    spec.len()
+                );
+                assert_eq!(
+                    spec, plain,
+                    "{target}: speculative output differs (draft every step: {every_step})"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! The DFlash draft on the CUDA backend: the same pass as [`DFlashDraft::forward`] on the
+//! device of the target, with the per-sequence context K/V kept there and the block scored
+//! by the target's LM head without leaving the GPU.
+//!
+//! The context cache keeps every committed row (row `j` = position `j`); sliding layers
+//! mask by position in the attention kernel instead of dropping rows.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use splash_backend::cpu::KvFormat;
+use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, KernelDims, Kernels, KeyMask};
+
+use super::{DFlashDraft, DraftConfig};
+use crate::error::ModelError;
+use crate::qwen35::cuda::GpuModel;
+use crate::qwen35::Qwen35;
+
+type Buf = CudaSlice<f32>;
+
+/// Context rows a fresh draft context holds before it grows (doubling).
+const INITIAL_CONTEXT_CAPACITY: usize = 1024;
+
+/// The draft's weights on the target's GPU.
+pub(crate) struct GpuDraft {
+    target: Arc<GpuModel>,
+    /// Kernels compiled for the draft's head dimension.
+    k: Arc<Kernels>,
+    fc: DeviceWeight,
+    hidden_norm: Buf,
+    layers: Vec<GpuDraftLayer>,
+    norm: Buf,
+    inv_freq: Buf,
+}
+
+struct GpuDraftLayer {
+    input_norm: Buf,
+    post_norm: Buf,
+    q: DeviceWeight,
+    k: DeviceWeight,
+    v: DeviceWeight,
+    o: DeviceWeight,
+    q_norm: Buf,
+    k_norm: Buf,
+    gate: DeviceWeight,
+    up: DeviceWeight,
+    down: DeviceWeight,
+    window: Option<usize>,
+}
+
+/// One sequence's draft context on the device: per layer, keys (normed, rotated) and values
+/// `[cap, hkv, d]` in f32.
+#[derive(Clone)]
+pub(crate) struct GpuDraftContext {
+    layers: Vec<(Buf, Buf)>,
+    cap: usize,
+}
+
+impl GpuDraftContext {
+    /// Device bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|(k, v)| 4 * (k.len() + v.len()))
+            .sum()
+    }
+}
+
+impl GpuDraft {
+    /// Copies the weights of `draft` to the GPU `target` runs on.
+    pub(crate) fn upload(draft: &DFlashDraft, target: &Qwen35) -> Result<Self, ModelError> {
+        let c = &draft.config;
+        if c.dflash2.is_some() {
+            return Err(ModelError::Gpu(
+                "DFlash2 drafts (dynamic convolutions, candidate selector) do not run on the CUDA backend yet".into(),
+            ));
+        }
+        let tm = target
+            .gpu_model()
+            .ok_or_else(|| ModelError::Gpu("the target model does not run on a GPU".into()))?;
+        let gpu = tm.gpu().clone();
+        let tc = target.config();
+        let k = gpu.kernels(KernelDims {
+            head_dim: c.head_dim,
+            gdn_dk: tc.gdn.dk,
+            gdn_dv: tc.gdn.dv,
+        })?;
+        let g = &*gpu;
+        let vec = |v: &[f32]| g.upload(v).map_err(ModelError::from);
+        let w = |w: &splash_backend::Weight| g.upload_weight(w).map_err(ModelError::from);
+        let layers = draft
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(GpuDraftLayer {
+                    input_norm: vec(&l.input_norm)?,
+                    post_norm: vec(&l.post_norm)?,
+                    q: w(&l.q)?,
+                    k: w(&l.k)?,
+                    v: w(&l.v)?,
+                    o: w(&l.o)?,
+                    q_norm: vec(&l.q_norm)?,
+                    k_norm: vec(&l.k_norm)?,
+                    gate: w(&l.gate)?,
+                    up: w(&l.up)?,
+                    down: w(&l.down)?,
+                    window: l.window,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let d = c.head_dim;
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| 1.0 / (c.rope_theta as f32).powf((2 * i) as f32 / d as f32))
+            .collect();
+        Ok(Self {
+            fc: w(&draft.fc)?,
+            hidden_norm: vec(&draft.hidden_norm)?,
+            norm: vec(&draft.norm)?,
+            inv_freq: vec(&inv_freq)?,
+            layers,
+            k,
+            target: tm.clone(),
+        })
+    }
+
+    fn gpu(&self) -> &Gpu {
+        self.target.gpu()
+    }
+
+    fn scratch(&self, len: usize) -> Result<Buf, ModelError> {
+        Ok(self.gpu().uninit(len)?)
+    }
+
+    /// An empty context.
+    pub(crate) fn new_context(&self, c: &DraftConfig) -> Result<GpuDraftContext, ModelError> {
+        let len = INITIAL_CONTEXT_CAPACITY * c.num_kv_heads * c.head_dim;
+        let layers = self
+            .layers
+            .iter()
+            .map(|_| Ok((self.gpu().zeros(len)?, self.gpu().zeros(len)?)))
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(GpuDraftContext {
+            layers,
+            cap: INITIAL_CONTEXT_CAPACITY,
+        })
+    }
+
+    /// Grows every layer of `ctx` (doubling) to hold `rows` positions.
+    fn reserve(
+        &self,
+        c: &DraftConfig,
+        ctx: &mut GpuDraftContext,
+        rows: usize,
+    ) -> Result<(), ModelError> {
+        if rows <= ctx.cap {
+            return Ok(());
+        }
+        let cap = rows.max(ctx.cap * 2);
+        let len = cap * c.num_kv_heads * c.head_dim;
+        for (k, v) in &mut ctx.layers {
+            *k = self.gpu().grown(k, len)?;
+            *v = self.gpu().grown(v, len)?;
+        }
+        ctx.cap = cap;
+        Ok(())
+    }
+
+    /// K (k_proj, k_norm, RoPE) and V of rows `x` `[t, H]` at positions `pos0..`, written to
+    /// the layer's cache rows `pos0..`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_kv(
+        &self,
+        c: &DraftConfig,
+        layer: &GpuDraftLayer,
+        cache: &(Buf, Buf),
+        x: u64,
+        t: usize,
+        pos0: usize,
+    ) -> Result<(), ModelError> {
+        let (gpu, k) = (self.gpu(), &*self.k);
+        let (hkv, d) = (c.num_kv_heads, c.head_dim);
+        let kb = self.scratch(t * hkv * d)?;
+        let kp = ptr(gpu, &kb, 0);
+        dev::matmul(gpu, k, kp, x, &layer.k, 0, hkv * d, t)?;
+        let k_norm = ptr(gpu, &layer.k_norm, 0);
+        dev::rms_norm(gpu, k, kp, kp, k_norm, t * hkv, d, c.rms_norm_eps)?;
+        let inv = ptr(gpu, &self.inv_freq, 0);
+        dev::rope(gpu, k, kp, inv, t, hkv, d, d, pos0)?;
+        let vb = self.scratch(t * hkv * d)?;
+        let vp = ptr(gpu, &vb, 0);
+        dev::matmul(gpu, k, vp, x, &layer.v, 0, hkv * d, t)?;
+        // f32 rows need no scales; the kernel does not touch the pointer.
+        let no_scales = ptr(gpu, &self.inv_freq, 0);
+        for (src, dst) in [(kp, &cache.0), (vp, &cache.1)] {
+            let dst = ptr(gpu, dst, 0);
+            dev::kv_append(
+                gpu,
+                k,
+                dst,
+                no_scales,
+                src,
+                KvFormat::F32,
+                t * hkv,
+                d,
+                pos0 * hkv,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Appends the taps `features` `[T, n·H]` of positions `pos0..` (see
+    /// [`DFlashDraft::append_context`]).
+    pub(crate) fn append_context(
+        &self,
+        c: &DraftConfig,
+        ctx: &mut GpuDraftContext,
+        features: &[f32],
+        pos0: usize,
+    ) -> Result<(), ModelError> {
+        let t = features.len() / self.fc.cols();
+        if t == 0 {
+            return Ok(());
+        }
+        let (gpu, k, h) = (self.gpu(), &*self.k, c.hidden_size);
+        self.reserve(c, ctx, pos0 + t)?;
+        let f = gpu.upload(features)?;
+        let x = self.scratch(t * h)?;
+        let xp = ptr(gpu, &x, 0);
+        dev::matmul(gpu, k, xp, ptr(gpu, &f, 0), &self.fc, 0, h, t)?;
+        let hn = ptr(gpu, &self.hidden_norm, 0);
+        dev::rms_norm(gpu, k, xp, xp, hn, t, h, c.rms_norm_eps)?;
+        for (layer, cache) in self.layers.iter().zip(&ctx.layers) {
+            self.write_kv(c, layer, cache, xp, t, pos0)?;
+        }
+        Ok(())
+    }
+
+    /// Drafts one block at positions `s..` after the `s` context rows: the final-normed
+    /// hidden states of the `block - 1` mask rows `[block-1, H]` and their logits through the
+    /// target's head `[block-1, V]` (before the draft's multiplier and softcap).
+    pub(crate) fn forward(
+        &self,
+        c: &DraftConfig,
+        ctx: &mut GpuDraftContext,
+        embedded: &[f32],
+        block: usize,
+        s: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let (gpu, k) = (self.gpu(), &*self.k);
+        let (h, hq, hkv, d, eps) = (
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.rms_norm_eps,
+        );
+        // The block's own K/V go to rows s.. for this pass; committed rows overwrite them.
+        self.reserve(c, ctx, s + block)?;
+        let x = gpu.upload(embedded)?;
+        let xp = ptr(gpu, &x, 0);
+        let normed = self.scratch(block * h)?;
+        let np = ptr(gpu, &normed, 0);
+        let inv = ptr(gpu, &self.inv_freq, 0);
+        for (layer, cache) in self.layers.iter().zip(&ctx.layers) {
+            dev::rms_norm(
+                gpu,
+                k,
+                np,
+                xp,
+                ptr(gpu, &layer.input_norm, 0),
+                block,
+                h,
+                eps,
+            )?;
+            let q = self.scratch(block * hq * d)?;
+            let qp = ptr(gpu, &q, 0);
+            dev::matmul(gpu, k, qp, np, &layer.q, 0, hq * d, block)?;
+            dev::rms_norm(
+                gpu,
+                k,
+                qp,
+                qp,
+                ptr(gpu, &layer.q_norm, 0),
+                block * hq,
+                d,
+                eps,
+            )?;
+            dev::rope(gpu, k, qp, inv, block, hq, d, d, s)?;
+            self.write_kv(c, layer, cache, np, block, s)?;
+            let att = self.scratch(block * hq * d)?;
+            let (kc, vc) = (ptr(gpu, &cache.0, 0), ptr(gpu, &cache.1, 0));
+            let mask = KeyMask {
+                block: if c.causal { 0 } else { block },
+                window: layer.window,
+            };
+            dev::attention(
+                gpu,
+                k,
+                ptr(gpu, &att, 0),
+                qp,
+                (kc, inv),
+                (vc, inv),
+                KvFormat::F32,
+                block,
+                hq,
+                hkv,
+                s,
+                (d as f32).powf(-0.5),
+                mask,
+            )?;
+            let o = self.scratch(block * h)?;
+            dev::matmul(
+                gpu,
+                k,
+                ptr(gpu, &o, 0),
+                ptr(gpu, &att, 0),
+                &layer.o,
+                0,
+                h,
+                block,
+            )?;
+            dev::add_in_place(gpu, k, xp, ptr(gpu, &o, 0), block * h)?;
+            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), block, h, eps)?;
+            let inter = layer.gate.rows();
+            let g = self.scratch(block * inter)?;
+            let u = self.scratch(block * inter)?;
+            let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
+            dev::matmul(gpu, k, gp, np, &layer.gate, 0, inter, block)?;
+            dev::matmul(gpu, k, up, np, &layer.up, 0, inter, block)?;
+            dev::silu_mul(gpu, k, gp, up, block * inter)?;
+            let m = self.scratch(block * h)?;
+            dev::matmul(gpu, k, ptr(gpu, &m, 0), gp, &layer.down, 0, h, block)?;
+            dev::add_in_place(gpu, k, xp, ptr(gpu, &m, 0), block * h)?;
+        }
+        let rows = block - 1;
+        let out = self.scratch(rows * h)?;
+        let op = ptr(gpu, &out, 0);
+        dev::rms_norm(
+            gpu,
+            k,
+            op,
+            xp + (h * 4) as u64,
+            ptr(gpu, &self.norm, 0),
+            rows,
+            h,
+            eps,
+        )?;
+        let logits = self.target.lm_head(op, rows)?;
+        let v = logits.len() / rows.max(1);
+        Ok((
+            gpu.download(&out, rows * h)?,
+            gpu.download(&logits, rows * v)?,
+        ))
+    }
+}
