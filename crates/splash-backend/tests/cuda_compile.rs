@@ -24,7 +24,8 @@ fn every_kernel_compiles_for_the_served_shapes() {
     }
     let tmp = std::env::temp_dir().join(format!("splash-kcache-{}", std::process::id()));
     std::env::set_var("SPLASH_KERNEL_CACHE", &tmp);
-    // Qwen3.5/3.6 (head dim 256, GDN 128/128) and the test fixtures (32, 16/16).
+    // Qwen3.5/3.6 (head dim 256, GDN 128/128), their DFlash drafts (head dim 128), the test
+    // fixtures (32, 16/16) and the fixture drafts (16).
     for dims in [
         KernelDims {
             head_dim: 256,
@@ -32,7 +33,17 @@ fn every_kernel_compiles_for_the_served_shapes() {
             gdn_dv: 128,
         },
         KernelDims {
+            head_dim: 128,
+            gdn_dk: 128,
+            gdn_dv: 128,
+        },
+        KernelDims {
             head_dim: 32,
+            gdn_dk: 16,
+            gdn_dv: 16,
+        },
+        KernelDims {
+            head_dim: 16,
             gdn_dk: 16,
             gdn_dv: 16,
         },
@@ -68,6 +79,6 @@ fn every_kernel_compiles_for_the_served_shapes() {
     }
     // The second compile of the same dims comes from the disk cache.
     let n = std::fs::read_dir(&tmp).unwrap().count();
-    assert_eq!(n, 4, "one cached PTX per (dims, arch)");
+    assert_eq!(n, 8, "one cached PTX per (dims, arch)");
     std::fs::remove_dir_all(&tmp).unwrap();
 }

@@ -649,11 +649,17 @@ extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, i
     }
 }
 
+// Head dims per lane of a warp; a head dim that is not a multiple of 32 (small drafts) leaves
+// the last lanes' extra dims idle (IN_HEAD folds to true otherwise).
+#define HEAD_DPL ((HEAD_DIM + 31) / 32)
+#define IN_HEAD(i) (HEAD_DIM % 32 == 0 || (i) < HEAD_DIM)
+
 __device__ __forceinline__ void kv_load(const u8* cache, const float* scales, int fmt, long r, int i0, float* out) {
 #pragma unroll
-    for (int i = 0; i < HEAD_DIM / 32; i++) {
+    for (int i = 0; i < HEAD_DPL; i++) {
         long e = r * HEAD_DIM + i0 + i;
-        out[i] = fmt == KV_F32 ? ((const float*)cache)[e]
+        out[i] = !IN_HEAD(i0 + i) ? 0.0f
+               : fmt == KV_F32 ? ((const float*)cache)[e]
                : fmt == KV_BF16 ? bf16_to_f32(((const u16*)cache)[e])
                                 : (float)((const i8*)cache)[e] * scales[r];
     }
@@ -665,18 +671,18 @@ __device__ __forceinline__ void kv_load(const u8* cache, const float* scales, in
 // (row j = position j). Causal (`block` 0): query t sees keys 0..=pos0+t. A DFlash draft
 // block (`block` = T): every query sees keys 0..pos0+T. `window` > 0 keeps only keys with
 // |q_pos - k_pos| < window. One block per (token, query head); each warp runs an online
-// softmax over every ATTN_WARPS-th key, lane i holding dims [i·D/32, (i+1)·D/32).
+// softmax over every ATTN_WARPS-th key, lane i holding dims [i·DPL, (i+1)·DPL).
 extern "C" __global__ void attention(const float* q, const u8* kc, const float* ks, const u8* vc,
                                      const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
                                      float scale, int block, int window) {
-    const int DPL = HEAD_DIM / 32;
+    const int DPL = HEAD_DPL;
     int t = blockIdx.x / hq, h = blockIdx.x % hq, kvh = h / (hq / hkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float* qv = q + (long)blockIdx.x * HEAD_DIM + lane * DPL;
     float qr[DPL], acc[DPL], kr[DPL], vr[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
-        qr[i] = qv[i];
+        qr[i] = IN_HEAD(lane * DPL + i) ? qv[i] : 0.0f;
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
@@ -700,7 +706,7 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const float* 
         l = l * corr + e;
         m = m2;
     }
-    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS], sacc[ATTN_WARPS][HEAD_DIM];
+    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS], sacc[ATTN_WARPS][32 * HEAD_DPL];
     if (lane == 0) {
         sm[warp] = m;
         sl[warp] = l;
