@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|bench|all]      (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|demo|bench|profile|all]      (results under $OUT, default ./gpu-out)
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-$PWD/gpu-out}
@@ -16,10 +16,22 @@ export SPLASH_KERNEL_CACHE=/tmp/splash-kernels
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in cuda_ops cuda_parity speculative_cuda; do
+  for t in ${TESTS:-cuda_ops cuda_parity speculative_cuda}; do
     echo "== $t"
     SPLASH_REQUIRE_GPU=1 ".device/$t" --test-threads 1 --nocapture 2>&1 | tee "$out/$t.log" | grep -E '^test |test result|panicked|GPU vs CPU' | head -60
   done
+fi
+
+if [ "$what" = demo ] || [ "$what" = all ]; then
+  # The trained demo and its draft: greedy answers with and without speculation.
+  for q in "What is 47 + 38?" "Write a Python function that returns the squares of a list." \
+    "Call the weather tool for Paris."; do
+    for spec in off on; do
+      echo "== demo, speculation $spec: $q"
+      ./.device/splash generate --model models/demo --device cuda --chat --temperature 0 \
+        --max-tokens 256 --speculative "$spec" --prompt "$q" 2>&1 | tail -4
+    done
+  done | tee "$out/demo.txt"
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ]; then
@@ -35,13 +47,16 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ]; then
     fi
     if [ "$what" = profile ]; then
       echo "== profile $m (every launch synchronised: times are per kernel, not end to end)"
-      SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 --decode-tokens 16 --repeat 1 2>&1 | tee "$out/profile-$m.txt" | tail -30
+      SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 --decode-tokens 16 --repeat 1 --verify-rows 16 --speculative off 2>&1 | tee "$out/profile-$m.txt" | tail -30
     else
+      # A random DFlash (v1) draft of the published shapes: 5 layers, block 16.
+      d=/tmp/synth-$m-draft
+      [ -d "$d" ] || python3 bench/make_synthetic_draft.py ".device/cfg-$m" "$d" --layers 5 --block 16
       echo "== bench $m"
       nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/mem-$m.txt" &
       smi=$!
       ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
-        --verify-rows 16 --speculative off 2>&1 | tee "$out/bench-$m.txt" | tail -6
+        --verify-rows 16 --draft-model "$d" --speculative always 2>&1 | tee "$out/bench-$m.txt" | tail -16
       kill $smi
       echo "peak GPU memory $(sort -n "$out/mem-$m.txt" | tail -1) MiB"
     fi

@@ -152,15 +152,19 @@ fn matmul_every_format_matches_the_cpu() {
     let (n, kd) = (67, 512);
     for (name, w) in weights(n, kd, 3) {
         let dw = gpu.upload_weight(&w).unwrap();
-        // 1-13 tokens: the GEMV kernels (f32, then int8 activations); 64: the cuBLAS GEMM in
-        // f32 (exact), then in bf16.
+        // 1-13 tokens: the GEMV kernels (f32, then int8 activations: one token by dp4a, 2-16
+        // by tensor cores, 20 in two launches; bf16 weights by cuBLAS from 2 tokens); 64: the
+        // cuBLAS GEMM in f32 (exact), then in bf16.
         for (t, exact) in [
             (1, true),
             (3, true),
             (8, true),
             (13, true),
             (1, false),
+            (2, false),
             (13, false),
+            (16, false),
+            (20, false),
             (64, true),
             (64, false),
         ] {

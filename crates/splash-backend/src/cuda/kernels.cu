@@ -477,8 +477,8 @@ __device__ __forceinline__ float dot_codes(const Codes& c, const int* xq, float 
     return c.scale * xd * (float)isum - c.minus * xs;
 }
 
-// MAXT: tokens per launch, a compile-time bound so that a one-token decode keeps few
-// registers (occupancy hides the memory latency) while a verify block shares each decode.
+// MAXT: tokens per launch, a compile-time bound (1 for decode: few registers, so occupancy
+// hides the memory latency; several tokens go to the tensor-core kernel below).
 template <int F, int MAXT>
 __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
                         int N, int K, int T) {
@@ -513,11 +513,6 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
 }
 
 #define Q8_KERNEL(NAME, F)                                                                        \
-    extern "C" __global__ void gemv_q8_##NAME(const u8* W, long row_bytes, const i8* xq,          \
-                                              const float* xd, const float* xs, float* y, int N,  \
-                                              int K, int T) {                                     \
-        gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, N, K, T);                             \
-    }                                                                                             \
     extern "C" __global__ void gemv1_q8_##NAME(const u8* W, long row_bytes, const i8* xq,         \
                                                const float* xd, const float* xs, float* y, int N, \
                                                int K, int T) {                                    \
@@ -528,6 +523,89 @@ Q8_KERNEL(q4_k, FMT_Q4_K)
 Q8_KERNEL(q5_k, FMT_Q5_K)
 Q8_KERNEL(q6_k, FMT_Q6_K)
 Q8_KERNEL(q8_0, FMT_Q8_0)
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core GEMV for 2..16 tokens (a speculative verify block, a drafted block): the int8
+// codes of 8 weight rows times the int8 activations of up to 16 tokens with mma.sync
+// (m16n8k16, s8 → s32), one mma per half sub-block, scaled in f32 per (row, token, sub-block).
+// Each weight byte is read once per launch, whatever the token count, so the block costs about
+// what one token costs. One block of MMA_WARPS warps per 8 rows; the warps split K.
+
+#define MMA_WARPS 4
+
+__device__ __forceinline__ void mma_s8_16816(int* c, u32 a0, u32 a1, u32 b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b));
+}
+
+// Fragment layout (PTX ISA, mma.m16n8k16 with .s8): lane = 4·g + q. A (tokens × k): a0 is
+// token g, k 4q..4q+3; a1 token g+8. B (k × rows): k 4q..4q+3 of row g. C: c0, c1 are token g,
+// rows 2q, 2q+1; c2, c3 token g+8.
+template <int F>
+__device__ void gemv_mma(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
+                         int N, int K, int T) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, q = lane & 3;
+    int n0 = blockIdx.x * 8;
+    const u8* row = W + (long)min(n0 + g, N - 1) * row_bytes;
+    int subs = K / 32;
+    bool v0 = g < T, v1 = g + 8 < T;
+    const i8* x0 = xq + (long)g * K + 4 * q;
+    const i8* x1 = xq + (long)(g + 8) * K + 4 * q;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s = warp; s < subs; s += MMA_WARPS) {
+        Codes c = load_codes<F>(row, s);
+        u32 blo = c.v[q], bhi = c.v[4 + q];
+        if (F == FMT_Q6_K) {  // codes stored biased by 32
+            blo = __vsub4(blo, 0x20202020u);
+            bhi = __vsub4(bhi, 0x20202020u);
+        }
+        u32 a0lo = v0 ? *(const u32*)(x0 + 32 * s) : 0u, a0hi = v0 ? *(const u32*)(x0 + 32 * s + 16) : 0u;
+        u32 a1lo = v1 ? *(const u32*)(x1 + 32 * s) : 0u, a1hi = v1 ? *(const u32*)(x1 + 32 * s + 16) : 0u;
+        int clo[4] = {0, 0, 0, 0}, chi[4] = {0, 0, 0, 0};
+        mma_s8_16816(clo, a0lo, a1lo, blo);
+        mma_s8_16816(chi, a0hi, a1hi, bhi);
+        float slo = c.scale, shi = F == FMT_Q6_K ? c.scale2 : c.scale;
+        float mn = (F == FMT_Q4_K || F == FMT_Q5_K) ? c.minus : 0.0f;
+        float d0 = v0 ? xd[(long)g * subs + s] : 0.0f, d1 = v1 ? xd[(long)(g + 8) * subs + s] : 0.0f;
+        float s0 = v0 ? xs[(long)g * subs + s] : 0.0f, s1 = v1 ? xs[(long)(g + 8) * subs + s] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            // Row 2q+j's scales live in the lanes that loaded it (g = 2q+j).
+            int src = (2 * q + j) * 4;
+            float a = __shfl_sync(0xffffffffu, slo, src), b = __shfl_sync(0xffffffffu, shi, src);
+            float m = __shfl_sync(0xffffffffu, mn, src);
+            acc[j] += d0 * (a * (float)clo[j] + b * (float)chi[j]) - m * s0;
+            acc[2 + j] += d1 * (a * (float)clo[2 + j] + b * (float)chi[2 + j]) - m * s1;
+        }
+    }
+    __shared__ float part[MMA_WARPS][32][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) part[warp][lane][i] = acc[i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v = 0.0f;
+        for (int w = 0; w < MMA_WARPS; w++) v += part[w][lane][i];
+        int t = g + (i >> 1) * 8, n = n0 + 2 * q + (i & 1);
+        if (t < T && n < N) y[(long)t * N + n] = v;
+    }
+}
+
+#define MMA_KERNEL(NAME, F)                                                                       \
+    extern "C" __global__ void gemv_mma_##NAME(const u8* W, long row_bytes, const i8* xq,         \
+                                               const float* xd, const float* xs, float* y, int N, \
+                                               int K, int T) {                                    \
+        gemv_mma<F>(W, row_bytes, xq, xd, xs, y, N, K, T);                                        \
+    }
+
+MMA_KERNEL(q4_k, FMT_Q4_K)
+MMA_KERNEL(q5_k, FMT_Q5_K)
+MMA_KERNEL(q6_k, FMT_Q6_K)
+MMA_KERNEL(q8_0, FMT_Q8_0)
 
 // f32 → bf16, elementwise (activations for the cuBLAS GEMM).
 extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {

@@ -8,7 +8,8 @@ use crate::cpu::KvFormat;
 const GEMV_MAX_T: usize = 16;
 
 /// From this many tokens on, a product runs as a cuBLAS bf16 GEMM over the weight decoded to
-/// bf16 (one decode pass) instead of GEMV launches (one weight pass per 16 tokens).
+/// bf16 (one decode pass) instead of GEMV launches (one weight pass per 16 tokens). Above
+/// every speculative block size, so verify passes stay batch-invariant.
 const GEMM_MIN_T: usize = 48;
 
 /// Weight rows decoded to bf16 at a time for the GEMM (bounds the scratch buffer).
@@ -24,6 +25,10 @@ fn row_threads(d: usize) -> u32 {
 }
 
 /// `out[t, :] = W[row0..row0+n, :] · x[t, :]` for `t < tokens`, `out` `[tokens, n]`.
+///
+/// Up to [`GEMV_MAX_T`] tokens, each token's row is computed exactly as it would be alone
+/// (the same kernel and order of sums for 1 and 16 tokens): a speculative verify pass then
+/// gives bit for bit the logits of one-token decoding, and greedy speculation stays lossless.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     gpu: &Gpu,
@@ -35,9 +40,42 @@ pub fn matmul(
     n: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
+    product(gpu, k, out, x, w, row0, n, tokens, GEMM_MIN_T)
+}
+
+/// [`matmul`] whose rows may depend on the token count: bf16 weights go to cuBLAS from two
+/// tokens on. For passes whose numbers only propose, like a draft block.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_batched(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let min_t = if stored_bf16(gpu, w) { 2 } else { GEMM_MIN_T };
+    product(gpu, k, out, x, w, row0, n, tokens, min_t)
+}
+
+/// The product, by cuBLAS from `gemm_min_t` tokens on.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+    tokens: usize,
+    gemm_min_t: usize,
+) -> Result<(), GpuError> {
     assert!(row0 + n <= w.rows, "rows {row0}+{n} of {}", w.rows);
     let kdim = w.cols;
-    if tokens >= GEMM_MIN_T && kdim.is_multiple_of(32) {
+    if tokens >= gemm_min_t && kdim.is_multiple_of(32) {
         if let Some(blas) = gpu.blas() {
             return gemm(gpu, k, &blas, out, x, w, row0, n, tokens);
         }
@@ -86,7 +124,7 @@ fn gemm(
     n: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    use cudarc::cublas::{result::gemm_ex, sys};
+    use cudarc::cublas::sys;
     let kdim = w.cols;
     let exact = gpu.exact();
     // Operands in bf16 (tensor cores), or the f32 activations as they are (exact).
@@ -108,6 +146,10 @@ fn gemm(
         (Some(xb), sys::cudaDataType_t::CUDA_R_16BF)
     };
     let xp = xa.as_ref().map_or(x, |b| super::ptr(gpu, b, 0));
+    if stored_bf16(gpu, w) {
+        let wp = super::ptr(gpu, &w.data, row0 * w.row_bytes);
+        return gemm_rows(blas, out, wp, w.row_bytes / 2, xp, xtype, n, n, tokens, kdim);
+    }
     let chunk = GEMM_ROW_CHUNK.min(n);
     let wb = gpu.uninit::<f32>(chunk * kdim / if exact { 1 } else { 2 })?;
     let dequant = format!(
@@ -115,7 +157,6 @@ fn gemm(
         if exact { "f32" } else { "bf16" },
         w.format.kernel_suffix()
     );
-    let (alpha, beta) = (1.0f32, 0.0f32);
     for r0 in (0..n).step_by(chunk) {
         let rows = chunk.min(n - r0);
         let (scales, biases, group) = group_args(gpu, w, row0 + r0);
@@ -135,34 +176,61 @@ fn gemm(
                 Arg::I32(kdim as i32),
             ],
         )?;
-        // Column-major view: out^T [n, tokens] (ld n) = W [rows, K]^T-as-stored · X^T.
-        // SAFETY: all pointers are live device buffers of the sizes the dimensions imply.
-        unsafe {
-            gemm_ex(
-                *blas.handle(),
-                sys::cublasOperation_t::CUBLAS_OP_T,
-                sys::cublasOperation_t::CUBLAS_OP_N,
-                rows as i32,
-                tokens as i32,
-                kdim as i32,
-                &alpha as *const f32 as *const _,
-                super::ptr(gpu, &wb, 0) as *const _,
-                xtype,
-                kdim as i32,
-                xp as *const _,
-                xtype,
-                kdim as i32,
-                &beta as *const f32 as *const _,
-                (out + (r0 * 4) as u64) as *mut _,
-                sys::cudaDataType_t::CUDA_R_32F,
-                n as i32,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| GpuError::Blas(e.to_string()))?;
+        let wp = super::ptr(gpu, &wb, 0);
+        gemm_rows(blas, out + (r0 * 4) as u64, wp, kdim, xp, xtype, rows, n, tokens, kdim)?;
     }
     Ok(())
+}
+
+/// `out[t, r] = W[r, :] · x[t, :]` for `rows` bf16 (or f32 with f32 `xtype`) weight rows of
+/// stride `ldw` elements, `out` rows `ldo` apart, by cuBLAS with f32 accumulation.
+#[allow(clippy::too_many_arguments)]
+fn gemm_rows(
+    blas: &cudarc::cublas::CudaBlas,
+    out: u64,
+    w: u64,
+    ldw: usize,
+    x: u64,
+    xtype: cudarc::cublas::sys::cudaDataType_t,
+    rows: usize,
+    ldo: usize,
+    tokens: usize,
+    kdim: usize,
+) -> Result<(), GpuError> {
+    use cudarc::cublas::{result::gemm_ex, sys};
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // Column-major view: out^T [rows, tokens] (ld ldo) = W [rows, K]^T-as-stored · X^T.
+    // SAFETY: all pointers are live device buffers of the sizes the dimensions imply.
+    unsafe {
+        gemm_ex(
+            *blas.handle(),
+            sys::cublasOperation_t::CUBLAS_OP_T,
+            sys::cublasOperation_t::CUBLAS_OP_N,
+            rows as i32,
+            tokens as i32,
+            kdim as i32,
+            &alpha as *const f32 as *const _,
+            w as *const _,
+            xtype,
+            ldw as i32,
+            x as *const _,
+            xtype,
+            kdim as i32,
+            &beta as *const f32 as *const _,
+            out as *mut _,
+            sys::cudaDataType_t::CUDA_R_32F,
+            ldo as i32,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| GpuError::Blas(e.to_string()))?;
+    Ok(())
+}
+
+/// A bf16 weight that the fast (not exact) path multiplies as stored.
+fn stored_bf16(gpu: &Gpu, w: &DeviceWeight) -> bool {
+    w.format == super::GpuFormat::Bf16 && w.groups.is_none() && !gpu.exact()
 }
 
 /// Formats with an integer (dp4a) GEMV.
@@ -204,15 +272,16 @@ fn gemv_q8(
             Arg::I64(blocks32 as i64),
         ],
     )?;
-    // One token (decode): the single-token build of the kernel, with fewer registers.
-    let one = if tokens == 1 { "1" } else { "" };
-    let name = format!("gemv{one}_q8_{}", w.format.kernel_suffix());
+    // The tensor-core kernel for every token count (batch-invariant, see `matmul`): 16 tokens
+    // per launch cost one pass over the weights.
+    let name = format!("gemv_mma_{}", w.format.kernel_suffix());
+    let grid = blocks(n, 8);
     for t0 in (0..tokens).step_by(GEMV_MAX_T) {
         let tc = GEMV_MAX_T.min(tokens - t0);
         gpu.launch(
             k,
             &name,
-            blocks(n, 4),
+            grid,
             128,
             &[
                 Arg::Ptr(base),

@@ -129,6 +129,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "target_pass_ms": c.target_ms,
                 "verify_pass_ms": c.verify_ms,
                 "draft_pass_ms": c.draft_ms,
+                "by_acceptance": c.by_acceptance().iter().map(|&(tau, tok_s, speedup)| {
+                    json!({"tau": tau, "tok_s": tok_s, "speedup": speedup})
+                }).collect::<Vec<_>>(),
             });
         }
         if let Some((one, many)) = rows {
@@ -166,6 +169,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 c.draft_ms,
                 c.draft_ms / c.target_ms,
             );
+            println!("decode speed by tokens per target pass τ (draft + verify per pass):");
+            for (tau, tok_s, speedup) in c.by_acceptance() {
+                println!("  τ = {tau}: {tok_s:>9.1} tok/s, {speedup:.2}x speculation off");
+            }
         }
     }
     Ok(())
@@ -177,6 +184,21 @@ struct PassCosts {
     target_ms: f64,
     verify_ms: f64,
     draft_ms: f64,
+}
+
+impl PassCosts {
+    /// `(τ, tok/s, speed-up over one-token passes)` for τ = 1..=block: a speculative step
+    /// costs one draft and one verify pass and emits τ tokens on average. With a random
+    /// draft the measured τ means nothing, so speed is reported for every τ.
+    fn by_acceptance(&self) -> Vec<(usize, f64, f64)> {
+        let step = self.draft_ms + self.verify_ms;
+        (1..=self.block)
+            .map(|tau| {
+                let tok_s = tau as f64 * 1e3 / step;
+                (tau, tok_s, tok_s * self.target_ms / 1e3)
+            })
+            .collect()
+    }
 }
 
 fn pass_costs(
@@ -206,12 +228,14 @@ fn pass_costs(
             .forward(&mut state, &tokens[..1], Logits::Last)?;
         target.push(t0.elapsed().as_secs_f64() * 1e3);
         state.rollback(0)?;
+        model.graph.synchronize()?;
         state.checkpoint();
         let t0 = Instant::now();
         model
             .graph
             .forward_with_taps(&mut state, &tokens, Logits::All, taps)?;
         state.rollback(1)?;
+        model.graph.synchronize()?;
         verify.push(t0.elapsed().as_secs_f64() * 1e3);
         let t0 = Instant::now();
         let drafted = draft.draft_block(&mut ctx, &model.graph, tokens[0], block)?;

@@ -181,14 +181,14 @@ impl GpuDraft {
         let (hkv, d) = (c.num_kv_heads, c.head_dim);
         let kb = self.scratch(t * hkv * d)?;
         let kp = ptr(gpu, &kb, 0);
-        dev::matmul(gpu, k, kp, x, &layer.k, 0, hkv * d, t)?;
+        dev::matmul_batched(gpu, k, kp, x, &layer.k, 0, hkv * d, t)?;
         let k_norm = ptr(gpu, &layer.k_norm, 0);
         dev::rms_norm(gpu, k, kp, kp, k_norm, t * hkv, d, c.rms_norm_eps)?;
         let inv = ptr(gpu, &self.inv_freq, 0);
         dev::rope(gpu, k, kp, inv, t, hkv, d, d, pos0)?;
         let vb = self.scratch(t * hkv * d)?;
         let vp = ptr(gpu, &vb, 0);
-        dev::matmul(gpu, k, vp, x, &layer.v, 0, hkv * d, t)?;
+        dev::matmul_batched(gpu, k, vp, x, &layer.v, 0, hkv * d, t)?;
         // f32 rows need no scales; the kernel does not touch the pointer.
         let no_scales = ptr(gpu, &self.inv_freq, 0);
         for (src, dst) in [(kp, &cache.0), (vp, &cache.1)] {
@@ -226,7 +226,7 @@ impl GpuDraft {
         let f = gpu.upload(features)?;
         let x = self.scratch(t * h)?;
         let xp = ptr(gpu, &x, 0);
-        dev::matmul(gpu, k, xp, ptr(gpu, &f, 0), &self.fc, 0, h, t)?;
+        dev::matmul_batched(gpu, k, xp, ptr(gpu, &f, 0), &self.fc, 0, h, t)?;
         let hn = ptr(gpu, &self.hidden_norm, 0);
         dev::rms_norm(gpu, k, xp, xp, hn, t, h, c.rms_norm_eps)?;
         for (layer, cache) in self.layers.iter().zip(&ctx.layers) {
@@ -274,7 +274,7 @@ impl GpuDraft {
             )?;
             let q = self.scratch(block * hq * d)?;
             let qp = ptr(gpu, &q, 0);
-            dev::matmul(gpu, k, qp, np, &layer.q, 0, hq * d, block)?;
+            dev::matmul_batched(gpu, k, qp, np, &layer.q, 0, hq * d, block)?;
             dev::rms_norm(
                 gpu,
                 k,
@@ -309,7 +309,7 @@ impl GpuDraft {
                 mask,
             )?;
             let o = self.scratch(block * h)?;
-            dev::matmul(
+            dev::matmul_batched(
                 gpu,
                 k,
                 ptr(gpu, &o, 0),
@@ -325,11 +325,11 @@ impl GpuDraft {
             let g = self.scratch(block * inter)?;
             let u = self.scratch(block * inter)?;
             let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
-            dev::matmul(gpu, k, gp, np, &layer.gate, 0, inter, block)?;
-            dev::matmul(gpu, k, up, np, &layer.up, 0, inter, block)?;
+            dev::matmul_batched(gpu, k, gp, np, &layer.gate, 0, inter, block)?;
+            dev::matmul_batched(gpu, k, up, np, &layer.up, 0, inter, block)?;
             dev::silu_mul(gpu, k, gp, up, block * inter)?;
             let m = self.scratch(block * h)?;
-            dev::matmul(gpu, k, ptr(gpu, &m, 0), gp, &layer.down, 0, h, block)?;
+            dev::matmul_batched(gpu, k, ptr(gpu, &m, 0), gp, &layer.down, 0, h, block)?;
             dev::add_in_place(gpu, k, xp, ptr(gpu, &m, 0), block * h)?;
         }
         let rows = block - 1;

@@ -199,6 +199,15 @@ impl Qwen35 {
         None
     }
 
+    /// Waits for the work queued on the device (a no-op on the CPU): timings end here.
+    pub fn synchronize(&self) -> Result<(), ModelError> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            g.gpu().synchronize()?;
+        }
+        Ok(())
+    }
+
     /// The architecture this graph was built for.
     pub fn config(&self) -> &ModelConfig {
         &self.config
