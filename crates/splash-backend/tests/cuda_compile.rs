@@ -54,7 +54,6 @@ fn every_kernel_compiles_for_the_served_shapes() {
                 "gemv_q4_k",
                 "gemv_mma_q4_k",
                 "gemv_mma_q6_k",
-                "gemv1_q8_q6_k",
                 "quantize_q8",
                 "gemv_q6_k",
                 "gemv_iq4_xs",

@@ -1,8 +1,9 @@
 //! Speculative decoding on the CUDA backend, through the engine's real path: target taps,
 //! verify and GDN rollback on the device, the DFlash draft on the device. Greedy output with
 //! the draft is identical token for token to output without it (on the same GPU, in its
-//! default fast arithmetic), for a dense and a MoE fixture with random drafts (frequent
-//! partial acceptance) and for the trained demo with its trained draft (long acceptances).
+//! default fast arithmetic), for dense and MoE fixtures in bf16 and GGUF with random drafts
+//! (frequent partial acceptance) and for the trained demo with its trained draft (long
+//! acceptances).
 //! Needs a GPU: skipped without one unless `SPLASH_REQUIRE_GPU` is set.
 #![cfg(feature = "cuda")]
 
@@ -74,6 +75,7 @@ fn generate(
 #[test]
 fn greedy_output_with_the_draft_is_the_output_without_it() {
     let Some(gpu) = gpu() else { return };
+    // bf16 targets (float GEMVs) and GGUF targets (the int8 tensor-core GEMV).
     let cases = [
         (
             "tests/fixtures/qwen35-dense",
@@ -81,6 +83,14 @@ fn greedy_output_with_the_draft_is_the_output_without_it() {
         ),
         (
             "tests/fixtures/qwen35-moe",
+            "tests/fixtures/dflash/moe-dflash",
+        ),
+        (
+            "tests/fixtures/qwen35-dense-gguf/model-Q4_mix.gguf",
+            "tests/fixtures/dflash/dense-dflash",
+        ),
+        (
+            "tests/fixtures/qwen35-moe-gguf/model-Q8_0.gguf",
             "tests/fixtures/dflash/moe-dflash",
         ),
         ("models/demo", "models/demo/draft"),

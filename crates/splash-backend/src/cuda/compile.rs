@@ -41,11 +41,7 @@ pub(crate) fn arch_for(major: i32, minor: i32) -> &'static str {
 
 /// PTX of the kernels for `dims` and `arch`, from the cache directory or freshly compiled.
 pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuError> {
-    if dims.head_dim == 0
-        || dims.head_dim > 1024
-        || dims.gdn_dv == 0
-        || dims.gdn_dv > 1024
-    {
+    if dims.head_dim == 0 || dims.head_dim > 1024 || dims.gdn_dv == 0 || dims.gdn_dv > 1024 {
         return Err(GpuError::Unsupported(format!(
             "the CUDA kernels need an attention head dim and a GDN value head dim of 1..1024 (got {dims:?})"
         )));

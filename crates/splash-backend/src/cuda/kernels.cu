@@ -436,9 +436,9 @@ WEIGHT_KERNELS(affine8, FMT_AFFINE8)
 
 // ---------------------------------------------------------------------------------------------
 // Integer GEMV: the activations quantised to int8 per 32 values (scale xd, exact sum xs), the
-// weights' integer codes multiplied four at a time with dp4a. About an order of magnitude fewer
-// instructions than decoding every weight to f32; the activation rounding is llama.cpp's
-// (Q8_1). The f32 kernels above stay the exact reference (Gpu::set_exact).
+// weights' integer codes multiplied by tensor cores (below). Far fewer instructions than
+// decoding every weight to f32; the activation rounding is llama.cpp's (Q8_1). The f32 kernels
+// above stay the exact reference (Gpu::set_exact).
 
 // One warp per 32 values of x [T, K]: xq [T, K] int8, xd and xs [T, K/32].
 extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float* xs, long blocks) {
@@ -457,79 +457,14 @@ extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float*
 }
 
 
-// Σ over one sub-block of w · x, from its codes and one token's quantised activations.
-template <int F>
-__device__ __forceinline__ float dot_codes(const Codes& c, const int* xq, float xd, float xs) {
-    if (F == FMT_Q6_K) {
-        int isum[2] = {0, 0}, xsum[2] = {0, 0};
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            isum[i >> 2] = __dp4a((int)c.v[i], xq[i], isum[i >> 2]);
-            xsum[i >> 2] = __dp4a(0x01010101, xq[i], xsum[i >> 2]);
-        }
-        // The codes are stored biased by 32.
-        return xd * (c.scale * (float)(isum[0] - 32 * xsum[0]) + c.scale2 * (float)(isum[1] - 32 * xsum[1]));
-    }
-    int isum = 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) isum = __dp4a((int)c.v[i], xq[i], isum);
-    if (F == FMT_Q8_0) return c.scale * xd * (float)isum;
-    return c.scale * xd * (float)isum - c.minus * xs;
-}
-
-// MAXT: tokens per launch, a compile-time bound (1 for decode: few registers, so occupancy
-// hides the memory latency; several tokens go to the tensor-core kernel below).
-template <int F, int MAXT>
-__device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
-                        int N, int K, int T) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (n >= N) return;
-    const u8* row = W + (long)n * row_bytes;
-    float acc[MAXT];
-#pragma unroll
-    for (int t = 0; t < MAXT; t++) acc[t] = 0.0f;
-    int subs = K / 32;
-#pragma unroll 2
-    for (int s = lane; s < subs; s += 32) {
-        Codes c = load_codes<F>(row, s);
-#pragma unroll
-        for (int t = 0; t < MAXT; t++) {
-            if (t < T) {
-                const uint4* xp = (const uint4*)(xq + (long)t * K + 32 * s);
-                uint4 a0 = xp[0], a1 = xp[1];
-                int xw[8] = {(int)a0.x, (int)a0.y, (int)a0.z, (int)a0.w, (int)a1.x, (int)a1.y, (int)a1.z, (int)a1.w};
-                acc[t] += dot_codes<F>(c, xw, xd[(long)t * subs + s], xs[(long)t * subs + s]);
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < MAXT; t++) {
-        if (t < T) {
-            float v = warp_sum(acc[t]);
-            if (lane == 0) y[(long)t * N + n] = v;
-        }
-    }
-}
-
-#define Q8_KERNEL(NAME, F)                                                                        \
-    extern "C" __global__ void gemv1_q8_##NAME(const u8* W, long row_bytes, const i8* xq,         \
-                                               const float* xd, const float* xs, float* y, int N, \
-                                               int K, int T) {                                    \
-        gemv_q8<F, 1>(W, row_bytes, xq, xd, xs, y, N, K, 1);                                      \
-    }
-
-Q8_KERNEL(q4_k, FMT_Q4_K)
-Q8_KERNEL(q5_k, FMT_Q5_K)
-Q8_KERNEL(q6_k, FMT_Q6_K)
-Q8_KERNEL(q8_0, FMT_Q8_0)
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core GEMV for 2..16 tokens (a speculative verify block, a drafted block): the int8
-// codes of 8 weight rows times the int8 activations of up to 16 tokens with mma.sync
-// (m16n8k16, s8 → s32), one mma per half sub-block, scaled in f32 per (row, token, sub-block).
-// Each weight byte is read once per launch, whatever the token count, so the block costs about
-// what one token costs. One block of MMA_WARPS warps per 8 rows; the warps split K.
+// Tensor-core GEMV for 1..16 tokens (decode, a speculative verify block): the int8 codes of 8
+// weight rows times the int8 activations of up to 16 tokens with mma.sync (s8 → s32), scaled
+// in f32 per (row, token, sub-block). Each weight byte is read once per launch whatever the
+// token count, so a block costs about what one token costs; and a token's sums do not depend
+// on the others, so verify logits equal decode logits bit for bit. One block of MMA_WARPS
+// warps per 8 rows; the warps split K.
 
 #define MMA_WARPS 4
 
@@ -540,12 +475,28 @@ __device__ __forceinline__ void mma_s8_16816(int* c, u32 a0, u32 a1, u32 b) {
         : "r"(a0), "r"(a1), "r"(b));
 }
 
-// Fragment layout (PTX ISA, mma.m16n8k16 with .s8): lane = 4·g + q. A (tokens × k): a0 is
-// token g, k 4q..4q+3; a1 token g+8. B (k × rows): k 4q..4q+3 of row g. C: c0, c1 are token g,
-// rows 2q, 2q+1; c2, c3 token g+8.
+__device__ __forceinline__ void mma_s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Fragment layout (PTX ISA, mma.m16n8k16 / m16n8k32 with .s8): lane = 4·g + q. A (tokens ×
+// k): token g (and g+8), k 4q..4q+3 (and 16+4q..). B (k × rows): the same k of row g. C: c0,
+// c1 are token g, rows 2q, 2q+1; c2, c3 token g+8.
+//
+// A warp works in rounds of 4 sub-blocks × its 8 rows: lane (g, q) decodes sub-block q of row
+// g once into shared memory, then the 4 mma steps read their B fragments from there (no lane
+// decodes what another does). Q6_K has a scale per half sub-block: two k16 mmas; the other
+// formats one k32 mma.
 template <int F>
 __device__ void gemv_mma(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
                          int N, int K, int T) {
+    __shared__ __align__(16) u32 codes[MMA_WARPS][4][8][8];
+    __shared__ float scales[MMA_WARPS][4][8][3];
+    __shared__ float part[MMA_WARPS][32][4];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, q = lane & 3;
     int n0 = blockIdx.x * 8;
@@ -554,34 +505,56 @@ __device__ void gemv_mma(const u8* W, long row_bytes, const i8* xq, const float*
     bool v0 = g < T, v1 = g + 8 < T;
     const i8* x0 = xq + (long)g * K + 4 * q;
     const i8* x1 = xq + (long)(g + 8) * K + 4 * q;
+    const float *xd0 = xd + (long)g * subs, *xd1 = xd + (long)(g + 8) * subs;
+    const float *xs0 = xs + (long)g * subs, *xs1 = xs + (long)(g + 8) * subs;
+    u32(*my)[8][8] = codes[warp];
+    float(*sc)[8][3] = scales[warp];
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s = warp; s < subs; s += MMA_WARPS) {
-        Codes c = load_codes<F>(row, s);
-        u32 blo = c.v[q], bhi = c.v[4 + q];
-        if (F == FMT_Q6_K) {  // codes stored biased by 32
-            blo = __vsub4(blo, 0x20202020u);
-            bhi = __vsub4(bhi, 0x20202020u);
-        }
-        u32 a0lo = v0 ? *(const u32*)(x0 + 32 * s) : 0u, a0hi = v0 ? *(const u32*)(x0 + 32 * s + 16) : 0u;
-        u32 a1lo = v1 ? *(const u32*)(x1 + 32 * s) : 0u, a1hi = v1 ? *(const u32*)(x1 + 32 * s + 16) : 0u;
-        int clo[4] = {0, 0, 0, 0}, chi[4] = {0, 0, 0, 0};
-        mma_s8_16816(clo, a0lo, a1lo, blo);
-        mma_s8_16816(chi, a0hi, a1hi, bhi);
-        float slo = c.scale, shi = F == FMT_Q6_K ? c.scale2 : c.scale;
-        float mn = (F == FMT_Q4_K || F == FMT_Q5_K) ? c.minus : 0.0f;
-        float d0 = v0 ? xd[(long)g * subs + s] : 0.0f, d1 = v1 ? xd[(long)(g + 8) * subs + s] : 0.0f;
-        float s0 = v0 ? xs[(long)g * subs + s] : 0.0f, s1 = v1 ? xs[(long)(g + 8) * subs + s] : 0.0f;
+    for (int s0 = 4 * warp; s0 < subs; s0 += 4 * MMA_WARPS) {
+        if (s0 + q < subs) {
+            Codes c = load_codes<F>(row, s0 + q);
+            u32 v[8];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            // Row 2q+j's scales live in the lanes that loaded it (g = 2q+j).
-            int src = (2 * q + j) * 4;
-            float a = __shfl_sync(0xffffffffu, slo, src), b = __shfl_sync(0xffffffffu, shi, src);
-            float m = __shfl_sync(0xffffffffu, mn, src);
-            acc[j] += d0 * (a * (float)clo[j] + b * (float)chi[j]) - m * s0;
-            acc[2 + j] += d1 * (a * (float)clo[2 + j] + b * (float)chi[2 + j]) - m * s1;
+            for (int i = 0; i < 8; i++) v[i] = F == FMT_Q6_K ? __vsub4(c.v[i], 0x20202020u) : c.v[i];
+            uint4* dst = (uint4*)my[q][g];
+            dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+            dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+            sc[q][g][0] = c.scale;
+            sc[q][g][1] = F == FMT_Q6_K ? c.scale2 : c.scale;
+            sc[q][g][2] = (F == FMT_Q4_K || F == FMT_Q5_K) ? c.minus : 0.0f;
         }
+        __syncwarp();
+        int steps = min(4, subs - s0);
+        for (int j = 0; j < steps; j++) {
+            int s = s0 + j;
+            u32 blo = my[j][g][q], bhi = my[j][g][4 + q];
+            u32 a0lo = v0 ? *(const u32*)(x0 + 32 * s) : 0u, a0hi = v0 ? *(const u32*)(x0 + 32 * s + 16) : 0u;
+            u32 a1lo = v1 ? *(const u32*)(x1 + 32 * s) : 0u, a1hi = v1 ? *(const u32*)(x1 + 32 * s + 16) : 0u;
+            float d0 = v0 ? xd0[s] : 0.0f, d1 = v1 ? xd1[s] : 0.0f;
+            float m0 = v0 ? xs0[s] : 0.0f, m1 = v1 ? xs1[s] : 0.0f;
+            if (F == FMT_Q6_K) {
+                int clo[4] = {0, 0, 0, 0}, chi[4] = {0, 0, 0, 0};
+                mma_s8_16816(clo, a0lo, a1lo, blo);
+                mma_s8_16816(chi, a0hi, a1hi, bhi);
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float a = sc[j][2 * q + r][0], b = sc[j][2 * q + r][1];
+                    acc[r] += d0 * (a * (float)clo[r] + b * (float)chi[r]);
+                    acc[2 + r] += d1 * (a * (float)clo[2 + r] + b * (float)chi[2 + r]);
+                }
+            } else {
+                int cc[4] = {0, 0, 0, 0};
+                mma_s8_16832(cc, a0lo, a1lo, a0hi, a1hi, blo, bhi);
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float a = sc[j][2 * q + r][0], m = sc[j][2 * q + r][2];
+                    acc[r] += d0 * a * (float)cc[r] - m * m0;
+                    acc[2 + r] += d1 * a * (float)cc[2 + r] - m * m1;
+                }
+            }
+        }
+        __syncwarp();
     }
-    __shared__ float part[MMA_WARPS][32][4];
 #pragma unroll
     for (int i = 0; i < 4; i++) part[warp][lane][i] = acc[i];
     __syncthreads();

@@ -148,7 +148,18 @@ fn gemm(
     let xp = xa.as_ref().map_or(x, |b| super::ptr(gpu, b, 0));
     if stored_bf16(gpu, w) {
         let wp = super::ptr(gpu, &w.data, row0 * w.row_bytes);
-        return gemm_rows(blas, out, wp, w.row_bytes / 2, xp, xtype, n, n, tokens, kdim);
+        return gemm_rows(
+            blas,
+            out,
+            wp,
+            w.row_bytes / 2,
+            xp,
+            xtype,
+            n,
+            n,
+            tokens,
+            kdim,
+        );
     }
     let chunk = GEMM_ROW_CHUNK.min(n);
     let wb = gpu.uninit::<f32>(chunk * kdim / if exact { 1 } else { 2 })?;
@@ -177,7 +188,18 @@ fn gemm(
             ],
         )?;
         let wp = super::ptr(gpu, &wb, 0);
-        gemm_rows(blas, out + (r0 * 4) as u64, wp, kdim, xp, xtype, rows, n, tokens, kdim)?;
+        gemm_rows(
+            blas,
+            out + (r0 * 4) as u64,
+            wp,
+            kdim,
+            xp,
+            xtype,
+            rows,
+            n,
+            tokens,
+            kdim,
+        )?;
     }
     Ok(())
 }
