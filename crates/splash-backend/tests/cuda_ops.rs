@@ -152,9 +152,8 @@ fn matmul_every_format_matches_the_cpu() {
     let (n, kd) = (67, 512);
     for (name, w) in weights(n, kd, 3) {
         let dw = gpu.upload_weight(&w).unwrap();
-        // 1-13 tokens: the GEMV kernels (f32, then int8 activations: one token by dp4a, 2-16
-        // by tensor cores, 20 in two launches; bf16 weights by cuBLAS from 2 tokens); 64: the
-        // cuBLAS GEMM in f32 (exact), then in bf16.
+        // 1-20 tokens: the GEMV kernels (f32, then int8 activations by dp4a and by tensor
+        // cores; 20 in two launches); 64: the cuBLAS GEMM in f32 (exact), then in bf16.
         for (t, exact) in [
             (1, true),
             (3, true),
@@ -174,44 +173,58 @@ fn matmul_every_format_matches_the_cpu() {
             let mut want = vec![0.0f32; t * n];
             cpu::matmul(&mut want, &x, &w);
             let xd = gpu.upload(&x).unwrap();
-            let out = poisoned(&gpu, t * n);
-            dev::matmul(
-                &gpu,
-                &k,
-                ptr(&gpu, &out, 0),
-                ptr(&gpu, &xd, 0),
-                &dw,
-                0,
-                n,
-                t,
-            )
-            .unwrap();
-            let got = gpu.download(&out, t * n).unwrap();
-            let err = rel_err(&got, &want);
-            assert!(
-                err < tol,
-                "{name} t={t} exact={exact}: relative error {err}"
-            );
-            // A row range (an expert of a stacked tensor).
-            let out = poisoned(&gpu, t * 20);
-            dev::matmul(
-                &gpu,
-                &k,
-                ptr(&gpu, &out, 0),
-                ptr(&gpu, &xd, 0),
-                &dw,
-                30,
-                20,
-                t,
-            )
-            .unwrap();
-            let got = gpu.download(&out, t * 20).unwrap();
-            let want_rows: Vec<f32> = (0..t)
-                .flat_map(|ti| want[ti * n + 30..ti * n + 50].to_vec())
-                .collect();
-            assert!(rel_err(&got, &want_rows) < tol, "{name} t={t}: rows 30..50");
+            // Both integer GEMV families: dp4a (default) and tensor cores.
+            for tensor_cores in [false, true] {
+                gpu.set_tensor_core_gemv(tensor_cores);
+                let out = poisoned(&gpu, t * n);
+                dev::matmul(
+                    &gpu,
+                    &k,
+                    ptr(&gpu, &out, 0),
+                    ptr(&gpu, &xd, 0),
+                    &dw,
+                    0,
+                    n,
+                    t,
+                )
+                .unwrap();
+                let got = gpu.download(&out, t * n).unwrap();
+                let err = rel_err(&got, &want);
+                assert!(
+                    err < tol,
+                    "{name} t={t} exact={exact} tensor cores {tensor_cores}: relative error {err}"
+                );
+                // The draft's product (bf16 weights by cuBLAS from two tokens).
+                let out = poisoned(&gpu, t * n);
+                let (op, xp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0));
+                dev::matmul_batched(&gpu, &k, op, xp, &dw, 0, n, t).unwrap();
+                let err = rel_err(&gpu.download(&out, t * n).unwrap(), &want);
+                assert!(err < tol, "{name} t={t} exact={exact}: batched {err}");
+                // A row range (an expert of a stacked tensor).
+                let out = poisoned(&gpu, t * 20);
+                dev::matmul(
+                    &gpu,
+                    &k,
+                    ptr(&gpu, &out, 0),
+                    ptr(&gpu, &xd, 0),
+                    &dw,
+                    30,
+                    20,
+                    t,
+                )
+                .unwrap();
+                let got = gpu.download(&out, t * 20).unwrap();
+                let want_rows: Vec<f32> = (0..t)
+                    .flat_map(|ti| want[ti * n + 30..ti * n + 50].to_vec())
+                    .collect();
+                assert!(
+                    rel_err(&got, &want_rows) < tol,
+                    "{name} t={t} tensor cores {tensor_cores}: rows 30..50"
+                );
+            }
         }
     }
+    gpu.set_tensor_core_gemv(false);
     gpu.set_exact(false);
     // Float rows that end in a partial 32-value sub-block (the MoE fixture's shared expert).
     for (name, w) in weights(9, 48, 4).into_iter().take(3) {

@@ -436,9 +436,9 @@ WEIGHT_KERNELS(affine8, FMT_AFFINE8)
 
 // ---------------------------------------------------------------------------------------------
 // Integer GEMV: the activations quantised to int8 per 32 values (scale xd, exact sum xs), the
-// weights' integer codes multiplied by tensor cores (below). Far fewer instructions than
-// decoding every weight to f32; the activation rounding is llama.cpp's (Q8_1). The f32 kernels
-// above stay the exact reference (Gpu::set_exact).
+// weights' integer codes multiplied four at a time with dp4a, or by tensor cores (further
+// below). Far fewer instructions than decoding every weight to f32; the activation rounding is
+// llama.cpp's (Q8_1). The f32 kernels above stay the exact reference (Gpu::set_exact).
 
 // One warp per 32 values of x [T, K]: xq [T, K] int8, xd and xs [T, K/32].
 extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float* xs, long blocks) {
@@ -457,6 +457,78 @@ extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float*
 }
 
 
+
+// Σ over one sub-block of w · x, from its codes and one token's quantised activations.
+template <int F>
+__device__ __forceinline__ float dot_codes(const Codes& c, const int* xq, float xd, float xs) {
+    if (F == FMT_Q6_K) {
+        int isum[2] = {0, 0}, xsum[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            isum[i >> 2] = __dp4a((int)c.v[i], xq[i], isum[i >> 2]);
+            xsum[i >> 2] = __dp4a(0x01010101, xq[i], xsum[i >> 2]);
+        }
+        // The codes are stored biased by 32.
+        return xd * (c.scale * (float)(isum[0] - 32 * xsum[0]) + c.scale2 * (float)(isum[1] - 32 * xsum[1]));
+    }
+    int isum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) isum = __dp4a((int)c.v[i], xq[i], isum);
+    if (F == FMT_Q8_0) return c.scale * xd * (float)isum;
+    return c.scale * xd * (float)isum - c.minus * xs;
+}
+
+// MAXT: tokens per launch, a compile-time bound so that a one-token decode keeps few
+// registers (occupancy hides the memory latency) while a verify block shares each decode.
+template <int F, int MAXT>
+__device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
+                        int N, int K, int T) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int n = blockIdx.x * (blockDim.x >> 5) + warp;
+    if (n >= N) return;
+    const u8* row = W + (long)n * row_bytes;
+    float acc[MAXT];
+#pragma unroll
+    for (int t = 0; t < MAXT; t++) acc[t] = 0.0f;
+    int subs = K / 32;
+#pragma unroll 2
+    for (int s = lane; s < subs; s += 32) {
+        Codes c = load_codes<F>(row, s);
+#pragma unroll
+        for (int t = 0; t < MAXT; t++) {
+            if (t < T) {
+                const uint4* xp = (const uint4*)(xq + (long)t * K + 32 * s);
+                uint4 a0 = xp[0], a1 = xp[1];
+                int xw[8] = {(int)a0.x, (int)a0.y, (int)a0.z, (int)a0.w, (int)a1.x, (int)a1.y, (int)a1.z, (int)a1.w};
+                acc[t] += dot_codes<F>(c, xw, xd[(long)t * subs + s], xs[(long)t * subs + s]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MAXT; t++) {
+        if (t < T) {
+            float v = warp_sum(acc[t]);
+            if (lane == 0) y[(long)t * N + n] = v;
+        }
+    }
+}
+
+#define Q8_KERNEL(NAME, F)                                                                        \
+    extern "C" __global__ void gemv_q8_##NAME(const u8* W, long row_bytes, const i8* xq,          \
+                                              const float* xd, const float* xs, float* y, int N,  \
+                                              int K, int T) {                                     \
+        gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, N, K, T);                             \
+    }                                                                                             \
+    extern "C" __global__ void gemv1_q8_##NAME(const u8* W, long row_bytes, const i8* xq,         \
+                                               const float* xd, const float* xs, float* y, int N, \
+                                               int K, int T) {                                    \
+        gemv_q8<F, 1>(W, row_bytes, xq, xd, xs, y, N, K, 1);                                      \
+    }
+
+Q8_KERNEL(q4_k, FMT_Q4_K)
+Q8_KERNEL(q5_k, FMT_Q5_K)
+Q8_KERNEL(q6_k, FMT_Q6_K)
+Q8_KERNEL(q8_0, FMT_Q8_0)
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core GEMV for 1..16 tokens (decode, a speculative verify block): the int8 codes of 8

@@ -294,10 +294,17 @@ fn gemv_q8(
             Arg::I64(blocks32 as i64),
         ],
     )?;
-    // The tensor-core kernel for every token count (batch-invariant, see `matmul`): 16 tokens
-    // per launch cost one pass over the weights.
-    let name = format!("gemv_mma_{}", w.format.kernel_suffix());
-    let grid = blocks(n, 8);
+    // Tensor cores: 16 tokens per launch cost one pass over the weights. dp4a: a one-token
+    // build with few registers for decode, the 16-token build for more (the same sums per
+    // token). Either family is batch-invariant (see `matmul`).
+    let suffix = w.format.kernel_suffix();
+    let (name, grid) = if gpu.tensor_core_gemv() {
+        (format!("gemv_mma_{suffix}"), blocks(n, 8))
+    } else if tokens == 1 {
+        (format!("gemv1_q8_{suffix}"), blocks(n, 4))
+    } else {
+        (format!("gemv_q8_{suffix}"), blocks(n, 4))
+    };
     for t0 in (0..tokens).step_by(GEMV_MAX_T) {
         let tc = GEMV_MAX_T.min(tokens - t0);
         gpu.launch(
