@@ -1,9 +1,9 @@
 //! The engine: admits requests as sequences and steps them.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use splash_model::{KvFormat, Model, ModelError};
+use splash_model::{BatchItem, KvFormat, Logits, Model, ModelError};
 
 use crate::grammar::{GrammarFactory, GrammarRequest, GrammarState};
 use crate::prefix_cache::{checkpoint_positions, PrefixCache, PrefixCacheStats};
@@ -280,15 +280,26 @@ impl Engine {
         !self.running.is_empty()
     }
 
-    /// Advances every running sequence by one prefill chunk or one token.
+    /// Advances every running sequence by one prefill chunk, one token or one speculative
+    /// block. The sequences that decode one token plainly share one batched forward pass.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
         let mut events = Vec::new();
-        for seq in &mut self.running {
+        let mut batch: Vec<(usize, u32)> = Vec::new();
+        for (i, seq) in self.running.iter_mut().enumerate() {
+            if seq.decodes_plainly() {
+                let t0 = Instant::now();
+                if let Some(token) = seq.sample_next(&self.model, &mut events)? {
+                    batch.push((i, token));
+                }
+                seq.add_decode_time(t0.elapsed());
+                continue;
+            }
             seq.step(&self.model, self.prefill_chunk, &mut events)?;
             for (tokens, r) in seq.take_snapshots() {
                 self.prefix_cache.insert(tokens, r.state, r.draft);
             }
         }
+        self.decode_batch(&batch)?;
         let (done, running): (Vec<_>, Vec<_>) = self
             .running
             .drain(..)
@@ -301,6 +312,39 @@ impl Engine {
         }
         self.finished.extend(done);
         Ok(events)
+    }
+
+    /// One forward pass for the sampled `(sequence index, token)` pairs of plain decode steps:
+    /// each weight is read once for all of them.
+    fn decode_batch(&mut self, batch: &[(usize, u32)]) -> Result<(), EngineError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let tokens: Vec<u32> = batch.iter().map(|&(_, t)| t).collect();
+        let mut next = batch.iter().map(|&(i, _)| i).peekable();
+        let mut items = Vec::with_capacity(batch.len());
+        for (i, seq) in self.running.iter_mut().enumerate() {
+            if next.peek() == Some(&i) {
+                next.next();
+                let k = items.len();
+                items.push(BatchItem {
+                    state: seq.state_mut(),
+                    tokens: &tokens[k..k + 1],
+                });
+            }
+        }
+        let out = self
+            .model
+            .graph
+            .forward_batch(&mut items, Logits::Last, &[])?;
+        let elapsed = t0.elapsed();
+        for (&(i, _), (logits, _)) in batch.iter().zip(out) {
+            let seq = &mut self.running[i];
+            seq.decoded(logits);
+            seq.add_decode_time(elapsed);
+        }
+        Ok(())
     }
 
     /// Number of running sequences.

@@ -303,6 +303,30 @@ impl Sequence {
             self.decode_time += t0.elapsed();
             return Ok(());
         }
+        if let Some(token) = self.sample_next(model, events)? {
+            let logits = model
+                .graph
+                .forward(&mut self.state, &[token], Logits::Last)?;
+            self.decoded(logits);
+        }
+        self.decode_time += t0.elapsed();
+        Ok(())
+    }
+
+    /// True when the next step is a plain one-token decode step (prompt in, no draft): the
+    /// engine runs the forward passes of all such sequences as one batch
+    /// ([`sample_next`](Self::sample_next), the pass, [`decoded`](Self::decoded)).
+    pub(crate) fn decodes_plainly(&self) -> bool {
+        self.finish.is_none() && self.prefilled == self.prompt.len() && self.spec.is_none()
+    }
+
+    /// Samples and emits the next token from the last logits (masked by the output
+    /// constraint). Returns it when the sequence goes on: its forward pass comes next.
+    pub(crate) fn sample_next(
+        &mut self,
+        model: &Model,
+        events: &mut Vec<Event>,
+    ) -> Result<Option<u32>, ModelError> {
         let mut logits = self.logits.take().expect("decode step after prefill");
         let constrained = self
             .grammar
@@ -310,20 +334,29 @@ impl Sequence {
             .filter(|_| self.grammar_after.is_none());
         if let Some(g) = constrained {
             if let Err(e) = g.mask(&mut logits) {
-                return self.fail(format!("the output constraint failed: {e}"), events);
+                self.fail(format!("the output constraint failed: {e}"), events)?;
+                return Ok(None);
             }
         }
         let token = self.sampler.sample(&mut logits, &self.prompt, &self.output);
         self.push(token, model, events)?;
-        if self.finish.is_none() {
-            self.logits = Some(
-                model
-                    .graph
-                    .forward(&mut self.state, &[token], Logits::Last)?,
-            );
-        }
-        self.decode_time += t0.elapsed();
-        Ok(())
+        Ok(self.finish.is_none().then_some(token))
+    }
+
+    /// Takes the logits of the forward pass of the token [`sample_next`](Self::sample_next)
+    /// returned.
+    pub(crate) fn decoded(&mut self, logits: Vec<f32>) {
+        self.logits = Some(logits);
+    }
+
+    /// The model state, for a batched forward pass.
+    pub(crate) fn state_mut(&mut self) -> &mut SequenceState {
+        &mut self.state
+    }
+
+    /// Adds time spent decoding on this sequence's behalf (its share of a batched step).
+    pub(crate) fn add_decode_time(&mut self, d: Duration) {
+        self.decode_time += d;
     }
 
     /// One speculative step: a drafted block verified by one target pass (right after

@@ -6,9 +6,14 @@ use rayon::prelude::*;
 use crate::ggml::{self, GgmlType};
 use crate::{DType, Weight};
 
-/// Weight elements per task in the single-token (GEMV) path: enough work to amortise the
-/// task overhead when rows are short (an LM head with a small hidden size).
+/// Weight elements per task in the GEMV path: enough work to amortise the task overhead when
+/// rows are short (an LM head with a small hidden size).
 const GEMV_TASK_ELEMS: usize = 32 * 1024;
+
+/// Up to this many tokens (a speculative block, a batch of decode lanes), products run row
+/// by row with each token's dot product as for one token (batch-invariant); more (prefill
+/// chunks) take the tiled GEMM.
+const GEMV_MAX_TOKENS: usize = 16;
 
 /// `out[T,N] = x[T,K] · Wᵀ` where `W` is `[N,K]` in its stored dtype. Accumulates in f32.
 pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
@@ -20,20 +25,29 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
     );
     let t = x.len() / k;
     assert_eq!(out.len(), t * n, "out must be [T={t}, N={n}]");
-    if t == 1 {
+    if t <= GEMV_MAX_TOKENS {
+        // Row by row, each token's dot product computed as for one token alone: batched
+        // decode and speculative verify blocks give bit for bit the one-token results.
+        let mut by_row = vec![0.0f32; n * t];
         if w.affine_parts().is_some() {
-            affine_gemv(out, x, w);
-            return;
+            affine_gemv(&mut by_row, x, w, t);
+        } else {
+            let rows_per_task = (GEMV_TASK_ELEMS / k).max(1);
+            by_row
+                .par_chunks_mut(rows_per_task * t)
+                .enumerate()
+                .for_each(|(b, chunk)| {
+                    let mut row = Vec::new();
+                    for (i, o) in chunk.chunks_exact_mut(t).enumerate() {
+                        rows_dot(w, b * rows_per_task + i, x, o, &mut row);
+                    }
+                });
         }
-        let rows_per_task = (GEMV_TASK_ELEMS / k).max(1);
-        out.par_chunks_mut(rows_per_task)
-            .enumerate()
-            .for_each(|(b, chunk)| {
-                let mut row = Vec::new();
-                for (i, o) in chunk.iter_mut().enumerate() {
-                    *o = row_dot(w, b * rows_per_task + i, x, &mut row);
-                }
-            });
+        for (r, outs) in by_row.chunks_exact(t).enumerate() {
+            for (ti, &v) in outs.iter().enumerate() {
+                out[ti * n + r] = v;
+            }
+        }
         return;
     }
     // Batched: each task owns NR rows of W and produces their [T, NR] output tile.
@@ -173,6 +187,87 @@ fn row_dot(w: &Weight, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
     }
 }
 
+/// `out[t] = W[r] · x[t]` for every token of `x`, each exactly as [`row_dot`] computes it:
+/// float rows are decoded once and multiplied with four tokens at a time.
+fn rows_dot(w: &Weight, r: usize, x: &[f32], out: &mut [f32], scratch: &mut Vec<f32>) {
+    let k = w.cols();
+    if out.len() == 1 {
+        out[0] = row_dot(w, r, x, scratch);
+        return;
+    }
+    let row: &[f32] = match w.dtype() {
+        DType::F32 => &w.f32_data()[r * k..(r + 1) * k],
+        // bf16 and f16 → f32 is exact, and `dot` sums like `dot_bf16`: the same bits.
+        DType::BF16 | DType::F16 => {
+            scratch.resize(k, 0.0);
+            let src = &w.u16_data()[r * k..(r + 1) * k];
+            if w.dtype() == DType::BF16 {
+                for (s, &b) in scratch.iter_mut().zip(src) {
+                    *s = f32::from_bits((b as u32) << 16);
+                }
+            } else {
+                for (s, &b) in scratch.iter_mut().zip(src) {
+                    *s = f16::from_bits(b).to_f32();
+                }
+            }
+            scratch
+        }
+        _ => {
+            for (ti, o) in out.iter_mut().enumerate() {
+                *o = row_dot(w, r, &x[ti * k..(ti + 1) * k], scratch);
+            }
+            return;
+        }
+    };
+    dots(row, x, out);
+}
+
+/// `out[t] = row · x[t]`, four tokens per pass over the row, each token's sum in the order of
+/// [`dot`].
+fn dots(row: &[f32], x: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked above).
+        return unsafe { dots_avx2(row, x, out) };
+    }
+    dots_portable(row, x, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2(row: &[f32], x: &[f32], out: &mut [f32]) {
+    dots_portable(row, x, out)
+}
+
+#[inline(always)]
+fn dots_portable(row: &[f32], x: &[f32], out: &mut [f32]) {
+    let k = row.len();
+    let mut t0 = 0;
+    while t0 < out.len() {
+        let n = (out.len() - t0).min(4);
+        let mut acc = [[0.0f32; 16]; 4];
+        let full = k / 16 * 16;
+        for c in (0..full).step_by(16) {
+            let w = &row[c..c + 16];
+            for (ti, a) in acc.iter_mut().enumerate().take(n) {
+                let xs = &x[(t0 + ti) * k + c..][..16];
+                for j in 0..16 {
+                    a[j] = w[j].mul_add(xs[j], a[j]);
+                }
+            }
+        }
+        for (ti, a) in acc.iter().enumerate().take(n) {
+            let xs = &x[(t0 + ti) * k..(t0 + ti + 1) * k];
+            let mut tail = 0.0;
+            for (w, v) in row[full..].iter().zip(&xs[full..]) {
+                tail += w * v;
+            }
+            out[t0 + ti] = reduce16(*a) + tail;
+        }
+        t0 += n;
+    }
+}
+
 /// Dot product of one row of GGML blocks with `x`, a block at a time.
 fn ggml_dot(t: GgmlType, row: &[u8], x: &[f32], scratch: &mut Vec<f32>) -> f32 {
     scratch.resize(256, 0.0);
@@ -190,34 +285,37 @@ unsafe fn ggml_dot_avx2(t: GgmlType, row: &[u8], x: &[f32], scratch: &mut [f32])
     ggml::row_dot(t, row, x, scratch)
 }
 
-/// `out = W x` for an affine weight without expanding it: per row and group,
-/// `scale · Σ q·x + bias · Σ x`, the codes unpacked a group at a time.
-fn affine_gemv(out: &mut [f32], x: &[f32], w: &Weight) {
+/// `out[r, t] = W[r] · x[t]` (row-major by weight row, `t` tokens) for an affine weight
+/// without expanding it: per row and group, `scale · Σ q·x + bias · Σ x`, the codes unpacked
+/// a group at a time.
+fn affine_gemv(out: &mut [f32], x: &[f32], w: &Weight, t: usize) {
     let (bits, group, words, scales, biases) = w.affine_parts().expect("affine weight");
     let k = w.cols();
     let groups = k / group;
-    // Σx per group, shared by every row.
+    // Σx per group and token, shared by every row.
     let xsum: Vec<f32> = x.chunks_exact(group).map(|xs| xs.iter().sum()).collect();
     let per_word = 32 / bits as usize;
     let rows_per_task = (GEMV_TASK_ELEMS / k).max(1);
-    out.par_chunks_mut(rows_per_task)
+    out.par_chunks_mut(rows_per_task * t)
         .enumerate()
         .for_each(|(b, chunk)| {
             let mut scratch = vec![0.0f32; 2 * groups + group];
             let (sc, rest) = scratch.split_at_mut(groups);
             let (bi, buf) = rest.split_at_mut(groups);
             for (i, o) in chunk.iter_mut().enumerate() {
-                let r = b * rows_per_task + i;
-                scales.row_to_f32(r, sc);
-                biases.row_to_f32(r, bi);
+                let (r, ti) = (b * rows_per_task + i / t, i % t);
+                if ti == 0 {
+                    scales.row_to_f32(r, sc);
+                    biases.row_to_f32(r, bi);
+                }
                 let row = &words[r * k / per_word..(r + 1) * k / per_word];
                 let args = AffineRow {
                     row,
                     group,
                     sc,
                     bi,
-                    xsum: &xsum,
-                    x,
+                    xsum: &xsum[ti * groups..(ti + 1) * groups],
+                    x: &x[ti * k..(ti + 1) * k],
                 };
                 #[cfg(target_arch = "x86_64")]
                 if has_avx2_fma() {

@@ -46,6 +46,10 @@ pub struct Args {
     /// Requests that may wait for a decode lane; more get 503 with Retry-After.
     #[arg(long, default_value_t = 32)]
     queue_size: usize,
+    /// Requests decoded at once (decode lanes; their plain decode steps share one batched
+    /// forward pass). The memory plan lowers it to what fits.
+    #[arg(long, alias = "parallel", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    lanes: u32,
     /// Do not serve the page at `/`.
     #[arg(long)]
     no_webui: bool,
@@ -75,6 +79,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         default_reasoning_effort: a.default_reasoning_effort,
         max_request_size: a.max_request_size,
         queue_size: a.queue_size,
+        lanes: a.lanes as usize,
         webui: !a.no_webui,
         kv_format: a.kv_format,
         ..ServerConfig::default()

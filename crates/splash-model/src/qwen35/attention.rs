@@ -52,60 +52,76 @@ impl Attention {
         self.q.len() + self.k.len() + self.v.len() + self.o.len() + 2 * self.head_dim
     }
 
-    /// `x` `[T, H]` (normed) at positions `pos0..` → `[T, H]`; appends K/V to the cache.
+    /// `x` `[R, H]` (normed) → `[R, H]` for the rows of several sequences, one after the
+    /// other: the projections run once over all rows; RoPE, the cache append and the
+    /// attention per sequence, at its positions and over its own cache.
     pub(super) fn forward(
         &self,
         x: &[f32],
-        k_cache: &mut KvStore,
-        v_cache: &mut KvStore,
-        pos0: usize,
+        seqs: &mut [AttnPart<'_>],
         rope: &Rope,
         eps: f32,
     ) -> Vec<f32> {
         let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
-        let t = x.len() / self.q.cols();
-        let mut qg = vec![0.0f32; t * hq * 2 * d];
+        let r = x.len() / self.q.cols();
+        let mut qg = vec![0.0f32; r * hq * 2 * d];
         matmul(&mut qg, x, &self.q);
-        let mut q = Vec::with_capacity(t * hq * d);
-        let mut gate = Vec::with_capacity(t * hq * d);
+        let mut q = Vec::with_capacity(r * hq * d);
+        let mut gate = Vec::with_capacity(r * hq * d);
         for head in qg.chunks_exact(2 * d) {
             q.extend_from_slice(&head[..d]);
             gate.extend_from_slice(&head[d..]);
         }
-        let mut k = vec![0.0f32; t * hkv * d];
+        let mut k = vec![0.0f32; r * hkv * d];
         matmul(&mut k, x, &self.k);
-        let mut v = vec![0.0f32; t * hkv * d];
+        let mut v = vec![0.0f32; r * hkv * d];
         matmul(&mut v, x, &self.v);
         let mut qn = vec![0.0f32; q.len()];
         rms_norm(&mut qn, &q, &self.q_norm, eps);
         let mut kn = vec![0.0f32; k.len()];
         rms_norm(&mut kn, &k, &self.k_norm, eps);
-        rope.apply(&mut qn, hq, d, pos0);
-        rope.apply(&mut kn, hkv, d, pos0);
-        debug_assert_eq!(
-            k_cache.len(),
-            pos0 * hkv * d,
-            "KV cache out of step with position"
-        );
-        k_cache.append(&kn, d);
-        v_cache.append(&v, d);
-        let mut attn = vec![0.0f32; t * hq * d];
-        attention(
-            &mut attn,
-            &qn,
-            k_cache,
-            v_cache,
-            hq,
-            hkv,
-            d,
-            pos0,
-            (d as f32).powf(-0.5),
-        );
+        let mut attn = vec![0.0f32; r * hq * d];
+        let mut r0 = 0;
+        for part in seqs.iter_mut() {
+            let (t, pos0) = (part.rows, part.pos0);
+            let qn = &mut qn[r0 * hq * d..(r0 + t) * hq * d];
+            let kn = &mut kn[r0 * hkv * d..(r0 + t) * hkv * d];
+            rope.apply(qn, hq, d, pos0);
+            rope.apply(kn, hkv, d, pos0);
+            debug_assert_eq!(
+                part.k.len(),
+                pos0 * hkv * d,
+                "KV cache out of step with position"
+            );
+            part.k.append(kn, d);
+            part.v.append(&v[r0 * hkv * d..(r0 + t) * hkv * d], d);
+            attention(
+                &mut attn[r0 * hq * d..(r0 + t) * hq * d],
+                qn,
+                part.k,
+                part.v,
+                hq,
+                hkv,
+                d,
+                pos0,
+                (d as f32).powf(-0.5),
+            );
+            r0 += t;
+        }
         for (a, &g) in attn.iter_mut().zip(&gate) {
             *a *= sigmoid(g);
         }
-        let mut out = vec![0.0f32; t * self.o.rows()];
+        let mut out = vec![0.0f32; r * self.o.rows()];
         matmul(&mut out, &attn, &self.o);
         out
     }
+}
+
+/// One sequence's share of a batched attention pass: its caches, the position of its first
+/// row and how many rows it has.
+pub(super) struct AttnPart<'a> {
+    pub(super) k: &'a mut KvStore,
+    pub(super) v: &'a mut KvStore,
+    pub(super) pos0: usize,
+    pub(super) rows: usize,
 }

@@ -76,78 +76,86 @@ impl GatedDeltaNet {
             + self.norm.len()
     }
 
-    /// `x` `[T, H]` (normed) → `[T, H]`, advancing the conv and recurrent state. With
-    /// `record`, also stores the state before the pass and the scan inputs (speculative
-    /// rollback, model-spec §2.6).
-    pub(super) fn forward(
-        &self,
-        x: &[f32],
-        conv_state: &mut [f32],
-        recurrent: &mut [f32],
-        record: Option<&mut Option<GdnReplay>>,
-        eps: f32,
-    ) -> Vec<f32> {
+    /// `x` `[R, H]` (normed) → `[R, H]` for the rows of several sequences, one after the
+    /// other: the projections run once over all rows, the conv and the scan per sequence on
+    /// its own state. With a `record` slot, a sequence also stores its state before the pass
+    /// and its scan inputs (speculative rollback, model-spec §2.6).
+    pub(super) fn forward(&self, x: &[f32], seqs: &mut [GdnPart<'_>], eps: f32) -> Vec<f32> {
         let GdnDims { hk, hv, dk, dv, .. } = self.dims;
-        let t = x.len() / self.in_qkv.cols();
+        let r = x.len() / self.in_qkv.cols();
         let c = self.in_qkv.rows();
         let kd = hk * dk;
-        let mut qkv = vec![0.0f32; t * c];
+        let mut qkv = vec![0.0f32; r * c];
         matmul(&mut qkv, x, &self.in_qkv);
-        let mut z = vec![0.0f32; t * hv * dv];
+        let mut z = vec![0.0f32; r * hv * dv];
         matmul(&mut z, x, &self.in_z);
-        let mut b = vec![0.0f32; t * hv];
+        let mut b = vec![0.0f32; r * hv];
         matmul(&mut b, x, &self.in_b);
-        let mut a = vec![0.0f32; t * hv];
+        let mut a = vec![0.0f32; r * hv];
         matmul(&mut a, x, &self.in_a);
-
-        let conv_before = record.is_some().then(|| conv_state.to_vec());
-        let mut mixed = vec![0.0f32; t * c];
-        causal_conv1d_silu(&mut mixed, &qkv, conv_state, &self.conv);
-        let (mut q, mut k, mut v) = (
-            Vec::with_capacity(t * kd),
-            Vec::with_capacity(t * kd),
-            Vec::with_capacity(t * hv * dv),
-        );
-        for row in mixed.chunks_exact(c) {
-            q.extend_from_slice(&row[..kd]);
-            k.extend_from_slice(&row[kd..2 * kd]);
-            v.extend_from_slice(&row[2 * kd..]);
-        }
-        l2_norm_rows(&mut q, dk, 1e-6);
-        l2_norm_rows(&mut k, dk, 1e-6);
-        let scale = (dk as f32).powf(-0.5);
-        q.iter_mut().for_each(|x| *x *= scale);
-
         for (i, bv) in b.iter_mut().enumerate() {
             *bv = sigmoid(*bv);
             let h = i % hv;
             a[i] = self.neg_a[h] * softplus(a[i] + self.dt_bias[h]);
         }
         let (beta, g) = (b, a);
-        if let Some(slot) = record {
-            *slot = Some(GdnReplay {
-                conv: conv_before.unwrap_or_default(),
-                recurrent: recurrent.to_vec(),
-                qkv: qkv.clone(),
-                q: q.clone(),
-                k: k.clone(),
-                v: v.clone(),
-                g: g.clone(),
-                beta: beta.clone(),
-                dims: self.dims,
-            });
-        }
 
-        let mut o = vec![0.0f32; t * hv * dv];
-        if t == 1 {
-            gdn_recurrent(&mut o, &q, &k, &v, &g, &beta, recurrent, self.dims);
-        } else {
-            gdn_chunked(&mut o, &q, &k, &v, &g, &beta, recurrent, self.dims);
+        let mut o = vec![0.0f32; r * hv * dv];
+        let mut r0 = 0;
+        for part in seqs.iter_mut() {
+            let t = part.rows;
+            let qkv = &qkv[r0 * c..(r0 + t) * c];
+            let (g, beta) = (&g[r0 * hv..(r0 + t) * hv], &beta[r0 * hv..(r0 + t) * hv]);
+            let conv_before = part.record.is_some().then(|| part.conv.to_vec());
+            let mut mixed = vec![0.0f32; t * c];
+            causal_conv1d_silu(&mut mixed, qkv, part.conv, &self.conv);
+            let (mut q, mut k, mut v) = (
+                Vec::with_capacity(t * kd),
+                Vec::with_capacity(t * kd),
+                Vec::with_capacity(t * hv * dv),
+            );
+            for row in mixed.chunks_exact(c) {
+                q.extend_from_slice(&row[..kd]);
+                k.extend_from_slice(&row[kd..2 * kd]);
+                v.extend_from_slice(&row[2 * kd..]);
+            }
+            l2_norm_rows(&mut q, dk, 1e-6);
+            l2_norm_rows(&mut k, dk, 1e-6);
+            let scale = (dk as f32).powf(-0.5);
+            q.iter_mut().for_each(|x| *x *= scale);
+            if let Some(slot) = part.record.as_deref_mut() {
+                *slot = Some(GdnReplay {
+                    conv: conv_before.unwrap_or_default(),
+                    recurrent: part.recurrent.to_vec(),
+                    qkv: qkv.to_vec(),
+                    q: q.clone(),
+                    k: k.clone(),
+                    v: v.clone(),
+                    g: g.to_vec(),
+                    beta: beta.to_vec(),
+                    dims: self.dims,
+                });
+            }
+            let o = &mut o[r0 * hv * dv..(r0 + t) * hv * dv];
+            if t == 1 {
+                gdn_recurrent(o, &q, &k, &v, g, beta, part.recurrent, self.dims);
+            } else {
+                gdn_chunked(o, &q, &k, &v, g, beta, part.recurrent, self.dims);
+            }
+            r0 += t;
         }
         let mut normed = vec![0.0f32; o.len()];
         rms_norm_gated(&mut normed, &o, &z, &self.norm, eps);
-        let mut out = vec![0.0f32; t * self.out.rows()];
+        let mut out = vec![0.0f32; r * self.out.rows()];
         matmul(&mut out, &normed, &self.out);
         out
     }
+}
+
+/// One sequence's share of a batched GDN pass: its state and how many rows it has.
+pub(super) struct GdnPart<'a> {
+    pub(super) conv: &'a mut [f32],
+    pub(super) recurrent: &'a mut [f32],
+    pub(super) record: Option<&'a mut Option<GdnReplay>>,
+    pub(super) rows: usize,
 }

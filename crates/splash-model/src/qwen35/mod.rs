@@ -17,9 +17,16 @@ use crate::checkpoint::{Checkpoint, Format};
 use crate::config::{LayerKind, ModelConfig, Quantization};
 use crate::error::ModelError;
 use crate::state::{LayerState, SequenceState};
-use attention::Attention;
+use attention::{Attention, AttnPart};
 use ffn::Ffn;
-use gdn::GatedDeltaNet;
+use gdn::{GatedDeltaNet, GdnPart};
+
+/// One sequence's part of a batched forward pass ([`Qwen35::forward_batch`]).
+pub struct BatchItem<'a> {
+    pub state: &'a mut SequenceState,
+    /// The tokens to run after the state's; may be empty.
+    pub tokens: &'a [u32],
+}
 
 /// Which rows of logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -266,6 +273,20 @@ impl Qwen35 {
         want: Logits,
         taps: &[usize],
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let mut out = self.forward_batch(&mut [BatchItem { state, tokens }], want, taps)?;
+        Ok(out.pop().expect("one output per item"))
+    }
+
+    /// [`forward_with_taps`](Self::forward_with_taps) for several sequences in one pass:
+    /// every linear layer reads its weights once for the rows of all of them (batched decode),
+    /// while the conv, scan and attention of each run on its own state. Returns each item's
+    /// logits and taps, in order.
+    pub fn forward_batch(
+        &self,
+        items: &mut [BatchItem<'_>],
+        want: Logits,
+        taps: &[usize],
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError> {
         let cfg = &self.config;
         // Drafts are validated against the target when paired (dflash::DraftConfig::check).
         assert!(
@@ -273,70 +294,155 @@ impl Qwen35 {
             "tap layers {taps:?} beyond the model's {} layers",
             cfg.num_layers()
         );
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= cfg.vocab_size) {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                vocab: cfg.vocab_size,
-            });
-        }
-        let pos0 = state.len();
-        if pos0 + tokens.len() > cfg.max_position_embeddings {
-            return Err(ModelError::ContextOverflow {
-                needed: pos0 + tokens.len(),
-                limit: cfg.max_position_embeddings,
-            });
-        }
-        if tokens.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
+        for item in items.iter() {
+            if let Some(&id) = item
+                .tokens
+                .iter()
+                .find(|&&id| id as usize >= cfg.vocab_size)
+            {
+                return Err(ModelError::TokenOutOfRange {
+                    id,
+                    vocab: cfg.vocab_size,
+                });
+            }
+            let needed = item.state.len() + item.tokens.len();
+            if needed > cfg.max_position_embeddings {
+                return Err(ModelError::ContextOverflow {
+                    needed,
+                    limit: cfg.max_position_embeddings,
+                });
+            }
         }
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
-            if state.gpu.is_none() {
-                state.gpu = Some(g.new_state(cfg, state.kv_format())?);
-            }
-            let record = state.checkpoint.is_some();
-            let gs = state.gpu.as_mut().expect("allocated above");
-            let out = g.forward(self, gs, tokens, pos0, want, taps, record)?;
-            state.advance(tokens.len());
-            return Ok(out);
+            return items
+                .iter_mut()
+                .map(|item| {
+                    let (state, tokens) = (&mut *item.state, item.tokens);
+                    if tokens.is_empty() {
+                        return Ok((Vec::new(), Vec::new()));
+                    }
+                    if state.gpu.is_none() {
+                        state.gpu = Some(g.new_state(cfg, state.kv_format())?);
+                    }
+                    let (record, pos0) = (state.checkpoint.is_some(), state.len());
+                    let gs = state.gpu.as_mut().expect("allocated above");
+                    let out = g.forward(self, gs, tokens, pos0, want, taps, record)?;
+                    state.advance(tokens.len());
+                    Ok(out)
+                })
+                .collect();
         }
-        let (t, h, eps) = (tokens.len(), cfg.hidden_size, cfg.rms_norm_eps);
-        let mut features = vec![0.0f32; t * taps.len() * h];
-        let mut x = vec![0.0f32; t * h];
-        embedding(&mut x, &self.embed, tokens);
-        let mut normed = vec![0.0f32; t * h];
-        let mut checkpoint = state.checkpoint.as_mut();
-        for (li, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let rows: Vec<usize> = items.iter().map(|i| i.tokens.len()).collect();
+        let pos0: Vec<usize> = items.iter().map(|i| i.state.len()).collect();
+        let tokens: Vec<u32> = items
+            .iter()
+            .flat_map(|i| i.tokens.iter().copied())
+            .collect();
+        let r = tokens.len();
+        if r == 0 {
+            return Ok(items.iter().map(|_| (Vec::new(), Vec::new())).collect());
+        }
+        let mut features: Vec<Vec<f32>> = rows
+            .iter()
+            .map(|&t| vec![0.0; t * taps.len() * h])
+            .collect();
+        let mut x = vec![0.0f32; r * h];
+        embedding(&mut x, &self.embed, &tokens);
+        let mut normed = vec![0.0f32; r * h];
+        for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&mut normed, &x, &layer.input_norm, eps);
-            let mixed = match (&layer.mixer, ls) {
-                (Mixer::Linear(g), LayerState::Gdn { conv, recurrent }) => {
-                    let record = checkpoint.as_mut().map(|c| &mut c.gdn[li]);
-                    g.forward(&normed, conv, recurrent, record, eps)
+            let mixed = match &layer.mixer {
+                Mixer::Linear(g) => {
+                    let mut parts: Vec<GdnPart> = items
+                        .iter_mut()
+                        .zip(&rows)
+                        .map(|(item, &rows)| {
+                            let SequenceState {
+                                layers, checkpoint, ..
+                            } = &mut *item.state;
+                            let LayerState::Gdn { conv, recurrent } = &mut layers[li] else {
+                                unreachable!("sequence state was built for another model")
+                            };
+                            let record = checkpoint.as_mut().map(|c| &mut c.gdn[li]);
+                            GdnPart {
+                                conv,
+                                recurrent,
+                                record,
+                                rows,
+                            }
+                        })
+                        .collect();
+                    g.forward(&normed, &mut parts, eps)
                 }
-                (Mixer::Full(a), LayerState::Attn { k, v }) => {
-                    a.forward(&normed, k, v, pos0, &self.rope, eps)
+                Mixer::Full(a) => {
+                    let mut parts: Vec<AttnPart> = items
+                        .iter_mut()
+                        .zip(rows.iter().zip(&pos0))
+                        .map(|(item, (&rows, &pos0))| {
+                            let LayerState::Attn { k, v } = &mut item.state.layers[li] else {
+                                unreachable!("sequence state was built for another model")
+                            };
+                            AttnPart { k, v, pos0, rows }
+                        })
+                        .collect();
+                    a.forward(&normed, &mut parts, &self.rope, eps)
                 }
-                _ => unreachable!("sequence state was built for another model"),
             };
             add_in_place(&mut x, &mixed);
             rms_norm(&mut normed, &x, &layer.post_norm, eps);
             add_in_place(&mut x, &layer.ffn.forward(&normed));
             for (j, _) in taps.iter().enumerate().filter(|(_, &l)| l == li) {
                 let width = taps.len() * h;
-                for (ti, row) in x.chunks_exact(h).enumerate() {
-                    features[ti * width + j * h..][..h].copy_from_slice(row);
+                let mut x_rows = x.chunks_exact(h);
+                for f in features.iter_mut() {
+                    for row_features in f.chunks_exact_mut(width) {
+                        let row = x_rows.next().expect("one row per token");
+                        row_features[j * h..][..h].copy_from_slice(row);
+                    }
                 }
             }
         }
-        state.advance(t);
-        let rows = match want {
-            Logits::None => return Ok((Vec::new(), features)),
-            Logits::Last => &x[(t - 1) * h..],
-            Logits::All => &x[..],
+        for (item, &t) in items.iter_mut().zip(&rows) {
+            item.state.advance(t);
+        }
+        // The rows whose logits are wanted, all items' at once through the head.
+        let mut picked: Vec<(usize, usize)> = Vec::new();
+        let mut r0 = 0;
+        for &t in &rows {
+            let range = match want {
+                _ if t == 0 => (r0, r0),
+                Logits::None => (r0, r0),
+                Logits::Last => (r0 + t - 1, r0 + t),
+                Logits::All => (r0, r0 + t),
+            };
+            picked.push(range);
+            r0 += t;
+        }
+        let selected: Vec<f32> = picked
+            .iter()
+            .flat_map(|&(a, b)| x[a * h..b * h].iter().copied())
+            .collect();
+        let mut final_h = vec![0.0f32; selected.len()];
+        rms_norm(&mut final_h, &selected, &self.final_norm, eps);
+        let logits = if final_h.is_empty() {
+            Vec::new()
+        } else {
+            self.lm_head(&final_h)
         };
-        let mut final_h = vec![0.0f32; rows.len()];
-        rms_norm(&mut final_h, rows, &self.final_norm, eps);
-        Ok((self.lm_head(&final_h), features))
+        let v = cfg.vocab_size;
+        let mut next = 0;
+        Ok(picked
+            .iter()
+            .zip(features)
+            .map(|(&(a, b), f)| {
+                let n = b - a;
+                let l = logits[next * v..(next + n) * v].to_vec();
+                next += n;
+                (l, f)
+            })
+            .collect())
     }
 
     /// Token embeddings `[T, H]` (the DFlash draft embeds its block with them).

@@ -1,0 +1,65 @@
+//! `Qwen35::forward_batch`: several sequences in one pass (ragged: one token, a few, none)
+//! give each, bit for bit, the logits and state a pass of its own gives.
+
+mod common;
+use common::{argmax, fixture, max_rel};
+use splash_model::{load, BatchItem, Logits};
+
+#[test]
+fn a_batched_pass_matches_separate_passes() {
+    for name in ["qwen35-dense", "qwen35-moe"] {
+        let m = load(&fixture(name)).unwrap();
+        let g = &m.graph;
+        let prompts: [Vec<u32>; 3] = [
+            (0..5).map(|i| i * 31 % 500).collect(),
+            (0..40).map(|i| (i * 17 + 3) % 500).collect(),
+            (0..12).map(|i| (i * 7 + 11) % 500).collect(),
+        ];
+        let (mut alone, mut together): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
+        for p in &prompts {
+            for states in [&mut alone, &mut together] {
+                let mut s = g.new_state();
+                g.forward(&mut s, p, Logits::None).unwrap();
+                states.push(s);
+            }
+        }
+        // Ragged: one token, three tokens, none, and again one token per sequence.
+        for (step, next) in [
+            vec![vec![7u32], vec![8, 9, 10], vec![]],
+            vec![vec![11], vec![12], vec![13]],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let want: Vec<Vec<f32>> = alone
+                .iter_mut()
+                .zip(&next)
+                .map(|(s, t)| g.forward(s, t, Logits::All).unwrap())
+                .collect();
+            let mut items: Vec<BatchItem> = together
+                .iter_mut()
+                .zip(&next)
+                .map(|(state, tokens)| BatchItem { state, tokens })
+                .collect();
+            let got = g.forward_batch(&mut items, Logits::All, &[]).unwrap();
+            let v = m.config.vocab_size;
+            for (i, ((l, _), w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(l.len(), w.len(), "{name} step {step} item {i}: rows");
+                if w.is_empty() {
+                    continue;
+                }
+                // Up to 16 rows the products are batch-invariant: the same bits.
+                assert!(
+                    l == w,
+                    "{name} step {step} item {i}: differs by {:e} (argmax {:?} vs {:?})",
+                    max_rel(l, w),
+                    l.chunks_exact(v).map(argmax).collect::<Vec<_>>(),
+                    w.chunks_exact(v).map(argmax).collect::<Vec<_>>()
+                );
+            }
+        }
+        for (a, b) in alone.iter().zip(&together) {
+            assert_eq!(a.len(), b.len(), "{name}: positions");
+        }
+    }
+}
