@@ -21,6 +21,9 @@ use attention::{Attention, AttnPart};
 use ffn::Ffn;
 use gdn::{GatedDeltaNet, GdnPart};
 
+/// A pass's logits (as [`Logits`] asked) and tap features of one sequence.
+pub type LogitsAndTaps = (Vec<f32>, Vec<f32>);
+
 /// One sequence's part of a batched forward pass ([`Qwen35::forward_batch`]).
 pub struct BatchItem<'a> {
     pub state: &'a mut SequenceState,
@@ -286,7 +289,7 @@ impl Qwen35 {
         items: &mut [BatchItem<'_>],
         want: Logits,
         taps: &[usize],
-    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError> {
+    ) -> Result<Vec<LogitsAndTaps>, ModelError> {
         let cfg = &self.config;
         // Drafts are validated against the target when paired (dflash::DraftConfig::check).
         assert!(
