@@ -8,7 +8,7 @@ use splash_model::{BatchItem, KvFormat, Logits, Model, ModelError};
 use crate::grammar::{GrammarFactory, GrammarRequest, GrammarState};
 use crate::prefix_cache::{checkpoint_positions, PrefixCache, PrefixCacheStats};
 use crate::sampling::SamplingParams;
-use crate::sequence::{FinishReason, Sequence};
+use crate::sequence::{FinishReason, PendingBlock, Sequence};
 use crate::speculative::{Drafter, SpecStats};
 
 /// Identifies a sequence inside one engine.
@@ -17,6 +17,27 @@ pub type SeqId = u64;
 /// Prompt tokens per prefill step: long prompts are prefilled in pieces so other sequences
 /// keep decoding in between.
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// What a decoding sequence waits for in a step's batched pass.
+enum Pending {
+    /// The plain next token.
+    Token(u32),
+    /// A drafted block from a state checkpoint.
+    Block(PendingBlock),
+}
+
+impl Pending {
+    fn rows(&self) -> &[u32] {
+        match self {
+            Pending::Token(t) => std::slice::from_ref(t),
+            Pending::Block(b) => &b.rows,
+        }
+    }
+
+    fn is_block(&self) -> bool {
+        matches!(self, Pending::Block(_))
+    }
+}
 
 /// A generation request in token space.
 #[derive(Clone, Debug)]
@@ -281,25 +302,30 @@ impl Engine {
     }
 
     /// Advances every running sequence by one prefill chunk, one token or one speculative
-    /// block. The sequences that decode one token plainly share one batched forward pass.
+    /// block. The decoding sequences share one batched forward pass: their plain next tokens
+    /// and their drafted blocks (each from its own state checkpoint) together.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
         let mut events = Vec::new();
-        let mut batch: Vec<(usize, u32)> = Vec::new();
+        let mut batch: Vec<(usize, Pending)> = Vec::new();
         for (i, seq) in self.running.iter_mut().enumerate() {
             if seq.decodes_plainly() {
                 let t0 = Instant::now();
                 if let Some(token) = seq.sample_next(&self.model, &mut events)? {
-                    batch.push((i, token));
+                    batch.push((i, Pending::Token(token)));
                 }
                 seq.add_decode_time(t0.elapsed());
-                continue;
-            }
-            seq.step(&self.model, self.prefill_chunk, &mut events)?;
-            for (tokens, r) in seq.take_snapshots() {
-                self.prefix_cache.insert(tokens, r.state, r.draft);
+            } else if seq.speculates() {
+                if let Some(block) = seq.draft_block(&self.model, &mut events)? {
+                    batch.push((i, Pending::Block(block)));
+                }
+            } else {
+                seq.prefill_step(&self.model, self.prefill_chunk)?;
+                for (tokens, r) in seq.take_snapshots() {
+                    self.prefix_cache.insert(tokens, r.state, r.draft);
+                }
             }
         }
-        self.decode_batch(&batch)?;
+        self.decode_batch(batch, &mut events)?;
         let (done, running): (Vec<_>, Vec<_>) = self
             .running
             .drain(..)
@@ -314,35 +340,50 @@ impl Engine {
         Ok(events)
     }
 
-    /// One forward pass for the sampled `(sequence index, token)` pairs of plain decode steps:
-    /// each weight is read once for all of them.
-    fn decode_batch(&mut self, batch: &[(usize, u32)]) -> Result<(), EngineError> {
+    /// One forward pass for the pending rows of the decoding sequences (`(index, rows)`,
+    /// ascending): each weight is read once for all of them.
+    fn decode_batch(
+        &mut self,
+        batch: Vec<(usize, Pending)>,
+        events: &mut Vec<Event>,
+    ) -> Result<(), EngineError> {
         if batch.is_empty() {
             return Ok(());
         }
         let t0 = Instant::now();
-        let tokens: Vec<u32> = batch.iter().map(|&(_, t)| t).collect();
-        let mut next = batch.iter().map(|&(i, _)| i).peekable();
+        // Every speculating sequence drafts with the engine's one drafter: the same taps.
+        let taps = match (&self.drafter, batch.iter().any(|(_, p)| p.is_block())) {
+            (Some(d), true) => d.tap_layers().to_vec(),
+            _ => Vec::new(),
+        };
+        let mut next = batch.iter().map(|(i, p)| (*i, p.rows())).peekable();
         let mut items = Vec::with_capacity(batch.len());
         for (i, seq) in self.running.iter_mut().enumerate() {
-            if next.peek() == Some(&i) {
+            if let Some(&(_, tokens)) = next.peek().filter(|(j, _)| *j == i) {
                 next.next();
-                let k = items.len();
                 items.push(BatchItem {
                     state: seq.state_mut(),
-                    tokens: &tokens[k..k + 1],
+                    tokens,
                 });
             }
         }
         let out = self
             .model
             .graph
-            .forward_batch(&mut items, Logits::Last, &[])?;
+            .forward_batch(&mut items, Logits::All, &taps)?;
+        drop(items);
         let elapsed = t0.elapsed();
-        for (&(i, _), (logits, _)) in batch.iter().zip(out) {
+        for ((i, pending), (logits, features)) in batch.into_iter().zip(out) {
             let seq = &mut self.running[i];
-            seq.decoded(logits);
-            seq.add_decode_time(elapsed);
+            match pending {
+                Pending::Token(_) => {
+                    seq.decoded(logits);
+                    seq.add_decode_time(elapsed);
+                }
+                Pending::Block(block) => {
+                    seq.verified(&self.model, block, logits, features, events)?
+                }
+            }
         }
         Ok(())
     }

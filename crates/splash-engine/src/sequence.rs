@@ -60,6 +60,15 @@ pub struct Sequence {
     snapshots: Vec<Restored>,
 }
 
+/// A drafted block (or the anchor alone) waiting for its verify pass.
+pub(crate) struct PendingBlock {
+    /// The pass's tokens: the anchor, then the proposals.
+    pub(crate) rows: Vec<u32>,
+    proposal: speculative::Proposal,
+    /// When the step began (drafting included), for the step's speed.
+    started: Instant,
+}
+
 /// A sequence's draft: it advances by a verified block per step.
 struct Speculation {
     drafter: Arc<dyn Drafter>,
@@ -244,72 +253,52 @@ impl Sequence {
             .collect()
     }
 
-    /// One unit of work: the next prefill chunk of at most `chunk` tokens, or one decoded
-    /// token. Text produced is appended to `events`.
-    pub(crate) fn step(
-        &mut self,
-        model: &Model,
-        chunk: usize,
-        events: &mut Vec<Event>,
-    ) -> Result<(), ModelError> {
-        if self.finish.is_some() {
+    /// The next prefill chunk of at most `chunk` tokens (decoding steps are the engine's:
+    /// it batches them across sequences).
+    pub(crate) fn prefill_step(&mut self, model: &Model, chunk: usize) -> Result<(), ModelError> {
+        if self.finish.is_some() || self.prefilled == self.prompt.len() {
             return Ok(());
         }
         let t0 = Instant::now();
-        if self.prefilled < self.prompt.len() {
-            let mut end = (self.prefilled + chunk).min(self.prompt.len());
-            // Stop at a checkpoint so the state there can be kept.
-            if let Some(&cp) = self
-                .checkpoints
-                .iter()
-                .find(|&&c| c > self.prefilled && c < end)
-            {
-                end = cp;
-            }
-            let last = end == self.prompt.len();
-            let want = if last { Logits::Last } else { Logits::None };
-            let taps = self
-                .spec
-                .as_ref()
-                .map_or(&[][..], |s| s.drafter.tap_layers());
-            let (logits, features) = model.graph.forward_with_taps(
-                &mut self.state,
-                &self.prompt[self.prefilled..end],
-                want,
-                taps,
-            )?;
-            if let Some(spec) = &mut self.spec {
-                spec.session.commit(&features)?;
-            }
-            self.prefilled = end;
-            if self.checkpoints.contains(&end) {
-                let draft = self.spec.as_ref().and_then(|s| s.session.fork());
-                if self.spec.is_none() || draft.is_some() {
-                    self.snapshots.push(Restored {
-                        len: end,
-                        state: self.state.clone(),
-                        draft,
-                    });
-                }
-            }
-            if last {
-                self.logits = Some(logits);
-            }
-            self.prefill_time += t0.elapsed();
-            return Ok(());
+        let mut end = (self.prefilled + chunk).min(self.prompt.len());
+        // Stop at a checkpoint so the state there can be kept.
+        if let Some(&cp) = self
+            .checkpoints
+            .iter()
+            .find(|&&c| c > self.prefilled && c < end)
+        {
+            end = cp;
         }
-        if self.spec.is_some() {
-            self.speculate(model, events)?;
-            self.decode_time += t0.elapsed();
-            return Ok(());
+        let last = end == self.prompt.len();
+        let want = if last { Logits::Last } else { Logits::None };
+        let taps = self
+            .spec
+            .as_ref()
+            .map_or(&[][..], |s| s.drafter.tap_layers());
+        let (logits, features) = model.graph.forward_with_taps(
+            &mut self.state,
+            &self.prompt[self.prefilled..end],
+            want,
+            taps,
+        )?;
+        if let Some(spec) = &mut self.spec {
+            spec.session.commit(&features)?;
         }
-        if let Some(token) = self.sample_next(model, events)? {
-            let logits = model
-                .graph
-                .forward(&mut self.state, &[token], Logits::Last)?;
-            self.decoded(logits);
+        self.prefilled = end;
+        if self.checkpoints.contains(&end) {
+            let draft = self.spec.as_ref().and_then(|s| s.session.fork());
+            if self.spec.is_none() || draft.is_some() {
+                self.snapshots.push(Restored {
+                    len: end,
+                    state: self.state.clone(),
+                    draft,
+                });
+            }
         }
-        self.decode_time += t0.elapsed();
+        if last {
+            self.logits = Some(logits);
+        }
+        self.prefill_time += t0.elapsed();
         Ok(())
     }
 
@@ -359,17 +348,29 @@ impl Sequence {
         self.decode_time += d;
     }
 
-    /// One speculative step: a drafted block verified by one target pass (right after
-    /// prefill, the first token comes from the prefill logits, as without a draft).
-    fn speculate(&mut self, model: &Model, events: &mut Vec<Event>) -> Result<(), ModelError> {
+    /// True when the next step is a speculative one (prompt in, a draft attached): the
+    /// engine verifies the blocks of all such sequences in one batched pass
+    /// ([`draft_block`](Self::draft_block), the pass, [`verified`](Self::verified)).
+    pub(crate) fn speculates(&self) -> bool {
+        self.finish.is_none() && self.prefilled == self.prompt.len() && self.spec.is_some()
+    }
+
+    /// The first half of a speculative step: drafts the next block (or a single row, when
+    /// drafting does not pay now) and checkpoints the state for its verify pass. `None` when
+    /// the sequence ended on the token sampled from the prefill logits.
+    pub(crate) fn draft_block(
+        &mut self,
+        model: &Model,
+        events: &mut Vec<Event>,
+    ) -> Result<Option<PendingBlock>, ModelError> {
+        let t0 = Instant::now();
         if let Some(mut logits) = self.logits.take() {
             let token = self.sampler.sample(&mut logits, &self.prompt, &self.output);
             self.push(token, model, events)?;
             if self.finish.is_some() {
-                return Ok(());
+                return Ok(None);
             }
         }
-        let t0 = Instant::now();
         let spec = self.spec.as_mut().expect("a speculating sequence");
         // Never verify past what may still be emitted: the budget and the context limit.
         let room = (self.max_tokens - self.output.len())
@@ -392,8 +393,31 @@ impl Sequence {
             block,
             &mut self.sampler,
         )?;
-        let taps = spec.drafter.tap_layers();
-        let verified = speculative::verify(model, &mut self.state, anchor, &proposal, taps)?;
+        let rows = speculative::verify_rows(&mut self.state, anchor, &proposal);
+        Ok(Some(PendingBlock {
+            rows,
+            proposal,
+            started: t0,
+        }))
+    }
+
+    /// The second half of a speculative step: the verify pass's `logits` `[B, V]` and taps
+    /// `[B, n·H]` for `block`; accepts, rolls the state back and emits the tokens.
+    pub(crate) fn verified(
+        &mut self,
+        model: &Model,
+        block: PendingBlock,
+        logits: Vec<f32>,
+        features: Vec<f32>,
+        events: &mut Vec<Event>,
+    ) -> Result<(), ModelError> {
+        let PendingBlock {
+            rows,
+            proposal,
+            started,
+        } = block;
+        let verified = speculative::Verified { logits, features };
+        let spec = self.spec.as_mut().expect("a speculating sequence");
         let accepted = speculative::accept(
             &mut self.sampler,
             &verified,
@@ -401,12 +425,11 @@ impl Sequence {
             &self.prompt,
             &self.output,
         );
-        let rows = proposal.tokens.len() + 1;
         speculative::commit(
             spec.session.as_mut(),
             &mut self.state,
             &verified,
-            rows,
+            rows.len(),
             accepted.drafts + 1,
         )?;
         if !proposal.tokens.is_empty() {
@@ -414,11 +437,13 @@ impl Sequence {
             spec.stats.drafted += proposal.tokens.len() as u64;
             spec.stats.accepted += accepted.drafts as u64;
         }
+        let elapsed = started.elapsed();
         spec.choice.record(
             !proposal.tokens.is_empty(),
             accepted.tokens.len(),
-            t0.elapsed().as_secs_f64(),
+            elapsed.as_secs_f64(),
         );
+        self.decode_time += elapsed;
         // A stop token or string inside the span ends the sequence at that token.
         for &token in &accepted.tokens {
             self.push(token, model, events)?;

@@ -6,17 +6,16 @@
 //! One block is four steps, each a function here:
 //! - [`draft`]: the drafter proposes `B-1` tokens after the anchor (the last emitted token,
 //!   not yet run through the target);
-//! - [`verify`]: one target pass over `[anchor, d1..d_{B-1}]` from a state checkpoint, with
-//!   the logits of every row and the draft's tap features;
+//! - [`verify_rows`]: one target pass over `[anchor, d1..d_{B-1}]` from a state checkpoint,
+//!   with the logits of every row and the draft's tap features (the engine batches the
+//!   blocks of all sequences into one pass);
 //! - [`accept`]: [`accept_greedy`] or [`accept_sampled`] picks the emitted tokens;
 //! - [`commit`]: the target state is rolled back to the kept rows (KV truncated, GDN state
 //!   replayed) and their taps go to the draft's context.
 
 use std::sync::Arc;
 
-use splash_model::{
-    DFlashDraft, DraftBlock, DraftContext, Logits, Model, ModelError, SequenceState,
-};
+use splash_model::{DFlashDraft, DraftBlock, DraftContext, Model, ModelError, SequenceState};
 
 use crate::sampling::{argmax, Distribution, Sampler};
 
@@ -213,22 +212,14 @@ pub(crate) struct Verified {
     pub features: Vec<f32>,
 }
 
-/// Step 2, verify: one target pass over `[anchor, proposals]` from a checkpoint of `state`.
-pub(crate) fn verify(
-    model: &Model,
-    state: &mut SequenceState,
-    anchor: u32,
-    proposal: &Proposal,
-    taps: &[usize],
-) -> Result<Verified, ModelError> {
+/// Step 2, verify: the rows of the target pass over the block, `[anchor, proposals]`, to run
+/// from a checkpoint of the sequence's state (alone, or batched with other sequences' rows).
+pub(crate) fn verify_rows(state: &mut SequenceState, anchor: u32, proposal: &Proposal) -> Vec<u32> {
     let mut tokens = Vec::with_capacity(proposal.tokens.len() + 1);
     tokens.push(anchor);
     tokens.extend_from_slice(&proposal.tokens);
     state.checkpoint();
-    let (logits, features) = model
-        .graph
-        .forward_with_taps(state, &tokens, Logits::All, taps)?;
-    Ok(Verified { logits, features })
+    tokens
 }
 
 /// Step 3, accept: acceptance under the sequence's sampling parameters; penalties see the output with

@@ -484,3 +484,67 @@ fn trained_demo_draft_is_lossless_and_accepts_several_tokens_per_pass() {
         "the trained draft should be accepted often: τ = {tau:.3}"
     );
 }
+
+/// Speculating sequences running together verify their blocks in one batched target pass
+/// (each from its own checkpoint, with its own rollback); each still gets the tokens it gets
+/// alone: random drafts (partial acceptance, dense and MoE) and the trained demo draft (long
+/// acceptances), with prompts prefilled while others decode.
+#[test]
+fn concurrent_speculative_sequences_match_their_solo_runs() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let m_demo = Arc::new(load(&demo).unwrap());
+    let d_demo: Arc<dyn Drafter> = Arc::new(DFlashDrafter::new(
+        DFlashDraft::load(&demo.join("draft")).unwrap().into(),
+    ));
+    let chat = |q: &str| {
+        let text = format!("<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n<think>\n");
+        m_demo.tokenizer.encode(&text).unwrap()
+    };
+    let cases = [
+        (
+            target("qwen35-dense"),
+            dflash("dense-dflash"),
+            prompts("qwen35-dense"),
+        ),
+        (
+            target("qwen35-moe"),
+            dflash("moe-dflash"),
+            prompts("qwen35-moe"),
+        ),
+        (
+            m_demo.clone(),
+            d_demo,
+            vec![
+                chat("What is 486 + 275?"),
+                chat("Write a Python function that counts the vowels in a string."),
+                chat("What is the capital of Kenya?"),
+            ],
+        ),
+    ];
+    for (m, d, prompts) in cases {
+        let solo: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| run(&m, Some(d.clone()), request(p.clone(), 48), KvFormat::Int8).tokens)
+            .collect();
+        let mut engine = Engine::new(m.clone())
+            .with_prefill_chunk(16)
+            .with_draft_every_step(true)
+            .with_drafter(d.clone());
+        let ids: Vec<_> = prompts
+            .iter()
+            .map(|p| engine.add(request(p.clone(), 48)).unwrap())
+            .collect();
+        while engine.has_work() {
+            engine.step().unwrap();
+        }
+        for (i, id) in ids.into_iter().enumerate() {
+            let seq = engine.take_finished(id).unwrap();
+            assert_eq!(
+                seq.output(),
+                &solo[i][..],
+                "{}: sequence {i} changed when verified with others",
+                m.dir.display()
+            );
+        }
+    }
+}
