@@ -23,10 +23,13 @@ fn a_batched_pass_matches_separate_passes() {
                 states.push(s);
             }
         }
-        // Ragged: one token, three tokens, none, and again one token per sequence.
+        // Ragged: one token, three tokens, none; one token each; then three blocks of 9 (27
+        // rows in all, past the 16 rows a product takes row by row on its own).
+        let block = |b: u32| (0..9).map(|i| b + i).collect::<Vec<u32>>();
         for (step, next) in [
             vec![vec![7u32], vec![8, 9, 10], vec![]],
             vec![vec![11], vec![12], vec![13]],
+            vec![block(20), block(40), block(60)],
         ]
         .into_iter()
         .enumerate()

@@ -1,5 +1,7 @@
 //! Matrix products against stored-dtype weights: `out[T,N] = x[T,K] · Wᵀ` with `W` `[N,K]`.
 
+use std::cell::Cell;
+
 use half::f16;
 use rayon::prelude::*;
 
@@ -10,10 +12,29 @@ use crate::{DType, Weight};
 /// rows are short (an LM head with a small hidden size).
 const GEMV_TASK_ELEMS: usize = 32 * 1024;
 
-/// Up to this many tokens (a speculative block, a batch of decode lanes), products run row
-/// by row with each token's dot product as for one token (batch-invariant); more (prefill
-/// chunks) take the tiled GEMM.
-const GEMV_MAX_TOKENS: usize = 16;
+/// Up to this many tokens (a speculative block), products run row by row with each token's
+/// dot product as for one token (batch-invariant); more (prefill chunks) take the tiled GEMM,
+/// unless inside [`row_by_row`].
+pub const ROW_BY_ROW_TOKENS: usize = 16;
+
+thread_local! {
+    static ROW_BY_ROW: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with every product on this thread computed row by row whatever the token count:
+/// for passes whose rows must equal one-token passes bit for bit (a step's batched decode
+/// rows and verify blocks of several sequences), where the tiled GEMM's other order of sums
+/// would make a sequence's output depend on what runs beside it.
+pub fn row_by_row<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ROW_BY_ROW.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(ROW_BY_ROW.with(|c| c.replace(true)));
+    f()
+}
 
 /// `out[T,N] = x[T,K] · Wᵀ` where `W` is `[N,K]` in its stored dtype. Accumulates in f32.
 pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
@@ -25,7 +46,7 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
     );
     let t = x.len() / k;
     assert_eq!(out.len(), t * n, "out must be [T={t}, N={n}]");
-    if t <= GEMV_MAX_TOKENS {
+    if t <= ROW_BY_ROW_TOKENS || ROW_BY_ROW.with(Cell::get) {
         // Row by row, each token's dot product computed as for one token alone: batched
         // decode and speculative verify blocks give bit for bit the one-token results.
         let mut by_row = vec![0.0f32; n * t];

@@ -10,7 +10,9 @@ mod ffn;
 mod gdn;
 pub mod gguf;
 
-use splash_backend::cpu::{add_in_place, embedding, matmul, rms_norm, KvFormat, Rope};
+use splash_backend::cpu::{
+    add_in_place, embedding, matmul, rms_norm, row_by_row, KvFormat, Rope, ROW_BY_ROW_TOKENS,
+};
 use splash_backend::Weight;
 
 use crate::checkpoint::{Checkpoint, Format};
@@ -336,6 +338,22 @@ impl Qwen35 {
                 })
                 .collect();
         }
+        // Decode rows and verify blocks (a few tokens per sequence) must give each sequence
+        // what a pass of its own gives, however many run together: products row by row.
+        if items.len() > 1 && items.iter().all(|i| i.tokens.len() <= ROW_BY_ROW_TOKENS) {
+            return row_by_row(|| self.forward_rows(items, want, taps));
+        }
+        self.forward_rows(items, want, taps)
+    }
+
+    /// The CPU body of [`forward_batch`](Self::forward_batch).
+    fn forward_rows(
+        &self,
+        items: &mut [BatchItem<'_>],
+        want: Logits,
+        taps: &[usize],
+    ) -> Result<Vec<LogitsAndTaps>, ModelError> {
+        let cfg = &self.config;
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let rows: Vec<usize> = items.iter().map(|i| i.tokens.len()).collect();
         let pos0: Vec<usize> = items.iter().map(|i| i.state.len()).collect();
