@@ -14,8 +14,8 @@ use crate::speculative::{Drafter, SpecStats};
 /// Identifies a sequence inside one engine.
 pub type SeqId = u64;
 
-/// Prompt tokens per prefill step: long prompts are prefilled in pieces so other sequences
-/// keep decoding in between.
+/// Prompt tokens prefilled per engine step (all sequences together): long prompts are
+/// prefilled in pieces so other sequences keep decoding in between.
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 
 /// What a decoding sequence waits for in a step's batched pass.
@@ -301,12 +301,15 @@ impl Engine {
         !self.running.is_empty()
     }
 
-    /// Advances every running sequence by one prefill chunk, one token or one speculative
-    /// block. The decoding sequences share one batched forward pass: their plain next tokens
-    /// and their drafted blocks (each from its own state checkpoint) together.
+    /// Advances every decoding sequence by one token or one speculative block, and prefills
+    /// at most one chunk's worth of prompt tokens (the oldest prompts first): however many
+    /// long prompts arrive, running streams get a token per chunk. The decoding sequences
+    /// share one batched forward pass: their plain next tokens and their drafted blocks (each
+    /// from its own state checkpoint) together.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
         let mut events = Vec::new();
         let mut batch: Vec<(usize, Pending)> = Vec::new();
+        let mut prefill_budget = self.prefill_chunk;
         for (i, seq) in self.running.iter_mut().enumerate() {
             if seq.decodes_plainly() {
                 let t0 = Instant::now();
@@ -319,7 +322,7 @@ impl Engine {
                     batch.push((i, Pending::Block(block)));
                 }
             } else {
-                seq.prefill_step(&self.model, self.prefill_chunk)?;
+                prefill_budget -= seq.prefill_step(&self.model, prefill_budget)?;
                 for (tokens, r) in seq.take_snapshots() {
                     self.prefix_cache.insert(tokens, r.state, r.draft);
                 }
@@ -386,6 +389,11 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Prompt tokens of running sequences still to prefill.
+    pub fn prefill_pending(&self) -> usize {
+        self.running.iter().map(Sequence::prefill_left).sum()
     }
 
     /// Number of running sequences.

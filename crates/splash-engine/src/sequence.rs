@@ -254,11 +254,16 @@ impl Sequence {
     }
 
     /// The next prefill chunk of at most `chunk` tokens (decoding steps are the engine's:
-    /// it batches them across sequences).
-    pub(crate) fn prefill_step(&mut self, model: &Model, chunk: usize) -> Result<(), ModelError> {
-        if self.finish.is_some() || self.prefilled == self.prompt.len() {
-            return Ok(());
+    /// it batches them across sequences). Returns the tokens it ran.
+    pub(crate) fn prefill_step(
+        &mut self,
+        model: &Model,
+        chunk: usize,
+    ) -> Result<usize, ModelError> {
+        if self.finish.is_some() || self.prefilled == self.prompt.len() || chunk == 0 {
+            return Ok(0);
         }
+        let start = self.prefilled;
         let t0 = Instant::now();
         let mut end = (self.prefilled + chunk).min(self.prompt.len());
         // Stop at a checkpoint so the state there can be kept.
@@ -299,7 +304,12 @@ impl Sequence {
             self.logits = Some(logits);
         }
         self.prefill_time += t0.elapsed();
-        Ok(())
+        Ok(end - start)
+    }
+
+    /// Prompt tokens not prefilled yet.
+    pub(crate) fn prefill_left(&self) -> usize {
+        self.prompt.len() - self.prefilled
     }
 
     /// True when the next step is a plain one-token decode step (prompt in, no draft): the

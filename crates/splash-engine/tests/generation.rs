@@ -330,3 +330,38 @@ fn json_schema_constraint_gives_valid_json() {
         other => panic!("expected InvalidRequest, got {other:?}"),
     }
 }
+
+/// Long prompts arriving while a stream decodes are prefilled one chunk's worth of tokens
+/// per step in all (oldest first), and the stream gets its token every step meanwhile.
+#[test]
+fn prefill_takes_one_chunk_per_step_while_streams_decode() {
+    let (m, _) = model("qwen35-dense");
+    let mut engine = Engine::new(m.clone()).with_prefill_chunk(8);
+    let stream = engine.add(request(vec![5, 6, 7], 10)).unwrap();
+    engine.step().unwrap(); // its prompt
+    for seed in [3u32, 11] {
+        let long: Vec<u32> = (0..40).map(|i| (i * 37 + seed) % 500).collect();
+        engine.add(request(long, 4)).unwrap();
+    }
+    let mut pending = engine.prefill_pending();
+    assert_eq!(pending, 80);
+    for step in 1..=10 {
+        engine.step().unwrap();
+        let now = engine.prefill_pending();
+        assert_eq!(
+            pending - now,
+            8,
+            "step {step}: one chunk of prompt tokens per step"
+        );
+        pending = now;
+        // The stream decodes a token every step: its 10th comes with the last chunk.
+        let finished = engine.take_finished(stream);
+        assert_eq!(finished.is_some(), step == 10, "step {step}");
+        if let Some(seq) = finished {
+            assert_eq!(seq.output().len(), 10);
+        }
+    }
+    while engine.has_work() {
+        engine.step().unwrap();
+    }
+}
