@@ -39,6 +39,19 @@ impl Pending {
     }
 }
 
+/// Counters of the batched decode passes (for `/status` and `/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Forward passes run for decoding sequences (one per engine step that had any).
+    pub passes: u64,
+    /// Sequences those passes served, summed (÷ passes: the mean batch).
+    pub sequences: u64,
+    /// Token rows they ran, summed (verify blocks count all their rows).
+    pub rows: u64,
+    /// Prompt tokens still to prefill, after the last step.
+    pub prefill_pending: usize,
+}
+
 /// A generation request in token space.
 #[derive(Clone, Debug)]
 pub struct Request {
@@ -109,6 +122,7 @@ pub struct Engine {
     spec_totals: SpecStats,
     /// States of prompt prefixes kept for later requests (off until given a budget).
     prefix_cache: PrefixCache,
+    batches: BatchStats,
 }
 
 impl Engine {
@@ -128,6 +142,7 @@ impl Engine {
             draft_every_step: false,
             spec_totals: SpecStats::default(),
             prefix_cache: PrefixCache::new(0),
+            batches: BatchStats::default(),
         }
     }
 
@@ -370,6 +385,9 @@ impl Engine {
                 });
             }
         }
+        self.batches.passes += 1;
+        self.batches.sequences += items.len() as u64;
+        self.batches.rows += items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
         let out = self
             .model
             .graph
@@ -394,6 +412,14 @@ impl Engine {
     /// Prompt tokens of running sequences still to prefill.
     pub fn prefill_pending(&self) -> usize {
         self.running.iter().map(Sequence::prefill_left).sum()
+    }
+
+    /// Batched decode counters.
+    pub fn batch_stats(&self) -> BatchStats {
+        BatchStats {
+            prefill_pending: self.prefill_pending(),
+            ..self.batches
+        }
     }
 
     /// Number of running sequences.

@@ -16,7 +16,9 @@ mod sequence;
 mod speculative;
 mod stop;
 
-pub use engine::{Completion, Engine, EngineError, Event, Request, SeqId, DEFAULT_PREFILL_CHUNK};
+pub use engine::{
+    BatchStats, Completion, Engine, EngineError, Event, Request, SeqId, DEFAULT_PREFILL_CHUNK,
+};
 pub use grammar::{with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState};
 pub use memory_plan::{MemoryPlan, PlanError, PlanInputs};
 pub use perplexity::{perplexity, Perplexity};

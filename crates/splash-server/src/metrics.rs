@@ -60,6 +60,7 @@ impl Histogram {
 struct Counters {
     /// The engine's prefix cache, as of its last step.
     prefix_cache: splash_engine::PrefixCacheStats,
+    batches: splash_engine::BatchStats,
     requests: BTreeMap<(String, u16), u64>,
     prompt_tokens: u64,
     generated_tokens: u64,
@@ -113,9 +114,16 @@ impl Metrics {
         });
     }
 
-    /// The prefix cache's counters after an engine step.
-    pub fn set_prefix_cache(&self, stats: splash_engine::PrefixCacheStats) {
-        self.with(|c| c.prefix_cache = stats);
+    /// The prefix cache's and the batched decode's counters after an engine step.
+    pub fn set_engine(
+        &self,
+        cache: splash_engine::PrefixCacheStats,
+        batches: splash_engine::BatchStats,
+    ) {
+        self.with(|c| {
+            c.prefix_cache = cache;
+            c.batches = batches;
+        });
     }
 
     /// Time from request arrival to the first generated text.
@@ -151,6 +159,12 @@ impl Metrics {
                     "hit_tokens_total": c.prefix_cache.hit_tokens,
                     "evictions_total": c.prefix_cache.evictions,
                 },
+                "batching": {
+                    "decode_passes_total": c.batches.passes,
+                    "sequences_per_pass": if c.batches.passes > 0 { c.batches.sequences as f64 / c.batches.passes as f64 } else { 0.0 },
+                    "rows_per_pass": if c.batches.passes > 0 { c.batches.rows as f64 / c.batches.passes as f64 } else { 0.0 },
+                    "prefill_pending_tokens": c.batches.prefill_pending,
+                },
                 "speculation": {
                     "requests_total": c.spec_requests,
                     "target_passes_total": c.spec.target_passes,
@@ -182,12 +196,16 @@ impl Metrics {
                 ("splash_spec_accepted_tokens_total", "Draft tokens the target accepted.", c.spec.accepted as f64),
                 ("splash_prefix_cache_hits_total", "Requests that resumed from a cached prompt prefix.", c.prefix_cache.hits as f64),
                 ("splash_prefix_cache_hit_tokens_total", "Prompt tokens restored from the prefix cache instead of prefilled.", c.prefix_cache.hit_tokens as f64),
+                ("splash_batch_passes_total", "Batched forward passes of decoding sequences.", c.batches.passes as f64),
+                ("splash_batch_sequences_total", "Sequences served by those passes, summed.", c.batches.sequences as f64),
+                ("splash_batch_rows_total", "Token rows run by those passes, summed.", c.batches.rows as f64),
             ] {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
             }
             for (name, help, v) in [
                 ("splash_queue_depth", "Requests waiting for a decode lane.", waiting),
                 ("splash_running_requests", "Requests being prefilled or decoded.", running),
+                ("splash_prefill_pending_tokens", "Prompt tokens of running requests still to prefill.", c.batches.prefill_pending),
             ] {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
             }

@@ -192,7 +192,7 @@ fn run(
             continue;
         }
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| engine.step()));
-        metrics.set_prefix_cache(engine.prefix_cache_stats());
+        metrics.set_engine(engine.prefix_cache_stats(), engine.batch_stats());
         let events = match stepped {
             Ok(Ok(events)) => events,
             failure => {
