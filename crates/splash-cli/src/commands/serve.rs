@@ -46,8 +46,8 @@ pub struct Args {
     /// Requests that may wait for a decode lane; more get 503 with Retry-After.
     #[arg(long, default_value_t = 32)]
     queue_size: usize,
-    /// Requests decoded at once (decode lanes; their plain decode steps share one batched
-    /// forward pass). The memory plan lowers it to what fits.
+    /// Requests decoded at once (decode lanes: each step runs one forward pass for all of
+    /// them, drafted blocks included). The memory plan lowers it to what fits.
     #[arg(long, alias = "parallel", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     lanes: u32,
     /// Do not serve the page at `/`.
