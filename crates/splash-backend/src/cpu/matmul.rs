@@ -49,21 +49,13 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
     if t <= ROW_BY_ROW_TOKENS || ROW_BY_ROW.with(Cell::get) {
         // Row by row, each token's dot product computed as for one token alone: batched
         // decode and speculative verify blocks give bit for bit the one-token results.
-        let mut by_row = vec![0.0f32; n * t];
-        if w.affine_parts().is_some() {
-            affine_gemv(&mut by_row, x, w, t);
-        } else {
-            let rows_per_task = (GEMV_TASK_ELEMS / k).max(1);
-            by_row
-                .par_chunks_mut(rows_per_task * t)
-                .enumerate()
-                .for_each(|(b, chunk)| {
-                    let mut row = Vec::new();
-                    for (i, o) in chunk.chunks_exact_mut(t).enumerate() {
-                        rows_dot(w, b * rows_per_task + i, x, o, &mut row);
-                    }
-                });
+        if t == 1 {
+            // [N, 1] is already the output layout: no copy on the decode path.
+            gemv_by_row(out, x, w, 1);
+            return;
         }
+        let mut by_row = vec![0.0f32; n * t];
+        gemv_by_row(&mut by_row, x, w, t);
         for (r, outs) in by_row.chunks_exact(t).enumerate() {
             for (ti, &v) in outs.iter().enumerate() {
                 out[ti * n + r] = v;
@@ -187,19 +179,31 @@ pub fn embedding(out: &mut [f32], table: &Weight, ids: &[u32]) {
     }
 }
 
+/// `out[r, t] = W[r] · x[t]` (laid out by weight row, `t` tokens), each row's products as
+/// [`rows_dot`] computes them.
+fn gemv_by_row(out: &mut [f32], x: &[f32], w: &Weight, t: usize) {
+    if w.affine_parts().is_some() {
+        affine_gemv(out, x, w, t);
+        return;
+    }
+    let rows_per_task = (GEMV_TASK_ELEMS / w.cols()).max(1);
+    out.par_chunks_mut(rows_per_task * t)
+        .enumerate()
+        .for_each(|(b, chunk)| {
+            let mut row = Vec::new();
+            for (i, o) in chunk.chunks_exact_mut(t).enumerate() {
+                rows_dot(w, b * rows_per_task + i, x, o, &mut row);
+            }
+        });
+}
+
 /// Dot product of row `r` of `w` with `x`, converting the row on the fly.
 fn row_dot(w: &Weight, r: usize, x: &[f32], scratch: &mut Vec<f32>) -> f32 {
     let k = w.cols();
     match w.dtype() {
         DType::F32 => dot(&w.f32_data()[r * k..(r + 1) * k], x),
         DType::BF16 => dot_bf16(&w.u16_data()[r * k..(r + 1) * k], x),
-        DType::F16 => {
-            scratch.resize(k, 0.0);
-            for (s, &b) in scratch.iter_mut().zip(&w.u16_data()[r * k..(r + 1) * k]) {
-                *s = f16::from_bits(b).to_f32();
-            }
-            dot(scratch, x)
-        }
+        DType::F16 => dot(float_row(w, r, scratch), x),
         DType::Affine { .. } => unreachable!("affine weights take affine_gemv"),
         DType::Ggml(t) => {
             let (_, row) = w.ggml_row(r).expect("GGML weight");
@@ -216,31 +220,30 @@ fn rows_dot(w: &Weight, r: usize, x: &[f32], out: &mut [f32], scratch: &mut Vec<
         out[0] = row_dot(w, r, x, scratch);
         return;
     }
-    let row: &[f32] = match w.dtype() {
-        DType::F32 => &w.f32_data()[r * k..(r + 1) * k],
-        // bf16 and f16 → f32 is exact, and `dot` sums like `dot_bf16`: the same bits.
-        DType::BF16 | DType::F16 => {
-            scratch.resize(k, 0.0);
-            let src = &w.u16_data()[r * k..(r + 1) * k];
-            if w.dtype() == DType::BF16 {
-                for (s, &b) in scratch.iter_mut().zip(src) {
-                    *s = f32::from_bits((b as u32) << 16);
-                }
-            } else {
-                for (s, &b) in scratch.iter_mut().zip(src) {
-                    *s = f16::from_bits(b).to_f32();
-                }
-            }
-            scratch
-        }
-        _ => {
-            for (ti, o) in out.iter_mut().enumerate() {
-                *o = row_dot(w, r, &x[ti * k..(ti + 1) * k], scratch);
-            }
-            return;
-        }
+    // bf16 and f16 → f32 is exact, and `dot` sums like `dot_bf16`: the same bits.
+    if let DType::F32 | DType::BF16 | DType::F16 = w.dtype() {
+        return dots(float_row(w, r, scratch), x, out);
+    }
+    for (ti, o) in out.iter_mut().enumerate() {
+        *o = row_dot(w, r, &x[ti * k..(ti + 1) * k], scratch);
+    }
+}
+
+/// Row `r` of a float weight (f32, bf16, f16) in f32: the stored row, or decoded into
+/// `scratch`.
+fn float_row<'a>(w: &'a Weight, r: usize, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    let k = w.cols();
+    let decode = |scratch: &'a mut Vec<f32>, f: fn(u16) -> f32| -> &'a [f32] {
+        scratch.clear();
+        scratch.extend(w.u16_data()[r * k..(r + 1) * k].iter().map(|&b| f(b)));
+        scratch
     };
-    dots(row, x, out);
+    match w.dtype() {
+        DType::F32 => &w.f32_data()[r * k..(r + 1) * k],
+        DType::BF16 => decode(scratch, |b| f32::from_bits((b as u32) << 16)),
+        DType::F16 => decode(scratch, |b| f16::from_bits(b).to_f32()),
+        other => unreachable!("{other} is not a float weight"),
+    }
 }
 
 /// `out[t] = row · x[t]`, four tokens per pass over the row, each token's sum in the order of
