@@ -316,7 +316,12 @@ impl Sequence {
     /// engine runs the forward passes of all such sequences as one batch
     /// ([`sample_next`](Self::sample_next), the pass, [`decoded`](Self::decoded)).
     pub(crate) fn decodes_plainly(&self) -> bool {
-        self.finish.is_none() && self.prefilled == self.prompt.len() && self.spec.is_none()
+        self.decoding() && self.spec.is_none()
+    }
+
+    /// Prompt in and not finished.
+    fn decoding(&self) -> bool {
+        self.finish.is_none() && self.prefilled == self.prompt.len()
     }
 
     /// Samples and emits the next token from the last logits (masked by the output
@@ -362,7 +367,7 @@ impl Sequence {
     /// engine verifies the blocks of all such sequences in one batched pass
     /// ([`draft_block`](Self::draft_block), the pass, [`verified`](Self::verified)).
     pub(crate) fn speculates(&self) -> bool {
-        self.finish.is_none() && self.prefilled == self.prompt.len() && self.spec.is_some()
+        self.decoding() && self.spec.is_some()
     }
 
     /// The first half of a speculative step: drafts the next block (or a single row, when

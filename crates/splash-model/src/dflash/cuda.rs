@@ -133,8 +133,20 @@ impl GpuDraft {
         Ok(self.gpu().uninit(len)?)
     }
 
+    /// A sequence's device context, allocated in `slot` at its first use.
+    pub(crate) fn context<'a>(
+        &self,
+        c: &DraftConfig,
+        slot: &'a mut Option<GpuDraftContext>,
+    ) -> Result<&'a mut GpuDraftContext, ModelError> {
+        if slot.is_none() {
+            *slot = Some(self.new_context(c)?);
+        }
+        Ok(slot.as_mut().expect("allocated above"))
+    }
+
     /// An empty context.
-    pub(crate) fn new_context(&self, c: &DraftConfig) -> Result<GpuDraftContext, ModelError> {
+    fn new_context(&self, c: &DraftConfig) -> Result<GpuDraftContext, ModelError> {
         let len = INITIAL_CONTEXT_CAPACITY * c.num_kv_heads * c.head_dim;
         let layers = self
             .layers

@@ -343,11 +343,7 @@ impl DFlashDraft {
         let pos0 = ctx.len;
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
-            if ctx.gpu.is_none() {
-                ctx.gpu = Some(g.new_context(c)?);
-            }
-            let gc = ctx.gpu.as_mut().expect("allocated above");
-            g.append_context(c, gc, features, pos0)?;
+            g.append_context(c, g.context(c, &mut ctx.gpu)?, features, pos0)?;
             ctx.len += t;
             return Ok(());
         }
@@ -491,13 +487,9 @@ impl DFlashDraft {
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
             let c = &self.config;
-            if ctx.gpu.is_none() {
-                ctx.gpu = Some(g.new_context(c)?);
-            }
-            let gc = ctx.gpu.as_mut().expect("allocated above");
             let (hidden, mut logits) = g.forward(
                 c,
-                gc,
+                g.context(c, &mut ctx.gpu)?,
                 &self.embed_block(target, anchor, block),
                 block,
                 ctx.len,

@@ -403,10 +403,8 @@ impl GpuModel {
             h,
             eps,
         )?;
-        let v = cfg.vocab_size;
-        let logits = self.scratch(n * v)?;
-        dev::matmul(gpu, k, ptr(gpu, &logits, 0), np, &self.lm_head, 0, v, n)?;
-        Ok((gpu.download(&logits, n * v)?, features))
+        let logits = self.lm_head(np, n)?;
+        Ok((gpu.download(&logits, n * cfg.vocab_size)?, features))
     }
 
     /// Logits `[n, V]` of `n` already-normed hidden rows at device address `x` (the DFlash
