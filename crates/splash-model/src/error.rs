@@ -48,6 +48,8 @@ pub enum ModelError {
     Template(String),
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
+    #[error("saved state image: {0}")]
+    StateImage(String),
     #[error("position {needed} is beyond the model's context limit of {limit} tokens")]
     ContextOverflow { needed: usize, limit: usize },
 }

@@ -3,6 +3,11 @@
 use splash_backend::cpu::{gdn_recurrent, GdnDims, KvFormat, KvStore};
 
 use crate::config::{LayerKind, ModelConfig};
+use crate::image::{bad, ImageReader, ImageWriter};
+use crate::ModelError;
+
+/// The tag that starts a saved [`SequenceState`] image (version 1).
+const STATE_IMAGE: &[u8; 8] = b"SPLSTAT1";
 
 /// The state of one layer for one sequence.
 #[derive(Clone, Debug)]
@@ -29,6 +34,29 @@ pub struct SequenceState {
     /// `layers` is then empty).
     #[cfg(feature = "cuda")]
     pub(crate) gpu: Option<crate::qwen35::cuda::GpuState>,
+}
+
+/// One layer of a saved state image, checked against the model's shapes.
+pub(crate) enum LayerImage<'a> {
+    Gdn {
+        conv: Vec<f32>,
+        recurrent: Vec<f32>,
+    },
+    /// Keys and values as stored (`[len, hkv, d]` in the KV format) and their int8 row scales.
+    Attn {
+        k: &'a [u8],
+        ks: Vec<f32>,
+        v: &'a [u8],
+        vs: Vec<f32>,
+    },
+}
+
+fn kv_code(kv: KvFormat) -> u64 {
+    match kv {
+        KvFormat::F32 => 0,
+        KvFormat::Bf16 => 1,
+        KvFormat::Int8 => 2,
+    }
 }
 
 /// The point a speculative verify pass started from (model-spec §2.6, variant (a)).
@@ -124,6 +152,129 @@ impl SequenceState {
                 kv,
             )
         }
+    }
+
+    /// A copy of this state (on the GPU, holding just its tokens' cache rows); fails instead of
+    /// aborting when the device is out of memory.
+    pub fn try_clone(&self) -> Result<Self, ModelError> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return Ok(Self {
+                gpu: Some(g.try_clone(self.len)?),
+                layers: Vec::new(),
+                checkpoint: None,
+                ..*self
+            });
+        }
+        Ok(self.clone())
+    }
+
+    /// The state as bytes, the same whichever device holds it (for the prefix cache's disk
+    /// tier); [`load_image`](Self::load_image) reads it back.
+    pub fn save_image(&self) -> Result<Vec<u8>, ModelError> {
+        let mut w = ImageWriter::new(STATE_IMAGE);
+        w.u64(self.len as u64);
+        w.u64(kv_code(self.kv));
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            g.save_image(&mut w, self.len)?;
+            return Ok(w.finish());
+        }
+        w.u64(self.layers.len() as u64);
+        for layer in &self.layers {
+            match layer {
+                LayerState::Gdn { conv, recurrent } => {
+                    w.u64(0);
+                    w.f32s(conv);
+                    w.f32s(recurrent);
+                }
+                LayerState::Attn { k, v } => {
+                    w.u64(1);
+                    for store in [k, v] {
+                        let (bytes, scales) = store.raw();
+                        w.bytes(bytes);
+                        w.f32s(scales);
+                    }
+                }
+            }
+        }
+        Ok(w.finish())
+    }
+
+    /// Reads an image written by [`save_image`](Self::save_image) for a model of `config`:
+    /// the layers, lengths and KV format must match, or the image is refused.
+    pub(crate) fn parse_image<'a>(
+        config: &ModelConfig,
+        image: &'a [u8],
+    ) -> Result<(usize, KvFormat, Vec<LayerImage<'a>>), ModelError> {
+        let mut r = ImageReader::new(image, STATE_IMAGE)?;
+        let len = r.u64("the length")? as usize;
+        if len > config.max_position_embeddings.max(1 << 24) {
+            return Err(bad(format!("a length of {len} tokens is beyond the model")));
+        }
+        let kv = match r.u64("the KV format")? {
+            0 => KvFormat::F32,
+            1 => KvFormat::Bf16,
+            2 => KvFormat::Int8,
+            other => return Err(bad(format!("unknown KV format code {other}"))),
+        };
+        let n = r.u64("the layer count")? as usize;
+        if n != config.layer_kinds.len() {
+            return Err(bad(format!(
+                "{n} layers, the model has {}",
+                config.layer_kinds.len()
+            )));
+        }
+        let rows = len * config.num_kv_heads;
+        let kv_bytes =
+            rows * kv.row_bytes(config.head_dim) - if kv == KvFormat::Int8 { 4 * rows } else { 0 };
+        let scales = if kv == KvFormat::Int8 { rows } else { 0 };
+        let layers = config
+            .layer_kinds
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| {
+                let code = r.u64("a layer kind")?;
+                Ok(match (kind, code) {
+                    (LayerKind::Linear, 0) => LayerImage::Gdn {
+                        conv: r
+                            .f32s((config.conv_kernel - 1) * config.conv_dim(), "a conv state")?,
+                        recurrent: r.f32s(config.gdn.state_len(), "a recurrent state")?,
+                    },
+                    (LayerKind::Full, 1) => LayerImage::Attn {
+                        k: r.bytes(kv_bytes, "the keys")?,
+                        ks: r.f32s(scales, "the key scales")?,
+                        v: r.bytes(kv_bytes, "the values")?,
+                        vs: r.f32s(scales, "the value scales")?,
+                    },
+                    _ => return Err(bad(format!("layer {i} is of another kind"))),
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        r.end()?;
+        Ok((len, kv, layers))
+    }
+
+    /// A CPU state from a parsed image.
+    pub(crate) fn from_image(
+        config: &ModelConfig,
+        len: usize,
+        kv: KvFormat,
+        layers: Vec<LayerImage<'_>>,
+    ) -> Self {
+        let mut state = Self::new(config, kv);
+        state.len = len;
+        state.layers = layers
+            .into_iter()
+            .map(|l| match l {
+                LayerImage::Gdn { conv, recurrent } => LayerState::Gdn { conv, recurrent },
+                LayerImage::Attn { k, ks, v, vs } => LayerState::Attn {
+                    k: KvStore::from_raw(kv, k, ks),
+                    v: KvStore::from_raw(kv, v, vs),
+                },
+            })
+            .collect();
+        state
     }
 
     /// How keys and values are stored.

@@ -114,6 +114,28 @@ impl KvStore {
         }
     }
 
+    /// The stored values as bytes (f32 or bf16 little-endian, or int8 codes) and the int8 row
+    /// scales (empty for the other formats): what a saved state image holds.
+    pub fn raw(&self) -> (&[u8], &[f32]) {
+        match self {
+            Self::F32(v) => (bytemuck::cast_slice(v), &[]),
+            Self::Bf16(v) => (bytemuck::cast_slice(v), &[]),
+            Self::Int8 { q, scale } => (bytemuck::cast_slice(q), scale),
+        }
+    }
+
+    /// A store of `format` holding `bytes` and `scales` as [`raw`](Self::raw) gave them.
+    pub fn from_raw(format: KvFormat, bytes: &[u8], scales: Vec<f32>) -> Self {
+        match format {
+            KvFormat::F32 => Self::F32(bytemuck::pod_collect_to_vec(bytes)),
+            KvFormat::Bf16 => Self::Bf16(bytemuck::pod_collect_to_vec(bytes)),
+            KvFormat::Int8 => Self::Int8 {
+                q: bytemuck::cast_slice(bytes).to_vec(),
+                scale: scales,
+            },
+        }
+    }
+
     /// Row `r` (of `out.len()` values) as f32.
     #[inline]
     pub fn row(&self, r: usize, out: &mut [f32]) {

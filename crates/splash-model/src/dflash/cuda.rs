@@ -159,6 +159,59 @@ impl GpuDraft {
         })
     }
 
+    /// A device copy of the first `len` rows of `ctx`.
+    pub(crate) fn clone_context(
+        &self,
+        c: &DraftConfig,
+        ctx: &GpuDraftContext,
+        len: usize,
+    ) -> Result<GpuDraftContext, ModelError> {
+        let g = self.gpu();
+        let cap = len.max(1);
+        let row = c.num_kv_heads * c.head_dim;
+        let layers = ctx
+            .layers
+            .iter()
+            .map(|(k, v)| {
+                let (k2, v2) = (self.scratch(cap * row)?, self.scratch(cap * row)?);
+                g.copy(ptr(g, &k2, 0), ptr(g, k, 0), 4 * len * row)?;
+                g.copy(ptr(g, &v2, 0), ptr(g, v, 0), 4 * len * row)?;
+                Ok((k2, v2))
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(GpuDraftContext { layers, cap })
+    }
+
+    /// The first `len` rows of each layer of `ctx`, on the host.
+    pub(crate) fn download_context(
+        &self,
+        c: &DraftConfig,
+        ctx: &GpuDraftContext,
+        len: usize,
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError> {
+        let n = len * c.num_kv_heads * c.head_dim;
+        ctx.layers
+            .iter()
+            .map(|(k, v)| Ok((self.gpu().download(k, n)?, self.gpu().download(v, n)?)))
+            .collect()
+    }
+
+    /// A device context holding `layers` (every row from position 0).
+    pub(crate) fn upload_context(
+        &self,
+        c: &DraftConfig,
+        layers: &[(Vec<f32>, Vec<f32>)],
+        len: usize,
+    ) -> Result<GpuDraftContext, ModelError> {
+        let mut ctx = self.new_context(c)?;
+        self.reserve(c, &mut ctx, len)?;
+        for ((k, v), (hk, hv)) in ctx.layers.iter_mut().zip(layers) {
+            self.gpu().write(k, hk)?;
+            self.gpu().write(v, hv)?;
+        }
+        Ok(ctx)
+    }
+
     /// Grows every layer of `ctx` (doubling) to hold `rows` positions.
     fn reserve(
         &self,

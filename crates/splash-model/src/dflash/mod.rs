@@ -36,6 +36,7 @@ pub use selector::{Selector, SelectorSlot};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
+use crate::image::{bad as image_error, ImageReader, ImageWriter};
 use crate::qwen35::Qwen35;
 
 /// DFlash2's convolution around one sublayer: `base [2, K, H]`, `kernel_projection [2·K·G, H]`.
@@ -120,6 +121,9 @@ pub struct DFlashDraft {
     #[cfg(feature = "cuda")]
     gpu: Option<cuda::GpuDraft>,
 }
+
+/// The tag that starts a saved [`DraftContext`] image (version 1).
+const CONTEXT_IMAGE: &[u8; 8] = b"SPLDRFT1";
 
 /// One layer's cached context keys (normed, rotated) and values, `[rows, hkv, d]`.
 #[derive(Clone, Debug, Default)]
@@ -326,6 +330,97 @@ impl DFlashDraft {
             #[cfg(feature = "cuda")]
             gpu: None,
         }
+    }
+
+    /// A copy of `ctx` (on the GPU, holding just its rows); fails instead of aborting when
+    /// the device is out of memory.
+    pub fn try_clone_context(&self, ctx: &DraftContext) -> Result<DraftContext, ModelError> {
+        #[cfg(feature = "cuda")]
+        if let (Some(g), Some(gc)) = (&self.gpu, &ctx.gpu) {
+            return Ok(DraftContext {
+                layers: ctx.layers.clone(),
+                len: ctx.len,
+                gpu: Some(g.clone_context(&self.config, gc, ctx.len)?),
+            });
+        }
+        Ok(ctx.clone())
+    }
+
+    /// `ctx` as bytes, the same whichever device holds it (for the prefix cache's disk tier).
+    pub fn save_context(&self, ctx: &DraftContext) -> Result<Vec<u8>, ModelError> {
+        let mut w = ImageWriter::new(CONTEXT_IMAGE);
+        w.u64(ctx.len as u64);
+        w.u64(self.layers.len() as u64);
+        #[cfg(feature = "cuda")]
+        if let (Some(g), Some(gc)) = (&self.gpu, &ctx.gpu) {
+            for (k, v) in g.download_context(&self.config, gc, ctx.len)? {
+                w.u64(0);
+                w.f32s(&k);
+                w.f32s(&v);
+            }
+            return Ok(w.finish());
+        }
+        for l in &ctx.layers {
+            // A context that never received a row starts at position 0.
+            w.u64(if l.k.is_empty() { 0 } else { l.pos0 } as u64);
+            w.f32s(&l.k);
+            w.f32s(&l.v);
+        }
+        Ok(w.finish())
+    }
+
+    /// Reads a context saved by [`save_context`](Self::save_context) for this draft.
+    pub fn load_context(&self, image: &[u8]) -> Result<DraftContext, ModelError> {
+        let c = &self.config;
+        let row = c.num_kv_heads * c.head_dim;
+        let mut r = ImageReader::new(image, CONTEXT_IMAGE)?;
+        let len = r.u64("the length")? as usize;
+        let n = r.u64("the layer count")? as usize;
+        if n != self.layers.len() {
+            return Err(image_error(format!(
+                "{n} draft layers, the draft has {}",
+                self.layers.len()
+            )));
+        }
+        let mut ctx = self.new_context();
+        ctx.len = len;
+        for lc in &mut ctx.layers {
+            let pos0 = r.u64("a layer's first position")? as usize;
+            if pos0 > len {
+                return Err(image_error(format!(
+                    "a layer starts at position {pos0}, past the length {len}"
+                )));
+            }
+            lc.pos0 = pos0;
+            lc.k = r.f32s((len - pos0) * row, "the context keys")?;
+            lc.v = r.f32s((len - pos0) * row, "the context values")?;
+        }
+        r.end()?;
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            if ctx.layers.iter().any(|l| l.pos0 > 0) {
+                return Err(image_error(
+                    "the context was saved without its early rows; the GPU draft needs all of them",
+                ));
+            }
+            let layers: Vec<_> = std::mem::take(&mut ctx.layers)
+                .into_iter()
+                .map(|l| (l.k, l.v))
+                .collect();
+            ctx.layers = vec![LayerContext::default(); self.layers.len()];
+            ctx.gpu = Some(g.upload_context(c, &layers, len)?);
+            return Ok(ctx);
+        }
+        // A sliding layer keeps its window only (an image from the GPU holds every row).
+        for (layer, lc) in self.layers.iter().zip(&mut ctx.layers) {
+            if let Some(w) = layer.window {
+                let drop = (len - lc.pos0).saturating_sub(w.saturating_sub(1));
+                lc.k.drain(..drop * row);
+                lc.v.drain(..drop * row);
+                lc.pos0 += drop;
+            }
+        }
+        Ok(ctx)
     }
 
     /// Appends the taps `features` `[T, n·H]` of the next `T` committed positions.

@@ -14,6 +14,8 @@ use super::gdn::GatedDeltaNet;
 use super::{Logits, Mixer, Qwen35};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::ModelError;
+use crate::image::ImageWriter;
+use crate::state::LayerImage;
 
 impl From<GpuError> for ModelError {
     fn from(e: GpuError) -> Self {
@@ -169,6 +171,79 @@ impl GpuState {
         Ok(())
     }
 
+    /// A device copy holding the first `len` positions of each attention cache (the prefix
+    /// cache keeps these: no room for growth).
+    pub(crate) fn try_clone(&self, len: usize) -> Result<GpuState, ModelError> {
+        let m = &self.model;
+        let g = &*m.gpu;
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(match l {
+                    GpuLayerState::Gdn { conv, recurrent } => GpuLayerState::Gdn {
+                        conv: m.clone_buf(conv)?,
+                        recurrent: m.clone_buf(recurrent)?,
+                    },
+                    GpuLayerState::Attn { k, v, ks, vs, cap } => {
+                        let (row, hkv) = (k.len() / cap, ks.len() / cap);
+                        let new_cap = len.max(1);
+                        let bytes = new_cap * row;
+                        let (k2, v2) = (g.uninit::<u8>(bytes)?, g.uninit::<u8>(bytes)?);
+                        let (ks2, vs2) = (m.scratch(new_cap * hkv)?, m.scratch(new_cap * hkv)?);
+                        g.copy(ptr(g, &k2, 0), ptr(g, k, 0), len * row)?;
+                        g.copy(ptr(g, &v2, 0), ptr(g, v, 0), len * row)?;
+                        g.copy(ptr(g, &ks2, 0), ptr(g, ks, 0), 4 * len * hkv)?;
+                        g.copy(ptr(g, &vs2, 0), ptr(g, vs, 0), 4 * len * hkv)?;
+                        GpuLayerState::Attn {
+                            k: k2,
+                            v: v2,
+                            ks: ks2,
+                            vs: vs2,
+                            cap: new_cap,
+                        }
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(GpuState {
+            model: m.clone(),
+            layers,
+            kv: self.kv,
+            replay: None,
+        })
+    }
+
+    /// Writes the layers of a state image (see [`SequenceState::save_image`]): the first `len`
+    /// positions of each attention cache, in the same layout as a CPU state.
+    pub(crate) fn save_image(&self, w: &mut ImageWriter, len: usize) -> Result<(), ModelError> {
+        let g = &*self.model.gpu;
+        w.u64(self.layers.len() as u64);
+        for l in &self.layers {
+            match l {
+                GpuLayerState::Gdn { conv, recurrent } => {
+                    w.u64(0);
+                    w.f32s(&g.download(conv, conv.len())?);
+                    w.f32s(&g.download(recurrent, recurrent.len())?);
+                }
+                GpuLayerState::Attn { k, v, ks, vs, cap } => {
+                    w.u64(1);
+                    let (row, hkv) = (k.len() / cap, ks.len() / cap);
+                    let scales = if self.kv == KvFormat::Int8 {
+                        len * hkv
+                    } else {
+                        0
+                    };
+                    for (x, xs) in [(k, ks), (v, vs)] {
+                        w.bytes(&g.download(x, len * row)?);
+                        w.f32s(&g.download(xs, scales)?);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Device bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.layers
@@ -305,6 +380,53 @@ impl GpuModel {
                             ks: self.gpu.zeros(rows)?,
                             vs: self.gpu.zeros(rows)?,
                             cap: INITIAL_KV_CAPACITY,
+                        }
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(GpuState {
+            model: self.clone(),
+            layers,
+            kv,
+            replay: None,
+        })
+    }
+
+    /// A device state from a parsed image (room for at least the initial capacity).
+    pub(crate) fn state_from_image(
+        self: &Arc<Self>,
+        cfg: &ModelConfig,
+        len: usize,
+        kv: KvFormat,
+        image: Vec<LayerImage<'_>>,
+    ) -> Result<GpuState, ModelError> {
+        let g = &*self.gpu;
+        let cap = len.max(INITIAL_KV_CAPACITY);
+        let layers = image
+            .into_iter()
+            .map(|l| {
+                Ok(match l {
+                    LayerImage::Gdn { conv, recurrent } => GpuLayerState::Gdn {
+                        conv: g.upload(&conv)?,
+                        recurrent: g.upload(&recurrent)?,
+                    },
+                    LayerImage::Attn { k, ks, v, vs } => {
+                        // Every format has row scales on the device (unused outside int8).
+                        let hkv = cfg.num_kv_heads;
+                        let bytes = cap * hkv * cfg.head_dim * elem_bytes(kv);
+                        let (mut k2, mut v2) = (g.zeros::<u8>(bytes)?, g.zeros::<u8>(bytes)?);
+                        let (mut ks2, mut vs2) = (g.zeros(cap * hkv)?, g.zeros(cap * hkv)?);
+                        g.write(&mut k2, k)?;
+                        g.write(&mut v2, v)?;
+                        g.write(&mut ks2, &ks)?;
+                        g.write(&mut vs2, &vs)?;
+                        GpuLayerState::Attn {
+                            k: k2,
+                            v: v2,
+                            ks: ks2,
+                            vs: vs2,
+                            cap,
                         }
                     }
                 })

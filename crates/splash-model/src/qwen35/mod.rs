@@ -240,6 +240,20 @@ impl Qwen35 {
         SequenceState::new(&self.config, kv)
     }
 
+    /// A state saved by [`SequenceState::save_image`] (on any device), placed where this
+    /// model runs. Fails when the image does not parse or does not fit this model.
+    pub fn load_state(&self, image: &[u8]) -> Result<SequenceState, ModelError> {
+        let (len, kv, layers) = SequenceState::parse_image(&self.config, image)?;
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            let mut state = SequenceState::on_device(&self.config, kv);
+            state.gpu = Some(g.state_from_image(&self.config, len, kv, layers)?);
+            state.advance(len);
+            return Ok(state);
+        }
+        Ok(SequenceState::from_image(&self.config, len, kv, layers))
+    }
+
     /// Number of parameters of the text model (tied embeddings counted once).
     pub fn num_parameters(&self) -> usize {
         // Derived from shapes rather than stored: cheap and always in sync with the weights.
