@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use splash_model::{BatchItem, KvFormat, Logits, Model, ModelError};
 
 use crate::grammar::{GrammarFactory, GrammarRequest, GrammarState};
-use crate::prefix_cache::{checkpoint_positions, PrefixCache, PrefixCacheStats};
+use crate::prefix_cache::{checkpoint_positions, DiskCacheConfig, PrefixCache, PrefixCacheStats};
 use crate::sampling::SamplingParams;
 use crate::sequence::{FinishReason, PendingBlock, Sequence};
 use crate::speculative::{Drafter, SpecStats};
@@ -176,12 +176,28 @@ impl Engine {
         self
     }
 
-    /// Keeps prompt-prefix states for later requests, within `bytes` (0: off). Only for
-    /// models on the CPU for now: a GPU state is not copied yet.
+    /// Keeps prompt-prefix states for later requests, within `bytes` of memory (0: none).
     pub fn with_prefix_cache(mut self, bytes: usize) -> Self {
-        let on_cpu = self.model.graph.device() == "cpu";
-        self.prefix_cache = PrefixCache::new(if on_cpu { bytes } else { 0 });
+        self.prefix_cache = PrefixCache::new(bytes);
         self
+    }
+
+    /// Adds a disk tier under the prefix cache: states evicted from memory go to files and
+    /// are read back on a hit (see [`DiskCacheConfig`]).
+    pub fn with_disk_cache(mut self, config: DiskCacheConfig) -> std::io::Result<Self> {
+        let memory = std::mem::replace(&mut self.prefix_cache, PrefixCache::new(0));
+        self.prefix_cache = memory.with_disk(config)?;
+        Ok(self)
+    }
+
+    /// The disk tier's directory, when there is one.
+    pub fn disk_cache_dir(&self) -> Option<&std::path::Path> {
+        self.prefix_cache.disk_dir()
+    }
+
+    /// Waits for the disk tier's queued writes (tests and benchmarks).
+    pub fn flush_disk_cache(&self) {
+        self.prefix_cache.flush();
     }
 
     /// Prefix-cache counters.
@@ -269,7 +285,7 @@ impl Engine {
         self.next_id += 1;
         let drafter = self.drafter.as_ref().filter(|_| req_unconstrained);
         let (restored, checkpoints) = if self.prefix_cache.enabled() {
-            let restored = self.prefix_cache.lookup(&req.prompt, drafter.is_some());
+            let restored = self.prefix_cache.lookup(&req.prompt, &self.model, drafter);
             let from = restored.as_ref().map_or(0, |r| r.len);
             let im_start = self.model.tokenizer.token_to_id("<|im_start|>");
             let mut positions = checkpoint_positions(&req.prompt, im_start);

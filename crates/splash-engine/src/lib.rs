@@ -22,7 +22,7 @@ pub use engine::{
 pub use grammar::{with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState};
 pub use memory_plan::{MemoryPlan, PlanError, PlanInputs};
 pub use perplexity::{perplexity, Perplexity};
-pub use prefix_cache::PrefixCacheStats;
+pub use prefix_cache::{free_disk_bytes, DiskCacheConfig, DiskCacheStats, PrefixCacheStats};
 pub use sampling::{random_seed, Distribution, Sampler, SamplingParams};
 pub use sequence::{FinishReason, Sequence};
 pub use speculative::{

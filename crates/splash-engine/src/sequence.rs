@@ -291,20 +291,28 @@ impl Sequence {
         }
         self.prefilled = end;
         if self.checkpoints.contains(&end) {
-            let draft = self.spec.as_ref().and_then(|s| s.session.fork());
-            if self.spec.is_none() || draft.is_some() {
-                self.snapshots.push(Restored {
-                    len: end,
-                    state: self.state.clone(),
-                    draft,
-                });
-            }
+            self.snapshot(end);
         }
         if last {
             self.logits = Some(logits);
         }
         self.prefill_time += t0.elapsed();
         Ok(end - start)
+    }
+
+    /// Keeps a copy of the state after `len` prompt tokens for the prefix cache. A copy that
+    /// fails (out of GPU memory) is skipped: caching is an optimisation.
+    fn snapshot(&mut self, len: usize) {
+        let draft = match self.spec.as_ref().map(|s| s.session.fork()) {
+            None => None,
+            Some(Some(Ok(d))) => Some(d),
+            // This draft's sessions cannot be copied (or the copy failed): nothing to keep.
+            Some(_) => return,
+        };
+        match self.state.try_clone() {
+            Ok(state) => self.snapshots.push(Restored { len, state, draft }),
+            Err(e) => tracing::warn!("prefix cache: cannot copy a state ({e}); not cached"),
+        }
     }
 
     /// Prompt tokens not prefilled yet.

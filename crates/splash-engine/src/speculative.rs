@@ -32,6 +32,12 @@ pub trait Drafter: Send + Sync {
     fn memory(&self) -> DraftMemory {
         DraftMemory::default()
     }
+    /// A session saved by [`DraftSession::save_image`].
+    fn load_session(&self, _image: &[u8]) -> Result<Box<dyn DraftSession>, ModelError> {
+        Err(ModelError::StateImage(
+            "this draft cannot load saved sessions".into(),
+        ))
+    }
 }
 
 /// Memory a draft needs: its weights, and its context per committed token of a sequence.
@@ -57,8 +63,13 @@ pub trait DraftSession: Send {
     /// The taps `[T, n·H]` of the next `T` committed positions (prompt, then accepted rows).
     fn commit(&mut self, features: &[f32]) -> Result<(), ModelError>;
     /// A copy of this session, for the prefix cache (`None`: this draft cannot be copied,
-    /// and its sequences are not cached).
-    fn fork(&self) -> Option<Box<dyn DraftSession>> {
+    /// and its sequences are not cached; an error: the copy failed, e.g. out of GPU memory).
+    fn fork(&self) -> Option<Result<Box<dyn DraftSession>, ModelError>> {
+        None
+    }
+    /// The session as bytes, for the prefix cache's disk tier (`None`: it cannot be saved);
+    /// [`Drafter::load_session`] reads it back.
+    fn save_image(&self) -> Option<Result<Vec<u8>, ModelError>> {
         None
     }
     /// Bytes held by this session.
@@ -297,6 +308,13 @@ impl Drafter for DFlashDrafter {
             draft: self.draft.clone(),
         })
     }
+
+    fn load_session(&self, image: &[u8]) -> Result<Box<dyn DraftSession>, ModelError> {
+        Ok(Box::new(DFlashSession {
+            ctx: self.draft.load_context(image)?,
+            draft: self.draft.clone(),
+        }))
+    }
 }
 
 struct DFlashSession {
@@ -309,11 +327,17 @@ impl DraftSession for DFlashSession {
         self.draft.append_context(&mut self.ctx, features)
     }
 
-    fn fork(&self) -> Option<Box<dyn DraftSession>> {
-        Some(Box::new(DFlashSession {
-            draft: self.draft.clone(),
-            ctx: self.ctx.clone(),
+    fn fork(&self) -> Option<Result<Box<dyn DraftSession>, ModelError>> {
+        Some(self.draft.try_clone_context(&self.ctx).map(|ctx| {
+            Box::new(DFlashSession {
+                draft: self.draft.clone(),
+                ctx,
+            }) as Box<dyn DraftSession>
         }))
+    }
+
+    fn save_image(&self) -> Option<Result<Vec<u8>, ModelError>> {
+        Some(self.draft.save_context(&self.ctx))
     }
 
     fn memory_bytes(&self) -> usize {

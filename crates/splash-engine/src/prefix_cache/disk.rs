@@ -1,0 +1,664 @@
+//! The prefix cache's disk tier: entries evicted from memory are written to files and read
+//! back on a hit instead of prefilling the prefix again. One file per entry:
+//!
+//! | field | content |
+//! |---|---|
+//! | magic | `SPLCACHE` |
+//! | u64 | format version (1) |
+//! | bytes | identity: which model, weights and formats wrote the file |
+//! | u64 | 1 when a draft context follows the state, else 0 |
+//! | u64, u32 × n | the prompt prefix |
+//! | bytes | the target state image |
+//! | bytes | the draft context image (empty without a draft) |
+//! | u32 | CRC-32 of everything before it |
+//!
+//! (`bytes`: a u64 length, then the bytes; little endian throughout.) A file that is
+//! truncated, fails its checksum or was written under another identity is deleted and its
+//! prefix recomputed, never used. Files are written by a background thread (a spill must not
+//! stall the decoding streams) to a temporary name and renamed into place. Without
+//! `persistent` they live in a directory of this process, removed at exit, or by the next
+//! start when a process died without cleaning up.
+
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+const MAGIC: &[u8; 8] = b"SPLCACHE";
+const VERSION: u64 = 1;
+const EXTENSION: &str = "splc";
+
+/// Where and how large the disk tier is.
+#[derive(Clone, Debug)]
+pub struct DiskCacheConfig {
+    /// The directory under which each model identity gets its own directory.
+    pub root: PathBuf,
+    /// Bytes of files kept at most (least recently used files go first).
+    pub budget_bytes: u64,
+    /// Keep the files across restarts.
+    pub persistent: bool,
+    /// Names the model, its weights and the state formats; files written under another
+    /// identity are refused.
+    pub identity: String,
+}
+
+/// Bytes free to this user on the file system holding `path` (`None` when unknown).
+pub fn free_disk_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut p = path;
+    // The directory may not exist yet: ask about its nearest existing parent.
+    while !p.exists() {
+        p = p.parent()?;
+    }
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// An entry written to disk.
+struct DiskEntry {
+    tokens: Vec<u32>,
+    with_draft: bool,
+    path: PathBuf,
+    bytes: u64,
+    last_used: u64,
+}
+
+#[derive(Default)]
+struct Index {
+    entries: Vec<DiskEntry>,
+    bytes: u64,
+    clock: u64,
+    writes: u64,
+    evictions: u64,
+    errors: u64,
+}
+
+impl Index {
+    fn remove(&mut self, i: usize) {
+        let e = self.entries.swap_remove(i);
+        self.bytes -= e.bytes;
+        let _ = fs::remove_file(&e.path);
+    }
+
+    /// Removes least recently used files until `extra` more bytes fit in `budget`.
+    fn make_room(&mut self, extra: u64, budget: u64) {
+        while self.bytes + extra > budget && !self.entries.is_empty() {
+            let (i, _) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.last_used)
+                .expect("not empty");
+            self.remove(i);
+            self.evictions += 1;
+        }
+    }
+}
+
+/// Disk-tier counters for `/status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskCacheStats {
+    pub entries: usize,
+    pub bytes: u64,
+    pub budget_bytes: u64,
+    pub writes: u64,
+    pub evictions: u64,
+    /// Files found damaged or foreign and deleted.
+    pub errors: u64,
+}
+
+/// A state to write.
+pub(crate) struct Spill {
+    pub tokens: Vec<u32>,
+    pub state: Vec<u8>,
+    pub draft: Option<Vec<u8>>,
+}
+
+/// Work for the writer thread.
+enum Job {
+    Write(Spill),
+    /// Answered once everything queued before it is written.
+    Flush(mpsc::Sender<()>),
+}
+
+/// An entry read back (checksum and identity verified).
+pub(crate) struct Loaded {
+    pub state: Vec<u8>,
+    pub draft: Option<Vec<u8>>,
+}
+
+/// The tier: an index of the files and the thread that writes them.
+pub(crate) struct DiskTier {
+    dir: PathBuf,
+    identity: Arc<[u8]>,
+    budget: u64,
+    persistent: bool,
+    index: Arc<Mutex<Index>>,
+    writer: Option<(mpsc::Sender<Job>, JoinHandle<()>)>,
+}
+
+/// FNV-1a: a stable 64-bit name for an identity or a token prefix.
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// True while a process with this id runs.
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+}
+
+impl DiskTier {
+    /// Opens (persistent: indexes the files already there, deleting damaged or foreign ones)
+    /// or creates the tier's directory.
+    pub(crate) fn open(cfg: DiskCacheConfig) -> io::Result<Self> {
+        let model_dir = cfg
+            .root
+            .join(format!("{:016x}", fnv64(cfg.identity.as_bytes())));
+        fs::create_dir_all(&model_dir)?;
+        let _ = fs::write(model_dir.join("identity.txt"), &cfg.identity);
+        let dir = if cfg.persistent {
+            model_dir.join("persistent")
+        } else {
+            remove_stale_runs(&model_dir);
+            model_dir.join(format!("run-{}", std::process::id()))
+        };
+        fs::create_dir_all(&dir)?;
+        let identity: Arc<[u8]> = cfg.identity.as_bytes().into();
+        let mut index = Index::default();
+        if cfg.persistent {
+            index = scan(&dir, &identity);
+            index.make_room(0, cfg.budget_bytes);
+        }
+        let index = Arc::new(Mutex::new(index));
+        let (tx, rx) = mpsc::channel::<Job>();
+        let worker = {
+            let (dir, identity, index) = (dir.clone(), identity.clone(), index.clone());
+            let budget = cfg.budget_bytes;
+            std::thread::Builder::new()
+                .name("splash-cache-disk".into())
+                .spawn(move || {
+                    for job in rx {
+                        match job {
+                            Job::Write(spill) => {
+                                write_entry(&dir, &identity, &index, budget, spill)
+                            }
+                            Job::Flush(done) => drop(done.send(())),
+                        }
+                    }
+                })?
+        };
+        Ok(Self {
+            dir,
+            identity,
+            budget: cfg.budget_bytes,
+            persistent: cfg.persistent,
+            index,
+            writer: Some((tx, worker)),
+        })
+    }
+
+    /// The directory holding the files.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True when a file for exactly these tokens (with a draft context if `with_draft`) is
+    /// on disk or being written.
+    pub(crate) fn contains(&self, tokens: &[u32], with_draft: bool) -> bool {
+        self.index()
+            .entries
+            .iter()
+            .any(|e| e.tokens == tokens && e.with_draft >= with_draft)
+    }
+
+    /// The length of the longest proper prefix of `prompt` on disk.
+    pub(crate) fn best(&self, prompt: &[u32], with_draft: bool) -> Option<usize> {
+        self.index()
+            .entries
+            .iter()
+            .filter(|e| e.tokens.len() < prompt.len() && prompt.starts_with(&e.tokens))
+            .filter(|e| e.with_draft || !with_draft)
+            .map(|e| e.tokens.len())
+            .max()
+    }
+
+    /// Reads the entry for `prompt[..len]`. A damaged file is deleted and counted; the
+    /// error says why.
+    pub(crate) fn read(
+        &self,
+        prompt: &[u32],
+        len: usize,
+        with_draft: bool,
+    ) -> Result<Loaded, String> {
+        let path = {
+            let mut index = self.index();
+            index.clock += 1;
+            let clock = index.clock;
+            let e = index
+                .entries
+                .iter_mut()
+                .find(|e| e.tokens[..] == prompt[..len] && (e.with_draft || !with_draft))
+                .ok_or("the entry was evicted")?;
+            e.last_used = clock;
+            e.path.clone()
+        };
+        let read = fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| parse(&bytes, &self.identity, Some(&prompt[..len])));
+        match read {
+            Ok((_, loaded)) => Ok(loaded),
+            Err(e) => {
+                self.discard(&path);
+                Err(format!("{}: {e}", path.display()))
+            }
+        }
+    }
+
+    /// Deletes a file whose content could not be used.
+    pub(crate) fn discard(&self, path: &Path) {
+        let mut index = self.index();
+        index.errors += 1;
+        if let Some(i) = index.entries.iter().position(|e| e.path == path) {
+            index.remove(i);
+        }
+    }
+
+    /// Deletes the entry for `tokens` after its state failed to load.
+    pub(crate) fn discard_tokens(&self, tokens: &[u32]) {
+        let path = self
+            .index()
+            .entries
+            .iter()
+            .find(|e| e.tokens == tokens)
+            .map(|e| e.path.clone());
+        if let Some(p) = path {
+            self.discard(&p);
+        }
+    }
+
+    /// Queues `spill` for writing (the engine does not wait).
+    pub(crate) fn spill(&self, spill: Spill) {
+        if let Some((tx, _)) = &self.writer {
+            let _ = tx.send(Job::Write(spill));
+        }
+    }
+
+    /// Waits until every queued spill is written.
+    pub(crate) fn flush(&self) {
+        if let Some((tx, _)) = &self.writer {
+            let (done, wait) = mpsc::channel();
+            if tx.send(Job::Flush(done)).is_ok() {
+                let _ = wait.recv();
+            }
+        }
+    }
+
+    pub(crate) fn stats(&self) -> DiskCacheStats {
+        let index = self.index();
+        DiskCacheStats {
+            entries: index.entries.len(),
+            bytes: index.bytes,
+            budget_bytes: self.budget,
+            writes: index.writes,
+            evictions: index.evictions,
+            errors: index.errors,
+        }
+    }
+}
+
+impl Drop for DiskTier {
+    fn drop(&mut self) {
+        if let Some((tx, worker)) = self.writer.take() {
+            drop(tx);
+            let _ = worker.join();
+        }
+        if !self.persistent {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Removes the run directories of processes that no longer exist.
+fn remove_stale_runs(model_dir: &Path) {
+    let Ok(entries) = fs::read_dir(model_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("run-"))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid as u32 != std::process::id() && !alive(pid) {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// The file bytes of an entry.
+fn encode(identity: &[u8], spill: &Spill) -> Vec<u8> {
+    let draft = spill.draft.as_deref().unwrap_or(&[]);
+    let mut out = Vec::with_capacity(64 + spill.tokens.len() * 4 + spill.state.len() + draft.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    let bytes = |out: &mut Vec<u8>, b: &[u8]| {
+        out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+        out.extend_from_slice(b);
+    };
+    bytes(&mut out, identity);
+    out.extend_from_slice(&(spill.draft.is_some() as u64).to_le_bytes());
+    out.extend_from_slice(&(spill.tokens.len() as u64).to_le_bytes());
+    out.extend_from_slice(&token_bytes(&spill.tokens));
+    bytes(&mut out, &spill.state);
+    bytes(&mut out, draft);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// A reader over a file's fields; every error names the field.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        let (head, rest) = self
+            .0
+            .split_at_checked(n)
+            .ok_or_else(|| format!("truncated in {what}"))?;
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn bytes(&mut self, what: &str) -> Result<&'a [u8], String> {
+        let n = self.u64(what)?;
+        let n = usize::try_from(n).map_err(|_| format!("{what} is too long"))?;
+        self.take(n, what)
+    }
+}
+
+/// The header of an entry: identity check, draft flag and tokens. `fields` is left at the
+/// state image.
+fn header(fields: &mut Fields<'_>, identity: &[u8]) -> Result<(bool, Vec<u32>), String> {
+    if fields.take(8, "the magic")? != MAGIC {
+        return Err("not a splash cache file".into());
+    }
+    let version = fields.u64("the version")?;
+    if version != VERSION {
+        return Err(format!(
+            "format version {version}, this splash reads {VERSION}"
+        ));
+    }
+    if fields.bytes("the identity")? != identity {
+        return Err("written for another model or format".into());
+    }
+    let with_draft = fields.u64("the draft flag")? != 0;
+    let n = fields.u64("the token count")? as usize;
+    let raw = fields.take(n.checked_mul(4).ok_or("bad token count")?, "the tokens")?;
+    let tokens = raw
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    Ok((with_draft, tokens))
+}
+
+/// Checks and splits a whole file (`tokens`: the prefix it must hold).
+fn parse(
+    bytes: &[u8],
+    identity: &[u8],
+    tokens: Option<&[u32]>,
+) -> Result<(Vec<u32>, Loaded), String> {
+    let (body, crc) = bytes
+        .split_at_checked(bytes.len().wrapping_sub(4))
+        .filter(|_| bytes.len() >= 4)
+        .ok_or("truncated")?;
+    if crc32fast::hash(body).to_le_bytes() != crc {
+        return Err("checksum mismatch (the file is damaged)".into());
+    }
+    let mut f = Fields(body);
+    let (with_draft, found) = header(&mut f, identity)?;
+    if tokens.is_some_and(|t| t != found) {
+        return Err("holds another prefix".into());
+    }
+    let state = f.bytes("the state image")?.to_vec();
+    let draft = f.bytes("the draft image")?;
+    if !f.0.is_empty() {
+        return Err("bytes past the end".into());
+    }
+    let draft = with_draft.then(|| draft.to_vec());
+    Ok((found, Loaded { state, draft }))
+}
+
+/// Indexes the files of a persistent directory (oldest modified = least recently used),
+/// deleting leftovers of interrupted writes and files that are not ours.
+fn scan(dir: &Path, identity: &[u8]) -> Index {
+    let mut found: Vec<(std::time::SystemTime, DiskEntry)> = Vec::new();
+    let mut index = Index::default();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        if path.extension().and_then(|x| x.to_str()) != Some(EXTENSION) {
+            let _ = fs::remove_file(&path);
+            continue;
+        }
+        let head = (|| -> Result<_, String> {
+            let mut file = fs::File::open(&path).map_err(|e| e.to_string())?;
+            let bytes = file.metadata().map_err(|e| e.to_string())?.len();
+            // The header is small; read enough for a long prompt's tokens.
+            let mut buf = Vec::new();
+            file.by_ref()
+                .take(1 << 24)
+                .read_to_end(&mut buf)
+                .map_err(|e| e.to_string())?;
+            let (with_draft, tokens) = header(&mut Fields(&buf), identity)?;
+            let modified = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .map_err(|e| e.to_string())?;
+            Ok((modified, with_draft, tokens, bytes))
+        })();
+        match head {
+            Ok((modified, with_draft, tokens, bytes)) => found.push((
+                modified,
+                DiskEntry {
+                    tokens,
+                    with_draft,
+                    path,
+                    bytes,
+                    last_used: 0,
+                },
+            )),
+            Err(why) => {
+                tracing::warn!("prefix cache: deleting {}: {why}", path.display());
+                index.errors += 1;
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+    found.sort_by_key(|(m, _)| *m);
+    for (i, (_, mut e)) in found.into_iter().enumerate() {
+        e.last_used = i as u64;
+        index.bytes += e.bytes;
+        index.entries.push(e);
+    }
+    index.clock = index.entries.len() as u64;
+    index
+}
+
+/// Writes one entry (temporary name, then rename) and indexes it within the budget.
+fn write_entry(dir: &Path, identity: &[u8], index: &Mutex<Index>, budget: u64, spill: Spill) {
+    let bytes = encode(identity, &spill);
+    let size = bytes.len() as u64;
+    if size > budget {
+        return;
+    }
+    let mut key = token_bytes(&spill.tokens);
+    key.push(spill.draft.is_some() as u8);
+    let path = dir.join(format!("{:016x}.{EXTENSION}", fnv64(&key)));
+    let tmp = path.with_extension("tmp");
+    let mut index = index.lock().unwrap_or_else(|e| e.into_inner());
+    // Room first: the budget bounds what is on disk, the new file included.
+    if let Some(i) = index.entries.iter().position(|e| e.path == path) {
+        index.remove(i);
+    }
+    index.make_room(size, budget);
+    if let Err(e) = fs::write(&tmp, &bytes).and_then(|_| fs::rename(&tmp, &path)) {
+        tracing::warn!("prefix cache: cannot write {}: {e}", path.display());
+        let _ = fs::remove_file(&tmp);
+        return;
+    }
+    index.clock += 1;
+    let last_used = index.clock;
+    index.writes += 1;
+    index.bytes += size;
+    index.entries.push(DiskEntry {
+        tokens: spill.tokens,
+        with_draft: spill.draft.is_some(),
+        path,
+        bytes: size,
+        last_used,
+    });
+}
+
+fn token_bytes(tokens: &[u32]) -> Vec<u8> {
+    tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(root: &Path, persistent: bool, budget: u64) -> DiskCacheConfig {
+        DiskCacheConfig {
+            root: root.to_path_buf(),
+            budget_bytes: budget,
+            persistent,
+            identity: "model A".into(),
+        }
+    }
+
+    fn spill(tokens: &[u32], size: usize) -> Spill {
+        Spill {
+            tokens: tokens.to_vec(),
+            state: vec![7; size],
+            draft: None,
+        }
+    }
+
+    fn temp_root(name: &str) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("splash-disk-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        root
+    }
+
+    #[test]
+    fn entries_round_trip_and_the_budget_evicts_the_least_recently_used() {
+        let root = temp_root("budget");
+        let tier = DiskTier::open(config(&root, false, 3_000)).unwrap();
+        let dir = tier.dir().to_path_buf();
+        tier.spill(spill(&[1, 2, 3], 1000));
+        tier.spill(spill(&[1, 2, 3, 4, 5], 1000));
+        tier.flush();
+        assert_eq!(tier.best(&[1, 2, 3, 4, 5, 6], false), Some(5));
+        assert_eq!(tier.best(&[1, 2, 3, 4], false), Some(3));
+        assert_eq!(tier.best(&[1, 2, 3, 4], true), None, "no draft context");
+        let got = tier.read(&[1, 2, 3, 4], 3, false).unwrap();
+        assert_eq!(got.state, vec![7; 1000]);
+        // [1,2,3] was just used: the third entry evicts [1,2,3,4,5].
+        tier.spill(spill(&[9], 1000));
+        tier.flush();
+        assert_eq!(tier.best(&[1, 2, 3, 4, 5, 6], false), Some(3));
+        assert_eq!(tier.best(&[9, 9], false), Some(1));
+        assert_eq!(tier.stats().evictions, 1);
+        assert!(tier.stats().bytes <= 3_000);
+        drop(tier);
+        assert!(!dir.exists(), "a non-persistent tier is removed at exit");
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn damaged_files_are_deleted_and_persistent_files_survive_a_restart() {
+        let root = temp_root("persist");
+        let tier = DiskTier::open(config(&root, true, 1 << 20)).unwrap();
+        tier.spill(spill(&[4, 5], 100));
+        tier.spill(spill(&[6, 7], 100));
+        tier.flush();
+        let dir = tier.dir().to_path_buf();
+        drop(tier);
+        // Damage one file: flip a byte of its state.
+        let tier = DiskTier::open(config(&root, true, 1 << 20)).unwrap();
+        assert_eq!(tier.stats().entries, 2, "kept across the restart");
+        let victim = fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                let b = fs::read(p).unwrap();
+                parse(&b, b"model A", Some(&[4, 5])).is_ok()
+            })
+            .unwrap();
+        let mut b = fs::read(&victim).unwrap();
+        let n = b.len();
+        b[n - 20] ^= 1;
+        fs::write(&victim, &b).unwrap();
+        let e = tier.read(&[4, 5, 1], 2, false).err().unwrap();
+        assert!(e.contains("checksum"), "{e}");
+        assert!(!victim.exists(), "the damaged file is deleted");
+        assert_eq!(tier.stats().errors, 1);
+        assert!(tier.read(&[6, 7, 1], 2, false).is_ok());
+        drop(tier);
+        // Another identity does not use (and deletes) nothing of model A's: its own directory.
+        let other = DiskTier::open(DiskCacheConfig {
+            identity: "model B".into(),
+            ..config(&root, true, 1 << 20)
+        })
+        .unwrap();
+        assert_eq!(other.stats().entries, 0);
+        drop(other);
+        // A truncated file is found at the next start and deleted.
+        let survivor = fs::read_dir(&dir).unwrap().flatten().next().unwrap().path();
+        let b = fs::read(&survivor).unwrap();
+        fs::write(&survivor, &b[..20]).unwrap();
+        let tier = DiskTier::open(config(&root, true, 1 << 20)).unwrap();
+        assert_eq!(tier.stats().entries, 0);
+        assert_eq!(tier.stats().errors, 1);
+        assert!(!survivor.exists());
+        drop(tier);
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_file_under_another_identity_is_refused() {
+        let s = spill(&[1], 10);
+        let bytes = encode(b"model A", &s);
+        assert!(parse(&bytes, b"model A", Some(&[1])).is_ok());
+        let e = parse(&bytes, b"model B", Some(&[1])).err().unwrap();
+        assert!(e.contains("another model"), "{e}");
+        let e = parse(&bytes, b"model A", Some(&[2])).err().unwrap();
+        assert!(e.contains("another prefix"), "{e}");
+        let e = parse(&bytes[..bytes.len() - 1], b"model A", None)
+            .err()
+            .unwrap();
+        assert!(e.contains("checksum"), "{e}");
+    }
+}

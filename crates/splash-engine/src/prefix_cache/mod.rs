@@ -1,0 +1,339 @@
+//! Prompt-prefix states kept for later requests. An agent resends its whole conversation
+//! every turn; the state after the part it already sent (system prompt and tools, earlier
+//! turns) is restored instead of prefilled again. A Gated DeltaNet state cannot be cut back to
+//! an earlier position, so states are stored at chosen positions (see
+//! [`checkpoint_positions`]) and a request resumes from the longest stored prefix of its
+//! prompt. Entries are whole copies, evicted least recently used first within a byte budget,
+//! to the disk tier ([`disk`]) when there is one.
+
+mod disk;
+
+use std::sync::Arc;
+
+use splash_model::{Model, SequenceState};
+
+pub use disk::{free_disk_bytes, DiskCacheConfig, DiskCacheStats};
+use disk::{DiskTier, Spill};
+
+use crate::speculative::{DraftSession, Drafter};
+
+/// A restored prefix: its length, the target state and the draft's context after it.
+pub(crate) struct Restored {
+    pub len: usize,
+    pub state: SequenceState,
+    pub draft: Option<Box<dyn DraftSession>>,
+}
+
+struct Entry {
+    tokens: Vec<u32>,
+    state: SequenceState,
+    draft: Option<Box<dyn DraftSession>>,
+    bytes: usize,
+    last_used: u64,
+}
+
+/// Counters for `/status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub entries: usize,
+    pub bytes: usize,
+    pub budget_bytes: usize,
+    pub lookups: u64,
+    pub hits: u64,
+    /// Prompt tokens restored instead of prefilled.
+    pub hit_tokens: u64,
+    pub evictions: u64,
+    /// Hits served by the disk tier (counted in `hits` too), and their tokens.
+    pub disk_hits: u64,
+    pub disk_hit_tokens: u64,
+    /// The disk tier, when there is one.
+    pub disk: Option<DiskCacheStats>,
+}
+
+/// The cache: a memory tier within a byte budget (0: none) and an optional disk tier that
+/// takes what the memory tier evicts.
+pub(crate) struct PrefixCache {
+    entries: Vec<Entry>,
+    clock: u64,
+    stats: PrefixCacheStats,
+    disk: Option<DiskTier>,
+}
+
+impl PrefixCache {
+    pub fn new(budget_bytes: usize) -> Self {
+        Self {
+            entries: Vec::new(),
+            clock: 0,
+            stats: PrefixCacheStats {
+                budget_bytes,
+                ..PrefixCacheStats::default()
+            },
+            disk: None,
+        }
+    }
+
+    /// Adds a disk tier (see [`DiskCacheConfig`]).
+    pub fn with_disk(mut self, config: DiskCacheConfig) -> std::io::Result<Self> {
+        self.disk = Some(DiskTier::open(config)?);
+        Ok(self)
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.stats.budget_bytes > 0 || self.disk.is_some()
+    }
+
+    /// The disk tier's directory, when there is one.
+    pub fn disk_dir(&self) -> Option<&std::path::Path> {
+        self.disk.as_ref().map(|d| d.dir())
+    }
+
+    /// The state after the longest stored proper prefix of `prompt` (at least one token must
+    /// remain to prefill: its logits start the generation), from memory or from disk, placed
+    /// on `model`'s device. `drafter`: the sequence speculates, so only entries that carry the
+    /// draft's context will do. A copy that fails (device memory) or a file that cannot be
+    /// used is a miss: the prompt is prefilled.
+    pub fn lookup(
+        &mut self,
+        prompt: &[u32],
+        model: &Model,
+        drafter: Option<&Arc<dyn Drafter>>,
+    ) -> Option<Restored> {
+        if !self.enabled() {
+            return None;
+        }
+        let with_draft = drafter.is_some();
+        self.stats.lookups += 1;
+        self.clock += 1;
+        let memory = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.tokens.len() < prompt.len() && prompt.starts_with(&e.tokens))
+            .filter(|(_, e)| !with_draft || e.draft.is_some())
+            .max_by_key(|(_, e)| e.tokens.len())
+            .map(|(i, e)| (i, e.tokens.len()));
+        let on_disk = self.disk.as_ref().and_then(|d| d.best(prompt, with_draft));
+        if let Some(len) = on_disk.filter(|&d| memory.is_none_or(|(_, m)| d > m)) {
+            if let Some(r) = self.load_from_disk(prompt, len, model, drafter) {
+                self.stats.hits += 1;
+                self.stats.hit_tokens += len as u64;
+                self.stats.disk_hits += 1;
+                self.stats.disk_hit_tokens += len as u64;
+                return Some(r);
+            }
+        }
+        let (i, len) = memory?;
+        let e = &mut self.entries[i];
+        let copied = e.state.try_clone().and_then(|state| {
+            let draft = match &e.draft {
+                Some(d) if with_draft => Some(d.fork().ok_or_else(|| {
+                    splash_model::ModelError::Gpu("the draft context cannot be copied".into())
+                })??),
+                _ => None,
+            };
+            Ok(Restored { len, state, draft })
+        });
+        match copied {
+            Ok(r) => {
+                e.last_used = self.clock;
+                self.stats.hits += 1;
+                self.stats.hit_tokens += len as u64;
+                Some(r)
+            }
+            Err(err) => {
+                tracing::warn!(
+                    "prefix cache: cannot copy a cached state ({err}); prefilling instead"
+                );
+                None
+            }
+        }
+    }
+
+    fn load_from_disk(
+        &self,
+        prompt: &[u32],
+        len: usize,
+        model: &Model,
+        drafter: Option<&Arc<dyn Drafter>>,
+    ) -> Option<Restored> {
+        let disk = self.disk.as_ref()?;
+        let loaded = match disk.read(prompt, len, drafter.is_some()) {
+            Ok(l) => l,
+            Err(why) => {
+                tracing::warn!("prefix cache: discarded {why}; prefilling instead");
+                return None;
+            }
+        };
+        let restored = model.graph.load_state(&loaded.state).and_then(|state| {
+            let draft = match (drafter, &loaded.draft) {
+                (Some(d), Some(image)) => Some(d.load_session(image)?),
+                _ => None,
+            };
+            Ok(Restored { len, state, draft })
+        });
+        match restored {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!("prefix cache: discarded a file that does not fit the model ({e}); prefilling instead");
+                disk.discard_tokens(&prompt[..len]);
+                None
+            }
+        }
+    }
+
+    /// Stores the state after `tokens` (replacing an entry for the same tokens), evicting the
+    /// least recently used entries to stay within the budget: to the disk tier when there is
+    /// one.
+    pub fn insert(
+        &mut self,
+        tokens: Vec<u32>,
+        state: SequenceState,
+        draft: Option<Box<dyn DraftSession>>,
+    ) {
+        let bytes = state.memory_bytes()
+            + draft.as_ref().map_or(0, |d| d.memory_bytes())
+            + tokens.len() * 4;
+        self.clock += 1;
+        if let Some(i) = self.entries.iter().position(|e| e.tokens == tokens) {
+            let old = self.entries.swap_remove(i);
+            self.stats.bytes -= old.bytes;
+        }
+        let entry = Entry {
+            tokens,
+            state,
+            draft,
+            bytes,
+            last_used: self.clock,
+        };
+        if bytes > self.stats.budget_bytes {
+            self.spill(entry);
+            return;
+        }
+        while self.stats.bytes + bytes > self.stats.budget_bytes {
+            let Some((i, _)) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.last_used)
+            else {
+                break;
+            };
+            let old = self.entries.swap_remove(i);
+            self.stats.bytes -= old.bytes;
+            self.stats.evictions += 1;
+            self.spill(old);
+        }
+        self.entries.push(entry);
+        self.stats.bytes += bytes;
+    }
+
+    /// Hands an entry leaving memory to the disk tier (unless the file is there already).
+    fn spill(&self, e: Entry) {
+        let Some(disk) = &self.disk else {
+            return;
+        };
+        if disk.contains(&e.tokens, e.draft.is_some()) {
+            return;
+        }
+        let state = match e.state.save_image() {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::warn!("prefix cache: cannot save a state to disk: {err}");
+                return;
+            }
+        };
+        // A draft that cannot be saved leaves an entry for sequences without a draft.
+        let draft = e.draft.as_ref().and_then(|d| d.save_image()?.ok());
+        disk.spill(Spill {
+            tokens: e.tokens,
+            state,
+            draft,
+        });
+    }
+
+    /// Waits for the disk tier's queued writes.
+    pub fn flush(&self) {
+        if let Some(d) = &self.disk {
+            d.flush();
+        }
+    }
+
+    pub fn stats(&self) -> PrefixCacheStats {
+        PrefixCacheStats {
+            entries: self.entries.len(),
+            disk: self.disk.as_ref().map(|d| d.stats()),
+            ..self.stats
+        }
+    }
+}
+
+/// Tokens between rolling checkpoints in a long prompt.
+const ROLLING_CHECKPOINT: usize = 4096;
+
+/// Where a prompt's state is worth keeping: before the second `<|im_start|>` (the end of
+/// the system prompt and tools, shared by every turn of a conversation), before the last one
+/// (the start of the generation prompt: the next turn repeats everything before it), and
+/// every 4,096 tokens before that (a conversation that changes further back still resumes
+/// near the change). Ascending.
+pub(crate) fn checkpoint_positions(prompt: &[u32], im_start: Option<u32>) -> Vec<usize> {
+    let starts: Vec<usize> = match im_start {
+        Some(im_start) => prompt
+            .iter()
+            .enumerate()
+            .filter(|&(i, &t)| i > 0 && t == im_start)
+            .map(|(i, _)| i)
+            .collect(),
+        None => Vec::new(),
+    };
+    // Without turn markers the prompt's last token must still be prefilled: stop before it.
+    let last = starts
+        .last()
+        .copied()
+        .unwrap_or(prompt.len().saturating_sub(1));
+    let rolling = (1..)
+        .map(|k| k * ROLLING_CHECKPOINT)
+        .take_while(|&p| p <= last);
+    let mut out: Vec<usize> = starts
+        .first()
+        .into_iter()
+        .chain(starts.last())
+        .copied()
+        .chain(rolling)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoints_at_the_second_and_last_turn_starts_and_every_4096_tokens() {
+        let s = 1;
+        assert_eq!(
+            checkpoint_positions(&[s, 5, 6, s, 7, s, 8, s, 9], Some(s)),
+            vec![3, 7]
+        );
+        assert_eq!(checkpoint_positions(&[s, 5, 6, s, 7], Some(s)), vec![3]);
+        assert_eq!(
+            checkpoint_positions(&[s, 5, 6], Some(s)),
+            Vec::<usize>::new()
+        );
+        assert_eq!(checkpoint_positions(&[5, 6], None), Vec::<usize>::new());
+        let mut long = vec![7u32; 10_000];
+        long[0] = s;
+        long[100] = s;
+        long[9_000] = s;
+        assert_eq!(
+            checkpoint_positions(&long, Some(s)),
+            vec![100, 4096, 8192, 9000]
+        );
+        assert_eq!(
+            checkpoint_positions(&vec![7u32; 8193], None),
+            vec![4096, 8192]
+        );
+        assert_eq!(checkpoint_positions(&vec![7u32; 8192], None), vec![4096]);
+    }
+}
