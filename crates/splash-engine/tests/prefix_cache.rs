@@ -5,7 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use splash_engine::{Completion, DFlashDrafter, Drafter, Engine, Request, SamplingParams};
+use splash_engine::{
+    Completion, DFlashDrafter, DiskCacheConfig, Drafter, Engine, Request, SamplingParams,
+};
 use splash_model::{load, DFlashDraft, Model};
 
 fn demo() -> (Arc<Model>, Arc<dyn Drafter>) {
@@ -142,4 +144,119 @@ fn a_long_prompt_changed_far_back_resumes_from_a_rolling_checkpoint() {
         .generate(request(b), |_| {})
         .unwrap();
     assert_eq!(resumed.tokens, plain.tokens);
+}
+
+fn disk(root: &Path, persistent: bool) -> DiskCacheConfig {
+    DiskCacheConfig {
+        root: root.to_path_buf(),
+        budget_bytes: 1 << 30,
+        persistent,
+        identity: "demo + draft, int8 KV".into(),
+    }
+}
+
+fn temp_root(name: &str) -> std::path::PathBuf {
+    let root = std::env::temp_dir().join(format!("splash-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    root
+}
+
+#[test]
+fn the_disk_tier_serves_what_memory_evicted_exactly() {
+    let (model, draft) = demo();
+    let root = temp_root("disk-tier");
+    let questions = ["What is 3 + 4?", "What is 9 + 1?", "Name a color."];
+    let plain: Vec<_> = questions
+        .iter()
+        .map(|q| {
+            run(
+                &mut Engine::new(model.clone()).with_drafter(draft.clone()),
+                &model,
+                &[q.to_string()],
+            )
+        })
+        .collect();
+    // No memory tier at all: every entry goes to disk, every hit comes from it.
+    let mut engine = Engine::new(model.clone())
+        .with_drafter(draft.clone())
+        .with_disk_cache(disk(&root, false))
+        .unwrap();
+    let dir = engine.disk_cache_dir().unwrap().to_path_buf();
+    for (q, want) in questions.iter().zip(&plain) {
+        let first = run(&mut engine, &model, &[q.to_string()]);
+        assert_eq!(first.tokens, want.tokens, "{q}: first run");
+        engine.flush_disk_cache();
+        let again = run(&mut engine, &model, &[q.to_string()]);
+        assert_eq!(again.tokens, want.tokens, "{q}: from disk");
+        assert!(
+            again.cached_tokens + 12 >= again.prompt_tokens,
+            "{q}: {again:?}"
+        );
+    }
+    let stats = engine.prefix_cache_stats();
+    let d = stats.disk.unwrap();
+    assert!(stats.disk_hits >= questions.len() as u64, "{stats:?}");
+    assert!(
+        d.entries > 0 && d.writes > 0 && d.bytes <= d.budget_bytes,
+        "{d:?}"
+    );
+    assert_eq!(stats.entries, 0, "nothing in memory");
+
+    // A damaged file is detected, deleted, and its prefix recomputed: same output.
+    engine.flush_disk_cache();
+    for f in std::fs::read_dir(&dir).unwrap().flatten() {
+        let mut b = std::fs::read(f.path()).unwrap();
+        let n = b.len();
+        b[n / 2] ^= 0x40;
+        std::fs::write(f.path(), b).unwrap();
+    }
+    let errors_before = engine.prefix_cache_stats().disk.unwrap().errors;
+    let c = run(&mut engine, &model, &[questions[0].to_string()]);
+    assert_eq!(c.tokens, plain[0].tokens, "after damage");
+    assert_eq!(c.cached_tokens, 0, "a damaged file is never used");
+    assert!(engine.prefix_cache_stats().disk.unwrap().errors > errors_before);
+    drop(engine);
+    assert!(!dir.exists(), "the tier's files are removed at exit");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn a_persistent_disk_tier_serves_the_next_process() {
+    let (model, draft) = demo();
+    let root = temp_root("disk-persistent");
+    let turns = ["What is the capital of Kenya?".to_string()];
+    let want = run(
+        &mut Engine::new(model.clone()).with_drafter(draft.clone()),
+        &model,
+        &turns,
+    );
+    {
+        let mut first = Engine::new(model.clone())
+            .with_drafter(draft.clone())
+            .with_prefix_cache(1 << 30)
+            .with_disk_cache(disk(&root, true))
+            .unwrap();
+        run(&mut first, &model, &turns);
+        // Memory entries go to disk when the engine ends (a restart keeps them).
+    }
+    let mut second = Engine::new(model.clone())
+        .with_drafter(draft.clone())
+        .with_disk_cache(disk(&root, true))
+        .unwrap();
+    let c = run(&mut second, &model, &turns);
+    assert_eq!(c.tokens, want.tokens);
+    assert!(c.cached_tokens + 12 >= c.prompt_tokens, "{c:?}");
+    assert_eq!(second.prefix_cache_stats().disk_hits, 1);
+    drop(second);
+    // Another identity (another model or format) does not see these files.
+    let mut other = Engine::new(model.clone())
+        .with_drafter(draft)
+        .with_disk_cache(DiskCacheConfig {
+            identity: "another model".into(),
+            ..disk(&root, true)
+        })
+        .unwrap();
+    assert_eq!(run(&mut other, &model, &turns).cached_tokens, 0);
+    drop(other);
+    let _ = std::fs::remove_dir_all(&root);
 }

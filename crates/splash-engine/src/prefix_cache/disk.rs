@@ -211,6 +211,11 @@ impl DiskTier {
         &self.dir
     }
 
+    /// True when the files outlive the process.
+    pub(crate) fn persistent(&self) -> bool {
+        self.persistent
+    }
+
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
     }

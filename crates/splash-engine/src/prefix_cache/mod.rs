@@ -267,6 +267,17 @@ impl PrefixCache {
     }
 }
 
+impl Drop for PrefixCache {
+    /// A persistent disk tier keeps what memory holds too: the next start finds it.
+    fn drop(&mut self) {
+        if self.disk.as_ref().is_some_and(|d| d.persistent()) {
+            for e in std::mem::take(&mut self.entries) {
+                self.spill(e);
+            }
+        }
+    }
+}
+
 /// Tokens between rolling checkpoints in a long prompt.
 const ROLLING_CHECKPOINT: usize = 4096;
 
