@@ -8,6 +8,7 @@ import json
 import anthropic
 import httpx
 
+from conftest import Server
 from test_openai_api import sdk
 
 TOOLS = [
@@ -135,3 +136,34 @@ def test_concurrent_requests_share_decode_passes_and_keep_their_answers(server):
     assert passes > 0 and after["sequences_per_pass"] > before["sequences_per_pass"], (before, after)
     metrics = httpx.get(server.url + "/metrics").text
     assert "splash_batch_passes_total" in metrics and "splash_prefill_pending_tokens" in metrics
+
+
+def test_persistent_disk_cache_serves_a_restarted_server(tmp_path):
+    system = "You answer questions about rivers. " * 30
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Which river flows through Cairo?"}]
+    args = ("--max-cache-disk", "1G", "--persistent-cache", "--cache-dir", str(tmp_path))
+    first_server = Server(*args)
+    try:
+        assert "prefix cache on disk" in first_server.log and "kept across restarts" in first_server.log
+        first = sdk(first_server).chat.completions.create(model="demo", messages=msgs, temperature=0, max_tokens=40)
+    finally:
+        first_server.stop()
+    assert first_server.proc.returncode == 0, first_server.log
+    files = list(tmp_path.rglob("*.splc"))
+    assert files, "the memory tier is written to disk at exit"
+    second_server = Server(*args)
+    try:
+        second = sdk(second_server).chat.completions.create(model="demo", messages=msgs, temperature=0, max_tokens=40)
+        cache = httpx.get(second_server.url + "/status").json()["metrics"]["prefix_cache"]
+    finally:
+        second_server.stop()
+    assert second.choices[0].message.content == first.choices[0].message.content
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 12, second.usage
+    assert cache["disk_hits_total"] == 1 and cache["disk"]["entries"] >= 1, cache
+    # Without --persistent-cache the files go away with the server.
+    temp_server = Server("--max-cache-disk", "1G", "--cache-dir", str(tmp_path / "temp"))
+    try:
+        sdk(temp_server).chat.completions.create(model="demo", messages=msgs, temperature=0, max_tokens=5)
+    finally:
+        temp_server.stop()
+    assert not list((tmp_path / "temp").rglob("*.splc")), temp_server.log

@@ -37,6 +37,43 @@ pub struct ServerConfig {
     pub max_memory: Option<u64>,
     /// The memory plan the server started with (set by `serve`).
     pub memory_plan: Option<splash_engine::MemoryPlan>,
+    /// The prefix cache's disk tier (`--max-cache-disk`), off when `None`.
+    pub disk_cache: Option<DiskCacheSettings>,
+}
+
+/// `--max-cache-disk`, `--persistent-cache`, `--cache-dir`.
+#[derive(Clone, Debug)]
+pub struct DiskCacheSettings {
+    /// Where the tier's files go (one directory per model identity below it).
+    pub dir: std::path::PathBuf,
+    /// Bytes of files at most; `None`: a share of the free disk (`auto`).
+    pub max_bytes: Option<u64>,
+    /// Keep the files across restarts.
+    pub persistent: bool,
+}
+
+impl DiskCacheSettings {
+    /// The default directory: `$SPLASH_CACHE_DIR`, else `$XDG_CACHE_HOME/splash/prefix-cache`,
+    /// else `~/.cache/splash/prefix-cache`.
+    pub fn default_dir() -> std::path::PathBuf {
+        use std::path::PathBuf;
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        env("XDG_CACHE_HOME")
+            .or_else(|| env("HOME").map(|h| h.join(".cache")))
+            .unwrap_or_else(std::env::temp_dir)
+            .join("splash/prefix-cache")
+    }
+
+    /// The budget: the given size, or for `auto` a tenth of the free disk, at most 256 GiB.
+    pub fn budget(&self) -> u64 {
+        self.max_bytes.unwrap_or_else(|| {
+            splash_engine::free_disk_bytes(&self.dir).map_or(0, |free| (free / 10).min(256 << 30))
+        })
+    }
 }
 
 impl Default for ServerConfig {
@@ -60,6 +97,7 @@ impl Default for ServerConfig {
             draft_every_step: false,
             max_memory: None,
             memory_plan: None,
+            disk_cache: None,
         }
     }
 }

@@ -24,19 +24,38 @@ mod tool_calls;
 mod webui;
 mod worker;
 
-pub use config::{parse_size, ServerConfig};
+pub use config::{parse_size, DiskCacheSettings, ServerConfig};
 pub use state::AppState;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use splash_engine::Engine;
+use splash_engine::{DiskCacheConfig, Engine};
 use splash_model::Model;
 
 /// Builds the application: every route, the access guard and the error fallbacks.
 pub fn router(state: AppState) -> Router {
     routes::router(state)
+}
+
+/// What a disk-tier file must have been written by: the checkpoint (its directory, weight
+/// bytes and format), the KV format and the draft. A file under another identity is not used.
+fn cache_identity(model: &Model, config: &ServerConfig) -> String {
+    let dir = model
+        .dir
+        .canonicalize()
+        .unwrap_or_else(|_| model.dir.clone());
+    let draft = config.drafter.as_ref().map_or("none".to_string(), |d| {
+        format!("{d:?}, {} weight bytes", d.memory().weights)
+    });
+    format!(
+        "splash state images v1\nmodel {} ({} weight bytes, {:?})\nKV {:?}\ndraft {draft}\n",
+        dir.display(),
+        model.weight_bytes,
+        model.format,
+        config.kv_format
+    )
 }
 
 /// Why the server could not start.
@@ -93,8 +112,44 @@ pub async fn serve(
             .with_drafter(drafter.clone())
             .with_draft_every_step(config.draft_every_step);
     }
+    let mut disk_line = None;
+    if let Some(d) = &config.disk_cache {
+        let budget = d.budget();
+        if budget == 0 {
+            return Err(StartError(format!(
+                "--max-cache-disk auto: no free disk space found at {}; give a size (e.g. --max-cache-disk 20G) or another --cache-dir",
+                d.dir.display()
+            )));
+        }
+        let disk = DiskCacheConfig {
+            root: d.dir.clone(),
+            budget_bytes: budget,
+            persistent: d.persistent,
+            identity: cache_identity(&model, &config),
+        };
+        engine = engine.with_disk_cache(disk).map_err(|e| {
+            StartError(format!(
+                "cannot use {} for the prefix cache's disk tier: {e}; choose another --cache-dir",
+                d.dir.display()
+            ))
+        })?;
+        disk_line = Some(format!(
+            "  prefix cache on disk: {} ({:.1} GiB{}, {})",
+            engine.disk_cache_dir().unwrap_or(&d.dir).display(),
+            budget as f64 / (1u64 << 30) as f64,
+            if d.max_bytes.is_none() { ", auto" } else { "" },
+            if d.persistent {
+                "kept across restarts"
+            } else {
+                "removed at exit"
+            }
+        ));
+    }
     let state = AppState::new(model, engine, config);
     state.print_summary(local);
+    if let Some(line) = disk_line {
+        eprintln!("{line}");
+    }
     if !local.ip().is_loopback() && state.config.api_key.is_none() {
         eprintln!(
             "warning: listening on {} without an API key: anyone who can reach this address can use the model; set --api-key or SPLASH_API_KEY",
@@ -102,6 +157,7 @@ pub async fn serve(
         );
     }
     let shutdown = state.shutdown.clone();
+    let worker = state.worker.clone();
     let app = router(state);
     let host = match local.ip() {
         ip if ip.is_unspecified() => "127.0.0.1".to_string(),
@@ -120,5 +176,9 @@ pub async fn serve(
             });
         })
         .await
-        .map_err(|e| StartError(format!("server error: {e}")))
+        .map_err(|e| StartError(format!("server error: {e}")))?;
+    // The engine's drop writes (persistent) or removes the disk tier's files.
+    tokio::task::spawn_blocking(move || worker.stop())
+        .await
+        .map_err(|e| StartError(format!("stopping the engine: {e}")))
 }

@@ -58,9 +58,18 @@ pub struct Load {
 
 /// Handle to the engine thread.
 pub struct Worker {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Message>,
     pub load: Arc<Load>,
     capacity: usize,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What the engine thread receives.
+enum Message {
+    Job(Job),
+    /// Finish the running requests, drop the engine (its disk-tier files are written or
+    /// removed) and end.
+    Stop,
 }
 
 /// The worker is full.
@@ -80,7 +89,7 @@ impl Worker {
         let load = Arc::new(Load::default());
         load.alive.store(true, Ordering::SeqCst);
         let l = load.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("splash-engine".into())
             .spawn(move || run(engine, rx, lanes.max(1), kv_tokens, l, metrics))
             .expect("spawn engine thread");
@@ -88,6 +97,7 @@ impl Worker {
             jobs: tx,
             load,
             capacity: lanes.max(1) + queue,
+            thread: std::sync::Mutex::new(Some(thread)),
         }
     }
 
@@ -99,11 +109,27 @@ impl Worker {
             return Err(Overloaded);
         }
         let (events, rx) = unbounded_channel();
-        if self.jobs.send(Job { request, events }).is_err() {
+        if self
+            .jobs
+            .send(Message::Job(Job { request, events }))
+            .is_err()
+        {
             self.load.in_flight.fetch_sub(1, Ordering::SeqCst);
             return Err(Overloaded);
         }
         Ok(rx)
+    }
+}
+
+impl Worker {
+    /// Lets the running and queued requests finish, then ends the engine thread and waits for
+    /// it (the engine's drop writes or removes the prefix cache's disk files).
+    pub fn stop(&self) {
+        let _ = self.jobs.send(Message::Stop);
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 }
 
@@ -119,7 +145,7 @@ impl Drop for AliveGuard {
 
 fn run(
     mut engine: Engine,
-    jobs: mpsc::Receiver<Job>,
+    jobs: mpsc::Receiver<Message>,
     lanes: usize,
     kv_tokens: u64,
     load: Arc<Load>,
@@ -135,15 +161,22 @@ fn run(
     let done = |load: &Load| {
         load.in_flight.fetch_sub(1, Ordering::SeqCst);
     };
+    let mut stopping = false;
     loop {
         if active.is_empty() && waiting.is_empty() {
+            if stopping {
+                break;
+            }
             match jobs.recv() {
-                Ok(job) => waiting.push_back(job),
-                Err(_) => break, // the server is gone
+                Ok(Message::Job(job)) => waiting.push_back(job),
+                Ok(Message::Stop) | Err(_) => break, // the server is gone
             }
         }
-        while let Ok(job) = jobs.try_recv() {
-            waiting.push_back(job);
+        while let Ok(message) = jobs.try_recv() {
+            match message {
+                Message::Job(job) => waiting.push_back(job),
+                Message::Stop => stopping = true,
+            }
         }
         // Clients that left while waiting or running.
         waiting.retain(|j| {

@@ -1,7 +1,7 @@
 //! `splash serve`: the OpenAI-compatible HTTP server.
 
 use anyhow::Context;
-use splash_server::{parse_size, ServerConfig};
+use splash_server::{parse_size, DiskCacheSettings, ServerConfig};
 
 use crate::{draft_arg, model_arg};
 
@@ -56,6 +56,33 @@ pub struct Args {
     /// KV-cache storage: int8 (one scale per token and head), bf16, or f32 (exact).
     #[arg(long, default_value = "int8")]
     kv_format: splash_model::KvFormat,
+    /// Disk space for prompt-prefix states evicted from memory, e.g. 50G, or `auto` (a tenth
+    /// of the free disk): a repeated prefix is read back instead of prefilled. Default: off.
+    #[arg(long, value_parser = parse_disk_size)]
+    max_cache_disk: Option<DiskSize>,
+    /// Keep the prefix cache's disk files across restarts (for the same model, weights and
+    /// formats). Implies `--max-cache-disk auto` unless a size is given.
+    #[arg(long)]
+    persistent_cache: bool,
+    /// Directory of the prefix cache's disk files.
+    #[arg(long, env = "SPLASH_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<std::path::PathBuf>,
+}
+
+/// `--max-cache-disk`: a size or `auto`.
+#[derive(Clone, Copy, Debug)]
+enum DiskSize {
+    Auto,
+    Bytes(u64),
+}
+
+fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(DiskSize::Auto);
+    }
+    parse_size(s)
+        .map(|b| DiskSize::Bytes(b as u64))
+        .map_err(|e| format!("{e}, or `auto`"))
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -82,6 +109,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         lanes: a.lanes as usize,
         webui: !a.no_webui,
         kv_format: a.kv_format,
+        disk_cache: match (a.max_cache_disk, a.persistent_cache) {
+            (None, false) => None,
+            (size, persistent) => Some(DiskCacheSettings {
+                dir: a.cache_dir.unwrap_or_else(DiskCacheSettings::default_dir),
+                max_bytes: match size {
+                    Some(DiskSize::Bytes(b)) => Some(b),
+                    Some(DiskSize::Auto) | None => None,
+                },
+                persistent,
+            }),
+        },
         ..ServerConfig::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
