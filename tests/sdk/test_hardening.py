@@ -200,7 +200,7 @@ def test_memory_plan_refuses_what_cannot_fit_with_the_breakdown():
         assert part in p.stderr, (part, p.stderr)
 
 
-def test_memory_plan_lowers_the_context_and_admission_keeps_to_the_kv_budget():
+def test_memory_plan_lowers_the_context_and_preempts_the_newest_request_past_the_kv_budget():
     # ~330 MB: weights, draft, activations and the 256 MiB reserve leave KV for a few thousand tokens.
     s = Server("--max-memory", "330M")
     try:
@@ -210,25 +210,32 @@ def test_memory_plan_lowers_the_context_and_admission_keeps_to_the_kv_budget():
         assert plan["budget_bytes"] == 330 << 20 and plan["lanes"] == 4
         assert status["maximum_context_tokens"] == plan["context_tokens"] == plan["kv_tokens"] < 262144
         assert "memory plan:" in s.log and "lowered to what fits" in s.log
-        # Two requests that may each reach 60% of the KV budget: the second waits for the first
-        # although a lane is free; when the first is cancelled, its share frees and the second
-        # runs to its end.
+        # Two requests that each grow to 60% of the KV budget: both start (their prompts fit),
+        # and when they no longer fit together the newer one is preempted. When the first is
+        # cancelled, the second resumes and runs to its end with every token.
         n = int(plan["kv_tokens"] * 0.6)
         second = []
 
         def post():
-            with httpx.Client(base_url=s.url, timeout=120) as c:
-                second.append(c.post(CHAT, json={**HELLO, "max_tokens": n, "temperature": 0}).json())
+            with httpx.Client(base_url=s.url, timeout=300) as c:
+                second.append(c.post(CHAT, json={**HELLO, "max_tokens": n, "ignore_eos": True, "temperature": 0}).json())
 
+        batching = lambda: h.get("/status").json()["metrics"]["batching"]  # noqa: E731
         long = {**HELLO, "max_tokens": n, "ignore_eos": True, "stream": True}
         with httpx.Client(base_url=s.url, timeout=60) as c, c.stream("POST", CHAT, json=long) as r:
             lines = r.iter_lines()  # kept: a dropped iterator closes the stream
             assert next(lines).startswith("data: ")
             t = threading.Thread(target=post)
             t.start()
-            queue = lambda: h.get("/status").json()["queue"]  # noqa: E731
-            assert wait_until(lambda: queue()["running"] == 1 and queue()["waiting"] == 1), queue()
-        t.join(120)
-        assert second and second[0]["choices"][0]["finish_reason"] == "stop", second
+            assert wait_until(lambda: batching()["preempted_now"] == 1, timeout=240), batching()
+            queue = h.get("/status").json()["queue"]
+            assert queue["running"] == 2 and queue["waiting"] == 0, queue
+        t.join(300)
+        assert second and second[0]["choices"][0]["finish_reason"] == "length", second
+        assert second[0]["usage"]["completion_tokens"] == n, second[0]["usage"]
+        b = batching()
+        assert b["preemptions_total"] >= 1 and b["preempted_now"] == 0, b
+        assert b["resumed_from_cache_total"] + b["resumed_by_recompute_total"] >= 1, b
+        assert "splash_preemptions_total" in h.get("/metrics").text
     finally:
         s.stop()

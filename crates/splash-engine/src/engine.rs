@@ -50,6 +50,14 @@ pub struct BatchStats {
     pub rows: u64,
     /// Prompt tokens still to prefill, after the last step.
     pub prefill_pending: usize,
+    /// Sequences preempted to stay within the KV budget, in all.
+    pub preemptions: u64,
+    /// Preempted sequences that came back with their state from the prefix cache, and those
+    /// whose tokens were prefilled again.
+    pub resumed_cached: u64,
+    pub resumed_recomputed: u64,
+    /// Sequences preempted now.
+    pub parked: usize,
 }
 
 /// A generation request in token space.
@@ -123,6 +131,8 @@ pub struct Engine {
     /// States of prompt prefixes kept for later requests (off until given a budget).
     prefix_cache: PrefixCache,
     batches: BatchStats,
+    /// KV-cache tokens the running sequences may hold together (the memory plan's).
+    kv_budget: usize,
 }
 
 impl Engine {
@@ -143,6 +153,7 @@ impl Engine {
             spec_totals: SpecStats::default(),
             prefix_cache: PrefixCache::new(0),
             batches: BatchStats::default(),
+            kv_budget: usize::MAX,
         }
     }
 
@@ -198,6 +209,29 @@ impl Engine {
     /// Waits for the disk tier's queued writes (tests and benchmarks).
     pub fn flush_disk_cache(&self) {
         self.prefix_cache.flush();
+    }
+
+    /// Lets the running sequences hold `tokens` of KV cache together: when a step would go
+    /// past it, the most recently admitted sequences are preempted (their state parked in the
+    /// prefix cache, or dropped and recomputed) and resumed, oldest first, once there is room.
+    pub fn with_kv_budget(mut self, tokens: usize) -> Self {
+        self.kv_budget = tokens.max(1);
+        self
+    }
+
+    /// The KV budget in tokens (`usize::MAX`: none).
+    pub fn kv_budget(&self) -> usize {
+        self.kv_budget
+    }
+
+    /// KV-cache tokens the running sequences hold now.
+    pub fn kv_tokens_in_use(&self) -> usize {
+        self.running.iter().map(Sequence::kv_tokens).sum()
+    }
+
+    /// Sequences preempted now (they wait for room before newer requests are admitted).
+    pub fn num_parked(&self) -> usize {
+        self.running.iter().filter(|s| s.parked().is_some()).count()
     }
 
     /// Prefix-cache counters.
@@ -338,10 +372,14 @@ impl Engine {
     /// share one batched forward pass: their plain next tokens and their drafted blocks (each
     /// from its own state checkpoint) together.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
+        self.fit_kv_budget();
         let mut events = Vec::new();
         let mut batch: Vec<(usize, Pending)> = Vec::new();
         let mut prefill_budget = self.prefill_chunk;
         for (i, seq) in self.running.iter_mut().enumerate() {
+            if seq.parked().is_some() {
+                continue;
+            }
             if seq.decodes_plainly() {
                 let t0 = Instant::now();
                 if let Some(token) = seq.sample_next(&self.model, &mut events)? {
@@ -425,6 +463,68 @@ impl Engine {
         Ok(())
     }
 
+    /// Keeps the next step within the KV budget: resumes preempted sequences, oldest first,
+    /// while they fit with an eighth of the budget to spare (so that they are not preempted
+    /// again at once), then preempts the newest while the step would not fit. The oldest
+    /// running sequence is never preempted: the context limit keeps it within the budget.
+    fn fit_kv_budget(&mut self) {
+        if self.kv_budget == usize::MAX {
+            return;
+        }
+        let chunk = self.prefill_chunk;
+        let mut used: usize = self.running.iter().map(|s| s.kv_after_step(chunk)).sum();
+        for i in 0..self.running.len() {
+            let Some((key, _)) = self.running[i].parked() else {
+                continue;
+            };
+            let need = key.len() + chunk.min(16);
+            if used > 0 && used + need + self.kv_budget / 8 > self.kv_budget {
+                break; // younger parked sequences wait behind this one
+            }
+            self.resume(i);
+            used = self.running.iter().map(|s| s.kv_after_step(chunk)).sum();
+        }
+        while used > self.kv_budget {
+            let active = self.running.iter().filter(|s| s.kv_after_step(chunk) > 0);
+            if active.count() <= 1 {
+                break;
+            }
+            let Some(i) = self
+                .running
+                .iter()
+                .rposition(|s| s.kv_after_step(chunk) > 0)
+            else {
+                break;
+            };
+            used -= self.running[i].kv_after_step(chunk);
+            let (key, parked) = self.running[i].park(&self.model);
+            self.batches.preemptions += 1;
+            if parked.len > 0 && self.prefix_cache.enabled() {
+                self.prefix_cache.insert(key, parked.state, parked.draft);
+            }
+        }
+    }
+
+    /// Brings back the parked sequence `i`: its own state from the prefix cache (memory or
+    /// disk), else the longest cached prefix of its tokens, else nothing (all prefilled again).
+    fn resume(&mut self, i: usize) {
+        let seq = &self.running[i];
+        let Some((key, tokens)) = seq.parked() else {
+            return;
+        };
+        let drafter = self.drafter.as_ref().filter(|_| seq.has_draft());
+        let restored = self
+            .prefix_cache
+            .take(key, &self.model, drafter)
+            .or_else(|| self.prefix_cache.lookup(tokens, &self.model, drafter));
+        if restored.as_ref().is_some_and(|r| r.len == key.len()) {
+            self.batches.resumed_cached += 1;
+        } else {
+            self.batches.resumed_recomputed += 1;
+        }
+        self.running[i].unpark(restored);
+    }
+
     /// Prompt tokens of running sequences still to prefill.
     pub fn prefill_pending(&self) -> usize {
         self.running.iter().map(Sequence::prefill_left).sum()
@@ -434,6 +534,7 @@ impl Engine {
     pub fn batch_stats(&self) -> BatchStats {
         BatchStats {
             prefill_pending: self.prefill_pending(),
+            parked: self.num_parked(),
             ..self.batches
         }
     }

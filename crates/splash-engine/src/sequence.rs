@@ -58,6 +58,12 @@ pub struct Sequence {
     checkpoints: Vec<usize>,
     /// States reached at those positions, for the engine to store.
     snapshots: Vec<Restored>,
+    /// Set while preempted: the tokens its state covered when it was parked (the prefix
+    /// cache key it was stored under). The sequence holds an empty state meanwhile.
+    parked: Option<Vec<u32>>,
+    /// After a preemption in decode: the tokens (prompt, then output) to bring the state
+    /// back to, prefilled again when the parked state did not survive in the cache.
+    replay: Option<Vec<u32>>,
 }
 
 /// A drafted block (or the anchor alone) waiting for its verify pass.
@@ -192,6 +198,8 @@ impl Sequence {
             cached: 0,
             checkpoints: Vec::new(),
             snapshots: Vec::new(),
+            parked: None,
+            replay: None,
         }
     }
 
@@ -208,6 +216,11 @@ impl Sequence {
     /// Keeps the states reached at these prompt positions for the prefix cache.
     pub(crate) fn keep_states_at(&mut self, positions: Vec<usize>) {
         self.checkpoints = positions;
+    }
+
+    /// True when the sequence decodes with a draft.
+    pub(crate) fn has_draft(&self) -> bool {
+        self.spec.is_some()
     }
 
     /// Speculation counters, when the sequence decodes with a draft.
@@ -260,12 +273,17 @@ impl Sequence {
         model: &Model,
         chunk: usize,
     ) -> Result<usize, ModelError> {
-        if self.finish.is_some() || self.prefilled == self.prompt.len() || chunk == 0 {
+        let tokens = self.replay.as_deref().unwrap_or(&self.prompt);
+        if self.finish.is_some()
+            || self.parked.is_some()
+            || self.prefilled == tokens.len()
+            || chunk == 0
+        {
             return Ok(0);
         }
         let start = self.prefilled;
         let t0 = Instant::now();
-        let mut end = (self.prefilled + chunk).min(self.prompt.len());
+        let mut end = (self.prefilled + chunk).min(tokens.len());
         // Stop at a checkpoint so the state there can be kept.
         if let Some(&cp) = self
             .checkpoints
@@ -274,18 +292,21 @@ impl Sequence {
         {
             end = cp;
         }
-        let last = end == self.prompt.len();
-        let want = if last { Logits::Last } else { Logits::None };
+        let last = end == tokens.len();
+        // A replay keeps the logits it had when it was parked.
+        let want = if last && self.replay.is_none() {
+            Logits::Last
+        } else {
+            Logits::None
+        };
         let taps = self
             .spec
             .as_ref()
             .map_or(&[][..], |s| s.drafter.tap_layers());
-        let (logits, features) = model.graph.forward_with_taps(
-            &mut self.state,
-            &self.prompt[self.prefilled..end],
-            want,
-            taps,
-        )?;
+        let (logits, features) =
+            model
+                .graph
+                .forward_with_taps(&mut self.state, &tokens[start..end], want, taps)?;
         if let Some(spec) = &mut self.spec {
             spec.session.commit(&features)?;
         }
@@ -294,10 +315,87 @@ impl Sequence {
             self.snapshot(end);
         }
         if last {
-            self.logits = Some(logits);
+            if self.replay.take().is_some() {
+                self.prefilled = self.prompt.len();
+            } else {
+                self.logits = Some(logits);
+            }
         }
         self.prefill_time += t0.elapsed();
         Ok(end - start)
+    }
+
+    /// Preempts the sequence: hands over its state (and draft context) with the tokens they
+    /// cover, for the prefix cache, and keeps an empty state until [`unpark`](Self::unpark).
+    /// Its output, sampler, stop and grammar state stay: nothing already sent is lost.
+    pub(crate) fn park(&mut self, model: &Model) -> (Vec<u32>, Restored) {
+        let len = self.state.len();
+        let key: Vec<u32> = self
+            .prompt
+            .iter()
+            .chain(&self.output)
+            .take(len)
+            .copied()
+            .collect();
+        let fresh = model.graph.new_state_with(self.state.kv_format());
+        let state = std::mem::replace(&mut self.state, fresh);
+        let draft = self
+            .spec
+            .as_mut()
+            .map(|s| std::mem::replace(&mut s.session, s.drafter.session()));
+        if self.replay.is_none() && self.prefilled == self.prompt.len() {
+            self.replay = Some(key.clone());
+        }
+        self.prefilled = 0;
+        self.parked = Some(key.clone());
+        (key, Restored { len, state, draft })
+    }
+
+    /// The cache key a parked sequence's state went under, and the tokens to bring it back to.
+    pub(crate) fn parked(&self) -> Option<(&[u32], &[u32])> {
+        let key = self.parked.as_deref()?;
+        Some((key, self.replay.as_deref().unwrap_or(&self.prompt)))
+    }
+
+    /// Ends a preemption: from `restored` (its parked state, or a cached prefix of it), or
+    /// from nothing (prefilled again).
+    pub(crate) fn unpark(&mut self, restored: Option<Restored>) {
+        self.parked = None;
+        if let Some(r) = restored {
+            self.state = r.state;
+            self.prefilled = r.len;
+            if let (Some(spec), Some(draft)) = (&mut self.spec, r.draft) {
+                spec.session = draft;
+            }
+        }
+        if self
+            .replay
+            .as_ref()
+            .is_some_and(|t| self.prefilled == t.len())
+        {
+            self.replay = None;
+            self.prefilled = self.prompt.len();
+        }
+    }
+
+    /// KV-cache tokens this sequence holds (0 while parked).
+    pub(crate) fn kv_tokens(&self) -> usize {
+        self.state.len()
+    }
+
+    /// KV-cache tokens this sequence holds after its next step (0 while parked): its state
+    /// plus a token, a verify block, or a prefill chunk of at most `chunk`.
+    pub(crate) fn kv_after_step(&self, chunk: usize) -> usize {
+        if self.parked.is_some() || self.finish.is_some() {
+            return 0;
+        }
+        let growth = if self.decoding() {
+            self.spec.as_ref().map_or(1, |s| s.drafter.block_size())
+        } else {
+            let target = self.replay.as_ref().map_or(self.prompt.len(), Vec::len);
+            (target - self.prefilled).min(chunk)
+        };
+        self.state.len() + growth
     }
 
     /// Keeps a copy of the state after `len` prompt tokens for the prefix cache. A copy that
@@ -315,9 +413,9 @@ impl Sequence {
         }
     }
 
-    /// Prompt tokens not prefilled yet.
+    /// Prompt tokens not prefilled yet (a replay after a preemption counts too).
     pub(crate) fn prefill_left(&self) -> usize {
-        self.prompt.len() - self.prefilled
+        self.replay.as_ref().map_or(self.prompt.len(), Vec::len) - self.prefilled
     }
 
     /// True when the next step is a plain one-token decode step (prompt in, no draft): the
@@ -327,9 +425,12 @@ impl Sequence {
         self.decoding() && self.spec.is_none()
     }
 
-    /// Prompt in and not finished.
+    /// Prompt in, not finished, not parked.
     fn decoding(&self) -> bool {
-        self.finish.is_none() && self.prefilled == self.prompt.len()
+        self.finish.is_none()
+            && self.parked.is_none()
+            && self.replay.is_none()
+            && self.prefilled == self.prompt.len()
     }
 
     /// Samples and emits the next token from the last logits (masked by the output

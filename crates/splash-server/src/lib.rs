@@ -104,6 +104,7 @@ pub async fn serve(
     let plan = plan::plan(&model, &config).map_err(|e| StartError(e.to_string()))?;
     engine = engine
         .with_max_context(plan.context)
+        .with_kv_budget(usize::try_from(plan.kv_tokens).unwrap_or(usize::MAX))
         .with_prefix_cache(plan.prefix_cache_bytes as usize);
     config.lanes = plan.lanes;
     config.memory_plan = Some(plan);

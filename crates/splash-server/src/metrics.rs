@@ -174,6 +174,10 @@ impl Metrics {
                     "sequences_per_pass": if c.batches.passes > 0 { c.batches.sequences as f64 / c.batches.passes as f64 } else { 0.0 },
                     "rows_per_pass": if c.batches.passes > 0 { c.batches.rows as f64 / c.batches.passes as f64 } else { 0.0 },
                     "prefill_pending_tokens": c.batches.prefill_pending,
+                    "preemptions_total": c.batches.preemptions,
+                    "resumed_from_cache_total": c.batches.resumed_cached,
+                    "resumed_by_recompute_total": c.batches.resumed_recomputed,
+                    "preempted_now": c.batches.parked,
                 },
                 "speculation": {
                     "requests_total": c.spec_requests,
@@ -212,6 +216,7 @@ impl Metrics {
                 ("splash_batch_passes_total", "Batched forward passes of decoding sequences.", c.batches.passes as f64),
                 ("splash_batch_sequences_total", "Sequences served by those passes, summed.", c.batches.sequences as f64),
                 ("splash_batch_rows_total", "Token rows run by those passes, summed.", c.batches.rows as f64),
+                ("splash_preemptions_total", "Sequences preempted to stay within the KV budget.", c.batches.preemptions as f64),
             ] {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
             }
@@ -219,6 +224,7 @@ impl Metrics {
                 ("splash_queue_depth", "Requests waiting for a decode lane.", waiting),
                 ("splash_running_requests", "Requests being prefilled or decoded.", running),
                 ("splash_prefill_pending_tokens", "Prompt tokens of running requests still to prefill.", c.batches.prefill_pending),
+                ("splash_preempted_requests", "Requests preempted now, waiting for KV room.", c.batches.parked),
             ] {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
             }

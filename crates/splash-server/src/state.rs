@@ -40,17 +40,7 @@ impl AppState {
     pub fn new(model: Arc<Model>, engine: Engine, config: ServerConfig) -> Self {
         let metrics = Arc::new(Metrics::default());
         let max_context = engine.max_context();
-        let kv_tokens = config
-            .memory_plan
-            .as_ref()
-            .map_or(u64::MAX, |p| p.kv_tokens);
-        let worker = Worker::spawn(
-            engine,
-            config.lanes,
-            kv_tokens,
-            config.queue_size,
-            metrics.clone(),
-        );
+        let worker = Worker::spawn(engine, config.lanes, config.queue_size, metrics.clone());
         let id = config.model_name.clone().unwrap_or_else(|| {
             model
                 .dir

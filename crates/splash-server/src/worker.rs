@@ -76,22 +76,16 @@ enum Message {
 pub struct Overloaded;
 
 impl Worker {
-    /// Starts the engine thread with `lanes` concurrent sequences sharing `kv_tokens` tokens of
-    /// KV cache, and `queue` waiting slots.
-    pub fn spawn(
-        engine: Engine,
-        lanes: usize,
-        kv_tokens: u64,
-        queue: usize,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    /// Starts the engine thread with `lanes` concurrent sequences (sharing the engine's KV
+    /// budget) and `queue` waiting slots.
+    pub fn spawn(engine: Engine, lanes: usize, queue: usize, metrics: Arc<Metrics>) -> Self {
         let (tx, rx) = mpsc::channel();
         let load = Arc::new(Load::default());
         load.alive.store(true, Ordering::SeqCst);
         let l = load.clone();
         let thread = std::thread::Builder::new()
             .name("splash-engine".into())
-            .spawn(move || run(engine, rx, lanes.max(1), kv_tokens, l, metrics))
+            .spawn(move || run(engine, rx, lanes.max(1), l, metrics))
             .expect("spawn engine thread");
         Self {
             jobs: tx,
@@ -147,13 +141,11 @@ fn run(
     mut engine: Engine,
     jobs: mpsc::Receiver<Message>,
     lanes: usize,
-    kv_tokens: u64,
     load: Arc<Load>,
     metrics: Arc<Metrics>,
 ) {
-    // KV tokens each running sequence may reach (prompt + max_tokens, within the context):
-    // a request waits until its share fits in the memory plan's KV budget.
-    let mut reserved: HashMap<SeqId, u64> = HashMap::new();
+    // A request is admitted when its prompt fits in the KV budget beside what the running
+    // sequences hold; their growth is the engine's to manage (it preempts the newest).
     let context = engine.max_context();
     let _alive = AliveGuard(load.clone());
     let mut waiting: VecDeque<Job> = VecDeque::new();
@@ -190,7 +182,6 @@ fn run(
             let keep = !tx.is_closed();
             if !keep {
                 engine.cancel(id);
-                reserved.remove(&id);
                 done(&load);
             }
             keep
@@ -199,15 +190,16 @@ fn run(
             let Some(job) = waiting.front() else {
                 break;
             };
-            let need = (job.request.prompt.len() + job.request.max_tokens).min(context) as u64;
-            if !active.is_empty() && reserved.values().sum::<u64>() + need > kv_tokens {
-                break; // waits for running sequences to free their share
+            let need = job.request.prompt.len().min(context);
+            let full = engine.num_parked() > 0
+                || engine.kv_tokens_in_use().saturating_add(need) > engine.kv_budget();
+            if !active.is_empty() && full {
+                break; // waits for running (and preempted) sequences to make room
             }
             let job = waiting.pop_front().expect("front exists");
             match engine.add(job.request) {
                 Ok(id) => {
                     active.insert(id, job.events);
-                    reserved.insert(id, need);
                 }
                 Err(e) => {
                     let invalid = matches!(e, EngineError::InvalidRequest(_));
@@ -234,7 +226,6 @@ fn run(
                     _ => "the engine failed (internal panic); the request was dropped, the server keeps serving".into(),
                 };
                 tracing::error!("{message}");
-                reserved.clear();
                 for (id, tx) in active.drain() {
                     engine.cancel(id);
                     let _ = tx.send(WorkerEvent::Failed {
@@ -269,7 +260,6 @@ fn run(
                         speculation: seq.spec_stats(),
                     };
                     metrics.record_generation(&usage);
-                    reserved.remove(&id);
                     if let Some(tx) = active.remove(&id) {
                         let event = match &usage.finish {
                             FinishReason::Failed(message) => WorkerEvent::Failed {

@@ -149,6 +149,38 @@ impl PrefixCache {
         }
     }
 
+    /// The entry for exactly `tokens`, removed from memory (no copy) or read from disk: a
+    /// preempted sequence takes its parked state back.
+    pub fn take(
+        &mut self,
+        tokens: &[u32],
+        model: &Model,
+        drafter: Option<&Arc<dyn Drafter>>,
+    ) -> Option<Restored> {
+        let with_draft = drafter.is_some();
+        if let Some(i) = self
+            .entries
+            .iter()
+            .position(|e| e.tokens == tokens && (!with_draft || e.draft.is_some()))
+        {
+            let e = self.entries.swap_remove(i);
+            self.stats.bytes -= e.bytes;
+            return Some(Restored {
+                len: tokens.len(),
+                state: e.state,
+                draft: e.draft.filter(|_| with_draft),
+            });
+        }
+        if self
+            .disk
+            .as_ref()
+            .is_some_and(|d| d.contains(tokens, with_draft))
+        {
+            return self.load_from_disk(tokens, tokens.len(), model, drafter);
+        }
+        None
+    }
+
     fn load_from_disk(
         &self,
         prompt: &[u32],

@@ -21,6 +21,9 @@ type Buf = CudaSlice<f32>;
 /// Context rows a fresh draft context holds before it grows (doubling).
 const INITIAL_CONTEXT_CAPACITY: usize = 1024;
 
+/// One layer's context keys and values on the host (a saved image's content).
+pub(crate) type HostLayerContext = (Vec<f32>, Vec<f32>);
+
 /// The draft's weights on the target's GPU.
 pub(crate) struct GpuDraft {
     target: Arc<GpuModel>,
@@ -188,7 +191,7 @@ impl GpuDraft {
         c: &DraftConfig,
         ctx: &GpuDraftContext,
         len: usize,
-    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>, ModelError> {
+    ) -> Result<Vec<HostLayerContext>, ModelError> {
         let n = len * c.num_kv_heads * c.head_dim;
         ctx.layers
             .iter()
@@ -200,7 +203,7 @@ impl GpuDraft {
     pub(crate) fn upload_context(
         &self,
         c: &DraftConfig,
-        layers: &[(Vec<f32>, Vec<f32>)],
+        layers: &[HostLayerContext],
         len: usize,
     ) -> Result<GpuDraftContext, ModelError> {
         let mut ctx = self.new_context(c)?;
