@@ -10,12 +10,12 @@ bins=$(cargo test --release --features cuda -p splash-backend -p splash-model -p
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda_ops", "cuda_parity", "speculative_cuda"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda_ops", "cuda_parity", "speculative_cuda", "scheduler_cuda"):
         print(m["target"]["name"], m["executable"])')
 while read -r name exe; do cp "$exe" ".device/$name"; done <<<"$bins"
 cargo build --release --features cuda -p splash-cli
 cp target/release/splash .device/splash
-strip .device/splash .device/cuda_ops .device/cuda_parity .device/speculative_cuda
+strip .device/splash .device/cuda_ops .device/cuda_parity .device/speculative_cuda .device/scheduler_cuda
 pwd > .device/built_in
 "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: -d .device gguf==0.19.0
 for m in 27b:"--size 27b" 35b:"--size 35b-a3b --moe"; do

@@ -16,7 +16,7 @@ export SPLASH_KERNEL_CACHE=/tmp/splash-kernels
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  for t in ${TESTS:-cuda_ops cuda_parity speculative_cuda}; do
+  for t in ${TESTS:-cuda_ops cuda_parity speculative_cuda scheduler_cuda}; do
     echo "== $t"
     SPLASH_REQUIRE_GPU=1 ".device/$t" --test-threads 1 --nocapture 2>&1 | tee "$out/$t.log" | grep -E '^test |test result|panicked|GPU vs CPU' | head -60
   done

@@ -206,6 +206,13 @@ impl Engine {
         self.prefix_cache.disk_dir()
     }
 
+    /// Moves the prefix cache's memory entries to its disk tier and waits for the writes
+    /// (benchmarks of disk hits).
+    pub fn spill_prefix_cache(&mut self) {
+        self.prefix_cache.spill_all();
+        self.prefix_cache.flush();
+    }
+
     /// Waits for the disk tier's queued writes (tests and benchmarks).
     pub fn flush_disk_cache(&self) {
         self.prefix_cache.flush();

@@ -227,3 +227,141 @@ fn rollback_matches_a_plain_pass_on_the_gpu() {
         }
     }
 }
+
+/// Several sequences in one GPU pass (ragged: one token, a few, none; three blocks of 9 = 27
+/// rows, past the size where a lone product goes to cuBLAS) give each, bit for bit, what a
+/// pass of its own gives, in f32 and with the integer GEMV kernels; a recorded item rolls
+/// back as alone.
+#[test]
+fn a_batched_gpu_pass_matches_separate_passes() {
+    use splash_model::BatchItem;
+    for (name, exact) in [
+        ("qwen35-dense", true),
+        ("qwen35-moe", true),
+        ("qwen35-dense-gguf/model-Q4_mix.gguf", false),
+        ("qwen35-moe-gguf/model-Q8_0.gguf", false),
+    ] {
+        let Some((_, gpu)) = pair(name) else { return };
+        gpu.graph.gpu().unwrap().set_exact(exact);
+        let g = &gpu.graph;
+        let prompts: [Vec<u32>; 3] = [
+            (0..5).map(|i| i * 31 % 400).collect(),
+            (0..40).map(|i| (i * 17 + 3) % 400).collect(),
+            (0..12).map(|i| (i * 7 + 11) % 400).collect(),
+        ];
+        let (mut alone, mut together): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
+        for p in &prompts {
+            for states in [&mut alone, &mut together] {
+                let mut s = g.new_state_with(KvFormat::Int8);
+                g.forward(&mut s, p, Logits::None).unwrap();
+                states.push(s);
+            }
+        }
+        let block = |b: u32| (0..9).map(|i| b + i).collect::<Vec<u32>>();
+        for (step, next) in [
+            vec![vec![7u32], vec![8, 9, 10], vec![]],
+            vec![vec![11], vec![12], vec![13]],
+            vec![block(20), block(40), block(60)],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            // The second sequence verifies a block: recorded, then rolled back to 2 rows.
+            for s in [&mut alone[1], &mut together[1]] {
+                s.checkpoint();
+            }
+            let want: Vec<Vec<f32>> = alone
+                .iter_mut()
+                .zip(&next)
+                .map(|(s, t)| g.forward(s, t, Logits::All).unwrap())
+                .collect();
+            let mut items: Vec<BatchItem> = together
+                .iter_mut()
+                .zip(&next)
+                .map(|(state, tokens)| BatchItem { state, tokens })
+                .collect();
+            let got = g.forward_batch(&mut items, Logits::All, &[]).unwrap();
+            for (i, ((l, _), w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    l == w,
+                    "{name} step {step} item {i}: batched differs by {:e}",
+                    max_rel(l, w)
+                );
+            }
+            let keep = next[1].len().min(2);
+            alone[1].rollback(keep).unwrap();
+            together[1].rollback(keep).unwrap();
+        }
+        let a = g.forward(&mut alone[1], &[99], Logits::Last).unwrap();
+        let b = g.forward(&mut together[1], &[99], Logits::Last).unwrap();
+        assert!(a == b, "{name}: rolled back after batched passes");
+        println!("{name}: batched GPU passes bit-exact (exact arithmetic: {exact})");
+    }
+}
+
+/// GPU states copy (trimmed), save and load: a copy or a loaded image continues like the
+/// original, and images move between the CPU and the GPU.
+#[test]
+fn gpu_states_copy_save_and_load() {
+    for name in ["qwen35-dense", "qwen35-moe"] {
+        let Some((cpu, gpu)) = pair(name) else { return };
+        let (c, g) = (&cpu.graph, &gpu.graph);
+        let prompt: Vec<u32> = (0..1100).map(|i| (i * 37 % 400) as u32).collect();
+        let next = [3u32, 1, 4, 1, 5];
+        let mut original = g.new_state_with(KvFormat::Int8);
+        g.forward(&mut original, &prompt, Logits::None).unwrap();
+        let mut copy = original.try_clone().unwrap();
+        assert!(
+            copy.memory_bytes() < original.memory_bytes(),
+            "the copy is trimmed"
+        );
+        let image = original.save_image().unwrap();
+        let mut loaded = g.load_state(&image).unwrap();
+        let mut on_cpu = c.load_state(&image).unwrap();
+        let want = g.forward(&mut original, &next, Logits::All).unwrap();
+        assert!(
+            g.forward(&mut copy, &next, Logits::All).unwrap() == want,
+            "{name}: copy"
+        );
+        assert!(
+            g.forward(&mut loaded, &next, Logits::All).unwrap() == want,
+            "{name}: loaded"
+        );
+        let cpu_logits = c.forward(&mut on_cpu, &next, Logits::All).unwrap();
+        let err = max_rel(&cpu_logits, &want);
+        println!("{name}: GPU image continued on the CPU: {err:.2e}");
+        assert!(err < 1e-3, "{name}: {err}");
+        // And back: a CPU image on the GPU.
+        let mut cpu_state = c.new_state_with(KvFormat::Int8);
+        c.forward(&mut cpu_state, &prompt, Logits::None).unwrap();
+        let mut back = g.load_state(&cpu_state.save_image().unwrap()).unwrap();
+        let a = c.forward(&mut cpu_state, &next, Logits::All).unwrap();
+        let b = g.forward(&mut back, &next, Logits::All).unwrap();
+        let err = max_rel(&b, &a);
+        println!("{name}: CPU image continued on the GPU: {err:.2e}");
+        assert!(err < 1e-3, "{name}: {err}");
+    }
+    // A draft context on the GPU: copied and reloaded, it drafts the same block.
+    let (target, draft_dir) = DRAFTED[0];
+    let Some((_, gpu)) = pair(target) else { return };
+    let mut draft = DFlashDraft::load(&fixture(draft_dir)).unwrap();
+    draft.to_gpu(&gpu.graph).unwrap();
+    let taps = draft.config().target_layer_ids.clone();
+    let prompt: Vec<u32> = (0..45u32).map(|i| (i * 37 + 5) % 400).collect();
+    let (_, f) = gpu
+        .graph
+        .forward_with_taps(&mut gpu.graph.new_state(), &prompt, Logits::None, &taps)
+        .unwrap();
+    let mut ctx = draft.new_context();
+    draft.append_context(&mut ctx, &f).unwrap();
+    let mut copy = draft.try_clone_context(&ctx).unwrap();
+    let mut loaded = draft
+        .load_context(&draft.save_context(&ctx).unwrap())
+        .unwrap();
+    let block = draft.config().block_size;
+    let want = draft.draft_block(&mut ctx, &gpu.graph, 7, block).unwrap();
+    for (what, c) in [("copy", &mut copy), ("loaded", &mut loaded)] {
+        let got = draft.draft_block(c, &gpu.graph, 7, block).unwrap();
+        assert!(got.logits == want.logits, "GPU draft context {what}");
+    }
+}

@@ -57,6 +57,9 @@ pub struct Gpu {
     /// The integer GEMV on tensor cores for every token count instead of dp4a (see
     /// [`Gpu::set_tensor_core_gemv`]).
     tensor_core_gemv: std::sync::atomic::AtomicBool,
+    /// Keep every product on the batch-invariant GEMV kernels, whatever the token count (see
+    /// [`Gpu::set_batch_invariant`]).
+    batch_invariant: std::sync::atomic::AtomicBool,
     /// Per-kernel launch counts and seconds when `SPLASH_GPU_PROFILE` is set: every launch is
     /// then synchronised and timed (slow; for finding where the time goes). Printed on drop.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
@@ -131,6 +134,7 @@ impl Gpu {
             blas: Mutex::new(None),
             exact: std::sync::atomic::AtomicBool::new(false),
             tensor_core_gemv: std::sync::atomic::AtomicBool::new(false),
+            batch_invariant: std::sync::atomic::AtomicBool::new(false),
             profile: std::env::var_os("SPLASH_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
         }))
     }
@@ -192,6 +196,19 @@ impl Gpu {
 
     pub(crate) fn exact(&self) -> bool {
         self.exact.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// While set, products of many tokens stay on the GEMV kernels instead of cuBLAS: each
+    /// token's row is then what it would be alone. A pass that batches several sequences sets
+    /// it, so that a request's output does not depend on what runs beside it.
+    pub fn set_batch_invariant(&self, on: bool) {
+        self.batch_invariant
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn batch_invariant(&self) -> bool {
+        self.batch_invariant
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Which kernel family multiplies the int8 formats (K-quants, Q8_0), for every token count

@@ -75,7 +75,7 @@ fn product(
 ) -> Result<(), GpuError> {
     assert!(row0 + n <= w.rows, "rows {row0}+{n} of {}", w.rows);
     let kdim = w.cols;
-    if tokens >= gemm_min_t && kdim.is_multiple_of(32) {
+    if tokens >= gemm_min_t && kdim.is_multiple_of(32) && !gpu.batch_invariant() {
         if let Some(blas) = gpu.blas() {
             return gemm(gpu, k, &blas, out, x, w, row0, n, tokens);
         }

@@ -283,6 +283,14 @@ impl PrefixCache {
         });
     }
 
+    /// Moves every memory entry to the disk tier (dropped without one).
+    pub fn spill_all(&mut self) {
+        for e in std::mem::take(&mut self.entries) {
+            self.stats.bytes -= e.bytes;
+            self.spill(e);
+        }
+    }
+
     /// Waits for the disk tier's queued writes.
     pub fn flush(&self) {
         if let Some(d) = &self.disk {
@@ -303,9 +311,7 @@ impl Drop for PrefixCache {
     /// A persistent disk tier keeps what memory holds too: the next start finds it.
     fn drop(&mut self) {
         if self.disk.as_ref().is_some_and(|d| d.persistent()) {
-            for e in std::mem::take(&mut self.entries) {
-                self.spill(e);
-            }
+            self.spill_all();
         }
     }
 }

@@ -134,6 +134,38 @@ enum GpuLayerState {
     },
 }
 
+/// One sequence of a batched pass: its device state, tokens and first position, and whether
+/// the pass records what [`GpuState::rollback`] needs.
+pub(crate) struct GpuItem<'a> {
+    pub(crate) state: &'a mut GpuState,
+    pub(crate) tokens: &'a [u32],
+    pub(crate) pos0: usize,
+    pub(crate) record: bool,
+}
+
+/// The rows `[off, off + t)` of a batched pass that belong to one sequence.
+#[derive(Clone, Copy)]
+struct SeqRows {
+    off: usize,
+    t: usize,
+}
+
+/// A sequence's share of a GDN layer in a batched pass.
+struct GdnSeq<'a> {
+    rows: SeqRows,
+    conv: &'a mut Buf,
+    rec: &'a mut Buf,
+    record: Option<&'a mut Option<GdnReplay>>,
+}
+
+/// A sequence's share of an attention layer in a batched pass.
+struct AttnSeq<'a> {
+    rows: SeqRows,
+    state: &'a mut GpuLayerState,
+    kv: KvFormat,
+    pos0: usize,
+}
+
 /// Positions a fresh attention cache holds before it grows (doubling).
 const INITIAL_KV_CAPACITY: usize = 1024;
 
@@ -351,6 +383,14 @@ impl GpuModel {
         Ok(out)
     }
 
+    /// A device copy of `len` values of `b` from `off` on.
+    fn copy_rows(&self, b: &Buf, off: usize, len: usize) -> Result<Buf, ModelError> {
+        let out = self.scratch(len.max(1))?;
+        self.gpu
+            .copy(ptr(&self.gpu, &out, 0), ptr(&self.gpu, b, off), len * 4)?;
+        Ok(out)
+    }
+
     /// An uninitialised f32 buffer (every kernel writing it writes every element).
     fn scratch(&self, len: usize) -> Result<Buf, ModelError> {
         Ok(self.gpu.uninit(len)?)
@@ -440,45 +480,111 @@ impl GpuModel {
         })
     }
 
-    /// The forward pass of `tokens` at positions `pos0..` (see [`Qwen35::forward_with_taps`]):
-    /// logits and the tap layers' outputs `[T, taps.len() · H]`. `record`: keep what
-    /// [`GpuState::rollback`] needs.
-    #[allow(clippy::too_many_arguments)]
+    /// The forward pass of several sequences' tokens (see [`Qwen35::forward_batch`]): the
+    /// linear layers run once over the rows of all of them, the conv, scan and attention of
+    /// each on its own state. Returns each item's logits and tap outputs `[T, taps.len() · H]`.
+    /// Several items keep every product batch-invariant ([`Gpu::set_batch_invariant`]).
     pub(crate) fn forward(
         &self,
         cpu: &Qwen35,
-        state: &mut GpuState,
-        tokens: &[u32],
-        pos0: usize,
+        items: &mut [GpuItem<'_>],
         want: Logits,
         taps: &[usize],
-        record: bool,
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    ) -> Result<Vec<super::LogitsAndTaps>, ModelError> {
+        let batched = items.len() > 1;
+        if batched {
+            self.gpu.set_batch_invariant(true);
+        }
+        let out = self.forward_rows(cpu, items, want, taps);
+        if batched {
+            self.gpu.set_batch_invariant(false);
+        }
+        out
+    }
+
+    fn forward_rows(
+        &self,
+        cpu: &Qwen35,
+        items: &mut [GpuItem<'_>],
+        want: Logits,
+        taps: &[usize],
+    ) -> Result<Vec<super::LogitsAndTaps>, ModelError> {
         let cfg = &cpu.config;
         let (gpu, k) = (&*self.gpu, &*self.k);
-        let (t, h, eps) = (tokens.len(), cfg.hidden_size, cfg.rms_norm_eps);
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        // Each item's rows: `[off, off + t)` of the pass.
+        let mut rows_of = Vec::with_capacity(items.len());
+        let mut t = 0;
+        for item in items.iter() {
+            rows_of.push(SeqRows {
+                off: t,
+                t: item.tokens.len(),
+            });
+            t += item.tokens.len();
+        }
         // The embedding rows are gathered on the host (a few KB per token) and copied over.
+        let tokens: Vec<u32> = items
+            .iter()
+            .flat_map(|i| i.tokens.iter().copied())
+            .collect();
         let mut rows = vec![0.0f32; t * h];
-        splash_backend::cpu::embedding(&mut rows, &cpu.embed, tokens);
+        splash_backend::cpu::embedding(&mut rows, &cpu.embed, &tokens);
         let x = gpu.upload(&rows)?;
         let xp = ptr(gpu, &x, 0);
         let normed = self.scratch(t * h)?;
         let np = ptr(gpu, &normed, 0);
         // Tap outputs gathered on the device `[taps, T, H]`, downloaded once at the end.
         let features = self.scratch(taps.len() * t * h)?;
-        let mut replay: Vec<Option<GdnReplay>> = Vec::new();
-        for (li, (layer, ls)) in self.layers.iter().zip(state.layers.iter_mut()).enumerate() {
+        let mut replays: Vec<Vec<Option<GdnReplay>>> = items.iter().map(|_| Vec::new()).collect();
+        for (li, layer) in self.layers.iter().enumerate() {
             dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
-            let mut recorded = None;
-            let mixed = match (&layer.mixer, ls) {
-                (GpuMixer::Gdn(g), GpuLayerState::Gdn { conv, recurrent }) => {
-                    let rec = record.then_some(&mut recorded);
-                    g.forward(self, np, t, conv, recurrent, eps, rec)?
+            let mixed = match &layer.mixer {
+                GpuMixer::Gdn(g) => {
+                    let mut recorded: Vec<Option<GdnReplay>> = items.iter().map(|_| None).collect();
+                    let mut parts: Vec<GdnSeq<'_>> = items
+                        .iter_mut()
+                        .zip(&rows_of)
+                        .zip(&mut recorded)
+                        .map(|((item, &rows), slot)| {
+                            let record = item.record;
+                            let GpuLayerState::Gdn { conv, recurrent } = &mut item.state.layers[li]
+                            else {
+                                unreachable!("sequence state was built for another model")
+                            };
+                            GdnSeq {
+                                rows,
+                                conv,
+                                rec: recurrent,
+                                record: record.then_some(slot),
+                            }
+                        })
+                        .collect();
+                    let out = g.forward(self, np, t, &mut parts, eps)?;
+                    drop(parts);
+                    for (r, rec) in replays.iter_mut().zip(recorded) {
+                        r.push(rec);
+                    }
+                    out
                 }
-                (GpuMixer::Attn(a), ls @ GpuLayerState::Attn { .. }) => {
-                    a.forward(self, np, t, ls, state.kv, pos0, eps)?
+                GpuMixer::Attn(a) => {
+                    let mut parts: Vec<AttnSeq<'_>> = items
+                        .iter_mut()
+                        .zip(&rows_of)
+                        .map(|(item, &rows)| {
+                            let kv = item.state.kv;
+                            AttnSeq {
+                                rows,
+                                state: &mut item.state.layers[li],
+                                kv,
+                                pos0: item.pos0,
+                            }
+                        })
+                        .collect();
+                    for r in &mut replays {
+                        r.push(None);
+                    }
+                    a.forward(self, np, t, &mut parts, eps)?
                 }
-                _ => unreachable!("sequence state was built for another model"),
             };
             dev::add_in_place(gpu, k, xp, ptr(gpu, &mixed, 0), t * h)?;
             dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), t, h, eps)?;
@@ -490,43 +596,71 @@ impl GpuModel {
             for (j, _) in taps.iter().enumerate().filter(|(_, &l)| l == li) {
                 gpu.copy(ptr(gpu, &features, j * t * h), xp, t * h * 4)?;
             }
-            replay.push(recorded);
         }
-        state.replay = record.then_some(replay);
-        let features = if taps.is_empty() {
+        for (item, replay) in items.iter_mut().zip(replays) {
+            item.state.replay = item.record.then_some(replay);
+        }
+        // [taps, T, H] → per item [t, taps · H].
+        let f = if taps.is_empty() {
             Vec::new()
         } else {
-            // [taps, T, H] → [T, taps · H].
-            let f = gpu.download(&features, taps.len() * t * h)?;
-            let mut out = vec![0.0f32; f.len()];
-            for (j, tap) in f.chunks_exact(t * h).enumerate() {
-                for (ti, row) in tap.chunks_exact(h).enumerate() {
-                    out[(ti * taps.len() + j) * h..][..h].copy_from_slice(row);
+            gpu.download(&features, taps.len() * t * h)?
+        };
+        let features_of = |rows: SeqRows| -> Vec<f32> {
+            let mut out = vec![0.0f32; rows.t * taps.len() * h];
+            for (j, tap) in f.chunks_exact(t * h.max(1)).enumerate() {
+                for ti in 0..rows.t {
+                    out[(ti * taps.len() + j) * h..][..h]
+                        .copy_from_slice(&tap[(rows.off + ti) * h..][..h]);
                 }
             }
             out
         };
-        let (first, n) = match want {
-            Logits::None => {
-                gpu.synchronize()?;
-                return Ok((Vec::new(), features));
-            }
-            Logits::Last => (t - 1, 1),
-            Logits::All => (0, t),
-        };
-        let rows_in = xp + (first * h * 4) as u64;
-        dev::rms_norm(
-            gpu,
-            k,
-            np,
-            rows_in,
-            ptr(gpu, &self.final_norm, 0),
-            n,
-            h,
-            eps,
-        )?;
+        // The scored rows, normed into `normed` one after another.
+        let scored: Vec<(usize, usize)> = rows_of
+            .iter()
+            .map(|r| match want {
+                Logits::None => (r.off, 0),
+                Logits::Last => (r.off + r.t - 1, 1),
+                Logits::All => (r.off, r.t),
+            })
+            .collect();
+        let n: usize = scored.iter().map(|&(_, n)| n).sum();
+        if n == 0 {
+            gpu.synchronize()?;
+            return Ok(rows_of
+                .iter()
+                .map(|&r| (Vec::new(), features_of(r)))
+                .collect());
+        }
+        let mut at = 0;
+        for &(first, rows) in &scored {
+            let rows_in = xp + (first * h * 4) as u64;
+            let dst = np + (at * h * 4) as u64;
+            dev::rms_norm(
+                gpu,
+                k,
+                dst,
+                rows_in,
+                ptr(gpu, &self.final_norm, 0),
+                rows,
+                h,
+                eps,
+            )?;
+            at += rows;
+        }
         let logits = self.lm_head(np, n)?;
-        Ok((gpu.download(&logits, n * cfg.vocab_size)?, features))
+        let all = gpu.download(&logits, n * cfg.vocab_size)?;
+        let mut at = 0;
+        Ok(rows_of
+            .iter()
+            .zip(&scored)
+            .map(|(&r, &(_, rows))| {
+                let l = all[at * cfg.vocab_size..(at + rows) * cfg.vocab_size].to_vec();
+                at += rows;
+                (l, features_of(r))
+            })
+            .collect())
     }
 
     /// Logits `[n, V]` of `n` already-normed hidden rows at device address `x` (the DFlash
@@ -642,24 +776,18 @@ fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
 }
 
 impl GpuGdn {
-    /// `record`: first saves the conv and recurrent state, then keeps the pass's conv inputs
-    /// and gates there.
-    #[allow(clippy::too_many_arguments)]
+    /// The layer over `t` rows of `x` belonging to the sequences `parts`: projections for all
+    /// rows, conv and scan per sequence on its own state. A part that records first saves its
+    /// conv and recurrent state, then keeps its rows' conv inputs and gates there.
     fn forward(
         &self,
         m: &GpuModel,
         x: u64,
         t: usize,
-        conv: &mut Buf,
-        rec: &mut Buf,
+        parts: &mut [GdnSeq<'_>],
         eps: f32,
-        record: Option<&mut Option<GdnReplay>>,
     ) -> Result<Buf, ModelError> {
         let (gpu, k) = (&*m.gpu, &*m.k);
-        let saved = match record {
-            Some(slot) => Some((slot, m.clone_buf(conv)?, m.clone_buf(rec)?)),
-            None => None,
-        };
         let c = self.in_qkv.rows();
         let vd = self.hv * self.dv;
         let qkv = m.scratch(t * c)?;
@@ -670,18 +798,6 @@ impl GpuGdn {
         dev::matmul(gpu, k, ptr(gpu, &b, 0), x, &self.in_b, 0, self.hv, t)?;
         let a = m.scratch(t * self.hv)?;
         dev::matmul(gpu, k, ptr(gpu, &a, 0), x, &self.in_a, 0, self.hv, t)?;
-        let mixed = m.scratch(t * c)?;
-        dev::conv1d_silu(
-            gpu,
-            k,
-            ptr(gpu, &mixed, 0),
-            ptr(gpu, &qkv, 0),
-            ptr(gpu, conv, 0),
-            ptr(gpu, &self.conv, 0),
-            t,
-            c,
-            self.conv_kernel,
-        )?;
         dev::gdn_gates(
             gpu,
             k,
@@ -692,28 +808,43 @@ impl GpuGdn {
             self.hv,
             t * self.hv,
         )?;
+        let mixed = m.scratch(t * c)?;
         let o = m.scratch(t * vd)?;
-        dev::gdn_recurrent(
-            gpu,
-            k,
-            ptr(gpu, &o, 0),
-            ptr(gpu, &mixed, 0),
-            ptr(gpu, &a, 0),
-            ptr(gpu, &b, 0),
-            ptr(gpu, rec, 0),
-            t,
-            self.hk,
-            self.hv,
-            self.tiled,
-        )?;
-        if let Some((slot, conv, recurrent)) = saved {
-            *slot = Some(GdnReplay {
-                conv,
-                recurrent,
-                qkv,
-                g: a,
-                beta: b,
-            });
+        for p in parts.iter_mut() {
+            let SeqRows { off, t: n } = p.rows;
+            if let Some(slot) = p.record.take() {
+                *slot = Some(GdnReplay {
+                    conv: m.clone_buf(p.conv)?,
+                    recurrent: m.clone_buf(p.rec)?,
+                    qkv: m.copy_rows(&qkv, off * c, n * c)?,
+                    g: m.copy_rows(&a, off * self.hv, n * self.hv)?,
+                    beta: m.copy_rows(&b, off * self.hv, n * self.hv)?,
+                });
+            }
+            dev::conv1d_silu(
+                gpu,
+                k,
+                ptr(gpu, &mixed, off * c),
+                ptr(gpu, &qkv, off * c),
+                ptr(gpu, p.conv, 0),
+                ptr(gpu, &self.conv, 0),
+                n,
+                c,
+                self.conv_kernel,
+            )?;
+            dev::gdn_recurrent(
+                gpu,
+                k,
+                ptr(gpu, &o, off * vd),
+                ptr(gpu, &mixed, off * c),
+                ptr(gpu, &a, off * self.hv),
+                ptr(gpu, &b, off * self.hv),
+                ptr(gpu, p.rec, 0),
+                n,
+                self.hk,
+                self.hv,
+                self.tiled,
+            )?;
         }
         dev::rms_norm_gated(
             gpu,
@@ -792,15 +923,14 @@ impl GpuGdn {
 }
 
 impl GpuAttn {
-    #[allow(clippy::too_many_arguments)]
+    /// The layer over `t` rows of `x` belonging to the sequences `parts`: projections for all
+    /// rows; RoPE, the cache append and attention per sequence.
     fn forward(
         &self,
         m: &GpuModel,
         x: u64,
         t: usize,
-        state: &mut GpuLayerState,
-        kv: KvFormat,
-        pos0: usize,
+        parts: &mut [AttnSeq<'_>],
         eps: f32,
     ) -> Result<Buf, ModelError> {
         let (gpu, k) = (&*m.gpu, &*m.k);
@@ -843,59 +973,47 @@ impl GpuAttn {
             eps,
         )?;
         let inv = ptr(gpu, &m.inv_freq, 0);
-        dev::rope(gpu, k, ptr(gpu, &q, 0), inv, t, hq, d, m.rotary_dim, pos0)?;
-        dev::rope(gpu, k, ptr(gpu, &kb, 0), inv, t, hkv, d, m.rotary_dim, pos0)?;
-        ensure_capacity(m, state, kv, pos0 + t, hkv, d)?;
-        let GpuLayerState::Attn {
-            k: kc,
-            v: vc,
-            ks,
-            vs,
-            ..
-        } = state
-        else {
-            unreachable!("attention layer state")
-        };
-        let (kcp, vcp) = (ptr(gpu, kc, 0), ptr(gpu, vc, 0));
-        let (ksp, vsp) = (ptr(gpu, ks, 0), ptr(gpu, vs, 0));
-        dev::kv_append(
-            gpu,
-            k,
-            kcp,
-            ksp,
-            ptr(gpu, &kb, 0),
-            kv,
-            t * hkv,
-            d,
-            pos0 * hkv,
-        )?;
-        dev::kv_append(
-            gpu,
-            k,
-            vcp,
-            vsp,
-            ptr(gpu, &vb, 0),
-            kv,
-            t * hkv,
-            d,
-            pos0 * hkv,
-        )?;
         let attn = m.scratch(t * hq * d)?;
-        dev::attention(
-            gpu,
-            k,
-            ptr(gpu, &attn, 0),
-            ptr(gpu, &q, 0),
-            (kcp, ksp),
-            (vcp, vsp),
-            kv,
-            t,
-            hq,
-            hkv,
-            pos0,
-            (d as f32).powf(-0.5),
-            dev::KeyMask::default(),
-        )?;
+        for p in parts.iter_mut() {
+            let (SeqRows { off, t: n }, kv, pos0) = (p.rows, p.kv, p.pos0);
+            let (qp, kp, vp) = (
+                ptr(gpu, &q, off * hq * d),
+                ptr(gpu, &kb, off * hkv * d),
+                ptr(gpu, &vb, off * hkv * d),
+            );
+            dev::rope(gpu, k, qp, inv, n, hq, d, m.rotary_dim, pos0)?;
+            dev::rope(gpu, k, kp, inv, n, hkv, d, m.rotary_dim, pos0)?;
+            ensure_capacity(m, p.state, kv, pos0 + n, hkv, d)?;
+            let GpuLayerState::Attn {
+                k: kc,
+                v: vc,
+                ks,
+                vs,
+                ..
+            } = &mut *p.state
+            else {
+                unreachable!("attention layer state")
+            };
+            let (kcp, vcp) = (ptr(gpu, kc, 0), ptr(gpu, vc, 0));
+            let (ksp, vsp) = (ptr(gpu, ks, 0), ptr(gpu, vs, 0));
+            dev::kv_append(gpu, k, kcp, ksp, kp, kv, n * hkv, d, pos0 * hkv)?;
+            dev::kv_append(gpu, k, vcp, vsp, vp, kv, n * hkv, d, pos0 * hkv)?;
+            dev::attention(
+                gpu,
+                k,
+                ptr(gpu, &attn, off * hq * d),
+                qp,
+                (kcp, ksp),
+                (vcp, vsp),
+                kv,
+                n,
+                hq,
+                hkv,
+                pos0,
+                (d as f32).powf(-0.5),
+                dev::KeyMask::default(),
+            )?;
+        }
         dev::sigmoid_gate(gpu, k, ptr(gpu, &attn, 0), ptr(gpu, &gate, 0), t * hq * d)?;
         let out = m.scratch(t * self.o.rows())?;
         dev::matmul(

@@ -334,23 +334,36 @@ impl Qwen35 {
         }
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
-            return items
-                .iter_mut()
-                .map(|item| {
-                    let (state, tokens) = (&mut *item.state, item.tokens);
-                    if tokens.is_empty() {
-                        return Ok((Vec::new(), Vec::new()));
-                    }
-                    if state.gpu.is_none() {
-                        state.gpu = Some(g.new_state(cfg, state.kv_format())?);
-                    }
-                    let (record, pos0) = (state.checkpoint.is_some(), state.len());
-                    let gs = state.gpu.as_mut().expect("allocated above");
-                    let out = g.forward(self, gs, tokens, pos0, want, taps, record)?;
-                    state.advance(tokens.len());
-                    Ok(out)
-                })
-                .collect();
+            let mut which = Vec::new();
+            let mut gpu_items = Vec::new();
+            for (i, item) in items.iter_mut().enumerate() {
+                if item.tokens.is_empty() {
+                    continue;
+                }
+                let state = &mut *item.state;
+                if state.gpu.is_none() {
+                    state.gpu = Some(g.new_state(cfg, state.kv_format())?);
+                }
+                let (record, pos0) = (state.checkpoint.is_some(), state.len());
+                which.push(i);
+                gpu_items.push(cuda::GpuItem {
+                    state: state.gpu.as_mut().expect("allocated above"),
+                    tokens: item.tokens,
+                    pos0,
+                    record,
+                });
+            }
+            if gpu_items.is_empty() {
+                return Ok(items.iter().map(|_| Default::default()).collect());
+            }
+            let outs = g.forward(self, &mut gpu_items, want, taps)?;
+            drop(gpu_items);
+            let mut result: Vec<LogitsAndTaps> = items.iter().map(|_| Default::default()).collect();
+            for (i, out) in which.into_iter().zip(outs) {
+                items[i].state.advance(items[i].tokens.len());
+                result[i] = out;
+            }
+            return Ok(result);
         }
         // Decode rows and verify blocks (a few tokens per sequence) must give each sequence
         // what a pass of its own gives, however many run together: products row by row.

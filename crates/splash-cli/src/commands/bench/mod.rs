@@ -1,6 +1,11 @@
 //! `splash bench`: prefill throughput at a fixed prompt length and single-sequence decode
 //! speed, without and (when a draft is available) with speculative decoding, and the cost of
-//! one draft pass and one verify pass against a one-token target pass.
+//! one draft pass and one verify pass against a one-token target pass; optionally the prefix
+//! cache's time to first token on a long agent prompt ([`replay`]) and the aggregate decode
+//! speed of concurrent sequences ([`concurrency`]).
+
+mod concurrency;
+mod replay;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +41,14 @@ pub struct Args {
     /// logits) against a one-token pass, after the prompt as context.
     #[arg(long, default_value_t = 0)]
     verify_rows: usize,
+    /// Also time the first token of an agent-style prompt of this many tokens: uncached, from
+    /// the prefix cache in memory, for the next turn, and from the disk tier.
+    #[arg(long, value_parser = splash_server::parse_size)]
+    replay_tokens: Option<usize>,
+    /// Also measure the aggregate decode speed of this many concurrent sequences (a list,
+    /// e.g. 1,4,16), each decoding --decode-tokens.
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Vec<usize>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -106,6 +119,25 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rows = (a.verify_rows > 0)
         .then(|| row_costs(&model, &prompt, a.verify_rows, a.kv_format, repeat))
         .transpose()?;
+    let replay = a
+        .replay_tokens
+        .map(|n| replay::run(&model, n, a.kv_format, repeat))
+        .transpose()?;
+    let drafter: Option<Arc<dyn Drafter>> = draft
+        .as_ref()
+        .map(|d| Arc::new(DFlashDrafter::new(d.clone())) as Arc<dyn Drafter>);
+    let mut concurrent = Vec::new();
+    for &n in &a.concurrency {
+        for d in [None, drafter.as_ref()] {
+            if d.is_some() && drafter.is_none() {
+                continue;
+            }
+            concurrent.push((
+                d.is_some(),
+                concurrency::run(&model, d, n.max(1), a.decode_tokens, a.kv_format)?,
+            ));
+        }
+    }
     let p = median(&mut prefill);
     let threads = rayon::current_num_threads();
     if a.json {
@@ -136,6 +168,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         if let Some((one, many)) = rows {
             v["pass_ms"] = json!({"rows_1": one, format!("rows_{}", a.verify_rows): many});
+        }
+        if let Some(r) = &replay {
+            v["replay"] = json!({
+                "prompt_tokens": r.tokens,
+                "uncached_ms": r.uncached_ms,
+                "memory_ms": r.memory_ms,
+                "memory_cached_tokens": r.memory_cached,
+                "next_turn_ms": r.next_turn_ms,
+                "next_turn_tokens": r.next_turn_tokens,
+                "next_turn_cached_tokens": r.next_turn_cached,
+                "disk_ms": r.disk_ms,
+                "disk_cached_tokens": r.disk_cached,
+                "disk_file_bytes": r.disk_bytes,
+            });
+        }
+        if !concurrent.is_empty() {
+            v["concurrency"] = concurrent
+                .iter()
+                .map(|(with_draft, c)| {
+                    json!({"sequences": c.sequences, "draft": with_draft, "tok_s": c.tok_s, "rows_per_pass": c.rows_per_pass})
+                })
+                .collect();
         }
         println!("{v}");
     } else {
@@ -172,6 +226,41 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             println!("decode speed by tokens per target pass τ (draft + verify per pass):");
             for (tau, tok_s, speedup) in c.by_acceptance() {
                 println!("  τ = {tau}: {tok_s:>9.1} tok/s, {speedup:.2}x speculation off");
+            }
+        }
+        if let Some(r) = &replay {
+            println!(
+                "time to first token, {}-token agent prompt: uncached {:.1} ms; repeated {:.1} ms ({} cached); next turn {:.1} ms ({} of {} cached); from disk {:.1} ms ({} cached, {:.1} MiB file, page cache dropped)",
+                r.tokens,
+                r.uncached_ms,
+                r.memory_ms,
+                r.memory_cached,
+                r.next_turn_ms,
+                r.next_turn_cached,
+                r.next_turn_tokens,
+                r.disk_ms,
+                r.disk_cached,
+                r.disk_bytes as f64 / (1 << 20) as f64,
+            );
+        }
+        if !concurrent.is_empty() {
+            println!(
+                "concurrent sequences ({} tokens each): aggregate decode",
+                a.decode_tokens
+            );
+            for &(with_draft, ref c) in &concurrent {
+                let one = concurrent
+                    .iter()
+                    .find(|(d, o)| *d == with_draft && o.sequences == 1)
+                    .map(|(_, o)| o.tok_s);
+                println!(
+                    "  {:>3} sequences{}: {:>9.1} tok/s{}, {:.1} rows per pass",
+                    c.sequences,
+                    if with_draft { ", with the draft" } else { "" },
+                    c.tok_s,
+                    one.map_or(String::new(), |o| format!(" ({:.2}x one)", c.tok_s / o)),
+                    c.rows_per_pass,
+                );
             }
         }
     }
