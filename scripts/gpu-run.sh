@@ -2,7 +2,9 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|demo|bench|profile|all]      (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|demo|bench|serving|profile|all]   (results under $OUT, default ./gpu-out)
+# `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
+# next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-$PWD/gpu-out}
@@ -34,7 +36,7 @@ if [ "$what" = demo ] || [ "$what" = all ]; then
   done | tee "$out/demo.txt"
 fi
 
-if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ]; then
+if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
   for m in ${MODELS:-27b 35b}; do
     f=/tmp/synth-$m-Q4_K_M.gguf
@@ -45,7 +47,11 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ]; then
       python3 bench/make_synthetic_gguf.py ".device/cfg-$m" "$f" --type Q4_K_M --no-verify 2>&1 | tail -2
       echo "made $f in $((SECONDS - start)) s"
     fi
-    if [ "$what" = profile ]; then
+    if [ "$what" = serving ]; then
+      echo "== serving $m"
+      ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
+        --speculative off --replay-tokens "${REPLAY:-32K}" --concurrency 1,4,16 2>&1 | tee "$out/serving-$m.txt" | tail -12
+    elif [ "$what" = profile ]; then
       echo "== profile $m (every launch synchronised: times are per kernel, not end to end)"
       SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 --decode-tokens 16 --repeat 1 --verify-rows 16 --speculative off 2>&1 | tee "$out/profile-$m.txt" | tail -30
     else
