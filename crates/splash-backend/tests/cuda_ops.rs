@@ -607,3 +607,83 @@ fn kernels_of_one_module_are_reused() {
     let b = gpu.kernels(FIXTURE_DIMS).unwrap();
     assert!(Arc::ptr_eq(&a, &b));
 }
+
+/// Attention over a long cache: a few rows split the keys into chunks (flash-decoding), a
+/// prefill-sized pass does not; both match the CPU, and a block of rows gives each row the
+/// bits a one-row pass gives (a verify block equals token-by-token decoding).
+#[test]
+fn long_context_attention_matches_the_cpu_and_is_row_invariant() {
+    let Some(gpu) = gpu() else { return };
+    for dims in [FIXTURE_DIMS, REAL_DIMS] {
+        let k = gpu.kernels(dims).unwrap();
+        let d = dims.head_dim;
+        let (hq, hkv, pos0) = (8, 2, 2_900);
+        for t in [16usize, 40] {
+            let s = pos0 + t;
+            let format = KvFormat::Int8;
+            let keys = random(s * hkv * d, 21);
+            let values = random(s * hkv * d, 22);
+            let q = random(t * hq * d, 23);
+            let (mut kc, mut vc) = (KvStore::new(format), KvStore::new(format));
+            kc.append(&keys, d);
+            vc.append(&values, d);
+            let mut want = vec![0.0; t * hq * d];
+            let scale = (d as f32).powf(-0.5);
+            cpu::attention(&mut want, &q, &kc, &vc, hq, hkv, d, pos0, scale);
+            let kcd = gpu.zeros::<u8>(s * hkv * d).unwrap();
+            let vcd = gpu.zeros::<u8>(s * hkv * d).unwrap();
+            let (ksd, vsd) = (
+                gpu.zeros::<f32>(s * hkv).unwrap(),
+                gpu.zeros::<f32>(s * hkv).unwrap(),
+            );
+            let (kd, vd) = (gpu.upload(&keys).unwrap(), gpu.upload(&values).unwrap());
+            for (cache, scales, src) in [(&kcd, &ksd, &kd), (&vcd, &vsd, &vd)] {
+                dev::kv_append(
+                    &gpu,
+                    &k,
+                    ptr(&gpu, cache, 0),
+                    ptr(&gpu, scales, 0),
+                    ptr(&gpu, src, 0),
+                    format,
+                    s * hkv,
+                    d,
+                    0,
+                )
+                .unwrap();
+            }
+            let qd = gpu.upload(&q).unwrap();
+            let run = |rows: usize, first: usize| {
+                let out = poisoned(&gpu, rows * hq * d);
+                dev::attention(
+                    &gpu,
+                    &k,
+                    ptr(&gpu, &out, 0),
+                    ptr(&gpu, &qd, first * hq * d),
+                    (ptr(&gpu, &kcd, 0), ptr(&gpu, &ksd, 0)),
+                    (ptr(&gpu, &vcd, 0), ptr(&gpu, &vsd, 0)),
+                    format,
+                    rows,
+                    hq,
+                    hkv,
+                    pos0 + first,
+                    scale,
+                    dev::KeyMask::default(),
+                )
+                .unwrap();
+                gpu.download(&out, rows * hq * d).unwrap()
+            };
+            let all = run(t, 0);
+            let err = rel_err(&all, &want);
+            assert!(err < 1e-4, "d={d} t={t}: {err}");
+            if t <= 32 {
+                for i in 0..t {
+                    let one = run(1, i);
+                    assert!(
+                        one[..] == all[i * hq * d..(i + 1) * hq * d],
+                        "d={d}: row {i} of a {t}-row pass differs from a one-row pass"
+                    );
+                }
+            }
+        }
+    }
+}

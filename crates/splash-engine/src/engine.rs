@@ -524,7 +524,8 @@ impl Engine {
             .prefix_cache
             .take(key, &self.model, drafter)
             .or_else(|| self.prefix_cache.lookup(tokens, &self.model, drafter));
-        if restored.as_ref().is_some_and(|r| r.len == key.len()) {
+        // A sequence parked before its first prefill chunk had nothing to lose.
+        if key.is_empty() || restored.as_ref().is_some_and(|r| r.len == key.len()) {
             self.batches.resumed_cached += 1;
         } else {
             self.batches.resumed_recomputed += 1;

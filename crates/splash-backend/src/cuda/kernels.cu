@@ -849,6 +849,98 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const float* 
     }
 }
 
+// Keys per chunk of the split attention below.
+#define ATTN_CHUNK 1024
+
+// Split attention for a few query rows over a long context (flash-decoding): block
+// (row, chunk c) runs `attention`'s online softmax over the keys of its row's range that fall
+// in [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK), and writes its partial max, sum and unnormalised
+// accumulator to part[row, c, 0 | 1 | 2..]; attention_combine merges the chunks in order. The
+// chunks are fixed by position, so a query's result depends only on its own key range: a
+// verify block gives each row what token-by-token decoding gives. 1-D grid: block = row ·
+// nchunks + c.
+extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                          const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
+                                          float scale, int block, int window, int nchunks) {
+    const int DPL = HEAD_DPL;
+    int row = blockIdx.x / nchunks, c = blockIdx.x % nchunks;
+    int t = row / hq, h = row % hq, kvh = h / (hq / hkv);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float* qv = q + (long)row * HEAD_DIM + lane * DPL;
+    float qr[DPL], acc[DPL], kr[DPL], vr[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        qr[i] = IN_HEAD(lane * DPL + i) ? qv[i] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    int qp = pos0 + t, lo = 0, hi = block > 0 ? pos0 + block : qp + 1;
+    if (window > 0) {
+        lo = max(0, qp - window + 1);
+        hi = min(hi, qp + window);
+    }
+    lo = max(lo, c * ATTN_CHUNK);
+    hi = min(hi, (c + 1) * ATTN_CHUNK);
+    for (int j = lo + warp; j < hi; j += ATTN_WARPS) {
+        long r = (long)j * hkv + kvh;
+        kv_load(kc, ks, fmt, r, lane * DPL, kr);
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) p += qr[i] * kr[i];
+        float sc = warp_sum(p) * scale;
+        float m2 = fmaxf(m, sc);
+        float corr = expf(m - m2), e = expf(sc - m2);
+        kv_load(vc, vs, fmt, r, lane * DPL, vr);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] = acc[i] * corr + e * vr[i];
+        l = l * corr + e;
+        m = m2;
+    }
+    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS], sacc[ATTN_WARPS][32 * HEAD_DPL];
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) sacc[warp][lane * DPL + i] = acc[i];
+    __syncthreads();
+    float mt = NEG_INF;
+    for (int w = 0; w < ATTN_WARPS; w++) mt = fmaxf(mt, sm[w]);
+    float lt = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; w++) lt += sl[w] * (sm[w] == NEG_INF ? 0.0f : expf(sm[w] - mt));
+    float* dst = part + (long)blockIdx.x * (HEAD_DIM + 2);
+    if (threadIdx.x == 0) {
+        dst[0] = mt;
+        dst[1] = lt;
+    }
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            if (sm[w] != NEG_INF) v += sacc[w][i] * expf(sm[w] - mt);
+        dst[2 + i] = v;
+    }
+}
+
+// Merges the chunks of attention_part, in order: one block per row.
+extern "C" __global__ void attention_combine(const float* part, float* out, int nchunks) {
+    const float* p = part + (long)blockIdx.x * nchunks * (HEAD_DIM + 2);
+    float mt = NEG_INF;
+    for (int c = 0; c < nchunks; c++) mt = fmaxf(mt, p[c * (HEAD_DIM + 2)]);
+    float lt = 0.0f;
+    for (int c = 0; c < nchunks; c++) {
+        float mc = p[c * (HEAD_DIM + 2)];
+        if (mc != NEG_INF) lt += p[c * (HEAD_DIM + 2) + 1] * expf(mc - mt);
+    }
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        float v = 0.0f;
+        for (int c = 0; c < nchunks; c++) {
+            float mc = p[c * (HEAD_DIM + 2)];
+            if (mc != NEG_INF) v += p[c * (HEAD_DIM + 2) + 2 + i] * expf(mc - mt);
+        }
+        out[(long)blockIdx.x * HEAD_DIM + i] = v / lt;
+    }
+}
+
 // x *= sigmoid(gate), elementwise (the attention output gate).
 extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;

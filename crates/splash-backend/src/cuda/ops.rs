@@ -4,6 +4,12 @@
 use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
 use crate::cpu::KvFormat;
 
+/// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels.cu).
+const ATTN_CHUNK: usize = 1024;
+/// Query rows (of one sequence) up to which attention splits the keys into chunks: decode
+/// rows, verify blocks and draft blocks, whose few queries would leave most of the GPU idle
+/// over a long context. Longer passes (prefill) have enough queries to fill it.
+const SPLIT_ATTENTION_ROWS: usize = 32;
 /// Tokens per GEMV launch (`GEMV_MAX_T` in kernels.cu).
 const GEMV_MAX_T: usize = 16;
 
@@ -618,18 +624,14 @@ pub fn attention(
     scale: f32,
     mask: KeyMask,
 ) -> Result<(), GpuError> {
-    gpu.launch(
-        k,
-        "attention",
-        (tokens * hq) as u32,
-        128,
-        &[
+    let args = |out_or_part: u64| {
+        [
             Arg::Ptr(q),
             Arg::Ptr(keys.0),
             Arg::Ptr(keys.1),
             Arg::Ptr(values.0),
             Arg::Ptr(values.1),
-            Arg::Ptr(out),
+            Arg::Ptr(out_or_part),
             Arg::I32(kv_code(format)),
             Arg::I32(hq as i32),
             Arg::I32(hkv as i32),
@@ -637,8 +639,27 @@ pub fn attention(
             Arg::F32(scale),
             Arg::I32(mask.block as i32),
             Arg::I32(mask.window.unwrap_or(0) as i32),
-        ],
-    )
+        ]
+    };
+    if tokens <= SPLIT_ATTENTION_ROWS {
+        // Chunks up to the furthest key of any query (a draft block sees the whole block).
+        let span = pos0 + if mask.block > 0 { mask.block } else { tokens };
+        let chunks = span.div_ceil(ATTN_CHUNK).max(1);
+        let rows = tokens * hq;
+        let part = gpu.uninit::<f32>(rows * chunks * (k.dims().head_dim + 2))?;
+        let pp = super::ptr(gpu, &part, 0);
+        let mut a = args(pp).to_vec();
+        a.push(Arg::I32(chunks as i32));
+        gpu.launch(k, "attention_part", (rows * chunks) as u32, 128, &a)?;
+        return gpu.launch(
+            k,
+            "attention_combine",
+            rows as u32,
+            128,
+            &[Arg::Ptr(pp), Arg::Ptr(out), Arg::I32(chunks as i32)],
+        );
+    }
+    gpu.launch(k, "attention", (tokens * hq) as u32, 128, &args(out))
 }
 
 /// Depthwise causal conv + SiLU: `y`, `x` `[tokens, c]`, `state` `[kernel-1, c]`, `w` `[c, kernel]`.

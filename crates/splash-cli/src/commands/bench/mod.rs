@@ -128,10 +128,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .map(|d| Arc::new(DFlashDrafter::new(d.clone())) as Arc<dyn Drafter>);
     let mut concurrent = Vec::new();
     for &n in &a.concurrency {
-        for d in [None, drafter.as_ref()] {
-            if d.is_some() && drafter.is_none() {
-                continue;
-            }
+        for d in std::iter::once(None).chain(drafter.as_ref().map(Some)) {
             concurrent.push((
                 d.is_some(),
                 concurrency::run(&model, d, n.max(1), a.decode_tokens, a.kv_format)?,
