@@ -321,9 +321,10 @@ const ROLLING_CHECKPOINT: usize = 4096;
 
 /// Where a prompt's state is worth keeping: before the second `<|im_start|>` (the end of
 /// the system prompt and tools, shared by every turn of a conversation), before the last one
-/// (the start of the generation prompt: the next turn repeats everything before it), and
-/// every 4,096 tokens before that (a conversation that changes further back still resumes
-/// near the change). Ascending.
+/// (the start of the generation prompt: the next turn repeats everything before it), every
+/// 4,096 tokens before that (a conversation that changes further back still resumes near the
+/// change), and before the prompt's last token (the same request again, a retry or another
+/// sample, prefills that one token). Ascending.
 pub(crate) fn checkpoint_positions(prompt: &[u32], im_start: Option<u32>) -> Vec<usize> {
     let starts: Vec<usize> = match im_start {
         Some(im_start) => prompt
@@ -348,6 +349,7 @@ pub(crate) fn checkpoint_positions(prompt: &[u32], im_start: Option<u32>) -> Vec
         .chain(starts.last())
         .copied()
         .chain(rolling)
+        .chain(prompt.len().checked_sub(1).filter(|&p| p > 0))
         .collect();
     out.sort_unstable();
     out.dedup();
@@ -359,30 +361,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn checkpoints_at_the_second_and_last_turn_starts_and_every_4096_tokens() {
+    fn checkpoints_at_turn_starts_every_4096_tokens_and_before_the_last_token() {
         let s = 1;
         assert_eq!(
             checkpoint_positions(&[s, 5, 6, s, 7, s, 8, s, 9], Some(s)),
-            vec![3, 7]
+            vec![3, 7, 8]
         );
-        assert_eq!(checkpoint_positions(&[s, 5, 6, s, 7], Some(s)), vec![3]);
-        assert_eq!(
-            checkpoint_positions(&[s, 5, 6], Some(s)),
-            Vec::<usize>::new()
-        );
-        assert_eq!(checkpoint_positions(&[5, 6], None), Vec::<usize>::new());
+        assert_eq!(checkpoint_positions(&[s, 5, 6, s, 7], Some(s)), vec![3, 4]);
+        assert_eq!(checkpoint_positions(&[s, 5, 6], Some(s)), vec![2]);
+        assert_eq!(checkpoint_positions(&[5, 6], None), vec![1]);
+        assert_eq!(checkpoint_positions(&[5], None), Vec::<usize>::new());
         let mut long = vec![7u32; 10_000];
         long[0] = s;
         long[100] = s;
         long[9_000] = s;
         assert_eq!(
             checkpoint_positions(&long, Some(s)),
-            vec![100, 4096, 8192, 9000]
+            vec![100, 4096, 8192, 9000, 9999]
         );
         assert_eq!(
             checkpoint_positions(&vec![7u32; 8193], None),
             vec![4096, 8192]
         );
-        assert_eq!(checkpoint_positions(&vec![7u32; 8192], None), vec![4096]);
+        assert_eq!(
+            checkpoint_positions(&vec![7u32; 8192], None),
+            vec![4096, 8191]
+        );
     }
 }
