@@ -809,81 +809,29 @@ __device__ __forceinline__ void kv_load(const u8* cache, const float* scales, in
 
 #define ATTN_WARPS 4
 
-// GQA attention: q [T, hq, HEAD_DIM] at positions pos0.. over the cache [S, hkv, HEAD_DIM]
-// (row j = position j). Causal (`block` 0): query t sees keys 0..=pos0+t. A DFlash draft
-// block (`block` = T): every query sees keys 0..pos0+T. `window` > 0 keeps only keys with
-// |q_pos - k_pos| < window. One block per (token, query head); each warp runs an online
-// softmax over every ATTN_WARPS-th key, lane i holding dims [i·DPL, (i+1)·DPL).
-extern "C" __global__ void attention(const float* q, const u8* kc, const float* ks, const u8* vc,
-                                     const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
-                                     float scale, int block, int window) {
-    const int DPL = HEAD_DPL;
-    int t = blockIdx.x / hq, h = blockIdx.x % hq, kvh = h / (hq / hkv);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const float* qv = q + (long)blockIdx.x * HEAD_DIM + lane * DPL;
-    float qr[DPL], acc[DPL], kr[DPL], vr[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        qr[i] = IN_HEAD(lane * DPL + i) ? qv[i] : 0.0f;
-        acc[i] = 0.0f;
-    }
-    float m = NEG_INF, l = 0.0f;
-    int qp = pos0 + t, lo = 0, hi = block > 0 ? pos0 + block : qp + 1;
+// The keys [*lo, *hi) query t (at position pos0 + t) sees. Causal (`block` 0): keys
+// 0..=pos0+t. A DFlash draft block (`block` = T): keys 0..pos0+T. `window` > 0 keeps only keys
+// with |q_pos - k_pos| < window.
+__device__ __forceinline__ void key_range(int t, int pos0, int block, int window, int* lo, int* hi) {
+    int qp = pos0 + t;
+    *lo = 0;
+    *hi = block > 0 ? pos0 + block : qp + 1;
     if (window > 0) {
-        lo = max(0, qp - window + 1);
-        hi = min(hi, qp + window);
-    }
-    for (int j = lo + warp; j < hi; j += ATTN_WARPS) {
-        long r = (long)j * hkv + kvh;
-        kv_load(kc, ks, fmt, r, lane * DPL, kr);
-        float p = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) p += qr[i] * kr[i];
-        float sc = warp_sum(p) * scale;
-        float m2 = fmaxf(m, sc);
-        float corr = expf(m - m2), e = expf(sc - m2);
-        kv_load(vc, vs, fmt, r, lane * DPL, vr);
-#pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] = acc[i] * corr + e * vr[i];
-        l = l * corr + e;
-        m = m2;
-    }
-    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS], sacc[ATTN_WARPS][32 * HEAD_DPL];
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
-#pragma unroll
-    for (int i = 0; i < DPL; i++) sacc[warp][lane * DPL + i] = acc[i];
-    __syncthreads();
-    float mt = NEG_INF;
-    for (int w = 0; w < ATTN_WARPS; w++) mt = fmaxf(mt, sm[w]);
-    float lt = 0.0f;
-    for (int w = 0; w < ATTN_WARPS; w++) lt += sl[w] * (sm[w] == NEG_INF ? 0.0f : expf(sm[w] - mt));
-    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
-        float v = 0.0f;
-        for (int w = 0; w < ATTN_WARPS; w++)
-            if (sm[w] != NEG_INF) v += sacc[w][i] * expf(sm[w] - mt);
-        out[(long)blockIdx.x * HEAD_DIM + i] = v / lt;
+        *lo = max(0, qp - window + 1);
+        *hi = min(*hi, qp + window);
     }
 }
 
-// Keys per chunk of the split attention below.
-#define ATTN_CHUNK 1024
-
-// Split attention for a few query rows over a long context (flash-decoding): block
-// (row, chunk c) runs `attention`'s online softmax over the keys of its row's range that fall
-// in [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK), and writes its partial max, sum and unnormalised
-// accumulator to part[row, c, 0 | 1 | 2..]; attention_combine merges the chunks in order. The
-// chunks are fixed by position, so a query's result depends only on its own key range: a
-// verify block gives each row what token-by-token decoding gives. 1-D grid: block = row ·
-// nchunks + c.
-extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
-                                          const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
-                                          float scale, int block, int window, int nchunks) {
+// Attention of query row `row` (token, query head) of q [T, hq, HEAD_DIM] over cache rows
+// [lo, hi) of [S, hkv, HEAD_DIM], by the whole block: each warp runs an online softmax over
+// every ATTN_WARPS-th key, lane i holding dims [i·DPL, (i+1)·DPL); the warps are then merged.
+// Writes dst[i] = Σ_j e_j · v_j (relative to the block's max), divided by the sum when
+// `normalise`; otherwise thread 0 also writes the max and the sum to *m_out and *l_out.
+__device__ void attend(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs,
+                       int fmt, int row, int hq, int hkv, int lo, int hi, float scale, float* dst,
+                       bool normalise, float* m_out, float* l_out) {
     const int DPL = HEAD_DPL;
-    int row = blockIdx.x / nchunks, c = blockIdx.x % nchunks;
-    int t = row / hq, h = row % hq, kvh = h / (hq / hkv);
+    int h = row % hq, kvh = h / (hq / hkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float* qv = q + (long)row * HEAD_DIM + lane * DPL;
     float qr[DPL], acc[DPL], kr[DPL], vr[DPL];
@@ -893,13 +841,6 @@ extern "C" __global__ void attention_part(const float* q, const u8* kc, const fl
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    int qp = pos0 + t, lo = 0, hi = block > 0 ? pos0 + block : qp + 1;
-    if (window > 0) {
-        lo = max(0, qp - window + 1);
-        hi = min(hi, qp + window);
-    }
-    lo = max(lo, c * ATTN_CHUNK);
-    hi = min(hi, (c + 1) * ATTN_CHUNK);
     for (int j = lo + warp; j < hi; j += ATTN_WARPS) {
         long r = (long)j * hkv + kvh;
         kv_load(kc, ks, fmt, r, lane * DPL, kr);
@@ -927,17 +868,47 @@ extern "C" __global__ void attention_part(const float* q, const u8* kc, const fl
     for (int w = 0; w < ATTN_WARPS; w++) mt = fmaxf(mt, sm[w]);
     float lt = 0.0f;
     for (int w = 0; w < ATTN_WARPS; w++) lt += sl[w] * (sm[w] == NEG_INF ? 0.0f : expf(sm[w] - mt));
-    float* dst = part + (long)blockIdx.x * (HEAD_DIM + 2);
-    if (threadIdx.x == 0) {
-        dst[0] = mt;
-        dst[1] = lt;
-    }
     for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
         float v = 0.0f;
         for (int w = 0; w < ATTN_WARPS; w++)
             if (sm[w] != NEG_INF) v += sacc[w][i] * expf(sm[w] - mt);
-        dst[2 + i] = v;
+        dst[i] = normalise ? v / lt : v;
     }
+    if (!normalise && threadIdx.x == 0) {
+        *m_out = mt;
+        *l_out = lt;
+    }
+}
+
+// GQA attention: q [T, hq, HEAD_DIM] at positions pos0.. over the cache [S, hkv, HEAD_DIM]
+// (row j = position j), keys as `key_range` says. One block per (token, query head).
+extern "C" __global__ void attention(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                     const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
+                                     float scale, int block, int window) {
+    int lo, hi;
+    key_range(blockIdx.x / hq, pos0, block, window, &lo, &hi);
+    attend(q, kc, ks, vc, vs, fmt, blockIdx.x, hq, hkv, lo, hi, scale, out + (long)blockIdx.x * HEAD_DIM,
+           true, nullptr, nullptr);
+}
+
+// Keys per chunk of the split attention below.
+#define ATTN_CHUNK 1024
+
+// Split attention for a few query rows over a long context (flash-decoding): block
+// (row, chunk c) attends to the keys of its row's range that fall in
+// [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK), and writes its max, sum and unnormalised output to
+// part[row, c, 0 | 1 | 2..]; attention_combine merges the chunks in order. The chunks are
+// fixed by position, so a query's result depends only on its own key range: a verify block
+// gives each row what token-by-token decoding gives. 1-D grid: block = row · nchunks + c.
+extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                          const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
+                                          float scale, int block, int window, int nchunks) {
+    int row = blockIdx.x / nchunks, c = blockIdx.x % nchunks;
+    int lo, hi;
+    key_range(row / hq, pos0, block, window, &lo, &hi);
+    float* dst = part + (long)blockIdx.x * (HEAD_DIM + 2);
+    attend(q, kc, ks, vc, vs, fmt, row, hq, hkv, max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK),
+           scale, dst + 2, false, dst, dst + 1);
 }
 
 // Merges the chunks of attention_part, in order: one block per row.
