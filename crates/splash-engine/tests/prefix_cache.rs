@@ -1,5 +1,5 @@
 //! The prefix cache on the demo model with its draft: a repeated request and every turn of a
-//! growing conversation resume from the cached prefix, and decode exactly what an engine
+//! growing ten-turn conversation resume from the cached prefix, and decode exactly what an engine
 //! without the cache decodes; a budget that holds a single entry evicts and stays exact.
 
 use std::path::Path;
@@ -62,6 +62,11 @@ fn repeated_and_growing_prompts_resume_from_the_cache_exactly() {
         "What is 17 + 25?",
         "How many legs does a spider have?",
         "What is the opposite of \"early\"?",
+        "Name a primary color.",
+        "What is 6 times 7?",
+        "Which planet is closest to the Sun?",
+        "Spell \"cat\" backwards.",
+        "What color is a clear sky?",
         "Thanks!",
     ];
     let mut turns: Vec<String> = Vec::new();
