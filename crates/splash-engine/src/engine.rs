@@ -236,6 +236,12 @@ impl Engine {
         self.running.iter().map(Sequence::kv_tokens).sum()
     }
 
+    /// KV-cache tokens the running sequences hold or are about to hold: their state, or their
+    /// whole prompt while it is prefilled (what admission must count).
+    pub fn kv_tokens_committed(&self) -> usize {
+        self.running.iter().map(Sequence::kv_tokens_committed).sum()
+    }
+
     /// Sequences preempted now (they wait for room before newer requests are admitted).
     pub fn num_parked(&self) -> usize {
         self.running.iter().filter(|s| s.parked().is_some()).count()
@@ -507,7 +513,8 @@ impl Engine {
             let (key, parked) = self.running[i].park(&self.model);
             self.batches.preemptions += 1;
             if parked.len > 0 && self.prefix_cache.enabled() {
-                self.prefix_cache.insert(key, parked.state, parked.draft);
+                let id = self.running[i].id();
+                self.prefix_cache.park(id, key, parked.state, parked.draft);
             }
         }
     }
@@ -522,7 +529,7 @@ impl Engine {
         let drafter = self.drafter.as_ref().filter(|_| seq.has_draft());
         let restored = self
             .prefix_cache
-            .take(key, &self.model, drafter)
+            .take(seq.id(), key, &self.model, drafter)
             .or_else(|| self.prefix_cache.lookup(tokens, &self.model, drafter));
         // A sequence parked before its first prefill chunk had nothing to lose.
         if key.is_empty() || restored.as_ref().is_some_and(|r| r.len == key.len()) {

@@ -383,6 +383,16 @@ impl Sequence {
         self.state.len()
     }
 
+    /// KV-cache tokens this sequence holds, or will once its prompt (or replay) is in; 0 while
+    /// parked or finished.
+    pub(crate) fn kv_tokens_committed(&self) -> usize {
+        if self.parked.is_some() || self.finish.is_some() {
+            return 0;
+        }
+        let target = self.replay.as_ref().map_or(self.prompt.len(), Vec::len);
+        self.state.len().max(target)
+    }
+
     /// KV-cache tokens this sequence holds after its next step (0 while parked): its state
     /// plus a token, a verify block, or a prefill chunk of at most `chunk`.
     pub(crate) fn kv_after_step(&self, chunk: usize) -> usize {

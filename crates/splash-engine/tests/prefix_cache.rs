@@ -209,7 +209,8 @@ fn the_disk_tier_serves_what_memory_evicted_exactly() {
 
     // A damaged file is detected, deleted, and its prefix recomputed: same output.
     engine.flush_disk_cache();
-    for f in std::fs::read_dir(&dir).unwrap().flatten() {
+    let files = std::fs::read_dir(&dir).unwrap().flatten();
+    for f in files.filter(|f| f.path().extension().is_some_and(|x| x == "splc")) {
         let mut b = std::fs::read(f.path()).unwrap();
         let n = b.len();
         b[n / 2] ^= 0x40;

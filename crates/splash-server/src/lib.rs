@@ -168,7 +168,12 @@ pub async fn serve(
     eprintln!("Ready: http://{host}:{}", local.port());
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
-            let _ = tokio::signal::ctrl_c().await;
+            // Ctrl+C, or SIGTERM (systemd, docker stop): the same orderly shutdown.
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
             eprintln!("shutting down: finishing open responses (Ctrl+C again to exit at once)");
             let _ = shutdown.send(true);
             tokio::spawn(async {

@@ -192,7 +192,7 @@ fn run(
             };
             let need = job.request.prompt.len().min(context);
             let full = engine.num_parked() > 0
-                || engine.kv_tokens_in_use().saturating_add(need) > engine.kv_budget();
+                || engine.kv_tokens_committed().saturating_add(need) > engine.kv_budget();
             if !active.is_empty() && full {
                 break; // waits for running (and preempted) sequences to make room
             }

@@ -22,12 +22,16 @@
 use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 const MAGIC: &[u8; 8] = b"SPLCACHE";
 const VERSION: u64 = 1;
 const EXTENSION: &str = "splc";
+/// Host memory the writer's queue may hold; spills past it are dropped (the state is
+/// recomputed if it is needed again).
+const MAX_PENDING_BYTES: u64 = 4 << 30;
 
 /// Where and how large the disk tier is.
 #[derive(Clone, Debug)]
@@ -72,6 +76,10 @@ struct DiskEntry {
 #[derive(Default)]
 struct Index {
     entries: Vec<DiskEntry>,
+    /// Spills queued for the writer (tokens, with a draft context) and their bytes: they count
+    /// as present, and bound the host memory the queue holds.
+    pending: Vec<(Vec<u32>, bool)>,
+    pending_bytes: u64,
     bytes: u64,
     clock: u64,
     writes: u64,
@@ -141,6 +149,8 @@ pub(crate) struct DiskTier {
     persistent: bool,
     index: Arc<Mutex<Index>>,
     writer: Option<(mpsc::Sender<Job>, JoinHandle<()>)>,
+    /// An exclusive lock on the directory while this tier uses it.
+    _lock: fs::File,
 }
 
 /// FNV-1a: a stable 64-bit name for an identity or a token prefix.
@@ -169,9 +179,16 @@ impl DiskTier {
             model_dir.join("persistent")
         } else {
             remove_stale_runs(&model_dir);
-            model_dir.join(format!("run-{}", std::process::id()))
+            // Unique within the process too (several engines, tests); a directory left by an
+            // earlier process with the same id (a container's PID 1) is not ours.
+            static TIERS: AtomicUsize = AtomicUsize::new(0);
+            let n = TIERS.fetch_add(1, Ordering::Relaxed);
+            let dir = model_dir.join(format!("run-{}-{n}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            dir
         };
         fs::create_dir_all(&dir)?;
+        let lock = lock_dir(&dir)?;
         let identity: Arc<[u8]> = cfg.identity.as_bytes().into();
         let mut index = Index::default();
         if cfg.persistent {
@@ -203,6 +220,7 @@ impl DiskTier {
             persistent: cfg.persistent,
             index,
             writer: Some((tx, worker)),
+            _lock: lock,
         })
     }
 
@@ -223,10 +241,21 @@ impl DiskTier {
     /// True when a file for exactly these tokens (with a draft context if `with_draft`) is
     /// on disk or being written.
     pub(crate) fn contains(&self, tokens: &[u32], with_draft: bool) -> bool {
-        self.index()
+        let index = self.index();
+        index
             .entries
             .iter()
-            .any(|e| e.tokens == tokens && e.with_draft >= with_draft)
+            .map(|e| (&e.tokens, e.with_draft))
+            .chain(index.pending.iter().map(|(t, d)| (t, *d)))
+            .any(|(t, d)| t == tokens && d >= with_draft)
+    }
+
+    /// True while a spill of exactly these tokens waits for the writer.
+    pub(crate) fn is_pending(&self, tokens: &[u32], with_draft: bool) -> bool {
+        self.index()
+            .pending
+            .iter()
+            .any(|(t, d)| t == tokens && *d >= with_draft)
     }
 
     /// The length of the longest proper prefix of `prompt` on disk.
@@ -260,10 +289,15 @@ impl DiskTier {
             e.last_used = clock;
             e.path.clone()
         };
-        let read = fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| parse(&bytes, &self.identity, Some(&prompt[..len])));
-        match read {
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            // Evicted by the writer meanwhile: a miss, not damage.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(format!("{}: evicted", path.display()))
+            }
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        match parse(&bytes, &self.identity, Some(&prompt[..len])) {
             Ok((_, loaded)) => Ok(loaded),
             Err(e) => {
                 self.discard(&path);
@@ -281,24 +315,39 @@ impl DiskTier {
         }
     }
 
-    /// Deletes the entry for `tokens` after its state failed to load.
-    pub(crate) fn discard_tokens(&self, tokens: &[u32]) {
+    /// Deletes the entry for `tokens` (with a draft context or not) after its image was
+    /// refused by the model.
+    pub(crate) fn discard_tokens(&self, tokens: &[u32], with_draft: bool) {
         let path = self
             .index()
             .entries
             .iter()
-            .find(|e| e.tokens == tokens)
+            .find(|e| e.tokens == tokens && e.with_draft == with_draft)
             .map(|e| e.path.clone());
         if let Some(p) = path {
             self.discard(&p);
         }
     }
 
-    /// Queues `spill` for writing (the engine does not wait).
+    /// Queues `spill` for writing (the engine does not wait). Dropped when the queue already
+    /// holds too much.
     pub(crate) fn spill(&self, spill: Spill) {
-        if let Some((tx, _)) = &self.writer {
-            let _ = tx.send(Job::Write(spill));
+        let Some((tx, _)) = &self.writer else {
+            return;
+        };
+        let size = spill_bytes(&spill);
+        {
+            let mut index = self.index();
+            if index.pending_bytes + size > MAX_PENDING_BYTES {
+                tracing::warn!("prefix cache: the disk writer is behind; a state is not saved");
+                return;
+            }
+            index.pending_bytes += size;
+            index
+                .pending
+                .push((spill.tokens.clone(), spill.draft.is_some()));
         }
+        let _ = tx.send(Job::Write(spill));
     }
 
     /// Waits until every queued spill is written.
@@ -346,6 +395,7 @@ fn remove_stale_runs(model_dir: &Path) {
         let Some(pid) = name
             .to_str()
             .and_then(|n| n.strip_prefix("run-"))
+            .and_then(|p| p.split('-').next())
             .and_then(|p| p.parse::<i32>().ok())
         else {
             continue;
@@ -403,29 +453,61 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// The header of an entry: identity check, draft flag and tokens. `fields` is left at the
-/// state image.
-fn header(fields: &mut Fields<'_>, identity: &[u8]) -> Result<(bool, Vec<u32>), String> {
-    if fields.take(8, "the magic")? != MAGIC {
+/// The header of an entry, read field by field (only its bytes, not the state): identity check,
+/// draft flag and tokens.
+fn read_header(r: &mut impl Read, identity: &[u8]) -> Result<(bool, Vec<u32>), String> {
+    fn take(r: &mut impl Read, n: usize, what: &str) -> Result<Vec<u8>, String> {
+        let mut b = vec![0u8; n];
+        r.read_exact(&mut b)
+            .map_err(|_| format!("truncated in {what}"))?;
+        Ok(b)
+    }
+    fn u64_field(r: &mut impl Read, what: &str) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            take(r, 8, what)?.try_into().expect("8 bytes"),
+        ))
+    }
+    if u64_field(r, "the magic")?.to_le_bytes() != *MAGIC {
         return Err("not a splash cache file".into());
     }
-    let version = fields.u64("the version")?;
+    let version = u64_field(r, "the version")?;
     if version != VERSION {
         return Err(format!(
             "format version {version}, this splash reads {VERSION}"
         ));
     }
-    if fields.bytes("the identity")? != identity {
-        return Err("written for another model or format".into());
+    let foreign = || "written for another model or format".to_string();
+    if u64_field(r, "the identity")? != identity.len() as u64
+        || take(r, identity.len(), "the identity")? != identity
+    {
+        return Err(foreign());
     }
-    let with_draft = fields.u64("the draft flag")? != 0;
-    let n = fields.u64("the token count")? as usize;
-    let raw = fields.take(n.checked_mul(4).ok_or("bad token count")?, "the tokens")?;
+    let with_draft = u64_field(r, "the draft flag")? != 0;
+    let n = usize::try_from(u64_field(r, "the token count")?).map_err(|_| "bad token count")?;
+    let raw = take(r, n.checked_mul(4).ok_or("bad token count")?, "the tokens")?;
     let tokens = raw
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
         .collect();
     Ok((with_draft, tokens))
+}
+
+/// An exclusive lock on `dir` (a `lock` file in it): two processes must not share one tier.
+fn lock_dir(dir: &Path) -> io::Result<fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))?;
+    // SAFETY: a valid open descriptor.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(io::Error::other(format!(
+            "{} is in use by another splash process",
+            dir.display()
+        )));
+    }
+    Ok(file)
 }
 
 /// Checks and splits a whole file (`tokens`: the prefix it must hold).
@@ -441,8 +523,9 @@ fn parse(
     if crc32fast::hash(body).to_le_bytes() != crc {
         return Err("checksum mismatch (the file is damaged)".into());
     }
-    let mut f = Fields(body);
-    let (with_draft, found) = header(&mut f, identity)?;
+    let mut rest = body;
+    let (with_draft, found) = read_header(&mut rest, identity)?;
+    let mut f = Fields(rest);
     if tokens.is_some_and(|t| t != found) {
         return Err("holds another prefix".into());
     }
@@ -462,20 +545,17 @@ fn scan(dir: &Path, identity: &[u8]) -> Index {
     let mut index = Index::default();
     for e in fs::read_dir(dir).into_iter().flatten().flatten() {
         let path = e.path();
+        if path.file_name().is_some_and(|n| n == "lock") {
+            continue;
+        }
         if path.extension().and_then(|x| x.to_str()) != Some(EXTENSION) {
             let _ = fs::remove_file(&path);
             continue;
         }
         let head = (|| -> Result<_, String> {
-            let mut file = fs::File::open(&path).map_err(|e| e.to_string())?;
+            let file = fs::File::open(&path).map_err(|e| e.to_string())?;
             let bytes = file.metadata().map_err(|e| e.to_string())?.len();
-            // The header is small; read enough for a long prompt's tokens.
-            let mut buf = Vec::new();
-            file.by_ref()
-                .take(1 << 24)
-                .read_to_end(&mut buf)
-                .map_err(|e| e.to_string())?;
-            let (with_draft, tokens) = header(&mut Fields(&buf), identity)?;
+            let (with_draft, tokens) = read_header(&mut io::BufReader::new(file), identity)?;
             let modified = e
                 .metadata()
                 .and_then(|m| m.modified())
@@ -510,24 +590,46 @@ fn scan(dir: &Path, identity: &[u8]) -> Index {
     index
 }
 
-/// Writes one entry (temporary name, then rename) and indexes it within the budget.
+/// The bytes a spill holds in the writer's queue.
+fn spill_bytes(spill: &Spill) -> u64 {
+    (spill.tokens.len() * 4 + spill.state.len() + spill.draft.as_ref().map_or(0, Vec::len)) as u64
+}
+
+/// Writes one entry (temporary name, then rename) and indexes it within the budget. The index
+/// is locked only to make room and to add the entry, not during the write: the engine reads it
+/// at every step.
 fn write_entry(dir: &Path, identity: &[u8], index: &Mutex<Index>, budget: u64, spill: Spill) {
+    let lock = || index.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (spill.tokens.clone(), spill.draft.is_some());
+    let queued = spill_bytes(&spill);
+    let done = |index: &mut Index| {
+        index.pending_bytes -= queued;
+        if let Some(i) = index.pending.iter().position(|p| *p == key) {
+            index.pending.swap_remove(i);
+        }
+    };
     let bytes = encode(identity, &spill);
     let size = bytes.len() as u64;
+    let mut name = token_bytes(&spill.tokens);
+    name.push(spill.draft.is_some() as u8);
+    let path = dir.join(format!("{:016x}.{EXTENSION}", fnv64(&name)));
+    let tmp = path.with_extension("tmp");
     if size > budget {
+        done(&mut lock());
         return;
     }
-    let mut key = token_bytes(&spill.tokens);
-    key.push(spill.draft.is_some() as u8);
-    let path = dir.join(format!("{:016x}.{EXTENSION}", fnv64(&key)));
-    let tmp = path.with_extension("tmp");
-    let mut index = index.lock().unwrap_or_else(|e| e.into_inner());
-    // Room first: the budget bounds what is on disk, the new file included.
-    if let Some(i) = index.entries.iter().position(|e| e.path == path) {
-        index.remove(i);
+    {
+        // Room first: the budget bounds what is on disk, the new file included.
+        let mut index = lock();
+        if let Some(i) = index.entries.iter().position(|e| e.path == path) {
+            index.remove(i);
+        }
+        index.make_room(size, budget);
     }
-    index.make_room(size, budget);
-    if let Err(e) = fs::write(&tmp, &bytes).and_then(|_| fs::rename(&tmp, &path)) {
+    let written = fs::write(&tmp, &bytes).and_then(|_| fs::rename(&tmp, &path));
+    let mut index = lock();
+    done(&mut index);
+    if let Err(e) = written {
         tracing::warn!("prefix cache: cannot write {}: {e}", path.display());
         let _ = fs::remove_file(&tmp);
         return;
@@ -613,6 +715,8 @@ mod tests {
         // Damage one file: flip a byte of its state.
         let tier = DiskTier::open(config(&root, true, 1 << 20)).unwrap();
         assert_eq!(tier.stats().entries, 2, "kept across the restart");
+        let e = DiskTier::open(config(&root, true, 1 << 20)).err().unwrap();
+        assert!(e.to_string().contains("in use by another"), "{e}");
         let victim = fs::read_dir(&dir)
             .unwrap()
             .flatten()

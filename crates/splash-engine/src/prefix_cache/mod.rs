@@ -10,11 +10,12 @@ mod disk;
 
 use std::sync::Arc;
 
-use splash_model::{Model, SequenceState};
+use splash_model::{Model, ModelError, SequenceState};
 
 pub use disk::{free_disk_bytes, DiskCacheConfig, DiskCacheStats};
 use disk::{DiskTier, Spill};
 
+use crate::engine::SeqId;
 use crate::speculative::{DraftSession, Drafter};
 
 /// A restored prefix: its length, the target state and the draft's context after it.
@@ -30,6 +31,9 @@ struct Entry {
     draft: Option<Box<dyn DraftSession>>,
     bytes: usize,
     last_used: u64,
+    /// The preempted sequence whose state this is ([`PrefixCache::park`]): it takes the entry
+    /// back without a copy. Other requests use it like any entry.
+    owner: Option<SeqId>,
 }
 
 /// Counters for `/status`.
@@ -123,19 +127,9 @@ impl PrefixCache {
             }
         }
         let (i, len) = memory?;
-        let e = &mut self.entries[i];
-        let copied = e.state.try_clone().and_then(|state| {
-            let draft = match &e.draft {
-                Some(d) if with_draft => Some(d.fork().ok_or_else(|| {
-                    splash_model::ModelError::Gpu("the draft context cannot be copied".into())
-                })??),
-                _ => None,
-            };
-            Ok(Restored { len, state, draft })
-        });
-        match copied {
+        match self.copy_entry(i, with_draft) {
             Ok(r) => {
-                e.last_used = self.clock;
+                self.entries[i].last_used = self.clock;
                 self.stats.hits += 1;
                 self.stats.hit_tokens += len as u64;
                 Some(r)
@@ -149,19 +143,42 @@ impl PrefixCache {
         }
     }
 
-    /// The entry for exactly `tokens`, removed from memory (no copy) or read from disk: a
-    /// preempted sequence takes its parked state back.
+    /// Keeps the state of preempted sequence `owner` (after `tokens`) until it takes it back
+    /// with [`take`](Self::take). When an entry for the same tokens is already there (the
+    /// sequence stopped at a checkpoint), that one serves: the state is dropped.
+    pub fn park(
+        &mut self,
+        owner: SeqId,
+        tokens: Vec<u32>,
+        state: SequenceState,
+        draft: Option<Box<dyn DraftSession>>,
+    ) {
+        let with_draft = draft.is_some();
+        let known = self
+            .entries
+            .iter()
+            .any(|e| e.tokens == tokens && (e.draft.is_some() || !with_draft));
+        if !known {
+            self.insert_entry(tokens, state, draft, Some(owner));
+        }
+    }
+
+    /// The state after exactly `tokens` for preempted sequence `owner`: its own parked entry
+    /// (moved out, no copy), or a copy of another entry for the same tokens, or the entry read
+    /// back from disk (waiting for its write when it is still queued).
     pub fn take(
         &mut self,
+        owner: SeqId,
         tokens: &[u32],
         model: &Model,
         drafter: Option<&Arc<dyn Drafter>>,
     ) -> Option<Restored> {
         let with_draft = drafter.is_some();
+        let fits = |e: &Entry| e.tokens == tokens && (!with_draft || e.draft.is_some());
         if let Some(i) = self
             .entries
             .iter()
-            .position(|e| e.tokens == tokens && (!with_draft || e.draft.is_some()))
+            .position(|e| fits(e) && e.owner == Some(owner))
         {
             let e = self.entries.swap_remove(i);
             self.stats.bytes -= e.bytes;
@@ -171,14 +188,45 @@ impl PrefixCache {
                 draft: e.draft.filter(|_| with_draft),
             });
         }
-        if self
-            .disk
-            .as_ref()
-            .is_some_and(|d| d.contains(tokens, with_draft))
-        {
+        if let Some(i) = self.entries.iter().position(fits) {
+            self.clock += 1;
+            self.entries[i].last_used = self.clock;
+            return match self.copy_entry(i, with_draft) {
+                Ok(r) => Some(r),
+                Err(err) => {
+                    tracing::warn!(
+                        "prefix cache: cannot copy a cached state ({err}); prefilling instead"
+                    );
+                    None
+                }
+            };
+        }
+        let disk = self.disk.as_ref()?;
+        if disk.is_pending(tokens, with_draft) {
+            disk.flush();
+        }
+        if disk.contains(tokens, with_draft) {
             return self.load_from_disk(tokens, tokens.len(), model, drafter);
         }
         None
+    }
+
+    /// A copy of entry `i` (its draft context too when `with_draft`).
+    fn copy_entry(&self, i: usize, with_draft: bool) -> Result<Restored, ModelError> {
+        let e = &self.entries[i];
+        let state = e.state.try_clone()?;
+        let draft =
+            match &e.draft {
+                Some(d) if with_draft => Some(d.fork().ok_or_else(|| {
+                    ModelError::Gpu("the draft context cannot be copied".into())
+                })??),
+                _ => None,
+            };
+        Ok(Restored {
+            len: e.tokens.len(),
+            state,
+            draft,
+        })
     }
 
     fn load_from_disk(
@@ -197,6 +245,12 @@ impl PrefixCache {
             }
         };
         let restored = model.graph.load_state(&loaded.state).and_then(|state| {
+            if state.len() != len {
+                return Err(ModelError::StateImage(format!(
+                    "the state holds {} tokens, the file's prefix {len}",
+                    state.len()
+                )));
+            }
             let draft = match (drafter, &loaded.draft) {
                 (Some(d), Some(image)) => Some(d.load_session(image)?),
                 _ => None,
@@ -205,9 +259,16 @@ impl PrefixCache {
         });
         match restored {
             Ok(r) => Some(r),
-            Err(e) => {
+            // Only an image the model refuses is bad; a device out of memory is not the file's.
+            Err(e @ ModelError::StateImage(_)) => {
                 tracing::warn!("prefix cache: discarded a file that does not fit the model ({e}); prefilling instead");
-                disk.discard_tokens(&prompt[..len]);
+                disk.discard_tokens(&prompt[..len], loaded.draft.is_some());
+                None
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "prefix cache: cannot restore a state from disk ({e}); prefilling instead"
+                );
                 None
             }
         }
@@ -221,6 +282,16 @@ impl PrefixCache {
         tokens: Vec<u32>,
         state: SequenceState,
         draft: Option<Box<dyn DraftSession>>,
+    ) {
+        self.insert_entry(tokens, state, draft, None);
+    }
+
+    fn insert_entry(
+        &mut self,
+        tokens: Vec<u32>,
+        state: SequenceState,
+        draft: Option<Box<dyn DraftSession>>,
+        owner: Option<SeqId>,
     ) {
         let bytes = state.memory_bytes()
             + draft.as_ref().map_or(0, |d| d.memory_bytes())
@@ -236,6 +307,7 @@ impl PrefixCache {
             draft,
             bytes,
             last_used: self.clock,
+            owner,
         };
         if bytes > self.stats.budget_bytes {
             self.spill(entry);

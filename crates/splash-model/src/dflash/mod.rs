@@ -361,8 +361,8 @@ impl DFlashDraft {
             return Ok(w.finish());
         }
         for l in &ctx.layers {
-            // A context that never received a row starts at position 0.
-            w.u64(if l.k.is_empty() { 0 } else { l.pos0 } as u64);
+            // A layer without rows (none yet, or a window that keeps none) starts at the end.
+            w.u64(if l.k.is_empty() { ctx.len } else { l.pos0 } as u64);
             w.f32s(&l.k);
             w.f32s(&l.v);
         }
