@@ -46,7 +46,8 @@ pub struct MemoryPlan {
     /// Tokens of KV cache shared by all running sequences.
     pub kv_tokens: u64,
     /// Bytes for prompt-prefix states kept for later requests: a quarter of what is left after
-    /// the lanes' states, at most 4 GiB, never below the minimum context.
+    /// the lanes' states, at most 16 GiB (one 32K-token conversation of a 27B model keeps about
+    /// 6 GiB of checkpoints), never below the minimum context.
     pub prefix_cache_bytes: u64,
     /// Per-request context limit.
     pub context: usize,
@@ -102,7 +103,7 @@ impl PlanInputs {
         }
         let for_kv = free - lanes as u64 * self.state_bytes_per_sequence;
         let prefix_cache_bytes = (for_kv / 4)
-            .min(4 << 30)
+            .min(16 << 30)
             .min(for_kv - min_context * per_token);
         let kv_tokens = (for_kv - prefix_cache_bytes) / per_token;
         let context = (wanted as u64).min(kv_tokens) as usize;
