@@ -320,6 +320,8 @@ impl Sequence {
             } else {
                 self.logits = Some(logits);
             }
+            // Kept already: a replay after a preemption need not copy them again.
+            self.checkpoints.clear();
         }
         self.prefill_time += t0.elapsed();
         Ok(end - start)

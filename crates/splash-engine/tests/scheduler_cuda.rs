@@ -8,9 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use splash_backend::cuda::Gpu;
-use splash_engine::{
-    DFlashDrafter, DiskCacheConfig, Drafter, Engine, Event, Request, SamplingParams,
-};
+use splash_engine::{DFlashDrafter, DiskCacheConfig, Drafter, Engine, Request, SamplingParams};
 use splash_model::{load, DFlashDraft, Model};
 
 fn repo(path: &str) -> PathBuf {
@@ -76,9 +74,7 @@ fn together(engine: &mut Engine, prompts: &[Vec<u32>], max_tokens: usize) -> Vec
         .map(|p| engine.add(request(p.clone(), max_tokens)).unwrap())
         .collect();
     while engine.has_work() {
-        for ev in engine.step().unwrap() {
-            let _ = matches!(ev, Event::Finished { .. });
-        }
+        engine.step().unwrap();
     }
     ids.into_iter()
         .map(|id| engine.take_finished(id).unwrap().output().to_vec())
