@@ -53,17 +53,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let model = model_arg::load(&a.model)?;
-    let vocab = model.config.vocab_size as u64;
-    // Deterministic pseudo-random prompt: speed does not depend on the ids.
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let prompt: Vec<u32> = (0..a.prompt_tokens)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab) as u32
-        })
-        .collect();
+    let prompt = pseudo_random_tokens(&model, a.prompt_tokens, 0x2545_F491_4F6C_DD1D);
     let repeat = a.repeat.max(1);
 
     // Warm-up (thread pool, page cache of the weights).
@@ -359,6 +349,20 @@ fn row_costs(
         }
     }
     Ok((median(&mut one), median(&mut many)))
+}
+
+/// A deterministic pseudo-random prompt (xorshift from `seed`): speed does not depend on the ids.
+fn pseudo_random_tokens(model: &Model, n: usize, seed: u64) -> Vec<u32> {
+    let vocab = model.config.vocab_size as u64;
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % vocab) as u32
+        })
+        .collect()
 }
 
 fn median(v: &mut [f64]) -> f64 {

@@ -28,15 +28,8 @@ pub struct Replay {
 /// tools) and 8 tokens before the end (the generation prompt), pseudo-random ids between.
 fn agent_prompt(model: &Model, n: usize, seed: u64) -> Vec<u32> {
     let im_start = model.tokenizer.token_to_id("<|im_start|>").unwrap_or(0);
-    let vocab = model.config.vocab_size as u64;
-    let mut x = seed;
-    let mut p: Vec<u32> = (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % vocab) as u32
-        })
+    let mut p: Vec<u32> = super::pseudo_random_tokens(model, n, seed)
+        .into_iter()
         .map(|t| if t == im_start { t + 1 } else { t })
         .collect();
     for at in [0, n / 4, n.saturating_sub(8)] {
@@ -77,11 +70,6 @@ fn evict_page_cache(dir: &Path) -> u64 {
         }
     }
     largest
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Runs the four cases on `model` (target only: no draft context is cached).
@@ -128,12 +116,12 @@ pub fn run(model: &Arc<Model>, n: usize, kv: KvFormat, repeat: usize) -> anyhow:
     Ok(Replay {
         tokens: n,
         uncached_ms,
-        memory_ms: median(memory),
+        memory_ms: super::median(&mut memory),
         memory_cached,
         next_turn_ms,
         next_turn_tokens: next.len(),
         next_turn_cached,
-        disk_ms: median(disk),
+        disk_ms: super::median(&mut disk),
         disk_cached,
         disk_bytes,
     })
