@@ -273,6 +273,7 @@ impl Sequence {
         model: &Model,
         chunk: usize,
     ) -> Result<usize, ModelError> {
+        // `prefill_target`, borrowing only the fields it reads (the state is mutated below).
         let tokens = self.replay.as_deref().unwrap_or(&self.prompt);
         if self.finish.is_some()
             || self.parked.is_some()
@@ -356,7 +357,7 @@ impl Sequence {
     /// The cache key a parked sequence's state went under, and the tokens to bring it back to.
     pub(crate) fn parked(&self) -> Option<(&[u32], &[u32])> {
         let key = self.parked.as_deref()?;
-        Some((key, self.replay.as_deref().unwrap_or(&self.prompt)))
+        Some((key, self.prefill_target()))
     }
 
     /// Ends a preemption: from `restored` (its parked state, or a cached prefix of it), or
@@ -391,8 +392,7 @@ impl Sequence {
         if self.parked.is_some() || self.finish.is_some() {
             return 0;
         }
-        let target = self.replay.as_ref().map_or(self.prompt.len(), Vec::len);
-        self.state.len().max(target)
+        self.state.len().max(self.prefill_target().len())
     }
 
     /// KV-cache tokens this sequence holds after its next step (0 while parked): its state
@@ -404,8 +404,7 @@ impl Sequence {
         let growth = if self.decoding() {
             self.spec.as_ref().map_or(1, |s| s.drafter.block_size())
         } else {
-            let target = self.replay.as_ref().map_or(self.prompt.len(), Vec::len);
-            (target - self.prefilled).min(chunk)
+            self.prefill_left().min(chunk)
         };
         self.state.len() + growth
     }
@@ -427,7 +426,12 @@ impl Sequence {
 
     /// Prompt tokens not prefilled yet (a replay after a preemption counts too).
     pub(crate) fn prefill_left(&self) -> usize {
-        self.replay.as_ref().map_or(self.prompt.len(), Vec::len) - self.prefilled
+        self.prefill_target().len() - self.prefilled
+    }
+
+    /// What prefill brings the state to: the prompt, or after a preemption the replay.
+    fn prefill_target(&self) -> &[u32] {
+        self.replay.as_deref().unwrap_or(&self.prompt)
     }
 
     /// True when the next step is a plain one-token decode step (prompt in, no draft): the
