@@ -402,6 +402,16 @@ impl GpuModel {
         cfg: &ModelConfig,
         kv: KvFormat,
     ) -> Result<GpuState, ModelError> {
+        self.zeroed_state(cfg, kv, INITIAL_KV_CAPACITY)
+    }
+
+    /// A zeroed state whose attention caches hold `cap` positions.
+    fn zeroed_state(
+        self: &Arc<Self>,
+        cfg: &ModelConfig,
+        kv: KvFormat,
+        cap: usize,
+    ) -> Result<GpuState, ModelError> {
         let layers = cfg
             .layer_kinds
             .iter()
@@ -412,14 +422,15 @@ impl GpuModel {
                         recurrent: self.gpu.zeros(cfg.gdn.state_len())?,
                     },
                     LayerKind::Full => {
-                        let rows = INITIAL_KV_CAPACITY * cfg.num_kv_heads;
+                        // Every format has row scales on the device (unused outside int8).
+                        let rows = cap * cfg.num_kv_heads;
                         let bytes = rows * cfg.head_dim * elem_bytes(kv);
                         GpuLayerState::Attn {
                             k: self.gpu.zeros(bytes)?,
                             v: self.gpu.zeros(bytes)?,
                             ks: self.gpu.zeros(rows)?,
                             vs: self.gpu.zeros(rows)?,
-                            cap: INITIAL_KV_CAPACITY,
+                            cap,
                         }
                     }
                 })
@@ -442,42 +453,37 @@ impl GpuModel {
         image: Vec<LayerImage<'_>>,
     ) -> Result<GpuState, ModelError> {
         let g = &*self.gpu;
-        let cap = len.max(INITIAL_KV_CAPACITY);
-        let layers = image
-            .into_iter()
-            .map(|l| {
-                Ok(match l {
-                    LayerImage::Gdn { conv, recurrent } => GpuLayerState::Gdn {
-                        conv: g.upload(&conv)?,
-                        recurrent: g.upload(&recurrent)?,
+        let mut state = self.zeroed_state(cfg, kv, len.max(INITIAL_KV_CAPACITY))?;
+        for (layer, saved) in state.layers.iter_mut().zip(image) {
+            match (layer, saved) {
+                (
+                    GpuLayerState::Gdn { conv, recurrent },
+                    LayerImage::Gdn {
+                        conv: c,
+                        recurrent: r,
                     },
-                    LayerImage::Attn { k, ks, v, vs } => {
-                        // Every format has row scales on the device (unused outside int8).
-                        let hkv = cfg.num_kv_heads;
-                        let bytes = cap * hkv * cfg.head_dim * elem_bytes(kv);
-                        let (mut k2, mut v2) = (g.zeros::<u8>(bytes)?, g.zeros::<u8>(bytes)?);
-                        let (mut ks2, mut vs2) = (g.zeros(cap * hkv)?, g.zeros(cap * hkv)?);
-                        g.write(&mut k2, k)?;
-                        g.write(&mut v2, v)?;
-                        g.write(&mut ks2, &ks)?;
-                        g.write(&mut vs2, &vs)?;
-                        GpuLayerState::Attn {
-                            k: k2,
-                            v: v2,
-                            ks: ks2,
-                            vs: vs2,
-                            cap,
-                        }
-                    }
-                })
-            })
-            .collect::<Result<Vec<_>, ModelError>>()?;
-        Ok(GpuState {
-            model: self.clone(),
-            layers,
-            kv,
-            replay: None,
-        })
+                ) => {
+                    g.write(conv, &c)?;
+                    g.write(recurrent, &r)?;
+                }
+                (
+                    GpuLayerState::Attn { k, v, ks, vs, .. },
+                    LayerImage::Attn {
+                        k: hk,
+                        ks: hks,
+                        v: hv,
+                        vs: hvs,
+                    },
+                ) => {
+                    g.write(k, hk)?;
+                    g.write(v, hv)?;
+                    g.write(ks, &hks)?;
+                    g.write(vs, &hvs)?;
+                }
+                _ => unreachable!("the image was checked against the model's layer kinds"),
+            }
+        }
+        Ok(state)
     }
 
     /// The forward pass of several sequences' tokens (see [`Qwen35::forward_batch`]): the
