@@ -1,17 +1,14 @@
 //! The engine on the transformers fixtures (`tests/fixtures/qwen35-{dense,moe}`): greedy
 //! continuations and perplexity as transformers computed them, stop rules, seeded sampling.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use splash_engine::{perplexity, Engine, EngineError, FinishReason, Request, SamplingParams};
 use splash_model::{load, KvFormat, Model};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+mod common;
+use common::{fixture, greedy};
 
 fn reference(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
@@ -23,17 +20,6 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        max_tokens,
-        stop: Vec::new(),
-        ignore_eos: true,
-        grammar: None,
-    }
 }
 
 fn model(name: &str) -> (Arc<Model>, serde_json::Value) {
@@ -51,9 +37,7 @@ fn greedy_matches_transformers(name: &str) {
         let mut engine = Engine::new(m.clone())
             .with_prefill_chunk(5)
             .with_kv_format(KvFormat::F32);
-        let c = engine
-            .generate(request(prompt, want.len()), |_| {})
-            .unwrap();
+        let c = engine.generate(greedy(prompt, want.len()), |_| {}).unwrap();
         assert_eq!(
             c.tokens, want,
             "{name}: greedy output differs from transformers"
@@ -121,7 +105,7 @@ fn eos_ends_the_sequence_at_the_right_token() {
         .generate(
             Request {
                 ignore_eos: false,
-                ..request(prompt, full.len())
+                ..greedy(prompt, full.len())
             },
             |_| {},
         )
@@ -136,7 +120,7 @@ fn stop_string_cuts_the_text_before_it() {
     let prompt = ids(&r["prompts"][1]["ids"]);
     let mut engine = Engine::new(m.clone());
     let full = engine
-        .generate(request(prompt.clone(), 30), |_| {})
+        .generate(greedy(prompt.clone(), 30), |_| {})
         .unwrap()
         .text;
     let cut = full.char_indices().nth(full.chars().count() / 2).unwrap().0;
@@ -147,7 +131,7 @@ fn stop_string_cuts_the_text_before_it() {
         .generate(
             Request {
                 stop: vec![stop.clone()],
-                ..request(prompt, 30)
+                ..greedy(prompt, 30)
             },
             |t| streamed.push_str(t),
         )
@@ -173,7 +157,7 @@ fn seeded_sampling_is_reproducible() {
             .generate(
                 Request {
                     sampling,
-                    ..request(prompt.clone(), 24)
+                    ..greedy(prompt.clone(), 24)
                 },
                 |_| {},
             )
@@ -189,17 +173,17 @@ fn bad_requests_are_refused_with_a_reason() {
     let (m, _) = model("qwen35-dense");
     let mut engine = Engine::new(m).with_max_context(16);
     let cases = [
-        (request(vec![], 4), "prompt is empty"),
-        (request(vec![1, 100_000], 4), "outside the vocabulary"),
-        (request(vec![1; 16], 4), "context limit is 16"),
-        (request(vec![1], 0), "max_tokens"),
+        (greedy(vec![], 4), "prompt is empty"),
+        (greedy(vec![1, 100_000], 4), "outside the vocabulary"),
+        (greedy(vec![1; 16], 4), "context limit is 16"),
+        (greedy(vec![1], 0), "max_tokens"),
         (
             Request {
                 sampling: SamplingParams {
                     top_p: 2.0,
                     ..Default::default()
                 },
-                ..request(vec![1], 4)
+                ..greedy(vec![1], 4)
             },
             "top_p",
         ),
@@ -219,7 +203,7 @@ fn generation_stops_at_the_context_limit() {
     let limit = prompt.len() + 5;
     let mut engine = Engine::new(m).with_max_context(limit);
     let c = engine
-        .generate(request(prompt.clone(), 100), |_| {})
+        .generate(greedy(prompt.clone(), 100), |_| {})
         .unwrap();
     assert_eq!(c.finish_reason, FinishReason::ContextFull);
     assert_eq!(prompt.len() + c.tokens.len(), limit);
@@ -246,7 +230,7 @@ fn concurrent_matches_solo(name: &str) {
         .iter()
         .map(|p| {
             Engine::new(m.clone())
-                .generate(request(p.clone(), 40), |_| {})
+                .generate(greedy(p.clone(), 40), |_| {})
                 .unwrap()
                 .tokens
         })
@@ -255,7 +239,7 @@ fn concurrent_matches_solo(name: &str) {
     let mut engine = Engine::new(m.clone()).with_prefill_chunk(4);
     let seq_ids: Vec<_> = prompts
         .iter()
-        .map(|p| engine.add(request(p.clone(), 40)).unwrap())
+        .map(|p| engine.add(greedy(p.clone(), 40)).unwrap())
         .collect();
     let mut texts = vec![String::new(); prompts.len()];
     while engine.has_work() {
@@ -302,7 +286,7 @@ fn json_schema_constraint_gives_valid_json() {
                 constraint: Constraint::JsonSchema(schema.clone()),
                 after_token: None,
             }),
-            ..request(prompt.clone(), 300)
+            ..greedy(prompt.clone(), 300)
         };
         let c = Engine::new(m.clone()).generate(req, |_| {}).unwrap();
         assert_eq!(c.finish_reason, FinishReason::GrammarEnd, "{:?}", c.text);
@@ -321,7 +305,7 @@ fn json_schema_constraint_gives_valid_json() {
             constraint: Constraint::Lark("start: ???".into()),
             after_token: None,
         }),
-        ..request(prompt, 4)
+        ..greedy(prompt, 4)
     };
     match Engine::new(m).add(bad) {
         Err(EngineError::InvalidRequest(msg)) => {
@@ -337,11 +321,11 @@ fn json_schema_constraint_gives_valid_json() {
 fn prefill_takes_one_chunk_per_step_while_streams_decode() {
     let (m, _) = model("qwen35-dense");
     let mut engine = Engine::new(m.clone()).with_prefill_chunk(8);
-    let stream = engine.add(request(vec![5, 6, 7], 10)).unwrap();
+    let stream = engine.add(greedy(vec![5, 6, 7], 10)).unwrap();
     engine.step().unwrap(); // its prompt
     for seed in [3u32, 11] {
         let long: Vec<u32> = (0..40).map(|i| (i * 37 + seed) % 500).collect();
-        engine.add(request(long, 4)).unwrap();
+        engine.add(greedy(long, 4)).unwrap();
     }
     let mut pending = engine.prefill_pending();
     assert_eq!(pending, 80);

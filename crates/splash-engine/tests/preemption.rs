@@ -2,30 +2,19 @@
 //! sequences are parked and resumed, and no request loses or repeats a token. With the prefix
 //! cache the parked state itself comes back, so every output is exactly its solo run's.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use splash_engine::{DFlashDrafter, Drafter, Engine, Event, FinishReason, Request, SamplingParams};
-use splash_model::{load, DFlashDraft, Model};
+use splash_engine::{Engine, Event, FinishReason, Request, SamplingParams};
+use splash_model::Model;
+
+mod common;
+use common::{demo, greedy};
 
 const MAX_TOKENS: usize = 48;
 
+/// A greedy request of `MAX_TOKENS` that ignores EOS.
 fn request(prompt: Vec<u32>) -> Request {
-    Request {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        max_tokens: MAX_TOKENS,
-        stop: Vec::new(),
-        ignore_eos: true,
-        grammar: None,
-    }
-}
-
-fn demo() -> (Arc<Model>, Arc<dyn Drafter>) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
-    let model = Arc::new(load(&dir).unwrap());
-    let draft = DFlashDraft::load(&dir.join("draft")).unwrap();
-    (model, Arc::new(DFlashDrafter::new(draft.into())))
+    greedy(prompt, MAX_TOKENS)
 }
 
 fn prompts(model: &Model) -> Vec<Vec<u32>> {

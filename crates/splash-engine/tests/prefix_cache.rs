@@ -3,28 +3,17 @@
 //! without the cache decodes; a budget that holds a single entry evicts and stays exact.
 
 use std::path::Path;
-use std::sync::Arc;
 
-use splash_engine::{
-    Completion, DFlashDrafter, DiskCacheConfig, Drafter, Engine, Request, SamplingParams,
-};
-use splash_model::{load, DFlashDraft, Model};
+use splash_engine::{Completion, DiskCacheConfig, Engine, Request};
+use splash_model::Model;
 
-fn demo() -> (Arc<Model>, Arc<dyn Drafter>) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
-    let model = Arc::new(load(&dir).unwrap());
-    let draft = DFlashDraft::load(&dir.join("draft")).unwrap();
-    (model, Arc::new(DFlashDrafter::new(draft.into())))
-}
+mod common;
+use common::{demo, greedy};
 
 fn request(prompt: Vec<u32>) -> Request {
     Request {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        max_tokens: 60,
-        stop: Vec::new(),
         ignore_eos: false,
-        grammar: None,
+        ..greedy(prompt, 60)
     }
 }
 

@@ -4,48 +4,17 @@
 //! Needs a GPU: skipped without one unless `SPLASH_REQUIRE_GPU` is set.
 #![cfg(feature = "cuda")]
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use splash_backend::cuda::Gpu;
-use splash_engine::{DFlashDrafter, DiskCacheConfig, Drafter, Engine, Request, SamplingParams};
-use splash_model::{load, DFlashDraft, Model};
+use splash_engine::{DiskCacheConfig, Drafter, Engine};
+use splash_model::Model;
 
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
-}
+mod common;
+use common::{gpu, greedy, on_gpu};
 
 /// The demo and its draft on GPU 0 (None without a GPU).
 fn demo_on_gpu() -> Option<(Arc<Model>, Arc<dyn Drafter>)> {
-    let gpu = match Gpu::new(0) {
-        Ok(g) => g,
-        Err(e) => {
-            assert!(
-                std::env::var_os("SPLASH_REQUIRE_GPU").is_none(),
-                "SPLASH_REQUIRE_GPU is set but no GPU is usable: {e}"
-            );
-            eprintln!("skipped: {e}");
-            return None;
-        }
-    };
-    let mut m = load(&repo("models/demo")).unwrap();
-    m.graph.to_gpu(gpu).unwrap();
-    let mut d = DFlashDraft::load(&repo("models/demo/draft")).unwrap();
-    d.to_gpu(&m.graph).unwrap();
-    Some((Arc::new(m), Arc::new(DFlashDrafter::new(Arc::new(d)))))
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        max_tokens,
-        stop: Vec::new(),
-        ignore_eos: true,
-        grammar: None,
-    }
+    gpu().map(|g| on_gpu(&g, "models/demo", "models/demo/draft"))
 }
 
 fn prompts(m: &Model) -> Vec<Vec<u32>> {
@@ -71,7 +40,7 @@ fn prompts(m: &Model) -> Vec<Vec<u32>> {
 fn together(engine: &mut Engine, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Vec<u32>> {
     let ids: Vec<_> = prompts
         .iter()
-        .map(|p| engine.add(request(p.clone(), max_tokens)).unwrap())
+        .map(|p| engine.add(greedy(p.clone(), max_tokens)).unwrap())
         .collect();
     while engine.has_work() {
         engine.step().unwrap();
@@ -99,7 +68,7 @@ fn concurrent_gpu_sequences_match_their_solo_runs() {
             .iter()
             .map(|p| {
                 engine()
-                    .generate(request(p.clone(), 64), |_| {})
+                    .generate(greedy(p.clone(), 64), |_| {})
                     .unwrap()
                     .tokens
             })
@@ -150,7 +119,7 @@ fn the_gpu_prefix_cache_serves_repeats_from_memory_and_disk() {
     let root = std::env::temp_dir().join(format!("splash-gpu-cache-{}", std::process::id()));
     let want = Engine::new(m.clone())
         .with_drafter(draft.clone())
-        .generate(request(prompt.clone(), 48), |_| {})
+        .generate(greedy(prompt.clone(), 48), |_| {})
         .unwrap()
         .tokens;
     for memory in [1usize << 30, 0] {
@@ -164,9 +133,9 @@ fn the_gpu_prefix_cache_serves_repeats_from_memory_and_disk() {
                 identity: "demo on the GPU".into(),
             })
             .unwrap();
-        let first = e.generate(request(prompt.clone(), 48), |_| {}).unwrap();
+        let first = e.generate(greedy(prompt.clone(), 48), |_| {}).unwrap();
         e.flush_disk_cache();
-        let again = e.generate(request(prompt.clone(), 48), |_| {}).unwrap();
+        let again = e.generate(greedy(prompt.clone(), 48), |_| {}).unwrap();
         let stats = e.prefix_cache_stats();
         println!("memory tier {memory}: {stats:?}");
         assert_eq!(first.tokens, want);

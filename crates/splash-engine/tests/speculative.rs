@@ -5,7 +5,7 @@
 //! strings inside an accepted span, and sampled output that follows the target's
 //! distribution (chi-square).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use splash_engine::{
@@ -14,11 +14,8 @@ use splash_engine::{
 };
 use splash_model::{load, DFlashDraft, KvFormat, Logits, Model, ModelError};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+mod common;
+use common::{demo, fixture, greedy};
 
 fn json(path: PathBuf) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -30,17 +27,6 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
-}
-
-fn request(prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        max_tokens,
-        stop: Vec::new(),
-        ignore_eos: true,
-        grammar: None,
-    }
 }
 
 fn target(name: &str) -> Arc<Model> {
@@ -157,7 +143,7 @@ fn greedy_with_random_drafts_is_lossless_and_matches_the_reference_loop() {
         let c = run(
             &m,
             Some(d.clone()),
-            request(ids(&r["prompt_ids"]), want.len()),
+            greedy(ids(&r["prompt_ids"]), want.len()),
             KvFormat::F32,
         );
         assert_eq!(
@@ -185,8 +171,8 @@ fn greedy_with_random_drafts_is_lossless_and_matches_the_reference_loop() {
             } else {
                 KvFormat::F32
             };
-            let plain = run(&m, None, request(prompt.clone(), 160), kv);
-            let spec = run(&m, Some(d.clone()), request(prompt, 160), kv);
+            let plain = run(&m, None, greedy(prompt.clone(), 160), kv);
+            let spec = run(&m, Some(d.clone()), greedy(prompt, 160), kv);
             assert_eq!(spec.tokens, plain.tokens, "{name} prompt {i}: not lossless");
             assert_eq!(spec.text, plain.text);
             total.add(&spec.speculation.unwrap());
@@ -206,7 +192,7 @@ fn greedy_with_oracle_drafts_is_lossless_over_full_and_partial_blocks() {
         let prompts = prompts(tname);
         let plain: Vec<Vec<u32>> = prompts
             .iter()
-            .map(|p| run(&m, None, request(p.clone(), 200), KvFormat::F32).tokens)
+            .map(|p| run(&m, None, greedy(p.clone(), 200), KvFormat::F32).tokens)
             .collect();
         let sequences: Vec<Vec<u32>> = prompts
             .iter()
@@ -225,7 +211,7 @@ fn greedy_with_oracle_drafts_is_lossless_over_full_and_partial_blocks() {
                 let c = run(
                     &m,
                     Some(oracle.clone()),
-                    request(prompt.clone(), 200),
+                    greedy(prompt.clone(), 200),
                     KvFormat::F32,
                 );
                 assert_eq!(
@@ -261,7 +247,7 @@ fn stop_tokens_and_strings_inside_an_accepted_span() {
     for tname in ["qwen35-dense", "qwen35-moe"] {
         let m = target(tname);
         for prompt in prompts(tname) {
-            let plain = run(&m, None, request(prompt.clone(), 60), KvFormat::F32);
+            let plain = run(&m, None, greedy(prompt.clone(), 60), KvFormat::F32);
             let seq: Vec<u32> = prompt.iter().chain(&plain.tokens).copied().collect();
             let oracle: Arc<dyn Drafter> = Arc::new(Oracle {
                 sequences: vec![seq],
@@ -269,7 +255,7 @@ fn stop_tokens_and_strings_inside_an_accepted_span() {
                 error_every: None,
             });
             // EOS: the fixture's eos (505) shows up mid-output for some MoE prompts.
-            let mut req = request(prompt.clone(), 60);
+            let mut req = greedy(prompt.clone(), 60);
             req.ignore_eos = false;
             let a = run(&m, None, req.clone(), KvFormat::F32);
             let b = run(&m, Some(oracle.clone()), req, KvFormat::F32);
@@ -281,7 +267,7 @@ fn stop_tokens_and_strings_inside_an_accepted_span() {
                 continue;
             }
             let stop: String = chars[chars.len() / 2..chars.len() / 2 + 3].iter().collect();
-            let mut req = request(prompt.clone(), 60);
+            let mut req = greedy(prompt.clone(), 60);
             req.stop = vec![stop.clone()];
             let a = run(&m, None, req.clone(), KvFormat::F32);
             let b = run(&m, Some(oracle), req, KvFormat::F32);
@@ -397,7 +383,7 @@ fn sampled_speculation_follows_the_target_distribution() {
             .with_kv_format(KvFormat::F32)
             .with_drafter(d);
         for seed in 0..n {
-            let mut req = request(prompt.clone(), 3);
+            let mut req = greedy(prompt.clone(), 3);
             req.sampling = SamplingParams {
                 seed: Some(seed),
                 ..params.clone()
@@ -438,11 +424,7 @@ fn sampled_speculation_follows_the_target_distribution() {
 fn trained_demo_draft_is_lossless_and_accepts_several_tokens_per_pass() {
     // The bundled demo and its trained draft: real acceptance, long accepted spans, EOS
     // inside them; greedy output must still equal decoding without the draft.
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
-    let m = Arc::new(load(&dir).unwrap());
-    let d: Arc<dyn Drafter> = Arc::new(DFlashDrafter::new(
-        DFlashDraft::load(&dir.join("draft")).unwrap().into(),
-    ));
+    let (m, d) = demo();
     let mut total = SpecStats::default();
     for (i, question) in [
         "What is 486 + 275?",
@@ -458,7 +440,7 @@ fn trained_demo_draft_is_lossless_and_accepts_several_tokens_per_pass() {
         let kv = if i % 2 == 0 { KvFormat::Int8 } else { KvFormat::F32 };
         let req = Request {
             ignore_eos: false,
-            ..request(prompt, 200)
+            ..greedy(prompt, 200)
         };
         let plain = run(&m, None, req.clone(), kv);
         // The default engine: each step drafts or not by speed, and both kinds interleave.
@@ -491,11 +473,7 @@ fn trained_demo_draft_is_lossless_and_accepts_several_tokens_per_pass() {
 /// acceptances), with prompts prefilled while others decode.
 #[test]
 fn concurrent_speculative_sequences_match_their_solo_runs() {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
-    let m_demo = Arc::new(load(&demo).unwrap());
-    let d_demo: Arc<dyn Drafter> = Arc::new(DFlashDrafter::new(
-        DFlashDraft::load(&demo.join("draft")).unwrap().into(),
-    ));
+    let (m_demo, d_demo) = demo();
     let chat = |q: &str| {
         let text = format!("<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n<think>\n");
         m_demo.tokenizer.encode(&text).unwrap()
@@ -524,7 +502,7 @@ fn concurrent_speculative_sequences_match_their_solo_runs() {
     for (m, d, prompts) in cases {
         let solo: Vec<Vec<u32>> = prompts
             .iter()
-            .map(|p| run(&m, Some(d.clone()), request(p.clone(), 48), KvFormat::Int8).tokens)
+            .map(|p| run(&m, Some(d.clone()), greedy(p.clone(), 48), KvFormat::Int8).tokens)
             .collect();
         let mut engine = Engine::new(m.clone())
             .with_prefill_chunk(16)
@@ -532,7 +510,7 @@ fn concurrent_speculative_sequences_match_their_solo_runs() {
             .with_drafter(d.clone());
         let ids: Vec<_> = prompts
             .iter()
-            .map(|p| engine.add(request(p.clone(), 48)).unwrap())
+            .map(|p| engine.add(greedy(p.clone(), 48)).unwrap())
             .collect();
         while engine.has_work() {
             engine.step().unwrap();

@@ -7,41 +7,13 @@
 //! Needs a GPU: skipped without one unless `SPLASH_REQUIRE_GPU` is set.
 #![cfg(feature = "cuda")]
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use splash_backend::cuda::Gpu;
-use splash_engine::{DFlashDrafter, Drafter, Engine, Request, SamplingParams};
-use splash_model::{load, DFlashDraft, Model};
+use splash_engine::{Drafter, Engine};
+use splash_model::Model;
 
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
-}
-
-fn gpu() -> Option<Arc<Gpu>> {
-    match Gpu::new(0) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            assert!(
-                std::env::var_os("SPLASH_REQUIRE_GPU").is_none(),
-                "SPLASH_REQUIRE_GPU is set but no GPU is usable: {e}"
-            );
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
-}
-
-/// The target on the GPU and its draft there too.
-fn on_gpu(gpu: &Arc<Gpu>, target: &str, draft: &str) -> (Arc<Model>, Arc<dyn Drafter>) {
-    let mut m = load(&repo(target)).unwrap();
-    m.graph.to_gpu(gpu.clone()).unwrap();
-    let mut d = DFlashDraft::load(&repo(draft)).unwrap();
-    d.to_gpu(&m.graph).unwrap();
-    (Arc::new(m), Arc::new(DFlashDrafter::new(Arc::new(d))))
-}
+mod common;
+use common::{gpu, greedy, on_gpu};
 
 fn generate(
     m: &Arc<Model>,
@@ -56,17 +28,7 @@ fn generate(
             .with_draft_every_step(every_step);
     }
     let c = engine
-        .generate(
-            Request {
-                prompt: prompt.to_vec(),
-                sampling: SamplingParams::greedy(),
-                max_tokens,
-                stop: Vec::new(),
-                ignore_eos: true,
-                grammar: None,
-            },
-            |_| {},
-        )
+        .generate(greedy(prompt.to_vec(), max_tokens), |_| {})
         .unwrap();
     let tau = c.speculation.map_or(0.0, |s| s.acceptance_length());
     (c.tokens, tau)

@@ -1,0 +1,70 @@
+//! Helpers shared by the engine's integration tests (each test file uses some of them).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use splash_engine::{DFlashDrafter, Drafter, Request, SamplingParams};
+use splash_model::{load, DFlashDraft, Model};
+
+/// A path in the repository.
+pub fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+/// A committed fixture under `tests/fixtures/`.
+pub fn fixture(name: &str) -> PathBuf {
+    repo("tests/fixtures").join(name)
+}
+
+/// A greedy request for `max_tokens` tokens that ignores EOS.
+pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request {
+        prompt,
+        sampling: SamplingParams::greedy(),
+        max_tokens,
+        stop: Vec::new(),
+        ignore_eos: true,
+        grammar: None,
+    }
+}
+
+/// The bundled demo model and its draft, on the CPU.
+pub fn demo() -> (Arc<Model>, Arc<dyn Drafter>) {
+    let dir = repo("models/demo");
+    let model = Arc::new(load(&dir).unwrap());
+    let draft = DFlashDraft::load(&dir.join("draft")).unwrap();
+    (model, Arc::new(DFlashDrafter::new(draft.into())))
+}
+
+/// GPU 0, or `None` (the test is skipped) without one unless `SPLASH_REQUIRE_GPU` is set.
+#[cfg(feature = "cuda")]
+pub fn gpu() -> Option<Arc<splash_backend::cuda::Gpu>> {
+    match splash_backend::cuda::Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            assert!(
+                std::env::var_os("SPLASH_REQUIRE_GPU").is_none(),
+                "SPLASH_REQUIRE_GPU is set but no GPU is usable: {e}"
+            );
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// The target at repository path `target` on `gpu`, and the draft at `draft` there too.
+#[cfg(feature = "cuda")]
+pub fn on_gpu(
+    gpu: &Arc<splash_backend::cuda::Gpu>,
+    target: &str,
+    draft: &str,
+) -> (Arc<Model>, Arc<dyn Drafter>) {
+    let mut m = load(&repo(target)).unwrap();
+    m.graph.to_gpu(gpu.clone()).unwrap();
+    let mut d = DFlashDraft::load(&repo(draft)).unwrap();
+    d.to_gpu(&m.graph).unwrap();
+    (Arc::new(m), Arc::new(DFlashDrafter::new(Arc::new(d))))
+}
