@@ -2,7 +2,7 @@
 //! give each, bit for bit, the logits and state a pass of its own gives.
 
 mod common;
-use common::{argmax, fixture, max_rel};
+use common::{argmax, fixture, max_rel, ragged_batches};
 use splash_model::{load, BatchItem, Logits};
 
 #[test]
@@ -10,11 +10,7 @@ fn a_batched_pass_matches_separate_passes() {
     for name in ["qwen35-dense", "qwen35-moe"] {
         let m = load(&fixture(name)).unwrap();
         let g = &m.graph;
-        let prompts: [Vec<u32>; 3] = [
-            (0..5).map(|i| i * 31 % 500).collect(),
-            (0..40).map(|i| (i * 17 + 3) % 500).collect(),
-            (0..12).map(|i| (i * 7 + 11) % 500).collect(),
-        ];
+        let (prompts, steps) = ragged_batches();
         let (mut alone, mut together): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
         for p in &prompts {
             for states in [&mut alone, &mut together] {
@@ -23,17 +19,7 @@ fn a_batched_pass_matches_separate_passes() {
                 states.push(s);
             }
         }
-        // Ragged: one token, three tokens, none; one token each; then three blocks of 9 (27
-        // rows in all, past the 16 rows a product takes row by row on its own).
-        let block = |b: u32| (0..9).map(|i| b + i).collect::<Vec<u32>>();
-        for (step, next) in [
-            vec![vec![7u32], vec![8, 9, 10], vec![]],
-            vec![vec![11], vec![12], vec![13]],
-            vec![block(20), block(40), block(60)],
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (step, next) in steps.into_iter().enumerate() {
             let want: Vec<Vec<f32>> = alone
                 .iter_mut()
                 .zip(&next)

@@ -6,7 +6,7 @@
 use splash_backend::cuda::Gpu;
 
 mod common;
-use common::{argmax, fixture, max_rel};
+use common::{argmax, fixture, max_rel, ragged_batches};
 use splash_model::{load, DFlashDraft, KvFormat, Logits, Model};
 
 /// The same checkpoint twice: on the CPU and on GPU 0 (None without a GPU).
@@ -244,11 +244,7 @@ fn a_batched_gpu_pass_matches_separate_passes() {
         let Some((_, gpu)) = pair(name) else { return };
         gpu.graph.gpu().unwrap().set_exact(exact);
         let g = &gpu.graph;
-        let prompts: [Vec<u32>; 3] = [
-            (0..5).map(|i| i * 31 % 400).collect(),
-            (0..40).map(|i| (i * 17 + 3) % 400).collect(),
-            (0..12).map(|i| (i * 7 + 11) % 400).collect(),
-        ];
+        let (prompts, steps) = ragged_batches();
         let (mut alone, mut together): (Vec<_>, Vec<_>) = (Vec::new(), Vec::new());
         for p in &prompts {
             for states in [&mut alone, &mut together] {
@@ -257,15 +253,7 @@ fn a_batched_gpu_pass_matches_separate_passes() {
                 states.push(s);
             }
         }
-        let block = |b: u32| (0..9).map(|i| b + i).collect::<Vec<u32>>();
-        for (step, next) in [
-            vec![vec![7u32], vec![8, 9, 10], vec![]],
-            vec![vec![11], vec![12], vec![13]],
-            vec![block(20), block(40), block(60)],
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (step, next) in steps.into_iter().enumerate() {
             // The second sequence verifies a block: recorded, then rolled back to 2 rows.
             for s in [&mut alone[1], &mut together[1]] {
                 s.checkpoint();
