@@ -315,6 +315,72 @@ fn norms_and_elementwise_match_the_cpu() {
     );
 }
 
+/// Keys and values `[S, hkv, d]` in device caches of `format` (codes and int8 row scales), as
+/// the model fills them.
+struct DeviceCache {
+    k: cudarc::driver::CudaSlice<u8>,
+    ks: cudarc::driver::CudaSlice<f32>,
+    v: cudarc::driver::CudaSlice<u8>,
+    vs: cudarc::driver::CudaSlice<f32>,
+}
+
+impl DeviceCache {
+    /// Appends `keys` and `values` by `dev::kv_append` in pieces of `pieces` positions.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        gpu: &Gpu,
+        k: &splash_backend::cuda::Kernels,
+        format: KvFormat,
+        keys: &[f32],
+        values: &[f32],
+        hkv: usize,
+        d: usize,
+        pieces: &[usize],
+    ) -> Self {
+        let s: usize = pieces.iter().sum();
+        let eb = match format {
+            KvFormat::F32 => 4,
+            KvFormat::Bf16 => 2,
+            KvFormat::Int8 => 1,
+        };
+        let cache = Self {
+            k: gpu.zeros::<u8>(s * hkv * d * eb).unwrap(),
+            ks: gpu.zeros::<f32>(s * hkv).unwrap(),
+            v: gpu.zeros::<u8>(s * hkv * d * eb).unwrap(),
+            vs: gpu.zeros::<f32>(s * hkv).unwrap(),
+        };
+        let (kd, vd) = (gpu.upload(keys).unwrap(), gpu.upload(values).unwrap());
+        let mut at = 0;
+        for &n in pieces {
+            for (codes, scales, src) in [(&cache.k, &cache.ks, &kd), (&cache.v, &cache.vs, &vd)] {
+                dev::kv_append(
+                    gpu,
+                    k,
+                    ptr(gpu, codes, 0),
+                    ptr(gpu, scales, 0),
+                    ptr(gpu, src, at * d),
+                    format,
+                    n * hkv,
+                    d,
+                    at,
+                )
+                .unwrap();
+            }
+            at += n * hkv;
+        }
+        cache
+    }
+
+    /// The key cache and its scales, as `dev::attention` takes them.
+    fn keys(&self, gpu: &Gpu) -> (u64, u64) {
+        (ptr(gpu, &self.k, 0), ptr(gpu, &self.ks, 0))
+    }
+
+    fn values(&self, gpu: &Gpu) -> (u64, u64) {
+        (ptr(gpu, &self.v, 0), ptr(gpu, &self.vs, 0))
+    }
+}
+
 #[test]
 fn rope_and_attention_match_the_cpu_for_every_kv_format() {
     let Some(gpu) = gpu() else { return };
@@ -365,45 +431,8 @@ fn rope_and_attention_match_the_cpu_for_every_kv_format() {
                 pos0,
                 (d as f32).powf(-0.5),
             );
-            let eb = match format {
-                KvFormat::F32 => 4,
-                KvFormat::Bf16 => 2,
-                KvFormat::Int8 => 1,
-            };
-            let kcd = gpu.zeros::<u8>(s * hkv * d * eb).unwrap();
-            let vcd = gpu.zeros::<u8>(s * hkv * d * eb).unwrap();
-            let (ksd, vsd) = (
-                gpu.zeros::<f32>(s * hkv).unwrap(),
-                gpu.zeros::<f32>(s * hkv).unwrap(),
-            );
             // Two appends (a prefill, then the new rows), as the model does.
-            let (kd, vd) = (gpu.upload(&keys).unwrap(), gpu.upload(&values).unwrap());
-            for (rows, at) in [(pos0 * hkv, 0), (t * hkv, pos0 * hkv)] {
-                dev::kv_append(
-                    &gpu,
-                    &k,
-                    ptr(&gpu, &kcd, 0),
-                    ptr(&gpu, &ksd, 0),
-                    ptr(&gpu, &kd, at * d),
-                    format,
-                    rows,
-                    d,
-                    at,
-                )
-                .unwrap();
-                dev::kv_append(
-                    &gpu,
-                    &k,
-                    ptr(&gpu, &vcd, 0),
-                    ptr(&gpu, &vsd, 0),
-                    ptr(&gpu, &vd, at * d),
-                    format,
-                    rows,
-                    d,
-                    at,
-                )
-                .unwrap();
-            }
+            let cache = DeviceCache::new(&gpu, &k, format, &keys, &values, hkv, d, &[pos0, t]);
             let qd = gpu.upload(&q).unwrap();
             let out = poisoned(&gpu, t * hq * d);
             dev::attention(
@@ -411,8 +440,8 @@ fn rope_and_attention_match_the_cpu_for_every_kv_format() {
                 &k,
                 ptr(&gpu, &out, 0),
                 ptr(&gpu, &qd, 0),
-                (ptr(&gpu, &kcd, 0), ptr(&gpu, &ksd, 0)),
-                (ptr(&gpu, &vcd, 0), ptr(&gpu, &vsd, 0)),
+                cache.keys(&gpu),
+                cache.values(&gpu),
                 format,
                 t,
                 hq,
@@ -630,27 +659,7 @@ fn long_context_attention_matches_the_cpu_and_is_row_invariant() {
             let mut want = vec![0.0; t * hq * d];
             let scale = (d as f32).powf(-0.5);
             cpu::attention(&mut want, &q, &kc, &vc, hq, hkv, d, pos0, scale);
-            let kcd = gpu.zeros::<u8>(s * hkv * d).unwrap();
-            let vcd = gpu.zeros::<u8>(s * hkv * d).unwrap();
-            let (ksd, vsd) = (
-                gpu.zeros::<f32>(s * hkv).unwrap(),
-                gpu.zeros::<f32>(s * hkv).unwrap(),
-            );
-            let (kd, vd) = (gpu.upload(&keys).unwrap(), gpu.upload(&values).unwrap());
-            for (cache, scales, src) in [(&kcd, &ksd, &kd), (&vcd, &vsd, &vd)] {
-                dev::kv_append(
-                    &gpu,
-                    &k,
-                    ptr(&gpu, cache, 0),
-                    ptr(&gpu, scales, 0),
-                    ptr(&gpu, src, 0),
-                    format,
-                    s * hkv,
-                    d,
-                    0,
-                )
-                .unwrap();
-            }
+            let cache = DeviceCache::new(&gpu, &k, format, &keys, &values, hkv, d, &[s]);
             let qd = gpu.upload(&q).unwrap();
             let run = |rows: usize, first: usize| {
                 let out = poisoned(&gpu, rows * hq * d);
@@ -659,8 +668,8 @@ fn long_context_attention_matches_the_cpu_and_is_row_invariant() {
                     &k,
                     ptr(&gpu, &out, 0),
                     ptr(&gpu, &qd, first * hq * d),
-                    (ptr(&gpu, &kcd, 0), ptr(&gpu, &ksd, 0)),
-                    (ptr(&gpu, &vcd, 0), ptr(&gpu, &vsd, 0)),
+                    cache.keys(&gpu),
+                    cache.values(&gpu),
                     format,
                     rows,
                     hq,
