@@ -52,10 +52,11 @@ fn every_kernel_compiles_for_the_served_shapes() {
             let ptx = compile_ptx(dims, arch).unwrap_or_else(|e| panic!("{dims:?} {arch}: {e}"));
             for kernel in [
                 "gemv_q4_k",
-                "gemv_q8_q4_k",
-                "gemv1_q8_q6_k",
-                "gemv_mma_q4_k",
-                "gemv_mma_q6_k",
+                "gemv_q8_q8_0",
+                "gemv1_q8_q5_k",
+                "gemv_tc8_q4_k",
+                "gemv_tc16_q6_k",
+                "to_f16_tc",
                 "quantize_q8",
                 "gemv_q6_k",
                 "gemv_iq4_xs",

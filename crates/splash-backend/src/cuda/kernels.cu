@@ -143,14 +143,45 @@ struct Codes {
     float minus;   // Q4_K/Q5_K: dmin·m (subtracted once per Σx)
 };
 
+// Q4_K and Q6_K on the device are tiled (src/cuda/weights.rs): rows in tiles of 16, each
+// 256-value block of a tile one contiguous segment of 16 stored blocks, so that a warp's load
+// instruction reads 512 contiguous bytes. Row n's pointer W + n·row_bytes stays the tile's
+// start plus (n & 15)·row_bytes; these give a block's segment and the places of row n in it.
+#define Q4K_SEGMENT 2304  // 16 × 144: headers [16 × 16], then 4 parts of 512 code bytes
+#define Q6K_SEGMENT 3360  // 16 × 210: 6 parts of 512 code bytes, scales [16 × 16], d [16 × 2]
+
+__device__ __forceinline__ const u8* tile_segment(const u8* row, int n, int blk, int K, int block_bytes) {
+    long row_bytes = (long)(K >> 8) * block_bytes;
+    return row - (long)(n & 15) * row_bytes + (long)blk * 16 * block_bytes;
+}
+
+// Byte o (a multiple of 16) of row r's stored Q4_K codes (qs) in its segment: part 2·(r >> 3) +
+// ((o >> 5) & 1), lane 4·(r & 7) + q where q covers code bytes 64·(q >> 1) + 16·(q & 1).
+__device__ __forceinline__ const u8* q4k_codes(const u8* seg, int r, int o) {
+    int u = o >> 4, part = 2 * (r >> 3) + ((u >> 1) & 1), q = (u & 1) | ((u >> 2) << 1);
+    return seg + 256 + 512 * part + 16 * (4 * (r & 7) + q);
+}
+
+// Byte o (a multiple of 16) of row r's stored Q6_K ql (hi = false, o < 128) or qh (hi, o < 64).
+__device__ __forceinline__ const u8* q6k_codes(const u8* seg, int r, int o, bool hi) {
+    int k, q;
+    if (hi) {
+        k = 2;
+        q = 2 * (o >> 5) + ((o >> 4) & 1);
+    } else {
+        k = (o >> 5) & 1;
+        q = 2 * (o >> 6) + ((o >> 4) & 1);
+    }
+    return seg + 512 * (3 * (r >> 3) + k) + 16 * (4 * (r & 7) + q);
+}
+
 template <int F>
-__device__ __forceinline__ Codes load_codes(const u8* row, int s) {
+__device__ __forceinline__ Codes load_codes(const u8* row, int s, int K, int n) {
     Codes c;
     if (F == FMT_Q4_K || F == FMT_Q5_K) {
-        const int bytes = F == FMT_Q4_K ? 144 : 176;
-        const u8* b = row + bytes * (s >> 3);
-        int j = s & 7;
-        uint4 hv = *(const uint4*)b;
+        int j = s & 7, r = n & 15;
+        const u8* b = F == FMT_Q4_K ? tile_segment(row, n, s >> 3, K, 144) : row + 176 * (s >> 3);
+        uint4 hv = *(const uint4*)(F == FMT_Q4_K ? b + 16 * r : b);
         u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
         float d = f16_to_f32((u16)(hw[0] & 0xffff)), dmin = f16_to_f32((u16)(hw[0] >> 16)), sc, m;
         u8 sb[12];
@@ -159,8 +190,15 @@ __device__ __forceinline__ Codes load_codes(const u8* row, int s) {
         scale_min_k4(j, sb, sc, m);
         c.scale = d * sc;
         c.minus = dmin * m;
-        const uint4* qp = (const uint4*)(b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1));
-        uint4 q0 = qp[0], q1 = qp[1];
+        uint4 q0, q1;
+        if (F == FMT_Q4_K) {
+            q0 = *(const uint4*)q4k_codes(b, r, 32 * (j >> 1));
+            q1 = *(const uint4*)q4k_codes(b, r, 32 * (j >> 1) + 16);
+        } else {
+            const uint4* qp = (const uint4*)(b + 48 + 32 * (j >> 1));
+            q0 = qp[0];
+            q1 = qp[1];
+        }
         u32 qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
         u32 hq[8];
         if (F == FMT_Q5_K) {
@@ -175,19 +213,21 @@ __device__ __forceinline__ Codes load_codes(const u8* row, int s) {
             c.v[i] = v;
         }
     } else if (F == FMT_Q6_K) {
-        const u8* b = row + 210 * (s >> 3);
-        int j = s & 7, n = j >> 2, m = j & 3;
-        const u8* ql = b + 64 * n + (m & 1) * 32;
-        const u8* qh = b + 128 + 32 * n;
-        u16 scw = ((const u16*)(b + 192 + 8 * n))[m];
-        float d = f16_to_f32(((const u16*)(b + 208))[0]);
+        const u8* seg = tile_segment(row, n, s >> 3, K, 210);
+        int j = s & 7, h = j >> 2, m = j & 3, r = n & 15;
+        u16 scw = *(const u16*)(seg + 3072 + 16 * r + 8 * h + 2 * m);
+        float d = f16_to_f32(*(const u16*)(seg + 3328 + 2 * r));
         c.scale = d * (float)(i8)(scw & 0xff);
         c.scale2 = d * (float)(i8)(scw >> 8);
+        int lo_at = 64 * h + (m & 1) * 32;
+        uint4 l0 = *(const uint4*)q6k_codes(seg, r, lo_at, false), l1 = *(const uint4*)q6k_codes(seg, r, lo_at + 16, false);
+        uint4 h0 = *(const uint4*)q6k_codes(seg, r, 32 * h, true), h1 = *(const uint4*)q6k_codes(seg, r, 32 * h + 16, true);
+        u32 lw[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        u32 hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            u32 lw = ld_u32_2(ql + 4 * i), hw2 = ld_u32_2(qh + 4 * i);
-            u32 lo = m < 2 ? (lw & 0x0f0f0f0fu) : ((lw >> 4) & 0x0f0f0f0fu);
-            c.v[i] = lo | (((hw2 >> (2 * m)) & 0x03030303u) << 4);
+            u32 lo = m < 2 ? (lw[i] & 0x0f0f0f0fu) : ((lw[i] >> 4) & 0x0f0f0f0fu);
+            c.v[i] = lo | (((hw[i] >> (2 * m)) & 0x03030303u) << 4);
         }
     } else {  // FMT_Q8_0
         const u8* b = row + 34 * s;
@@ -255,7 +295,7 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
             w[j + 16] = (float)((b[8 + j] >> 4) | h1) * d + m;
         }
     } else if (F == FMT_Q8_0) {
-        Codes c = load_codes<F>(row, s);
+        Codes c = load_codes<F>(row, s, k, n);
 #pragma unroll
         for (int l = 0; l < 32; l++) w[l] = c.scale * (float)(i8)WBYTE(c.v, l);
     } else if (F == FMT_IQ4_NL) {
@@ -292,11 +332,11 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
             w[l] = dl * (float)q;
         }
     } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
-        Codes c = load_codes<F>(row, s);
+        Codes c = load_codes<F>(row, s, k, n);
 #pragma unroll
         for (int l = 0; l < 32; l++) w[l] = c.scale * (float)WBYTE(c.v, l) - c.minus;
     } else if (F == FMT_Q6_K) {
-        Codes c = load_codes<F>(row, s);
+        Codes c = load_codes<F>(row, s, k, n);
 #pragma unroll
         for (int l = 0; l < 32; l++) w[l] = (l < 16 ? c.scale : c.scale2) * (float)((int)WBYTE(c.v, l) - 32);
     } else if (F == FMT_IQ4_XS) {
@@ -512,7 +552,7 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
     int subs = K / 32;
 #pragma unroll 2
     for (int s = lane; s < subs; s += 32) {
-        Codes c = load_codes<F>(row, s);
+        Codes c = load_codes<F>(row, s, K, n);
 #pragma unroll
         for (int t = 0; t < MAXT; t++) {
             if (t < T) {
@@ -544,132 +584,308 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
         gemv_q8<F, 1>(W, row_bytes, xq, xd, xs, y, N, K, 1);                                      \
     }
 
-Q8_KERNEL(q4_k, FMT_Q4_K)
 Q8_KERNEL(q5_k, FMT_Q5_K)
-Q8_KERNEL(q6_k, FMT_Q6_K)
 Q8_KERNEL(q8_0, FMT_Q8_0)
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core GEMV for 1..16 tokens (decode, a speculative verify block): the int8 codes of 8
-// weight rows times the int8 activations of up to 16 tokens with mma.sync (s8 → s32), scaled
-// in f32 per (row, token, sub-block). Each weight byte is read once per launch whatever the
-// token count, so a block costs about what one token costs; and a token's sums do not depend
-// on the others, so verify logits equal decode logits bit for bit. One block of MMA_WARPS
-// warps per 8 rows; the warps split K.
+// Tensor-core GEMV for the 256-value k-quants Q4_K and Q6_K, 1..16 tokens per launch (decode, a
+// speculative verify block, the rows of a batched pass). Weights are decoded to f16 (the stored
+// value rounded once), activations are f16 scaled per token and 256-value block by a power of
+// two (nothing overflows, small values keep their precision), and mma.sync m16n8k16 multiplies
+// 16 weight rows by 8 tokens with f32 accumulation; each block's sums are scaled back in f32. Each weight byte is read once per launch whatever
+// the token count, so 16 tokens cost about what one costs; and a token's column of the mma
+// never mixes with another's, so every token gets the same bits alone or in a block.
+//
+// Fragments (PTX ISA, m16n8k16 .f16, lane = 4·g + q): A (weight rows × k) a0 = row g, k 2q..2q+1;
+// a1 = row g+8, same k; a2, a3 = the same rows at k 2q+8..2q+9. B (k × tokens) b0 = token g,
+// k 2q..2q+1; b1 = k 2q+8..2q+9. C c0, c1 = row g, tokens 2q, 2q+1; c2, c3 = row g+8.
+//
+// The k order inside an mma is free as long as A and B agree. Per 256-value block, lane q owns
+// the 64 values 128·(q>>1) + 32·m + 16·(q&1) + 4·j + {0..3} (m, j < 4): 16-byte loads of
+// contiguous code bytes in both formats. Its mma 4j+m takes a code word's bytes 0, 2 as
+// (a0 or a1) and bytes 1, 3 as (a2 or a3): value order base, base+2, base+1, base+3.
+// `to_f16_tc` writes the activations in exactly that order: lane q's eight halves of mmas
+// 2u, 2u+1 at halves 32u + 8q of the token's block, so that a quad's loads are contiguous.
 
-#define MMA_WARPS 4
+// Warps of one block split a 16-row tile's K; the host picks how many (at most this).
+#define TC_WARPS_MAX 8
 
-__device__ __forceinline__ void mma_s8_16816(int* c, u32 a0, u32 a1, u32 b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(b));
+__device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
 }
 
-__device__ __forceinline__ void mma_s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+__device__ __forceinline__ u32 h2_mul(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// (f, f) as f16x2.
+__device__ __forceinline__ u32 h2_splat(float f) {
+    u32 h = f32_to_f16(f);
+    return h | (h << 16);
+}
+
+__device__ __forceinline__ void mma_f16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Fragment layout (PTX ISA, mma.m16n8k16 / m16n8k32 with .s8): lane = 4·g + q. A (tokens ×
-// k): token g (and g+8), k 4q..4q+3 (and 16+4q..). B (k × rows): the same k of row g. C: c0,
-// c1 are token g, rows 2q, 2q+1; c2, c3 token g+8.
-//
-// A warp works in rounds of 4 sub-blocks × its 8 rows: lane (g, q) decodes sub-block q of row
-// g once into shared memory, then the 4 mma steps read their B fragments from there (no lane
-// decodes what another does). Q6_K has a scale per half sub-block: two k16 mmas; the other
-// formats one k32 mma.
+__device__ __forceinline__ u32 word_of(uint4 v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// One row's share of a block for lane (g, q), as loaded. Q4_K: a = header (d, dmin, scales), b
+// and c = code bytes of sub-blocks 4n, 4n+1 and 4n+2, 4n+3 (n = q>>1). Q6_K: a, b = low bits
+// (ql), c = high bits (qh), s = the lane's half of the block's 16 scales, d = the block scale.
+struct TcRaw {
+    uint4 a, b, c;
+    uint2 s;
+    u32 d;
+};
+
+// Weights are read once per launch: loads that do not allocate in L1 leave it to the
+// activations, which every tile reads again.
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// Row g + 8·half of block `seg` (a tile segment, see tile_segment): every load is one warp-wide
+// run of contiguous bytes.
 template <int F>
-__device__ void gemv_mma(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
-                         int N, int K, int T) {
-    __shared__ __align__(16) u32 codes[MMA_WARPS][4][8][8];
-    __shared__ float scales[MMA_WARPS][4][8][3];
-    __shared__ float part[MMA_WARPS][32][4];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 2, q = lane & 3;
-    int n0 = blockIdx.x * 8;
-    const u8* row = W + (long)min(n0 + g, N - 1) * row_bytes;
-    int subs = K / 32;
-    bool v0 = g < T, v1 = g + 8 < T;
-    const i8* x0 = xq + (long)g * K + 4 * q;
-    const i8* x1 = xq + (long)(g + 8) * K + 4 * q;
-    const float *xd0 = xd + (long)g * subs, *xd1 = xd + (long)(g + 8) * subs;
-    const float *xs0 = xs + (long)g * subs, *xs1 = xs + (long)(g + 8) * subs;
-    u32(*my)[8][8] = codes[warp];
-    float(*sc)[8][3] = scales[warp];
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s0 = 4 * warp; s0 < subs; s0 += 4 * MMA_WARPS) {
-        if (s0 + q < subs) {
-            Codes c = load_codes<F>(row, s0 + q);
-            u32 v[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) v[i] = F == FMT_Q6_K ? __vsub4(c.v[i], 0x20202020u) : c.v[i];
-            uint4* dst = (uint4*)my[q][g];
-            dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
-            dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
-            sc[q][g][0] = c.scale;
-            sc[q][g][1] = F == FMT_Q6_K ? c.scale2 : c.scale;
-            sc[q][g][2] = (F == FMT_Q4_K || F == FMT_Q5_K) ? c.minus : 0.0f;
-        }
-        __syncwarp();
-        int steps = min(4, subs - s0);
-        for (int j = 0; j < steps; j++) {
-            int s = s0 + j;
-            u32 blo = my[j][g][q], bhi = my[j][g][4 + q];
-            u32 a0lo = v0 ? *(const u32*)(x0 + 32 * s) : 0u, a0hi = v0 ? *(const u32*)(x0 + 32 * s + 16) : 0u;
-            u32 a1lo = v1 ? *(const u32*)(x1 + 32 * s) : 0u, a1hi = v1 ? *(const u32*)(x1 + 32 * s + 16) : 0u;
-            float d0 = v0 ? xd0[s] : 0.0f, d1 = v1 ? xd1[s] : 0.0f;
-            float m0 = v0 ? xs0[s] : 0.0f, m1 = v1 ? xs1[s] : 0.0f;
-            if (F == FMT_Q6_K) {
-                int clo[4] = {0, 0, 0, 0}, chi[4] = {0, 0, 0, 0};
-                mma_s8_16816(clo, a0lo, a1lo, blo);
-                mma_s8_16816(chi, a0hi, a1hi, bhi);
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float a = sc[j][2 * q + r][0], b = sc[j][2 * q + r][1];
-                    acc[r] += d0 * (a * (float)clo[r] + b * (float)chi[r]);
-                    acc[2 + r] += d1 * (a * (float)clo[2 + r] + b * (float)chi[2 + r]);
-                }
-            } else {
-                int cc[4] = {0, 0, 0, 0};
-                mma_s8_16832(cc, a0lo, a1lo, a0hi, a1hi, blo, bhi);
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float a = sc[j][2 * q + r][0], m = sc[j][2 * q + r][2];
-                    acc[r] += d0 * a * (float)cc[r] - m * m0;
-                    acc[2 + r] += d1 * a * (float)cc[2 + r] - m * m1;
-                }
-            }
-        }
-        __syncwarp();
+__device__ __forceinline__ TcRaw tc_load(const u8* seg, int half, int lane) {
+    TcRaw r;
+    int g = lane >> 2, q = lane & 3, row = g + 8 * half;
+    if (F == FMT_Q4_K) {
+        r.a = ld_stream(seg + 16 * row);
+        r.b = ld_stream(seg + 256 + 512 * (2 * half) + 16 * lane);
+        r.c = ld_stream(seg + 256 + 512 * (2 * half + 1) + 16 * lane);
+    } else {
+        r.a = ld_stream(seg + 512 * (3 * half) + 16 * lane);
+        r.b = ld_stream(seg + 512 * (3 * half + 1) + 16 * lane);
+        r.c = ld_stream(seg + 512 * (3 * half + 2) + 16 * lane);
+        r.s = *(const uint2*)(seg + 3072 + 16 * row + 8 * (q >> 1));
+        r.d = *(const u16*)(seg + 3328 + 2 * row);
     }
+    return r;
+}
+
+// The f16x2 factors of lane q's four sub-blocks m: Q4_K value = mul·code − neg (add holds
+// −dmin·m); Q6_K value = mul·(code − 32).
+struct TcScales {
+    u32 mul[4], add[4];
+};
+
+template <int F>
+__device__ __forceinline__ TcScales tc_scales(const TcRaw& r, int q) {
+    TcScales s;
+    if (F == FMT_Q4_K) {
+        float d = f16_to_f32((u16)(r.a.x & 0xffff)), dmin = f16_to_f32((u16)(r.a.x >> 16));
+        // Sub-blocks 4n..4n+3 (llama.cpp's get_scale_min_k4, four at a time).
+        u32 sc, mn;
+        if ((q >> 1) == 0) {
+            sc = r.a.y & 0x3f3f3f3fu;
+            mn = r.a.z & 0x3f3f3f3fu;
+        } else {
+            sc = (r.a.w & 0x0f0f0f0fu) | ((r.a.y >> 2) & 0x30303030u);
+            mn = ((r.a.w >> 4) & 0x0f0f0f0fu) | ((r.a.z >> 2) & 0x30303030u);
+        }
 #pragma unroll
-    for (int i = 0; i < 4; i++) part[warp][lane][i] = acc[i];
-    __syncthreads();
-    if (warp != 0) return;
+        for (int m = 0; m < 4; m++) {
+            s.mul[m] = h2_splat(d * (float)((sc >> (8 * m)) & 0xffu));
+            s.add[m] = h2_splat(-dmin * (float)((mn >> (8 * m)) & 0xffu));
+        }
+    } else {
+        float d = f16_to_f32((u16)r.d);
+        // Sub-block m of this lane uses scale 8n + (q&1) + 2m: bytes (q&1) + 2m of s.
+        int o = q & 1;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float v = 0.0f;
-        for (int w = 0; w < MMA_WARPS; w++) v += part[w][lane][i];
-        int t = g + (i >> 1) * 8, n = n0 + 2 * q + (i & 1);
-        if (t < T && n < N) y[(long)t * N + n] = v;
+        for (int m = 0; m < 4; m++) {
+            u32 w = m < 2 ? r.s.x : r.s.y;
+            int sc = (int)(i8)((w >> (8 * (o + 2 * (m & 1)))) & 0xffu);
+            s.mul[m] = h2_splat(d * (float)sc);
+            s.add[m] = 0;
+        }
+    }
+    return s;
+}
+
+// The f16 weight pairs of mma 4j+m: p0 = values base, base+2; p1 = base+1, base+3.
+template <int F>
+__device__ __forceinline__ void tc_pairs(const TcRaw& r, const TcScales& s, int j, int m, u32& p0, u32& p1) {
+    const u32 magic = 0x64006400u;  // f16 1024 in both halves: 1024 + code, exactly
+    if (F == FMT_Q4_K) {
+        u32 w = word_of(m < 2 ? r.b : r.c, j) >> (4 * (m & 1));
+        u32 h0 = (w & 0x000f000fu) | magic, h1 = ((w >> 8) & 0x000f000fu) | magic;
+        p0 = h2_fma(h2_sub(h0, magic), s.mul[m], s.add[m]);
+        p1 = h2_fma(h2_sub(h1, magic), s.mul[m], s.add[m]);
+    } else {
+        u32 lo = word_of(r.a, j), hi = word_of(r.b, j), h = word_of(r.c, j);
+        u32 v;
+        if (m == 0) v = (lo & 0x0f0f0f0fu) | ((h << 4) & 0x30303030u);
+        else if (m == 1) v = (hi & 0x0f0f0f0fu) | ((h << 2) & 0x30303030u);
+        else if (m == 2) v = ((lo >> 4) & 0x0f0f0f0fu) | (h & 0x30303030u);
+        else v = ((hi >> 4) & 0x0f0f0f0fu) | ((h >> 2) & 0x30303030u);
+        const u32 bias = 0x64206420u;  // f16 1056 = 1024 + the code offset 32
+        u32 h0 = (v & 0x003f003fu) | magic, h1 = ((v >> 8) & 0x003f003fu) | magic;
+        p0 = h2_mul(h2_sub(h0, bias), s.mul[m]);
+        p1 = h2_mul(h2_sub(h1, bias), s.mul[m]);
     }
 }
 
-#define MMA_KERNEL(NAME, F)                                                                       \
-    extern "C" __global__ void gemv_mma_##NAME(const u8* W, long row_bytes, const i8* xq,         \
-                                               const float* xd, const float* xs, float* y, int N, \
-                                               int K, int T) {                                    \
-        gemv_mma<F>(W, row_bytes, xq, xd, xs, y, N, K, T);                                        \
+// y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: 16
+// rows, its warps splitting the K blocks (b = warp, warp + warps, ...), summed in warp order.
+template <int F, int NT>
+__device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, int N, int K,
+                        int T) {
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, q = lane & 3;
+    int n0 = blockIdx.x * 16, nb = K >> 8;
+    const int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
+    // The tile's segments (rows are padded to whole tiles on the device).
+    const u8* tile = W + (long)n0 * row_bytes;
+    // Tokens past T repeat the last one (their columns are not written).
+    const uint4* x0 = (const uint4*)(xh + (long)min(g, T - 1) * K + 8 * q);
+    const uint4* x1 = (const uint4*)(xh + (long)min(g + 8, T - 1) * K + 8 * q);
+    float c[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+    // The scales of this lane's C tokens 8i + 2q + {0, 1}.
+    const float* xs[NT][2];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)min(8 * i + 2 * q + e, T - 1) * nb;
+    TcRaw r0, r1;
+    if (warp < nb) {
+        r0 = tc_load<F>(tile + (long)warp * seg_bytes, 0, lane);
+        r1 = tc_load<F>(tile + (long)warp * seg_bytes, 1, lane);
+    }
+    for (int b = warp; b < nb; b += warps) {
+        // The next block's loads are in flight while this one is decoded and multiplied.
+        TcRaw n0r, n1r;
+        if (b + warps < nb) {
+            n0r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 0, lane);
+            n1r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 1, lane);
+        }
+        TcScales s0 = tc_scales<F>(r0, q), s1 = tc_scales<F>(r1, q);
+        float cb[NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; i++) cb[i][0] = cb[i][1] = cb[i][2] = cb[i][3] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint4 xa[2], xb[2];
+            xa[0] = x0[32 * b + 8 * j];
+            xa[1] = x0[32 * b + 8 * j + 4];
+            if (NT == 2) {
+                xb[0] = x1[32 * b + 8 * j];
+                xb[1] = x1[32 * b + 8 * j + 4];
+            }
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                u32 a0, a2, a1, a3;
+                tc_pairs<F>(r0, s0, j, m, a0, a2);
+                tc_pairs<F>(r1, s1, j, m, a1, a3);
+                uint4 v = xa[m >> 1];
+                mma_f16_16816(cb[0], a0, a1, a2, a3, (m & 1) ? v.z : v.x, (m & 1) ? v.w : v.y);
+                if (NT == 2) {
+                    uint4 u = xb[m >> 1];
+                    mma_f16_16816(cb[NT - 1], a0, a1, a2, a3, (m & 1) ? u.z : u.x, (m & 1) ? u.w : u.y);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            float sa = xs[i][0][b], sb = xs[i][1][b];
+            c[i][0] += sa * cb[i][0];
+            c[i][1] += sb * cb[i][1];
+            c[i][2] += sa * cb[i][2];
+            c[i][3] += sb * cb[i][3];
+        }
+        r0 = n0r;
+        r1 = n1r;
+    }
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[warp][lane][4 * i + e] = c[i][e];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = 0.0f;
+            for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
+            int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
+            if (t < T && n < N) y[(long)t * N + n] = v;
+        }
+    }
+}
+
+#define TC_KERNEL(NAME, F)                                                                        \
+    extern "C" __global__ void gemv_tc8_##NAME(const u8* W, long row_bytes, const u16* xh,        \
+                                               const float* xscale, float* y, int N, int K,       \
+                                               int T) {                                           \
+        gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, N, K, T);                                      \
+    }                                                                                             \
+    extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \
+                                                const float* xscale, float* y, int N, int K,      \
+                                                int T) {                                          \
+        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, N, K, T);                                      \
     }
 
-MMA_KERNEL(q4_k, FMT_Q4_K)
-MMA_KERNEL(q5_k, FMT_Q5_K)
-MMA_KERNEL(q6_k, FMT_Q6_K)
-MMA_KERNEL(q8_0, FMT_Q8_0)
+TC_KERNEL(q4_k, FMT_Q4_K)
+TC_KERNEL(q6_k, FMT_Q6_K)
+
+// x [T, K] f32 → xh [T, K] f16 in the tensor-core GEMV's k order, each 256-value block scaled
+// by the power of two xscale[t, b] that puts its largest magnitude below 2^14. One warp per
+// block; lane l writes the block's halves 8l..8l+7.
+extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, long blocks) {
+    long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= blocks) return;
+    const float* xb = x + 256 * w;
+    float v[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int r = 8 * lane + i, q = (r >> 3) & 3, idx = 8 * (r >> 5) + (r & 7), mi = idx >> 2, slot = idx & 3;
+        int base = 128 * (q >> 1) + 32 * (mi & 3) + 16 * (q & 1) + 4 * (mi >> 2);
+        v[i] = xb[base + (slot == 0 ? 0 : slot == 1 ? 2 : slot == 2 ? 1 : 3)];
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    amax = warp_max(amax);
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.0e38f) frexpf(amax, &e);
+    e = max(e, -100);  // keeps 2^(14-e) finite
+    float inv = ldexpf(1.0f, 14 - e);
+    if (lane == 0) xscale[w] = ldexpf(1.0f, e - 14);
+    u32 h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = (u32)f32_to_f16(v[2 * i] * inv) | ((u32)f32_to_f16(v[2 * i + 1] * inv) << 16);
+    ((uint4*)(xh + 256 * w))[lane] = make_uint4(h[0], h[1], h[2], h[3]);
+}
 
 // f32 → bf16, elementwise (activations for the cuBLAS GEMM).
 extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {

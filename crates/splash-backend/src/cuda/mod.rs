@@ -54,9 +54,6 @@ pub struct Gpu {
     /// f32 arithmetic everywhere (the reference path of the parity tests) instead of int8
     /// activations in the GEMV and bf16 operands in the prefill GEMMs.
     exact: std::sync::atomic::AtomicBool,
-    /// The integer GEMV on tensor cores for every token count instead of dp4a (see
-    /// [`Gpu::set_tensor_core_gemv`]).
-    tensor_core_gemv: std::sync::atomic::AtomicBool,
     /// Keep every product on the batch-invariant GEMV kernels, whatever the token count (see
     /// [`Gpu::set_batch_invariant`]).
     batch_invariant: std::sync::atomic::AtomicBool,
@@ -158,7 +155,6 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             blas: Mutex::new(None),
             exact: std::sync::atomic::AtomicBool::new(false),
-            tensor_core_gemv: std::sync::atomic::AtomicBool::new(false),
             batch_invariant: std::sync::atomic::AtomicBool::new(false),
             profile: std::env::var_os("SPLASH_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
         }))
@@ -233,22 +229,6 @@ impl Gpu {
 
     pub(crate) fn batch_invariant(&self) -> bool {
         self.batch_invariant
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Which kernel family multiplies the int8 formats (K-quants, Q8_0), for every token count
-    /// up to a verify block. `false`, the default: dp4a, the fastest for one token, but a
-    /// 16-token block costs about 4.5 one-token passes. `true` (set when a draft runs on this
-    /// GPU): tensor cores, a 16-token block costs about 1.8 one-token passes, a one-token pass
-    /// about 1.8 dp4a ones (27B, H200). Each family is batch-invariant on its own, so choose
-    /// once, before serving: a verify pass then reproduces one-token decoding bit for bit.
-    pub fn set_tensor_core_gemv(&self, on: bool) {
-        self.tensor_core_gemv
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    pub(crate) fn tensor_core_gemv(&self) -> bool {
-        self.tensor_core_gemv
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 

@@ -80,6 +80,10 @@ fn product(
     gemm_min_t: usize,
 ) -> Result<(), GpuError> {
     assert!(row0 + n <= w.rows, "rows {row0}+{n} of {}", w.rows);
+    assert!(
+        row0 % 16 == 0 || !super::weights::is_tiled(w.format),
+        "rows of a tiled weight start at a multiple of 16 (row {row0})"
+    );
     let kdim = w.cols;
     if tokens >= gemm_min_t && kdim.is_multiple_of(32) && !gpu.batch_invariant() {
         if let Some(blas) = gpu.blas() {
@@ -88,6 +92,9 @@ fn product(
     }
     let name = format!("gemv_{}", w.format.kernel_suffix());
     let base = super::ptr(gpu, &w.data, row0 * w.row_bytes);
+    if !gpu.exact() && tensor_core_kernel(w) {
+        return gemv_tc(gpu, k, out, x, w, base, n, tokens);
+    }
     if !gpu.exact() && int8_kernel(w) {
         return gemv_q8(gpu, k, out, x, w, base, n, tokens);
     }
@@ -261,6 +268,87 @@ fn stored_bf16(gpu: &Gpu, w: &DeviceWeight) -> bool {
     w.format == super::GpuFormat::Bf16 && w.groups.is_none() && !gpu.exact()
 }
 
+/// Formats with a tensor-core GEMV (the 256-value k-quants of 4-bit checkpoints).
+fn tensor_core_kernel(w: &DeviceWeight) -> bool {
+    use crate::ggml::GgmlType;
+    matches!(
+        w.format,
+        super::GpuFormat::Ggml(GgmlType::Q4_K | GgmlType::Q6_K)
+    )
+}
+
+/// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels.cu):
+/// enough blocks × warps to fill the GPU with loads in flight, no more warps than the row
+/// has 256-value blocks. It depends only on the shape, never on the token count, so that a
+/// token's sums are the same in any batch.
+fn tensor_core_warps(n: usize, kdim: usize) -> usize {
+    const WANTED: usize = 132 * 16;
+    let tiles = n.div_ceil(16);
+    let warps = if tiles * 4 >= WANTED { 4 } else { 8 };
+    let warps = std::env::var("SPLASH_TC_WARPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(warps);
+    warps.min(kdim / 256).max(1)
+}
+
+/// The tensor-core GEMV: `x` to f16 in the kernel's k order once, then 16 tokens per launch.
+#[allow(clippy::too_many_arguments)]
+fn gemv_tc(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    w: &DeviceWeight,
+    base: u64,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let kdim = w.cols;
+    let blocks256 = tokens * kdim / 256;
+    let xh = gpu.uninit::<u16>(tokens * kdim)?;
+    let xscale = gpu.uninit::<f32>(blocks256)?;
+    gpu.launch(
+        k,
+        "to_f16_tc",
+        blocks(blocks256 * 32, 256),
+        256,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(super::ptr(gpu, &xh, 0)),
+            Arg::Ptr(super::ptr(gpu, &xscale, 0)),
+            Arg::I64(blocks256 as i64),
+        ],
+    )?;
+    let suffix = w.format.kernel_suffix();
+    let warps = tensor_core_warps(n, kdim) as u32;
+    for t0 in (0..tokens).step_by(GEMV_MAX_T) {
+        let tc = GEMV_MAX_T.min(tokens - t0);
+        let name = if tc <= 8 {
+            format!("gemv_tc8_{suffix}")
+        } else {
+            format!("gemv_tc16_{suffix}")
+        };
+        gpu.launch(
+            k,
+            &name,
+            blocks(n, 16),
+            32 * warps,
+            &[
+                Arg::Ptr(base),
+                Arg::I64(w.row_bytes as i64),
+                Arg::Ptr(super::ptr(gpu, &xh, t0 * kdim)),
+                Arg::Ptr(super::ptr(gpu, &xscale, t0 * kdim / 256)),
+                Arg::Ptr(out + (t0 * n * 4) as u64),
+                Arg::I32(n as i32),
+                Arg::I32(kdim as i32),
+                Arg::I32(tc as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
 /// Formats with an integer (dp4a) GEMV.
 fn int8_kernel(w: &DeviceWeight) -> bool {
     use crate::ggml::GgmlType;
@@ -300,13 +388,10 @@ fn gemv_q8(
             Arg::I64(blocks32 as i64),
         ],
     )?;
-    // Tensor cores: 16 tokens per launch cost one pass over the weights. dp4a: a one-token
-    // build with few registers for decode, the 16-token build for more (the same sums per
-    // token). Either family is batch-invariant (see `matmul`).
+    // A one-token build with few registers for decode, the 16-token build for more: the same
+    // sums per token (see `matmul`).
     let suffix = w.format.kernel_suffix();
-    let (name, grid) = if gpu.tensor_core_gemv() {
-        (format!("gemv_mma_{suffix}"), blocks(n, 8))
-    } else if tokens == 1 {
+    let (name, grid) = if tokens == 1 {
         (format!("gemv1_q8_{suffix}"), blocks(n, 4))
     } else {
         (format!("gemv_q8_{suffix}"), blocks(n, 4))

@@ -149,13 +149,100 @@ impl Gpu {
             }
             None => None,
         };
+        let data = match format {
+            GpuFormat::Ggml(t @ (GgmlType::Q4_K | GgmlType::Q6_K)) => {
+                self.upload(&tiled(t, w.raw_bytes(), rows, cols / 256))?
+            }
+            _ => self.upload(w.raw_bytes())?,
+        };
         Ok(DeviceWeight {
             format,
             rows,
             cols,
             row_bytes,
-            data: self.upload(w.raw_bytes())?,
+            data,
             groups,
         })
+    }
+}
+
+/// Whether `format` is stored tiled on the device (see [`tiled`]): its row ranges must start
+/// at a multiple of 16 rows.
+pub(crate) fn is_tiled(format: GpuFormat) -> bool {
+    matches!(format, GpuFormat::Ggml(GgmlType::Q4_K | GgmlType::Q6_K))
+}
+
+/// Q4_K or Q6_K rows as the kernels read them (`tile_segment` in kernels.cu): rows in tiles of
+/// 16 (the last padded with zero rows), and each 256-value block of a tile one contiguous
+/// segment holding that block of its 16 rows, arranged so that each load instruction of the
+/// tensor-core GEMV reads 512 contiguous bytes (lane 4g + q: row g or g + 8, code bytes
+/// 64·(q >> 1) + 16·(q & 1) of a part). Stored row by row, a warp's loads touched 16 rows at
+/// once and the L1 cache, not memory, bounded the GEMV. A tile keeps 16 rows' bytes, so row
+/// `n` still starts `n · row_bytes` in (for whole tiles).
+///
+/// Q4_K segment (16 × 144 bytes): the 16-byte headers (d, dmin, scales), then parts
+/// `2·half + c` of the code bytes (c = 0: bytes 64·(q>>1) + 16·(q&1); c = 1: the same + 32).
+/// Q6_K segment (16 × 210 bytes): parts `3·half + k` (k = 0, 1: low bits at the same places
+/// as Q4_K's codes; k = 2: high bits 32·(q>>1) + 16·(q&1)), then the 16 rows' 16 scales,
+/// then their d.
+fn tiled(t: GgmlType, raw: &[u8], rows: usize, blocks: usize) -> Vec<u8> {
+    let q4k = t == GgmlType::Q4_K;
+    let block = if q4k { 144 } else { 210 };
+    let segment = 16 * block;
+    // Where the code parts start in a segment (Q4_K: after the headers).
+    let parts = if q4k { 256 } else { 0 };
+    let mut out = vec![0u8; rows.div_ceil(16) * blocks * segment];
+    for (n, row) in raw.chunks_exact(blocks * block).enumerate() {
+        let (tile, r) = (n / 16, n % 16);
+        let (g, half) = (r % 8, r / 8);
+        for (b, src) in row.chunks_exact(block).enumerate() {
+            let seg = &mut out[(tile * blocks + b) * segment..][..segment];
+            let mut put = |part: usize, q: usize, from: usize| {
+                let at = parts + part * 512 + 16 * (4 * g + q);
+                seg[at..at + 16].copy_from_slice(&src[from..from + 16]);
+            };
+            for q in 0..4 {
+                let codes = 64 * (q >> 1) + 16 * (q & 1);
+                if q4k {
+                    put(2 * half, q, 16 + codes);
+                    put(2 * half + 1, q, 16 + codes + 32);
+                } else {
+                    put(3 * half, q, codes);
+                    put(3 * half + 1, q, codes + 32);
+                    put(3 * half + 2, q, 128 + 32 * (q >> 1) + 16 * (q & 1));
+                }
+            }
+            if q4k {
+                seg[16 * r..16 * r + 16].copy_from_slice(&src[..16]);
+            } else {
+                seg[3072 + 16 * r..3072 + 16 * r + 16].copy_from_slice(&src[192..208]);
+                seg[3328 + 2 * r..3328 + 2 * r + 2].copy_from_slice(&src[208..210]);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every stored byte lands exactly once, and the padding of the last tile stays zero.
+    #[test]
+    fn tiles_hold_every_byte_once() {
+        for (t, block) in [(GgmlType::Q4_K, 144), (GgmlType::Q6_K, 210)] {
+            let (rows, blocks) = (19, 3);
+            let raw: Vec<u8> = (0..rows * blocks * block)
+                .map(|i| (i % 251) as u8 + 1)
+                .collect();
+            let out = tiled(t, &raw, rows, blocks);
+            assert_eq!(out.len(), 32 * blocks * block);
+            let mut want: Vec<u8> = raw.clone();
+            want.resize(out.len(), 0);
+            let (mut a, mut b) = (out.clone(), want);
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "{t}: not a permutation of the stored bytes and zeros");
+        }
     }
 }

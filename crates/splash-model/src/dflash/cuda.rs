@@ -82,8 +82,6 @@ impl GpuDraft {
             .gpu_model()
             .ok_or_else(|| ModelError::Gpu("the target model does not run on a GPU".into()))?;
         let gpu = tm.gpu().clone();
-        // Verify blocks follow: the integer GEMV family whose 16-row pass is cheap.
-        gpu.set_tensor_core_gemv(true);
         let tc = target.config();
         let k = gpu.kernels(KernelDims {
             head_dim: c.head_dim,

@@ -1,0 +1,105 @@
+//! The quantised GEMV kernels alone, on the shapes of the 27B and 35B-A3B checkpoints: time
+//! per product for 1 to 16 tokens and the weight bytes it streams, against the H200's measured
+//! copy bandwidth. Random weights (valid scale fields), so no checkpoint is needed:
+//! `cargo bench -p splash-backend --features cuda --bench gemv_cuda` on a machine with a GPU.
+
+use std::time::Instant;
+
+use splash_backend::cuda::{self as dev, ptr, Gpu, KernelDims};
+use splash_backend::ggml::GgmlType;
+use splash_backend::{DType, HostBytes, Weight};
+
+/// Copy bandwidth of one H200 (`/work/.library/device/KINDS.md`), the roofline of a GEMV.
+const COPY_BANDWIDTH: f64 = 4.3e12;
+
+/// Random blocks of `t` with every f16 scale field set to a small normal value.
+fn random_weight(t: GgmlType, n: usize, k: usize, seed: u64) -> Weight {
+    let (block, fields): (usize, &[usize]) = match t {
+        GgmlType::Q4_K => (144, &[0, 2]),
+        GgmlType::Q6_K => (210, &[208]),
+        GgmlType::Q8_0 => (34, &[0]),
+        other => panic!("no random blocks for {other}"),
+    };
+    let per_block = if t == GgmlType::Q8_0 { 32 } else { 256 };
+    let mut s = seed | 1;
+    let mut raw: Vec<u8> = (0..n * k / per_block * block)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect();
+    let scale = half::f16::from_f32(1e-3).to_bits().to_le_bytes();
+    for b in raw.chunks_exact_mut(block) {
+        for &f in fields {
+            b[f..f + 2].copy_from_slice(&scale);
+        }
+    }
+    Weight::new(DType::Ggml(t), vec![n, k], HostBytes::from_vec(raw)).unwrap()
+}
+
+fn main() {
+    let gpu = match Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("no GPU: {e}");
+            return;
+        }
+    };
+    let k = gpu
+        .kernels(KernelDims {
+            head_dim: 256,
+            gdn_dk: 128,
+            gdn_dv: 128,
+        })
+        .unwrap();
+    let shapes: &[(&str, GgmlType, usize, usize)] = &[
+        ("27B mlp gate/up", GgmlType::Q4_K, 17408, 5120),
+        ("27B mlp down", GgmlType::Q4_K, 5120, 17408),
+        ("27B mlp down (Q6_K layers)", GgmlType::Q6_K, 5120, 17408),
+        ("27B gdn qkv", GgmlType::Q4_K, 10240, 5120),
+        ("27B gdn z / out", GgmlType::Q4_K, 6144, 5120),
+        ("27B gdn a / b", GgmlType::Q8_0, 48, 5120),
+        ("27B lm head", GgmlType::Q6_K, 248320, 5120),
+        ("35B expert gate/up", GgmlType::Q4_K, 512, 2048),
+        ("35B gdn qkv", GgmlType::Q4_K, 8192, 2048),
+    ];
+    println!(
+        "{:<28} {:>6} {:>10} | time per product (µs) and share of {:.1} TB/s, by tokens",
+        "shape",
+        "format",
+        "MB",
+        COPY_BANDWIDTH / 1e12
+    );
+    for &(name, t, n, kd) in shapes {
+        let w = random_weight(t, n, kd, n as u64 * 31 + kd as u64);
+        let bytes = w.raw_bytes().len() as f64;
+        let dw = gpu.upload_weight(&w).unwrap();
+        let mut line = format!("{name:<28} {t:>6} {:>10.1} |", bytes / 1e6);
+        for tokens in [1, 2, 4, 8, 16] {
+            let x: Vec<f32> = (0..tokens * kd)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
+                .collect();
+            let xd = gpu.upload(&x).unwrap();
+            let out = gpu.uninit::<f32>(tokens * n).unwrap();
+            let (op, xp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0));
+            let run = || dev::matmul(&gpu, &k, op, xp, &dw, 0, n, tokens).unwrap();
+            for _ in 0..3 {
+                run();
+            }
+            gpu.synchronize().unwrap();
+            // Enough launches to take ~20 ms, so launch overhead is amortised by the queue.
+            let reps = ((20e-3 * COPY_BANDWIDTH / bytes) as usize).clamp(10, 2000);
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                run();
+            }
+            gpu.synchronize().unwrap();
+            let secs = t0.elapsed().as_secs_f64() / reps as f64;
+            let share = bytes / secs / COPY_BANDWIDTH;
+            line += &format!(" {tokens}: {:>7.1} ({:>3.0}%)", secs * 1e6, share * 100.0);
+        }
+        println!("{line}");
+    }
+}
