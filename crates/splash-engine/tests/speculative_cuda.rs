@@ -37,7 +37,7 @@ fn generate(
 #[test]
 fn greedy_output_with_the_draft_is_the_output_without_it() {
     let Some(gpu) = gpu() else { return };
-    // bf16 targets (float GEMVs) and GGUF targets (the int8 tensor-core GEMV).
+    // bf16 targets (float GEMVs) and GGUF targets (the integer GEMVs).
     let cases = [
         (
             "tests/fixtures/qwen35-dense",

@@ -494,10 +494,11 @@ WEIGHT_KERNELS(affine4, FMT_AFFINE4)
 WEIGHT_KERNELS(affine8, FMT_AFFINE8)
 
 // ---------------------------------------------------------------------------------------------
-// Integer GEMV: the activations quantised to int8 per 32 values (scale xd, exact sum xs), the
-// weights' integer codes multiplied four at a time with dp4a, or by tensor cores (further
-// below). Far fewer instructions than decoding every weight to f32; the activation rounding is
-// llama.cpp's (Q8_1). The f32 kernels above stay the exact reference (Gpu::set_exact).
+// Integer GEMV for Q5_K and Q8_0 (Q4_K and Q6_K have the tensor-core GEMV further below): the
+// activations quantised to int8 per 32 values (scale xd, exact sum xs), the weights' integer
+// codes multiplied four at a time with dp4a. Far fewer instructions than decoding every weight
+// to f32; the activation rounding is llama.cpp's (Q8_1). The f32 kernels above stay the exact
+// reference (Gpu::set_exact).
 
 // One warp per 32 values of x [T, K]: xq [T, K] int8, xd and xs [T, K/32].
 extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float* xs, long blocks) {

@@ -207,9 +207,10 @@ impl Gpu {
     }
 
     /// `true`: every product in f32, weights decoded exactly (the reference path, what the
-    /// parity tests use). `false`, the default: the K-quant and Q8_0 GEMVs take activations
-    /// rounded to int8 per 32 values and multiply integer codes (dp4a), and prefill GEMMs run
-    /// on bf16 tensor cores; products accumulate in f32 either way.
+    /// parity tests use). `false`, the default: the Q4_K and Q6_K GEMVs take activations in
+    /// f16 and run on tensor cores, the Q5_K and Q8_0 ones take activations rounded to int8 per
+    /// 32 values and multiply integer codes (dp4a), and prefill GEMMs run on bf16 tensor cores;
+    /// products accumulate in f32 either way.
     pub fn set_exact(&self, exact: bool) {
         self.exact
             .store(exact, std::sync::atomic::Ordering::Relaxed);

@@ -81,7 +81,7 @@ fn product(
 ) -> Result<(), GpuError> {
     assert!(row0 + n <= w.rows, "rows {row0}+{n} of {}", w.rows);
     assert!(
-        row0 % 16 == 0 || !super::weights::is_tiled(w.format),
+        row0.is_multiple_of(16) || !super::weights::is_tiled(w.format),
         "rows of a tiled weight start at a multiple of 16 (row {row0})"
     );
     let kdim = w.cols;
@@ -285,10 +285,6 @@ fn tensor_core_warps(n: usize, kdim: usize) -> usize {
     const WANTED: usize = 132 * 16;
     let tiles = n.div_ceil(16);
     let warps = if tiles * 4 >= WANTED { 4 } else { 8 };
-    let warps = std::env::var("SPLASH_TC_WARPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(warps);
     warps.min(kdim / 256).max(1)
 }
 
