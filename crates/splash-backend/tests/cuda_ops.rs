@@ -174,20 +174,14 @@ fn matmul_every_format_matches_the_cpu() {
             let mut want = vec![0.0f32; t * n];
             cpu::matmul(&mut want, &x, &w);
             let xd = gpu.upload(&x).unwrap();
-            let out = poisoned(&gpu, t * n);
-            dev::matmul(
-                &gpu,
-                &k,
-                ptr(&gpu, &out, 0),
-                ptr(&gpu, &xd, 0),
-                &dw,
-                0,
-                n,
-                t,
-            )
-            .unwrap();
-            let got = gpu.download(&out, t * n).unwrap();
-            let err = rel_err(&got, &want);
+            // Rows row0..row0+rows of the product, as the GPU computes them.
+            let product = |row0: usize, rows: usize| {
+                let out = poisoned(&gpu, t * rows);
+                let (op, xp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0));
+                dev::matmul(&gpu, &k, op, xp, &dw, row0, rows, t).unwrap();
+                gpu.download(&out, t * rows).unwrap()
+            };
+            let err = rel_err(&product(0, n), &want);
             assert!(
                 err < tol,
                 "{name} t={t} exact={exact}: relative error {err}"
@@ -199,23 +193,11 @@ fn matmul_every_format_matches_the_cpu() {
             let err = rel_err(&gpu.download(&out, t * n).unwrap(), &want);
             assert!(err < tol, "{name} t={t} exact={exact}: batched {err}");
             // A row range (an expert of a stacked tensor; tiled formats start on a tile).
-            let out = poisoned(&gpu, t * 20);
-            dev::matmul(
-                &gpu,
-                &k,
-                ptr(&gpu, &out, 0),
-                ptr(&gpu, &xd, 0),
-                &dw,
-                32,
-                20,
-                t,
-            )
-            .unwrap();
-            let got = gpu.download(&out, t * 20).unwrap();
             let want_rows: Vec<f32> = (0..t)
                 .flat_map(|ti| want[ti * n + 32..ti * n + 52].to_vec())
                 .collect();
-            assert!(rel_err(&got, &want_rows) < tol, "{name} t={t}: rows 32..52");
+            let err = rel_err(&product(32, 20), &want_rows);
+            assert!(err < tol, "{name} t={t}: rows 32..52, relative error {err}");
         }
     }
     gpu.set_exact(false);

@@ -99,8 +99,7 @@ fn product(
         return gemv_q8(gpu, k, out, x, w, base, n, tokens);
     }
     let (scales, biases, group) = group_args(gpu, w, row0);
-    for t0 in (0..tokens).step_by(GEMV_MAX_T) {
-        let tc = GEMV_MAX_T.min(tokens - t0);
+    for (t0, tc) in token_chunks(tokens) {
         gpu.launch(
             k,
             &name,
@@ -318,8 +317,7 @@ fn gemv_tc(
     )?;
     let suffix = w.format.kernel_suffix();
     let warps = tensor_core_warps(n, kdim) as u32;
-    for t0 in (0..tokens).step_by(GEMV_MAX_T) {
-        let tc = GEMV_MAX_T.min(tokens - t0);
+    for (t0, tc) in token_chunks(tokens) {
         let name = if tc <= 8 {
             format!("gemv_tc8_{suffix}")
         } else {
@@ -350,8 +348,15 @@ fn int8_kernel(w: &DeviceWeight) -> bool {
     use crate::ggml::GgmlType;
     matches!(
         w.format,
-        super::GpuFormat::Ggml(GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_0)
+        super::GpuFormat::Ggml(GgmlType::Q5_K | GgmlType::Q8_0)
     )
+}
+
+/// The launches of a GEMV over `tokens`: `(first token, tokens)` of at most [`GEMV_MAX_T`].
+fn token_chunks(tokens: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..tokens)
+        .step_by(GEMV_MAX_T)
+        .map(move |t0| (t0, GEMV_MAX_T.min(tokens - t0)))
 }
 
 /// The integer GEMV: `x` quantised to int8 per 32 values once, then every chunk of tokens.
@@ -387,17 +392,16 @@ fn gemv_q8(
     // A one-token build with few registers for decode, the 16-token build for more: the same
     // sums per token (see `matmul`).
     let suffix = w.format.kernel_suffix();
-    let (name, grid) = if tokens == 1 {
-        (format!("gemv1_q8_{suffix}"), blocks(n, 4))
+    let name = if tokens == 1 {
+        format!("gemv1_q8_{suffix}")
     } else {
-        (format!("gemv_q8_{suffix}"), blocks(n, 4))
+        format!("gemv_q8_{suffix}")
     };
-    for t0 in (0..tokens).step_by(GEMV_MAX_T) {
-        let tc = GEMV_MAX_T.min(tokens - t0);
+    for (t0, tc) in token_chunks(tokens) {
         gpu.launch(
             k,
             &name,
-            grid,
+            blocks(n, 4),
             128,
             &[
                 Arg::Ptr(base),
