@@ -15,7 +15,14 @@ for l in sys.stdin:
 while read -r name exe; do cp "$exe" ".device/$name"; done <<<"$bins"
 cargo build --release --features cuda -p splash-cli
 cp target/release/splash .device/splash
-strip .device/splash .device/cuda_ops .device/cuda_parity .device/speculative_cuda .device/scheduler_cuda
+bench=$(cargo bench --no-run --features cuda -p splash-backend --bench gemv_cuda --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["executable"])')
+cp "$bench" .device/gemv_cuda
+strip .device/splash .device/cuda_ops .device/cuda_parity .device/speculative_cuda .device/scheduler_cuda .device/gemv_cuda
 pwd > .device/built_in
 "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: -d .device gguf==0.19.0
 for m in 27b:"--size 27b" 35b:"--size 35b-a3b --moe"; do

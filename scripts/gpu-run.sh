@@ -2,7 +2,8 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|demo|bench|serving|profile|all]   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|demo|bench|serving|profile|all]   (results under $OUT, default ./gpu-out)
+# `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint).
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
 set -uo pipefail
@@ -22,6 +23,11 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     echo "== $t"
     SPLASH_REQUIRE_GPU=1 ".device/$t" --test-threads 1 --nocapture 2>&1 | tee "$out/$t.log" | grep -E '^test |test result|panicked|GPU vs CPU' | head -60
   done
+fi
+
+if [ "$what" = kernels ] || [ "$what" = all ]; then
+  echo "== GEMV kernels"
+  ./.device/gemv_cuda 2>&1 | tee "$out/gemv.txt"
 fi
 
 if [ "$what" = demo ] || [ "$what" = all ]; then
