@@ -593,9 +593,10 @@ Q8_KERNEL(q8_0, FMT_Q8_0)
 // speculative verify block, the rows of a batched pass). Weights are decoded to f16 (the stored
 // value rounded once), activations are f16 scaled per token and 256-value block by a power of
 // two (nothing overflows, small values keep their precision), and mma.sync m16n8k16 multiplies
-// 16 weight rows by 8 tokens with f32 accumulation; each block's sums are scaled back in f32. Each weight byte is read once per launch whatever
-// the token count, so 16 tokens cost about what one costs; and a token's column of the mma
-// never mixes with another's, so every token gets the same bits alone or in a block.
+// 16 weight rows by 8 tokens with f32 accumulation; each block's sums are scaled back in f32.
+// Each weight byte is read once per launch whatever the token count, so 16 tokens cost about
+// what one costs; and a token's column of the mma never mixes with another's, so every token
+// gets the same bits alone or in a block.
 //
 // Fragments (PTX ISA, m16n8k16 .f16, lane = 4·g + q): A (weight rows × k) a0 = row g, k 2q..2q+1;
 // a1 = row g+8, same k; a2, a3 = the same rows at k 2q+8..2q+9. B (k × tokens) b0 = token g,
@@ -690,8 +691,8 @@ __device__ __forceinline__ TcRaw tc_load(const u8* seg, int half, int lane) {
     return r;
 }
 
-// The f16x2 factors of lane q's four sub-blocks m: Q4_K value = mul·code − neg (add holds
-// −dmin·m); Q6_K value = mul·(code − 32).
+// The f16x2 factors of lane q's four sub-blocks m: Q4_K value = mul·code + add (mul = d·sc,
+// add = −dmin·m); Q6_K value = mul·(code − 32) (mul = d·sc).
 struct TcScales {
     u32 mul[4], add[4];
 };
