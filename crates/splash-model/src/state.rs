@@ -192,8 +192,8 @@ impl SequenceState {
                     w.u64(1);
                     for store in [k, v] {
                         let (bytes, scales) = store.raw();
-                        w.bytes(bytes);
-                        w.f32s(scales);
+                        w.bytes(&bytes);
+                        w.f32s(&scales);
                     }
                 }
             }
@@ -269,8 +269,8 @@ impl SequenceState {
             .map(|l| match l {
                 LayerImage::Gdn { conv, recurrent } => LayerState::Gdn { conv, recurrent },
                 LayerImage::Attn { k, ks, v, vs } => LayerState::Attn {
-                    k: KvStore::from_raw(kv, k, ks),
-                    v: KvStore::from_raw(kv, v, vs),
+                    k: KvStore::from_raw(kv, k, &ks, config.head_dim),
+                    v: KvStore::from_raw(kv, v, &vs, config.head_dim),
                 },
             })
             .collect();
@@ -292,7 +292,24 @@ impl SequenceState {
         self.len == 0
     }
 
-    /// Bytes held by this state.
+    /// The KV pages this state holds, as (identity, bytes): copies of a state share them
+    /// (see `KvStore::pages`), so a holder of several copies counts each page once. None on a
+    /// GPU, whose caches are whole buffers.
+    pub fn kv_pages(&self) -> Vec<(usize, usize)> {
+        #[cfg(feature = "cuda")]
+        if self.gpu.is_some() {
+            return Vec::new();
+        }
+        let mut pages = Vec::new();
+        for layer in &self.layers {
+            if let LayerState::Attn { k, v } = layer {
+                pages.extend(k.pages().chain(v.pages()));
+            }
+        }
+        pages
+    }
+
+    /// Bytes held by this state (shared KV pages included).
     pub fn memory_bytes(&self) -> usize {
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {

@@ -47,33 +47,33 @@ pub fn attention(
         let qv = &q[i * d..(i + 1) * d];
         let len = pos0 + ti + 1;
         let mut row = vec![0.0f32; d];
-        let mut scores: Vec<f32> = (0..len)
-            .map(|j| {
-                k.row(j * hkv + kvh, &mut row);
-                dot(qv, &row) * scale
-            })
-            .collect();
+        let mut scores = vec![0.0f32; len];
+        k.for_each_row(kvh, hkv, len, &mut row, |j, key| {
+            scores[j] = dot(qv, key) * scale;
+        });
         super::softmax_in_place(&mut scores);
         o.fill(0.0);
-        for (j, &p) in scores.iter().enumerate() {
-            v.row(j * hkv + kvh, &mut row);
-            for (a, &b) in o.iter_mut().zip(&row) {
+        v.for_each_row(kvh, hkv, len, &mut row, |j, value| {
+            let p = scores[j];
+            for (a, &b) in o.iter_mut().zip(value) {
                 *a += p * b;
             }
-        }
+        });
     });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::KvFormat;
 
     #[test]
     fn single_key_returns_its_value_and_causality_holds() {
         // hq=2, hkv=1, d=2; two cached positions, query at position 0 sees only key 0.
         let q = [1.0, 0.0, 0.0, 1.0];
-        let k = KvStore::F32(vec![1.0, 0.0, 0.0, 1.0]);
-        let v = KvStore::F32(vec![1.0, 2.0, 10.0, 20.0]);
+        let (mut k, mut v) = (KvStore::new(KvFormat::F32), KvStore::new(KvFormat::F32));
+        k.append(&[1.0, 0.0, 0.0, 1.0], 2);
+        v.append(&[1.0, 2.0, 10.0, 20.0], 2);
         let mut out = [0.0; 4];
         attention(&mut out, &q, &k, &v, 2, 1, 2, 0, 1.0);
         assert_eq!(out, [1.0, 2.0, 1.0, 2.0]);

@@ -1,5 +1,7 @@
 //! Key/value cache storage: rows of `d` values (one per token and kv head), kept in f32,
-//! bf16, or int8 with one f32 scale per row (symmetric).
+//! bf16, or int8 with one f32 scale per row (symmetric), in pages that clones share.
+
+use std::sync::Arc;
 
 /// How cached keys and values are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -38,107 +40,92 @@ impl std::str::FromStr for KvFormat {
     }
 }
 
-/// A growing cache of rows of `d` values.
+/// Rows per page of a [`KvStore`]: the unit in which sequences and prefix-cache entries share
+/// keys and values without copying them.
+pub const KV_PAGE_ROWS: usize = 64;
+
+/// A growing cache of rows of `d` values, in pages of [`KV_PAGE_ROWS`] rows. A clone shares
+/// every page (no copy); a page is copied only when one of its holders writes to it, which is
+/// only ever the partly filled last page (copy on write).
 #[derive(Clone, Debug)]
-pub enum KvStore {
+pub struct KvStore {
+    format: KvFormat,
+    pages: Vec<Arc<KvPage>>,
+    /// Rows stored.
+    rows: usize,
+    /// Values per row (0 before the first append).
+    width: usize,
+}
+
+/// The rows of one page, in the store's format.
+#[derive(Clone, Debug)]
+enum KvPage {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
     Int8 { q: Vec<i8>, scale: Vec<f32> },
 }
 
-impl KvStore {
-    /// An empty store of `format`.
-    pub fn new(format: KvFormat) -> Self {
+impl KvPage {
+    fn new(format: KvFormat, width: usize) -> Self {
+        let values = KV_PAGE_ROWS * width;
         match format {
-            KvFormat::F32 => Self::F32(Vec::new()),
-            KvFormat::Bf16 => Self::Bf16(Vec::new()),
+            KvFormat::F32 => Self::F32(Vec::with_capacity(values)),
+            KvFormat::Bf16 => Self::Bf16(Vec::with_capacity(values)),
             KvFormat::Int8 => Self::Int8 {
-                q: Vec::new(),
-                scale: Vec::new(),
+                q: Vec::with_capacity(values),
+                scale: Vec::with_capacity(KV_PAGE_ROWS),
             },
         }
     }
 
-    /// Number of values stored.
-    pub fn len(&self) -> usize {
+    fn bytes(&self) -> usize {
         match self {
-            Self::F32(v) => v.len(),
-            Self::Bf16(v) => v.len(),
-            Self::Int8 { q, .. } => q.len(),
+            Self::F32(v) => v.capacity() * 4,
+            Self::Bf16(v) => v.capacity() * 2,
+            Self::Int8 { q, scale } => q.capacity() + scale.capacity() * 4,
         }
     }
 
-    /// True when nothing is stored.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
+    fn push(&mut self, row: &[f32]) {
+        // A page copied on write holds just its rows: give it the whole page's room once.
+        let (values, rows) = (KV_PAGE_ROWS * row.len(), KV_PAGE_ROWS);
         match self {
-            Self::F32(v) => v.len() * 4,
-            Self::Bf16(v) => v.len() * 2,
-            Self::Int8 { q, scale } => q.len() + scale.len() * 4,
-        }
-    }
-
-    /// Appends rows of `d` values.
-    pub fn append(&mut self, rows: &[f32], d: usize) {
-        match self {
-            Self::F32(v) => v.extend_from_slice(rows),
-            Self::Bf16(v) => v.extend(rows.iter().map(|&x| half::bf16::from_f32(x).to_bits())),
+            Self::F32(v) => v.reserve_exact(values - v.len()),
+            Self::Bf16(v) => v.reserve_exact(values - v.len()),
             Self::Int8 { q, scale } => {
-                for row in rows.chunks_exact(d) {
-                    let max = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-                    let s = if max > 0.0 { max / 127.0 } else { 1.0 };
-                    let inv = 1.0 / s;
-                    q.extend(
-                        row.iter()
-                            .map(|&x| (x * inv).round().clamp(-127.0, 127.0) as i8),
-                    );
-                    scale.push(s);
-                }
+                q.reserve_exact(values - q.len());
+                scale.reserve_exact(rows - scale.len());
+            }
+        }
+        match self {
+            Self::F32(v) => v.extend_from_slice(row),
+            Self::Bf16(v) => v.extend(row.iter().map(|&x| half::bf16::from_f32(x).to_bits())),
+            Self::Int8 { q, scale } => {
+                let max = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+                let inv = 1.0 / s;
+                q.extend(
+                    row.iter()
+                        .map(|&x| (x * inv).round().clamp(-127.0, 127.0) as i8),
+                );
+                scale.push(s);
             }
         }
     }
 
-    /// Drops everything after the first `rows` rows of `d` values.
-    pub fn truncate(&mut self, rows: usize, d: usize) {
+    fn truncate(&mut self, rows: usize, width: usize) {
         match self {
-            Self::F32(v) => v.truncate(rows * d),
-            Self::Bf16(v) => v.truncate(rows * d),
+            Self::F32(v) => v.truncate(rows * width),
+            Self::Bf16(v) => v.truncate(rows * width),
             Self::Int8 { q, scale } => {
-                q.truncate(rows * d);
+                q.truncate(rows * width);
                 scale.truncate(rows);
             }
         }
     }
 
-    /// The stored values as bytes (f32 or bf16 little-endian, or int8 codes) and the int8 row
-    /// scales (empty for the other formats): what a saved state image holds.
-    pub fn raw(&self) -> (&[u8], &[f32]) {
-        match self {
-            Self::F32(v) => (bytemuck::cast_slice(v), &[]),
-            Self::Bf16(v) => (bytemuck::cast_slice(v), &[]),
-            Self::Int8 { q, scale } => (bytemuck::cast_slice(q), scale),
-        }
-    }
-
-    /// A store of `format` holding `bytes` and `scales` as [`raw`](Self::raw) gave them.
-    pub fn from_raw(format: KvFormat, bytes: &[u8], scales: Vec<f32>) -> Self {
-        match format {
-            KvFormat::F32 => Self::F32(bytemuck::pod_collect_to_vec(bytes)),
-            KvFormat::Bf16 => Self::Bf16(bytemuck::pod_collect_to_vec(bytes)),
-            KvFormat::Int8 => Self::Int8 {
-                q: bytemuck::cast_slice(bytes).to_vec(),
-                scale: scales,
-            },
-        }
-    }
-
-    /// Row `r` (of `out.len()` values) as f32.
     #[inline]
-    pub fn row(&self, r: usize, out: &mut [f32]) {
+    fn row(&self, r: usize, out: &mut [f32]) {
         let d = out.len();
         match self {
             Self::F32(v) => out.copy_from_slice(&v[r * d..(r + 1) * d]),
@@ -153,6 +140,154 @@ impl KvStore {
                     *o = x as f32 * s;
                 }
             }
+        }
+    }
+}
+
+impl KvStore {
+    /// An empty store of `format`.
+    pub fn new(format: KvFormat) -> Self {
+        Self {
+            format,
+            pages: Vec::new(),
+            rows: 0,
+            width: 0,
+        }
+    }
+
+    /// Number of values stored.
+    pub fn len(&self) -> usize {
+        self.rows * self.width
+    }
+
+    /// True when nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Bytes held (the pages' capacity), shared pages included.
+    pub fn bytes(&self) -> usize {
+        self.pages.iter().map(|p| p.bytes()).sum()
+    }
+
+    /// The pages held, as (identity, bytes): two stores hold the same page, unduplicated, when
+    /// their identities match (the prefix cache counts a shared page once).
+    pub fn pages(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.pages
+            .iter()
+            .map(|p| (Arc::as_ptr(p) as usize, p.bytes()))
+    }
+
+    /// Appends rows of `d` values.
+    pub fn append(&mut self, rows: &[f32], d: usize) {
+        if self.rows == 0 {
+            self.width = d;
+        }
+        assert_eq!(
+            d, self.width,
+            "rows of {d} values in a store of {}",
+            self.width
+        );
+        for row in rows.chunks_exact(d) {
+            if self.rows.is_multiple_of(KV_PAGE_ROWS) {
+                self.pages.push(Arc::new(KvPage::new(self.format, d)));
+            }
+            let last = self.pages.last_mut().expect("a page for the row");
+            Arc::make_mut(last).push(row);
+            self.rows += 1;
+        }
+    }
+
+    /// Drops everything after the first `rows` rows of `d` values.
+    pub fn truncate(&mut self, rows: usize, d: usize) {
+        if rows >= self.rows {
+            return;
+        }
+        self.pages.truncate(rows.div_ceil(KV_PAGE_ROWS));
+        let kept = rows % KV_PAGE_ROWS;
+        if kept > 0 {
+            let last = self.pages.last_mut().expect("the partly kept page");
+            Arc::make_mut(last).truncate(kept, d);
+        }
+        self.rows = rows;
+    }
+
+    /// The stored values as bytes (f32 or bf16 little-endian, or int8 codes) and the int8 row
+    /// scales (empty for the other formats), pages back to back: what a saved state image
+    /// holds.
+    pub fn raw(&self) -> (Vec<u8>, Vec<f32>) {
+        let (mut bytes, mut scales) = (Vec::new(), Vec::new());
+        for page in &self.pages {
+            match &**page {
+                KvPage::F32(v) => bytes.extend_from_slice(bytemuck::cast_slice(v)),
+                KvPage::Bf16(v) => bytes.extend_from_slice(bytemuck::cast_slice(v)),
+                KvPage::Int8 { q, scale } => {
+                    bytes.extend_from_slice(bytemuck::cast_slice(q));
+                    scales.extend_from_slice(scale);
+                }
+            }
+        }
+        (bytes, scales)
+    }
+
+    /// A store of `format` holding rows of `d` values from `bytes` and `scales` as
+    /// [`raw`](Self::raw) gave them.
+    pub fn from_raw(format: KvFormat, bytes: &[u8], scales: &[f32], d: usize) -> Self {
+        let mut store = Self::new(format);
+        let row_bytes = d * match format {
+            KvFormat::F32 => 4,
+            KvFormat::Bf16 => 2,
+            KvFormat::Int8 => 1,
+        };
+        if d == 0 || bytes.is_empty() {
+            return store;
+        }
+        store.width = d;
+        for (i, chunk) in bytes.chunks(KV_PAGE_ROWS * row_bytes).enumerate() {
+            let rows = chunk.len() / row_bytes;
+            store.pages.push(Arc::new(match format {
+                KvFormat::F32 => KvPage::F32(bytemuck::pod_collect_to_vec(chunk)),
+                KvFormat::Bf16 => KvPage::Bf16(bytemuck::pod_collect_to_vec(chunk)),
+                KvFormat::Int8 => KvPage::Int8 {
+                    q: bytemuck::cast_slice(chunk).to_vec(),
+                    scale: scales[i * KV_PAGE_ROWS..i * KV_PAGE_ROWS + rows].to_vec(),
+                },
+            }));
+            store.rows += rows;
+        }
+        store
+    }
+
+    /// Row `r` (of `out.len()` values) as f32.
+    #[inline]
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        self.pages[r / KV_PAGE_ROWS].row(r % KV_PAGE_ROWS, out);
+    }
+
+    /// Rows `first`, `first + step`, ... (`count` of them) as f32 in `buf`, each handed to `f`
+    /// with its index: what [`row`](Self::row) gives, the page looked up once per page.
+    #[inline]
+    pub fn for_each_row(
+        &self,
+        first: usize,
+        step: usize,
+        count: usize,
+        buf: &mut [f32],
+        mut f: impl FnMut(usize, &[f32]),
+    ) {
+        let mut at = usize::MAX;
+        let mut page: &KvPage = match self.pages.first() {
+            Some(p) => p,
+            None => return,
+        };
+        for i in 0..count {
+            let r = first + i * step;
+            if r / KV_PAGE_ROWS != at {
+                at = r / KV_PAGE_ROWS;
+                page = &self.pages[at];
+            }
+            page.row(r % KV_PAGE_ROWS, buf);
+            f(i, buf);
         }
     }
 }
@@ -190,11 +325,83 @@ mod tests {
             s.append(&rows, d);
             s.bytes()
         };
-        assert_eq!(int8, 3 * KvFormat::Int8.row_bytes(d));
+        // One page, whole: its rows are reserved when it is made.
+        assert_eq!(int8, KV_PAGE_ROWS * KvFormat::Int8.row_bytes(d));
         assert_eq!("BF16".parse::<KvFormat>(), Ok(KvFormat::Bf16));
         assert!("fp8"
             .parse::<KvFormat>()
             .unwrap_err()
             .contains("int8, bf16 or f32"));
+    }
+
+    /// Rows `0..n` of width `d`, each value naming its row.
+    fn rows(n: usize, d: usize, from: usize) -> Vec<f32> {
+        (0..n * d).map(|i| (from + i / d) as f32 + 0.25).collect()
+    }
+
+    fn read(s: &KvStore, d: usize) -> Vec<f32> {
+        let mut out = vec![0.0; s.len()];
+        for (r, o) in out.chunks_exact_mut(d).enumerate() {
+            s.row(r, o);
+        }
+        out
+    }
+
+    /// A clone shares every page; writing to either copies only the last page, and neither
+    /// sees the other's rows.
+    #[test]
+    fn clones_share_pages_and_copy_on_write() {
+        let d = 4;
+        let n = 2 * KV_PAGE_ROWS + 5;
+        for format in [KvFormat::F32, KvFormat::Bf16, KvFormat::Int8] {
+            let mut a = KvStore::new(format);
+            a.append(&rows(n, d, 0), d);
+            let mut b = a.clone();
+            let ids = |s: &KvStore| s.pages().map(|(id, _)| id).collect::<Vec<_>>();
+            assert_eq!(ids(&a), ids(&b), "{format:?}: a clone shares its pages");
+            a.append(&rows(3, d, 1000), d);
+            b.truncate(n - 2, d);
+            b.append(&rows(1, d, 2000), d);
+            let (pa, pb) = (ids(&a), ids(&b));
+            assert_eq!(pa[..2], pb[..2], "{format:?}: full pages stay shared");
+            assert_ne!(pa[2], pb[2], "{format:?}: the written page was copied");
+            let mut want_a = rows(n, d, 0);
+            want_a.extend(rows(3, d, 1000));
+            let mut want_b = rows(n - 2, d, 0);
+            want_b.extend(rows(1, d, 2000));
+            let tol = if format == KvFormat::F32 {
+                0.0
+            } else {
+                0.02 * (n + 2000) as f32
+            };
+            for (got, want) in [(read(&a, d), want_a), (read(&b, d), want_b)] {
+                assert_eq!(got.len(), want.len());
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() <= tol, "{format:?}: {g} vs {w}");
+                }
+            }
+            // Back to a page boundary, then past it again.
+            a.truncate(KV_PAGE_ROWS, d);
+            assert_eq!(a.pages().count(), 1);
+            a.append(&rows(2, d, 0), d);
+            assert_eq!(a.pages().count(), 2);
+        }
+    }
+
+    /// `raw` and `from_raw` keep every row across page boundaries.
+    #[test]
+    fn raw_round_trips_across_pages() {
+        let d = 6;
+        let n = 3 * KV_PAGE_ROWS + 7;
+        for format in [KvFormat::F32, KvFormat::Bf16, KvFormat::Int8] {
+            let mut a = KvStore::new(format);
+            a.append(&rows(n, d, 0), d);
+            let (bytes, scales) = a.raw();
+            let b = KvStore::from_raw(format, &bytes, &scales, d);
+            assert_eq!(b.len(), a.len());
+            assert_eq!(read(&a, d), read(&b, d), "{format:?}");
+            assert_eq!(b.raw(), (bytes, scales));
+            assert!(KvStore::from_raw(format, &[], &[], d).is_empty());
+        }
     }
 }

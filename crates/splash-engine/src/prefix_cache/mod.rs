@@ -8,6 +8,7 @@
 
 mod disk;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use splash_model::{Model, ModelError, SequenceState};
@@ -29,7 +30,11 @@ struct Entry {
     tokens: Vec<u32>,
     state: SequenceState,
     draft: Option<Box<dyn DraftSession>>,
+    /// Bytes outside shared KV pages (GDN state, draft context, tokens; all of a GPU state).
     bytes: usize,
+    /// The state's shared KV pages, (identity, bytes): counted once however many entries
+    /// hold them ([`PrefixCache::pages`]).
+    pages: Vec<(usize, usize)>,
     last_used: u64,
     /// The preempted sequence whose state this is ([`PrefixCache::park`]): it takes the entry
     /// back without a copy. Other requests use it like any entry.
@@ -58,6 +63,10 @@ pub struct PrefixCacheStats {
 /// takes what the memory tier evicts.
 pub(crate) struct PrefixCache {
     entries: Vec<Entry>,
+    /// The KV pages the entries hold: identity → (bytes, entries holding it). The checkpoints
+    /// of one conversation share their common pages, so they cost about one copy of the
+    /// longest, not one copy each.
+    pages: HashMap<usize, (usize, usize)>,
     clock: u64,
     stats: PrefixCacheStats,
     disk: Option<DiskTier>,
@@ -67,6 +76,7 @@ impl PrefixCache {
     pub fn new(budget_bytes: usize) -> Self {
         Self {
             entries: Vec::new(),
+            pages: HashMap::new(),
             clock: 0,
             stats: PrefixCacheStats {
                 budget_bytes,
@@ -181,7 +191,7 @@ impl PrefixCache {
             .position(|e| fits(e) && e.owner == Some(owner))
         {
             let e = self.entries.swap_remove(i);
-            self.stats.bytes -= e.bytes;
+            self.forget(&e);
             return Some(Restored {
                 len: tokens.len(),
                 state: e.state,
@@ -293,27 +303,32 @@ impl PrefixCache {
         draft: Option<Box<dyn DraftSession>>,
         owner: Option<SeqId>,
     ) {
-        let bytes = state.memory_bytes()
+        let pages = state.kv_pages();
+        let paged: usize = pages.iter().map(|&(_, b)| b).sum();
+        let bytes = state.memory_bytes() - paged
             + draft.as_ref().map_or(0, |d| d.memory_bytes())
             + tokens.len() * 4;
         self.clock += 1;
         if let Some(i) = self.entries.iter().position(|e| e.tokens == tokens) {
             let old = self.entries.swap_remove(i);
-            self.stats.bytes -= old.bytes;
+            self.forget(&old);
         }
         let entry = Entry {
             tokens,
             state,
             draft,
             bytes,
+            pages,
             last_used: self.clock,
             owner,
         };
-        if bytes > self.stats.budget_bytes {
+        if bytes + paged > self.stats.budget_bytes {
             self.spill(entry);
             return;
         }
-        while self.stats.bytes + bytes > self.stats.budget_bytes {
+        // What the entry adds: its own bytes and the pages no entry holds yet (evicting an
+        // entry can raise it, by releasing a page the two shared).
+        while self.stats.bytes + self.added_bytes(&entry) > self.stats.budget_bytes {
             let Some((i, _)) = self
                 .entries
                 .iter()
@@ -323,12 +338,44 @@ impl PrefixCache {
                 break;
             };
             let old = self.entries.swap_remove(i);
-            self.stats.bytes -= old.bytes;
+            self.forget(&old);
             self.stats.evictions += 1;
             self.spill(old);
         }
+        self.stats.bytes += entry.bytes;
+        for &(id, b) in &entry.pages {
+            let held = self.pages.entry(id).or_insert((b, 0));
+            if held.1 == 0 {
+                self.stats.bytes += b;
+            }
+            held.1 += 1;
+        }
         self.entries.push(entry);
-        self.stats.bytes += bytes;
+    }
+
+    /// Bytes `e` would add: its own and those of its pages that no entry holds.
+    fn added_bytes(&self, e: &Entry) -> usize {
+        e.bytes
+            + e.pages
+                .iter()
+                .filter(|(id, _)| !self.pages.contains_key(id))
+                .map(|&(_, b)| b)
+                .sum::<usize>()
+    }
+
+    /// Takes a removed entry out of the byte count: its own bytes, and the pages no other
+    /// entry holds.
+    fn forget(&mut self, e: &Entry) {
+        self.stats.bytes -= e.bytes;
+        for (id, _) in &e.pages {
+            if let Some(held) = self.pages.get_mut(id) {
+                held.1 -= 1;
+                if held.1 == 0 {
+                    self.stats.bytes -= held.0;
+                    self.pages.remove(id);
+                }
+            }
+        }
     }
 
     /// Hands an entry leaving memory to the disk tier (unless the file is there already).
@@ -358,7 +405,7 @@ impl PrefixCache {
     /// Moves every memory entry to the disk tier (dropped without one).
     pub fn spill_all(&mut self) {
         for e in std::mem::take(&mut self.entries) {
-            self.stats.bytes -= e.bytes;
+            self.forget(&e);
             self.spill(e);
         }
     }
@@ -431,6 +478,56 @@ pub(crate) fn checkpoint_positions(prompt: &[u32], im_start: Option<u32>) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use splash_model::{load, KvFormat, Logits};
+
+    /// The checkpoints of one long prompt share their common KV pages: the cache counts them
+    /// once (about one copy of the longest state, not one per checkpoint), and gives every
+    /// byte back as entries leave.
+    #[test]
+    fn checkpoints_of_one_prompt_share_their_pages() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/qwen35-dense");
+        let model = load(&dir).unwrap();
+        let prompt: Vec<u32> = (0..600).map(|i| (i * 37 % 400) as u32).collect();
+        let mut state = model.graph.new_state_with(KvFormat::Int8);
+        let mut cache = PrefixCache::new(1 << 30);
+        let (mut separate, mut last) = (0, Vec::new());
+        for end in [200, 400, 600] {
+            let start = state.len();
+            last = model
+                .graph
+                .forward(&mut state, &prompt[start..end], Logits::Last)
+                .unwrap();
+            let copy = state.try_clone().unwrap();
+            separate += copy.memory_bytes();
+            cache.insert(prompt[..end].to_vec(), copy, None);
+        }
+        let shared = cache.stats().bytes;
+        let longest = state.memory_bytes();
+        println!("3 checkpoints: {shared} bytes cached, {separate} as copies, longest {longest}");
+        assert!(
+            shared < separate * 2 / 3 && shared >= longest,
+            "{shared} bytes for checkpoints of {separate} bytes apart (the longest: {longest})"
+        );
+        // The original state kept writing after its copies were taken (copy on write): the
+        // checkpoint after 400 tokens, restored, continues exactly as the original did.
+        let r = cache.lookup(&prompt, &model, None).unwrap();
+        assert_eq!(r.len, 400, "the longest proper prefix");
+        let mut resumed = r.state;
+        let l = model
+            .graph
+            .forward(&mut resumed, &prompt[400..], Logits::Last)
+            .unwrap();
+        assert_eq!(l, last, "resumed from shared pages");
+        assert_eq!(
+            cache.stats().bytes,
+            shared,
+            "a restored copy does not count"
+        );
+        cache.spill_all();
+        assert_eq!(cache.stats().bytes, 0);
+        assert!(cache.pages.is_empty());
+    }
 
     #[test]
     fn checkpoints_at_turn_starts_every_4096_tokens_and_before_the_last_token() {
