@@ -3,10 +3,13 @@
 //! turns) is restored instead of prefilled again. A Gated DeltaNet state cannot be cut back to
 //! an earlier position, so states are stored at chosen positions (see
 //! [`checkpoint_positions`]) and a request resumes from the longest stored prefix of its
-//! prompt. Entries are whole copies, evicted least recently used first within a byte budget,
-//! to the disk tier ([`disk`]) when there is one.
+//! prompt, found in a radix tree of the entries' tokens ([`trie`]). Entries are copies of a
+//! state; on the CPU they share their KV pages with each other and with the sequences (each
+//! page counted once). They are evicted least recently used first within a byte budget, to
+//! the disk tier ([`disk`]) when there is one.
 
 mod disk;
+mod trie;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +18,7 @@ use splash_model::{Model, ModelError, SequenceState};
 
 pub use disk::{free_disk_bytes, DiskCacheConfig, DiskCacheStats};
 use disk::{DiskTier, Spill};
+use trie::TokenTrie;
 
 use crate::engine::SeqId;
 use crate::speculative::{DraftSession, Drafter};
@@ -63,6 +67,9 @@ pub struct PrefixCacheStats {
 /// takes what the memory tier evicts.
 pub(crate) struct PrefixCache {
     entries: Vec<Entry>,
+    /// The entries' tokens in a radix tree (value: the entry's index): a lookup walks the
+    /// prompt once, however many entries there are. Tokens are unique among entries.
+    index: TokenTrie,
     /// The KV pages the entries hold: identity → (bytes, entries holding it). The checkpoints
     /// of one conversation share their common pages, so they cost about one copy of the
     /// longest, not one copy each.
@@ -76,6 +83,7 @@ impl PrefixCache {
     pub fn new(budget_bytes: usize) -> Self {
         Self {
             entries: Vec::new(),
+            index: TokenTrie::new(),
             pages: HashMap::new(),
             clock: 0,
             stats: PrefixCacheStats {
@@ -119,13 +127,14 @@ impl PrefixCache {
         self.stats.lookups += 1;
         self.clock += 1;
         let memory = self
-            .entries
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.tokens.len() < prompt.len() && prompt.starts_with(&e.tokens))
-            .filter(|(_, e)| !with_draft || e.draft.is_some())
-            .max_by_key(|(_, e)| e.tokens.len())
-            .map(|(i, e)| (i, e.tokens.len()));
+            .index
+            .prefixes(prompt)
+            .into_iter()
+            .filter(|&(len, i)| {
+                len < prompt.len() && (!with_draft || self.entries[i].draft.is_some())
+            })
+            .map(|(len, i)| (i, len))
+            .next_back();
         let on_disk = self.disk.as_ref().and_then(|d| d.best(prompt, with_draft));
         if let Some(len) = on_disk.filter(|&d| memory.is_none_or(|(_, m)| d > m)) {
             if let Some(r) = self.load_from_disk(prompt, len, model, drafter) {
@@ -165,9 +174,8 @@ impl PrefixCache {
     ) {
         let with_draft = draft.is_some();
         let known = self
-            .entries
-            .iter()
-            .any(|e| e.tokens == tokens && (e.draft.is_some() || !with_draft));
+            .entry_for(&tokens)
+            .is_some_and(|i| self.entries[i].draft.is_some() || !with_draft);
         if !known {
             self.insert_entry(tokens, state, draft, Some(owner));
         }
@@ -184,21 +192,18 @@ impl PrefixCache {
         drafter: Option<&Arc<dyn Drafter>>,
     ) -> Option<Restored> {
         let with_draft = drafter.is_some();
-        let fits = |e: &Entry| e.tokens == tokens && (!with_draft || e.draft.is_some());
-        if let Some(i) = self
-            .entries
-            .iter()
-            .position(|e| fits(e) && e.owner == Some(owner))
-        {
-            let e = self.entries.swap_remove(i);
-            self.forget(&e);
+        let fitting = self
+            .entry_for(tokens)
+            .filter(|&i| !with_draft || self.entries[i].draft.is_some());
+        if let Some(i) = fitting.filter(|&i| self.entries[i].owner == Some(owner)) {
+            let e = self.remove_entry(i);
             return Some(Restored {
                 len: tokens.len(),
                 state: e.state,
                 draft: e.draft.filter(|_| with_draft),
             });
         }
-        if let Some(i) = self.entries.iter().position(fits) {
+        if let Some(i) = fitting {
             self.clock += 1;
             self.entries[i].last_used = self.clock;
             return match self.copy_entry(i, with_draft) {
@@ -309,9 +314,8 @@ impl PrefixCache {
             + draft.as_ref().map_or(0, |d| d.memory_bytes())
             + tokens.len() * 4;
         self.clock += 1;
-        if let Some(i) = self.entries.iter().position(|e| e.tokens == tokens) {
-            let old = self.entries.swap_remove(i);
-            self.forget(&old);
+        if let Some(i) = self.entry_for(&tokens) {
+            self.remove_entry(i);
         }
         let entry = Entry {
             tokens,
@@ -337,8 +341,7 @@ impl PrefixCache {
             else {
                 break;
             };
-            let old = self.entries.swap_remove(i);
-            self.forget(&old);
+            let old = self.remove_entry(i);
             self.stats.evictions += 1;
             self.spill(old);
         }
@@ -350,7 +353,28 @@ impl PrefixCache {
             }
             held.1 += 1;
         }
+        self.index.insert(&entry.tokens, self.entries.len());
         self.entries.push(entry);
+    }
+
+    /// The entry for exactly `tokens`.
+    fn entry_for(&self, tokens: &[u32]) -> Option<usize> {
+        self.index
+            .prefixes(tokens)
+            .last()
+            .filter(|&&(len, _)| len == tokens.len())
+            .map(|&(_, i)| i)
+    }
+
+    /// Takes entry `i` out of memory (the index and the byte count follow).
+    fn remove_entry(&mut self, i: usize) -> Entry {
+        let e = self.entries.swap_remove(i);
+        self.index.remove(&e.tokens);
+        if let Some(moved) = self.entries.get(i) {
+            self.index.insert(&moved.tokens, i);
+        }
+        self.forget(&e);
+        e
     }
 
     /// Bytes `e` would add: its own and those of its pages that no entry holds.
@@ -404,6 +428,7 @@ impl PrefixCache {
 
     /// Moves every memory entry to the disk tier (dropped without one).
     pub fn spill_all(&mut self) {
+        self.index = TokenTrie::new();
         for e in std::mem::take(&mut self.entries) {
             self.forget(&e);
             self.spill(e);
