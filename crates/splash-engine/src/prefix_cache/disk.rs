@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
+use super::trie::TokenTrie;
+
 const MAGIC: &[u8; 8] = b"SPLCACHE";
 const VERSION: u64 = 1;
 const EXTENSION: &str = "splc";
@@ -76,6 +78,9 @@ struct DiskEntry {
 #[derive(Default)]
 struct Index {
     entries: Vec<DiskEntry>,
+    /// The entries' tokens in a radix tree: how many files hold each sequence without and with
+    /// a draft context (a lookup walks the prompt once, however many files there are).
+    by_tokens: TokenTrie<[u32; 2]>,
     /// Spills queued for the writer (tokens, with a draft context) and their bytes: they count
     /// as present, and bound the host memory the queue holds.
     pending: Vec<(Vec<u32>, bool)>,
@@ -88,10 +93,33 @@ struct Index {
 }
 
 impl Index {
+    fn add(&mut self, e: DiskEntry) {
+        let mut counts = self.by_tokens.get(&e.tokens).unwrap_or([0, 0]);
+        counts[e.with_draft as usize] += 1;
+        self.by_tokens.insert(&e.tokens, counts);
+        self.bytes += e.bytes;
+        self.entries.push(e);
+    }
+
     fn remove(&mut self, i: usize) {
         let e = self.entries.swap_remove(i);
         self.bytes -= e.bytes;
+        if let Some(mut counts) = self.by_tokens.get(&e.tokens) {
+            counts[e.with_draft as usize] -= 1;
+            if counts == [0, 0] {
+                self.by_tokens.remove(&e.tokens);
+            } else {
+                self.by_tokens.insert(&e.tokens, counts);
+            }
+        }
         let _ = fs::remove_file(&e.path);
+    }
+
+    /// Whether a file holds exactly `tokens`, with a draft context when `with_draft`.
+    fn holds(&self, tokens: &[u32], with_draft: bool) -> bool {
+        self.by_tokens
+            .get(tokens)
+            .is_some_and(|[plain, drafted]| drafted > 0 || (!with_draft && plain > 0))
     }
 
     /// Removes least recently used files until `extra` more bytes fit in `budget`.
@@ -242,12 +270,11 @@ impl DiskTier {
     /// on disk or being written.
     pub(crate) fn contains(&self, tokens: &[u32], with_draft: bool) -> bool {
         let index = self.index();
-        index
-            .entries
-            .iter()
-            .map(|e| (&e.tokens, e.with_draft))
-            .chain(index.pending.iter().map(|(t, d)| (t, *d)))
-            .any(|(t, d)| t == tokens && d >= with_draft)
+        index.holds(tokens, with_draft)
+            || index
+                .pending
+                .iter()
+                .any(|(t, d)| t == tokens && *d >= with_draft)
     }
 
     /// True while a spill of exactly these tokens waits for the writer.
@@ -261,12 +288,14 @@ impl DiskTier {
     /// The length of the longest proper prefix of `prompt` on disk.
     pub(crate) fn best(&self, prompt: &[u32], with_draft: bool) -> Option<usize> {
         self.index()
-            .entries
-            .iter()
-            .filter(|e| e.tokens.len() < prompt.len() && prompt.starts_with(&e.tokens))
-            .filter(|e| e.with_draft || !with_draft)
-            .map(|e| e.tokens.len())
-            .max()
+            .by_tokens
+            .prefixes(prompt)
+            .into_iter()
+            .filter(|&(len, [plain, drafted])| {
+                len < prompt.len() && (drafted > 0 || (!with_draft && plain > 0))
+            })
+            .map(|(len, _)| len)
+            .next_back()
     }
 
     /// Reads the entry for `prompt[..len]`. A damaged file is deleted and counted; the
@@ -583,8 +612,7 @@ fn scan(dir: &Path, identity: &[u8]) -> Index {
     found.sort_by_key(|(m, _)| *m);
     for (i, (_, mut e)) in found.into_iter().enumerate() {
         e.last_used = i as u64;
-        index.bytes += e.bytes;
-        index.entries.push(e);
+        index.add(e);
     }
     index.clock = index.entries.len() as u64;
     index
@@ -637,8 +665,7 @@ fn write_entry(dir: &Path, identity: &[u8], index: &Mutex<Index>, budget: u64, s
     index.clock += 1;
     let last_used = index.clock;
     index.writes += 1;
-    index.bytes += size;
-    index.entries.push(DiskEntry {
+    index.add(DiskEntry {
         tokens: spill.tokens,
         with_draft: spill.draft.is_some(),
         path,

@@ -69,7 +69,7 @@ pub(crate) struct PrefixCache {
     entries: Vec<Entry>,
     /// The entries' tokens in a radix tree (value: the entry's index): a lookup walks the
     /// prompt once, however many entries there are. Tokens are unique among entries.
-    index: TokenTrie,
+    index: TokenTrie<usize>,
     /// The KV pages the entries hold: identity → (bytes, entries holding it). The checkpoints
     /// of one conversation share their common pages, so they cost about one copy of the
     /// longest, not one copy each.
@@ -359,11 +359,7 @@ impl PrefixCache {
 
     /// The entry for exactly `tokens`.
     fn entry_for(&self, tokens: &[u32]) -> Option<usize> {
-        self.index
-            .prefixes(tokens)
-            .last()
-            .filter(|&&(len, _)| len == tokens.len())
-            .map(|&(_, i)| i)
+        self.index.get(tokens)
     }
 
     /// Takes entry `i` out of memory (the index and the byte count follow).

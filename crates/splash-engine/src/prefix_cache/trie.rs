@@ -5,25 +5,40 @@ use std::collections::HashMap;
 
 /// A radix tree over token ids: each edge carries a run of tokens, each node may hold the value
 /// of the sequence that ends there. Nodes live in an arena; removed ones are reused.
-#[derive(Default)]
-pub(crate) struct TokenTrie {
-    nodes: Vec<Node>,
+pub(crate) struct TokenTrie<V> {
+    nodes: Vec<Node<V>>,
     free: Vec<usize>,
 }
 
-#[derive(Default)]
-struct Node {
+struct Node<V> {
     /// The tokens on the edge from the parent (empty for the root).
     edge: Vec<u32>,
     parent: usize,
     /// Children by the first token of their edge.
     children: HashMap<u32, usize>,
-    value: Option<usize>,
+    value: Option<V>,
+}
+
+impl<V> Default for Node<V> {
+    fn default() -> Self {
+        Self {
+            edge: Vec::new(),
+            parent: ROOT,
+            children: HashMap::new(),
+            value: None,
+        }
+    }
 }
 
 const ROOT: usize = 0;
 
-impl TokenTrie {
+impl<V: Copy> Default for TokenTrie<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<V: Copy> TokenTrie<V> {
     pub fn new() -> Self {
         Self {
             nodes: vec![Node::default()],
@@ -32,7 +47,7 @@ impl TokenTrie {
     }
 
     /// Stores `value` for `tokens` (replacing the one there).
-    pub fn insert(&mut self, tokens: &[u32], value: usize) {
+    pub fn insert(&mut self, tokens: &[u32], value: V) {
         let mut node = ROOT;
         let mut rest = tokens;
         while let Some(&first) = rest.first() {
@@ -64,7 +79,7 @@ impl TokenTrie {
     }
 
     /// Removes the value of `tokens` and returns it; nodes left without a value or children go.
-    pub fn remove(&mut self, tokens: &[u32]) -> Option<usize> {
+    pub fn remove(&mut self, tokens: &[u32]) -> Option<V> {
         let node = self.find(tokens)?;
         let value = self.nodes[node].value.take();
         self.prune(node);
@@ -73,7 +88,7 @@ impl TokenTrie {
 
     /// Every stored sequence that is a prefix of `prompt` (the empty one included), as
     /// (length, value), shortest first.
-    pub fn prefixes(&self, prompt: &[u32]) -> Vec<(usize, usize)> {
+    pub fn prefixes(&self, prompt: &[u32]) -> Vec<(usize, V)> {
         let mut out = Vec::new();
         let (mut node, mut depth) = (ROOT, 0);
         loop {
@@ -93,6 +108,11 @@ impl TokenTrie {
             depth += edge.len();
             node = child;
         }
+    }
+
+    /// The value of exactly `tokens`.
+    pub fn get(&self, tokens: &[u32]) -> Option<V> {
+        self.find(tokens).and_then(|n| self.nodes[n].value)
     }
 
     /// Stored sequences.
