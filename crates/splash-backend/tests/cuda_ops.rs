@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use splash_backend::cpu::{self, GdnDims, KvFormat, KvStore, Rope, VHeadOrder};
-use splash_backend::cuda::{self as dev, ptr, Gpu, KernelDims, Kernels};
+use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, KernelDims, Kernels};
 use splash_backend::ggml::GgmlType;
 use splash_backend::{DType, HostBytes, Weight};
 
@@ -145,6 +145,23 @@ fn weights(n: usize, k: usize, seed: u64) -> Vec<(String, Weight)> {
     out
 }
 
+/// Rows `row0..row0 + rows` of `W · x` for `t` tokens of `x` (on the device), as the GPU
+/// computes them into a poisoned output.
+#[allow(clippy::too_many_arguments)]
+fn gpu_matmul(
+    gpu: &Gpu,
+    k: &Kernels,
+    w: &DeviceWeight,
+    x: u64,
+    row0: usize,
+    rows: usize,
+    t: usize,
+) -> Vec<f32> {
+    let out = poisoned(gpu, t * rows);
+    dev::matmul(gpu, k, ptr(gpu, &out, 0), x, w, row0, rows, t).unwrap();
+    gpu.download(&out, t * rows).unwrap()
+}
+
 #[test]
 fn matmul_every_format_matches_the_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -174,29 +191,22 @@ fn matmul_every_format_matches_the_cpu() {
             let mut want = vec![0.0f32; t * n];
             cpu::matmul(&mut want, &x, &w);
             let xd = gpu.upload(&x).unwrap();
-            // Rows row0..row0+rows of the product, as the GPU computes them.
-            let product = |row0: usize, rows: usize| {
-                let out = poisoned(&gpu, t * rows);
-                let (op, xp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0));
-                dev::matmul(&gpu, &k, op, xp, &dw, row0, rows, t).unwrap();
-                gpu.download(&out, t * rows).unwrap()
-            };
-            let err = rel_err(&product(0, n), &want);
+            let xp = ptr(&gpu, &xd, 0);
+            let err = rel_err(&gpu_matmul(&gpu, &k, &dw, xp, 0, n, t), &want);
             assert!(
                 err < tol,
                 "{name} t={t} exact={exact}: relative error {err}"
             );
             // The draft's product (bf16 weights by cuBLAS from two tokens).
             let out = poisoned(&gpu, t * n);
-            let (op, xp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0));
-            dev::matmul_batched(&gpu, &k, op, xp, &dw, 0, n, t).unwrap();
+            dev::matmul_batched(&gpu, &k, ptr(&gpu, &out, 0), xp, &dw, 0, n, t).unwrap();
             let err = rel_err(&gpu.download(&out, t * n).unwrap(), &want);
             assert!(err < tol, "{name} t={t} exact={exact}: batched {err}");
             // A row range (an expert of a stacked tensor; tiled formats start on a tile).
             let want_rows: Vec<f32> = (0..t)
                 .flat_map(|ti| want[ti * n + 32..ti * n + 52].to_vec())
                 .collect();
-            let err = rel_err(&product(32, 20), &want_rows);
+            let err = rel_err(&gpu_matmul(&gpu, &k, &dw, xp, 32, 20, t), &want_rows);
             assert!(err < tol, "{name} t={t}: rows 32..52, relative error {err}");
         }
     }
@@ -208,22 +218,8 @@ fn matmul_every_format_matches_the_cpu() {
         let mut want = vec![0.0f32; 2 * 9];
         cpu::matmul(&mut want, &x, &w);
         let xd = gpu.upload(&x).unwrap();
-        let out = poisoned(&gpu, 2 * 9);
-        dev::matmul(
-            &gpu,
-            &k,
-            ptr(&gpu, &out, 0),
-            ptr(&gpu, &xd, 0),
-            &dw,
-            0,
-            9,
-            2,
-        )
-        .unwrap();
-        assert!(
-            rel_err(&gpu.download(&out, 18).unwrap(), &want) < 1e-5,
-            "{name} K=48"
-        );
+        let got = gpu_matmul(&gpu, &k, &dw, ptr(&gpu, &xd, 0), 0, 9, 2);
+        assert!(rel_err(&got, &want) < 1e-5, "{name} K=48");
     }
 }
 
@@ -242,10 +238,7 @@ fn tensor_core_gemv_is_batch_invariant() {
         let dw = gpu.upload_weight(&w).unwrap();
         let product = |x: &[f32], t: usize| {
             let xd = gpu.upload(x).unwrap();
-            let out = poisoned(&gpu, t * n);
-            let (op, xp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0));
-            dev::matmul(&gpu, &k, op, xp, &dw, 0, n, t).unwrap();
-            gpu.download(&out, t * n).unwrap()
+            gpu_matmul(&gpu, &k, &dw, ptr(&gpu, &xd, 0), 0, n, t)
         };
         for t in [1, 5, 8, 9, 16] {
             // Rows of very different magnitudes: each token has its own f16 scale.
@@ -361,11 +354,7 @@ impl DeviceCache {
         pieces: &[usize],
     ) -> Self {
         let s: usize = pieces.iter().sum();
-        let eb = match format {
-            KvFormat::F32 => 4,
-            KvFormat::Bf16 => 2,
-            KvFormat::Int8 => 1,
-        };
+        let eb = format.value_bytes();
         let cache = Self {
             k: gpu.zeros::<u8>(s * hkv * d * eb).unwrap(),
             ks: gpu.zeros::<f32>(s * hkv).unwrap(),

@@ -26,8 +26,8 @@ pub struct SequenceState {
     /// Set by [`SequenceState::checkpoint`]: the next forward pass records what
     /// [`SequenceState::rollback`] needs.
     pub(crate) checkpoint: Option<Checkpoint>,
-    /// `(kv heads, head dim)` of the attention layers: one cached row per token and kv head.
-    kv_row: (usize, usize),
+    /// KV heads of the attention layers: one cached row per token and kv head.
+    kv_heads: usize,
     /// How keys and values are stored.
     kv: KvFormat,
     /// The state on the GPU when the model runs there (allocated by the first forward pass;
@@ -132,7 +132,7 @@ impl SequenceState {
             layers,
             len: 0,
             checkpoint: None,
-            kv_row: (config.num_kv_heads, config.head_dim),
+            kv_heads: config.num_kv_heads,
             kv,
             #[cfg(feature = "cuda")]
             gpu: None,
@@ -226,8 +226,7 @@ impl SequenceState {
             )));
         }
         let rows = len * config.num_kv_heads;
-        let kv_bytes =
-            rows * kv.row_bytes(config.head_dim) - if kv == KvFormat::Int8 { 4 * rows } else { 0 };
+        let kv_bytes = rows * config.head_dim * kv.value_bytes();
         let scales = if kv == KvFormat::Int8 { rows } else { 0 };
         let layers = config
             .layer_kinds
@@ -294,12 +293,8 @@ impl SequenceState {
 
     /// The KV pages this state holds, as (identity, bytes): copies of a state share them
     /// (see `KvStore::pages`), so a holder of several copies counts each page once. None on a
-    /// GPU, whose caches are whole buffers.
+    /// GPU (its layers live in `gpu`), whose caches are whole buffers.
     pub fn kv_pages(&self) -> Vec<(usize, usize)> {
-        #[cfg(feature = "cuda")]
-        if self.gpu.is_some() {
-            return Vec::new();
-        }
         let mut pages = Vec::new();
         for layer in &self.layers {
             if let LayerState::Attn { k, v } = layer {
@@ -360,12 +355,12 @@ impl SequenceState {
         if keep == ran {
             return Ok(());
         }
-        let (kv_heads, head_dim) = self.kv_row;
+        let kv_heads = self.kv_heads;
         for (layer, replay) in self.layers.iter_mut().zip(&cp.gdn) {
             match (layer, replay) {
                 (LayerState::Attn { k, v }, _) => {
-                    k.truncate(end * kv_heads, head_dim);
-                    v.truncate(end * kv_heads, head_dim);
+                    k.truncate(end * kv_heads);
+                    v.truncate(end * kv_heads);
                 }
                 (LayerState::Gdn { conv, recurrent }, Some(r)) => {
                     r.state_after(keep, conv, recurrent)

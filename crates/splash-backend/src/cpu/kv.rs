@@ -16,13 +16,18 @@ pub enum KvFormat {
 }
 
 impl KvFormat {
+    /// Bytes one stored value takes (int8: its code; the row's scale is apart).
+    pub fn value_bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 => 2,
+            Self::Int8 => 1,
+        }
+    }
+
     /// Bytes one cached row of `d` values takes (int8: the codes plus one f32 scale).
     pub fn row_bytes(self, d: usize) -> usize {
-        match self {
-            Self::F32 => 4 * d,
-            Self::Bf16 => 2 * d,
-            Self::Int8 => d + 4,
-        }
+        d * self.value_bytes() + if self == Self::Int8 { 4 } else { 0 }
     }
 }
 
@@ -198,8 +203,8 @@ impl KvStore {
         }
     }
 
-    /// Drops everything after the first `rows` rows of `d` values.
-    pub fn truncate(&mut self, rows: usize, d: usize) {
+    /// Drops everything after the first `rows` rows.
+    pub fn truncate(&mut self, rows: usize) {
         if rows >= self.rows {
             return;
         }
@@ -207,7 +212,7 @@ impl KvStore {
         let kept = rows % KV_PAGE_ROWS;
         if kept > 0 {
             let last = self.pages.last_mut().expect("the partly kept page");
-            Arc::make_mut(last).truncate(kept, d);
+            Arc::make_mut(last).truncate(kept, self.width);
         }
         self.rows = rows;
     }
@@ -234,11 +239,7 @@ impl KvStore {
     /// [`raw`](Self::raw) gave them.
     pub fn from_raw(format: KvFormat, bytes: &[u8], scales: &[f32], d: usize) -> Self {
         let mut store = Self::new(format);
-        let row_bytes = d * match format {
-            KvFormat::F32 => 4,
-            KvFormat::Bf16 => 2,
-            KvFormat::Int8 => 1,
-        };
+        let row_bytes = d * format.value_bytes();
         if d == 0 || bytes.is_empty() {
             return store;
         }
@@ -317,7 +318,7 @@ mod tests {
             }
             s.row(3, &mut out);
             assert_eq!(out, vec![0.0; d]);
-            s.truncate(2, d);
+            s.truncate(2);
             assert_eq!(s.len(), 2 * d);
         }
         let int8 = {
@@ -360,7 +361,7 @@ mod tests {
             let ids = |s: &KvStore| s.pages().map(|(id, _)| id).collect::<Vec<_>>();
             assert_eq!(ids(&a), ids(&b), "{format:?}: a clone shares its pages");
             a.append(&rows(3, d, 1000), d);
-            b.truncate(n - 2, d);
+            b.truncate(n - 2);
             b.append(&rows(1, d, 2000), d);
             let (pa, pb) = (ids(&a), ids(&b));
             assert_eq!(pa[..2], pb[..2], "{format:?}: full pages stay shared");
@@ -381,7 +382,7 @@ mod tests {
                 }
             }
             // Back to a page boundary, then past it again.
-            a.truncate(KV_PAGE_ROWS, d);
+            a.truncate(KV_PAGE_ROWS);
             assert_eq!(a.pages().count(), 1);
             a.append(&rows(2, d, 0), d);
             assert_eq!(a.pages().count(), 2);

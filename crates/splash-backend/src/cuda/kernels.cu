@@ -36,6 +36,12 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
     return f;
 }
 
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
 // Round to nearest even, as half::bf16::from_f32 does for finite values.
 __device__ __forceinline__ u16 f32_to_bf16(float f) {
     u32 u = __float_as_uint(f);
@@ -628,12 +634,6 @@ __device__ __forceinline__ u32 h2_mul(u32 a, u32 b) {
     u32 r;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
-}
-
-__device__ __forceinline__ u16 f32_to_f16(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
 }
 
 // (f, f) as f16x2.

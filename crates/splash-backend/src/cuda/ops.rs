@@ -90,14 +90,15 @@ fn product(
             return gemm(gpu, k, &blas, out, x, w, row0, n, tokens);
         }
     }
-    let name = format!("gemv_{}", w.format.kernel_suffix());
     let base = super::ptr(gpu, &w.data, row0 * w.row_bytes);
-    if !gpu.exact() && tensor_core_kernel(w) {
+    // The tiled formats are those with the tensor-core GEMV (it reads the tiles).
+    if !gpu.exact() && super::weights::is_tiled(w.format) {
         return gemv_tc(gpu, k, out, x, w, base, n, tokens);
     }
     if !gpu.exact() && int8_kernel(w) {
         return gemv_q8(gpu, k, out, x, w, base, n, tokens);
     }
+    let name = format!("gemv_{}", w.format.kernel_suffix());
     let (scales, biases, group) = group_args(gpu, w, row0);
     for (t0, tc) in token_chunks(tokens) {
         gpu.launch(
@@ -265,15 +266,6 @@ fn gemm_rows(
 /// A bf16 weight that the fast (not exact) path multiplies as stored.
 fn stored_bf16(gpu: &Gpu, w: &DeviceWeight) -> bool {
     w.format == super::GpuFormat::Bf16 && w.groups.is_none() && !gpu.exact()
-}
-
-/// Formats with a tensor-core GEMV (the 256-value k-quants of 4-bit checkpoints).
-fn tensor_core_kernel(w: &DeviceWeight) -> bool {
-    use crate::ggml::GgmlType;
-    matches!(
-        w.format,
-        super::GpuFormat::Ggml(GgmlType::Q4_K | GgmlType::Q6_K)
-    )
 }
 
 /// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels.cu):

@@ -150,7 +150,7 @@ impl Gpu {
             None => None,
         };
         let data = match format {
-            GpuFormat::Ggml(t @ (GgmlType::Q4_K | GgmlType::Q6_K)) => {
+            GpuFormat::Ggml(t) if is_tiled(format) => {
                 self.upload(&tiled(t, w.raw_bytes(), rows, cols / 256))?
             }
             _ => self.upload(w.raw_bytes())?,
@@ -166,7 +166,8 @@ impl Gpu {
     }
 }
 
-/// Whether `format` is stored tiled on the device (see [`tiled`]): its row ranges must start
+/// Whether `format` is stored tiled on the device (see [`tiled`]): the formats of the
+/// tensor-core GEMV (the 256-value k-quants of 4-bit checkpoints). Their row ranges must start
 /// at a multiple of 16 rows.
 pub(crate) fn is_tiled(format: GpuFormat) -> bool {
     matches!(format, GpuFormat::Ggml(GgmlType::Q4_K | GgmlType::Q6_K))

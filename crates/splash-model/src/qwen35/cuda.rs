@@ -424,7 +424,7 @@ impl GpuModel {
                     LayerKind::Full => {
                         // Every format has row scales on the device (unused outside int8).
                         let rows = cap * cfg.num_kv_heads;
-                        let bytes = rows * cfg.head_dim * elem_bytes(kv);
+                        let bytes = rows * cfg.head_dim * kv.value_bytes();
                         GpuLayerState::Attn {
                             k: self.gpu.zeros(bytes)?,
                             v: self.gpu.zeros(bytes)?,
@@ -1036,15 +1036,6 @@ impl GpuAttn {
     }
 }
 
-/// Element bytes of one cached value (the int8 scales live in their own buffer).
-fn elem_bytes(kv: KvFormat) -> usize {
-    match kv {
-        KvFormat::F32 => 4,
-        KvFormat::Bf16 => 2,
-        KvFormat::Int8 => 1,
-    }
-}
-
 /// Grows an attention cache (doubling) so that it holds `needed` positions.
 fn ensure_capacity(
     m: &GpuModel,
@@ -1062,7 +1053,7 @@ fn ensure_capacity(
     }
     let new_cap = needed.max(*cap * 2);
     let gpu = &*m.gpu;
-    let bytes = new_cap * hkv * d * elem_bytes(kv);
+    let bytes = new_cap * hkv * d * kv.value_bytes();
     *k = gpu.grown(k, bytes)?;
     *v = gpu.grown(v, bytes)?;
     *ks = gpu.grown(ks, new_cap * hkv)?;
