@@ -546,19 +546,23 @@ __device__ __forceinline__ float dot_codes(const Codes& c, const int* xq, float 
 
 // MAXT: tokens per launch, a compile-time bound so that a one-token decode keeps few
 // registers (occupancy hides the memory latency) while a verify block shares each decode.
+// `split` warps (1, 2 or 4 of the block's 4) share a row, each taking every split-th run of 32
+// sub-blocks, summed in warp order: a matrix of few rows (the GDN gate projections) still
+// fills the GPU.
 template <int F, int MAXT>
 __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
-                        int N, int K, int T) {
+                        int N, int K, int T, int split) {
+    __shared__ float parts[4][MAXT];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (n >= N) return;
-    const u8* row = W + (long)n * row_bytes;
+    int n = blockIdx.x * (4 / split) + warp / split, part = warp % split;
+    bool live = n < N;
+    const u8* row = W + (long)min(n, N - 1) * row_bytes;
     float acc[MAXT];
 #pragma unroll
     for (int t = 0; t < MAXT; t++) acc[t] = 0.0f;
     int subs = K / 32;
 #pragma unroll 2
-    for (int s = lane; s < subs; s += 32) {
+    for (int s = lane + 32 * part; live && s < subs; s += 32 * split) {
         Codes c = load_codes<F>(row, s, K, n);
 #pragma unroll
         for (int t = 0; t < MAXT; t++) {
@@ -572,9 +576,17 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
     }
 #pragma unroll
     for (int t = 0; t < MAXT; t++) {
+        float v = warp_sum(acc[t]);
+        if (lane == 0) parts[warp][t] = v;
+    }
+    __syncthreads();
+    if (!live || part != 0 || lane != 0) return;
+#pragma unroll
+    for (int t = 0; t < MAXT; t++) {
         if (t < T) {
-            float v = warp_sum(acc[t]);
-            if (lane == 0) y[(long)t * N + n] = v;
+            float v = parts[warp][t];
+            for (int p = 1; p < split; p++) v += parts[warp + p][t];
+            y[(long)t * N + n] = v;
         }
     }
 }
@@ -582,13 +594,13 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
 #define Q8_KERNEL(NAME, F)                                                                        \
     extern "C" __global__ void gemv_q8_##NAME(const u8* W, long row_bytes, const i8* xq,          \
                                               const float* xd, const float* xs, float* y, int N,  \
-                                              int K, int T) {                                     \
-        gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, N, K, T);                             \
+                                              int K, int T, int split) {                          \
+        gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, N, K, T, split);                      \
     }                                                                                             \
     extern "C" __global__ void gemv1_q8_##NAME(const u8* W, long row_bytes, const i8* xq,         \
                                                const float* xd, const float* xs, float* y, int N, \
-                                               int K, int T) {                                    \
-        gemv_q8<F, 1>(W, row_bytes, xq, xd, xs, y, N, K, 1);                                      \
+                                               int K, int T, int split) {                         \
+        gemv_q8<F, 1>(W, row_bytes, xq, xd, xs, y, N, K, 1, split);                               \
     }
 
 Q8_KERNEL(q5_k, FMT_Q5_K)
@@ -899,10 +911,25 @@ extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {
 // Norms and elementwise ops
 
 // out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, one block per row (out may alias x).
+// Rows of a multiple of 4 go by float4 (a hidden-size row in one or two loads per thread: a
+// loop of dependent scalar loads made the one-row norm of decode cost 18 µs).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
     const float* xr = x + (long)blockIdx.x * d;
     float* o = out + (long)blockIdx.x * d;
     float ss = 0.0f;
+    if ((d & 3) == 0) {
+        const float4* x4 = (const float4*)xr;
+        for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
+            float4 v = x4[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+        for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
+            float4 v = x4[i], g = ((const float4*)w)[i];
+            ((float4*)o)[i] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
     float inv = rsqrtf(block_sum(ss) / (float)d + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];

@@ -389,11 +389,13 @@ fn gemv_q8(
     } else {
         format!("gemv_q8_{suffix}")
     };
+    // Warps per row: 4 for matrices of few rows (by shape only, never by token count).
+    let split = if n < 1024 { 4 } else { 1 };
     for (t0, tc) in token_chunks(tokens) {
         gpu.launch(
             k,
             &name,
-            blocks(n, 4),
+            blocks(n, 4 / split),
             128,
             &[
                 Arg::Ptr(base),
@@ -405,6 +407,7 @@ fn gemv_q8(
                 Arg::I32(n as i32),
                 Arg::I32(kdim as i32),
                 Arg::I32(tc as i32),
+                Arg::I32(split as i32),
             ],
         )?;
     }
@@ -438,11 +441,13 @@ pub fn rms_norm(
     d: usize,
     eps: f32,
 ) -> Result<(), GpuError> {
+    // float4 per thread: up to 1024 threads, so that a hidden-size row takes one or two loads.
+    let threads = (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
     gpu.launch(
         k,
         "rms_norm",
         rows as u32,
-        row_threads(d),
+        threads,
         &[
             Arg::Ptr(x),
             Arg::Ptr(w),
