@@ -353,7 +353,7 @@ fn to_f16_tc(
 /// Whether the experts of a MoE layer stored like `w` have the grouped device kernel
 /// ([`matmul_experts`], outside the exact mode): the tensor-core formats.
 pub fn has_expert_kernel(w: &DeviceWeight) -> bool {
-    tensor_core_kernel(w)
+    super::weights::is_tiled(w.format)
 }
 
 /// A MoE layer's routing on the device: each token's experts and weights, and its pairs
