@@ -19,6 +19,20 @@ export SPLASH_KERNEL_CACHE=/tmp/splash-kernels
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
+  # Q4_K_M checkpoints with rows wide enough for the tensor-core GEMV (the committed fixtures'
+  # are 64 wide), dense and MoE: cuda_parity's batched-pass test takes them.
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
+  synthetic=""
+  for m in dense:"" moe:"--moe"; do
+    f=/tmp/synth-0.5b-${m%%:*}-Q4_K_M.gguf
+    if [ ! -f "$f" ]; then
+      python3 bench/make_synthetic.py "/tmp/cfg-0.5b-${m%%:*}" --size 0.5b ${m#*:} --config-only >/dev/null &&
+        cp tests/fixtures/qwen35-realvocab/tokenizer.json.gz "/tmp/cfg-0.5b-${m%%:*}/" &&
+        python3 bench/make_synthetic_gguf.py "/tmp/cfg-0.5b-${m%%:*}" "$f" --type Q4_K_M --no-verify >/dev/null
+    fi
+    [ -f "$f" ] && synthetic="$synthetic:$f"
+  done
+  export SPLASH_SYNTHETIC_GGUF="${synthetic#:}"
   for t in ${TESTS:-cuda_ops cuda_parity speculative_cuda scheduler_cuda}; do
     echo "== $t"
     SPLASH_REQUIRE_GPU=1 ".device/$t" --test-threads 1 --nocapture 2>&1 | tee "$out/$t.log" | grep -E '^test |test result|panicked|GPU vs CPU' | head -60

@@ -268,6 +268,82 @@ fn tensor_core_gemv_is_batch_invariant() {
     }
 }
 
+/// The device MoE path: routing as the CPU routes (softmax, the top k by probability with ties
+/// to the lower index, renormalised), grouped expert products bit-identical to each pair's
+/// token multiplied alone by its expert, and the weighted sum in slot order.
+#[test]
+fn experts_route_and_multiply_on_the_device() {
+    let Some(gpu) = gpu() else { return };
+    let k = gpu.kernels(FIXTURE_DIMS).unwrap();
+    let (experts, top_k, n, kd) = (12, 3, 40, 512);
+    let weights_of = |e: usize| {
+        let all = weights(n, kd, 100 + e as u64);
+        all.into_iter().find(|(name, _)| name == "Q4_K").unwrap().1
+    };
+    let dws: Vec<_> = (0..experts)
+        .map(|e| gpu.upload_weight(&weights_of(e)).unwrap())
+        .collect();
+    assert!(dev::has_expert_kernel(&dws[0]));
+    let table: Vec<u64> = dws.iter().map(|w| w.device_ptr(&gpu)).collect();
+    let table = gpu.upload(&table).unwrap();
+    for t in [1, 5, 16, 40] {
+        let mut logits = random(t * experts, 7 + t as u64);
+        logits[1] = logits[0]; // a tie: expert 0 goes first
+        let ld = gpu.upload(&logits).unwrap();
+        let routing = dev::moe_route(&gpu, &k, ptr(&gpu, &ld, 0), t, experts, top_k).unwrap();
+        let ids = gpu.download(&routing.ids, t * top_k).unwrap();
+        let wts = gpu.download(&routing.weights, t * top_k).unwrap();
+        for (ti, row) in logits.chunks_exact(experts).enumerate() {
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let p: Vec<f32> = row.iter().map(|&v| (v - max).exp()).collect();
+            let sum: f32 = p.iter().sum();
+            let mut order: Vec<usize> = (0..experts).collect();
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let top = &order[..top_k];
+            let norm: f32 = top.iter().map(|&e| p[e] / sum).sum();
+            for (j, &e) in top.iter().enumerate() {
+                assert_eq!(ids[ti * top_k + j], e as i32, "t={t} token {ti} slot {j}");
+                let w = p[e] / sum / norm;
+                assert!((wts[ti * top_k + j] - w).abs() < 1e-5, "t={t} token {ti}");
+            }
+        }
+        // Gate-like products: pair p reads token p / top_k.
+        let x = random(t * kd, 50 + t as u64);
+        let xd = gpu.upload(&x).unwrap();
+        let pairs = t * top_k;
+        let out = poisoned(&gpu, pairs * n);
+        let (op, xp, tp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0), ptr(&gpu, &table, 0));
+        dev::matmul_experts(&gpu, &k, op, xp, t, tp, &dws[0], &routing, top_k).unwrap();
+        let got = gpu.download(&out, pairs * n).unwrap();
+        for p in 0..pairs {
+            let alone = poisoned(&gpu, n);
+            let xrow = ptr(&gpu, &xd, (p / top_k) * kd);
+            let dw = &dws[ids[p] as usize];
+            dev::matmul(&gpu, &k, ptr(&gpu, &alone, 0), xrow, dw, 0, n, 1).unwrap();
+            let alone = gpu.download(&alone, n).unwrap();
+            let same = alone
+                .iter()
+                .zip(&got[p * n..(p + 1) * n])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "t={t} pair {p}: differs from its token alone");
+        }
+        // The weighted sum into a residual.
+        let base = random(t * n, 60 + t as u64);
+        let bd = gpu.upload(&base).unwrap();
+        dev::moe_combine(&gpu, &k, ptr(&gpu, &bd, 0), op, &routing, t, top_k, n).unwrap();
+        let sum = gpu.download(&bd, t * n).unwrap();
+        for ti in 0..t {
+            for i in 0..n {
+                let mut want = base[ti * n + i];
+                for j in 0..top_k {
+                    want += wts[ti * top_k + j] * got[(ti * top_k + j) * n + i];
+                }
+                assert!((sum[ti * n + i] - want).abs() <= 1e-5 * want.abs().max(1.0));
+            }
+        }
+    }
+}
+
 #[test]
 fn norms_and_elementwise_match_the_cpu() {
     let Some(gpu) = gpu() else { return };

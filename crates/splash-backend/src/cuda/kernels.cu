@@ -768,19 +768,22 @@ __device__ __forceinline__ void tc_pairs(const TcRaw& r, const TcScales& s, int 
 
 // y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: 16
 // rows, its warps splitting the K blocks (b = warp, warp + warps, ...), summed in warp order.
+// With `cols`, column t reads activation row cols[t] / col_div and writes row cols[t] of y (the
+// pairs of a MoE layer, see gemv_tc_experts).
 template <int F, int NT>
 __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, int N, int K,
-                        int T) {
+                        int T, int tile_index, const int* cols, int col_div) {
     __shared__ float part[TC_WARPS_MAX][32][4 * NT];
     int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, q = lane & 3;
-    int n0 = blockIdx.x * 16, nb = K >> 8;
+    int n0 = tile_index * 16, nb = K >> 8;
     const int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
     // The tile's segments (rows are padded to whole tiles on the device).
     const u8* tile = W + (long)n0 * row_bytes;
     // Tokens past T repeat the last one (their columns are not written).
-    const uint4* x0 = (const uint4*)(xh + (long)min(g, T - 1) * K + 8 * q);
-    const uint4* x1 = (const uint4*)(xh + (long)min(g + 8, T - 1) * K + 8 * q);
+#define TC_XROW(t) (cols ? cols[t] / col_div : (t))
+    const uint4* x0 = (const uint4*)(xh + (long)TC_XROW(min(g, T - 1)) * K + 8 * q);
+    const uint4* x1 = (const uint4*)(xh + (long)TC_XROW(min(g + 8, T - 1)) * K + 8 * q);
     float c[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
@@ -789,7 +792,8 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
 #pragma unroll
     for (int i = 0; i < NT; i++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)min(8 * i + 2 * q + e, T - 1) * nb;
+        for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)TC_XROW(min(8 * i + 2 * q + e, T - 1)) * nb;
+#undef TC_XROW
     TcRaw r0, r1;
     if (warp < nb) {
         r0 = tc_load<F>(tile + (long)warp * seg_bytes, 0, lane);
@@ -852,8 +856,32 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
             float v = 0.0f;
             for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
             int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
-            if (t < T && n < N) y[(long)t * N + n] = v;
+            if (t < T && n < N) y[(long)(cols ? cols[t] : t) * N + n] = v;
         }
+    }
+}
+
+// The expert products of a MoE layer, grouped by expert (moe_group): block (a, tile) multiplies
+// tile `tile` of the a-th active expert's weight (its pointer in `table`) by every pair routed
+// to it, 16 columns at a time, so each expert's weights are read once however many tokens chose
+// it. Pair p reads activation row p / col_div (its token for gate / up, the pair itself for
+// down) and writes row p of y; each pair gets what its token alone would get.
+template <int F>
+__device__ void gemv_tc_experts(const u64* table, const int* active, const int* offsets, const int* order,
+                                long row_bytes, const u16* xh, const float* xscale, float* y, int N, int K,
+                                int col_div) {
+    int tiles = (N + 15) / 16, a = blockIdx.x / tiles;
+    int e = active[a];
+    if (e < 0) return;  // the whole block: fewer experts are active than the grid allows
+    const u8* W = (const u8*)table[e];
+    int off = offsets[a], cnt = offsets[a + 1] - off;
+    for (int c0 = 0; c0 < cnt; c0 += 16) {
+        int n = min(16, cnt - c0);
+        if (n <= 8)
+            gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, N, K, n, blockIdx.x % tiles, order + off + c0, col_div);
+        else
+            gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, N, K, n, blockIdx.x % tiles, order + off + c0, col_div);
+        __syncthreads();  // the next chunk reuses the partial sums' shared memory
     }
 }
 
@@ -861,12 +889,17 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
     extern "C" __global__ void gemv_tc8_##NAME(const u8* W, long row_bytes, const u16* xh,        \
                                                const float* xscale, float* y, int N, int K,       \
                                                int T) {                                           \
-        gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, N, K, T);                                      \
+        gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, N, K, T, blockIdx.x, nullptr, 1);              \
     }                                                                                             \
     extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \
                                                 const float* xscale, float* y, int N, int K,      \
                                                 int T) {                                          \
-        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, N, K, T);                                      \
+        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, N, K, T, blockIdx.x, nullptr, 1);              \
+    }                                                                                             \
+    extern "C" __global__ void gemv_tc_experts_##NAME(                                            \
+        const u64* table, const int* active, const int* offsets, const int* order, long row_bytes, \
+        const u16* xh, const float* xscale, float* y, int N, int K, int col_div) {                \
+        gemv_tc_experts<F>(table, active, offsets, order, row_bytes, xh, xscale, y, N, K, col_div); \
     }
 
 TC_KERNEL(q4_k, FMT_Q4_K)
@@ -973,6 +1006,129 @@ extern "C" __global__ void scatter_add_rows(const float* y, const int* idx, cons
     float* dst = out + (long)idx[blockIdx.x] * d;
     float s = w[blockIdx.x];
     for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] += s * y[(long)blockIdx.x * d + i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts on the device (few tokens: decode, verify blocks, batched passes). Pair
+// p = t·k + j is token t's j-th expert; the expert products are gemv_tc_experts_* above.
+
+__device__ float block_max(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    float m = lane < warps ? partial[lane] : NEG_INF;
+    return warp_max(m);
+}
+
+// The router of one token per block (E ≤ 1024 experts): softmax over its logits, the top_k most
+// probable experts (ties: the lower index first), their probabilities renormalised to sum 1,
+// summed in that order (as ffn.rs::route). ids, weights [T, top_k].
+extern "C" __global__ void moe_route(const float* logits, int* ids, float* weights, int E, int top_k) {
+    __shared__ float p[1024];
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    const float* l = logits + (long)blockIdx.x * E;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float m = NEG_INF;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, l[e]);
+    m = block_max(m);
+    float s = 0.0f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        p[e] = expf(l[e] - m);
+        s += p[e];
+    }
+    s = block_sum(s);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] /= s;
+    __syncthreads();
+    int* out_i = ids + (long)blockIdx.x * top_k;
+    float* out_w = weights + (long)blockIdx.x * top_k;
+    for (int j = 0; j < top_k; j++) {
+        float bv = NEG_INF;
+        int bi = E;
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (p[e] > bv || (p[e] == bv && e < bi)) {
+                bv = p[e];
+                bi = e;
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            best_v[warp] = bv;
+            best_i[warp] = bi;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < warps; w++)
+                if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) {
+                    bv = best_v[w];
+                    bi = best_i[w];
+                }
+            out_i[j] = bi;
+            out_w[j] = bv;
+            p[bi] = NEG_INF;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int j = 0; j < top_k; j++) sum += out_w[j];
+        for (int j = 0; j < top_k; j++) out_w[j] /= sum;
+    }
+}
+
+// The pairs of a MoE layer grouped by expert for gemv_tc_experts: the active experts in
+// increasing order (active[a]; -1 after the last, up to `slots`), offsets[a], offsets[a + 1]
+// bounding their pairs in `order`, each expert's pairs in increasing order. One block, E ≤ 1024.
+extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
+                                     int* order) {
+    __shared__ int count[1024], start[1024];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int a = 0, s = 0;
+        for (int e = 0; e < E; e++) {
+            start[e] = s;
+            if (count[e] > 0) {
+                active[a] = e;
+                offsets[a] = s;
+                a++;
+            }
+            s += count[e];
+        }
+        offsets[a] = s;
+        for (int i = a; i < slots; i++) {
+            active[i] = -1;
+            offsets[i + 1] = s;
+        }
+    }
+    __syncthreads();
+    // A pair's place among its expert's pairs: how many earlier pairs chose the same expert.
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        int e = ids[p], rank = 0;
+        for (int q = 0; q < p; q++) rank += ids[q] == e;
+        order[start[e] + rank] = p;
+    }
+}
+
+// out[t, :] += Σ_j w[t, j] · y[t·k + j, :], the experts added in order j. One block per token.
+extern "C" __global__ void moe_combine(const float* y, const float* w, float* out, int top_k, int d) {
+    long t = blockIdx.x;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float acc = out[t * d + i];
+        for (int j = 0; j < top_k; j++) acc += w[t * top_k + j] * y[(t * top_k + j) * d + i];
+        out[t * d + i] = acc;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

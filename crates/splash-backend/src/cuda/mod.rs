@@ -216,7 +216,8 @@ impl Gpu {
             .store(exact, std::sync::atomic::Ordering::Relaxed);
     }
 
-    pub(crate) fn exact(&self) -> bool {
+    /// Whether the exact mode is on (see [`set_exact`](Self::set_exact)).
+    pub fn exact(&self) -> bool {
         self.exact.load(std::sync::atomic::Ordering::Relaxed)
     }
 

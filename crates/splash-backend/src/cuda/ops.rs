@@ -1,6 +1,8 @@
 //! Launch wrappers, one per kernel of `kernels.cu`, named after the CPU op they mirror.
 //! Pointers are device addresses from [`super::ptr`]; shapes follow the CPU ops' docs.
 
+use cudarc::driver::CudaSlice;
+
 use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
 use crate::cpu::KvFormat;
 
@@ -292,21 +294,7 @@ fn gemv_tc(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
-    let blocks256 = tokens * kdim / 256;
-    let xh = gpu.uninit::<u16>(tokens * kdim)?;
-    let xscale = gpu.uninit::<f32>(blocks256)?;
-    gpu.launch(
-        k,
-        "to_f16_tc",
-        blocks(blocks256 * 32, 256),
-        256,
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(super::ptr(gpu, &xh, 0)),
-            Arg::Ptr(super::ptr(gpu, &xscale, 0)),
-            Arg::I64(blocks256 as i64),
-        ],
-    )?;
+    let (xh, xscale) = to_f16_tc(gpu, k, x, tokens, kdim)?;
     let suffix = w.format.kernel_suffix();
     let warps = tensor_core_warps(n, kdim) as u32;
     for (t0, tc) in token_chunks(tokens) {
@@ -333,6 +321,184 @@ fn gemv_tc(
         )?;
     }
     Ok(())
+}
+
+/// `rows` rows of `x` (`[rows, kdim]` f32) as the tensor-core GEMV reads them: f16 in its k
+/// order, and one power-of-two scale per 256 values.
+fn to_f16_tc(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: u64,
+    rows: usize,
+    kdim: usize,
+) -> Result<(CudaSlice<u16>, CudaSlice<f32>), GpuError> {
+    let blocks256 = rows * kdim / 256;
+    let xh = gpu.uninit::<u16>(rows * kdim)?;
+    let xscale = gpu.uninit::<f32>(blocks256)?;
+    gpu.launch(
+        k,
+        "to_f16_tc",
+        blocks(blocks256 * 32, 256),
+        256,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(super::ptr(gpu, &xh, 0)),
+            Arg::Ptr(super::ptr(gpu, &xscale, 0)),
+            Arg::I64(blocks256 as i64),
+        ],
+    )?;
+    Ok((xh, xscale))
+}
+
+/// Whether the experts of a MoE layer stored like `w` have the grouped device kernel
+/// ([`matmul_experts`], outside the exact mode): the tensor-core formats.
+pub fn has_expert_kernel(w: &DeviceWeight) -> bool {
+    super::weights::is_tiled(w.format)
+}
+
+/// A MoE layer's routing on the device: each token's experts and weights, and its pairs
+/// (token, expert) grouped by expert for [`matmul_experts`].
+pub struct ExpertRouting {
+    /// Expert of pair `t · top_k + j` (`[tokens, top_k]`), most probable first.
+    pub ids: CudaSlice<i32>,
+    /// Its weight, renormalised over the token's `top_k`.
+    pub weights: CudaSlice<f32>,
+    active: CudaSlice<i32>,
+    offsets: CudaSlice<i32>,
+    order: CudaSlice<i32>,
+    slots: usize,
+}
+
+/// Routes `tokens` rows of router logits `[tokens, experts]` on the device: softmax, the
+/// `top_k` most probable experts, their probabilities renormalised (as the CPU's `route`).
+pub fn moe_route(
+    gpu: &Gpu,
+    k: &Kernels,
+    logits: u64,
+    tokens: usize,
+    experts: usize,
+    top_k: usize,
+) -> Result<ExpertRouting, GpuError> {
+    if experts > 1024 || top_k > experts {
+        return Err(GpuError::Unsupported(format!(
+            "device routing takes up to 1024 experts and top-k ≤ experts (got {experts}, {top_k})"
+        )));
+    }
+    let pairs = tokens * top_k;
+    let slots = experts.min(pairs);
+    let r = ExpertRouting {
+        ids: gpu.uninit::<i32>(pairs)?,
+        weights: gpu.uninit::<f32>(pairs)?,
+        active: gpu.uninit::<i32>(slots)?,
+        offsets: gpu.uninit::<i32>(slots + 1)?,
+        order: gpu.uninit::<i32>(pairs)?,
+        slots,
+    };
+    let p = |b: &CudaSlice<i32>| super::ptr(gpu, b, 0);
+    gpu.launch(
+        k,
+        "moe_route",
+        tokens as u32,
+        256,
+        &[
+            Arg::Ptr(logits),
+            Arg::Ptr(p(&r.ids)),
+            Arg::Ptr(super::ptr(gpu, &r.weights, 0)),
+            Arg::I32(experts as i32),
+            Arg::I32(top_k as i32),
+        ],
+    )?;
+    gpu.launch(
+        k,
+        "moe_group",
+        1,
+        1024,
+        &[
+            Arg::Ptr(p(&r.ids)),
+            Arg::I32(pairs as i32),
+            Arg::I32(experts as i32),
+            Arg::I32(slots as i32),
+            Arg::Ptr(p(&r.active)),
+            Arg::Ptr(p(&r.offsets)),
+            Arg::Ptr(p(&r.order)),
+        ],
+    )?;
+    Ok(r)
+}
+
+/// `out[p, :] = W_e · x[p / col_div, :]` for every pair `p` of `routing`, `e` its expert:
+/// `table` holds the device pointers ([`DeviceWeight::device_ptr`]) of the experts' weights,
+/// all of `proto`'s format and shape; `x` has `x_rows` rows (the tokens for gate and up,
+/// `col_div` = top-k; the pairs for down, `col_div` = 1). Each expert's weights are read once
+/// per call, and each pair gets the bits its token would get alone ([`matmul`]).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_experts(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    x_rows: usize,
+    table: u64,
+    proto: &DeviceWeight,
+    routing: &ExpertRouting,
+    col_div: usize,
+) -> Result<(), GpuError> {
+    if gpu.exact() || !has_expert_kernel(proto) {
+        return Err(GpuError::Unsupported(format!(
+            "experts of {:?} have no device kernel",
+            proto.format
+        )));
+    }
+    let (n, kdim) = (proto.rows, proto.cols);
+    let (xh, xscale) = to_f16_tc(gpu, k, x, x_rows, kdim)?;
+    let p = |b: &CudaSlice<i32>| super::ptr(gpu, b, 0);
+    gpu.launch(
+        k,
+        &format!("gemv_tc_experts_{}", proto.format.kernel_suffix()),
+        (routing.slots * n.div_ceil(16)) as u32,
+        32 * tensor_core_warps(n, kdim) as u32,
+        &[
+            Arg::Ptr(table),
+            Arg::Ptr(p(&routing.active)),
+            Arg::Ptr(p(&routing.offsets)),
+            Arg::Ptr(p(&routing.order)),
+            Arg::I64(proto.row_bytes as i64),
+            Arg::Ptr(super::ptr(gpu, &xh, 0)),
+            Arg::Ptr(super::ptr(gpu, &xscale, 0)),
+            Arg::Ptr(out),
+            Arg::I32(n as i32),
+            Arg::I32(kdim as i32),
+            Arg::I32(col_div as i32),
+        ],
+    )
+}
+
+/// `out[t, :] += Σ_j weights[t, j] · y[t · top_k + j, :]` (`d` values per row), the experts
+/// added in order `j`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    y: u64,
+    routing: &ExpertRouting,
+    tokens: usize,
+    top_k: usize,
+    d: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "moe_combine",
+        tokens as u32,
+        row_threads(d),
+        &[
+            Arg::Ptr(y),
+            Arg::Ptr(super::ptr(gpu, &routing.weights, 0)),
+            Arg::Ptr(out),
+            Arg::I32(top_k as i32),
+            Arg::I32(d as i32),
+        ],
+    )
 }
 
 /// Formats with an integer (dp4a) GEMV.

@@ -105,6 +105,16 @@ impl DeviceWeight {
         self.format
     }
 
+    /// The device address of row 0 (for tables of expert weights, see `matmul_experts`).
+    pub fn device_ptr(&self, gpu: &Gpu) -> u64 {
+        super::ptr(gpu, &self.data, 0)
+    }
+
+    /// Bytes between consecutive rows.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
     /// Device bytes held.
     pub fn bytes(&self) -> usize {
         self.data.len()

@@ -94,6 +94,46 @@ struct GpuMoe {
     top_k: usize,
     shared: GpuMlp,
     shared_gate: DeviceWeight,
+    /// The experts' weight addresses, when every expert of each projection has the same
+    /// tensor-core format and shape: routing and expert products then stay on the device.
+    tables: Option<ExpertTables>,
+}
+
+/// Device tables of a MoE layer's expert weights, one address per expert and projection.
+struct ExpertTables {
+    gate: CudaSlice<u64>,
+    up: CudaSlice<u64>,
+    down: CudaSlice<u64>,
+}
+
+impl ExpertTables {
+    /// The tables of `experts`, or `None` when one projection mixes formats or shapes or has
+    /// no device kernel for grouped experts.
+    fn new(gpu: &Gpu, experts: &[GpuMlp]) -> Result<Option<Self>, ModelError> {
+        let table =
+            |pick: fn(&GpuMlp) -> &DeviceWeight| -> Result<Option<CudaSlice<u64>>, ModelError> {
+                let first = pick(&experts[0]);
+                let uniform = experts.iter().map(pick).all(|w| {
+                    w.format() == first.format()
+                        && (w.rows(), w.cols(), w.row_bytes())
+                            == (first.rows(), first.cols(), first.row_bytes())
+                });
+                if !uniform || !dev::has_expert_kernel(first) {
+                    return Ok(None);
+                }
+                let ptrs: Vec<u64> = experts.iter().map(|e| pick(e).device_ptr(gpu)).collect();
+                Ok(Some(gpu.upload(&ptrs)?))
+            };
+        if experts.is_empty() {
+            return Ok(None);
+        }
+        Ok(
+            match (table(|e| &e.gate)?, table(|e| &e.up)?, table(|e| &e.down)?) {
+                (Some(gate), Some(up), Some(down)) => Some(Self { gate, up, down }),
+                _ => None,
+            },
+        )
+    }
 }
 
 /// One sequence's state on the device.
@@ -687,8 +727,11 @@ impl GpuModel {
         Ok(logits)
     }
 
-    /// The routed experts and the gated shared expert. Routing (softmax, top-k, renormalise)
-    /// runs on the host over the downloaded router logits, exactly as the CPU does.
+    /// The routed experts and the gated shared expert. With expert tables (tensor-core
+    /// formats, not the exact mode) everything stays on the device: routing, one grouped
+    /// product per projection, the weighted sum. Otherwise routing (softmax, top-k,
+    /// renormalise) runs on the host over the downloaded router logits, exactly as the CPU
+    /// does, and each chosen expert runs on its tokens.
     fn moe(&self, moe: &GpuMoe, x: u64, t: usize) -> Result<Buf, ModelError> {
         let GpuMoe {
             router,
@@ -696,17 +739,65 @@ impl GpuModel {
             top_k,
             shared,
             shared_gate,
+            tables,
         } = moe;
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (e, h) = (router.rows(), router.cols());
         let logits = self.scratch(t * e)?;
         dev::matmul(gpu, k, ptr(gpu, &logits, 0), x, router, 0, e, t)?;
-        let mut probs = gpu.download(&logits, t * e)?;
-        let routed = super::ffn::route(&mut probs, e, *top_k);
         let out = shared.forward(self, x, t)?;
         let sg = self.scratch(t)?;
         dev::matmul(gpu, k, ptr(gpu, &sg, 0), x, shared_gate, 0, 1, t)?;
         dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
+        if let Some(tables) = tables.as_ref().filter(|_| !gpu.exact()) {
+            let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), t, e, *top_k)?;
+            let (pairs, first) = (t * top_k, &experts[0]);
+            let inter = first.gate.rows();
+            let g = self.scratch(pairs * inter)?;
+            let u = self.scratch(pairs * inter)?;
+            let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
+            let table = |b: &CudaSlice<u64>| ptr(gpu, b, 0);
+            dev::matmul_experts(
+                gpu,
+                k,
+                gp,
+                x,
+                t,
+                table(&tables.gate),
+                &first.gate,
+                &routing,
+                *top_k,
+            )?;
+            dev::matmul_experts(
+                gpu,
+                k,
+                up,
+                x,
+                t,
+                table(&tables.up),
+                &first.up,
+                &routing,
+                *top_k,
+            )?;
+            dev::silu_mul(gpu, k, gp, up, pairs * inter)?;
+            let y = self.scratch(pairs * h)?;
+            let yp = ptr(gpu, &y, 0);
+            dev::matmul_experts(
+                gpu,
+                k,
+                yp,
+                gp,
+                pairs,
+                table(&tables.down),
+                &first.down,
+                &routing,
+                1,
+            )?;
+            dev::moe_combine(gpu, k, ptr(gpu, &out, 0), yp, &routing, t, *top_k, h)?;
+            return Ok(out);
+        }
+        let mut probs = gpu.download(&logits, t * e)?;
+        let routed = super::ffn::route(&mut probs, e, *top_k);
         for (expert, tokens) in experts.iter().zip(&routed) {
             if tokens.is_empty() {
                 continue;
@@ -768,13 +859,15 @@ fn upload_attn(gpu: &Gpu, a: &Attention) -> Result<GpuAttn, ModelError> {
 }
 
 fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
+    let experts = m
+        .experts
+        .iter()
+        .map(|e| GpuMlp::upload(gpu, e))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(GpuFfn::Moe(Box::new(GpuMoe {
         router: gpu.upload_weight(&m.router)?,
-        experts: m
-            .experts
-            .iter()
-            .map(|e| GpuMlp::upload(gpu, e))
-            .collect::<Result<Vec<_>, _>>()?,
+        tables: ExpertTables::new(gpu, &experts)?,
+        experts,
         top_k: m.top_k,
         shared: GpuMlp::upload(gpu, &m.shared)?,
         shared_gate: gpu.upload_weight(&m.shared_gate)?,
