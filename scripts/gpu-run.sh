@@ -2,7 +2,8 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|demo|bench|serving|profile|all]   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|demo|bench|decode|serving|profile|all]   (results under $OUT, default ./gpu-out)
+# `decode`: plain decoding speed with and without CUDA graphs.
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint).
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
@@ -56,7 +57,7 @@ if [ "$what" = demo ] || [ "$what" = all ]; then
   done | tee "$out/demo.txt"
 fi
 
-if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ]; then
+if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
   for m in ${MODELS:-27b 35b}; do
     f=/tmp/synth-$m-Q4_K_M.gguf
@@ -67,7 +68,15 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       python3 bench/make_synthetic_gguf.py ".device/cfg-$m" "$f" --type Q4_K_M --no-verify 2>&1 | tail -2
       echo "made $f in $((SECONDS - start)) s"
     fi
-    if [ "$what" = serving ]; then
+    if [ "$what" = decode ]; then
+      # Plain decoding (no draft), the one-token pass replayed from a CUDA graph and launched
+      # kernel by kernel.
+      for graphs in 1 0; do
+        echo "== decode $m, CUDA graphs $graphs"
+        SPLASH_CUDA_GRAPHS=$graphs ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 \
+          --decode-tokens 128 --repeat 3 --speculative off 2>&1 | tee "$out/decode-$m-graphs$graphs.txt" | grep -E 'decode|pass cost'
+      done
+    elif [ "$what" = serving ]; then
       echo "== serving $m"
       ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
         --speculative off --replay-tokens "${REPLAY:-32K}" --concurrency 1,4,16 2>&1 | tee "$out/serving-$m.txt" | tail -12

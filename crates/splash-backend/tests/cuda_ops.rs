@@ -446,15 +446,16 @@ impl DeviceCache {
                     k,
                     ptr(gpu, codes, 0),
                     ptr(gpu, scales, 0),
-                    ptr(gpu, src, at * d),
+                    ptr(gpu, src, at * hkv * d),
                     format,
-                    n * hkv,
+                    n,
+                    hkv,
                     d,
                     at,
                 )
                 .unwrap();
             }
-            at += n * hkv;
+            at += n;
         }
         cache
     }

@@ -1143,10 +1143,16 @@ extern "C" __global__ void split_q_gate(const float* qg, float* q, float* gate, 
     }
 }
 
+// A pass's first position: pos0, plus the int at pos_at when it is set (a captured graph
+// replayed at many positions reads it from there).
+__device__ __forceinline__ int position(int pos0, const int* pos_at) { return pos_at ? pos0 + *pos_at : pos0; }
+
 // Partial NeoX RoPE on x [T, heads, d]: dim j < rot/2 pairs with j + rot/2. One block per
 // (token, head).
-extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int d, int rot, int pos0) {
+extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int d, int rot, int pos0,
+                                const int* pos_at) {
     int t = blockIdx.x / heads;
+    pos0 = position(pos0, pos_at);
     float* h = x + (long)blockIdx.x * d;
     int half = rot / 2;
     for (int j = threadIdx.x; j < half; j += blockDim.x) {
@@ -1163,9 +1169,10 @@ extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int 
 #define KV_BF16 1
 #define KV_INT8 2
 
-// Appends rows x [T, hkv, d] at row pos0*hkv of the cache. One block per row.
-extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, int fmt, int d, long row0) {
-    long r = row0 + blockIdx.x;
+// Appends rows x [T, hkv, d] at position pos0 (row pos0·hkv) of the cache. One block per row.
+extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, int fmt, int d, int hkv, int pos0,
+                                     const int* pos_at) {
+    long r = (long)position(pos0, pos_at) * hkv + blockIdx.x;
     const float* xr = x + (long)blockIdx.x * d;
     if (fmt == KV_F32) {
         for (int i = threadIdx.x; i < d; i += blockDim.x) ((float*)cache)[r * d + i] = xr[i];
@@ -1285,9 +1292,9 @@ __device__ void attend(const float* q, const u8* kc, const float* ks, const u8* 
 // (row j = position j), keys as `key_range` says. One block per (token, query head).
 extern "C" __global__ void attention(const float* q, const u8* kc, const float* ks, const u8* vc,
                                      const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
-                                     float scale, int block, int window) {
+                                     const int* pos_at, float scale, int block, int window) {
     int lo, hi;
-    key_range(blockIdx.x / hq, pos0, block, window, &lo, &hi);
+    key_range(blockIdx.x / hq, position(pos0, pos_at), block, window, &lo, &hi);
     attend(q, kc, ks, vc, vs, fmt, blockIdx.x, hq, hkv, lo, hi, scale, out + (long)blockIdx.x * HEAD_DIM,
            true, nullptr, nullptr);
 }
@@ -1303,10 +1310,10 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const float* 
 // gives each row what token-by-token decoding gives. 1-D grid: block = row · nchunks + c.
 extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
                                           const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
-                                          float scale, int block, int window, int nchunks) {
+                                          const int* pos_at, float scale, int block, int window, int nchunks) {
     int row = blockIdx.x / nchunks, c = blockIdx.x % nchunks;
     int lo, hi;
-    key_range(row / hq, pos0, block, window, &lo, &hi);
+    key_range(row / hq, position(pos0, pos_at), block, window, &lo, &hi);
     float* dst = part + (long)blockIdx.x * (HEAD_DIM + 2);
     attend(q, kc, ks, vc, vs, fmt, row, hq, hkv, max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK),
            scale, dst + 2, false, dst, dst + 1);
@@ -1372,28 +1379,32 @@ extern "C" __global__ void gdn_gates(float* b, float* a, const float* dt_bias, c
 }
 
 // The gated delta rule, token by token. `mixed` [T, C] holds q | k | v after the conv (C =
-// 2·hk·GDN_DK + hv·GDN_DV); q and k are L2-normalised here (q also scaled by dk^-0.5). One
-// block per value head of at least GDN_DV threads (a multiple of 32): thread c < GDN_DV owns
-// column c of the head's state [GDN_DK, GDN_DV] in registers. `tiled`: value head h reads key
-// head h % hk (GGUF order), else h / (hv/hk).
+// 2·hk·GDN_DK + hv·GDN_DV); q and k are L2-normalised here (q also scaled by dk^-0.5). The
+// state [GDN_DK, GDN_DV] of a value head is split over blocks of 32 columns; each column over
+// GDN_SLICES adjacent lanes, each holding GDN_DK / GDN_SLICES of its rows in registers (a
+// thread per whole column made only hv blocks, too few to read the state at speed). `tiled`:
+// value head h reads key head h % hk (GGUF order), else h / (hv/hk). Block: 128 threads.
+#define GDN_SLICES 4
+static_assert(GDN_DK % GDN_SLICES == 0, "the GDN key dim splits over GDN_SLICES lanes");
 extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
                                          float* out, int T, int hk, int hv, int tiled) {
-    const int DK = GDN_DK, DV = GDN_DV;
-    int h = blockIdx.x, c = threadIdx.x;
+    const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES;
+    int groups = (DV + 31) / 32;
+    int h = blockIdx.x / groups, r = threadIdx.x % GDN_SLICES;
+    int c = (blockIdx.x % groups) * 32 + threadIdx.x / GDN_SLICES;
     bool active = c < DV;
     int kh = tiled ? h % hk : h / (hv / hk);
     int C = 2 * hk * DK + hv * DV;
-    __shared__ float qs[DK], ks[DK], red[2][32];
-    float s[DK];
+    __shared__ float qs[DK], ks[DK], red[2][4];
+    float s[R];
     float* st = state + (long)h * DK * DV;
 #pragma unroll
-    for (int i = 0; i < DK; i++) s[i] = active ? st[i * DV + c] : 0.0f;
+    for (int j = 0; j < R; j++) s[j] = active ? st[(long)(r * R + j) * DV + c] : 0.0f;
     float qscale = rsqrtf((float)DK);
-    int warps = blockDim.x >> 5;
     for (int t = 0; t < T; t++) {
         const float* row = mixed + (long)t * C;
         float qss = 0.0f, kss = 0.0f;
-        for (int i = c; i < DK; i += blockDim.x) {
+        for (int i = threadIdx.x; i < DK; i += blockDim.x) {
             float qv = row[kh * DK + i], kv = row[hk * DK + kh * DK + i];
             qs[i] = qv;
             ks[i] = kv;
@@ -1402,39 +1413,39 @@ extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, con
         }
         qss = warp_sum(qss);
         kss = warp_sum(kss);
-        if ((c & 31) == 0) {
-            red[0][c >> 5] = qss;
-            red[1][c >> 5] = kss;
+        if ((threadIdx.x & 31) == 0) {
+            red[0][threadIdx.x >> 5] = qss;
+            red[1][threadIdx.x >> 5] = kss;
         }
         __syncthreads();
-        float qn = 0.0f, kn = 0.0f;
-        for (int w = 0; w < warps; w++) {
-            qn += red[0][w];
-            kn += red[1][w];
-        }
+        float qn = red[0][0] + red[0][1] + red[0][2] + red[0][3];
+        float kn = red[1][0] + red[1][1] + red[1][2] + red[1][3];
         float qinv = rsqrtf(qn + 1e-6f) * qscale, kinv = rsqrtf(kn + 1e-6f);
-        if (active) {
-            float decay = expf(g[(long)t * hv + h]), b = beta[(long)t * hv + h];
-            float v = row[2 * hk * DK + h * DV + c];
-            float kv = 0.0f;
+        float decay = expf(g[(long)t * hv + h]), b = beta[(long)t * hv + h];
+        float v = active ? row[2 * hk * DK + h * DV + c] : 0.0f;
+        float kv = 0.0f;
 #pragma unroll
-            for (int i = 0; i < DK; i++) {
-                s[i] *= decay;
-                kv += s[i] * (ks[i] * kinv);
-            }
-            float delta = (v - kv) * b;
-            float o = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DK; i++) {
-                s[i] += (ks[i] * kinv) * delta;
-                o += s[i] * (qs[i] * qinv);
-            }
-            out[((long)t * hv + h) * DV + c] = o;
+        for (int j = 0; j < R; j++) {
+            s[j] *= decay;
+            kv += s[j] * (ks[r * R + j] * kinv);
         }
+        // Sums over the column's slices (adjacent lanes), in the same order in every lane.
+        kv += __shfl_xor_sync(0xffffffffu, kv, 1);
+        kv += __shfl_xor_sync(0xffffffffu, kv, 2);
+        float delta = (v - kv) * b;
+        float o = 0.0f;
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            s[j] += (ks[r * R + j] * kinv) * delta;
+            o += s[j] * (qs[r * R + j] * qinv);
+        }
+        o += __shfl_xor_sync(0xffffffffu, o, 1);
+        o += __shfl_xor_sync(0xffffffffu, o, 2);
+        if (active && r == 0) out[((long)t * hv + h) * DV + c] = o;
         __syncthreads();
     }
     if (active) {
 #pragma unroll
-        for (int i = 0; i < DK; i++) st[i * DV + c] = s[i];
+        for (int j = 0; j < R; j++) st[(long)(r * R + j) * DV + c] = s[j];
     }
 }

@@ -4,7 +4,9 @@
 //! needs no CUDA toolkit; [`Gpu::new`] fails cleanly on a machine without a GPU.
 //!
 //! Buffers are `CudaSlice`s owned by their users; kernels receive raw device pointers (event
-//! tracking is off: everything runs in order on one stream).
+//! tracking is off: everything runs in order on one stream). A pass whose work needs no host
+//! round trip can be captured once as a CUDA graph ([`Gpu::capture`]) and replayed with one
+//! launch, which removes the host's cost of launching a few thousand kernels.
 
 mod compile;
 mod ops;
@@ -57,6 +59,10 @@ pub struct Gpu {
     /// Keep every product on the batch-invariant GEMV kernels, whatever the token count (see
     /// [`Gpu::set_batch_invariant`]).
     batch_invariant: std::sync::atomic::AtomicBool,
+    /// Whether callers may capture passes as graphs (see [`Gpu::set_graphs`]).
+    graphs: std::sync::atomic::AtomicBool,
+    /// Graph replays so far ([`Gpu::replay`]).
+    replays: std::sync::atomic::AtomicU64,
     /// Per-kernel launch counts and seconds when `SPLASH_GPU_PROFILE` is set: every launch is
     /// then synchronised and timed (slow; for finding where the time goes). Printed on drop.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
@@ -87,6 +93,14 @@ impl Drop for Gpu {
         }
     }
 }
+
+/// A captured pass ([`Gpu::capture`]), replayed by [`Gpu::replay`].
+pub struct Graph(cudarc::driver::CudaGraph);
+
+// SAFETY: a graph is a driver handle; it is launched on the stream it was captured from, whose
+// work is ordered, and its owners keep it behind a lock.
+unsafe impl Send for Graph {}
+unsafe impl Sync for Graph {}
 
 /// The kernels of one compiled module (one set of model dimensions).
 pub struct Kernels {
@@ -143,10 +157,14 @@ impl Gpu {
         // One in-order stream: cudarc's per-buffer event tracking is not needed.
         // SAFETY: called before any buffer or stream exists in this context.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of our own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream()?;
         keep_freed_memory(&ctx)?;
         let (major, minor) = ctx.compute_capability()?;
         let name = ctx.name()?;
+        let profile = std::env::var_os("SPLASH_GPU_PROFILE").map(|_| Mutex::new(HashMap::new()));
+        // Profiling synchronises every launch, which a capture cannot contain.
+        let graphs = profile.is_none() && std::env::var("SPLASH_CUDA_GRAPHS").as_deref() != Ok("0");
         Ok(Arc::new(Self {
             arch: compile::arch_for(major, minor),
             name,
@@ -156,7 +174,9 @@ impl Gpu {
             blas: Mutex::new(None),
             exact: std::sync::atomic::AtomicBool::new(false),
             batch_invariant: std::sync::atomic::AtomicBool::new(false),
-            profile: std::env::var_os("SPLASH_GPU_PROFILE").map(|_| Mutex::new(HashMap::new())),
+            graphs: std::sync::atomic::AtomicBool::new(graphs),
+            replays: std::sync::atomic::AtomicU64::new(0),
+            profile,
         }))
     }
 
@@ -232,6 +252,54 @@ impl Gpu {
     pub(crate) fn batch_invariant(&self) -> bool {
         self.batch_invariant
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Allows or forbids capturing passes as graphs (on by default; off with
+    /// `SPLASH_CUDA_GRAPHS=0` or while profiling). The parity tests turn it off to compare.
+    pub fn set_graphs(&self, on: bool) {
+        self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether passes may be captured as graphs (see [`set_graphs`](Self::set_graphs)).
+    pub fn graphs(&self) -> bool {
+        self.graphs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Queues one replay of `graph` on the stream.
+    pub fn replay(&self, graph: &Graph) -> Result<(), GpuError> {
+        self.replays
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(graph.0.launch()?)
+    }
+
+    /// How many graph replays were queued so far.
+    pub fn replays(&self) -> u64 {
+        self.replays.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records the work `queue` puts on the stream into a graph instead of running it, and
+    /// instantiates the graph. Everything `queue` allocates must be freed before it returns
+    /// (the graph then owns that memory); a host round trip inside it (a download, a
+    /// synchronisation) fails the capture.
+    pub fn capture<E: From<GpuError>>(
+        &self,
+        queue: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Graph, E> {
+        use cudarc::driver::sys;
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(GpuError::from)?;
+        let queued = queue();
+        // The capture ends whatever happened, so the stream runs work again.
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(GpuError::from);
+        queued?;
+        match graph? {
+            Some(g) => Ok(Graph(g)),
+            None => Err(GpuError::Driver("the capture recorded no work".into()).into()),
+        }
     }
 
     /// The cuBLAS handle, if the library can be loaded (tried once).

@@ -778,7 +778,35 @@ pub fn split_q_gate(
     )
 }
 
-/// Partial NeoX RoPE on `x` `[tokens, heads, d]` at positions `pos0..` (`inv_freq` `[rot/2]`).
+/// The position of a pass's first token, as the position-dependent kernels (RoPE, KV append,
+/// attention) take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    /// Known when the work is queued.
+    Host(usize),
+    /// The `i32` at device address `at`, read when the kernels run: a captured graph is
+    /// replayed at a new position by rewriting it. Attention splits its keys as for `limit`
+    /// positions, a bound on every position it will be replayed at.
+    Device { at: u64, limit: usize },
+}
+
+impl From<usize> for Position {
+    fn from(p: usize) -> Self {
+        Position::Host(p)
+    }
+}
+
+impl Position {
+    /// The kernels' `pos0, pos_at` arguments.
+    fn args(self) -> [Arg; 2] {
+        match self {
+            Position::Host(p) => [Arg::I32(p as i32), Arg::Ptr(0)],
+            Position::Device { at, .. } => [Arg::I32(0), Arg::Ptr(at)],
+        }
+    }
+}
+
+/// Partial NeoX RoPE on `x` `[tokens, heads, d]` at positions `pos..` (`inv_freq` `[rot/2]`).
 #[allow(clippy::too_many_arguments)]
 pub fn rope(
     gpu: &Gpu,
@@ -789,8 +817,9 @@ pub fn rope(
     heads: usize,
     d: usize,
     rot: usize,
-    pos0: usize,
+    pos: impl Into<Position>,
 ) -> Result<(), GpuError> {
+    let [p0, p_at] = pos.into().args();
     gpu.launch(
         k,
         "rope",
@@ -802,7 +831,8 @@ pub fn rope(
             Arg::I32(heads as i32),
             Arg::I32(d as i32),
             Arg::I32(rot as i32),
-            Arg::I32(pos0 as i32),
+            p0,
+            p_at,
         ],
     )
 }
@@ -815,7 +845,8 @@ fn kv_code(f: KvFormat) -> i32 {
     }
 }
 
-/// Appends `rows` rows of `d` values (`x`) to a KV cache at row `row0` (`scales`: int8 only).
+/// Appends `tokens` positions of `heads` rows of `d` values (`x`) to a KV cache
+/// `[positions, heads, d]` at position `pos` (`scales`: int8 only).
 #[allow(clippy::too_many_arguments)]
 pub fn kv_append(
     gpu: &Gpu,
@@ -824,14 +855,16 @@ pub fn kv_append(
     scales: u64,
     x: u64,
     format: KvFormat,
-    rows: usize,
+    tokens: usize,
+    heads: usize,
     d: usize,
-    row0: usize,
+    pos: impl Into<Position>,
 ) -> Result<(), GpuError> {
+    let [p0, p_at] = pos.into().args();
     gpu.launch(
         k,
         "kv_append",
-        rows as u32,
+        (tokens * heads) as u32,
         128,
         &[
             Arg::Ptr(x),
@@ -839,7 +872,9 @@ pub fn kv_append(
             Arg::Ptr(scales),
             Arg::I32(kv_code(format)),
             Arg::I32(d as i32),
-            Arg::I64(row0 as i64),
+            Arg::I32(heads as i32),
+            p0,
+            p_at,
         ],
     )
 }
@@ -868,10 +903,12 @@ pub fn attention(
     tokens: usize,
     hq: usize,
     hkv: usize,
-    pos0: usize,
+    pos: impl Into<Position>,
     scale: f32,
     mask: KeyMask,
 ) -> Result<(), GpuError> {
+    let pos = pos.into();
+    let [p0, p_at] = pos.args();
     let args = |out_or_part: u64| {
         [
             Arg::Ptr(q),
@@ -883,7 +920,8 @@ pub fn attention(
             Arg::I32(kv_code(format)),
             Arg::I32(hq as i32),
             Arg::I32(hkv as i32),
-            Arg::I32(pos0 as i32),
+            p0,
+            p_at,
             Arg::F32(scale),
             Arg::I32(mask.block as i32),
             Arg::I32(mask.window.unwrap_or(0) as i32),
@@ -891,7 +929,10 @@ pub fn attention(
     };
     if tokens <= SPLIT_ATTENTION_ROWS {
         // Chunks up to the furthest key of any query (a draft block sees the whole block).
-        let span = pos0 + if mask.block > 0 { mask.block } else { tokens };
+        let span = match pos {
+            Position::Host(p) => p + if mask.block > 0 { mask.block } else { tokens },
+            Position::Device { limit, .. } => limit,
+        };
         let chunks = span.div_ceil(ATTN_CHUNK).max(1);
         let rows = tokens * hq;
         let part = gpu.uninit::<f32>(rows * chunks * (k.dims().head_dim + 2))?;
@@ -991,8 +1032,8 @@ pub fn gdn_recurrent(
     gpu.launch(
         k,
         "gdn_recurrent",
-        hv as u32,
-        (dv.div_ceil(32) * 32) as u32,
+        (hv * dv.div_ceil(32)) as u32,
+        128,
         &[
             Arg::Ptr(mixed),
             Arg::Ptr(g),

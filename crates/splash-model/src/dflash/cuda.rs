@@ -261,17 +261,7 @@ impl GpuDraft {
         let no_scales = ptr(gpu, &self.inv_freq, 0);
         for (src, dst) in [(kp, &cache.0), (vp, &cache.1)] {
             let dst = ptr(gpu, dst, 0);
-            dev::kv_append(
-                gpu,
-                k,
-                dst,
-                no_scales,
-                src,
-                KvFormat::F32,
-                t * hkv,
-                d,
-                pos0 * hkv,
-            )?;
+            dev::kv_append(gpu, k, dst, no_scales, src, KvFormat::F32, t, hkv, d, pos0)?;
         }
         Ok(())
     }

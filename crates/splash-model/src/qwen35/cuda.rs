@@ -34,6 +34,8 @@ pub(crate) struct GpuModel {
     lm_head: DeviceWeight,
     inv_freq: Buf,
     rotary_dim: usize,
+    /// Captured one-token passes (see [`GpuModel::decode_graphed`]).
+    graphs: std::sync::Mutex<Vec<DecodeGraph>>,
 }
 
 struct GpuLayer {
@@ -203,11 +205,26 @@ struct AttnSeq<'a> {
     rows: SeqRows,
     state: &'a mut GpuLayerState,
     kv: KvFormat,
-    pos0: usize,
+    pos: dev::Position,
 }
 
 /// Positions a fresh attention cache holds before it grows (doubling).
 const INITIAL_KV_CAPACITY: usize = 1024;
+
+/// Captured one-token passes kept per model (most recently used first): one per sequence
+/// that decodes on its own.
+const DECODE_GRAPHS: usize = 4;
+
+/// A captured one-token pass over one sequence's state buffers (`key`: their addresses and
+/// sizes). Each replay reads the token's embedding from `input`, its position from `pos`,
+/// and leaves the logits in `logits`.
+struct DecodeGraph {
+    key: Vec<u64>,
+    graph: dev::Graph,
+    input: Buf,
+    pos: CudaSlice<i32>,
+    logits: Buf,
+}
 
 impl std::fmt::Debug for GpuState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -316,6 +333,37 @@ impl GpuState {
         Ok(())
     }
 
+    /// What a captured pass over this state depends on: the addresses and capacities of its
+    /// buffers, its KV format and the arithmetic mode.
+    fn graph_key(&self, exact: bool) -> Vec<u64> {
+        let g = &*self.model.gpu;
+        let mut key = vec![self.kv.value_bytes() as u64, exact as u64];
+        for l in &self.layers {
+            match l {
+                GpuLayerState::Gdn { conv, recurrent } => {
+                    key.extend([ptr(g, conv, 0), ptr(g, recurrent, 0)]);
+                }
+                GpuLayerState::Attn { k, v, ks, vs, cap } => {
+                    key.extend([ptr(g, k, 0), ptr(g, v, 0), ptr(g, ks, 0), ptr(g, vs, 0)]);
+                    key.push(*cap as u64);
+                }
+            }
+        }
+        key
+    }
+
+    /// Positions the attention caches hold (they grow together).
+    fn kv_capacity(&self) -> usize {
+        self.layers
+            .iter()
+            .filter_map(|l| match l {
+                GpuLayerState::Attn { cap, .. } => Some(*cap),
+                GpuLayerState::Gdn { .. } => None,
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
     /// Device bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.layers
@@ -404,6 +452,7 @@ impl GpuModel {
             lm_head: g.upload_weight(&cpu.lm_head)?,
             inv_freq: upload_vec(g, &inv_freq)?,
             rotary_dim: cfg.rotary_dim,
+            graphs: std::sync::Mutex::new(Vec::new()),
             layers,
             k,
             gpu,
@@ -555,6 +604,9 @@ impl GpuModel {
         want: Logits,
         taps: &[usize],
     ) -> Result<Vec<super::LogitsAndTaps>, ModelError> {
+        if let Some(logits) = self.decode_graphed(cpu, items, want, taps)? {
+            return Ok(vec![(logits, Vec::new())]);
+        }
         let cfg = &cpu.config;
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
@@ -568,81 +620,21 @@ impl GpuModel {
             });
             t += item.tokens.len();
         }
-        // The embedding rows are gathered on the host (a few KB per token) and copied over.
-        let tokens: Vec<u32> = items
-            .iter()
-            .flat_map(|i| i.tokens.iter().copied())
-            .collect();
-        let mut rows = vec![0.0f32; t * h];
-        splash_backend::cpu::embedding(&mut rows, &cpu.embed, &tokens);
-        let x = gpu.upload(&rows)?;
+        let x = gpu.upload(&self.embed(cpu, items))?;
         let xp = ptr(gpu, &x, 0);
         let normed = self.scratch(t * h)?;
         let np = ptr(gpu, &normed, 0);
         // Tap outputs gathered on the device `[taps, T, H]`, downloaded once at the end.
         let features = self.scratch(taps.len() * t * h)?;
-        let mut replays: Vec<Vec<Option<GdnReplay>>> = items.iter().map(|_| Vec::new()).collect();
-        for (li, layer) in self.layers.iter().enumerate() {
-            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
-            let mixed = match &layer.mixer {
-                GpuMixer::Gdn(g) => {
-                    let mut recorded: Vec<Option<GdnReplay>> = items.iter().map(|_| None).collect();
-                    let mut parts: Vec<GdnSeq<'_>> = items
-                        .iter_mut()
-                        .zip(&rows_of)
-                        .zip(&mut recorded)
-                        .map(|((item, &rows), slot)| {
-                            let record = item.record;
-                            let GpuLayerState::Gdn { conv, recurrent } = &mut item.state.layers[li]
-                            else {
-                                unreachable!("sequence state was built for another model")
-                            };
-                            GdnSeq {
-                                rows,
-                                conv,
-                                rec: recurrent,
-                                record: record.then_some(slot),
-                            }
-                        })
-                        .collect();
-                    let out = g.forward(self, np, t, &mut parts, eps)?;
-                    drop(parts);
-                    for (r, rec) in replays.iter_mut().zip(recorded) {
-                        r.push(rec);
-                    }
-                    out
-                }
-                GpuMixer::Attn(a) => {
-                    let mut parts: Vec<AttnSeq<'_>> = items
-                        .iter_mut()
-                        .zip(&rows_of)
-                        .map(|(item, &rows)| {
-                            let kv = item.state.kv;
-                            AttnSeq {
-                                rows,
-                                state: &mut item.state.layers[li],
-                                kv,
-                                pos0: item.pos0,
-                            }
-                        })
-                        .collect();
-                    for r in &mut replays {
-                        r.push(None);
-                    }
-                    a.forward(self, np, t, &mut parts, eps)?
-                }
-            };
-            dev::add_in_place(gpu, k, xp, ptr(gpu, &mixed, 0), t * h)?;
-            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), t, h, eps)?;
-            let ffn = match &layer.ffn {
-                GpuFfn::Dense(m) => m.forward(self, np, t)?,
-                GpuFfn::Moe(moe) => self.moe(moe, np, t)?,
-            };
-            dev::add_in_place(gpu, k, xp, ptr(gpu, &ffn, 0), t * h)?;
-            for (j, _) in taps.iter().enumerate().filter(|(_, &l)| l == li) {
-                gpu.copy(ptr(gpu, &features, j * t * h), xp, t * h * 4)?;
-            }
-        }
+        let replays = self.layers(
+            cfg,
+            xp,
+            np,
+            items,
+            &rows_of,
+            (taps, ptr(gpu, &features, 0)),
+            None,
+        )?;
         for (item, replay) in items.iter_mut().zip(replays) {
             item.state.replay = item.record.then_some(replay);
         }
@@ -707,6 +699,203 @@ impl GpuModel {
                 (l, features_of(r))
             })
             .collect())
+    }
+
+    /// The items' token embeddings `[T, H]`, gathered on the host (a few KB per token; the
+    /// table stays in host memory).
+    fn embed(&self, cpu: &Qwen35, items: &[GpuItem<'_>]) -> Vec<f32> {
+        let tokens: Vec<u32> = items
+            .iter()
+            .flat_map(|i| i.tokens.iter().copied())
+            .collect();
+        let mut rows = vec![0.0f32; tokens.len() * cpu.config.hidden_size];
+        splash_backend::cpu::embedding(&mut rows, &cpu.embed, &tokens);
+        rows
+    }
+
+    /// The decoder layers over the pass's hidden rows at `x` (the residual stream, updated in
+    /// place), with `normed` (as many rows) as scratch. Tap layer `taps.0[j]`'s output goes to
+    /// rows `[j·T, (j+1)·T)` at `taps.1`. `position`, when set, replaces the (single) item's
+    /// position (a captured graph reads it on the device). Returns what each item's GDN
+    /// layers recorded for a rollback.
+    #[allow(clippy::too_many_arguments)]
+    fn layers(
+        &self,
+        cfg: &ModelConfig,
+        x: u64,
+        normed: u64,
+        items: &mut [GpuItem<'_>],
+        rows_of: &[SeqRows],
+        taps: (&[usize], u64),
+        position: Option<dev::Position>,
+    ) -> Result<Vec<Vec<Option<GdnReplay>>>, ModelError> {
+        let (gpu, k) = (&*self.gpu, &*self.k);
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let t: usize = rows_of.iter().map(|r| r.t).sum();
+        let (xp, np) = (x, normed);
+        let mut replays: Vec<Vec<Option<GdnReplay>>> = items.iter().map(|_| Vec::new()).collect();
+        for (li, layer) in self.layers.iter().enumerate() {
+            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
+            let mixed = match &layer.mixer {
+                GpuMixer::Gdn(g) => {
+                    let mut recorded: Vec<Option<GdnReplay>> = items.iter().map(|_| None).collect();
+                    let mut parts: Vec<GdnSeq<'_>> = items
+                        .iter_mut()
+                        .zip(rows_of)
+                        .zip(&mut recorded)
+                        .map(|((item, &rows), slot)| {
+                            let record = item.record;
+                            let GpuLayerState::Gdn { conv, recurrent } = &mut item.state.layers[li]
+                            else {
+                                unreachable!("sequence state was built for another model")
+                            };
+                            GdnSeq {
+                                rows,
+                                conv,
+                                rec: recurrent,
+                                record: record.then_some(slot),
+                            }
+                        })
+                        .collect();
+                    let out = g.forward(self, np, t, &mut parts, eps)?;
+                    drop(parts);
+                    for (r, rec) in replays.iter_mut().zip(recorded) {
+                        r.push(rec);
+                    }
+                    out
+                }
+                GpuMixer::Attn(a) => {
+                    let mut parts: Vec<AttnSeq<'_>> = items
+                        .iter_mut()
+                        .zip(rows_of)
+                        .map(|(item, &rows)| {
+                            let kv = item.state.kv;
+                            AttnSeq {
+                                rows,
+                                state: &mut item.state.layers[li],
+                                kv,
+                                pos: position.unwrap_or(dev::Position::Host(item.pos0)),
+                            }
+                        })
+                        .collect();
+                    for r in &mut replays {
+                        r.push(None);
+                    }
+                    a.forward(self, np, t, &mut parts, eps)?
+                }
+            };
+            dev::add_in_place(gpu, k, xp, ptr(gpu, &mixed, 0), t * h)?;
+            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), t, h, eps)?;
+            let ffn = match &layer.ffn {
+                GpuFfn::Dense(m) => m.forward(self, np, t)?,
+                GpuFfn::Moe(moe) => self.moe(moe, np, t)?,
+            };
+            dev::add_in_place(gpu, k, xp, ptr(gpu, &ffn, 0), t * h)?;
+            for (j, _) in taps.0.iter().enumerate().filter(|(_, &l)| l == li) {
+                gpu.copy(taps.1 + (j * t * h * 4) as u64, xp, t * h * 4)?;
+            }
+        }
+        Ok(replays)
+    }
+
+    /// Whether a pass needs the host midway: MoE layers without device routing download their
+    /// router logits. Such passes cannot be captured as graphs.
+    fn routes_on_host(&self) -> bool {
+        self.layers.iter().any(|l| match &l.ffn {
+            GpuFfn::Moe(m) => m.tables.is_none() || self.gpu.exact(),
+            GpuFfn::Dense(_) => false,
+        })
+    }
+
+    /// A plain one-token pass of one sequence (decoding without a draft), replayed from a
+    /// captured graph: one launch instead of a few thousand. The graph is captured at the
+    /// first such pass over a sequence's state buffers and replayed while they stay (the
+    /// position is read on the device); `None` when the pass is of another kind.
+    fn decode_graphed(
+        &self,
+        cpu: &Qwen35,
+        items: &mut [GpuItem<'_>],
+        want: Logits,
+        taps: &[usize],
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let [item] = items else { return Ok(None) };
+        if !self.gpu.graphs()
+            || item.tokens.len() != 1
+            || item.record
+            || !taps.is_empty()
+            || want == Logits::None
+            || self.routes_on_host()
+        {
+            return Ok(None);
+        }
+        let cfg = &cpu.config;
+        let (gpu, v) = (&*self.gpu, cfg.vocab_size);
+        // Room for this token first: growing a cache moves it, which changes the key.
+        let kv = item.state.kv;
+        for l in &mut item.state.layers {
+            if matches!(l, GpuLayerState::Attn { .. }) {
+                ensure_capacity(self, l, kv, item.pos0 + 1, cfg.num_kv_heads, cfg.head_dim)?;
+            }
+        }
+        let key = item.state.graph_key(gpu.exact());
+        let mut graphs = self.graphs.lock().expect("graph cache lock");
+        let hit = graphs.iter().position(|g| g.key == key);
+        let mut graph = match hit {
+            Some(i) => graphs.remove(i),
+            None => self.capture_decode(cfg, item, key)?,
+        };
+        let row = self.embed(cpu, std::slice::from_ref(item));
+        gpu.write(&mut graph.input, &row)?;
+        gpu.write(&mut graph.pos, &[item.pos0 as i32])?;
+        gpu.replay(&graph.graph)?;
+        let logits = gpu.download(&graph.logits, v)?;
+        graphs.insert(0, graph);
+        graphs.truncate(DECODE_GRAPHS);
+        Ok(Some(logits))
+    }
+
+    /// Captures the one-token pass of `item` over its current state buffers.
+    fn capture_decode(
+        &self,
+        cfg: &ModelConfig,
+        item: &mut GpuItem<'_>,
+        key: Vec<u64>,
+    ) -> Result<DecodeGraph, ModelError> {
+        let (gpu, k, h) = (&*self.gpu, &*self.k, cfg.hidden_size);
+        let input = self.scratch(h)?;
+        let pos = gpu.zeros::<i32>(1)?;
+        let logits = self.scratch(cfg.vocab_size)?;
+        let position = dev::Position::Device {
+            at: ptr(gpu, &pos, 0),
+            limit: item.state.kv_capacity(),
+        };
+        let (xp, lp) = (ptr(gpu, &input, 0), ptr(gpu, &logits, 0));
+        let graph = gpu.capture(|| -> Result<(), ModelError> {
+            let normed = self.scratch(h)?;
+            let np = ptr(gpu, &normed, 0);
+            let rows = [SeqRows { off: 0, t: 1 }];
+            let fin = ptr(gpu, &self.final_norm, 0);
+            self.layers(
+                cfg,
+                xp,
+                np,
+                std::slice::from_mut(item),
+                &rows,
+                (&[], 0),
+                Some(position),
+            )?;
+            dev::rms_norm(gpu, k, np, xp, fin, 1, h, cfg.rms_norm_eps)?;
+            let out = self.lm_head(np, 1)?;
+            gpu.copy(lp, ptr(gpu, &out, 0), cfg.vocab_size * 4)?;
+            Ok(())
+        })?;
+        Ok(DecodeGraph {
+            key,
+            graph,
+            input,
+            pos,
+            logits,
+        })
     }
 
     /// Logits `[n, V]` of `n` already-normed hidden rows at device address `x` (the DFlash
@@ -1074,15 +1263,18 @@ impl GpuAttn {
         let inv = ptr(gpu, &m.inv_freq, 0);
         let attn = m.scratch(t * hq * d)?;
         for p in parts.iter_mut() {
-            let (SeqRows { off, t: n }, kv, pos0) = (p.rows, p.kv, p.pos0);
+            let (SeqRows { off, t: n }, kv, pos) = (p.rows, p.kv, p.pos);
             let (qp, kp, vp) = (
                 ptr(gpu, &q, off * hq * d),
                 ptr(gpu, &kb, off * hkv * d),
                 ptr(gpu, &vb, off * hkv * d),
             );
-            dev::rope(gpu, k, qp, inv, n, hq, d, m.rotary_dim, pos0)?;
-            dev::rope(gpu, k, kp, inv, n, hkv, d, m.rotary_dim, pos0)?;
-            ensure_capacity(m, p.state, kv, pos0 + n, hkv, d)?;
+            dev::rope(gpu, k, qp, inv, n, hq, d, m.rotary_dim, pos)?;
+            dev::rope(gpu, k, kp, inv, n, hkv, d, m.rotary_dim, pos)?;
+            // (A captured pass's caches were grown before the capture.)
+            if let dev::Position::Host(pos0) = pos {
+                ensure_capacity(m, p.state, kv, pos0 + n, hkv, d)?;
+            }
             let GpuLayerState::Attn {
                 k: kc,
                 v: vc,
@@ -1095,8 +1287,8 @@ impl GpuAttn {
             };
             let (kcp, vcp) = (ptr(gpu, kc, 0), ptr(gpu, vc, 0));
             let (ksp, vsp) = (ptr(gpu, ks, 0), ptr(gpu, vs, 0));
-            dev::kv_append(gpu, k, kcp, ksp, kp, kv, n * hkv, d, pos0 * hkv)?;
-            dev::kv_append(gpu, k, vcp, vsp, vp, kv, n * hkv, d, pos0 * hkv)?;
+            dev::kv_append(gpu, k, kcp, ksp, kp, kv, n, hkv, d, pos)?;
+            dev::kv_append(gpu, k, vcp, vsp, vp, kv, n, hkv, d, pos)?;
             dev::attention(
                 gpu,
                 k,
@@ -1108,7 +1300,7 @@ impl GpuAttn {
                 n,
                 hq,
                 hkv,
-                pos0,
+                pos,
                 (d as f32).powf(-0.5),
                 dev::KeyMask::default(),
             )?;
