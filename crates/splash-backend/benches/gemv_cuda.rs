@@ -2,6 +2,8 @@
 //! per product for 1 to 16 tokens and the weight bytes it streams, against the H200's measured
 //! copy bandwidth. Random weights (valid scale fields), so no checkpoint is needed:
 //! `cargo bench -p splash-backend --features cuda --bench gemv_cuda` on a machine with a GPU.
+//! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
+//! launch cost. `GEMV_SWEEP=1` also times the tensor-core GEMV at each warps-per-tile count.
 
 use std::time::Instant;
 
@@ -76,30 +78,50 @@ fn main() {
         let w = random_weight(t, n, kd, n as u64 * 31 + kd as u64);
         let bytes = w.raw_bytes().len() as f64;
         let dw = gpu.upload_weight(&w).unwrap();
-        let mut line = format!("{name:<28} {t:>6} {:>10.1} |", bytes / 1e6);
-        for tokens in [1, 2, 4, 8, 16] {
+        // The time of one product, replayed from a graph (as a decode pass runs it).
+        let time = |tokens: usize| -> f64 {
             let x: Vec<f32> = (0..tokens * kd)
                 .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
                 .collect();
             let xd = gpu.upload(&x).unwrap();
             let out = gpu.uninit::<f32>(tokens * n).unwrap();
             let (op, xp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0));
-            let run = || dev::matmul(&gpu, &k, op, xp, &dw, 0, n, tokens).unwrap();
-            for _ in 0..3 {
-                run();
-            }
-            gpu.synchronize().unwrap();
-            // Enough launches to take ~20 ms, so launch overhead is amortised by the queue.
+            // Enough products to take ~20 ms.
             let reps = ((20e-3 * COPY_BANDWIDTH / bytes) as usize).clamp(10, 2000);
-            let t0 = Instant::now();
-            for _ in 0..reps {
-                run();
-            }
+            let graph = gpu
+                .capture(|| {
+                    for _ in 0..reps {
+                        dev::matmul(&gpu, &k, op, xp, &dw, 0, n, tokens)?;
+                    }
+                    Ok::<(), dev::GpuError>(())
+                })
+                .unwrap();
+            gpu.replay(&graph).unwrap();
             gpu.synchronize().unwrap();
-            let secs = t0.elapsed().as_secs_f64() / reps as f64;
-            let share = bytes / secs / COPY_BANDWIDTH;
-            line += &format!(" {tokens}: {:>7.1} ({:>3.0}%)", secs * 1e6, share * 100.0);
+            let t0 = Instant::now();
+            gpu.replay(&graph).unwrap();
+            gpu.synchronize().unwrap();
+            t0.elapsed().as_secs_f64() / reps as f64
+        };
+        let cell = |secs: f64| {
+            format!(
+                "{:>7.1} ({:>3.0}%)",
+                secs * 1e6,
+                bytes / secs / COPY_BANDWIDTH * 100.0
+            )
+        };
+        let mut line = format!("{name:<28} {t:>6} {:>10.1} |", bytes / 1e6);
+        for tokens in [1, 2, 4, 8, 16] {
+            line += &format!(" {tokens}: {}", cell(time(tokens)));
         }
         println!("{line}");
+        if std::env::var_os("GEMV_SWEEP").is_some() && t != GgmlType::Q8_0 {
+            for warps in [1, 2, 4, 8] {
+                dev::force_tensor_core_warps(warps);
+                let (one, sixteen) = (cell(time(1)), cell(time(16)));
+                println!("    {warps} warps per tile: 1: {one}  16: {sixteen}");
+            }
+            dev::force_tensor_core_warps(0);
+        }
     }
 }

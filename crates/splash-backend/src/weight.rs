@@ -314,6 +314,21 @@ impl Weight {
         self.narrow_rows_raw(i * inner, inner, self.shape[1..].to_vec())
     }
 
+    /// The rows of `self`, then those of `other`, as one matrix (a copy), when both have the
+    /// same plain or block dtype and row width; `None` for affine weights or a mismatch.
+    pub fn stack_rows(&self, other: &Weight) -> Option<Weight> {
+        if self.dtype != other.dtype
+            || self.cols() != other.cols()
+            || self.affine.is_some()
+            || other.affine.is_some()
+        {
+            return None;
+        }
+        let bytes = [self.raw_bytes(), other.raw_bytes()].concat();
+        let shape = vec![self.rows() + other.rows(), self.cols()];
+        Weight::new(self.dtype, shape, HostBytes::from_vec(bytes)).ok()
+    }
+
     /// Rows `start..start+n` of the matrix view (`[n, cols]`).
     pub fn narrow_rows(&self, start: usize, n: usize) -> Self {
         assert!(
@@ -503,6 +518,20 @@ mod tests {
         e1.row_to_f32(2, &mut row);
         assert_eq!(row, [5.0, 5.5]);
         assert_eq!(e1.narrow_rows(1, 2).to_f32_vec(), vec![4.0, 4.5, 5.0, 5.5]);
+    }
+
+    #[test]
+    fn stacked_rows_follow_each_other() {
+        let a = Weight::from_f32(vec![2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let b = Weight::from_f32(vec![1, 3], &[7.0, 8.0, 9.0]);
+        let ab = a.stack_rows(&b).unwrap();
+        assert_eq!(ab.shape(), &[3, 3]);
+        assert_eq!(
+            ab.to_f32_vec(),
+            (1..=9).map(|v| v as f32).collect::<Vec<_>>()
+        );
+        let wide = Weight::from_f32(vec![1, 4], &[0.0; 4]);
+        assert!(a.stack_rows(&wide).is_none(), "rows of another width");
     }
 
     #[test]

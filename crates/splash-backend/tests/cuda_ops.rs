@@ -268,6 +268,43 @@ fn tensor_core_gemv_is_batch_invariant() {
     }
 }
 
+/// Two products of one input from one stacked weight (`matmul_pair`): each part gets the bits
+/// of the product over its own row range, at decode and verify token counts and past the
+/// cuBLAS threshold.
+#[test]
+fn a_stacked_pair_matches_its_row_ranges() {
+    let Some(gpu) = gpu() else { return };
+    let k = gpu.kernels(FIXTURE_DIMS).unwrap();
+    let (split, rest, kd) = (48, 64, 512);
+    for (name, w) in weights(split + rest, kd, 9) {
+        if name != "Q4_K" && name != "Q6_K" {
+            continue;
+        }
+        let dw = gpu.upload_weight(&w).unwrap();
+        for t in [1, 5, 16, 40] {
+            let xd = gpu.upload(&random(t * kd, 3 + t as u64)).unwrap();
+            let xp = ptr(&gpu, &xd, 0);
+            let (a, b) = (poisoned(&gpu, t * split), poisoned(&gpu, t * rest));
+            let out = (ptr(&gpu, &a, 0), ptr(&gpu, &b, 0));
+            dev::matmul_pair(&gpu, &k, out, xp, &dw, split, t).unwrap();
+            let got = [
+                gpu.download(&a, t * split).unwrap(),
+                gpu.download(&b, t * rest).unwrap(),
+            ];
+            let want = [
+                gpu_matmul(&gpu, &k, &dw, xp, 0, split, t),
+                gpu_matmul(&gpu, &k, &dw, xp, split, rest, t),
+            ];
+            for (part, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    g.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{name} t={t}: part {part} differs from its row range"
+                );
+            }
+        }
+    }
+}
+
 /// The device MoE path: routing as the CPU routes (softmax, the top k by probability with ties
 /// to the lower index, renormalised), grouped expert products bit-identical to each pair's
 /// token multiplied alone by its expert, and the weighted sum in slot order.

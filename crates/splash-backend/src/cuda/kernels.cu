@@ -766,13 +766,55 @@ __device__ __forceinline__ void tc_pairs(const TcRaw& r, const TcScales& s, int 
     }
 }
 
+// One 256-value block b of a 16-row tile (its two halves' raw loads r0, r1) times the NT·8
+// token columns: c[i] += xscale · (W x) over the block.
+template <int F, int NT>
+__device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b, int q, const uint4* x0,
+                                         const uint4* x1, const float* const (&xs)[NT][2], float (&c)[NT][4]) {
+    TcScales s0 = tc_scales<F>(r0, q), s1 = tc_scales<F>(r1, q);
+    float cb[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) cb[i][0] = cb[i][1] = cb[i][2] = cb[i][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint4 xa[2], xb[2];
+        xa[0] = x0[32 * b + 8 * j];
+        xa[1] = x0[32 * b + 8 * j + 4];
+        if (NT == 2) {
+            xb[0] = x1[32 * b + 8 * j];
+            xb[1] = x1[32 * b + 8 * j + 4];
+        }
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            u32 a0, a2, a1, a3;
+            tc_pairs<F>(r0, s0, j, m, a0, a2);
+            tc_pairs<F>(r1, s1, j, m, a1, a3);
+            uint4 v = xa[m >> 1];
+            mma_f16_16816(cb[0], a0, a1, a2, a3, (m & 1) ? v.z : v.x, (m & 1) ? v.w : v.y);
+            if (NT == 2) {
+                uint4 u = xb[m >> 1];
+                mma_f16_16816(cb[NT - 1], a0, a1, a2, a3, (m & 1) ? u.z : u.x, (m & 1) ? u.w : u.y);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        float sa = xs[i][0][b], sb = xs[i][1][b];
+        c[i][0] += sa * cb[i][0];
+        c[i][1] += sb * cb[i][1];
+        c[i][2] += sa * cb[i][2];
+        c[i][3] += sb * cb[i][3];
+    }
+}
+
 // y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: 16
 // rows, its warps splitting the K blocks (b = warp, warp + warps, ...), summed in warp order.
-// With `cols`, column t reads activation row cols[t] / col_div and writes row cols[t] of y (the
-// pairs of a MoE layer, see gemv_tc_experts).
+// Rows n < split go to y [T, split], the others to y2 [T, N - split] (two products of one
+// input stacked into one weight). With `cols`, column t reads activation row cols[t] / col_div
+// and writes row cols[t] of y (the pairs of a MoE layer, see gemv_tc_experts).
 template <int F, int NT>
-__device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, int N, int K,
-                        int T, int tile_index, const int* cols, int col_div) {
+__device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
+                        int split, int N, int K, int T, int tile_index, const int* cols, int col_div) {
     __shared__ float part[TC_WARPS_MAX][32][4 * NT];
     int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, q = lane & 3;
@@ -800,46 +842,14 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
         r1 = tc_load<F>(tile + (long)warp * seg_bytes, 1, lane);
     }
     for (int b = warp; b < nb; b += warps) {
-        // The next block's loads are in flight while this one is decoded and multiplied.
+        // The next block's loads are in flight while this one is decoded and multiplied (more
+        // in flight was measured slower: GEMV_SWEEP in benches/gemv_cuda.rs, 2026-12-01).
         TcRaw n0r, n1r;
         if (b + warps < nb) {
             n0r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 0, lane);
             n1r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 1, lane);
         }
-        TcScales s0 = tc_scales<F>(r0, q), s1 = tc_scales<F>(r1, q);
-        float cb[NT][4];
-#pragma unroll
-        for (int i = 0; i < NT; i++) cb[i][0] = cb[i][1] = cb[i][2] = cb[i][3] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint4 xa[2], xb[2];
-            xa[0] = x0[32 * b + 8 * j];
-            xa[1] = x0[32 * b + 8 * j + 4];
-            if (NT == 2) {
-                xb[0] = x1[32 * b + 8 * j];
-                xb[1] = x1[32 * b + 8 * j + 4];
-            }
-#pragma unroll
-            for (int m = 0; m < 4; m++) {
-                u32 a0, a2, a1, a3;
-                tc_pairs<F>(r0, s0, j, m, a0, a2);
-                tc_pairs<F>(r1, s1, j, m, a1, a3);
-                uint4 v = xa[m >> 1];
-                mma_f16_16816(cb[0], a0, a1, a2, a3, (m & 1) ? v.z : v.x, (m & 1) ? v.w : v.y);
-                if (NT == 2) {
-                    uint4 u = xb[m >> 1];
-                    mma_f16_16816(cb[NT - 1], a0, a1, a2, a3, (m & 1) ? u.z : u.x, (m & 1) ? u.w : u.y);
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < NT; i++) {
-            float sa = xs[i][0][b], sb = xs[i][1][b];
-            c[i][0] += sa * cb[i][0];
-            c[i][1] += sb * cb[i][1];
-            c[i][2] += sa * cb[i][2];
-            c[i][3] += sb * cb[i][3];
-        }
+        tc_block<F, NT>(r0, r1, b, q, x0, x1, xs, c);
         r0 = n0r;
         r1 = n1r;
     }
@@ -856,7 +866,12 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
             float v = 0.0f;
             for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
             int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
-            if (t < T && n < N) y[(long)(cols ? cols[t] : t) * N + n] = v;
+            if (t >= T || n >= N) continue;
+            long r = cols ? cols[t] : t;
+            if (n < split)
+                y[r * split + n] = v;
+            else
+                y2[r * (N - split) + n - split] = v;
         }
     }
 }
@@ -878,23 +893,26 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
     for (int c0 = 0; c0 < cnt; c0 += 16) {
         int n = min(16, cnt - c0);
         if (n <= 8)
-            gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, N, K, n, blockIdx.x % tiles, order + off + c0, col_div);
+            gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blockIdx.x % tiles, order + off + c0,
+                          col_div);
         else
-            gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, N, K, n, blockIdx.x % tiles, order + off + c0, col_div);
+            gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blockIdx.x % tiles, order + off + c0,
+                          col_div);
         __syncthreads();  // the next chunk reuses the partial sums' shared memory
     }
 }
 
+// gemv_tc8_* / gemv_tc16_*: up to 8 / 16 tokens.
 #define TC_KERNEL(NAME, F)                                                                        \
     extern "C" __global__ void gemv_tc8_##NAME(const u8* W, long row_bytes, const u16* xh,        \
-                                               const float* xscale, float* y, int N, int K,       \
-                                               int T) {                                           \
-        gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, N, K, T, blockIdx.x, nullptr, 1);              \
+                                               const float* xscale, float* y, float* y2,          \
+                                               int split, int N, int K, int T) {                  \
+        gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
     }                                                                                             \
     extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \
-                                                const float* xscale, float* y, int N, int K,      \
-                                                int T) {                                          \
-        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, N, K, T, blockIdx.x, nullptr, 1);              \
+                                                const float* xscale, float* y, float* y2,         \
+                                                int split, int N, int K, int T) {                 \
+        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
     }                                                                                             \
     extern "C" __global__ void gemv_tc_experts_##NAME(                                            \
         const u64* table, const int* active, const int* offsets, const int* order, long row_bytes, \

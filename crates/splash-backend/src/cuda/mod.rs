@@ -22,7 +22,7 @@ use cudarc::driver::{
 
 pub use compile::{compile_ptx, KernelDims};
 pub use ops::*;
-pub use weights::{DeviceWeight, GpuFormat};
+pub use weights::{is_tiled, DeviceWeight, GpuFormat};
 
 /// What went wrong on the GPU side.
 #[derive(Debug, thiserror::Error)]

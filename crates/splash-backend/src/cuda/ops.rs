@@ -95,7 +95,7 @@ fn product(
     let base = super::ptr(gpu, &w.data, row0 * w.row_bytes);
     // The tiled formats are those with the tensor-core GEMV (it reads the tiles).
     if !gpu.exact() && super::weights::is_tiled(w.format) {
-        return gemv_tc(gpu, k, out, x, w, base, n, tokens);
+        return gemv_tc(gpu, k, (out, 0, n), x, w, base, n, tokens);
     }
     if !gpu.exact() && int8_kernel(w) {
         return gemv_q8(gpu, k, out, x, w, base, n, tokens);
@@ -270,23 +270,65 @@ fn stored_bf16(gpu: &Gpu, w: &DeviceWeight) -> bool {
     w.format == super::GpuFormat::Bf16 && w.groups.is_none() && !gpu.exact()
 }
 
-/// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels.cu):
-/// enough blocks × warps to fill the GPU with loads in flight, no more warps than the row
-/// has 256-value blocks. It depends only on the shape, never on the token count, so that a
-/// token's sums are the same in any batch.
+/// Warps per tile forced by [`force_tensor_core_warps`] (0: the shape decides).
+static TENSOR_CORE_WARPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Forces the warps per 16-row tile of every tensor-core GEMV (1..=8; 0 restores the choice by
+/// shape). For the kernel bench's sweep: results then depend on this process-wide setting.
+pub fn force_tensor_core_warps(warps: usize) {
+    TENSOR_CORE_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels.cu), no
+/// more than the row has 256-value blocks. Four, measured best from 256 tiles up on the
+/// H200 (more warps per tile make fewer, shorter-lived blocks of which a second partial wave
+/// runs alone); eight for smaller matrices. It depends only on the shape, never on the token
+/// count, so that a token's sums are the same in any batch.
 fn tensor_core_warps(n: usize, kdim: usize) -> usize {
-    const WANTED: usize = 132 * 16;
-    let tiles = n.div_ceil(16);
-    let warps = if tiles * 4 >= WANTED { 4 } else { 8 };
+    let forced = TENSOR_CORE_WARPS.load(std::sync::atomic::Ordering::Relaxed);
+    let warps = match forced {
+        0 if n.div_ceil(16) >= 256 => 4,
+        0 => 8,
+        w => w,
+    };
     warps.min(kdim / 256).max(1)
 }
 
+/// Two products of one input, `x · W[..split]ᵀ` into `out.0` `[tokens, split]` and
+/// `x · W[split..]ᵀ` into `out.1`, from one weight that stacks both (e.g. an MLP's gate and
+/// up rows). The tensor-core GEMV does both in one launch (one conversion of `x`, twice the
+/// tiles in flight); other paths run the two row ranges apart. `split` is a multiple of 16.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_pair(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: (u64, u64),
+    x: u64,
+    w: &DeviceWeight,
+    split: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    assert!(
+        split.is_multiple_of(16) && split < w.rows,
+        "split {split} of {} rows",
+        w.rows
+    );
+    let gemm = tokens >= GEMM_MIN_T && w.cols.is_multiple_of(32) && !gpu.batch_invariant();
+    if !gpu.exact() && super::weights::is_tiled(w.format) && !(gemm && gpu.blas().is_some()) {
+        let base = super::ptr(gpu, &w.data, 0);
+        return gemv_tc(gpu, k, (out.0, out.1, split), x, w, base, w.rows, tokens);
+    }
+    matmul(gpu, k, out.0, x, w, 0, split, tokens)?;
+    matmul(gpu, k, out.1, x, w, split, w.rows - split, tokens)
+}
+
 /// The tensor-core GEMV: `x` to f16 in the kernel's k order once, then 16 tokens per launch.
+/// Rows below `out.2` go to `out.0` `[tokens, out.2]`, the others to `out.1`.
 #[allow(clippy::too_many_arguments)]
 fn gemv_tc(
     gpu: &Gpu,
     k: &Kernels,
-    out: u64,
+    out: (u64, u64, usize),
     x: u64,
     w: &DeviceWeight,
     base: u64,
@@ -297,6 +339,7 @@ fn gemv_tc(
     let (xh, xscale) = to_f16_tc(gpu, k, x, tokens, kdim)?;
     let suffix = w.format.kernel_suffix();
     let warps = tensor_core_warps(n, kdim) as u32;
+    let (y, y2, split) = out;
     for (t0, tc) in token_chunks(tokens) {
         let name = if tc <= 8 {
             format!("gemv_tc8_{suffix}")
@@ -313,7 +356,13 @@ fn gemv_tc(
                 Arg::I64(w.row_bytes as i64),
                 Arg::Ptr(super::ptr(gpu, &xh, t0 * kdim)),
                 Arg::Ptr(super::ptr(gpu, &xscale, t0 * kdim / 256)),
-                Arg::Ptr(out + (t0 * n * 4) as u64),
+                Arg::Ptr(y + (t0 * split * 4) as u64),
+                Arg::Ptr(if y2 == 0 {
+                    0
+                } else {
+                    y2 + (t0 * (n - split) * 4) as u64
+                }),
+                Arg::I32(split as i32),
                 Arg::I32(n as i32),
                 Arg::I32(kdim as i32),
                 Arg::I32(tc as i32),

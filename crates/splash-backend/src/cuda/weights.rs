@@ -179,7 +179,7 @@ impl Gpu {
 /// Whether `format` is stored tiled on the device (see [`tiled`]): the formats of the
 /// tensor-core GEMV (the 256-value k-quants of 4-bit checkpoints). Their row ranges must start
 /// at a multiple of 16 rows.
-pub(crate) fn is_tiled(format: GpuFormat) -> bool {
+pub fn is_tiled(format: GpuFormat) -> bool {
     matches!(format, GpuFormat::Ggml(GgmlType::Q4_K | GgmlType::Q6_K))
 }
 

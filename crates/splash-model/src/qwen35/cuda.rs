@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 use splash_backend::cpu::{KvFormat, VHeadOrder};
 use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, GpuError, KernelDims, Kernels};
+use splash_backend::Weight;
 
 use super::attention::Attention;
 use super::ffn::{Ffn, Mlp, Moe};
@@ -51,8 +52,8 @@ enum GpuMixer {
 }
 
 struct GpuGdn {
-    in_qkv: DeviceWeight,
-    in_z: DeviceWeight,
+    /// `in_proj_qkv` and `in_proj_z`.
+    in_qkv_z: WeightPair,
     in_b: DeviceWeight,
     in_a: DeviceWeight,
     conv: Buf,
@@ -80,9 +81,53 @@ struct GpuAttn {
 }
 
 struct GpuMlp {
-    gate: DeviceWeight,
-    up: DeviceWeight,
+    gate_up: WeightPair,
     down: DeviceWeight,
+}
+
+/// Two weights that multiply the same input: stacked into one device weight (the rows of the
+/// first, then the second) when the tensor-core GEMV can run both in one launch, else apart.
+enum WeightPair {
+    Stacked { w: DeviceWeight, split: usize },
+    Apart(DeviceWeight, DeviceWeight),
+}
+
+impl WeightPair {
+    /// `a` and `b` on the device; stacked when `stack` allows and their format is one the
+    /// tensor-core GEMV reads, with `a`'s rows filling whole 16-row tiles.
+    fn upload(gpu: &Gpu, a: &Weight, b: &Weight, stack: bool) -> Result<Self, ModelError> {
+        let tiled = dev::GpuFormat::of(a.dtype()).is_ok_and(dev::is_tiled);
+        if stack && tiled && a.rows().is_multiple_of(16) {
+            if let Some(ab) = a.stack_rows(b) {
+                return Ok(Self::Stacked {
+                    w: gpu.upload_weight(&ab)?,
+                    split: a.rows(),
+                });
+            }
+        }
+        Ok(Self::Apart(gpu.upload_weight(a)?, gpu.upload_weight(b)?))
+    }
+
+    /// Rows of the first and second weight.
+    fn rows(&self) -> (usize, usize) {
+        match self {
+            Self::Stacked { w, split } => (*split, w.rows() - split),
+            Self::Apart(a, b) => (a.rows(), b.rows()),
+        }
+    }
+
+    /// `x · Aᵀ` into `out.0` and `x · Bᵀ` into `out.1`, for `t` rows of `x`.
+    fn multiply(&self, m: &GpuModel, out: (u64, u64), x: u64, t: usize) -> Result<(), ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        match self {
+            Self::Stacked { w, split } => dev::matmul_pair(gpu, k, out, x, w, *split, t)?,
+            Self::Apart(a, b) => {
+                dev::matmul(gpu, k, out.0, x, a, 0, a.rows(), t)?;
+                dev::matmul(gpu, k, out.1, x, b, 0, b.rows(), t)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 enum GpuFfn {
@@ -130,7 +175,11 @@ impl ExpertTables {
             return Ok(None);
         }
         Ok(
-            match (table(|e| &e.gate)?, table(|e| &e.up)?, table(|e| &e.down)?) {
+            match (
+                table(|e| e.expert_weights().0)?,
+                table(|e| e.expert_weights().1)?,
+                table(|e| &e.down)?,
+            ) {
                 (Some(gate), Some(up), Some(down)) => Some(Self { gate, up, down }),
                 _ => None,
             },
@@ -211,13 +260,13 @@ struct AttnSeq<'a> {
 /// Positions a fresh attention cache holds before it grows (doubling).
 const INITIAL_KV_CAPACITY: usize = 1024;
 
-/// Captured one-token passes kept per model (most recently used first): one per sequence
-/// that decodes on its own.
+/// Captured decode passes kept per model (most recently used first): one per set of
+/// sequences that decode together.
 const DECODE_GRAPHS: usize = 4;
 
-/// A captured one-token pass over one sequence's state buffers (`key`: their addresses and
-/// sizes). Each replay reads the token's embedding from `input`, its position from `pos`,
-/// and leaves the logits in `logits`.
+/// A captured pass of one token for each of some sequences, over their state buffers (`key`:
+/// the count, then each state's buffer addresses and sizes). Each replay reads the tokens'
+/// embeddings from `input`, their positions from `pos`, and leaves the logits in `logits`.
 struct DecodeGraph {
     key: Vec<u64>,
     graph: dev::Graph,
@@ -383,22 +432,31 @@ fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<Buf, ModelError> {
 }
 
 impl GpuMlp {
-    fn upload(gpu: &Gpu, m: &Mlp) -> Result<Self, ModelError> {
+    /// `m` on the device, gate and up stacked when `stack` allows (not for routed experts,
+    /// whose grouped products take each projection's own weight).
+    fn upload(gpu: &Gpu, m: &Mlp, stack: bool) -> Result<Self, ModelError> {
         Ok(Self {
-            gate: gpu.upload_weight(&m.gate)?,
-            up: gpu.upload_weight(&m.up)?,
+            gate_up: WeightPair::upload(gpu, &m.gate, &m.up, stack)?,
             down: gpu.upload_weight(&m.down)?,
         })
+    }
+
+    /// The gate and up weights of a routed expert (uploaded apart).
+    fn expert_weights(&self) -> (&DeviceWeight, &DeviceWeight) {
+        match &self.gate_up {
+            WeightPair::Apart(gate, up) => (gate, up),
+            WeightPair::Stacked { .. } => unreachable!("routed experts are uploaded apart"),
+        }
     }
 
     /// `down(silu(gate x) * up x)` for `t` rows of `x`.
     fn forward(&self, m: &GpuModel, x: u64, t: usize) -> Result<Buf, ModelError> {
         let (gpu, k) = (&*m.gpu, &*m.k);
-        let i = self.gate.rows();
+        let i = self.gate_up.rows().0;
         let g = m.scratch(t * i)?;
         let u = m.scratch(t * i)?;
-        dev::matmul(gpu, k, ptr(gpu, &g, 0), x, &self.gate, 0, i, t)?;
-        dev::matmul(gpu, k, ptr(gpu, &u, 0), x, &self.up, 0, i, t)?;
+        self.gate_up
+            .multiply(m, (ptr(gpu, &g, 0), ptr(gpu, &u, 0)), x, t)?;
         dev::silu_mul(gpu, k, ptr(gpu, &g, 0), ptr(gpu, &u, 0), t * i)?;
         let out = m.scratch(t * self.down.rows())?;
         dev::matmul(
@@ -437,7 +495,7 @@ impl GpuModel {
                         Mixer::Full(a) => GpuMixer::Attn(Box::new(upload_attn(g, a)?)),
                     },
                     ffn: match &l.ffn {
-                        Ffn::Dense(m) => GpuFfn::Dense(Box::new(GpuMlp::upload(g, m)?)),
+                        Ffn::Dense(m) => GpuFfn::Dense(Box::new(GpuMlp::upload(g, m, true)?)),
                         Ffn::Moe(m) => upload_moe(g, m)?,
                     },
                 })
@@ -605,7 +663,11 @@ impl GpuModel {
         taps: &[usize],
     ) -> Result<Vec<super::LogitsAndTaps>, ModelError> {
         if let Some(logits) = self.decode_graphed(cpu, items, want, taps)? {
-            return Ok(vec![(logits, Vec::new())]);
+            let v = cpu.config.vocab_size;
+            return Ok(logits
+                .chunks_exact(v)
+                .map(|l| (l.to_vec(), Vec::new()))
+                .collect());
         }
         let cfg = &cpu.config;
         let (gpu, k) = (&*self.gpu, &*self.k);
@@ -715,9 +777,9 @@ impl GpuModel {
 
     /// The decoder layers over the pass's hidden rows at `x` (the residual stream, updated in
     /// place), with `normed` (as many rows) as scratch. Tap layer `taps.0[j]`'s output goes to
-    /// rows `[j·T, (j+1)·T)` at `taps.1`. `position`, when set, replaces the (single) item's
-    /// position (a captured graph reads it on the device). Returns what each item's GDN
-    /// layers recorded for a rollback.
+    /// rows `[j·T, (j+1)·T)` at `taps.1`. `positions`, when set, replace the items' positions
+    /// (a captured graph reads them on the device). Returns what each item's GDN layers
+    /// recorded for a rollback.
     #[allow(clippy::too_many_arguments)]
     fn layers(
         &self,
@@ -727,7 +789,7 @@ impl GpuModel {
         items: &mut [GpuItem<'_>],
         rows_of: &[SeqRows],
         taps: (&[usize], u64),
-        position: Option<dev::Position>,
+        positions: Option<&[dev::Position]>,
     ) -> Result<Vec<Vec<Option<GdnReplay>>>, ModelError> {
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
@@ -768,13 +830,14 @@ impl GpuModel {
                     let mut parts: Vec<AttnSeq<'_>> = items
                         .iter_mut()
                         .zip(rows_of)
-                        .map(|(item, &rows)| {
+                        .enumerate()
+                        .map(|(i, (item, &rows))| {
                             let kv = item.state.kv;
                             AttnSeq {
                                 rows,
                                 state: &mut item.state.layers[li],
                                 kv,
-                                pos: position.unwrap_or(dev::Position::Host(item.pos0)),
+                                pos: positions.map_or(dev::Position::Host(item.pos0), |p| p[i]),
                             }
                         })
                         .collect();
@@ -807,10 +870,11 @@ impl GpuModel {
         })
     }
 
-    /// A plain one-token pass of one sequence (decoding without a draft), replayed from a
-    /// captured graph: one launch instead of a few thousand. The graph is captured at the
-    /// first such pass over a sequence's state buffers and replayed while they stay (the
-    /// position is read on the device); `None` when the pass is of another kind.
+    /// A pass of one token for each of one or more sequences (plain decoding, without a
+    /// draft), replayed from a captured graph: one launch instead of a few thousand. The graph
+    /// is captured at the first such pass over the sequences' state buffers and replayed
+    /// while they stay (positions are read on the device); `None` when the pass is of another
+    /// kind. Returns the logits `[items, V]`.
     fn decode_graphed(
         &self,
         cpu: &Qwen35,
@@ -818,10 +882,8 @@ impl GpuModel {
         want: Logits,
         taps: &[usize],
     ) -> Result<Option<Vec<f32>>, ModelError> {
-        let [item] = items else { return Ok(None) };
         if !self.gpu.graphs()
-            || item.tokens.len() != 1
-            || item.record
+            || items.iter().any(|i| i.tokens.len() != 1 || i.record)
             || !taps.is_empty()
             || want == Logits::None
             || self.routes_on_host()
@@ -831,62 +893,62 @@ impl GpuModel {
         let cfg = &cpu.config;
         let (gpu, v) = (&*self.gpu, cfg.vocab_size);
         // Room for this token first: growing a cache moves it, which changes the key.
-        let kv = item.state.kv;
-        for l in &mut item.state.layers {
-            if matches!(l, GpuLayerState::Attn { .. }) {
-                ensure_capacity(self, l, kv, item.pos0 + 1, cfg.num_kv_heads, cfg.head_dim)?;
+        let mut key = vec![items.len() as u64];
+        for item in items.iter_mut() {
+            let kv = item.state.kv;
+            for l in &mut item.state.layers {
+                if matches!(l, GpuLayerState::Attn { .. }) {
+                    ensure_capacity(self, l, kv, item.pos0 + 1, cfg.num_kv_heads, cfg.head_dim)?;
+                }
             }
+            key.extend(item.state.graph_key(gpu.exact()));
         }
-        let key = item.state.graph_key(gpu.exact());
         let mut graphs = self.graphs.lock().expect("graph cache lock");
         let hit = graphs.iter().position(|g| g.key == key);
         let mut graph = match hit {
             Some(i) => graphs.remove(i),
-            None => self.capture_decode(cfg, item, key)?,
+            None => self.capture_decode(cfg, items, key)?,
         };
-        let row = self.embed(cpu, std::slice::from_ref(item));
-        gpu.write(&mut graph.input, &row)?;
-        gpu.write(&mut graph.pos, &[item.pos0 as i32])?;
+        let rows = self.embed(cpu, items);
+        let positions: Vec<i32> = items.iter().map(|i| i.pos0 as i32).collect();
+        gpu.write(&mut graph.input, &rows)?;
+        gpu.write(&mut graph.pos, &positions)?;
         gpu.replay(&graph.graph)?;
-        let logits = gpu.download(&graph.logits, v)?;
+        let logits = gpu.download(&graph.logits, items.len() * v)?;
         graphs.insert(0, graph);
         graphs.truncate(DECODE_GRAPHS);
         Ok(Some(logits))
     }
 
-    /// Captures the one-token pass of `item` over its current state buffers.
+    /// Captures the one-token pass of `items` over their current state buffers.
     fn capture_decode(
         &self,
         cfg: &ModelConfig,
-        item: &mut GpuItem<'_>,
+        items: &mut [GpuItem<'_>],
         key: Vec<u64>,
     ) -> Result<DecodeGraph, ModelError> {
-        let (gpu, k, h) = (&*self.gpu, &*self.k, cfg.hidden_size);
-        let input = self.scratch(h)?;
-        let pos = gpu.zeros::<i32>(1)?;
-        let logits = self.scratch(cfg.vocab_size)?;
-        let position = dev::Position::Device {
-            at: ptr(gpu, &pos, 0),
-            limit: item.state.kv_capacity(),
-        };
+        let (gpu, k, h, n) = (&*self.gpu, &*self.k, cfg.hidden_size, items.len());
+        let input = self.scratch(n * h)?;
+        let pos = gpu.zeros::<i32>(n)?;
+        let logits = self.scratch(n * cfg.vocab_size)?;
+        let positions: Vec<dev::Position> = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| dev::Position::Device {
+                at: ptr(gpu, &pos, i),
+                limit: item.state.kv_capacity(),
+            })
+            .collect();
+        let rows: Vec<SeqRows> = (0..n).map(|off| SeqRows { off, t: 1 }).collect();
         let (xp, lp) = (ptr(gpu, &input, 0), ptr(gpu, &logits, 0));
         let graph = gpu.capture(|| -> Result<(), ModelError> {
-            let normed = self.scratch(h)?;
+            let normed = self.scratch(n * h)?;
             let np = ptr(gpu, &normed, 0);
-            let rows = [SeqRows { off: 0, t: 1 }];
             let fin = ptr(gpu, &self.final_norm, 0);
-            self.layers(
-                cfg,
-                xp,
-                np,
-                std::slice::from_mut(item),
-                &rows,
-                (&[], 0),
-                Some(position),
-            )?;
-            dev::rms_norm(gpu, k, np, xp, fin, 1, h, cfg.rms_norm_eps)?;
-            let out = self.lm_head(np, 1)?;
-            gpu.copy(lp, ptr(gpu, &out, 0), cfg.vocab_size * 4)?;
+            self.layers(cfg, xp, np, items, &rows, (&[], 0), Some(&positions))?;
+            dev::rms_norm(gpu, k, np, xp, fin, n, h, cfg.rms_norm_eps)?;
+            let out = self.lm_head(np, n)?;
+            gpu.copy(lp, ptr(gpu, &out, 0), n * cfg.vocab_size * 4)?;
             Ok(())
         })?;
         Ok(DecodeGraph {
@@ -941,7 +1003,8 @@ impl GpuModel {
         if let Some(tables) = tables.as_ref().filter(|_| !gpu.exact()) {
             let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), t, e, *top_k)?;
             let (pairs, first) = (t * top_k, &experts[0]);
-            let inter = first.gate.rows();
+            let (first_gate, first_up) = first.expert_weights();
+            let inter = first_gate.rows();
             let g = self.scratch(pairs * inter)?;
             let u = self.scratch(pairs * inter)?;
             let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
@@ -953,7 +1016,7 @@ impl GpuModel {
                 x,
                 t,
                 table(&tables.gate),
-                &first.gate,
+                first_gate,
                 &routing,
                 *top_k,
             )?;
@@ -964,7 +1027,7 @@ impl GpuModel {
                 x,
                 t,
                 table(&tables.up),
-                &first.up,
+                first_up,
                 &routing,
                 *top_k,
             )?;
@@ -1016,8 +1079,7 @@ impl GpuModel {
 
 fn upload_gdn(gpu: &Gpu, cfg: &ModelConfig, d: &GatedDeltaNet) -> Result<GpuGdn, ModelError> {
     Ok(GpuGdn {
-        in_qkv: gpu.upload_weight(&d.in_qkv)?,
-        in_z: gpu.upload_weight(&d.in_z)?,
+        in_qkv_z: WeightPair::upload(gpu, &d.in_qkv, &d.in_z, true)?,
         in_b: gpu.upload_weight(&d.in_b)?,
         in_a: gpu.upload_weight(&d.in_a)?,
         conv: upload_vec(gpu, &d.conv)?,
@@ -1051,14 +1113,14 @@ fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
     let experts = m
         .experts
         .iter()
-        .map(|e| GpuMlp::upload(gpu, e))
+        .map(|e| GpuMlp::upload(gpu, e, false))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(GpuFfn::Moe(Box::new(GpuMoe {
         router: gpu.upload_weight(&m.router)?,
         tables: ExpertTables::new(gpu, &experts)?,
         experts,
         top_k: m.top_k,
-        shared: GpuMlp::upload(gpu, &m.shared)?,
+        shared: GpuMlp::upload(gpu, &m.shared, true)?,
         shared_gate: gpu.upload_weight(&m.shared_gate)?,
     })))
 }
@@ -1076,12 +1138,11 @@ impl GpuGdn {
         eps: f32,
     ) -> Result<Buf, ModelError> {
         let (gpu, k) = (&*m.gpu, &*m.k);
-        let c = self.in_qkv.rows();
-        let vd = self.hv * self.dv;
+        let (c, vd) = self.in_qkv_z.rows();
         let qkv = m.scratch(t * c)?;
-        dev::matmul(gpu, k, ptr(gpu, &qkv, 0), x, &self.in_qkv, 0, c, t)?;
         let z = m.scratch(t * vd)?;
-        dev::matmul(gpu, k, ptr(gpu, &z, 0), x, &self.in_z, 0, vd, t)?;
+        self.in_qkv_z
+            .multiply(m, (ptr(gpu, &qkv, 0), ptr(gpu, &z, 0)), x, t)?;
         let b = m.scratch(t * self.hv)?;
         dev::matmul(gpu, k, ptr(gpu, &b, 0), x, &self.in_b, 0, self.hv, t)?;
         let a = m.scratch(t * self.hv)?;
@@ -1179,7 +1240,7 @@ impl GpuGdn {
         if keep == 0 {
             return Ok(());
         }
-        let c = self.in_qkv.rows();
+        let c = self.in_qkv_z.rows().0;
         let mixed = m.scratch(keep * c)?;
         dev::conv1d_silu(
             gpu,
