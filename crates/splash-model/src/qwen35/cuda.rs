@@ -35,8 +35,10 @@ pub(crate) struct GpuModel {
     lm_head: DeviceWeight,
     inv_freq: Buf,
     rotary_dim: usize,
-    /// Captured one-token passes (see [`GpuModel::decode_graphed`]).
-    graphs: std::sync::Mutex<Vec<DecodeGraph>>,
+    /// Captured passes (see [`GpuModel::graphed`]).
+    graphs: std::sync::Mutex<Vec<PassGraph>>,
+    /// Hashes of the keys of recent passes not captured yet.
+    seen: std::sync::Mutex<Vec<u64>>,
 }
 
 struct GpuLayer {
@@ -193,8 +195,12 @@ pub(crate) struct GpuState {
     model: Arc<GpuModel>,
     layers: Vec<GpuLayerState>,
     kv: KvFormat,
-    /// Recorded by a verify pass run from a checkpoint, for [`GpuState::rollback`].
-    replay: Option<Vec<Option<GdnReplay>>>,
+    /// Per layer, where a pass run from a checkpoint records what [`GpuState::rollback`]
+    /// needs (GDN layers; allocated at the first such pass and kept, so a captured verify
+    /// pass writes to the same buffers every time).
+    replay: Vec<Option<GdnReplay>>,
+    /// Whether the last pass recorded into `replay`.
+    recorded: bool,
 }
 
 /// A GDN layer's state before a verify pass and the pass's conv inputs and gates: enough to
@@ -203,10 +209,12 @@ pub(crate) struct GpuState {
 struct GdnReplay {
     conv: Buf,
     recurrent: Buf,
-    /// `in_proj_qkv` rows `[T, C]`, decays `g` and `beta` `[T, hv]` of the pass.
+    /// `in_proj_qkv` rows `[T, C]`, decays `g` and `beta` `[T, hv]` of the pass, for up to
+    /// `rows` tokens.
     qkv: Buf,
     g: Buf,
     beta: Buf,
+    rows: usize,
 }
 
 #[derive(Clone)]
@@ -246,7 +254,7 @@ struct GdnSeq<'a> {
     rows: SeqRows,
     conv: &'a mut Buf,
     rec: &'a mut Buf,
-    record: Option<&'a mut Option<GdnReplay>>,
+    record: Option<&'a mut GdnReplay>,
 }
 
 /// A sequence's share of an attention layer in a batched pass.
@@ -260,19 +268,65 @@ struct AttnSeq<'a> {
 /// Positions a fresh attention cache holds before it grows (doubling).
 const INITIAL_KV_CAPACITY: usize = 1024;
 
-/// Captured decode passes kept per model (most recently used first): one per set of
-/// sequences that decode together.
-const DECODE_GRAPHS: usize = 4;
+/// Captured passes kept per model (most recently used first): one per kind of pass (decode,
+/// verify) and set of sequences that run together.
+const PASS_GRAPHS: usize = 8;
 
-/// A captured pass of one token for each of some sequences, over their state buffers (`key`:
-/// the count, then each state's buffer addresses and sizes). Each replay reads the tokens'
-/// embeddings from `input`, their positions from `pos`, and leaves the logits in `logits`.
-struct DecodeGraph {
+/// The most tokens per sequence of a pass replayed from a graph (a verify block; longer
+/// passes are prefill chunks, whose launches cost little beside their work).
+const GRAPH_MAX_TOKENS: usize = 32;
+
+/// A captured pass over some sequences' buffers (`key`: what was scored and tapped, then per
+/// sequence its token count, whether it recorded, and its buffers' addresses and sizes). Each
+/// replay reads the tokens' embeddings from `input` and the first positions from `pos`, and
+/// leaves the scored rows' logits in `logits` and the tap outputs in `features`.
+struct PassGraph {
     key: Vec<u64>,
     graph: dev::Graph,
     input: Buf,
     pos: CudaSlice<i32>,
     logits: Buf,
+    features: Buf,
+}
+
+/// A pass's scored rows' logits `[n, V]` and tap outputs `[taps, T, H]`, on the host.
+type HostOutputs = (Vec<f32>, Vec<f32>);
+
+/// A hash of a pass graph's key.
+fn key_hash(key: &[u64]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// The shape of a forward pass: each sequence's rows, which rows are scored, which layers are
+/// tapped.
+struct Pass<'a> {
+    rows_of: &'a [SeqRows],
+    want: Logits,
+    taps: &'a [usize],
+}
+
+impl Pass<'_> {
+    /// Rows of the pass.
+    fn tokens(&self) -> usize {
+        self.rows_of.iter().map(|r| r.t).sum()
+    }
+
+    /// The first scored row of a sequence and how many.
+    fn scored(&self, r: SeqRows) -> (usize, usize) {
+        match self.want {
+            Logits::None => (r.off, 0),
+            Logits::Last => (r.off + r.t - 1, 1),
+            Logits::All => (r.off, r.t),
+        }
+    }
+
+    /// Scored rows of all sequences.
+    fn scored_rows(&self) -> usize {
+        self.rows_of.iter().map(|&r| self.scored(r).1).sum()
+    }
 }
 
 impl std::fmt::Debug for GpuState {
@@ -292,14 +346,11 @@ impl GpuState {
     /// past them are simply overwritten later; GDN layers replay the kept tokens from the
     /// state saved before the pass.
     pub(crate) fn rollback(&mut self, keep: usize, ran: usize) -> Result<(), ModelError> {
-        let Some(replay) = self.replay.take() else {
-            return Ok(());
-        };
-        if keep == ran {
+        if !std::mem::take(&mut self.recorded) || keep == ran {
             return Ok(());
         }
         let m = self.model.clone();
-        for ((layer, ls), r) in m.layers.iter().zip(&mut self.layers).zip(&replay) {
+        for ((layer, ls), r) in m.layers.iter().zip(&mut self.layers).zip(&self.replay) {
             if let (GpuMixer::Gdn(g), GpuLayerState::Gdn { conv, recurrent }, Some(r)) =
                 (&layer.mixer, ls, r)
             {
@@ -348,7 +399,8 @@ impl GpuState {
             model: m.clone(),
             layers,
             kv: self.kv,
-            replay: None,
+            replay: Vec::new(),
+            recorded: false,
         })
     }
 
@@ -383,10 +435,15 @@ impl GpuState {
     }
 
     /// What a captured pass over this state depends on: the addresses and capacities of its
-    /// buffers, its KV format and the arithmetic mode.
-    fn graph_key(&self, exact: bool) -> Vec<u64> {
+    /// buffers (with the rollback buffers for a pass that records), its KV format and the
+    /// arithmetic mode.
+    fn graph_key(&self, exact: bool, record: bool) -> Vec<u64> {
         let g = &*self.model.gpu;
         let mut key = vec![self.kv.value_bytes() as u64, exact as u64];
+        for r in self.replay.iter().flatten().filter(|_| record) {
+            let bufs = [&r.conv, &r.recurrent, &r.qkv, &r.g, &r.beta];
+            key.extend(bufs.map(|b| ptr(g, b, 0)));
+        }
         for l in &self.layers {
             match l {
                 GpuLayerState::Gdn { conv, recurrent } => {
@@ -399,6 +456,33 @@ impl GpuState {
             }
         }
         key
+    }
+
+    /// Makes the rollback buffers hold a recorded pass of `t` tokens.
+    fn ensure_replay(&mut self, t: usize) -> Result<(), ModelError> {
+        let m = self.model.clone();
+        self.replay.resize_with(self.layers.len(), || None);
+        for ((layer, ls), slot) in m.layers.iter().zip(&self.layers).zip(&mut self.replay) {
+            let (GpuMixer::Gdn(g), GpuLayerState::Gdn { conv, recurrent }) = (&layer.mixer, ls)
+            else {
+                continue;
+            };
+            if slot.as_ref().is_some_and(|r| r.rows >= t) {
+                continue;
+            }
+            // A whole verify block at least, so that blocks of any size up to it share them.
+            let rows = t.max(16);
+            let c = g.in_qkv_z.rows().0;
+            *slot = Some(GdnReplay {
+                conv: m.scratch(conv.len())?,
+                recurrent: m.scratch(recurrent.len())?,
+                qkv: m.scratch(rows * c)?,
+                g: m.scratch(rows * g.hv)?,
+                beta: m.scratch(rows * g.hv)?,
+                rows,
+            });
+        }
+        Ok(())
     }
 
     /// Positions the attention caches hold (they grow together).
@@ -415,7 +499,8 @@ impl GpuState {
 
     /// Device bytes held.
     pub(crate) fn bytes(&self) -> usize {
-        self.layers
+        let layers: usize = self
+            .layers
             .iter()
             .map(|l| match l {
                 GpuLayerState::Gdn { conv, recurrent } => 4 * (conv.len() + recurrent.len()),
@@ -423,7 +508,16 @@ impl GpuState {
                     k.len() + v.len() + 4 * (ks.len() + vs.len())
                 }
             })
-            .sum()
+            .sum();
+        let replay: usize = self
+            .replay
+            .iter()
+            .flatten()
+            .map(|r| {
+                4 * (r.conv.len() + r.recurrent.len() + r.qkv.len() + r.g.len() + r.beta.len())
+            })
+            .sum();
+        layers + replay
     }
 }
 
@@ -511,6 +605,7 @@ impl GpuModel {
             inv_freq: upload_vec(g, &inv_freq)?,
             rotary_dim: cfg.rotary_dim,
             graphs: std::sync::Mutex::new(Vec::new()),
+            seen: std::sync::Mutex::new(Vec::new()),
             layers,
             k,
             gpu,
@@ -527,14 +622,6 @@ impl GpuModel {
         let out = self.scratch(b.len())?;
         self.gpu
             .copy(ptr(&self.gpu, &out, 0), ptr(&self.gpu, b, 0), b.len() * 4)?;
-        Ok(out)
-    }
-
-    /// A device copy of `len` values of `b` from `off` on.
-    fn copy_rows(&self, b: &Buf, off: usize, len: usize) -> Result<Buf, ModelError> {
-        let out = self.scratch(len.max(1))?;
-        self.gpu
-            .copy(ptr(&self.gpu, &out, 0), ptr(&self.gpu, b, off), len * 4)?;
         Ok(out)
     }
 
@@ -587,7 +674,8 @@ impl GpuModel {
             model: self.clone(),
             layers,
             kv,
-            replay: None,
+            replay: Vec::new(),
+            recorded: false,
         })
     }
 
@@ -662,105 +750,105 @@ impl GpuModel {
         want: Logits,
         taps: &[usize],
     ) -> Result<Vec<super::LogitsAndTaps>, ModelError> {
-        if let Some(logits) = self.decode_graphed(cpu, items, want, taps)? {
-            let v = cpu.config.vocab_size;
-            return Ok(logits
-                .chunks_exact(v)
-                .map(|l| (l.to_vec(), Vec::new()))
-                .collect());
-        }
         let cfg = &cpu.config;
-        let (gpu, k) = (&*self.gpu, &*self.k);
-        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         // Each item's rows: `[off, off + t)` of the pass.
         let mut rows_of = Vec::with_capacity(items.len());
         let mut t = 0;
-        for item in items.iter() {
+        for item in items.iter_mut() {
             rows_of.push(SeqRows {
                 off: t,
                 t: item.tokens.len(),
             });
             t += item.tokens.len();
+            if item.record {
+                item.state.ensure_replay(item.tokens.len())?;
+            }
         }
+        let pass = Pass {
+            rows_of: &rows_of,
+            want,
+            taps,
+        };
+        let (logits, f) = match self.graphed(cpu, items, &pass)? {
+            Some(out) => out,
+            None => self.launched(cpu, items, &pass)?,
+        };
+        for item in items.iter_mut() {
+            item.state.recorded = item.record;
+        }
+        // Tap outputs [taps, T, H] → per item [t, taps · H]; logits per item's scored rows.
+        let mut at = 0;
+        Ok(rows_of
+            .iter()
+            .map(|&r| {
+                let mut features = vec![0.0f32; r.t * taps.len() * h];
+                for (j, tap) in f.chunks_exact(t * h.max(1)).enumerate() {
+                    for ti in 0..r.t {
+                        features[(ti * taps.len() + j) * h..][..h]
+                            .copy_from_slice(&tap[(r.off + ti) * h..][..h]);
+                    }
+                }
+                let n = pass.scored(r).1;
+                let l = logits[at * v..(at + n) * v].to_vec();
+                at += n;
+                (l, features)
+            })
+            .collect())
+    }
+
+    /// The pass launched kernel by kernel: the logits of the scored rows `[n, V]` and the tap
+    /// outputs `[taps, T, H]`, on the host.
+    fn launched(
+        &self,
+        cpu: &Qwen35,
+        items: &mut [GpuItem<'_>],
+        pass: &Pass<'_>,
+    ) -> Result<HostOutputs, ModelError> {
+        let cfg = &cpu.config;
+        let gpu = &*self.gpu;
+        let (h, t) = (cfg.hidden_size, pass.tokens());
         let x = gpu.upload(&self.embed(cpu, items))?;
         let xp = ptr(gpu, &x, 0);
         let normed = self.scratch(t * h)?;
         let np = ptr(gpu, &normed, 0);
-        // Tap outputs gathered on the device `[taps, T, H]`, downloaded once at the end.
-        let features = self.scratch(taps.len() * t * h)?;
-        let replays = self.layers(
-            cfg,
-            xp,
-            np,
-            items,
-            &rows_of,
-            (taps, ptr(gpu, &features, 0)),
-            None,
-        )?;
-        for (item, replay) in items.iter_mut().zip(replays) {
-            item.state.replay = item.record.then_some(replay);
-        }
-        // [taps, T, H] → per item [t, taps · H].
-        let f = if taps.is_empty() {
+        let features = self.scratch(pass.taps.len() * t * h)?;
+        let fp = ptr(gpu, &features, 0);
+        self.layers(cfg, xp, np, items, pass.rows_of, (pass.taps, fp), None)?;
+        let f = if pass.taps.is_empty() {
             Vec::new()
         } else {
-            gpu.download(&features, taps.len() * t * h)?
+            gpu.download(&features, pass.taps.len() * t * h)?
         };
-        let features_of = |rows: SeqRows| -> Vec<f32> {
-            let mut out = vec![0.0f32; rows.t * taps.len() * h];
-            for (j, tap) in f.chunks_exact(t * h.max(1)).enumerate() {
-                for ti in 0..rows.t {
-                    out[(ti * taps.len() + j) * h..][..h]
-                        .copy_from_slice(&tap[(rows.off + ti) * h..][..h]);
-                }
-            }
-            out
-        };
-        // The scored rows, normed into `normed` one after another.
-        let scored: Vec<(usize, usize)> = rows_of
-            .iter()
-            .map(|r| match want {
-                Logits::None => (r.off, 0),
-                Logits::Last => (r.off + r.t - 1, 1),
-                Logits::All => (r.off, r.t),
-            })
-            .collect();
-        let n: usize = scored.iter().map(|&(_, n)| n).sum();
+        let n = pass.scored_rows();
         if n == 0 {
             gpu.synchronize()?;
-            return Ok(rows_of
-                .iter()
-                .map(|&r| (Vec::new(), features_of(r)))
-                .collect());
+            return Ok((Vec::new(), f));
         }
+        let logits = self.score(cfg, xp, np, pass)?;
+        Ok((gpu.download(&logits, n * cfg.vocab_size)?, f))
+    }
+
+    /// The final norm of the pass's scored rows (into `normed`, one after another) and their
+    /// logits `[n, V]`.
+    fn score(
+        &self,
+        cfg: &ModelConfig,
+        x: u64,
+        normed: u64,
+        pass: &Pass<'_>,
+    ) -> Result<Buf, ModelError> {
+        let (gpu, k, h) = (&*self.gpu, &*self.k, cfg.hidden_size);
         let mut at = 0;
-        for &(first, rows) in &scored {
-            let rows_in = xp + (first * h * 4) as u64;
-            let dst = np + (at * h * 4) as u64;
-            dev::rms_norm(
-                gpu,
-                k,
-                dst,
-                rows_in,
-                ptr(gpu, &self.final_norm, 0),
-                rows,
-                h,
-                eps,
-            )?;
+        for &r in pass.rows_of {
+            let (first, rows) = pass.scored(r);
+            let src = x + (first * h * 4) as u64;
+            let dst = normed + (at * h * 4) as u64;
+            let w = ptr(gpu, &self.final_norm, 0);
+            dev::rms_norm(gpu, k, dst, src, w, rows, h, cfg.rms_norm_eps)?;
             at += rows;
         }
-        let logits = self.lm_head(np, n)?;
-        let all = gpu.download(&logits, n * cfg.vocab_size)?;
-        let mut at = 0;
-        Ok(rows_of
-            .iter()
-            .zip(&scored)
-            .map(|(&r, &(_, rows))| {
-                let l = all[at * cfg.vocab_size..(at + rows) * cfg.vocab_size].to_vec();
-                at += rows;
-                (l, features_of(r))
-            })
-            .collect())
+        self.lm_head(normed, at)
     }
 
     /// The items' token embeddings `[T, H]`, gathered on the host (a few KB per token; the
@@ -778,8 +866,8 @@ impl GpuModel {
     /// The decoder layers over the pass's hidden rows at `x` (the residual stream, updated in
     /// place), with `normed` (as many rows) as scratch. Tap layer `taps.0[j]`'s output goes to
     /// rows `[j·T, (j+1)·T)` at `taps.1`. `positions`, when set, replace the items' positions
-    /// (a captured graph reads them on the device). Returns what each item's GDN layers
-    /// recorded for a rollback.
+    /// (a captured graph reads them on the device). Items that record save what a rollback
+    /// needs in their state's rollback buffers.
     #[allow(clippy::too_many_arguments)]
     fn layers(
         &self,
@@ -790,41 +878,38 @@ impl GpuModel {
         rows_of: &[SeqRows],
         taps: (&[usize], u64),
         positions: Option<&[dev::Position]>,
-    ) -> Result<Vec<Vec<Option<GdnReplay>>>, ModelError> {
+    ) -> Result<(), ModelError> {
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let t: usize = rows_of.iter().map(|r| r.t).sum();
         let (xp, np) = (x, normed);
-        let mut replays: Vec<Vec<Option<GdnReplay>>> = items.iter().map(|_| Vec::new()).collect();
         for (li, layer) in self.layers.iter().enumerate() {
             dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
             let mixed = match &layer.mixer {
                 GpuMixer::Gdn(g) => {
-                    let mut recorded: Vec<Option<GdnReplay>> = items.iter().map(|_| None).collect();
                     let mut parts: Vec<GdnSeq<'_>> = items
                         .iter_mut()
                         .zip(rows_of)
-                        .zip(&mut recorded)
-                        .map(|((item, &rows), slot)| {
+                        .map(|(item, &rows)| {
                             let record = item.record;
-                            let GpuLayerState::Gdn { conv, recurrent } = &mut item.state.layers[li]
-                            else {
+                            let st = &mut *item.state;
+                            let GpuLayerState::Gdn { conv, recurrent } = &mut st.layers[li] else {
                                 unreachable!("sequence state was built for another model")
                             };
+                            let replay = record.then(|| {
+                                st.replay[li]
+                                    .as_mut()
+                                    .expect("rollback buffers are made before a recorded pass")
+                            });
                             GdnSeq {
                                 rows,
                                 conv,
                                 rec: recurrent,
-                                record: record.then_some(slot),
+                                record: replay,
                             }
                         })
                         .collect();
-                    let out = g.forward(self, np, t, &mut parts, eps)?;
-                    drop(parts);
-                    for (r, rec) in replays.iter_mut().zip(recorded) {
-                        r.push(rec);
-                    }
-                    out
+                    g.forward(self, np, t, &mut parts, eps)?
                 }
                 GpuMixer::Attn(a) => {
                     let mut parts: Vec<AttnSeq<'_>> = items
@@ -841,9 +926,6 @@ impl GpuModel {
                             }
                         })
                         .collect();
-                    for r in &mut replays {
-                        r.push(None);
-                    }
                     a.forward(self, np, t, &mut parts, eps)?
                 }
             };
@@ -858,7 +940,7 @@ impl GpuModel {
                 gpu.copy(taps.1 + (j * t * h * 4) as u64, xp, t * h * 4)?;
             }
         }
-        Ok(replays)
+        Ok(())
     }
 
     /// Whether a pass needs the host midway: MoE layers without device routing download their
@@ -870,67 +952,86 @@ impl GpuModel {
         })
     }
 
-    /// A pass of one token for each of one or more sequences (plain decoding, without a
-    /// draft), replayed from a captured graph: one launch instead of a few thousand. The graph
-    /// is captured at the first such pass over the sequences' state buffers and replayed
-    /// while they stay (positions are read on the device); `None` when the pass is of another
-    /// kind. Returns the logits `[items, V]`.
-    fn decode_graphed(
+    /// The pass replayed from a captured graph: one launch instead of a few thousand, for
+    /// passes of up to [`GRAPH_MAX_TOKENS`] tokens per sequence that score rows (decoding, a
+    /// verify block, batched steps of several sequences). The graph is captured at the first
+    /// such pass over the sequences' buffers and replayed while they stay (positions are read
+    /// on the device); `None` for other passes. Returns what [`Self::launched`] returns.
+    fn graphed(
         &self,
         cpu: &Qwen35,
         items: &mut [GpuItem<'_>],
-        want: Logits,
-        taps: &[usize],
-    ) -> Result<Option<Vec<f32>>, ModelError> {
+        pass: &Pass<'_>,
+    ) -> Result<Option<HostOutputs>, ModelError> {
         if !self.gpu.graphs()
-            || items.iter().any(|i| i.tokens.len() != 1 || i.record)
-            || !taps.is_empty()
-            || want == Logits::None
+            || items.iter().any(|i| i.tokens.len() > GRAPH_MAX_TOKENS)
+            || pass.want == Logits::None
             || self.routes_on_host()
         {
             return Ok(None);
         }
         let cfg = &cpu.config;
-        let (gpu, v) = (&*self.gpu, cfg.vocab_size);
-        // Room for this token first: growing a cache moves it, which changes the key.
-        let mut key = vec![items.len() as u64];
+        let (gpu, v, h) = (&*self.gpu, cfg.vocab_size, cfg.hidden_size);
+        let mut key = vec![items.len() as u64, pass.want as u64, pass.taps.len() as u64];
+        key.extend(pass.taps.iter().map(|&l| l as u64));
         for item in items.iter_mut() {
-            let kv = item.state.kv;
+            // Room for the tokens first: growing a cache moves it, which changes the key.
+            let (kv, end) = (item.state.kv, item.pos0 + item.tokens.len());
             for l in &mut item.state.layers {
                 if matches!(l, GpuLayerState::Attn { .. }) {
-                    ensure_capacity(self, l, kv, item.pos0 + 1, cfg.num_kv_heads, cfg.head_dim)?;
+                    ensure_capacity(self, l, kv, end, cfg.num_kv_heads, cfg.head_dim)?;
                 }
             }
-            key.extend(item.state.graph_key(gpu.exact()));
+            key.extend([item.tokens.len() as u64, item.record as u64]);
+            key.extend(item.state.graph_key(gpu.exact(), item.record));
         }
         let mut graphs = self.graphs.lock().expect("graph cache lock");
-        let hit = graphs.iter().position(|g| g.key == key);
-        let mut graph = match hit {
+        let mut graph = match graphs.iter().position(|g| g.key == key) {
             Some(i) => graphs.remove(i),
-            None => self.capture_decode(cfg, items, key)?,
+            None => {
+                // Captured when the same pass comes a second time: a pass that runs once (the
+                // last token of a prompt restored from the cache) would pay the capture for
+                // nothing.
+                let mut seen = self.seen.lock().expect("graph cache lock");
+                let hash = key_hash(&key);
+                if !seen.contains(&hash) {
+                    seen.insert(0, hash);
+                    seen.truncate(4 * PASS_GRAPHS);
+                    return Ok(None);
+                }
+                self.capture(cfg, items, pass, key)?
+            }
         };
-        let rows = self.embed(cpu, items);
         let positions: Vec<i32> = items.iter().map(|i| i.pos0 as i32).collect();
-        gpu.write(&mut graph.input, &rows)?;
+        gpu.write(&mut graph.input, &self.embed(cpu, items))?;
         gpu.write(&mut graph.pos, &positions)?;
         gpu.replay(&graph.graph)?;
-        let logits = gpu.download(&graph.logits, items.len() * v)?;
+        let t = pass.tokens();
+        let f = if pass.taps.is_empty() {
+            Vec::new()
+        } else {
+            gpu.download(&graph.features, pass.taps.len() * t * h)?
+        };
+        let logits = gpu.download(&graph.logits, pass.scored_rows() * v)?;
         graphs.insert(0, graph);
-        graphs.truncate(DECODE_GRAPHS);
-        Ok(Some(logits))
+        graphs.truncate(PASS_GRAPHS);
+        Ok(Some((logits, f)))
     }
 
-    /// Captures the one-token pass of `items` over their current state buffers.
-    fn capture_decode(
+    /// Captures `pass` over the current buffers of `items`.
+    fn capture(
         &self,
         cfg: &ModelConfig,
         items: &mut [GpuItem<'_>],
+        pass: &Pass<'_>,
         key: Vec<u64>,
-    ) -> Result<DecodeGraph, ModelError> {
-        let (gpu, k, h, n) = (&*self.gpu, &*self.k, cfg.hidden_size, items.len());
-        let input = self.scratch(n * h)?;
-        let pos = gpu.zeros::<i32>(n)?;
+    ) -> Result<PassGraph, ModelError> {
+        let (gpu, h, t) = (&*self.gpu, cfg.hidden_size, pass.tokens());
+        let input = self.scratch(t * h)?;
+        let pos = gpu.zeros::<i32>(items.len())?;
+        let n = pass.scored_rows();
         let logits = self.scratch(n * cfg.vocab_size)?;
+        let features = self.scratch(pass.taps.len() * t * h)?;
         let positions: Vec<dev::Position> = items
             .iter()
             .enumerate()
@@ -939,24 +1040,27 @@ impl GpuModel {
                 limit: item.state.kv_capacity(),
             })
             .collect();
-        let rows: Vec<SeqRows> = (0..n).map(|off| SeqRows { off, t: 1 }).collect();
-        let (xp, lp) = (ptr(gpu, &input, 0), ptr(gpu, &logits, 0));
+        let (xp, lp, fp) = (
+            ptr(gpu, &input, 0),
+            ptr(gpu, &logits, 0),
+            ptr(gpu, &features, 0),
+        );
         let graph = gpu.capture(|| -> Result<(), ModelError> {
-            let normed = self.scratch(n * h)?;
+            let normed = self.scratch(t * h)?;
             let np = ptr(gpu, &normed, 0);
-            let fin = ptr(gpu, &self.final_norm, 0);
-            self.layers(cfg, xp, np, items, &rows, (&[], 0), Some(&positions))?;
-            dev::rms_norm(gpu, k, np, xp, fin, n, h, cfg.rms_norm_eps)?;
-            let out = self.lm_head(np, n)?;
+            let rows = pass.rows_of;
+            self.layers(cfg, xp, np, items, rows, (pass.taps, fp), Some(&positions))?;
+            let out = self.score(cfg, xp, np, pass)?;
             gpu.copy(lp, ptr(gpu, &out, 0), n * cfg.vocab_size * 4)?;
             Ok(())
         })?;
-        Ok(DecodeGraph {
+        Ok(PassGraph {
             key,
             graph,
             input,
             pos,
             logits,
+            features,
         })
     }
 
@@ -1161,14 +1265,17 @@ impl GpuGdn {
         let o = m.scratch(t * vd)?;
         for p in parts.iter_mut() {
             let SeqRows { off, t: n } = p.rows;
-            if let Some(slot) = p.record.take() {
-                *slot = Some(GdnReplay {
-                    conv: m.clone_buf(p.conv)?,
-                    recurrent: m.clone_buf(p.rec)?,
-                    qkv: m.copy_rows(&qkv, off * c, n * c)?,
-                    g: m.copy_rows(&a, off * self.hv, n * self.hv)?,
-                    beta: m.copy_rows(&b, off * self.hv, n * self.hv)?,
-                });
+            if let Some(r) = p.record.as_deref_mut() {
+                let hv = self.hv;
+                gpu.copy(ptr(gpu, &r.conv, 0), ptr(gpu, p.conv, 0), r.conv.len() * 4)?;
+                gpu.copy(
+                    ptr(gpu, &r.recurrent, 0),
+                    ptr(gpu, p.rec, 0),
+                    r.recurrent.len() * 4,
+                )?;
+                gpu.copy(ptr(gpu, &r.qkv, 0), ptr(gpu, &qkv, off * c), n * c * 4)?;
+                gpu.copy(ptr(gpu, &r.g, 0), ptr(gpu, &a, off * hv), n * hv * 4)?;
+                gpu.copy(ptr(gpu, &r.beta, 0), ptr(gpu, &b, off * hv), n * hv * 4)?;
             }
             dev::conv1d_silu(
                 gpu,
