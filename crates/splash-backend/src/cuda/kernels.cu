@@ -81,6 +81,18 @@ __device__ float block_sum(float v) {
     return warp_sum(s);
 }
 
+// Maximum over the block, as block_sum.
+__device__ float block_max(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    float m = lane < warps ? partial[lane] : NEG_INF;
+    return warp_max(m);
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -1029,17 +1041,6 @@ extern "C" __global__ void scatter_add_rows(const float* y, const int* idx, cons
 // ---------------------------------------------------------------------------------------------
 // Mixture of experts on the device (few tokens: decode, verify blocks, batched passes). Pair
 // p = t·k + j is token t's j-th expert; the expert products are gemv_tc_experts_* above.
-
-__device__ float block_max(float v) {
-    __shared__ float partial[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    float m = lane < warps ? partial[lane] : NEG_INF;
-    return warp_max(m);
-}
 
 // The router of one token per block (E ≤ 1024 experts): softmax over its logits, the top_k most
 // probable experts (ties: the lower index first), their probabilities renormalised to sum 1,
