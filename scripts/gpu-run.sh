@@ -2,8 +2,9 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|demo|bench|decode|serving|profile|all]   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|demo|bench|decode|serving|profile|peers|all]   (results under $OUT, default ./gpu-out)
 # `decode`: plain decoding speed with and without CUDA graphs.
+# `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint).
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
@@ -55,6 +56,15 @@ if [ "$what" = demo ] || [ "$what" = all ]; then
         --max-tokens 256 --speculative "$spec" --prompt "$q" 2>&1 | tail -4
     done
   done | tee "$out/demo.txt"
+fi
+
+if [ "$what" = peers ]; then
+  # PyTorch transformers in bf16 at the same geometries (issue 6's side-by-side figures).
+  for m in ${MODELS:-27b 35b}; do
+    echo "== transformers $m"
+    python3 bench/peers/transformers_bench.py ".device/cfg-$m" --prompt-tokens 1024 --decode-tokens 64 --repeat 3 2>&1 |
+      tee "$out/peers-$m.txt" | tail -5
+  done
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ]; then
