@@ -30,7 +30,10 @@ pub fn plan(model: &Model, config: &ServerConfig) -> Result<MemoryPlan, Box<Plan
         draft_weights: draft.weights,
         activations: activation_bytes(model),
         kv_bytes_per_token: kv_bytes_per_token(model, config.kv_format) as u64 + draft.per_token,
-        state_bytes_per_sequence: state_bytes_per_sequence(model),
+        state_bytes_per_sequence: state_bytes_per_sequence(
+            model,
+            config.drafter.as_ref().map(|d| d.block_size()),
+        ),
         native_context: c.max_position_embeddings,
         max_context: config.max_context,
         lanes: config.lanes,
@@ -51,8 +54,10 @@ pub fn kv_bytes_per_token(model: &Model, kv: KvFormat) -> usize {
 }
 
 /// Gated DeltaNet state of one sequence: the f32 recurrent state `[Hv, Dk, Dv]` and the conv
-/// window of every linear-attention layer.
-fn state_bytes_per_sequence(model: &Model) -> u64 {
+/// window of every linear-attention layer. With speculation (`block`: the draft's block size),
+/// a verify pass also records what its rollback needs: a copy of that state and the block's
+/// conv inputs and gates (kept with the state on the GPU, made per pass on the CPU).
+fn state_bytes_per_sequence(model: &Model, block: Option<usize>) -> u64 {
     let c = &model.config;
     let g = &c.gdn;
     let layers = c
@@ -61,7 +66,9 @@ fn state_bytes_per_sequence(model: &Model) -> u64 {
         .filter(|k| **k == LayerKind::Linear)
         .count();
     let conv_channels = 2 * g.hk * g.dk + g.hv * g.dv;
-    (layers * 4 * (g.hv * g.dk * g.dv + conv_channels * c.conv_kernel.saturating_sub(1))) as u64
+    let state = g.hv * g.dk * g.dv + conv_channels * c.conv_kernel.saturating_sub(1);
+    let record = block.map_or(0, |b| state + b * (conv_channels + 2 * g.hv));
+    (layers * 4 * (state + record)) as u64
 }
 
 /// Working buffers of the largest pass (a prefill chunk), estimated: a dozen hidden-sized
