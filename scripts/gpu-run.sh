@@ -5,6 +5,7 @@
 #   bash scripts/gpu-run.sh [tests|kernels|demo|bench|decode|serving|profile|peers|all]   (results under $OUT, default ./gpu-out)
 # `decode`: plain decoding speed with and without CUDA graphs.
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
+# `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint).
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
@@ -91,8 +92,14 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
         --speculative off --replay-tokens "${REPLAY:-32K}" --concurrency 1,4,16 2>&1 | tee "$out/serving-$m.txt" | tail -12
     elif [ "$what" = profile ]; then
-      echo "== profile $m (every launch synchronised: times are per kernel, not end to end)"
-      SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 --decode-tokens 16 --repeat 1 --verify-rows 16 --speculative off 2>&1 | tee "$out/profile-$m.txt" | tail -30
+      # GPU time per kernel from Nsight Compute, graphs replayed as in decoding (each graph
+      # node is profiled as a kernel): prefill of 16 tokens, then 8 decode steps. The summary
+      # (launches and time per kernel) is at the end of the file.
+      echo "== profile $m (ncu: GPU time per kernel, no launch gaps)"
+      /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+        ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 --decode-tokens 8 --repeat 1 \
+        --speculative off > "$out/profile-$m.txt" 2>&1
+      grep -E -B2 'gpu__time_duration' "$out/profile-$m.txt" | tail -120
     else
       # A random DFlash (v1) draft of the published shapes: 5 layers, block 16.
       d=/tmp/synth-$m-draft
