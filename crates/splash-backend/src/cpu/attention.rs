@@ -41,25 +41,116 @@ pub fn attention(
     );
     assert_eq!(out.len(), q.len());
     let group = hq / hkv;
-    out.par_chunks_mut(d).enumerate().for_each(|(i, o)| {
-        let (ti, h) = (i / hq, i % hq);
-        let kvh = h / group;
-        let qv = &q[i * d..(i + 1) * d];
-        let len = pos0 + ti + 1;
-        let mut row = vec![0.0f32; d];
-        let mut scores = vec![0.0f32; len];
-        k.for_each_row(kvh, hkv, len, &mut row, |j, key| {
-            scores[j] = dot(qv, key) * scale;
+    if t == 1 {
+        // One query per head: the heads in parallel.
+        out.par_chunks_mut(d).enumerate().for_each(|(h, o)| {
+            let rows = Rows {
+                q,
+                hq,
+                hkv,
+                d,
+                pos0,
+                scale,
+            };
+            rows.attend(o, k, v, h / group, (0, 1), (h % group, 1));
         });
-        super::softmax_in_place(&mut scores);
-        o.fill(0.0);
-        v.for_each_row(kvh, hkv, len, &mut row, |j, value| {
-            let p = scores[j];
-            for (a, &b) in o.iter_mut().zip(value) {
-                *a += p * b;
+        return;
+    }
+    // Tiles of queries: each key and value row is read back once per tile (and kv head) for
+    // all its queries, instead of once per query. Every query's arithmetic is the same as
+    // alone (dot products, softmax, the sum over keys in order), so a verify block still
+    // gives each row the bits of one-token decoding.
+    let tile = t
+        .div_ceil(2 * rayon::current_num_threads())
+        .clamp(1, QUERY_TILE);
+    out.par_chunks_mut(tile * hq * d)
+        .enumerate()
+        .for_each(|(i, o)| {
+            let rows = Rows {
+                q,
+                hq,
+                hkv,
+                d,
+                pos0,
+                scale,
+            };
+            let n = o.len() / (hq * d);
+            for kvh in 0..hkv {
+                rows.attend(o, k, v, kvh, (i * tile, n), (0, group));
             }
         });
-    });
+}
+
+/// Query rows at most per tile of [`attention`]: their scores against the whole context stay
+/// small (32 · group · context floats).
+const QUERY_TILE: usize = 32;
+
+/// The queries of an [`attention`] call.
+struct Rows<'a> {
+    q: &'a [f32],
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    pos0: usize,
+    scale: f32,
+}
+
+impl Rows<'_> {
+    /// Attention of the queries of tokens `tokens.0..tokens.0 + tokens.1` and group heads
+    /// `heads.0..heads.0 + heads.1` of kv head `kvh` into `out`: `[tokens.1, hq, d]`, or the
+    /// one row of a single query.
+    fn attend(
+        &self,
+        out: &mut [f32],
+        k: &KvStore,
+        v: &KvStore,
+        kvh: usize,
+        tokens: (usize, usize),
+        heads: (usize, usize),
+    ) {
+        let Rows {
+            q,
+            hq,
+            hkv,
+            d,
+            pos0,
+            scale,
+        } = *self;
+        let group = hq / hkv;
+        let (t0, n) = tokens;
+        let single = out.len() == d;
+        // Query (token qi, head h) sees keys 0..len(qi); writes row at(qi, h) of `out`.
+        let len = |qi: usize| pos0 + t0 + qi + 1;
+        let at = |qi: usize, h: usize| if single { 0 } else { (qi * hq + h) * d };
+        let span = len(n - 1);
+        let queries: Vec<(usize, usize)> = (0..n)
+            .flat_map(|qi| (heads.0..heads.0 + heads.1).map(move |g| (qi, kvh * group + g)))
+            .collect();
+        let mut scores = vec![0.0f32; queries.len() * span];
+        let mut row = vec![0.0f32; d];
+        k.for_each_row(kvh, hkv, span, &mut row, |j, key| {
+            for (r, &(qi, h)) in queries.iter().enumerate() {
+                if j < len(qi) {
+                    let qv = &q[((t0 + qi) * hq + h) * d..][..d];
+                    scores[r * span + j] = dot(qv, key) * scale;
+                }
+            }
+        });
+        for (r, &(qi, h)) in queries.iter().enumerate() {
+            super::softmax_in_place(&mut scores[r * span..][..len(qi)]);
+            out[at(qi, h)..][..d].fill(0.0);
+        }
+        v.for_each_row(kvh, hkv, span, &mut row, |j, value| {
+            for (r, &(qi, h)) in queries.iter().enumerate() {
+                if j < len(qi) {
+                    let p = scores[r * span + j];
+                    for (a, &b) in out[at(qi, h)..][..d].iter_mut().zip(value) {
+                        *a += p * b;
+                    }
+                }
+            }
+        });
+    }
 }
 
 #[cfg(test)]
@@ -82,5 +173,37 @@ mod tests {
         let e = std::f32::consts::E;
         let p0 = e / (e + 1.0); // head 0 prefers key 0
         assert!((out[0] - (p0 * 1.0 + (1.0 - p0) * 10.0)).abs() < 1e-5);
+    }
+
+    /// The tiled path (many queries) gives every query the bits it gets alone (one query per
+    /// head, as a decode step), which speculative verification relies on.
+    #[test]
+    fn a_block_of_queries_gets_the_bits_of_each_query_alone() {
+        let (hq, hkv, d, pos0, t) = (6, 2, 16, 5, 37);
+        let mut seed = 7u32;
+        let mut random = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+                })
+                .collect()
+        };
+        let q = random(t * hq * d);
+        let (mut k, mut v) = (KvStore::new(KvFormat::Int8), KvStore::new(KvFormat::Int8));
+        k.append(&random((pos0 + t) * hkv * d), d);
+        v.append(&random((pos0 + t) * hkv * d), d);
+        let mut block = vec![0.0; t * hq * d];
+        attention(&mut block, &q, &k, &v, hq, hkv, d, pos0, 0.25);
+        for ti in 0..t {
+            let mut alone = vec![0.0; hq * d];
+            let qi = &q[ti * hq * d..][..hq * d];
+            attention(&mut alone, qi, &k, &v, hq, hkv, d, pos0 + ti, 0.25);
+            let same = alone
+                .iter()
+                .zip(&block[ti * hq * d..])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "token {ti} differs from its query alone");
+        }
     }
 }
