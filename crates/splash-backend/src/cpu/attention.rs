@@ -41,17 +41,17 @@ pub fn attention(
     );
     assert_eq!(out.len(), q.len());
     let group = hq / hkv;
+    let rows = Rows {
+        q,
+        hq,
+        hkv,
+        d,
+        pos0,
+        scale,
+    };
     if t == 1 {
         // One query per head: the heads in parallel.
         out.par_chunks_mut(d).enumerate().for_each(|(h, o)| {
-            let rows = Rows {
-                q,
-                hq,
-                hkv,
-                d,
-                pos0,
-                scale,
-            };
             rows.attend(o, k, v, h / group, (0, 1), (h % group, 1));
         });
         return;
@@ -66,14 +66,6 @@ pub fn attention(
     out.par_chunks_mut(tile * hq * d)
         .enumerate()
         .for_each(|(i, o)| {
-            let rows = Rows {
-                q,
-                hq,
-                hkv,
-                d,
-                pos0,
-                scale,
-            };
             let n = o.len() / (hq * d);
             for kvh in 0..hkv {
                 rows.attend(o, k, v, kvh, (i * tile, n), (0, group));
