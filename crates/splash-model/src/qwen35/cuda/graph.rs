@@ -1,0 +1,188 @@
+//! Passes replayed from captured CUDA graphs: the key a pass is captured under, the
+//! capture, and the replay.
+
+use super::*;
+
+/// Captured passes kept per model (most recently used first): one per kind of pass (decode,
+/// verify) and set of sequences that run together.
+const PASS_GRAPHS: usize = 8;
+
+/// The most tokens per sequence of a pass replayed from a graph (a verify block; longer
+/// passes are prefill chunks, whose launches cost little beside their work).
+const GRAPH_MAX_TOKENS: usize = 32;
+
+/// A captured pass over some sequences' buffers (`key`: what was scored and tapped, then per
+/// sequence its token count, whether it recorded, and its buffers' addresses and sizes). Each
+/// replay reads the tokens' embeddings from `input` and the first positions from `pos`, and
+/// leaves the scored rows' logits in `logits` and the tap outputs in `features`.
+pub(super) struct PassGraph {
+    key: Vec<u64>,
+    graph: dev::Graph,
+    input: Buf,
+    pos: CudaSlice<i32>,
+    logits: Buf,
+    features: Buf,
+}
+
+/// A pass's scored rows' logits `[n, V]` and tap outputs `[taps, T, H]`, on the host.
+pub(super) type HostOutputs = (Vec<f32>, Vec<f32>);
+
+/// A hash of a pass graph's key.
+fn key_hash(key: &[u64]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// The shape of a forward pass: each sequence's rows, which rows are scored, which layers are
+/// tapped.
+pub(super) struct Pass<'a> {
+    pub(super) rows_of: &'a [SeqRows],
+    pub(super) want: Logits,
+    pub(super) taps: &'a [usize],
+}
+
+impl Pass<'_> {
+    /// Rows of the pass.
+    pub(super) fn tokens(&self) -> usize {
+        self.rows_of.iter().map(|r| r.t).sum()
+    }
+
+    /// The first scored row of a sequence and how many.
+    pub(super) fn scored(&self, r: SeqRows) -> (usize, usize) {
+        match self.want {
+            Logits::None => (r.off, 0),
+            Logits::Last => (r.off + r.t - 1, 1),
+            Logits::All => (r.off, r.t),
+        }
+    }
+
+    /// Scored rows of all sequences.
+    pub(super) fn scored_rows(&self) -> usize {
+        self.rows_of.iter().map(|&r| self.scored(r).1).sum()
+    }
+}
+
+impl GpuModel {
+    /// The pass replayed from a captured graph: one launch instead of a few thousand, for
+    /// passes of up to [`GRAPH_MAX_TOKENS`] tokens per sequence that score rows (decoding, a
+    /// verify block, batched steps of several sequences). The graph is captured at the first
+    /// such pass over the sequences' buffers and replayed while they stay (positions are read
+    /// on the device); `None` for other passes. Returns what [`Self::launched`] returns.
+    pub(super) fn graphed(
+        &self,
+        cpu: &Qwen35,
+        items: &mut [GpuItem<'_>],
+        pass: &Pass<'_>,
+    ) -> Result<Option<HostOutputs>, ModelError> {
+        if !self.gpu.graphs()
+            || items.iter().any(|i| i.tokens.len() > GRAPH_MAX_TOKENS)
+            || pass.want == Logits::None
+            || self.routes_on_host()
+        {
+            return Ok(None);
+        }
+        let cfg = &cpu.config;
+        let (gpu, v, h) = (&*self.gpu, cfg.vocab_size, cfg.hidden_size);
+        let mut key = vec![items.len() as u64, pass.want as u64, pass.taps.len() as u64];
+        key.extend(pass.taps.iter().map(|&l| l as u64));
+        for item in items.iter_mut() {
+            // Room for the tokens first: growing a cache moves it, which changes the key.
+            let (kv, end) = (item.state.kv, item.pos0 + item.tokens.len());
+            for l in &mut item.state.layers {
+                if matches!(l, GpuLayerState::Attn { .. }) {
+                    ensure_capacity(self, l, kv, end, cfg.num_kv_heads, cfg.head_dim)?;
+                }
+            }
+            key.extend([item.tokens.len() as u64, item.record as u64]);
+            key.extend(item.state.graph_key(gpu.exact(), item.record));
+        }
+        let mut graphs = self.graphs.lock().expect("graph cache lock");
+        let mut graph = match graphs.iter().position(|g| g.key == key) {
+            Some(i) => graphs.remove(i),
+            None => {
+                // Captured when the same pass comes a second time: a pass that runs once (the
+                // last token of a prompt restored from the cache) would pay the capture for
+                // nothing.
+                let mut seen = self.seen.lock().expect("graph cache lock");
+                let hash = key_hash(&key);
+                if !seen.contains(&hash) {
+                    seen.insert(0, hash);
+                    seen.truncate(4 * PASS_GRAPHS);
+                    return Ok(None);
+                }
+                match self.capture(cfg, items, pass, key) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        // A capture runs nothing, so the pass can still be launched; graphs
+                        // stay off rather than fail every pass the same way.
+                        tracing::warn!("CUDA graph capture failed, graphs turned off: {e}");
+                        gpu.set_graphs(false);
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        let positions: Vec<i32> = items.iter().map(|i| i.pos0 as i32).collect();
+        gpu.write(&mut graph.input, &self.embed(cpu, items))?;
+        gpu.write(&mut graph.pos, &positions)?;
+        gpu.replay(&graph.graph)?;
+        let t = pass.tokens();
+        let f = if pass.taps.is_empty() {
+            Vec::new()
+        } else {
+            gpu.download(&graph.features, pass.taps.len() * t * h)?
+        };
+        let logits = gpu.download(&graph.logits, pass.scored_rows() * v)?;
+        graphs.insert(0, graph);
+        graphs.truncate(PASS_GRAPHS);
+        Ok(Some((logits, f)))
+    }
+
+    /// Captures `pass` over the current buffers of `items`.
+    fn capture(
+        &self,
+        cfg: &ModelConfig,
+        items: &mut [GpuItem<'_>],
+        pass: &Pass<'_>,
+        key: Vec<u64>,
+    ) -> Result<PassGraph, ModelError> {
+        let (gpu, h, t) = (&*self.gpu, cfg.hidden_size, pass.tokens());
+        let input = self.scratch(t * h)?;
+        let pos = gpu.zeros::<i32>(items.len())?;
+        let n = pass.scored_rows();
+        let logits = self.scratch(n * cfg.vocab_size)?;
+        let features = self.scratch(pass.taps.len() * t * h)?;
+        let positions: Vec<dev::Position> = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| dev::Position::Device {
+                at: ptr(gpu, &pos, i),
+                limit: item.state.kv_capacity(),
+            })
+            .collect();
+        let (xp, lp, fp) = (
+            ptr(gpu, &input, 0),
+            ptr(gpu, &logits, 0),
+            ptr(gpu, &features, 0),
+        );
+        let graph = gpu.capture(|| -> Result<(), ModelError> {
+            let normed = self.scratch(t * h)?;
+            let np = ptr(gpu, &normed, 0);
+            let rows = pass.rows_of;
+            self.layers(cfg, xp, np, items, rows, (pass.taps, fp), Some(&positions))?;
+            let out = self.score(cfg, xp, np, pass)?;
+            gpu.copy(lp, ptr(gpu, &out, 0), n * cfg.vocab_size * 4)?;
+            Ok(())
+        })?;
+        Ok(PassGraph {
+            key,
+            graph,
+            input,
+            pos,
+            logits,
+            features,
+        })
+    }
+}

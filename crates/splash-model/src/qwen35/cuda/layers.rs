@@ -1,0 +1,610 @@
+//! The layers on the device: Gated DeltaNet, gated attention, the MLP and the MoE block,
+//! each over the rows of all the sequences of a pass.
+
+use super::*;
+
+pub(super) struct GpuGdn {
+    /// `in_proj_qkv` and `in_proj_z`.
+    pub(super) in_qkv_z: WeightPair,
+    in_b: DeviceWeight,
+    in_a: DeviceWeight,
+    conv: Buf,
+    conv_kernel: usize,
+    dt_bias: Buf,
+    neg_a: Buf,
+    norm: Buf,
+    out: DeviceWeight,
+    hk: usize,
+    pub(super) hv: usize,
+    dv: usize,
+    tiled: bool,
+}
+
+pub(super) struct GpuAttn {
+    q: DeviceWeight,
+    k: DeviceWeight,
+    v: DeviceWeight,
+    o: DeviceWeight,
+    q_norm: Buf,
+    k_norm: Buf,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+pub(super) struct GpuMlp {
+    gate_up: WeightPair,
+    down: DeviceWeight,
+}
+
+/// Two weights that multiply the same input: stacked into one device weight (the rows of the
+/// first, then the second) when the tensor-core GEMV can run both in one launch, else apart.
+pub(super) enum WeightPair {
+    Stacked { w: DeviceWeight, split: usize },
+    Apart(DeviceWeight, DeviceWeight),
+}
+
+impl WeightPair {
+    /// `a` and `b` on the device; stacked when `stack` allows and their format is one the
+    /// tensor-core GEMV reads, with `a`'s rows filling whole 16-row tiles.
+    pub(super) fn upload(
+        gpu: &Gpu,
+        a: &Weight,
+        b: &Weight,
+        stack: bool,
+    ) -> Result<Self, ModelError> {
+        let tiled = dev::GpuFormat::of(a.dtype()).is_ok_and(dev::is_tiled);
+        if stack && tiled && a.rows().is_multiple_of(16) {
+            if let Some(ab) = a.stack_rows(b) {
+                return Ok(Self::Stacked {
+                    w: gpu.upload_weight(&ab)?,
+                    split: a.rows(),
+                });
+            }
+        }
+        Ok(Self::Apart(gpu.upload_weight(a)?, gpu.upload_weight(b)?))
+    }
+
+    /// Rows of the first and second weight.
+    pub(super) fn rows(&self) -> (usize, usize) {
+        match self {
+            Self::Stacked { w, split } => (*split, w.rows() - split),
+            Self::Apart(a, b) => (a.rows(), b.rows()),
+        }
+    }
+
+    /// `x · Aᵀ` into `out.0` and `x · Bᵀ` into `out.1`, for `t` rows of `x`.
+    fn multiply(&self, m: &GpuModel, out: (u64, u64), x: u64, t: usize) -> Result<(), ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        match self {
+            Self::Stacked { w, split } => dev::matmul_pair(gpu, k, out, x, w, *split, t)?,
+            Self::Apart(a, b) => {
+                dev::matmul(gpu, k, out.0, x, a, 0, a.rows(), t)?;
+                dev::matmul(gpu, k, out.1, x, b, 0, b.rows(), t)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+pub(super) struct GpuMoe {
+    router: DeviceWeight,
+    experts: Vec<GpuMlp>,
+    top_k: usize,
+    shared: GpuMlp,
+    shared_gate: DeviceWeight,
+    /// The experts' weight addresses, when every expert of each projection has the same
+    /// tensor-core format and shape: routing and expert products then stay on the device.
+    pub(super) tables: Option<ExpertTables>,
+}
+
+/// Device tables of a MoE layer's expert weights, one address per expert and projection.
+pub(super) struct ExpertTables {
+    gate: CudaSlice<u64>,
+    up: CudaSlice<u64>,
+    down: CudaSlice<u64>,
+}
+
+impl ExpertTables {
+    /// The tables of `experts`, or `None` when one projection mixes formats or shapes or has
+    /// no device kernel for grouped experts.
+    fn new(gpu: &Gpu, experts: &[GpuMlp]) -> Result<Option<Self>, ModelError> {
+        let table =
+            |pick: fn(&GpuMlp) -> &DeviceWeight| -> Result<Option<CudaSlice<u64>>, ModelError> {
+                let first = pick(&experts[0]);
+                let uniform = experts.iter().map(pick).all(|w| {
+                    w.format() == first.format()
+                        && (w.rows(), w.cols(), w.row_bytes())
+                            == (first.rows(), first.cols(), first.row_bytes())
+                });
+                if !uniform || !dev::has_expert_kernel(first) {
+                    return Ok(None);
+                }
+                let ptrs: Vec<u64> = experts.iter().map(|e| pick(e).device_ptr(gpu)).collect();
+                Ok(Some(gpu.upload(&ptrs)?))
+            };
+        if experts.is_empty() {
+            return Ok(None);
+        }
+        Ok(
+            match (
+                table(|e| e.expert_weights().0)?,
+                table(|e| e.expert_weights().1)?,
+                table(|e| &e.down)?,
+            ) {
+                (Some(gate), Some(up), Some(down)) => Some(Self { gate, up, down }),
+                _ => None,
+            },
+        )
+    }
+}
+
+/// A sequence's share of a GDN layer in a batched pass.
+pub(super) struct GdnSeq<'a> {
+    pub(super) rows: SeqRows,
+    pub(super) conv: &'a mut Buf,
+    pub(super) rec: &'a mut Buf,
+    pub(super) record: Option<&'a mut GdnReplay>,
+}
+
+/// A sequence's share of an attention layer in a batched pass.
+pub(super) struct AttnSeq<'a> {
+    pub(super) rows: SeqRows,
+    pub(super) state: &'a mut GpuLayerState,
+    pub(super) kv: KvFormat,
+    pub(super) pos: dev::Position,
+}
+
+impl GpuMlp {
+    /// `m` on the device, gate and up stacked when `stack` allows (not for routed experts,
+    /// whose grouped products take each projection's own weight).
+    pub(super) fn upload(gpu: &Gpu, m: &Mlp, stack: bool) -> Result<Self, ModelError> {
+        Ok(Self {
+            gate_up: WeightPair::upload(gpu, &m.gate, &m.up, stack)?,
+            down: gpu.upload_weight(&m.down)?,
+        })
+    }
+
+    /// The gate and up weights of a routed expert (uploaded apart).
+    fn expert_weights(&self) -> (&DeviceWeight, &DeviceWeight) {
+        match &self.gate_up {
+            WeightPair::Apart(gate, up) => (gate, up),
+            WeightPair::Stacked { .. } => unreachable!("routed experts are uploaded apart"),
+        }
+    }
+
+    /// `down(silu(gate x) * up x)` for `t` rows of `x`.
+    pub(super) fn forward(&self, m: &GpuModel, x: u64, t: usize) -> Result<Buf, ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        let i = self.gate_up.rows().0;
+        let g = m.scratch(t * i)?;
+        let u = m.scratch(t * i)?;
+        self.gate_up
+            .multiply(m, (ptr(gpu, &g, 0), ptr(gpu, &u, 0)), x, t)?;
+        dev::silu_mul(gpu, k, ptr(gpu, &g, 0), ptr(gpu, &u, 0), t * i)?;
+        let out = m.scratch(t * self.down.rows())?;
+        dev::matmul(
+            gpu,
+            k,
+            ptr(gpu, &out, 0),
+            ptr(gpu, &g, 0),
+            &self.down,
+            0,
+            self.down.rows(),
+            t,
+        )?;
+        Ok(out)
+    }
+}
+
+impl GpuModel {
+    /// The routed experts and the gated shared expert. With expert tables (tensor-core
+    /// formats, not the exact mode) everything stays on the device: routing, one grouped
+    /// product per projection, the weighted sum. Otherwise routing (softmax, top-k,
+    /// renormalise) runs on the host over the downloaded router logits, exactly as the CPU
+    /// does, and each chosen expert runs on its tokens.
+    pub(super) fn moe(&self, moe: &GpuMoe, x: u64, t: usize) -> Result<Buf, ModelError> {
+        let GpuMoe {
+            router,
+            experts,
+            top_k,
+            shared,
+            shared_gate,
+            tables,
+        } = moe;
+        let (gpu, k) = (&*self.gpu, &*self.k);
+        let (e, h) = (router.rows(), router.cols());
+        let logits = self.scratch(t * e)?;
+        dev::matmul(gpu, k, ptr(gpu, &logits, 0), x, router, 0, e, t)?;
+        let out = shared.forward(self, x, t)?;
+        let sg = self.scratch(t)?;
+        dev::matmul(gpu, k, ptr(gpu, &sg, 0), x, shared_gate, 0, 1, t)?;
+        dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
+        if let Some(tables) = tables.as_ref().filter(|_| !gpu.exact()) {
+            let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), t, e, *top_k)?;
+            let (pairs, first) = (t * top_k, &experts[0]);
+            let (first_gate, first_up) = first.expert_weights();
+            let inter = first_gate.rows();
+            let g = self.scratch(pairs * inter)?;
+            let u = self.scratch(pairs * inter)?;
+            let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
+            let table = |b: &CudaSlice<u64>| ptr(gpu, b, 0);
+            dev::matmul_experts(
+                gpu,
+                k,
+                gp,
+                x,
+                t,
+                table(&tables.gate),
+                first_gate,
+                &routing,
+                *top_k,
+            )?;
+            dev::matmul_experts(
+                gpu,
+                k,
+                up,
+                x,
+                t,
+                table(&tables.up),
+                first_up,
+                &routing,
+                *top_k,
+            )?;
+            dev::silu_mul(gpu, k, gp, up, pairs * inter)?;
+            let y = self.scratch(pairs * h)?;
+            let yp = ptr(gpu, &y, 0);
+            dev::matmul_experts(
+                gpu,
+                k,
+                yp,
+                gp,
+                pairs,
+                table(&tables.down),
+                &first.down,
+                &routing,
+                1,
+            )?;
+            dev::moe_combine(gpu, k, ptr(gpu, &out, 0), yp, &routing, t, *top_k, h)?;
+            return Ok(out);
+        }
+        let mut probs = gpu.download(&logits, t * e)?;
+        let routed = crate::qwen35::ffn::route(&mut probs, e, *top_k);
+        for (expert, tokens) in experts.iter().zip(&routed) {
+            if tokens.is_empty() {
+                continue;
+            }
+            let n = tokens.len();
+            let idx: Vec<i32> = tokens.iter().map(|&(ti, _)| ti as i32).collect();
+            let weights: Vec<f32> = tokens.iter().map(|&(_, w)| w).collect();
+            let idx_d = gpu.upload(&idx)?;
+            let w_d = gpu.upload(&weights)?;
+            let xs = self.scratch(n * h)?;
+            dev::gather_rows(gpu, k, ptr(gpu, &xs, 0), x, ptr(gpu, &idx_d, 0), n, h)?;
+            let y = expert.forward(self, ptr(gpu, &xs, 0), n)?;
+            dev::scatter_add_rows(
+                gpu,
+                k,
+                ptr(gpu, &out, 0),
+                ptr(gpu, &y, 0),
+                ptr(gpu, &idx_d, 0),
+                ptr(gpu, &w_d, 0),
+                n,
+                h,
+            )?;
+        }
+        Ok(out)
+    }
+}
+
+pub(super) fn upload_gdn(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    d: &GatedDeltaNet,
+) -> Result<GpuGdn, ModelError> {
+    Ok(GpuGdn {
+        in_qkv_z: WeightPair::upload(gpu, &d.in_qkv, &d.in_z, true)?,
+        in_b: gpu.upload_weight(&d.in_b)?,
+        in_a: gpu.upload_weight(&d.in_a)?,
+        conv: upload_vec(gpu, &d.conv)?,
+        conv_kernel: cfg.conv_kernel,
+        dt_bias: upload_vec(gpu, &d.dt_bias)?,
+        neg_a: upload_vec(gpu, &d.neg_a)?,
+        norm: upload_vec(gpu, &d.norm)?,
+        out: gpu.upload_weight(&d.out)?,
+        hk: d.dims.hk,
+        hv: d.dims.hv,
+        dv: d.dims.dv,
+        tiled: d.dims.v_order == VHeadOrder::Tiled,
+    })
+}
+
+pub(super) fn upload_attn(gpu: &Gpu, a: &Attention) -> Result<GpuAttn, ModelError> {
+    Ok(GpuAttn {
+        q: gpu.upload_weight(&a.q)?,
+        k: gpu.upload_weight(&a.k)?,
+        v: gpu.upload_weight(&a.v)?,
+        o: gpu.upload_weight(&a.o)?,
+        q_norm: upload_vec(gpu, &a.q_norm)?,
+        k_norm: upload_vec(gpu, &a.k_norm)?,
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        head_dim: a.head_dim,
+    })
+}
+
+pub(super) fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
+    let experts = m
+        .experts
+        .iter()
+        .map(|e| GpuMlp::upload(gpu, e, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(GpuFfn::Moe(Box::new(GpuMoe {
+        router: gpu.upload_weight(&m.router)?,
+        tables: ExpertTables::new(gpu, &experts)?,
+        experts,
+        top_k: m.top_k,
+        shared: GpuMlp::upload(gpu, &m.shared, true)?,
+        shared_gate: gpu.upload_weight(&m.shared_gate)?,
+    })))
+}
+
+impl GpuGdn {
+    /// The layer over `t` rows of `x` belonging to the sequences `parts`: projections for all
+    /// rows, conv and scan per sequence on its own state. A part that records first saves its
+    /// conv and recurrent state, then keeps its rows' conv inputs and gates there.
+    pub(super) fn forward(
+        &self,
+        m: &GpuModel,
+        x: u64,
+        t: usize,
+        parts: &mut [GdnSeq<'_>],
+        eps: f32,
+    ) -> Result<Buf, ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        let (c, vd) = self.in_qkv_z.rows();
+        let qkv = m.scratch(t * c)?;
+        let z = m.scratch(t * vd)?;
+        self.in_qkv_z
+            .multiply(m, (ptr(gpu, &qkv, 0), ptr(gpu, &z, 0)), x, t)?;
+        let b = m.scratch(t * self.hv)?;
+        dev::matmul(gpu, k, ptr(gpu, &b, 0), x, &self.in_b, 0, self.hv, t)?;
+        let a = m.scratch(t * self.hv)?;
+        dev::matmul(gpu, k, ptr(gpu, &a, 0), x, &self.in_a, 0, self.hv, t)?;
+        dev::gdn_gates(
+            gpu,
+            k,
+            ptr(gpu, &b, 0),
+            ptr(gpu, &a, 0),
+            ptr(gpu, &self.dt_bias, 0),
+            ptr(gpu, &self.neg_a, 0),
+            self.hv,
+            t * self.hv,
+        )?;
+        let mixed = m.scratch(t * c)?;
+        let o = m.scratch(t * vd)?;
+        for p in parts.iter_mut() {
+            let SeqRows { off, t: n } = p.rows;
+            if let Some(r) = p.record.as_deref_mut() {
+                let hv = self.hv;
+                gpu.copy(ptr(gpu, &r.conv, 0), ptr(gpu, p.conv, 0), r.conv.len() * 4)?;
+                gpu.copy(
+                    ptr(gpu, &r.recurrent, 0),
+                    ptr(gpu, p.rec, 0),
+                    r.recurrent.len() * 4,
+                )?;
+                gpu.copy(ptr(gpu, &r.qkv, 0), ptr(gpu, &qkv, off * c), n * c * 4)?;
+                gpu.copy(ptr(gpu, &r.g, 0), ptr(gpu, &a, off * hv), n * hv * 4)?;
+                gpu.copy(ptr(gpu, &r.beta, 0), ptr(gpu, &b, off * hv), n * hv * 4)?;
+            }
+            dev::conv1d_silu(
+                gpu,
+                k,
+                ptr(gpu, &mixed, off * c),
+                ptr(gpu, &qkv, off * c),
+                ptr(gpu, p.conv, 0),
+                ptr(gpu, &self.conv, 0),
+                n,
+                c,
+                self.conv_kernel,
+            )?;
+            dev::gdn_recurrent(
+                gpu,
+                k,
+                ptr(gpu, &o, off * vd),
+                ptr(gpu, &mixed, off * c),
+                ptr(gpu, &a, off * self.hv),
+                ptr(gpu, &b, off * self.hv),
+                ptr(gpu, p.rec, 0),
+                n,
+                self.hk,
+                self.hv,
+                self.tiled,
+            )?;
+        }
+        dev::rms_norm_gated(
+            gpu,
+            k,
+            ptr(gpu, &o, 0),
+            ptr(gpu, &o, 0),
+            ptr(gpu, &z, 0),
+            ptr(gpu, &self.norm, 0),
+            t * self.hv,
+            self.dv,
+            eps,
+        )?;
+        let out = m.scratch(t * self.out.rows())?;
+        dev::matmul(
+            gpu,
+            k,
+            ptr(gpu, &out, 0),
+            ptr(gpu, &o, 0),
+            &self.out,
+            0,
+            self.out.rows(),
+            t,
+        )?;
+        Ok(out)
+    }
+
+    /// Restores the state saved before a recorded pass and runs its first `keep` tokens
+    /// again (conv and recurrence only: their outputs are not needed).
+    pub(super) fn replay(
+        &self,
+        m: &GpuModel,
+        r: &GdnReplay,
+        keep: usize,
+        conv: &mut Buf,
+        rec: &mut Buf,
+    ) -> Result<(), ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        gpu.copy(ptr(gpu, conv, 0), ptr(gpu, &r.conv, 0), r.conv.len() * 4)?;
+        gpu.copy(
+            ptr(gpu, rec, 0),
+            ptr(gpu, &r.recurrent, 0),
+            r.recurrent.len() * 4,
+        )?;
+        if keep == 0 {
+            return Ok(());
+        }
+        let c = self.in_qkv_z.rows().0;
+        let mixed = m.scratch(keep * c)?;
+        dev::conv1d_silu(
+            gpu,
+            k,
+            ptr(gpu, &mixed, 0),
+            ptr(gpu, &r.qkv, 0),
+            ptr(gpu, conv, 0),
+            ptr(gpu, &self.conv, 0),
+            keep,
+            c,
+            self.conv_kernel,
+        )?;
+        let o = m.scratch(keep * self.hv * self.dv)?;
+        dev::gdn_recurrent(
+            gpu,
+            k,
+            ptr(gpu, &o, 0),
+            ptr(gpu, &mixed, 0),
+            ptr(gpu, &r.g, 0),
+            ptr(gpu, &r.beta, 0),
+            ptr(gpu, rec, 0),
+            keep,
+            self.hk,
+            self.hv,
+            self.tiled,
+        )?;
+        Ok(())
+    }
+}
+
+impl GpuAttn {
+    /// The layer over `t` rows of `x` belonging to the sequences `parts`: projections for all
+    /// rows; RoPE, the cache append and attention per sequence.
+    pub(super) fn forward(
+        &self,
+        m: &GpuModel,
+        x: u64,
+        t: usize,
+        parts: &mut [AttnSeq<'_>],
+        eps: f32,
+    ) -> Result<Buf, ModelError> {
+        let (gpu, k) = (&*m.gpu, &*m.k);
+        let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
+        let qg = m.scratch(t * hq * 2 * d)?;
+        dev::matmul(gpu, k, ptr(gpu, &qg, 0), x, &self.q, 0, hq * 2 * d, t)?;
+        let q = m.scratch(t * hq * d)?;
+        let gate = m.scratch(t * hq * d)?;
+        dev::split_q_gate(
+            gpu,
+            k,
+            ptr(gpu, &q, 0),
+            ptr(gpu, &gate, 0),
+            ptr(gpu, &qg, 0),
+            t * hq,
+            d,
+        )?;
+        let kb = m.scratch(t * hkv * d)?;
+        dev::matmul(gpu, k, ptr(gpu, &kb, 0), x, &self.k, 0, hkv * d, t)?;
+        let vb = m.scratch(t * hkv * d)?;
+        dev::matmul(gpu, k, ptr(gpu, &vb, 0), x, &self.v, 0, hkv * d, t)?;
+        dev::rms_norm(
+            gpu,
+            k,
+            ptr(gpu, &q, 0),
+            ptr(gpu, &q, 0),
+            ptr(gpu, &self.q_norm, 0),
+            t * hq,
+            d,
+            eps,
+        )?;
+        dev::rms_norm(
+            gpu,
+            k,
+            ptr(gpu, &kb, 0),
+            ptr(gpu, &kb, 0),
+            ptr(gpu, &self.k_norm, 0),
+            t * hkv,
+            d,
+            eps,
+        )?;
+        let inv = ptr(gpu, &m.inv_freq, 0);
+        let attn = m.scratch(t * hq * d)?;
+        for p in parts.iter_mut() {
+            let (SeqRows { off, t: n }, kv, pos) = (p.rows, p.kv, p.pos);
+            let (qp, kp, vp) = (
+                ptr(gpu, &q, off * hq * d),
+                ptr(gpu, &kb, off * hkv * d),
+                ptr(gpu, &vb, off * hkv * d),
+            );
+            dev::rope(gpu, k, qp, inv, n, hq, d, m.rotary_dim, pos)?;
+            dev::rope(gpu, k, kp, inv, n, hkv, d, m.rotary_dim, pos)?;
+            // (A captured pass's caches were grown before the capture.)
+            if let dev::Position::Host(pos0) = pos {
+                ensure_capacity(m, p.state, kv, pos0 + n, hkv, d)?;
+            }
+            let GpuLayerState::Attn {
+                k: kc,
+                v: vc,
+                ks,
+                vs,
+                ..
+            } = &mut *p.state
+            else {
+                unreachable!("attention layer state")
+            };
+            let (kcp, vcp) = (ptr(gpu, kc, 0), ptr(gpu, vc, 0));
+            let (ksp, vsp) = (ptr(gpu, ks, 0), ptr(gpu, vs, 0));
+            dev::kv_append(gpu, k, kcp, ksp, kp, kv, n, hkv, d, pos)?;
+            dev::kv_append(gpu, k, vcp, vsp, vp, kv, n, hkv, d, pos)?;
+            dev::attention(
+                gpu,
+                k,
+                ptr(gpu, &attn, off * hq * d),
+                qp,
+                (kcp, ksp),
+                (vcp, vsp),
+                kv,
+                n,
+                hq,
+                hkv,
+                pos,
+                (d as f32).powf(-0.5),
+                dev::KeyMask::default(),
+            )?;
+        }
+        dev::sigmoid_gate(gpu, k, ptr(gpu, &attn, 0), ptr(gpu, &gate, 0), t * hq * d)?;
+        let out = m.scratch(t * self.o.rows())?;
+        dev::matmul(
+            gpu,
+            k,
+            ptr(gpu, &out, 0),
+            ptr(gpu, &attn, 0),
+            &self.o,
+            0,
+            self.o.rows(),
+            t,
+        )?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,422 @@
+//! The Qwen3.5 forward pass on the CUDA backend: the same graph as the CPU forward in
+//! `qwen35/mod.rs`, with weights copied to the device in their stored format and the
+//! per-sequence state (KV cache, conv and recurrent state) kept on the device. A pass of
+//! a few tokens per sequence is replayed from a captured CUDA graph (`graph.rs`); the
+//! layers are in `layers.rs`, the per-sequence state in `state.rs`.
+
+mod graph;
+mod layers;
+mod state;
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use splash_backend::cpu::{KvFormat, VHeadOrder};
+use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, GpuError, KernelDims, Kernels};
+use splash_backend::Weight;
+
+use super::attention::Attention;
+use super::ffn::{Ffn, Mlp, Moe};
+use super::gdn::GatedDeltaNet;
+use super::{Logits, Mixer, Qwen35};
+use crate::config::{LayerKind, ModelConfig};
+use crate::error::ModelError;
+use crate::image::ImageWriter;
+use crate::state::LayerImage;
+
+use graph::*;
+use layers::*;
+pub(crate) use state::GpuState;
+use state::*;
+
+impl From<GpuError> for ModelError {
+    fn from(e: GpuError) -> Self {
+        ModelError::Gpu(e.to_string())
+    }
+}
+
+type Buf = CudaSlice<f32>;
+
+/// The model's weights on one GPU.
+pub(crate) struct GpuModel {
+    gpu: Arc<Gpu>,
+    k: Arc<Kernels>,
+    layers: Vec<GpuLayer>,
+    final_norm: Buf,
+    lm_head: DeviceWeight,
+    inv_freq: Buf,
+    rotary_dim: usize,
+    /// Captured passes (see [`GpuModel::graphed`]).
+    graphs: std::sync::Mutex<Vec<PassGraph>>,
+    /// Hashes of the keys of recent passes not captured yet.
+    seen: std::sync::Mutex<Vec<u64>>,
+}
+
+struct GpuLayer {
+    input_norm: Buf,
+    post_norm: Buf,
+    mixer: GpuMixer,
+    ffn: GpuFfn,
+}
+
+enum GpuMixer {
+    Gdn(Box<GpuGdn>),
+    Attn(Box<GpuAttn>),
+}
+
+enum GpuFfn {
+    Dense(Box<GpuMlp>),
+    Moe(Box<GpuMoe>),
+}
+
+/// One sequence of a batched pass: its device state, tokens and first position, and whether
+/// the pass records what [`GpuState::rollback`] needs.
+pub(crate) struct GpuItem<'a> {
+    pub(crate) state: &'a mut GpuState,
+    pub(crate) tokens: &'a [u32],
+    pub(crate) pos0: usize,
+    pub(crate) record: bool,
+}
+
+/// The rows `[off, off + t)` of a batched pass that belong to one sequence.
+#[derive(Clone, Copy)]
+struct SeqRows {
+    off: usize,
+    t: usize,
+}
+
+fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<Buf, ModelError> {
+    Ok(gpu.upload(v)?)
+}
+
+impl GpuModel {
+    /// Copies the weights of `cpu` to `gpu` and compiles the kernels for its shapes.
+    pub(crate) fn upload(cpu: &Qwen35, gpu: Arc<Gpu>) -> Result<Self, ModelError> {
+        let cfg = &cpu.config;
+        let k = gpu.kernels(KernelDims {
+            head_dim: cfg.head_dim,
+            gdn_dk: cfg.gdn.dk,
+            gdn_dv: cfg.gdn.dv,
+        })?;
+        let g = &*gpu;
+        let layers = cpu
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(GpuLayer {
+                    input_norm: upload_vec(g, &l.input_norm)?,
+                    post_norm: upload_vec(g, &l.post_norm)?,
+                    mixer: match &l.mixer {
+                        Mixer::Linear(d) => GpuMixer::Gdn(Box::new(upload_gdn(g, cfg, d)?)),
+                        Mixer::Full(a) => GpuMixer::Attn(Box::new(upload_attn(g, a)?)),
+                    },
+                    ffn: match &l.ffn {
+                        Ffn::Dense(m) => GpuFfn::Dense(Box::new(GpuMlp::upload(g, m, true)?)),
+                        Ffn::Moe(m) => upload_moe(g, m)?,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        let half = cfg.rotary_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / cfg.rotary_dim as f32))
+            .collect();
+        Ok(Self {
+            final_norm: upload_vec(g, &cpu.final_norm)?,
+            lm_head: g.upload_weight(&cpu.lm_head)?,
+            inv_freq: upload_vec(g, &inv_freq)?,
+            rotary_dim: cfg.rotary_dim,
+            graphs: std::sync::Mutex::new(Vec::new()),
+            seen: std::sync::Mutex::new(Vec::new()),
+            layers,
+            k,
+            gpu,
+        })
+    }
+
+    /// The device the weights live on.
+    pub(crate) fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// A device copy of `b`.
+    fn clone_buf(&self, b: &Buf) -> Result<Buf, ModelError> {
+        let out = self.scratch(b.len())?;
+        self.gpu
+            .copy(ptr(&self.gpu, &out, 0), ptr(&self.gpu, b, 0), b.len() * 4)?;
+        Ok(out)
+    }
+
+    /// An uninitialised f32 buffer (every kernel writing it writes every element).
+    fn scratch(&self, len: usize) -> Result<Buf, ModelError> {
+        Ok(self.gpu.uninit(len)?)
+    }
+
+    /// The forward pass of several sequences' tokens (see [`Qwen35::forward_batch`]): the
+    /// linear layers run once over the rows of all of them, the conv, scan and attention of
+    /// each on its own state. Returns each item's logits and tap outputs `[T, taps.len() · H]`.
+    /// Several items keep every product batch-invariant ([`Gpu::set_batch_invariant`]).
+    pub(crate) fn forward(
+        &self,
+        cpu: &Qwen35,
+        items: &mut [GpuItem<'_>],
+        want: Logits,
+        taps: &[usize],
+    ) -> Result<Vec<super::LogitsAndTaps>, ModelError> {
+        let batched = items.len() > 1;
+        if batched {
+            self.gpu.set_batch_invariant(true);
+        }
+        let out = self.forward_rows(cpu, items, want, taps);
+        if batched {
+            self.gpu.set_batch_invariant(false);
+        }
+        out
+    }
+
+    fn forward_rows(
+        &self,
+        cpu: &Qwen35,
+        items: &mut [GpuItem<'_>],
+        want: Logits,
+        taps: &[usize],
+    ) -> Result<Vec<super::LogitsAndTaps>, ModelError> {
+        let cfg = &cpu.config;
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        // Each item's rows: `[off, off + t)` of the pass.
+        let mut rows_of = Vec::with_capacity(items.len());
+        let mut t = 0;
+        for item in items.iter_mut() {
+            rows_of.push(SeqRows {
+                off: t,
+                t: item.tokens.len(),
+            });
+            t += item.tokens.len();
+            if item.record {
+                item.state.ensure_replay(item.tokens.len())?;
+            }
+        }
+        let pass = Pass {
+            rows_of: &rows_of,
+            want,
+            taps,
+        };
+        let (logits, f) = match self.graphed(cpu, items, &pass)? {
+            Some(out) => out,
+            None => self.launched(cpu, items, &pass)?,
+        };
+        for item in items.iter_mut() {
+            item.state.recorded = item.record;
+        }
+        // Tap outputs [taps, T, H] → per item [t, taps · H]; logits per item's scored rows.
+        let mut at = 0;
+        Ok(rows_of
+            .iter()
+            .map(|&r| {
+                let mut features = vec![0.0f32; r.t * taps.len() * h];
+                for (j, tap) in f.chunks_exact(t * h.max(1)).enumerate() {
+                    for ti in 0..r.t {
+                        features[(ti * taps.len() + j) * h..][..h]
+                            .copy_from_slice(&tap[(r.off + ti) * h..][..h]);
+                    }
+                }
+                let n = pass.scored(r).1;
+                let l = logits[at * v..(at + n) * v].to_vec();
+                at += n;
+                (l, features)
+            })
+            .collect())
+    }
+
+    /// The pass launched kernel by kernel: the logits of the scored rows `[n, V]` and the tap
+    /// outputs `[taps, T, H]`, on the host.
+    fn launched(
+        &self,
+        cpu: &Qwen35,
+        items: &mut [GpuItem<'_>],
+        pass: &Pass<'_>,
+    ) -> Result<HostOutputs, ModelError> {
+        let cfg = &cpu.config;
+        let gpu = &*self.gpu;
+        let (h, t) = (cfg.hidden_size, pass.tokens());
+        let x = gpu.upload(&self.embed(cpu, items))?;
+        let xp = ptr(gpu, &x, 0);
+        let normed = self.scratch(t * h)?;
+        let np = ptr(gpu, &normed, 0);
+        let features = self.scratch(pass.taps.len() * t * h)?;
+        let fp = ptr(gpu, &features, 0);
+        self.layers(cfg, xp, np, items, pass.rows_of, (pass.taps, fp), None)?;
+        let f = if pass.taps.is_empty() {
+            Vec::new()
+        } else {
+            gpu.download(&features, pass.taps.len() * t * h)?
+        };
+        let n = pass.scored_rows();
+        if n == 0 {
+            gpu.synchronize()?;
+            return Ok((Vec::new(), f));
+        }
+        let logits = self.score(cfg, xp, np, pass)?;
+        Ok((gpu.download(&logits, n * cfg.vocab_size)?, f))
+    }
+
+    /// The final norm of the pass's scored rows (into `normed`, one after another) and their
+    /// logits `[n, V]`.
+    fn score(
+        &self,
+        cfg: &ModelConfig,
+        x: u64,
+        normed: u64,
+        pass: &Pass<'_>,
+    ) -> Result<Buf, ModelError> {
+        let (gpu, k, h) = (&*self.gpu, &*self.k, cfg.hidden_size);
+        let mut at = 0;
+        for &r in pass.rows_of {
+            let (first, rows) = pass.scored(r);
+            let src = x + (first * h * 4) as u64;
+            let dst = normed + (at * h * 4) as u64;
+            let w = ptr(gpu, &self.final_norm, 0);
+            dev::rms_norm(gpu, k, dst, src, w, rows, h, cfg.rms_norm_eps)?;
+            at += rows;
+        }
+        self.lm_head(normed, at)
+    }
+
+    /// The items' token embeddings `[T, H]`, gathered on the host (a few KB per token; the
+    /// table stays in host memory).
+    fn embed(&self, cpu: &Qwen35, items: &[GpuItem<'_>]) -> Vec<f32> {
+        let tokens: Vec<u32> = items
+            .iter()
+            .flat_map(|i| i.tokens.iter().copied())
+            .collect();
+        let mut rows = vec![0.0f32; tokens.len() * cpu.config.hidden_size];
+        splash_backend::cpu::embedding(&mut rows, &cpu.embed, &tokens);
+        rows
+    }
+
+    /// The decoder layers over the pass's hidden rows at `x` (the residual stream, updated in
+    /// place), with `normed` (as many rows) as scratch. Tap layer `taps.0[j]`'s output goes to
+    /// rows `[j·T, (j+1)·T)` at `taps.1`. `positions`, when set, replace the items' positions
+    /// (a captured graph reads them on the device). Items that record save what a rollback
+    /// needs in their state's rollback buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn layers(
+        &self,
+        cfg: &ModelConfig,
+        x: u64,
+        normed: u64,
+        items: &mut [GpuItem<'_>],
+        rows_of: &[SeqRows],
+        taps: (&[usize], u64),
+        positions: Option<&[dev::Position]>,
+    ) -> Result<(), ModelError> {
+        let (gpu, k) = (&*self.gpu, &*self.k);
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let t: usize = rows_of.iter().map(|r| r.t).sum();
+        let (xp, np) = (x, normed);
+        for (li, layer) in self.layers.iter().enumerate() {
+            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
+            let mixed = match &layer.mixer {
+                GpuMixer::Gdn(g) => {
+                    let mut parts: Vec<GdnSeq<'_>> = items
+                        .iter_mut()
+                        .zip(rows_of)
+                        .map(|(item, &rows)| {
+                            let record = item.record;
+                            let st = &mut *item.state;
+                            let GpuLayerState::Gdn { conv, recurrent } = &mut st.layers[li] else {
+                                unreachable!("sequence state was built for another model")
+                            };
+                            let replay = record.then(|| {
+                                st.replay[li]
+                                    .as_mut()
+                                    .expect("rollback buffers are made before a recorded pass")
+                            });
+                            GdnSeq {
+                                rows,
+                                conv,
+                                rec: recurrent,
+                                record: replay,
+                            }
+                        })
+                        .collect();
+                    g.forward(self, np, t, &mut parts, eps)?
+                }
+                GpuMixer::Attn(a) => {
+                    let mut parts: Vec<AttnSeq<'_>> = items
+                        .iter_mut()
+                        .zip(rows_of)
+                        .enumerate()
+                        .map(|(i, (item, &rows))| {
+                            let kv = item.state.kv;
+                            AttnSeq {
+                                rows,
+                                state: &mut item.state.layers[li],
+                                kv,
+                                pos: positions.map_or(dev::Position::Host(item.pos0), |p| p[i]),
+                            }
+                        })
+                        .collect();
+                    a.forward(self, np, t, &mut parts, eps)?
+                }
+            };
+            dev::add_in_place(gpu, k, xp, ptr(gpu, &mixed, 0), t * h)?;
+            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), t, h, eps)?;
+            let ffn = match &layer.ffn {
+                GpuFfn::Dense(m) => m.forward(self, np, t)?,
+                GpuFfn::Moe(moe) => self.moe(moe, np, t)?,
+            };
+            dev::add_in_place(gpu, k, xp, ptr(gpu, &ffn, 0), t * h)?;
+            for (j, _) in taps.0.iter().enumerate().filter(|(_, &l)| l == li) {
+                gpu.copy(taps.1 + (j * t * h * 4) as u64, xp, t * h * 4)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a pass needs the host midway: MoE layers without device routing download their
+    /// router logits. Such passes cannot be captured as graphs.
+    fn routes_on_host(&self) -> bool {
+        self.layers.iter().any(|l| match &l.ffn {
+            GpuFfn::Moe(m) => m.tables.is_none() || self.gpu.exact(),
+            GpuFfn::Dense(_) => false,
+        })
+    }
+
+    /// Logits `[n, V]` of `n` already-normed hidden rows at device address `x` (the DFlash
+    /// draft scores its block with the target's head).
+    pub(crate) fn lm_head(&self, x: u64, n: usize) -> Result<Buf, ModelError> {
+        let v = self.lm_head.rows();
+        let logits = self.scratch(n * v)?;
+        dev::matmul(
+            &self.gpu,
+            &self.k,
+            ptr(&self.gpu, &logits, 0),
+            x,
+            &self.lm_head,
+            0,
+            v,
+            n,
+        )?;
+        Ok(logits)
+    }
+}
+
+impl Qwen35 {
+    /// Moves the forward pass to `gpu`: the weights are copied in their stored format and new
+    /// states live on the device. The CPU weights (memory-mapped) stay for the embedding rows.
+    pub fn to_gpu(&mut self, gpu: Arc<Gpu>) -> Result<(), ModelError> {
+        self.gpu = Some(Arc::new(GpuModel::upload(self, gpu)?));
+        Ok(())
+    }
+
+    /// The GPU the forward pass runs on, if any.
+    pub fn gpu(&self) -> Option<&Arc<Gpu>> {
+        self.gpu.as_ref().map(|g| g.gpu())
+    }
+
+    /// The weights on the GPU, if the forward pass runs there.
+    pub(crate) fn gpu_model(&self) -> Option<&Arc<GpuModel>> {
+        self.gpu.as_ref()
+    }
+}
