@@ -3,7 +3,7 @@
 use rayon::prelude::*;
 
 use super::kv::KvStore;
-use super::matmul::dot;
+use super::matmul::dot_portable;
 
 /// Causal attention for `T` queries at positions `pos0..pos0+T`.
 ///
@@ -77,6 +77,118 @@ pub fn attention(
 /// small (32 · group · context floats).
 const QUERY_TILE: usize = 32;
 
+/// Key (or value) rows read back per block of [`Rows::attend`]'s inner loops.
+const KEY_BLOCK: usize = 64;
+
+/// `scores[r, j] = dot(q_r, key_j) · scale` for the keys `j0..` of `keys` (rows of the width
+/// of the queries `qs`) that query `r` sees (`j < lens[r]`).
+fn score_block(
+    qs: &[f32],
+    lens: &[usize],
+    j0: usize,
+    keys: &[f32],
+    scores: &mut [f32],
+    span: usize,
+    scale: f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::matmul::has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked above).
+        return unsafe { score_block_avx2(qs, lens, j0, keys, scores, span, scale) };
+    }
+    score_block_portable(qs, lens, j0, keys, scores, span, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn score_block_avx2(
+    qs: &[f32],
+    lens: &[usize],
+    j0: usize,
+    keys: &[f32],
+    scores: &mut [f32],
+    span: usize,
+    scale: f32,
+) {
+    score_block_portable(qs, lens, j0, keys, scores, span, scale)
+}
+
+#[inline(always)]
+fn score_block_portable(
+    qs: &[f32],
+    lens: &[usize],
+    j0: usize,
+    keys: &[f32],
+    scores: &mut [f32],
+    span: usize,
+    scale: f32,
+) {
+    let d = qs.len() / lens.len();
+    for (b, key) in keys.chunks_exact(d).enumerate() {
+        let j = j0 + b;
+        for (r, qv) in qs.chunks_exact(d).enumerate() {
+            if j < lens[r] {
+                scores[r * span + j] = dot_portable(qv, key) * scale;
+            }
+        }
+    }
+}
+
+/// `out_r += scores[r, j] · value_j` for the values `j0..` of `values` that query `r` sees,
+/// in order of `j`.
+fn value_block(
+    out: &mut [f32],
+    lens: &[usize],
+    j0: usize,
+    values: &[f32],
+    scores: &[f32],
+    span: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::matmul::has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked above).
+        return unsafe { value_block_avx2(out, lens, j0, values, scores, span) };
+    }
+    value_block_portable(out, lens, j0, values, scores, span)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn value_block_avx2(
+    out: &mut [f32],
+    lens: &[usize],
+    j0: usize,
+    values: &[f32],
+    scores: &[f32],
+    span: usize,
+) {
+    value_block_portable(out, lens, j0, values, scores, span)
+}
+
+#[inline(always)]
+fn value_block_portable(
+    out: &mut [f32],
+    lens: &[usize],
+    j0: usize,
+    values: &[f32],
+    scores: &[f32],
+    span: usize,
+) {
+    let d = out.len() / lens.len();
+    for (b, value) in values.chunks_exact(d).enumerate() {
+        let j = j0 + b;
+        for (r, o) in out.chunks_exact_mut(d).enumerate() {
+            if j < lens[r] {
+                let p = scores[r * span + j];
+                // A product then a sum (not fused), as every query's row has always been.
+                for (a, &x) in o.iter_mut().zip(value) {
+                    *a += p * x;
+                }
+            }
+        }
+    }
+}
+
 /// The queries of an [`attention`] call.
 struct Rows<'a> {
     q: &'a [f32],
@@ -118,30 +230,38 @@ impl Rows<'_> {
         let queries: Vec<(usize, usize)> = (0..n)
             .flat_map(|qi| (heads.0..heads.0 + heads.1).map(move |g| (qi, kvh * group + g)))
             .collect();
+        // The queries side by side, each with the keys it sees and an output row.
+        let qs: Vec<f32> = queries
+            .iter()
+            .flat_map(|&(qi, h)| &q[((t0 + qi) * hq + h) * d..][..d])
+            .copied()
+            .collect();
+        let lens: Vec<usize> = queries.iter().map(|&(qi, _)| len(qi)).collect();
+        let mut os = vec![0.0f32; queries.len() * d];
         let mut scores = vec![0.0f32; queries.len() * span];
-        let mut row = vec![0.0f32; d];
+        let (mut row, mut rows) = (vec![0.0f32; d], vec![0.0f32; KEY_BLOCK * d]);
         k.for_each_row(kvh, hkv, span, &mut row, |j, key| {
-            for (r, &(qi, h)) in queries.iter().enumerate() {
-                if j < len(qi) {
-                    let qv = &q[((t0 + qi) * hq + h) * d..][..d];
-                    scores[r * span + j] = dot(qv, key) * scale;
-                }
+            rows[(j % KEY_BLOCK) * d..][..d].copy_from_slice(key);
+            if (j + 1) % KEY_BLOCK == 0 || j + 1 == span {
+                let j0 = j / KEY_BLOCK * KEY_BLOCK;
+                let block = &rows[..(j + 1 - j0) * d];
+                score_block(&qs, &lens, j0, block, &mut scores, span, scale);
             }
         });
-        for (r, &(qi, h)) in queries.iter().enumerate() {
-            super::softmax_in_place(&mut scores[r * span..][..len(qi)]);
-            out[at(qi, h)..][..d].fill(0.0);
+        for (r, &l) in lens.iter().enumerate() {
+            super::softmax_in_place(&mut scores[r * span..][..l]);
         }
         v.for_each_row(kvh, hkv, span, &mut row, |j, value| {
-            for (r, &(qi, h)) in queries.iter().enumerate() {
-                if j < len(qi) {
-                    let p = scores[r * span + j];
-                    for (a, &b) in out[at(qi, h)..][..d].iter_mut().zip(value) {
-                        *a += p * b;
-                    }
-                }
+            rows[(j % KEY_BLOCK) * d..][..d].copy_from_slice(value);
+            if (j + 1) % KEY_BLOCK == 0 || j + 1 == span {
+                let j0 = j / KEY_BLOCK * KEY_BLOCK;
+                let block = &rows[..(j + 1 - j0) * d];
+                value_block(&mut os, &lens, j0, block, &scores, span);
             }
         });
+        for (&(qi, h), o) in queries.iter().zip(os.chunks_exact(d)) {
+            out[at(qi, h)..][..d].copy_from_slice(o);
+        }
     }
 }
 

@@ -437,8 +437,9 @@ unsafe fn dot_bf16_avx2(w: &[u16], x: &[f32]) -> f32 {
     dot_bf16_portable(w, x)
 }
 
+/// [`dot`] without the dispatch, for callers that run inside their own AVX2 + FMA code.
 #[inline(always)]
-fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let mut acc = [0.0f32; 16];
     let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
