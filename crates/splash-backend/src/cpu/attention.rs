@@ -239,25 +239,16 @@ impl Rows<'_> {
         let lens: Vec<usize> = queries.iter().map(|&(qi, _)| len(qi)).collect();
         let mut os = vec![0.0f32; queries.len() * d];
         let mut scores = vec![0.0f32; queries.len() * span];
-        let (mut row, mut rows) = (vec![0.0f32; d], vec![0.0f32; KEY_BLOCK * d]);
-        k.for_each_row(kvh, hkv, span, &mut row, |j, key| {
-            rows[(j % KEY_BLOCK) * d..][..d].copy_from_slice(key);
-            if (j + 1) % KEY_BLOCK == 0 || j + 1 == span {
-                let j0 = j / KEY_BLOCK * KEY_BLOCK;
-                let block = &rows[..(j + 1 - j0) * d];
-                score_block(&qs, &lens, j0, block, &mut scores, span, scale);
-            }
+        let mut block = vec![0.0f32; KEY_BLOCK * d];
+        let cache_rows = (kvh, hkv, span);
+        k.for_each_block(cache_rows, d, &mut block, |j0, keys| {
+            score_block(&qs, &lens, j0, keys, &mut scores, span, scale);
         });
         for (r, &l) in lens.iter().enumerate() {
             super::softmax_in_place(&mut scores[r * span..][..l]);
         }
-        v.for_each_row(kvh, hkv, span, &mut row, |j, value| {
-            rows[(j % KEY_BLOCK) * d..][..d].copy_from_slice(value);
-            if (j + 1) % KEY_BLOCK == 0 || j + 1 == span {
-                let j0 = j / KEY_BLOCK * KEY_BLOCK;
-                let block = &rows[..(j + 1 - j0) * d];
-                value_block(&mut os, &lens, j0, block, &scores, span);
-            }
+        v.for_each_block(cache_rows, d, &mut block, |j0, values| {
+            value_block(&mut os, &lens, j0, values, &scores, span);
         });
         for (&(qi, h), o) in queries.iter().zip(os.chunks_exact(d)) {
             out[at(qi, h)..][..d].copy_from_slice(o);

@@ -265,17 +265,24 @@ impl KvStore {
         self.pages[r / KV_PAGE_ROWS].row(r % KV_PAGE_ROWS, out);
     }
 
-    /// Rows `first`, `first + step`, ... (`count` of them) as f32 in `buf`, each handed to `f`
-    /// with its index: what [`row`](Self::row) gives, the page looked up once per page.
+    /// Rows `first`, `first + step`, ... (`count` of them, `d` values each) as f32, read into
+    /// `block` as many at a time as it holds, and each full (or the last, partial) block handed
+    /// to `f` with the index of its first row: what [`row`](Self::row) gives, the page looked
+    /// up once per page.
     #[inline]
-    pub fn for_each_row(
+    pub fn for_each_block(
         &self,
-        first: usize,
-        step: usize,
-        count: usize,
-        buf: &mut [f32],
+        (first, step, count): (usize, usize, usize),
+        d: usize,
+        block: &mut [f32],
         mut f: impl FnMut(usize, &[f32]),
     ) {
+        let per_block = block.len() / d;
+        assert!(
+            per_block > 0,
+            "a block of {} values holds no row of {d}",
+            block.len()
+        );
         let mut at = usize::MAX;
         let mut page: &KvPage = match self.pages.first() {
             Some(p) => p,
@@ -287,8 +294,11 @@ impl KvStore {
                 at = r / KV_PAGE_ROWS;
                 page = &self.pages[at];
             }
-            page.row(r % KV_PAGE_ROWS, buf);
-            f(i, buf);
+            let slot = i % per_block;
+            page.row(r % KV_PAGE_ROWS, &mut block[slot * d..][..d]);
+            if slot + 1 == per_block || i + 1 == count {
+                f(i - slot, &block[..(slot + 1) * d]);
+            }
         }
     }
 }
