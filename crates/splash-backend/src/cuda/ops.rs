@@ -68,6 +68,24 @@ pub fn matmul_batched(
     product(gpu, k, out, x, w, row0, n, tokens, min_t)
 }
 
+/// The cuBLAS handle a product of `tokens` rows by `w` runs on: from `gemm_min_t` tokens on,
+/// outside batch-invariant passes, when the library loads.
+fn gemm_blas(
+    gpu: &Gpu,
+    w: &DeviceWeight,
+    tokens: usize,
+    gemm_min_t: usize,
+) -> Option<std::sync::Arc<cudarc::cublas::CudaBlas>> {
+    let wanted = tokens >= gemm_min_t && w.cols.is_multiple_of(32) && !gpu.batch_invariant();
+    wanted.then(|| gpu.blas()).flatten()
+}
+
+/// Whether GEMVs by `w` run on the tensor-core kernel: the tiled formats (it reads the tiles),
+/// outside the exact mode.
+fn tensor_core(gpu: &Gpu, w: &DeviceWeight) -> bool {
+    !gpu.exact() && super::weights::is_tiled(w.format)
+}
+
 /// The product, by cuBLAS from `gemm_min_t` tokens on.
 #[allow(clippy::too_many_arguments)]
 fn product(
@@ -87,14 +105,11 @@ fn product(
         "rows of a tiled weight start at a multiple of 16 (row {row0})"
     );
     let kdim = w.cols;
-    if tokens >= gemm_min_t && kdim.is_multiple_of(32) && !gpu.batch_invariant() {
-        if let Some(blas) = gpu.blas() {
-            return gemm(gpu, k, &blas, out, x, w, row0, n, tokens);
-        }
+    if let Some(blas) = gemm_blas(gpu, w, tokens, gemm_min_t) {
+        return gemm(gpu, k, &blas, out, x, w, row0, n, tokens);
     }
     let base = super::ptr(gpu, &w.data, row0 * w.row_bytes);
-    // The tiled formats are those with the tensor-core GEMV (it reads the tiles).
-    if !gpu.exact() && super::weights::is_tiled(w.format) {
+    if tensor_core(gpu, w) {
         return gemv_tc(gpu, k, (out, 0, n), x, w, base, n, tokens);
     }
     if !gpu.exact() && int8_kernel(w) {
@@ -313,8 +328,7 @@ pub fn matmul_pair(
         "split {split} of {} rows",
         w.rows
     );
-    let gemm = tokens >= GEMM_MIN_T && w.cols.is_multiple_of(32) && !gpu.batch_invariant();
-    if !gpu.exact() && super::weights::is_tiled(w.format) && !(gemm && gpu.blas().is_some()) {
+    if tensor_core(gpu, w) && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() {
         let base = super::ptr(gpu, &w.data, 0);
         return gemv_tc(gpu, k, (out.0, out.1, split), x, w, base, w.rows, tokens);
     }
