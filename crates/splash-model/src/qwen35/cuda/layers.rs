@@ -95,7 +95,14 @@ pub(super) struct GpuMoe {
     shared_gate: DeviceWeight,
     /// The experts' weight addresses, when every expert of each projection has the same
     /// tensor-core format and shape: routing and expert products then stay on the device.
-    pub(super) tables: Option<ExpertTables>,
+    tables: Option<ExpertTables>,
+}
+
+impl GpuMoe {
+    /// The expert tables when this layer routes on the device (not in the exact mode).
+    pub(super) fn device_tables(&self, gpu: &Gpu) -> Option<&ExpertTables> {
+        self.tables.as_ref().filter(|_| !gpu.exact())
+    }
 }
 
 /// Device tables of a MoE layer's expert weights, one address per expert and projection.
@@ -210,7 +217,7 @@ impl GpuModel {
             top_k,
             shared,
             shared_gate,
-            tables,
+            tables: _,
         } = moe;
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (e, h) = (router.rows(), router.cols());
@@ -220,7 +227,7 @@ impl GpuModel {
         let sg = self.scratch(t)?;
         dev::matmul(gpu, k, ptr(gpu, &sg, 0), x, shared_gate, 0, 1, t)?;
         dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
-        if let Some(tables) = tables.as_ref().filter(|_| !gpu.exact()) {
+        if let Some(tables) = moe.device_tables(gpu) {
             let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), t, e, *top_k)?;
             let (pairs, first) = (t * top_k, &experts[0]);
             let (first_gate, first_up) = first.expert_weights();

@@ -378,7 +378,7 @@ impl GpuModel {
     /// router logits. Such passes cannot be captured as graphs.
     fn routes_on_host(&self) -> bool {
         self.layers.iter().any(|l| match &l.ffn {
-            GpuFfn::Moe(m) => m.tables.is_none() || self.gpu.exact(),
+            GpuFfn::Moe(m) => m.device_tables(&self.gpu).is_none(),
             GpuFfn::Dense(_) => false,
         })
     }
