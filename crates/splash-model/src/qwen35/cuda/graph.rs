@@ -24,44 +24,12 @@ pub(super) struct PassGraph {
     features: Buf,
 }
 
-/// A pass's scored rows' logits `[n, V]` and tap outputs `[taps, T, H]`, on the host.
-pub(super) type HostOutputs = (Vec<f32>, Vec<f32>);
-
 /// A hash of a pass graph's key.
 fn key_hash(key: &[u64]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     key.hash(&mut h);
     h.finish()
-}
-
-/// The shape of a forward pass: each sequence's rows, which rows are scored, which layers are
-/// tapped.
-pub(super) struct Pass<'a> {
-    pub(super) rows_of: &'a [SeqRows],
-    pub(super) want: Logits,
-    pub(super) taps: &'a [usize],
-}
-
-impl Pass<'_> {
-    /// Rows of the pass.
-    pub(super) fn tokens(&self) -> usize {
-        self.rows_of.iter().map(|r| r.t).sum()
-    }
-
-    /// The first scored row of a sequence and how many.
-    pub(super) fn scored(&self, r: SeqRows) -> (usize, usize) {
-        match self.want {
-            Logits::None => (r.off, 0),
-            Logits::Last => (r.off + r.t - 1, 1),
-            Logits::All => (r.off, r.t),
-        }
-    }
-
-    /// Scored rows of all sequences.
-    pub(super) fn scored_rows(&self) -> usize {
-        self.rows_of.iter().map(|&r| self.scored(r).1).sum()
-    }
 }
 
 impl GpuModel {

@@ -85,6 +85,38 @@ struct SeqRows {
     t: usize,
 }
 
+/// The shape of a forward pass: each sequence's rows, which rows are scored, which layers are
+/// tapped.
+struct Pass<'a> {
+    rows_of: &'a [SeqRows],
+    want: Logits,
+    taps: &'a [usize],
+}
+
+impl Pass<'_> {
+    /// Rows of the pass.
+    fn tokens(&self) -> usize {
+        self.rows_of.iter().map(|r| r.t).sum()
+    }
+
+    /// The first scored row of a sequence and how many.
+    fn scored(&self, r: SeqRows) -> (usize, usize) {
+        match self.want {
+            Logits::None => (r.off, 0),
+            Logits::Last => (r.off + r.t - 1, 1),
+            Logits::All => (r.off, r.t),
+        }
+    }
+
+    /// Scored rows of all sequences.
+    fn scored_rows(&self) -> usize {
+        self.rows_of.iter().map(|&r| self.scored(r).1).sum()
+    }
+}
+
+/// A pass's scored rows' logits `[n, V]` and tap outputs `[taps, T, H]`, on the host.
+type HostOutputs = (Vec<f32>, Vec<f32>);
+
 fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<Buf, ModelError> {
     Ok(gpu.upload(v)?)
 }
