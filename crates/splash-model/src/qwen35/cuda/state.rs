@@ -34,6 +34,13 @@ pub(super) struct GdnReplay {
     rows: usize,
 }
 
+impl GdnReplay {
+    /// Every buffer of the record.
+    fn buffers(&self) -> [&Buf; 5] {
+        [&self.conv, &self.recurrent, &self.qkv, &self.g, &self.beta]
+    }
+}
+
 #[derive(Clone)]
 pub(super) enum GpuLayerState {
     Gdn {
@@ -162,8 +169,7 @@ impl GpuState {
         let g = &*self.model.gpu;
         let mut key = vec![self.kv.value_bytes() as u64, exact as u64];
         for r in self.replay.iter().flatten().filter(|_| record) {
-            let bufs = [&r.conv, &r.recurrent, &r.qkv, &r.g, &r.beta];
-            key.extend(bufs.map(|b| ptr(g, b, 0)));
+            key.extend(r.buffers().map(|b| ptr(g, b, 0)));
         }
         for l in &self.layers {
             match l {
@@ -234,9 +240,8 @@ impl GpuState {
             .replay
             .iter()
             .flatten()
-            .map(|r| {
-                4 * (r.conv.len() + r.recurrent.len() + r.qkv.len() + r.g.len() + r.beta.len())
-            })
+            .flat_map(GdnReplay::buffers)
+            .map(|b| 4 * b.len())
             .sum();
         layers + replay
     }
