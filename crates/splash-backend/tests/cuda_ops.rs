@@ -507,13 +507,20 @@ impl DeviceCache {
     }
 }
 
+/// 5 tokens: the split attention of decode and verify passes; 100: a prefill pass, on the
+/// tensor cores (`attention_prefill`) for the bf16 and int8 caches.
 #[test]
 fn rope_and_attention_match_the_cpu_for_every_kv_format() {
     let Some(gpu) = gpu() else { return };
-    for dims in [FIXTURE_DIMS, REAL_DIMS] {
+    for (dims, t) in [
+        (FIXTURE_DIMS, 5),
+        (REAL_DIMS, 5),
+        (FIXTURE_DIMS, 100),
+        (REAL_DIMS, 100),
+    ] {
         let k = gpu.kernels(dims).unwrap();
         let d = dims.head_dim;
-        let (hq, hkv, pos0, t) = (8, 2, 37, 5);
+        let (hq, hkv, pos0) = (8, 2, 37);
         let rope = Rope::new(d / 4, 1e7);
         let inv: Vec<f32> = (0..d / 8)
             .map(|i| 1.0 / 1e7f32.powf((2 * i) as f32 / (d / 4) as f32))
@@ -578,7 +585,13 @@ fn rope_and_attention_match_the_cpu_for_every_kv_format() {
             )
             .unwrap();
             let err = rel_err(&gpu.download(&out, t * hq * d).unwrap(), &want);
-            assert!(err < 1e-4, "attention d={d} {format:?}: {err}");
+            // The tensor-core prefill multiplies in f16.
+            let tol = if t > 32 && format != KvFormat::F32 {
+                4e-3
+            } else {
+                1e-4
+            };
+            assert!(err < tol, "attention d={d} t={t} {format:?}: {err}");
         }
     }
 }
@@ -654,7 +667,8 @@ fn gated_delta_net_matches_the_cpu_in_both_head_orders() {
                 dv: kd.gdn_dv,
                 v_order,
             };
-            let (t, kernel) = (9, 4);
+            // 40 tokens: two whole stages of the scan (GDN_STAGE) and a partial one.
+            let (t, kernel) = (40, 4);
             let c = 2 * dims.hk * dims.dk + dims.hv * dims.dv;
             let x = random(t * c, 21);
             let w = random(c * kernel, 22);

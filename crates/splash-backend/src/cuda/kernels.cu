@@ -30,6 +30,7 @@ typedef unsigned long long u64;
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
+#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
@@ -41,6 +42,7 @@ __device__ __forceinline__ u16 f32_to_f16(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#endif
 
 // Round to nearest even, as half::bf16::from_f32 does for finite values.
 __device__ __forceinline__ u16 f32_to_bf16(float f) {
@@ -642,6 +644,7 @@ Q8_KERNEL(q8_0, FMT_Q8_0)
 // Warps of one block split a 16-row tile's K; the host picks how many (at most this).
 #define TC_WARPS_MAX 8
 
+#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
 __device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
     u32 r;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -659,6 +662,7 @@ __device__ __forceinline__ u32 h2_mul(u32 a, u32 b) {
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
+#endif
 
 // (f, f) as f16x2.
 __device__ __forceinline__ u32 h2_splat(float f) {
@@ -666,6 +670,7 @@ __device__ __forceinline__ u32 h2_splat(float f) {
     return h | (h << 16);
 }
 
+#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
 __device__ __forceinline__ void mma_f16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -673,6 +678,7 @@ __device__ __forceinline__ void mma_f16_16816(float* c, u32 a0, u32 a1, u32 a2, 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+#endif
 
 __device__ __forceinline__ u32 word_of(uint4 v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
@@ -687,6 +693,7 @@ struct TcRaw {
 
 // Weights are read once per launch: loads that do not allocate in L1 leave it to the
 // activations, which every tile reads again.
+#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -694,6 +701,7 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
         : "l"(p));
     return v;
 }
+#endif
 
 // Row g + 8·half of block `seg` (a tile segment, see tile_segment): every load is one warp-wide
 // run of contiguous bytes.
@@ -1358,6 +1366,193 @@ extern "C" __global__ void attention_combine(const float* part, float* out, int 
     }
 }
 
+// Attention of a long pass (prefill) on the tensor cores, flash-attention style: block
+// (tile, query head) takes FA_WARPS·16 consecutive tokens of one query head; its warps share
+// each tile of FA_KEYS keys and values, dequantised to f16 in shared memory, and each warp
+// keeps its 16 query rows' f16 fragments, scores and output in registers: S = Q·Kᵀ and O += P·V
+// are mma.sync m16n8k16 with f32 accumulation, the softmax is online (a running max and sum
+// per row, as in `attend`). Scores come out in the C layout (lane 4g + q: rows g and g + 8,
+// keys 2q, 2q + 1 of each 8) which is the A layout of P·V, so P never leaves the registers.
+// The queries are scaled by `scale` before the f16 rounding. Same arguments as `attention`,
+// plus the pass's token count; grid = ceil(T / (16·FA_WARPS)) · hq blocks of 32·FA_WARPS.
+#if HEAD_DIM % 16 == 0
+#define FA_WARPS 4
+#define FA_KEYS 32
+// Halves per shared-memory row: 8 more than the head keeps the fragment loads conflict-free.
+#define FA_STRIDE (HEAD_DIM + 8)
+
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
+    attention_prefill(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs, float* out,
+                      int fmt, int hq, int hkv, int pos0, const int* pos_at, float scale, int block, int window,
+                      int T) {
+    __shared__ __align__(16) u16 kt[FA_KEYS][FA_STRIDE];
+    __shared__ __align__(16) u16 vt[FA_KEYS][FA_STRIDE];
+    const int DK = HEAD_DIM / 16, DN = HEAD_DIM / 8, NK = FA_KEYS / 8;
+    int h = blockIdx.x % hq, kvh = h / (hq / hkv);
+    int t0 = (blockIdx.x / hq) * 16 * FA_WARPS;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
+    int pos = position(pos0, pos_at);
+    // This lane's rows (tokens ta, tb = ta + 8), clamped into the pass for loads.
+    int ta = t0 + 16 * warp + g, tb = ta + 8;
+    int la, ha, lb, hb;
+    key_range(min(ta, T - 1), pos, block, window, &la, &ha);
+    key_range(min(tb, T - 1), pos, block, window, &lb, &hb);
+    // Key ranges grow with the token in both masks (causal, draft block): the first and last
+    // token bound the warp's and the block's.
+    int wlo, whi, blo, bhi, unused;
+    key_range(min(t0 + 16 * warp, T - 1), pos, block, window, &wlo, &unused);
+    key_range(min(t0 + 16 * warp + 15, T - 1), pos, block, window, &unused, &whi);
+    key_range(t0, pos, block, window, &blo, &unused);
+    key_range(min(t0 + 16 * FA_WARPS - 1, T - 1), pos, block, window, &unused, &bhi);
+
+    u32 qf[DK][4];
+    {
+        const float* qa = q + ((long)min(ta, T - 1) * hq + h) * HEAD_DIM;
+        const float* qb = q + ((long)min(tb, T - 1) * hq + h) * HEAD_DIM;
+#pragma unroll
+        for (int s = 0; s < DK; s++) {
+            int d = 16 * s + 2 * qd;
+            qf[s][0] = pack_f16(qa[d] * scale, qa[d + 1] * scale);
+            qf[s][1] = pack_f16(qb[d] * scale, qb[d + 1] * scale);
+            qf[s][2] = pack_f16(qa[d + 8] * scale, qa[d + 9] * scale);
+            qf[s][3] = pack_f16(qb[d + 8] * scale, qb[d + 9] * scale);
+        }
+    }
+    float o[DN][4];
+#pragma unroll
+    for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = NEG_INF, mb = NEG_INF, sa = 0.0f, sb = 0.0f;  // running max; this lane's share of the sum
+
+    for (int j0 = blo / FA_KEYS * FA_KEYS; j0 < bhi; j0 += FA_KEYS) {
+        __syncthreads();  // the previous tile is consumed
+        // Keys and values j0.. of head kvh as f16, four values per thread and step; keys past
+        // the block's range are zero (never read unmasked).
+        for (int u = threadIdx.x; u < FA_KEYS * (HEAD_DIM / 4); u += blockDim.x) {
+            int jj = u / (HEAD_DIM / 4), d = 4 * (u % (HEAD_DIM / 4)), j = j0 + jj;
+            float kv4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vv4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (j < bhi) {
+                long r = (long)j * hkv + kvh, e = r * HEAD_DIM + d;
+                if (fmt == KV_INT8) {
+                    u32 kw = *(const u32*)(kc + e), vw = *(const u32*)(vc + e);
+                    float ksc = ks[r], vsc = vs[r];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        kv4[i] = (float)(i8)(kw >> (8 * i)) * ksc;
+                        vv4[i] = (float)(i8)(vw >> (8 * i)) * vsc;
+                    }
+                } else if (fmt == KV_BF16) {
+                    uint2 kw = *(const uint2*)((const u16*)kc + e), vw = *(const uint2*)((const u16*)vc + e);
+                    kv4[0] = bf16_to_f32(kw.x & 0xffffu), kv4[1] = bf16_to_f32(kw.x >> 16);
+                    kv4[2] = bf16_to_f32(kw.y & 0xffffu), kv4[3] = bf16_to_f32(kw.y >> 16);
+                    vv4[0] = bf16_to_f32(vw.x & 0xffffu), vv4[1] = bf16_to_f32(vw.x >> 16);
+                    vv4[2] = bf16_to_f32(vw.y & 0xffffu), vv4[3] = bf16_to_f32(vw.y >> 16);
+                } else {
+                    float4 kw = *(const float4*)((const float*)kc + e), vw = *(const float4*)((const float*)vc + e);
+                    kv4[0] = kw.x, kv4[1] = kw.y, kv4[2] = kw.z, kv4[3] = kw.w;
+                    vv4[0] = vw.x, vv4[1] = vw.y, vv4[2] = vw.z, vv4[3] = vw.w;
+                }
+            }
+            *(uint2*)&kt[jj][d] = uint2{pack_f16(kv4[0], kv4[1]), pack_f16(kv4[2], kv4[3])};
+            *(uint2*)&vt[jj][d] = uint2{pack_f16(vv4[0], vv4[1]), pack_f16(vv4[2], vv4[3])};
+        }
+        __syncthreads();
+        if (j0 >= whi || j0 + FA_KEYS <= wlo) continue;  // no key of this tile for this warp
+
+        // Scores of rows a, b against keys j0 + 8n + 2qd + {0, 1}.
+        float sc[NK][4];
+#pragma unroll
+        for (int n = 0; n < NK; n++) {
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < DK; s++) {
+                u32 b0 = *(const u32*)&kt[8 * n + g][16 * s + 2 * qd];
+                u32 b1 = *(const u32*)&kt[8 * n + g][16 * s + 8 + 2 * qd];
+                mma_f16_16816(sc[n], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b0, b1);
+            }
+        }
+        float mxa = NEG_INF, mxb = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < NK; n++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int j = j0 + 8 * n + 2 * qd + e;
+                if (j < la || j >= ha) sc[n][e] = NEG_INF;
+                if (j < lb || j >= hb) sc[n][2 + e] = NEG_INF;
+                mxa = fmaxf(mxa, sc[n][e]);
+                mxb = fmaxf(mxb, sc[n][2 + e]);
+            }
+        }
+        // The row's max over its quad (the four lanes holding its keys).
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+        float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
+        // A row with no key yet keeps max −inf: its factors are 0, not NaN.
+        float ca = na == NEG_INF ? 1.0f : expf(ma - na), cb = nb == NEG_INF ? 1.0f : expf(mb - nb);
+        ma = na;
+        mb = nb;
+        sa *= ca;
+        sb *= cb;
+#pragma unroll
+        for (int n = 0; n < NK; n++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                sc[n][e] = sc[n][e] == NEG_INF ? 0.0f : expf(sc[n][e] - ma);
+                sc[n][2 + e] = sc[n][2 + e] == NEG_INF ? 0.0f : expf(sc[n][2 + e] - mb);
+                sa += sc[n][e];
+                sb += sc[n][2 + e];
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < DN; n++) {
+            o[n][0] *= ca;
+            o[n][1] *= ca;
+            o[n][2] *= cb;
+            o[n][3] *= cb;
+        }
+        // O += P·V, 16 keys per mma: P's A fragment is two adjacent score tiles.
+#pragma unroll
+        for (int kk = 0; kk < FA_KEYS / 16; kk++) {
+            u32 a0 = pack_f16(sc[2 * kk][0], sc[2 * kk][1]), a1 = pack_f16(sc[2 * kk][2], sc[2 * kk][3]);
+            u32 a2 = pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            u32 a3 = pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            int r0 = 16 * kk + 2 * qd;
+#pragma unroll
+            for (int n = 0; n < DN; n++) {
+                int d = 8 * n + g;
+                u32 b0 = (u32)vt[r0][d] | ((u32)vt[r0 + 1][d] << 16);
+                u32 b1 = (u32)vt[r0 + 8][d] | ((u32)vt[r0 + 9][d] << 16);
+                mma_f16_16816(o[n], a0, a1, a2, a3, b0, b1);
+            }
+        }
+    }
+    sa += __shfl_xor_sync(0xffffffffu, sa, 1);
+    sa += __shfl_xor_sync(0xffffffffu, sa, 2);
+    sb += __shfl_xor_sync(0xffffffffu, sb, 1);
+    sb += __shfl_xor_sync(0xffffffffu, sb, 2);
+    float ia = sa > 0.0f ? 1.0f / sa : 0.0f, ib = sb > 0.0f ? 1.0f / sb : 0.0f;
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+        int d = 8 * n + 2 * qd;
+        if (ta < T) {
+            float* oa = out + ((long)ta * hq + h) * HEAD_DIM + d;
+            oa[0] = o[n][0] * ia;
+            oa[1] = o[n][1] * ia;
+        }
+        if (tb < T) {
+            float* ob = out + ((long)tb * hq + h) * HEAD_DIM + d;
+            ob[0] = o[n][2] * ib;
+            ob[1] = o[n][3] * ib;
+        }
+    }
+}
+#endif
+
 // x *= sigmoid(gate), elementwise (the attention output gate).
 extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -1403,65 +1598,90 @@ extern "C" __global__ void gdn_gates(float* b, float* a, const float* dt_bias, c
 // GDN_SLICES adjacent lanes, each holding GDN_DK / GDN_SLICES of its rows in registers (a
 // thread per whole column made only hv blocks, too few to read the state at speed). `tiled`:
 // value head h reads key head h % hk (GGUF order), else h / (hv/hk). Block: 128 threads.
+//
+// Tokens are staged GDN_STAGE at a time in shared memory (q, k, their norms, the gates and
+// the block's 32 values), so the scan itself runs without block barriers: a prefill of
+// thousands of tokens is a chain of short steps, not of barrier round trips. Each token's
+// norm is one warp's sum in a fixed order, whatever the pass length: a token gets the same
+// bits in a decode step, a verify block or a prefill.
 #define GDN_SLICES 4
+#define GDN_STAGE 16
 static_assert(GDN_DK % GDN_SLICES == 0, "the GDN key dim splits over GDN_SLICES lanes");
+// Slice r's rows sit GDN_SLICES-padded apart, so the four slices read four banks.
+#define GDN_ROW(i) ((i) + (i) / (GDN_DK / GDN_SLICES))
 extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
                                          float* out, int T, int hk, int hv, int tiled) {
-    const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES;
+    const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES, ROW = GDN_DK + GDN_SLICES;
     int groups = (DV + 31) / 32;
     int h = blockIdx.x / groups, r = threadIdx.x % GDN_SLICES;
-    int c = (blockIdx.x % groups) * 32 + threadIdx.x / GDN_SLICES;
+    int c0 = (blockIdx.x % groups) * 32, c = c0 + threadIdx.x / GDN_SLICES;
     bool active = c < DV;
     int kh = tiled ? h % hk : h / (hv / hk);
     int C = 2 * hk * DK + hv * DV;
-    __shared__ float qs[DK], ks[DK], red[2][4];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ float qs[GDN_STAGE][ROW], ks[GDN_STAGE][ROW], vs[GDN_STAGE][32];
+    __shared__ float qinv[GDN_STAGE], kinv[GDN_STAGE], decay[GDN_STAGE], bt[GDN_STAGE];
     float s[R];
     float* st = state + (long)h * DK * DV;
 #pragma unroll
     for (int j = 0; j < R; j++) s[j] = active ? st[(long)(r * R + j) * DV + c] : 0.0f;
     float qscale = rsqrtf((float)DK);
-    for (int t = 0; t < T; t++) {
-        const float* row = mixed + (long)t * C;
-        float qss = 0.0f, kss = 0.0f;
-        for (int i = threadIdx.x; i < DK; i += blockDim.x) {
-            float qv = row[kh * DK + i], kv = row[hk * DK + kh * DK + i];
-            qs[i] = qv;
-            ks[i] = kv;
-            qss += qv * qv;
-            kss += kv * kv;
+    for (int t0 = 0; t0 < T; t0 += GDN_STAGE) {
+        int n = min(GDN_STAGE, T - t0);
+        __syncthreads();  // the previous stage is consumed
+        for (int e = threadIdx.x; e < n * DK; e += blockDim.x) {
+            int tt = e / DK, i = e % DK;
+            const float* row = mixed + (long)(t0 + tt) * C;
+            qs[tt][GDN_ROW(i)] = row[kh * DK + i];
+            ks[tt][GDN_ROW(i)] = row[hk * DK + kh * DK + i];
         }
-        qss = warp_sum(qss);
-        kss = warp_sum(kss);
-        if ((threadIdx.x & 31) == 0) {
-            red[0][threadIdx.x >> 5] = qss;
-            red[1][threadIdx.x >> 5] = kss;
+        for (int e = threadIdx.x; e < n * 32; e += blockDim.x) {
+            int tt = e / 32, col = c0 + e % 32;
+            vs[tt][e % 32] = col < DV ? mixed[(long)(t0 + tt) * C + 2 * hk * DK + h * DV + col] : 0.0f;
         }
         __syncthreads();
-        float qn = red[0][0] + red[0][1] + red[0][2] + red[0][3];
-        float kn = red[1][0] + red[1][1] + red[1][2] + red[1][3];
-        float qinv = rsqrtf(qn + 1e-6f) * qscale, kinv = rsqrtf(kn + 1e-6f);
-        float decay = expf(g[(long)t * hv + h]), b = beta[(long)t * hv + h];
-        float v = active ? row[2 * hk * DK + h * DV + c] : 0.0f;
-        float kv = 0.0f;
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            s[j] *= decay;
-            kv += s[j] * (ks[r * R + j] * kinv);
+        // Warp w: the norms and gates of tokens w, w + 4, ...
+        for (int tt = warp; tt < n; tt += blockDim.x >> 5) {
+            float qss = 0.0f, kss = 0.0f;
+            for (int i = lane; i < DK; i += 32) {
+                float qv = qs[tt][GDN_ROW(i)], kv = ks[tt][GDN_ROW(i)];
+                qss += qv * qv;
+                kss += kv * kv;
+            }
+            qss = warp_sum(qss);
+            kss = warp_sum(kss);
+            if (lane == 0) {
+                qinv[tt] = rsqrtf(qss + 1e-6f) * qscale;
+                kinv[tt] = rsqrtf(kss + 1e-6f);
+                decay[tt] = expf(g[(long)(t0 + tt) * hv + h]);
+                bt[tt] = beta[(long)(t0 + tt) * hv + h];
+            }
         }
-        // Sums over the column's slices (adjacent lanes), in the same order in every lane.
-        kv += __shfl_xor_sync(0xffffffffu, kv, 1);
-        kv += __shfl_xor_sync(0xffffffffu, kv, 2);
-        float delta = (v - kv) * b;
-        float o = 0.0f;
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            s[j] += (ks[r * R + j] * kinv) * delta;
-            o += s[j] * (qs[r * R + j] * qinv);
-        }
-        o += __shfl_xor_sync(0xffffffffu, o, 1);
-        o += __shfl_xor_sync(0xffffffffu, o, 2);
-        if (active && r == 0) out[((long)t * hv + h) * DV + c] = o;
         __syncthreads();
+        for (int tt = 0; tt < n; tt++) {
+            const float* kr = &ks[tt][r * (R + 1)];
+            const float* qr = &qs[tt][r * (R + 1)];
+            float ki = kinv[tt], qi = qinv[tt], dec = decay[tt];
+            float kv = 0.0f;
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                s[j] *= dec;
+                kv += s[j] * (kr[j] * ki);
+            }
+            // Sums over the column's slices (adjacent lanes), in the same order in every lane.
+            kv += __shfl_xor_sync(0xffffffffu, kv, 1);
+            kv += __shfl_xor_sync(0xffffffffu, kv, 2);
+            float delta = (vs[tt][threadIdx.x / GDN_SLICES] - kv) * bt[tt];
+            float o = 0.0f;
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                s[j] += (kr[j] * ki) * delta;
+                o += s[j] * (qr[j] * qi);
+            }
+            o += __shfl_xor_sync(0xffffffffu, o, 1);
+            o += __shfl_xor_sync(0xffffffffu, o, 2);
+            if (active && r == 0) out[((long)(t0 + tt) * hv + h) * DV + c] = o;
+        }
     }
     if (active) {
 #pragma unroll

@@ -9,6 +9,8 @@
 //! launch, which removes the host's cost of launching a few thousand kernels.
 
 mod compile;
+#[cfg(test)]
+mod kernels_on_host;
 mod ops;
 mod weights;
 

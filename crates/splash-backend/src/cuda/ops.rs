@@ -1011,7 +1011,23 @@ pub fn attention(
             &[Arg::Ptr(pp), Arg::Ptr(out), Arg::I32(chunks as i32)],
         );
     }
+    if flash_prefill(k, format) {
+        let mut a = args(out).to_vec();
+        a.push(Arg::I32(tokens as i32));
+        let tiles = tokens.div_ceil(FLASH_QUERY_ROWS);
+        return gpu.launch(k, "attention_prefill", (tiles * hq) as u32, 128, &a);
+    }
     gpu.launch(k, "attention", (tokens * hq) as u32, 128, &args(out))
+}
+
+/// Query tokens per block of `attention_prefill` (16 per warp, `FA_WARPS` = 4 warps).
+const FLASH_QUERY_ROWS: usize = 64;
+
+/// Whether a long pass's attention runs on the tensor cores (`attention_prefill`, f16 products
+/// with f32 sums): for the lossy cache formats, whose rows are already rounded, and head dims
+/// the mma tiles divide. An f32 cache (the exact mode) keeps the f32 kernel.
+fn flash_prefill(k: &Kernels, format: KvFormat) -> bool {
+    format != KvFormat::F32 && k.dims().head_dim.is_multiple_of(16)
 }
 
 /// Depthwise causal conv + SiLU: `y`, `x` `[tokens, c]`, `state` `[kernel-1, c]`, `w` `[c, kernel]`.

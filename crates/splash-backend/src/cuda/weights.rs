@@ -196,7 +196,7 @@ pub fn is_tiled(format: GpuFormat) -> bool {
 /// Q6_K segment (16 × 210 bytes): parts `3·half + k` (k = 0, 1: low bits at the same places
 /// as Q4_K's codes; k = 2: high bits 32·(q>>1) + 16·(q&1)), then the 16 rows' 16 scales,
 /// then their d.
-fn tiled(t: GgmlType, raw: &[u8], rows: usize, blocks: usize) -> Vec<u8> {
+pub(super) fn tiled(t: GgmlType, raw: &[u8], rows: usize, blocks: usize) -> Vec<u8> {
     let q4k = t == GgmlType::Q4_K;
     let block = if q4k { 144 } else { 210 };
     let segment = 16 * block;

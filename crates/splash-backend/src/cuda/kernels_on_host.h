@@ -1,0 +1,245 @@
+// Runs `src/cuda/kernels.cu` on the CPU, for tests on machines without a GPU: the kernels are
+// compiled as C++ (g++ -std=c++20 -include cuda_host.h -DKERNEL_EMULATION) into a shared
+// library that `tests/kernels_on_host.rs` loads and compares with the CPU ops.
+//
+// A launch runs its blocks one after another; a block runs as blockDim.x OS threads, so
+// __syncthreads, warp shuffles and the warp-wide mma.sync behave as on the device (the threads
+// meet at barriers). `__shared__` variables become function statics: one copy, reused by each
+// block in turn. A thread that returns leaves its block's and its warp's barriers, as exited
+// threads do on the GPU. The PTX helpers of kernels.cu (f16 conversions and arithmetic,
+// mma.sync m16n8k16, streaming loads) are guarded by KERNEL_EMULATION there and defined here
+// with the semantics the PTX ISA gives them.
+#pragma once
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __constant__
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+
+struct uint3 {
+    unsigned x, y, z;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+namespace emu {
+
+// One launch: its barriers and the lanes' exchange slots for shuffles and mma.
+struct Launch {
+    unsigned threads;
+    std::unique_ptr<std::barrier<>> block;
+    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    std::barrier<> step;  // every thread, between blocks; nobody leaves it
+    std::vector<uint64_t> slot;
+    std::vector<float> frag;  // 10 values per lane: a0..a3, b0, b1 (as bits), c0..c3
+    explicit Launch(unsigned n) : threads(n), step(n), slot(n), frag(n * 10) {}
+};
+
+inline Launch* current = nullptr;
+inline thread_local uint3 thread_idx{0, 0, 0};
+inline thread_local uint3 block_idx{0, 0, 0};
+inline uint3 block_dim{1, 1, 1};
+inline uint3 grid_dim{1, 1, 1};
+
+inline unsigned warp_of() { return thread_idx.x / 32; }
+inline std::barrier<>& warp_barrier() { return *current->warps[warp_of()]; }
+
+template <class T>
+T shuffle(T v, unsigned src_lane) {
+    static_assert(sizeof(T) <= 8, "shuffles move at most 8 bytes");
+    Launch& l = *current;
+    unsigned t = thread_idx.x, base = t & ~31u;
+    std::memcpy(&l.slot[t], &v, sizeof(T));
+    warp_barrier().arrive_and_wait();
+    T r;
+    std::memcpy(&r, &l.slot[base + (src_lane & 31)], sizeof(T));
+    warp_barrier().arrive_and_wait();
+    return r;
+}
+
+}  // namespace emu
+
+#define threadIdx (emu::thread_idx)
+#define blockIdx (emu::block_idx)
+#define blockDim (emu::block_dim)
+#define gridDim (emu::grid_dim)
+
+inline void __syncthreads() { emu::current->block->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier().arrive_and_wait(); }
+
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int mask) {
+    return emu::shuffle(v, (emu::thread_idx.x & 31) ^ (unsigned)mask);
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+    return emu::shuffle(v, (unsigned)src);
+}
+
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c;
+}
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+
+// ---- The PTX helpers of kernels.cu ---------------------------------------------------------
+
+inline float f16_to_f32(unsigned short h) {
+    _Float16 x;
+    std::memcpy(&x, &h, 2);
+    return (float)x;
+}
+inline unsigned short f32_to_f16(float f) {
+    _Float16 x = (_Float16)f;  // round to nearest even, as cvt.rn.f16.f32
+    unsigned short h;
+    std::memcpy(&h, &x, 2);
+    return h;
+}
+
+namespace emu {
+inline float lo(unsigned v) { return f16_to_f32((unsigned short)(v & 0xffffu)); }
+inline float hi(unsigned v) { return f16_to_f32((unsigned short)(v >> 16)); }
+inline unsigned pack(double l, double h) {
+    return (unsigned)f32_to_f16((float)l) | ((unsigned)f32_to_f16((float)h) << 16);
+}
+}  // namespace emu
+
+// f16x2 arithmetic, each half rounded once (products of halves are exact in double).
+inline unsigned h2_sub(unsigned a, unsigned b) {
+    return emu::pack((double)emu::lo(a) - emu::lo(b), (double)emu::hi(a) - emu::hi(b));
+}
+inline unsigned h2_fma(unsigned a, unsigned b, unsigned c) {
+    return emu::pack((double)emu::lo(a) * emu::lo(b) + emu::lo(c), (double)emu::hi(a) * emu::hi(b) + emu::hi(c));
+}
+inline unsigned h2_mul(unsigned a, unsigned b) {
+    return emu::pack((double)emu::lo(a) * emu::lo(b), (double)emu::hi(a) * emu::hi(b));
+}
+
+inline uint4 ld_stream(const void* p) {
+    uint4 v;
+    std::memcpy(&v, p, 16);
+    return v;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, lane = 4g + q (PTX ISA fragment layout):
+// A (16×16) a0 = A[g][2q, 2q+1], a1 = A[g+8][2q, 2q+1], a2 = A[g][2q+8, 2q+9], a3 = A[g+8][2q+8, 2q+9];
+// B (16×8)  b0 = B[2q, 2q+1][g], b1 = B[2q+8, 2q+9][g];
+// C (16×8)  c0, c1 = C[g][2q, 2q+1], c2, c3 = C[g+8][2q, 2q+1]. Lower half = lower index.
+inline void mma_f16_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                          unsigned b1) {
+    emu::Launch& l = *emu::current;
+    unsigned t = emu::thread_idx.x, base = t & ~31u;
+    float* mine = &l.frag[t * 10];
+    unsigned regs[6] = {a0, a1, a2, a3, b0, b1};
+    std::memcpy(mine, regs, sizeof regs);
+    for (int i = 0; i < 4; i++) mine[6 + i] = c[i];
+    emu::warp_barrier().arrive_and_wait();
+    auto reg = [&](int lane, int i) {
+        unsigned r;
+        std::memcpy(&r, &l.frag[(base + lane) * 10 + i], 4);
+        return r;
+    };
+    auto half_of = [](unsigned r, int which) { return which ? emu::hi(r) : emu::lo(r); };
+    // A[row][k] and B[k][col] read back from the lanes that hold them.
+    auto A = [&](int row, int k) {
+        int g = row & 7, q = (k & 7) >> 1, i = (row >> 3) + 2 * (k >> 3);
+        return half_of(reg(4 * g + q, i), k & 1);
+    };
+    auto B = [&](int k, int col) {
+        int q = (k & 7) >> 1;
+        return half_of(reg(4 * col + q, 4 + (k >> 3)), k & 1);
+    };
+    int g = (t & 31) >> 2, q = t & 3;
+    float d[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
+        float acc = l.frag[t * 10 + 6 + i];
+        for (int k = 0; k < 16; k++) acc += A(row, k) * B(k, col);
+        d[i] = acc;
+    }
+    emu::warp_barrier().arrive_and_wait();
+    for (int i = 0; i < 4; i++) c[i] = d[i];
+}
+
+// ---- Launches ------------------------------------------------------------------------------
+
+// Runs `body(ctx)` as a kernel launch of `grid` blocks of `block` threads (1-D); the body calls
+// one kernel with its arguments. Returns when every block has run.
+extern "C" void host_launch(unsigned grid, unsigned block, void (*body)(void*), void* ctx) {
+    emu::Launch l(block);
+    emu::current = &l;
+    emu::grid_dim = {grid, 1, 1};
+    emu::block_dim = {block, 1, 1};
+    auto fresh_barriers = [&] {
+        l.block = std::make_unique<std::barrier<>>(block);
+        l.warps.clear();
+        for (unsigned w = 0; w < (block + 31) / 32; w++)
+            l.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, block - 32 * w)));
+    };
+    fresh_barriers();
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < block; t++) {
+        threads.emplace_back([&, t] {
+            emu::thread_idx = {t, 0, 0};
+            for (unsigned b = 0; b < grid; b++) {
+                emu::block_idx = {b, 0, 0};
+                body(ctx);
+                l.block->arrive_and_drop();
+                l.warps[t / 32]->arrive_and_drop();
+                l.step.arrive_and_wait();
+                if (t == 0) fresh_barriers();
+                l.step.arrive_and_wait();
+            }
+        });
+    }
+    for (auto& th : threads) th.join();
+    emu::current = nullptr;
+}

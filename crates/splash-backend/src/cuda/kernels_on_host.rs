@@ -1,0 +1,564 @@
+//! `kernels.cu` run on the CPU (`kernels_on_host.h`) and compared with the CPU ops, so that a
+//! kernel's indexing, masks and fragment layouts are checked on machines without a GPU (CI,
+//! and sessions without device time). g++ builds the kernels for each set of dimensions into a
+//! shared library once per test run. The tensor-core GEMV, which has run on the GPU, checks
+//! the emulated mma.sync against the hardware's fragment layout. Speed, memory limits and the
+//! PTX itself are only checked on a GPU (`tests/cuda_ops.rs`; NVRTC: `tests/cuda_compile.rs`).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use half::f16;
+
+use super::KernelDims;
+use crate::cpu::{self, GdnDims, KvFormat, KvStore, VHeadOrder};
+use crate::ggml::GgmlType;
+use crate::{DType, HostBytes, Weight};
+
+/// The kernels built for one set of dimensions, loaded.
+struct HostKernels {
+    lib: libloading::Library,
+}
+
+/// `host_launch` in kernels_on_host.h.
+type LaunchFn = unsafe extern "C" fn(u32, u32, extern "C" fn(*mut c_void), *mut c_void);
+
+/// The emulator's launch state is global: one launch at a time across the test threads.
+static LAUNCH: Mutex<()> = Mutex::new(());
+
+/// The kernels for `dims`, built on first use; `None` (test skipped) without g++, unless
+/// `SPLASH_REQUIRE_HOST_KERNELS` is set.
+fn kernels(dims: KernelDims) -> Option<Arc<HostKernels>> {
+    static BUILT: Mutex<Option<HashMap<KernelDims, Arc<HostKernels>>>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap();
+    let map = built.get_or_insert_with(HashMap::new);
+    if let Some(k) = map.get(&dims) {
+        return Some(k.clone());
+    }
+    match HostKernels::build(dims) {
+        Ok(k) => {
+            let k = Arc::new(k);
+            map.insert(dims, k.clone());
+            Some(k)
+        }
+        Err(e) if std::env::var_os("SPLASH_REQUIRE_HOST_KERNELS").is_none() => {
+            eprintln!("skipped: the kernels cannot be built for the CPU ({e})");
+            None
+        }
+        Err(e) => panic!("SPLASH_REQUIRE_HOST_KERNELS is set: {e}"),
+    }
+}
+
+impl HostKernels {
+    fn build(dims: KernelDims) -> Result<Self, String> {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cuda");
+        let lib = std::env::temp_dir().join(format!(
+            "splash-kernels-on-host-{}-{}-{}-{}.so",
+            std::process::id(),
+            dims.head_dim,
+            dims.gdn_dk,
+            dims.gdn_dv
+        ));
+        let out = std::process::Command::new("g++")
+            .args(["-std=c++20", "-O2", "-shared", "-fPIC", "-pthread", "-w"])
+            .arg("-DKERNEL_EMULATION")
+            .arg(format!("-DHEAD_DIM={}", dims.head_dim))
+            .arg(format!("-DGDN_DK={}", dims.gdn_dk))
+            .arg(format!("-DGDN_DV={}", dims.gdn_dv))
+            .arg("-include")
+            .arg(src.join("kernels_on_host.h"))
+            .args(["-x", "c++"])
+            .arg(src.join("kernels.cu"))
+            .arg("-o")
+            .arg(&lib)
+            .output()
+            .map_err(|e| format!("g++ not runnable: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "g++ failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        // SAFETY: our own library, which runs no code at load.
+        let loaded = unsafe { libloading::Library::new(&lib) }.map_err(|e| e.to_string());
+        let _ = std::fs::remove_file(&lib);
+        Ok(Self { lib: loaded? })
+    }
+
+    /// The kernel `name` as a function of type `F` (an `extern "C" fn` of its parameters).
+    ///
+    /// # Safety
+    /// `F` must match the kernel's parameters in kernels.cu.
+    unsafe fn kernel<F: Copy>(&self, name: &str) -> F {
+        *self
+            .lib
+            .get::<F>(name.as_bytes())
+            .unwrap_or_else(|e| panic!("kernel {name}: {e}"))
+    }
+
+    /// Runs `body` (which calls one kernel) as a launch of `grid` blocks of `block` threads.
+    fn launch(&self, grid: u32, block: u32, body: &(dyn Fn() + Sync)) {
+        extern "C" fn trampoline(ctx: *mut c_void) {
+            // SAFETY: `ctx` is the `&dyn Fn` below, alive for the whole launch.
+            let body = unsafe { &*(ctx as *const &(dyn Fn() + Sync)) };
+            body();
+        }
+        let _one = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `host_launch` has this signature; it returns after every thread ran `body`.
+        unsafe {
+            let launch: LaunchFn = self.kernel("host_launch");
+            let mut ctx: &(dyn Fn() + Sync) = body;
+            launch(
+                grid,
+                block,
+                trampoline,
+                &mut ctx as *mut &(dyn Fn() + Sync) as *mut c_void,
+            );
+        }
+    }
+}
+
+/// An address the kernel threads may read and write: the test owns the buffer and reads it
+/// only after the launch.
+#[derive(Clone, Copy)]
+struct Addr(usize);
+
+impl Addr {
+    fn of<T>(v: &[T]) -> Self {
+        Addr(v.as_ptr() as usize)
+    }
+    fn ptr<T>(self) -> *mut T {
+        self.0 as *mut T
+    }
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let num: f32 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f32 = want.iter().map(|b| b * b).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+const DIMS_256: KernelDims = KernelDims {
+    head_dim: 256,
+    gdn_dk: 128,
+    gdn_dv: 128,
+};
+const DIMS_32: KernelDims = KernelDims {
+    head_dim: 32,
+    gdn_dk: 16,
+    gdn_dv: 16,
+};
+
+/// A random k-quant weight with sane f16 scale fields at `fp16_fields` of each block.
+fn kquant(t: GgmlType, n: usize, k: usize, fp16_fields: &[usize], seed: u64) -> Weight {
+    let mut raw: Vec<u8> = random(n * t.row_bytes(k), seed)
+        .iter()
+        .map(|v| (v.to_bits() >> 9) as u8)
+        .collect();
+    let scales = random(raw.len() / t.block_bytes() * fp16_fields.len(), seed + 1);
+    let mut si = 0;
+    for block in raw.chunks_exact_mut(t.block_bytes()) {
+        for &off in fp16_fields {
+            let v = f16::from_f32(0.001 + 0.05 * scales[si].abs()).to_le_bytes();
+            block[off..off + 2].copy_from_slice(&v);
+            si += 1;
+        }
+    }
+    Weight::new(DType::Ggml(t), vec![n, k], HostBytes::from_vec(raw)).unwrap()
+}
+
+/// The tensor-core GEMV (validated on the H200) gives the CPU's product here too: the
+/// emulated mma.sync has the hardware's fragment layout, which the kernels below rely on.
+#[test]
+fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (n, kd) = (40, 512);
+    for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
+        let w = kquant(t, n, kd, fields, 5);
+        let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
+        for tokens in [1usize, 5, 16] {
+            let x = random(tokens * kd, 7 + tokens as u64);
+            let mut want = vec![0.0f32; tokens * n];
+            cpu::matmul(&mut want, &x, &w);
+            let blocks256 = tokens * kd / 256;
+            let xh = vec![0u16; tokens * kd];
+            let xscale = vec![0.0f32; blocks256];
+            let y = vec![f32::NAN; tokens * n];
+            let (xa, xha, xsa, ya, wa) = (
+                Addr::of(&x),
+                Addr::of(&xh),
+                Addr::of(&xscale),
+                Addr::of(&y),
+                Addr::of(&tiles),
+            );
+            // SAFETY (both launches): the signatures of to_f16_tc and gemv_tc16_* in kernels.cu,
+            // over buffers of the sizes ops.rs gives them.
+            unsafe {
+                let to_f16: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
+                    kern.kernel("to_f16_tc");
+                kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
+                    to_f16(xa.ptr(), xha.ptr(), xsa.ptr(), blocks256 as i64)
+                });
+                type Gemv = unsafe extern "C" fn(
+                    *const u8,
+                    i64,
+                    *const u16,
+                    *const f32,
+                    *mut f32,
+                    *mut f32,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                );
+                let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
+                let gemv: Gemv = kern.kernel(&format!("gemv_tc16_{suffix}"));
+                let row_bytes = t.row_bytes(kd) as i64;
+                kern.launch(n.div_ceil(16) as u32, 64, &|| {
+                    gemv(
+                        wa.ptr(),
+                        row_bytes,
+                        xha.ptr(),
+                        xsa.ptr(),
+                        ya.ptr(),
+                        std::ptr::null_mut(),
+                        n as i32,
+                        n as i32,
+                        kd as i32,
+                        tokens as i32,
+                    )
+                });
+            }
+            let err = rel_err(&y, &want);
+            assert!(err < 1e-2, "{t} tokens={tokens}: relative error {err}");
+        }
+    }
+}
+
+/// A cache `[S, hkv, d]` filled by the emulated `kv_append`, as the model fills it.
+struct HostCache {
+    k: Vec<u8>,
+    ks: Vec<f32>,
+    v: Vec<u8>,
+    vs: Vec<f32>,
+}
+
+impl HostCache {
+    fn new(
+        kern: &HostKernels,
+        format: KvFormat,
+        keys: &[f32],
+        values: &[f32],
+        hkv: usize,
+        d: usize,
+    ) -> Self {
+        let s = keys.len() / (hkv * d);
+        let eb = format.value_bytes();
+        let c = Self {
+            k: vec![0; s * hkv * d * eb],
+            ks: vec![0.0; s * hkv],
+            v: vec![0; s * hkv * d * eb],
+            vs: vec![0.0; s * hkv],
+        };
+        let fmt = match format {
+            KvFormat::F32 => 0,
+            KvFormat::Bf16 => 1,
+            KvFormat::Int8 => 2,
+        };
+        // SAFETY: kv_append's signature; the cache holds s positions.
+        unsafe {
+            let append: unsafe extern "C" fn(
+                *const f32,
+                *mut u8,
+                *mut f32,
+                i32,
+                i32,
+                i32,
+                i32,
+                *const i32,
+            ) = kern.kernel("kv_append");
+            for (src, codes, scales) in [(keys, &c.k, &c.ks), (values, &c.v, &c.vs)] {
+                let (xa, ca, sa) = (Addr::of(src), Addr::of(codes), Addr::of(scales));
+                kern.launch((s * hkv) as u32, 128, &|| {
+                    append(
+                        xa.ptr(),
+                        ca.ptr(),
+                        sa.ptr(),
+                        fmt,
+                        d as i32,
+                        hkv as i32,
+                        0,
+                        std::ptr::null(),
+                    )
+                });
+            }
+        }
+        c
+    }
+}
+
+/// The flash-attention prefill kernel gives the CPU's attention for every KV format, at the
+/// fixture's head dim and the real one, over passes that start mid-cache, end in a partial
+/// tile, and with a sliding window.
+#[test]
+fn the_flash_attention_prefill_on_the_host_matches_the_cpu() {
+    for dims in [DIMS_32, DIMS_256] {
+        let Some(kern) = kernels(dims) else { return };
+        let d = dims.head_dim;
+        let (hq, hkv) = (4, 2);
+        for (pos0, t, window) in [
+            (0usize, 70usize, None),
+            (37, 45, None),
+            (5, 100, Some(24usize)),
+        ] {
+            let s = pos0 + t;
+            let keys = random(s * hkv * d, 21);
+            let values = random(s * hkv * d, 22);
+            let q = random(t * hq * d, 23);
+            let scale = (d as f32).powf(-0.5);
+            for format in [KvFormat::F32, KvFormat::Bf16, KvFormat::Int8] {
+                let want =
+                    cpu_attention(&q, &keys, &values, format, hq, hkv, d, pos0, scale, window);
+                let cache = HostCache::new(&kern, format, &keys, &values, hkv, d);
+                let out = vec![f32::NAN; t * hq * d];
+                let fmt = match format {
+                    KvFormat::F32 => 0,
+                    KvFormat::Bf16 => 1,
+                    KvFormat::Int8 => 2,
+                };
+                let (qa, ka, ksa, va, vsa, oa) = (
+                    Addr::of(&q),
+                    Addr::of(&cache.k),
+                    Addr::of(&cache.ks),
+                    Addr::of(&cache.v),
+                    Addr::of(&cache.vs),
+                    Addr::of(&out),
+                );
+                // SAFETY: attention_prefill's signature (ops::attention's arguments + T).
+                unsafe {
+                    type Prefill = unsafe extern "C" fn(
+                        *const f32,
+                        *const u8,
+                        *const f32,
+                        *const u8,
+                        *const f32,
+                        *mut f32,
+                        i32,
+                        i32,
+                        i32,
+                        i32,
+                        *const i32,
+                        f32,
+                        i32,
+                        i32,
+                        i32,
+                    );
+                    let prefill: Prefill = kern.kernel("attention_prefill");
+                    let grid = t.div_ceil(64) * hq;
+                    kern.launch(grid as u32, 128, &|| {
+                        prefill(
+                            qa.ptr(),
+                            ka.ptr(),
+                            ksa.ptr(),
+                            va.ptr(),
+                            vsa.ptr(),
+                            oa.ptr(),
+                            fmt,
+                            hq as i32,
+                            hkv as i32,
+                            pos0 as i32,
+                            std::ptr::null(),
+                            scale,
+                            0,
+                            window.unwrap_or(0) as i32,
+                            t as i32,
+                        )
+                    });
+                }
+                let err = rel_err(&out, &want);
+                // f16 queries, keys, values and probabilities, f32 sums.
+                assert!(
+                    err < 4e-3,
+                    "d={d} pos0={pos0} t={t} window={window:?} {format:?}: relative error {err}"
+                );
+            }
+        }
+    }
+}
+
+/// The CPU reference: causal attention of `q` at `pos0..` over `keys`/`values` stored in
+/// `format`, with an optional sliding window (by the mask's definition, query by query).
+#[allow(clippy::too_many_arguments)]
+fn cpu_attention(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    format: KvFormat,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    pos0: usize,
+    scale: f32,
+    window: Option<usize>,
+) -> Vec<f32> {
+    let (mut kc, mut vc) = (KvStore::new(format), KvStore::new(format));
+    kc.append(keys, d);
+    vc.append(values, d);
+    let t = q.len() / (hq * d);
+    let mut out = vec![0.0f32; t * hq * d];
+    match window {
+        None => cpu::attention(&mut out, q, &kc, &vc, hq, hkv, d, pos0, scale),
+        Some(w) => {
+            // Keys within the window of each query, from the stored (rounded) rows.
+            let rows = |c: &KvStore| {
+                let mut all = vec![0.0f32; c.len()];
+                for (r, row) in all.chunks_exact_mut(d).enumerate() {
+                    c.row(r, row);
+                }
+                all
+            };
+            let (kr, vr) = (rows(&kc), rows(&vc));
+            for ti in 0..t {
+                let qp = pos0 + ti;
+                let lo = (qp + 1).saturating_sub(w);
+                for h in 0..hq {
+                    let kvh = h / (hq / hkv);
+                    let qv = &q[(ti * hq + h) * d..][..d];
+                    let scores: Vec<f32> = (lo..=qp)
+                        .map(|j| cpu::dot(qv, &kr[(j * hkv + kvh) * d..][..d]) * scale)
+                        .collect();
+                    let m = scores.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                    let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
+                    let sum: f32 = e.iter().sum();
+                    let o = &mut out[(ti * hq + h) * d..][..d];
+                    for (j, ej) in (lo..=qp).zip(&e) {
+                        for (ov, vv) in o.iter_mut().zip(&vr[(j * hkv + kvh) * d..][..d]) {
+                            *ov += ej / sum * vv;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The GDN scan gives the CPU's outputs and state in both head orders, for passes of one
+/// token, part of a stage and several stages; and a token's output has the same bits in a
+/// long pass as when the tokens come one at a time (decode and verify agree).
+#[test]
+fn the_gdn_scan_on_the_host_matches_the_cpu_and_is_pass_invariant() {
+    for kd in [DIMS_32, DIMS_256] {
+        let Some(kern) = kernels(kd) else { return };
+        for v_order in [VHeadOrder::Grouped, VHeadOrder::Tiled] {
+            let dims = GdnDims {
+                hk: 2,
+                hv: 4,
+                dk: kd.gdn_dk,
+                dv: kd.gdn_dv,
+                v_order,
+            };
+            let c = 2 * dims.hk * dims.dk + dims.hv * dims.dv;
+            let t = 37;
+            let mixed = random(t * c, 31);
+            let g: Vec<f32> = random(t * dims.hv, 32)
+                .iter()
+                .map(|v| -0.5 * v.abs())
+                .collect();
+            let beta: Vec<f32> = random(t * dims.hv, 33).iter().map(|v| v.abs()).collect();
+            let state0 = random(dims.state_len(), 34);
+            // CPU: q and k normalised as the model does before its scan.
+            let kdim = dims.hk * dims.dk;
+            let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+            for row in mixed.chunks_exact(c) {
+                q.extend_from_slice(&row[..kdim]);
+                k.extend_from_slice(&row[kdim..2 * kdim]);
+                v.extend_from_slice(&row[2 * kdim..]);
+            }
+            cpu::l2_norm_rows(&mut q, dims.dk, 1e-6);
+            cpu::l2_norm_rows(&mut k, dims.dk, 1e-6);
+            let scale = (dims.dk as f32).powf(-0.5);
+            q.iter_mut().for_each(|x| *x *= scale);
+            let mut want_state = state0.clone();
+            let mut want = vec![0.0; t * dims.hv * dims.dv];
+            cpu::gdn_recurrent(&mut want, &q, &k, &v, &g, &beta, &mut want_state, dims);
+
+            // SAFETY: gdn_recurrent's signature; ops::gdn_recurrent's grid and block.
+            let scan = |tokens: std::ops::Range<usize>, state: &[f32], out: &[f32]| unsafe {
+                type Scan = unsafe extern "C" fn(
+                    *const f32,
+                    *const f32,
+                    *const f32,
+                    *mut f32,
+                    *mut f32,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                );
+                let f: Scan = kern.kernel("gdn_recurrent");
+                let n = tokens.len();
+                let (ma, ga, ba, sa, oa) = (
+                    Addr::of(&mixed[tokens.start * c..]),
+                    Addr::of(&g[tokens.start * dims.hv..]),
+                    Addr::of(&beta[tokens.start * dims.hv..]),
+                    Addr::of(state),
+                    Addr::of(&out[tokens.start * dims.hv * dims.dv..]),
+                );
+                let grid = dims.hv * dims.dv.div_ceil(32);
+                kern.launch(grid as u32, 128, &|| {
+                    f(
+                        ma.ptr(),
+                        ga.ptr(),
+                        ba.ptr(),
+                        sa.ptr(),
+                        oa.ptr(),
+                        n as i32,
+                        dims.hk as i32,
+                        dims.hv as i32,
+                        (v_order == VHeadOrder::Tiled) as i32,
+                    )
+                });
+            };
+            let (state, out) = (state0.clone(), vec![f32::NAN; want.len()]);
+            scan(0..t, &state, &out);
+            let err = rel_err(&out, &want);
+            assert!(err < 1e-4, "{kd:?} {v_order:?}: output {err}");
+            let err = rel_err(&state, &want_state);
+            assert!(err < 1e-4, "{kd:?} {v_order:?}: state {err}");
+            // One token at a time, then a few, then the rest: the same bits.
+            let (state2, out2) = (state0.clone(), vec![f32::NAN; want.len()]);
+            for range in [0..1, 1..2, 2..11, 11..t] {
+                scan(range, &state2, &out2);
+            }
+            assert!(
+                out.iter()
+                    .zip(&out2)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kd:?} {v_order:?}: a token's output depends on the pass it is in"
+            );
+            assert!(
+                state
+                    .iter()
+                    .zip(&state2)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kd:?} {v_order:?}: the state depends on how the tokens were split"
+            );
+        }
+    }
+}
