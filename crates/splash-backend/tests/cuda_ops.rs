@@ -836,3 +836,45 @@ fn long_context_attention_matches_the_cpu_and_is_row_invariant() {
         }
     }
 }
+
+/// DFlash2's grouped dynamic conv, its taps read from a projection holding both sides.
+#[test]
+fn grouped_dynamic_conv_matches_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let k = gpu.kernels(FIXTURE_DIMS).unwrap();
+    let (t, h, kernel, group) = (16, 64, 4, 16);
+    let side = kernel * (h / group);
+    let x = random(t * h, 51);
+    let projected = random(t * 2 * side, 52);
+    let base = random(kernel * h, 53);
+    let (xd, pd, bd) = (
+        gpu.upload(&x).unwrap(),
+        gpu.upload(&projected).unwrap(),
+        gpu.upload(&base).unwrap(),
+    );
+    for second in [0, 1] {
+        let dynamic: Vec<f32> = projected
+            .chunks_exact(2 * side)
+            .flat_map(|row| row[second * side..][..side].to_vec())
+            .collect();
+        let mut want = vec![0.0f32; t * h];
+        cpu::grouped_dynamic_conv(&mut want, &x, &dynamic, &base, kernel, group);
+        let out = poisoned(&gpu, t * h);
+        dev::grouped_dynamic_conv(
+            &gpu,
+            &k,
+            ptr(&gpu, &out, 0),
+            ptr(&gpu, &xd, 0),
+            ptr(&gpu, &pd, second * side),
+            2 * side,
+            ptr(&gpu, &bd, 0),
+            t,
+            h,
+            kernel,
+            group,
+        )
+        .unwrap();
+        let err = rel_err(&gpu.download(&out, t * h).unwrap(), &want);
+        assert!(err < 1e-6, "side {second}: relative error {err}");
+    }
+}

@@ -55,6 +55,15 @@ fn greedy_output_with_the_draft_is_the_output_without_it() {
             "tests/fixtures/qwen35-moe-gguf/model-Q8_0.gguf",
             "tests/fixtures/dflash/moe-dflash",
         ),
+        // DFlash2: dynamic convolutions on the device, the candidate selector on the host.
+        (
+            "tests/fixtures/qwen35-dense",
+            "tests/fixtures/dflash/dense-dflash2",
+        ),
+        (
+            "tests/fixtures/qwen35-moe-gguf/model-Q8_0.gguf",
+            "tests/fixtures/dflash/moe-dflash2",
+        ),
         ("models/demo", "models/demo/draft"),
     ];
     for (target, draft) in cases {

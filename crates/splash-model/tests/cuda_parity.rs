@@ -130,10 +130,13 @@ fn long_sequences_grow_the_device_cache() {
     assert!(err < 1e-3, "after 1500 tokens: {err}");
 }
 
-/// A fixture target and its DFlash v1 draft, or the demo model and its trained draft.
-const DRAFTED: [(&str, &str); 3] = [
+/// A fixture target and its DFlash v1 and DFlash2 drafts, or the demo model and its trained
+/// draft.
+const DRAFTED: [(&str, &str); 5] = [
     ("qwen35-dense", "dflash/dense-dflash"),
     ("qwen35-moe", "dflash/moe-dflash"),
+    ("qwen35-dense", "dflash/dense-dflash2"),
+    ("qwen35-moe", "dflash/moe-dflash2"),
     ("../../models/demo", "../../models/demo/draft"),
 ];
 
@@ -184,10 +187,10 @@ fn draft_and_taps_match_the_cpu() {
             max_rel(&got.hidden, &want.hidden),
             max_rel(&got.logits, &want.logits),
         );
-        println!("{target}: GPU vs CPU draft hidden {eh:.2e}, logits {el:.2e}");
+        println!("{draft_dir}: GPU vs CPU draft hidden {eh:.2e}, logits {el:.2e}");
         assert!(
             eh < 1e-4 && el < 1e-4,
-            "{target}: draft differs ({eh}, {el})"
+            "{draft_dir}: draft differs ({eh}, {el})"
         );
         let v = cpu.config.vocab_size;
         let top = |l: &[f32]| l.chunks_exact(v).map(argmax).collect::<Vec<_>>();

@@ -562,3 +562,65 @@ fn the_gdn_scan_on_the_host_matches_the_cpu_and_is_pass_invariant() {
         }
     }
 }
+
+/// DFlash2's grouped dynamic conv matches the CPU, reading its dynamic kernel out of
+/// projection rows that hold both sides of a sublayer (stride twice a side).
+#[test]
+fn the_grouped_dynamic_conv_on_the_host_matches_the_cpu() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (t, h, kernel, group) = (7, 48, 4, 16);
+    let side = kernel * (h / group);
+    let x = random(t * h, 41);
+    let projected = random(t * 2 * side, 42);
+    let base = random(kernel * h, 43);
+    for second in [false, true] {
+        let dynamic: Vec<f32> = projected
+            .chunks_exact(2 * side)
+            .flat_map(|row| row[usize::from(second) * side..][..side].to_vec())
+            .collect();
+        let mut want = vec![0.0f32; t * h];
+        cpu::grouped_dynamic_conv(&mut want, &x, &dynamic, &base, kernel, group);
+        let out = vec![f32::NAN; t * h];
+        let (xa, da, ba, oa) = (
+            Addr::of(&x),
+            Addr::of(&projected[usize::from(second) * side..]),
+            Addr::of(&base),
+            Addr::of(&out),
+        );
+        // SAFETY: grouped_dynamic_conv's signature; ops::grouped_dynamic_conv's grid.
+        unsafe {
+            type Conv = unsafe extern "C" fn(
+                *const f32,
+                *const f32,
+                i64,
+                *const f32,
+                *mut f32,
+                i32,
+                i32,
+                i32,
+                i32,
+            );
+            let conv: Conv = kern.kernel("grouped_dynamic_conv");
+            kern.launch((t * h).div_ceil(256) as u32, 256, &|| {
+                conv(
+                    xa.ptr(),
+                    da.ptr(),
+                    2 * side as i64,
+                    ba.ptr(),
+                    oa.ptr(),
+                    t as i32,
+                    h as i32,
+                    kernel as i32,
+                    group as i32,
+                )
+            });
+        }
+        // The GPU fuses the products into FMAs; the CPU rounds each.
+        let err = rel_err(&out, &want);
+        assert!(
+            err < 1e-6,
+            "side {}: relative error {err}",
+            usize::from(second)
+        );
+    }
+}

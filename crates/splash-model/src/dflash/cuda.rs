@@ -11,7 +11,7 @@ use cudarc::driver::CudaSlice;
 use splash_backend::cpu::KvFormat;
 use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, KernelDims, Kernels, KeyMask};
 
-use super::{DFlashDraft, DraftConfig};
+use super::{DFlashDraft, DraftConfig, DynConv};
 use crate::error::ModelError;
 use crate::qwen35::cuda::GpuModel;
 use crate::qwen35::Qwen35;
@@ -49,6 +49,94 @@ struct GpuDraftLayer {
     up: DeviceWeight,
     down: DeviceWeight,
     window: Option<usize>,
+    /// DFlash2: the convolutions around the attention and the MLP sublayers.
+    convs: Option<(GpuDynConv, GpuDynConv)>,
+}
+
+/// DFlash2's convolution around one sublayer on the device (the CPU's `DynConv`): side 0
+/// before the sublayer, side 1 after it, both with dynamic taps from one projection of the
+/// sublayer's input.
+struct GpuDynConv {
+    /// `[2, K, H]`.
+    base: Buf,
+    /// `[2·K·G, H]`.
+    projection: DeviceWeight,
+    kernel: usize,
+    group: usize,
+}
+
+impl GpuDynConv {
+    fn upload(gpu: &Gpu, conv: &DynConv) -> Result<Self, ModelError> {
+        Ok(Self {
+            base: gpu.upload(&conv.base)?,
+            projection: gpu.upload_weight(&conv.projection)?,
+            kernel: conv.kernel,
+            group: conv.group,
+        })
+    }
+
+    /// Values per token of one side's dynamic taps, `[K, H/group]`.
+    fn side(&self, h: usize) -> usize {
+        self.kernel * (h / self.group)
+    }
+
+    /// Side 0 over `x` `[t, h]`: the convolved rows, and the projection `[t, 2·side]` whose
+    /// second half [`finish`](Self::finish) takes.
+    fn prepare(&self, d: &GpuDraft, x: u64, t: usize, h: usize) -> Result<(Buf, Buf), ModelError> {
+        let dynamic = d.scratch(t * 2 * self.side(h))?;
+        let dp = ptr(d.gpu(), &dynamic, 0);
+        dev::matmul_batched(
+            d.gpu(),
+            &d.k,
+            dp,
+            x,
+            &self.projection,
+            0,
+            2 * self.side(h),
+            t,
+        )?;
+        Ok((self.convolve(d, 0, x, &dynamic, t, h)?, dynamic))
+    }
+
+    /// Side 1 over the sublayer's output `y` `[t, h]`, with the taps `prepare` projected.
+    fn finish(
+        &self,
+        d: &GpuDraft,
+        y: u64,
+        dynamic: &Buf,
+        t: usize,
+        h: usize,
+    ) -> Result<Buf, ModelError> {
+        self.convolve(d, 1, y, dynamic, t, h)
+    }
+
+    /// Side `which` of the conv over `x` `[t, h]`.
+    fn convolve(
+        &self,
+        d: &GpuDraft,
+        which: usize,
+        x: u64,
+        dynamic: &Buf,
+        t: usize,
+        h: usize,
+    ) -> Result<Buf, ModelError> {
+        let (gpu, side) = (d.gpu(), self.side(h));
+        let out = d.scratch(t * h)?;
+        dev::grouped_dynamic_conv(
+            gpu,
+            &d.k,
+            ptr(gpu, &out, 0),
+            x,
+            ptr(gpu, dynamic, which * side),
+            2 * side,
+            ptr(gpu, &self.base, which * self.kernel * h),
+            t,
+            h,
+            self.kernel,
+            self.group,
+        )?;
+        Ok(out)
+    }
 }
 
 /// One sequence's draft context on the device: per layer, keys (normed, rotated) and values
@@ -73,11 +161,6 @@ impl GpuDraft {
     /// Copies the weights of `draft` to the GPU `target` runs on.
     pub(crate) fn upload(draft: &DFlashDraft, target: &Qwen35) -> Result<Self, ModelError> {
         let c = &draft.config;
-        if c.dflash2.is_some() {
-            return Err(ModelError::Gpu(
-                "DFlash2 drafts (dynamic convolutions, candidate selector) do not run on the CUDA backend yet".into(),
-            ));
-        }
         let tm = target
             .gpu_model()
             .ok_or_else(|| ModelError::Gpu("the target model does not run on a GPU".into()))?;
@@ -108,6 +191,12 @@ impl GpuDraft {
                     up: w(&l.up)?,
                     down: w(&l.down)?,
                     window: l.window,
+                    convs: match &l.convs {
+                        Some((a, m)) => {
+                            Some((GpuDynConv::upload(g, a)?, GpuDynConv::upload(g, m)?))
+                        }
+                        None => None,
+                    },
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
@@ -330,9 +419,15 @@ impl GpuDraft {
                 h,
                 eps,
             )?;
+            // DFlash2: the sublayer reads the convolved rows (its K/V too).
+            let a_conv = match &layer.convs {
+                Some((conv, _)) => Some(conv.prepare(self, np, block, h)?),
+                None => None,
+            };
+            let a_in = a_conv.as_ref().map_or(np, |(y, _)| ptr(gpu, y, 0));
             let q = self.scratch(block * hq * d)?;
             let qp = ptr(gpu, &q, 0);
-            dev::matmul_batched(gpu, k, qp, np, &layer.q, 0, hq * d, block)?;
+            dev::matmul_batched(gpu, k, qp, a_in, &layer.q, 0, hq * d, block)?;
             dev::rms_norm(
                 gpu,
                 k,
@@ -344,7 +439,7 @@ impl GpuDraft {
                 eps,
             )?;
             dev::rope(gpu, k, qp, inv, block, hq, d, d, s)?;
-            self.write_kv(c, layer, cache, np, block, s)?;
+            self.write_kv(c, layer, cache, a_in, block, s)?;
             let att = self.scratch(block * hq * d)?;
             let (kc, vc) = (ptr(gpu, &cache.0, 0), ptr(gpu, &cache.1, 0));
             let mask = KeyMask {
@@ -366,7 +461,7 @@ impl GpuDraft {
                 (d as f32).powf(-0.5),
                 mask,
             )?;
-            let o = self.scratch(block * h)?;
+            let mut o = self.scratch(block * h)?;
             dev::matmul_batched(
                 gpu,
                 k,
@@ -377,17 +472,28 @@ impl GpuDraft {
                 h,
                 block,
             )?;
+            if let (Some((conv, _)), Some((_, dynamic))) = (&layer.convs, &a_conv) {
+                o = conv.finish(self, ptr(gpu, &o, 0), dynamic, block, h)?;
+            }
             dev::add_in_place(gpu, k, xp, ptr(gpu, &o, 0), block * h)?;
             dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), block, h, eps)?;
+            let m_conv = match &layer.convs {
+                Some((_, conv)) => Some(conv.prepare(self, np, block, h)?),
+                None => None,
+            };
+            let m_in = m_conv.as_ref().map_or(np, |(y, _)| ptr(gpu, y, 0));
             let inter = layer.gate.rows();
             let g = self.scratch(block * inter)?;
             let u = self.scratch(block * inter)?;
             let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
-            dev::matmul_batched(gpu, k, gp, np, &layer.gate, 0, inter, block)?;
-            dev::matmul_batched(gpu, k, up, np, &layer.up, 0, inter, block)?;
+            dev::matmul_batched(gpu, k, gp, m_in, &layer.gate, 0, inter, block)?;
+            dev::matmul_batched(gpu, k, up, m_in, &layer.up, 0, inter, block)?;
             dev::silu_mul(gpu, k, gp, up, block * inter)?;
-            let m = self.scratch(block * h)?;
+            let mut m = self.scratch(block * h)?;
             dev::matmul_batched(gpu, k, ptr(gpu, &m, 0), gp, &layer.down, 0, h, block)?;
+            if let (Some((_, conv)), Some((_, dynamic))) = (&layer.convs, &m_conv) {
+                m = conv.finish(self, ptr(gpu, &m, 0), dynamic, block, h)?;
+            }
             dev::add_in_place(gpu, k, xp, ptr(gpu, &m, 0), block * h)?;
         }
         let rows = block - 1;
