@@ -1578,14 +1578,26 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
 // Gated DeltaNet
 
 // Depthwise causal conv + SiLU over x [T, C] with state [K-1, C] (oldest first), advanced past
-// x. One thread per channel.
+// x (y must not alias x). Thread (chunk, c) runs channel c over tokens [16·chunk, 16·chunk + 16),
+// its history read from the state (chunk 0) or from x: a long prefill is as parallel as its
+// tokens, where a thread per channel walked all of them. Each output sums its taps in the
+// same order however the pass is cut. Chunk 0's thread alone reads and then rewrites the
+// state. Grid: ceil(C / blockDim) · ceil(T / CONV_STEPS) blocks, chunk-major.
+#define CONV_STEPS 16
 extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, const float* w, int T, int C,
                                        int K) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int per_chunk = (C + blockDim.x - 1) / blockDim.x;
+    int chunk = blockIdx.x / per_chunk;
+    int c = (blockIdx.x % per_chunk) * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    float hist[8];
-    for (int j = 0; j < K - 1; j++) hist[j] = state[(long)j * C + c];
-    for (int t = 0; t < T; t++) {
+    int t0 = chunk * CONV_STEPS, t1 = min(T, t0 + CONV_STEPS);
+    float hist[8], old[8];
+    for (int j = 0; j < K - 1; j++) {
+        int e = t0 - (K - 1) + j;  // position of history slot j; < 0 is in the state
+        old[j] = chunk == 0 ? state[(long)j * C + c] : 0.0f;
+        hist[j] = e < 0 ? state[(long)(e + K - 1) * C + c] : x[(long)e * C + c];
+    }
+    for (int t = t0; t < t1; t++) {
         float xv = x[(long)t * C + c];
         float acc = 0.0f;
         for (int j = 0; j < K - 1; j++) acc += w[c * K + j] * hist[j];
@@ -1594,7 +1606,12 @@ extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, c
         for (int j = 0; j < K - 2; j++) hist[j] = hist[j + 1];
         if (K > 1) hist[K - 2] = xv;
     }
-    for (int j = 0; j < K - 1; j++) state[(long)j * C + c] = hist[j];
+    if (chunk != 0) return;
+    // The new state: the last K-1 rows of [old state ; x].
+    for (int j = 0; j < K - 1; j++) {
+        int e = T + j;  // index into [old state (K-1 rows) ; x (T rows)]
+        state[(long)j * C + c] = e < K - 1 ? old[e] : x[(long)(e - (K - 1)) * C + c];
+    }
 }
 
 // beta = sigmoid(b), g = neg_a[h] · softplus(a + dt_bias[h]) for b, a [T, hv], in place.

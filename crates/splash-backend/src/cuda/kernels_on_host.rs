@@ -624,3 +624,51 @@ fn the_grouped_dynamic_conv_on_the_host_matches_the_cpu() {
         );
     }
 }
+
+/// The GDN conv matches the CPU and advances the state past the pass, for passes shorter
+/// than its history, within one thread's chunk, and over several chunks; cut into pieces,
+/// the same tokens give the same bits.
+#[test]
+fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (c, kernel) = (200, 4);
+    let w = random(c * kernel, 61);
+    let state0 = random((kernel - 1) * c, 62);
+    // SAFETY: conv1d_silu's signature; ops::conv1d_silu's grid.
+    let conv = |x: &[f32], y: &[f32], state: &[f32]| unsafe {
+        type Conv = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, *const f32, i32, i32, i32);
+        let f: Conv = kern.kernel("conv1d_silu");
+        let t = x.len() / c;
+        let (xa, ya, sa, wa) = (Addr::of(x), Addr::of(y), Addr::of(state), Addr::of(&w));
+        let grid = c.div_ceil(128) * t.max(1).div_ceil(16);
+        kern.launch(grid as u32, 128, &|| {
+            f(
+                xa.ptr(),
+                ya.ptr(),
+                sa.ptr(),
+                wa.ptr(),
+                t as i32,
+                c as i32,
+                kernel as i32,
+            )
+        });
+    };
+    for t in [1usize, 2, 16, 37] {
+        let x = random(t * c, 63 + t as u64);
+        let (mut want, mut want_state) = (vec![0.0f32; t * c], state0.clone());
+        cpu::causal_conv1d_silu(&mut want, &x, &mut want_state, &w);
+        let (y, state) = (vec![f32::NAN; t * c], state0.clone());
+        conv(&x, &y, &state);
+        assert!(rel_err(&y, &want) < 1e-6, "t={t}: output");
+        assert_eq!(state, want_state, "t={t}: state");
+        // Token by token, then the rest.
+        let (y2, state2) = (vec![f32::NAN; t * c], state0.clone());
+        conv(&x[..c], &y2[..c], &state2);
+        conv(&x[c..], &y2[c..], &state2);
+        assert!(
+            y.iter().zip(&y2).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "t={t}: an output depends on how the pass was cut"
+        );
+        assert_eq!(state2, state, "t={t}: state after two passes");
+    }
+}

@@ -12,6 +12,8 @@ const ATTN_CHUNK: usize = 1024;
 /// rows, verify blocks and draft blocks, whose few queries would leave most of the GPU idle
 /// over a long context. Longer passes (prefill) have enough queries to fill it.
 const SPLIT_ATTENTION_ROWS: usize = 32;
+/// Tokens per thread of the GDN conv (`CONV_STEPS` in kernels.cu).
+const CONV_STEPS: usize = 16;
 /// Tokens per GEMV launch (`GEMV_MAX_T` in kernels.cu).
 const GEMV_MAX_T: usize = 16;
 
@@ -1086,7 +1088,7 @@ pub fn conv1d_silu(
     gpu.launch(
         k,
         "conv1d_silu",
-        blocks(c, 128),
+        blocks(c, 128) * blocks(tokens.max(1), CONV_STEPS),
         128,
         &[
             Arg::Ptr(x),
