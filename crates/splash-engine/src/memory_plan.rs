@@ -23,6 +23,8 @@ pub struct PlanInputs {
     pub draft_weights: u64,
     /// Working buffers of a forward pass (prefill chunk, logits), estimated.
     pub activations: u64,
+    /// What the captured CUDA graphs of decode and verify passes hold (0 on the CPU).
+    pub graphs: u64,
     /// KV cache of the target plus the draft's context, per token.
     pub kv_bytes_per_token: u64,
     /// Fixed per-sequence state (Gated DeltaNet recurrent and conv states).
@@ -77,7 +79,7 @@ impl PlanInputs {
             .max_memory
             .map_or(self.available, |m| m.min(self.available));
         let reserve = reserve_for(budget);
-        let fixed = self.weights + self.draft_weights + self.activations + reserve;
+        let fixed = self.weights + self.draft_weights + self.activations + self.graphs + reserve;
         let wanted = self
             .max_context
             .map_or(self.native_context, |m| m.min(self.native_context));
@@ -128,8 +130,8 @@ impl MemoryPlan {
     pub fn summary(&self) -> String {
         let i = &self.inputs;
         format!(
-            "memory plan: {} of {} (available {}{}): weights {}, draft {}, activations {}, reserve {}; \
-             KV for {} tokens ({} B/token), prefix cache {}, context {} tokens{}, {} lanes",
+            "memory plan: {} of {} (available {}{}): weights {}, draft {}, activations {}, graphs {}, \
+             reserve {}; KV for {} tokens ({} B/token), prefix cache {}, context {} tokens{}, {} lanes",
             gib(self.budget),
             i.device,
             gib(i.available),
@@ -137,6 +139,7 @@ impl MemoryPlan {
             gib(i.weights),
             gib(i.draft_weights),
             gib(i.activations),
+            gib(i.graphs),
             gib(self.reserve),
             self.kv_tokens,
             i.kv_bytes_per_token,
@@ -162,6 +165,7 @@ impl MemoryPlan {
             "weights_bytes": i.weights,
             "draft_bytes": i.draft_weights,
             "activations_bytes": i.activations,
+            "graphs_bytes": i.graphs,
             "reserve_bytes": self.reserve,
             "kv_bytes_per_token": i.kv_bytes_per_token,
             "state_bytes_per_sequence": i.state_bytes_per_sequence,
@@ -191,6 +195,9 @@ impl fmt::Display for PlanError {
         writeln!(f, "  weights               {}", gib(i.weights))?;
         writeln!(f, "  draft                 {}", gib(i.draft_weights))?;
         writeln!(f, "  activations           {}", gib(i.activations))?;
+        if i.graphs > 0 {
+            writeln!(f, "  CUDA graphs           {}", gib(i.graphs))?;
+        }
         writeln!(f, "  safety reserve        {}", gib(self.reserve))?;
         writeln!(
             f,
@@ -229,6 +236,7 @@ mod tests {
             weights: 4 << 30,
             draft_weights: 0,
             activations: 256 << 20,
+            graphs: 0,
             kv_bytes_per_token: 64 << 10,
             state_bytes_per_sequence: 50 << 20,
             native_context: 262_144,
@@ -280,6 +288,44 @@ mod tests {
         .unwrap();
         assert!(p.lanes < 8 && p.lanes >= 1, "{p:?}");
         assert!(p.context >= 4096);
+    }
+
+    /// The memory the CUDA graphs hold comes out of the KV cache, and shows in the summary,
+    /// `/status` and the refusal.
+    #[test]
+    fn graph_memory_is_planned_for() {
+        let without = inputs().plan().unwrap();
+        let with = PlanInputs {
+            available: 16 << 30,
+            graphs: 1 << 30,
+            ..inputs()
+        }
+        .plan()
+        .unwrap();
+        let per_token = 64u64 << 10;
+        let freed = (without.kv_tokens * per_token + without.prefix_cache_bytes)
+            - (with.kv_tokens * per_token + with.prefix_cache_bytes);
+        assert!(
+            freed.abs_diff(1 << 30) <= per_token,
+            "KV and prefix cache shrank by {freed} bytes"
+        );
+        assert!(
+            with.summary().contains("graphs 1.00 GiB"),
+            "{}",
+            with.summary()
+        );
+        assert_eq!(with.to_json()["graphs_bytes"], 1u64 << 30);
+        let e = PlanInputs {
+            max_memory: Some(4 << 30),
+            graphs: 1 << 30,
+            ..inputs()
+        }
+        .plan()
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("CUDA graphs           1.00 GiB"),
+            "{e}"
+        );
     }
 
     #[test]

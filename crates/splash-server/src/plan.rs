@@ -22,6 +22,10 @@ pub fn plan(model: &Model, config: &ServerConfig) -> Result<MemoryPlan, Box<Plan
         .map(|d| d.memory())
         .unwrap_or_default();
     let c = &model.config;
+    let block = config.drafter.as_ref().map(|d| d.block_size());
+    let context = config.max_context.map_or(c.max_position_embeddings, |m| {
+        m.min(c.max_position_embeddings)
+    });
     PlanInputs {
         device: device.to_string(),
         available,
@@ -29,11 +33,11 @@ pub fn plan(model: &Model, config: &ServerConfig) -> Result<MemoryPlan, Box<Plan
         weights,
         draft_weights: draft.weights,
         activations: activation_bytes(model),
+        graphs: model
+            .graph
+            .graph_memory(config.lanes, block.unwrap_or(1), context),
         kv_bytes_per_token: kv_bytes_per_token(model, config.kv_format) as u64 + draft.per_token,
-        state_bytes_per_sequence: state_bytes_per_sequence(
-            model,
-            config.drafter.as_ref().map(|d| d.block_size()),
-        ),
+        state_bytes_per_sequence: state_bytes_per_sequence(model, block),
         native_context: c.max_position_embeddings,
         max_context: config.max_context,
         lanes: config.lanes,

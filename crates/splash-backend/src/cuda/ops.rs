@@ -7,7 +7,7 @@ use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
 use crate::cpu::KvFormat;
 
 /// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels.cu).
-const ATTN_CHUNK: usize = 1024;
+pub const ATTN_CHUNK: usize = 1024;
 /// Query rows (of one sequence) up to which attention splits the keys into chunks: decode
 /// rows, verify blocks and draft blocks, whose few queries would leave most of the GPU idle
 /// over a long context. Longer passes (prefill) have enough queries to fill it.

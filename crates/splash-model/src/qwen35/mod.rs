@@ -211,6 +211,17 @@ impl Qwen35 {
         None
     }
 
+    /// Device memory the CUDA graphs of captured passes may hold, for `lanes` sequences
+    /// verifying blocks of `rows` tokens over `context` keys (0 on the CPU).
+    pub fn graph_memory(&self, lanes: usize, rows: usize, context: usize) -> u64 {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.graph_memory(&self.config, lanes, rows, context);
+        }
+        let _ = (lanes, rows, context);
+        0
+    }
+
     /// Waits for the work queued on the device (a no-op on the CPU): timings end here.
     pub fn synchronize(&self) -> Result<(), ModelError> {
         #[cfg(feature = "cuda")]

@@ -33,6 +33,31 @@ fn key_hash(key: &[u64]) -> u64 {
 }
 
 impl GpuModel {
+    /// Device memory the captured passes may hold (0 with graphs off): [`PASS_GRAPHS`] passes
+    /// of `lanes` sequences of `rows` tokens (a verify block; decoding is 1), each keeping its
+    /// input, logits and taps and owning the peak of its working buffers: hidden-sized rows,
+    /// the MLP's (or active experts') rows, and the split attention's partial sums over
+    /// `context` keys.
+    pub(crate) fn graph_memory(
+        &self,
+        cfg: &ModelConfig,
+        lanes: usize,
+        rows: usize,
+        context: usize,
+    ) -> u64 {
+        if !self.gpu.graphs() {
+            return 0;
+        }
+        let rows = lanes.max(1) * rows.clamp(1, GRAPH_MAX_TOKENS);
+        let ffn = match &cfg.moe {
+            Some(m) => m.expert_intermediate * m.experts_per_token + m.shared_intermediate,
+            None => cfg.intermediate_size,
+        };
+        let per_row = cfg.vocab_size + 16 * cfg.hidden_size + 3 * ffn;
+        let partials = cfg.num_heads * context.div_ceil(dev::ATTN_CHUNK) * (cfg.head_dim + 2);
+        (PASS_GRAPHS * rows * 4 * (per_row + partials)) as u64
+    }
+
     /// The pass replayed from a captured graph: one launch instead of a few thousand, for
     /// passes of up to [`GRAPH_MAX_TOKENS`] tokens per sequence that score rows (decoding, a
     /// verify block, batched steps of several sequences). The graph is captured at the first
