@@ -3,7 +3,8 @@
 //! copy bandwidth. Random weights (valid scale fields), so no checkpoint is needed:
 //! `cargo bench -p splash-backend --features cuda --bench gemv_cuda` on a machine with a GPU.
 //! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
-//! launch cost. `GEMV_SWEEP=1` also times the tensor-core GEMV at each warps-per-tile count.
+//! launch cost. `GEMV_SWEEP=1` also times the tensor-core GEMV at each warps-per-tile count,
+//! and 16 tokens with one and two tiles per block.
 
 use std::time::Instant;
 
@@ -122,6 +123,11 @@ fn main() {
                 println!("    {warps} warps per tile: 1: {one}  16: {sixteen}");
             }
             dev::force_tensor_core_warps(0);
+            for tiles in [1, 2] {
+                dev::force_tensor_core_tiles(tiles);
+                println!("    {tiles} tiles per block: 16: {}", cell(time(16)));
+            }
+            dev::force_tensor_core_tiles(0);
         }
     }
 }

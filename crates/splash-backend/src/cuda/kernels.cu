@@ -827,28 +827,37 @@ __device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b
     }
 }
 
-// y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: 16
-// rows, its warps splitting the K blocks (b = warp, warp + warps, ...), summed in warp order.
-// Rows n < split go to y [T, split], the others to y2 [T, N - split] (two products of one
-// input stacked into one weight). With `cols`, column t reads activation row cols[t] / col_div
-// and writes row cols[t] of y (the pairs of a MoE layer, see gemv_tc_experts).
-template <int F, int NT>
+// y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block:
+// TILES tiles of 16 rows from tile_index·TILES on, its warps splitting the K blocks (b = warp,
+// warp + warps, ...), summed in warp order. With two tiles a warp reads each block's
+// activations once for both (the second read hits L1): at 16 tokens the activations, not the
+// weights, were most of the bytes a tile read. A row's sums do not depend on TILES, so any
+// token count gives each token the bits it gets alone. Rows n < split go to y [T, split], the
+// others to y2 [T, N - split] (two products of one input stacked into one weight). With
+// `cols`, column t reads activation row cols[t] / col_div and writes row cols[t] of y (the
+// pairs of a MoE layer, see gemv_tc_experts).
+template <int F, int NT, int TILES = 1>
 __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
                         int split, int N, int K, int T, int tile_index, const int* cols, int col_div) {
-    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT * TILES];
     int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, q = lane & 3;
-    int n0 = tile_index * 16, nb = K >> 8;
+    int n0 = tile_index * 16 * TILES, nb = K >> 8;
+    // Tiles of this block that hold rows (the last block may have fewer).
+    int tiles = min(TILES, (N - n0 + 15) / 16);
     const int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
-    // The tile's segments (rows are padded to whole tiles on the device).
+    // The tiles' segments (rows are padded to whole tiles on the device).
     const u8* tile = W + (long)n0 * row_bytes;
+    const long tile_bytes = 16 * row_bytes;
     // Tokens past T repeat the last one (their columns are not written).
 #define TC_XROW(t) (cols ? cols[t] / col_div : (t))
     const uint4* x0 = (const uint4*)(xh + (long)TC_XROW(min(g, T - 1)) * K + 8 * q);
     const uint4* x1 = (const uint4*)(xh + (long)TC_XROW(min(g + 8, T - 1)) * K + 8 * q);
-    float c[NT][4];
+    float c[TILES][NT][4];
 #pragma unroll
-    for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+    for (int u = 0; u < TILES; u++)
+#pragma unroll
+        for (int i = 0; i < NT; i++) c[u][i][0] = c[u][i][1] = c[u][i][2] = c[u][i][3] = 0.0f;
     // The scales of this lane's C tokens 8i + 2q + {0, 1}.
     const float* xs[NT][2];
 #pragma unroll
@@ -856,42 +865,54 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
 #pragma unroll
         for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)TC_XROW(min(8 * i + 2 * q + e, T - 1)) * nb;
 #undef TC_XROW
-    TcRaw r0, r1;
-    if (warp < nb) {
-        r0 = tc_load<F>(tile + (long)warp * seg_bytes, 0, lane);
-        r1 = tc_load<F>(tile + (long)warp * seg_bytes, 1, lane);
-    }
+    TcRaw r0[TILES], r1[TILES];
+#pragma unroll
+    for (int u = 0; u < TILES; u++)
+        if (warp < nb && u < tiles) {
+            r0[u] = tc_load<F>(tile + u * tile_bytes + (long)warp * seg_bytes, 0, lane);
+            r1[u] = tc_load<F>(tile + u * tile_bytes + (long)warp * seg_bytes, 1, lane);
+        }
     for (int b = warp; b < nb; b += warps) {
         // The next block's loads are in flight while this one is decoded and multiplied (more
         // in flight was measured slower: GEMV_SWEEP in benches/gemv_cuda.rs, 2026-12-01).
-        TcRaw n0r, n1r;
-        if (b + warps < nb) {
-            n0r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 0, lane);
-            n1r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 1, lane);
+        TcRaw n0r[TILES], n1r[TILES];
+#pragma unroll
+        for (int u = 0; u < TILES; u++)
+            if (b + warps < nb && u < tiles) {
+                n0r[u] = tc_load<F>(tile + u * tile_bytes + (long)(b + warps) * seg_bytes, 0, lane);
+                n1r[u] = tc_load<F>(tile + u * tile_bytes + (long)(b + warps) * seg_bytes, 1, lane);
+            }
+#pragma unroll
+        for (int u = 0; u < TILES; u++) {
+            if (u < tiles) tc_block<F, NT>(r0[u], r1[u], b, q, x0, x1, xs, c[u]);
+            r0[u] = n0r[u];
+            r1[u] = n1r[u];
         }
-        tc_block<F, NT>(r0, r1, b, q, x0, x1, xs, c);
-        r0 = n0r;
-        r1 = n1r;
     }
 #pragma unroll
-    for (int i = 0; i < NT; i++)
+    for (int u = 0; u < TILES; u++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) part[warp][lane][4 * i + e] = c[i][e];
+        for (int i = 0; i < NT; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) part[warp][lane][4 * (NT * u + i) + e] = c[u][i][e];
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
-    for (int i = 0; i < NT; i++) {
+    for (int u = 0; u < TILES; u++) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float v = 0.0f;
-            for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
-            int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
-            if (t >= T || n >= N) continue;
-            long r = cols ? cols[t] : t;
-            if (n < split)
-                y[r * split + n] = v;
-            else
-                y2[r * (N - split) + n - split] = v;
+        for (int i = 0; i < NT; i++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = 0.0f;
+                for (int w = 0; w < warps; w++) v += part[w][lane][4 * (NT * u + i) + e];
+                int t = 8 * i + 2 * q + (e & 1), n = n0 + 16 * u + g + 8 * (e >> 1);
+                if (t >= T || n >= N) continue;
+                long r = cols ? cols[t] : t;
+                if (n < split)
+                    y[r * split + n] = v;
+                else
+                    y2[r * (N - split) + n - split] = v;
+            }
         }
     }
 }
@@ -922,7 +943,8 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
     }
 }
 
-// gemv_tc8_* / gemv_tc16_*: up to 8 / 16 tokens.
+// gemv_tc8_*: up to 8 tokens, a tile per block; gemv_tc16_*: up to 16 tokens, two tiles per block
+// (gemv_tc16x1_*: one, for the kernel bench's comparison).
 #define TC_KERNEL(NAME, F)                                                                        \
     extern "C" __global__ void gemv_tc8_##NAME(const u8* W, long row_bytes, const u16* xh,        \
                                                const float* xscale, float* y, float* y2,          \
@@ -932,7 +954,12 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
     extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \
                                                 const float* xscale, float* y, float* y2,         \
                                                 int split, int N, int K, int T) {                 \
-        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
+        gemv_tc<F, 2, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
+    }                                                                                             \
+    extern "C" __global__ void gemv_tc16x1_##NAME(const u8* W, long row_bytes, const u16* xh,     \
+                                                  const float* xscale, float* y, float* y2,       \
+                                                  int split, int N, int K, int T) {               \
+        gemv_tc<F, 2, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
     }                                                                                             \
     extern "C" __global__ void gemv_tc_experts_##NAME(                                            \
         const u64* table, const int* active, const int* offsets, const int* order, long row_bytes, \

@@ -183,31 +183,33 @@ fn kquant(t: GgmlType, n: usize, k: usize, fp16_fields: &[usize], seed: u64) -> 
 }
 
 /// The tensor-core GEMV (validated on the H200) gives the CPU's product here too: the
-/// emulated mma.sync has the hardware's fragment layout, which the kernels below rely on.
+/// emulated mma.sync has the hardware's fragment layout, which the kernels below rely on. And
+/// each token of a 16-token launch (two tiles per block) gets the bits it gets alone (one).
 #[test]
 fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    let (n, kd) = (40, 512);
+    // 40 rows: three tiles, so the last two-tile block holds one.
+    let (n, kd) = (40, 768);
     for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
         let w = kquant(t, n, kd, fields, 5);
         let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
-        for tokens in [1usize, 5, 16] {
-            let x = random(tokens * kd, 7 + tokens as u64);
-            let mut want = vec![0.0f32; tokens * n];
-            cpu::matmul(&mut want, &x, &w);
+        let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
+        // x [tokens, kd] through to_f16_tc and gemv_tc8/16, as ops::gemv_tc launches them.
+        let gemv = |x: &[f32]| -> Vec<f32> {
+            let tokens = x.len() / kd;
             let blocks256 = tokens * kd / 256;
             let xh = vec![0u16; tokens * kd];
             let xscale = vec![0.0f32; blocks256];
             let y = vec![f32::NAN; tokens * n];
             let (xa, xha, xsa, ya, wa) = (
-                Addr::of(&x),
+                Addr::of(x),
                 Addr::of(&xh),
                 Addr::of(&xscale),
                 Addr::of(&y),
                 Addr::of(&tiles),
             );
-            // SAFETY (both launches): the signatures of to_f16_tc and gemv_tc16_* in kernels.cu,
-            // over buffers of the sizes ops.rs gives them.
+            // SAFETY (both launches): the signatures of to_f16_tc and gemv_tc8/16_* in
+            // kernels.cu, over buffers of the sizes ops.rs gives them.
             unsafe {
                 let to_f16: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
                     kern.kernel("to_f16_tc");
@@ -226,11 +228,16 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
                     i32,
                     i32,
                 );
-                let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
-                let gemv: Gemv = kern.kernel(&format!("gemv_tc16_{suffix}"));
+                let (name, rows_per_block) = if tokens <= 8 {
+                    (format!("gemv_tc8_{suffix}"), 16)
+                } else {
+                    (format!("gemv_tc16_{suffix}"), 32)
+                };
+                let f: Gemv = kern.kernel(&name);
                 let row_bytes = t.row_bytes(kd) as i64;
-                kern.launch(n.div_ceil(16) as u32, 64, &|| {
-                    gemv(
+                let warps = (kd / 256).min(8) as u32;
+                kern.launch(n.div_ceil(rows_per_block) as u32, 32 * warps, &|| {
+                    f(
                         wa.ptr(),
                         row_bytes,
                         xha.ptr(),
@@ -244,8 +251,26 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
                     )
                 });
             }
+            y
+        };
+        for tokens in [1usize, 5, 16] {
+            let x = random(tokens * kd, 7 + tokens as u64);
+            let mut want = vec![0.0f32; tokens * n];
+            cpu::matmul(&mut want, &x, &w);
+            let y = gemv(&x);
             let err = rel_err(&y, &want);
             assert!(err < 1e-2, "{t} tokens={tokens}: relative error {err}");
+            if tokens == 16 {
+                for (ti, row) in y.chunks_exact(n).enumerate() {
+                    let alone = gemv(&x[ti * kd..(ti + 1) * kd]);
+                    assert!(
+                        row.iter()
+                            .zip(&alone)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{t}: token {ti} of 16 differs from the token alone"
+                    );
+                }
+            }
         }
     }
 }

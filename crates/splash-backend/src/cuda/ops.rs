@@ -296,6 +296,16 @@ pub fn force_tensor_core_warps(warps: usize) {
     TENSOR_CORE_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Tiles per block of 9..16-token tensor-core GEMVs forced by [`force_tensor_core_tiles`]
+/// (0: two).
+static TENSOR_CORE_TILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Forces the 16-row tiles a block of a 9..16-token tensor-core GEMV takes (1 or 2; 0 restores
+/// two). For the kernel bench's comparison; a row's sums are the same either way.
+pub fn force_tensor_core_tiles(tiles: usize) {
+    TENSOR_CORE_TILES.store(tiles.min(2), std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels.cu), no
 /// more than the row has 256-value blocks. Four, measured best from 256 tiles up on the
 /// H200 (more warps per tile make fewer, shorter-lived blocks of which a second partial wave
@@ -357,15 +367,18 @@ fn gemv_tc(
     let warps = tensor_core_warps(n, kdim) as u32;
     let (y, y2, split) = out;
     for (t0, tc) in token_chunks(tokens) {
-        let name = if tc <= 8 {
-            format!("gemv_tc8_{suffix}")
+        // Up to 8 tokens a block takes one 16-row tile, up to 16 two (see gemv_tc).
+        let (name, rows_per_block) = if tc <= 8 {
+            (format!("gemv_tc8_{suffix}"), 16)
+        } else if TENSOR_CORE_TILES.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+            (format!("gemv_tc16x1_{suffix}"), 16)
         } else {
-            format!("gemv_tc16_{suffix}")
+            (format!("gemv_tc16_{suffix}"), 32)
         };
         gpu.launch(
             k,
             &name,
-            blocks(n, 16),
+            blocks(n, rows_per_block),
             32 * warps,
             &[
                 Arg::Ptr(base),
