@@ -17,7 +17,7 @@ mod speculative;
 mod stop;
 
 pub use engine::{
-    BatchStats, Completion, Engine, EngineError, Event, Request, SeqId, DEFAULT_PREFILL_CHUNK,
+    prefill_chunk_for, BatchStats, Completion, Engine, EngineError, Event, Request, SeqId,
 };
 pub use grammar::{with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState};
 pub use memory_plan::{MemoryPlan, PlanError, PlanInputs};

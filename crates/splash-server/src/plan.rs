@@ -1,6 +1,6 @@
 //! The inputs of the memory plan, gathered from the loaded model, its draft and the flags.
 
-use splash_engine::{MemoryPlan, PlanError, PlanInputs, DEFAULT_PREFILL_CHUNK};
+use splash_engine::{prefill_chunk_for, MemoryPlan, PlanError, PlanInputs};
 use splash_model::{KvFormat, LayerKind, Model};
 
 use crate::config::ServerConfig;
@@ -83,7 +83,7 @@ fn activation_bytes(model: &Model) -> u64 {
         Some(m) => m.expert_intermediate * m.experts_per_token + m.shared_intermediate,
         None => c.intermediate_size,
     };
-    (DEFAULT_PREFILL_CHUNK * 4 * (12 * c.hidden_size + 3 * ffn + c.vocab_size)) as u64
+    (prefill_chunk_for(model) * 4 * (12 * c.hidden_size + 3 * ffn + c.vocab_size)) as u64
 }
 
 /// `MemAvailable` of /proc/meminfo: what new allocations can take without swapping.
