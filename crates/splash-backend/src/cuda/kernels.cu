@@ -1401,7 +1401,11 @@ extern "C" __global__ void attention_combine(const float* part, float* out, int 
 // per row, as in `attend`). Scores come out in the C layout (lane 4g + q: rows g and g + 8,
 // keys 2q, 2q + 1 of each 8) which is the A layout of P·V, so P never leaves the registers.
 // The queries are scaled by `scale` before the f16 rounding. Same arguments as `attention`,
-// plus the pass's token count; grid = ceil(T / (16·FA_WARPS)) · hq blocks of 32·FA_WARPS.
+// plus the pass's token count and a split of the keys: a short pass over a long context (the
+// next turn of a conversation: a few dozen tokens after thousands) has too few query tiles to
+// fill the GPU, so block (tile, head, c) takes only keys [c·chunk, (c+1)·chunk) and, with
+// nchunks > 1, writes its rows' max, sum and unnormalised output to part [row, c, 2 + HEAD_DIM]
+// for attention_combine. Grid: ceil(T / (16·FA_WARPS)) · hq · nchunks blocks of 32·FA_WARPS.
 #if HEAD_DIM % 16 == 0
 #define FA_WARPS 4
 #define FA_KEYS 32
@@ -1415,12 +1419,13 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi) {
 extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
     attention_prefill(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs, float* out,
                       int fmt, int hq, int hkv, int pos0, const int* pos_at, float scale, int block, int window,
-                      int T) {
+                      int T, int chunk, int nchunks, float* part) {
     __shared__ __align__(16) u16 kt[FA_KEYS][FA_STRIDE];
     __shared__ __align__(16) u16 vt[FA_KEYS][FA_STRIDE];
     const int DK = HEAD_DIM / 16, DN = HEAD_DIM / 8, NK = FA_KEYS / 8;
-    int h = blockIdx.x % hq, kvh = h / (hq / hkv);
-    int t0 = (blockIdx.x / hq) * 16 * FA_WARPS;
+    int split = blockIdx.x % nchunks, h = (blockIdx.x / nchunks) % hq, kvh = h / (hq / hkv);
+    int t0 = (blockIdx.x / nchunks / hq) * 16 * FA_WARPS;
+    int klo = split * chunk, khi = klo + chunk;  // this block's share of the keys
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
     int pos = position(pos0, pos_at);
     // This lane's rows (tokens ta, tb = ta + 8), clamped into the pass for loads.
@@ -1435,6 +1440,8 @@ extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
     key_range(min(t0 + 16 * warp + 15, T - 1), pos, block, window, &unused, &whi);
     key_range(t0, pos, block, window, &blo, &unused);
     key_range(min(t0 + 16 * FA_WARPS - 1, T - 1), pos, block, window, &unused, &bhi);
+    la = max(la, klo), lb = max(lb, klo), wlo = max(wlo, klo), blo = max(blo, klo);
+    ha = min(ha, khi), hb = min(hb, khi), whi = min(whi, khi), bhi = min(bhi, khi);
 
     u32 qf[DK][4];
     {
@@ -1562,6 +1569,25 @@ extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
     sa += __shfl_xor_sync(0xffffffffu, sa, 2);
     sb += __shfl_xor_sync(0xffffffffu, sb, 1);
     sb += __shfl_xor_sync(0xffffffffu, sb, 2);
+    if (nchunks > 1) {
+        // Unnormalised, relative to the running max; a row without keys here has max −inf.
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            int t = rr ? tb : ta;
+            if (t >= T) continue;
+            float* dst = part + (((long)t * hq + h) * nchunks + split) * (HEAD_DIM + 2);
+            if (qd == 0) {
+                dst[0] = rr ? mb : ma;
+                dst[1] = rr ? sb : sa;
+            }
+#pragma unroll
+            for (int n = 0; n < DN; n++) {
+                dst[2 + 8 * n + 2 * qd] = o[n][2 * rr];
+                dst[2 + 8 * n + 2 * qd + 1] = o[n][2 * rr + 1];
+            }
+        }
+        return;
+    }
     float ia = sa > 0.0f ? 1.0f / sa : 0.0f, ib = sb > 0.0f ? 1.0f / sb : 0.0f;
 #pragma unroll
     for (int n = 0; n < DN; n++) {

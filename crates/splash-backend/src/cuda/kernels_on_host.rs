@@ -275,6 +275,15 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     }
 }
 
+/// The kernels' code for a cache format (`KV_F32`, `KV_BF16`, `KV_INT8`).
+fn kv_code(format: KvFormat) -> i32 {
+    match format {
+        KvFormat::F32 => 0,
+        KvFormat::Bf16 => 1,
+        KvFormat::Int8 => 2,
+    }
+}
+
 /// A cache `[S, hkv, d]` filled by the emulated `kv_append`, as the model fills it.
 struct HostCache {
     k: Vec<u8>,
@@ -300,11 +309,7 @@ impl HostCache {
             v: vec![0; s * hkv * d * eb],
             vs: vec![0.0; s * hkv],
         };
-        let fmt = match format {
-            KvFormat::F32 => 0,
-            KvFormat::Bf16 => 1,
-            KvFormat::Int8 => 2,
-        };
+        let fmt = kv_code(format);
         // SAFETY: kv_append's signature; the cache holds s positions.
         unsafe {
             let append: unsafe extern "C" fn(
@@ -360,70 +365,114 @@ fn the_flash_attention_prefill_on_the_host_matches_the_cpu() {
                 let want =
                     cpu_attention(&q, &keys, &values, format, hq, hkv, d, pos0, scale, window);
                 let cache = HostCache::new(&kern, format, &keys, &values, hkv, d);
-                let out = vec![f32::NAN; t * hq * d];
-                let fmt = match format {
-                    KvFormat::F32 => 0,
-                    KvFormat::Bf16 => 1,
-                    KvFormat::Int8 => 2,
-                };
-                let (qa, ka, ksa, va, vsa, oa) = (
-                    Addr::of(&q),
-                    Addr::of(&cache.k),
-                    Addr::of(&cache.ks),
-                    Addr::of(&cache.v),
-                    Addr::of(&cache.vs),
-                    Addr::of(&out),
-                );
-                // SAFETY: attention_prefill's signature (ops::attention's arguments + T).
-                unsafe {
-                    type Prefill = unsafe extern "C" fn(
-                        *const f32,
-                        *const u8,
-                        *const f32,
-                        *const u8,
-                        *const f32,
-                        *mut f32,
-                        i32,
-                        i32,
-                        i32,
-                        i32,
-                        *const i32,
-                        f32,
-                        i32,
-                        i32,
-                        i32,
+                let fmt = kv_code(format);
+                // The keys in one piece, then in chunks of 32 (the split a short pass over a
+                // long context gets), merged by attention_combine.
+                for chunk in [s.div_ceil(32) * 32, 32] {
+                    let nchunks = s.div_ceil(chunk);
+                    let out = attention_prefill(
+                        &kern,
+                        &q,
+                        &cache,
+                        fmt,
+                        (hq, hkv, d),
+                        (pos0, t),
+                        scale,
+                        window,
+                        (chunk, nchunks),
                     );
-                    let prefill: Prefill = kern.kernel("attention_prefill");
-                    let grid = t.div_ceil(64) * hq;
-                    kern.launch(grid as u32, 128, &|| {
-                        prefill(
-                            qa.ptr(),
-                            ka.ptr(),
-                            ksa.ptr(),
-                            va.ptr(),
-                            vsa.ptr(),
-                            oa.ptr(),
-                            fmt,
-                            hq as i32,
-                            hkv as i32,
-                            pos0 as i32,
-                            std::ptr::null(),
-                            scale,
-                            0,
-                            window.unwrap_or(0) as i32,
-                            t as i32,
-                        )
-                    });
+                    let err = rel_err(&out, &want);
+                    // f16 queries, keys, values and probabilities, f32 sums.
+                    assert!(
+                        err < 4e-3,
+                        "d={d} pos0={pos0} t={t} window={window:?} {format:?} chunks of {chunk}: relative error {err}"
+                    );
                 }
-                let err = rel_err(&out, &want);
-                // f16 queries, keys, values and probabilities, f32 sums.
-                assert!(
-                    err < 4e-3,
-                    "d={d} pos0={pos0} t={t} window={window:?} {format:?}: relative error {err}"
-                );
             }
         }
     }
+}
+
+/// `attention_prefill` (and `attention_combine` when the keys are split) as ops::attention
+/// launches them: `dims` (hq, hkv, d), `at` (pos0, tokens), `split` (keys per chunk, chunks).
+#[allow(clippy::too_many_arguments)]
+fn attention_prefill(
+    kern: &HostKernels,
+    q: &[f32],
+    cache: &HostCache,
+    fmt: i32,
+    (hq, hkv, d): (usize, usize, usize),
+    (pos0, t): (usize, usize),
+    scale: f32,
+    window: Option<usize>,
+    (chunk, nchunks): (usize, usize),
+) -> Vec<f32> {
+    let out = vec![f32::NAN; t * hq * d];
+    let part = vec![f32::NAN; t * hq * nchunks * (d + 2)];
+    let (qa, ka, ksa, va, vsa, oa, pa) = (
+        Addr::of(q),
+        Addr::of(&cache.k),
+        Addr::of(&cache.ks),
+        Addr::of(&cache.v),
+        Addr::of(&cache.vs),
+        Addr::of(&out),
+        Addr::of(&part),
+    );
+    // SAFETY: the signatures of attention_prefill and attention_combine in kernels.cu.
+    unsafe {
+        type Prefill = unsafe extern "C" fn(
+            *const f32,
+            *const u8,
+            *const f32,
+            *const u8,
+            *const f32,
+            *mut f32,
+            i32,
+            i32,
+            i32,
+            i32,
+            *const i32,
+            f32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            *mut f32,
+        );
+        let prefill: Prefill = kern.kernel("attention_prefill");
+        let grid = t.div_ceil(64) * hq * nchunks;
+        kern.launch(grid as u32, 128, &|| {
+            prefill(
+                qa.ptr(),
+                ka.ptr(),
+                ksa.ptr(),
+                va.ptr(),
+                vsa.ptr(),
+                oa.ptr(),
+                fmt,
+                hq as i32,
+                hkv as i32,
+                pos0 as i32,
+                std::ptr::null(),
+                scale,
+                0,
+                window.unwrap_or(0) as i32,
+                t as i32,
+                chunk as i32,
+                nchunks as i32,
+                pa.ptr(),
+            )
+        });
+        if nchunks > 1 {
+            let combine: unsafe extern "C" fn(*const f32, *mut f32, i32) =
+                kern.kernel("attention_combine");
+            kern.launch((t * hq) as u32, 128, &|| {
+                combine(pa.ptr(), oa.ptr(), nchunks as i32)
+            });
+        }
+    }
+    out
 }
 
 /// The CPU reference: causal attention of `q` at `pos0..` over `keys`/`values` stored in

@@ -1064,16 +1064,70 @@ pub fn attention(
         );
     }
     if flash_prefill(k, format) {
-        let mut a = args(out).to_vec();
-        a.push(Arg::I32(tokens as i32));
         let tiles = tokens.div_ceil(FLASH_QUERY_ROWS);
-        return gpu.launch(k, "attention_prefill", (tiles * hq) as u32, 128, &a);
+        // The furthest key any query sees.
+        let span = match pos {
+            Position::Host(p) => p + if mask.block > 0 { mask.block } else { tokens },
+            Position::Device { limit, .. } => limit,
+        };
+        let (chunk, nchunks) = flash_split(tiles * hq, span);
+        let rows = tokens * hq;
+        let part = if nchunks > 1 {
+            Some(gpu.uninit::<f32>(rows * nchunks * (k.dims().head_dim + 2))?)
+        } else {
+            None
+        };
+        let pp = part.as_ref().map_or(0, |p| super::ptr(gpu, p, 0));
+        let mut a = args(out).to_vec();
+        a.extend([
+            Arg::I32(tokens as i32),
+            Arg::I32(chunk as i32),
+            Arg::I32(nchunks as i32),
+            Arg::Ptr(pp),
+        ]);
+        gpu.launch(
+            k,
+            "attention_prefill",
+            (tiles * hq * nchunks) as u32,
+            128,
+            &a,
+        )?;
+        if nchunks > 1 {
+            gpu.launch(
+                k,
+                "attention_combine",
+                rows as u32,
+                128,
+                &[Arg::Ptr(pp), Arg::Ptr(out), Arg::I32(nchunks as i32)],
+            )?;
+        }
+        return Ok(());
     }
     gpu.launch(k, "attention", (tokens * hq) as u32, 128, &args(out))
 }
 
 /// Query tokens per block of `attention_prefill` (16 per warp, `FA_WARPS` = 4 warps).
 const FLASH_QUERY_ROWS: usize = 64;
+/// Keys per shared-memory tile of `attention_prefill` (`FA_KEYS`).
+const FLASH_KEYS: usize = 32;
+/// Blocks a prefill attention launch should have: two per SM of an H200 (132).
+const FLASH_MIN_BLOCKS: usize = 264;
+
+/// How `attention_prefill` splits the keys `0..span` for `blocks` (query tile, head) pairs:
+/// (keys per chunk, chunks). One chunk when the pairs fill the GPU; otherwise enough chunks
+/// of at least `ATTN_CHUNK` keys to make [`FLASH_MIN_BLOCKS`] blocks. It depends only on the
+/// pass's shape, so a pass gives the same result every time.
+fn flash_split(blocks: usize, span: usize) -> (usize, usize) {
+    let chunks = FLASH_MIN_BLOCKS
+        .div_ceil(blocks.max(1))
+        .min(span.div_ceil(ATTN_CHUNK))
+        .max(1);
+    let chunk = span.div_ceil(chunks).div_ceil(FLASH_KEYS) * FLASH_KEYS;
+    (
+        chunk.max(FLASH_KEYS),
+        span.div_ceil(chunk.max(FLASH_KEYS)).max(1),
+    )
+}
 
 /// Whether a long pass's attention runs on the tensor cores (`attention_prefill`, f16 products
 /// with f32 sums): for the lossy cache formats, whose rows are already rounded, and head dims
@@ -1177,4 +1231,32 @@ pub fn gdn_recurrent(
             Arg::I32(tiled as i32),
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunks cover every key, in whole tiles; a pass with enough query tiles is not
+    /// split, and a short one over a long context gets about two blocks per SM.
+    #[test]
+    fn flash_split_covers_the_keys_and_fills_the_gpu() {
+        for (blocks, span) in [
+            (24, 32_768),
+            (16, 100_000),
+            (768, 32_768),
+            (24, 700),
+            (1, 1),
+            (4, 5_000),
+        ] {
+            let (chunk, n) = flash_split(blocks, span);
+            assert!(chunk % FLASH_KEYS == 0 && chunk * n >= span, "{blocks} {span}");
+            assert!(chunk * (n - 1) < span, "{blocks} {span}: an empty chunk");
+            if blocks >= FLASH_MIN_BLOCKS {
+                assert_eq!(n, 1);
+            }
+        }
+        let (_, n) = flash_split(24, 32_768);
+        assert!(24 * n >= FLASH_MIN_BLOCKS, "{n} chunks");
+    }
 }
