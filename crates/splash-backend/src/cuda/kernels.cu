@@ -1361,14 +1361,17 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const float* 
 // [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK), and writes its max, sum and unnormalised output to
 // part[row, c, 0 | 1 | 2..]; attention_combine merges the chunks in order. The chunks are
 // fixed by position, so a query's result depends only on its own key range: a verify block
-// gives each row what token-by-token decoding gives. 1-D grid: block = row · nchunks + c.
+// gives each row what token-by-token decoding gives. 1-D grid, chunk-major: block = c · rows +
+// row, so the blocks running at once read a few chunks of keys, which stay in L2 for all the
+// rows (row-major, they spanned the whole context: at 32K that no longer fits L2, and every
+// row of a verify block read its keys from memory again).
 extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
                                           const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
                                           const int* pos_at, float scale, int block, int window, int nchunks) {
-    int row = blockIdx.x / nchunks, c = blockIdx.x % nchunks;
+    int rows = gridDim.x / nchunks, row = blockIdx.x % rows, c = blockIdx.x / rows;
     int lo, hi;
     key_range(row / hq, position(pos0, pos_at), block, window, &lo, &hi);
-    float* dst = part + (long)blockIdx.x * (HEAD_DIM + 2);
+    float* dst = part + ((long)row * nchunks + c) * (HEAD_DIM + 2);
     attend(q, kc, ks, vc, vs, fmt, row, hq, hkv, max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK),
            scale, dst + 2, false, dst, dst + 1);
 }

@@ -746,3 +746,96 @@ fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
         assert_eq!(state2, state, "t={t}: state after two passes");
     }
 }
+
+/// The split attention of decode and verify passes (chunks of 1,024 keys, merged in order)
+/// matches the CPU over a context of two chunks, and each row of a 3-token block has the
+/// bits the same query gets alone.
+#[test]
+fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (d, hq, hkv, pos0, t) = (32, 2, 1, 1030, 3);
+    let s = pos0 + t;
+    let keys = random(s * hkv * d, 71);
+    let values = random(s * hkv * d, 72);
+    let q = random(t * hq * d, 73);
+    let scale = (d as f32).powf(-0.5);
+    let format = KvFormat::Int8;
+    let want = cpu_attention(&q, &keys, &values, format, hq, hkv, d, pos0, scale, None);
+    let cache = HostCache::new(&kern, format, &keys, &values, hkv, d);
+    // ops::attention for ≤ 32 rows: attention_part over ceil(span / 1024) chunks, then combine.
+    let split = |q: &[f32], pos0: usize| -> Vec<f32> {
+        let t = q.len() / (hq * d);
+        let chunks = (pos0 + t).div_ceil(1024);
+        let rows = t * hq;
+        let part = vec![f32::NAN; rows * chunks * (d + 2)];
+        let out = vec![f32::NAN; rows * d];
+        let (qa, ka, ksa, va, vsa, pa, oa) = (
+            Addr::of(q),
+            Addr::of(&cache.k),
+            Addr::of(&cache.ks),
+            Addr::of(&cache.v),
+            Addr::of(&cache.vs),
+            Addr::of(&part),
+            Addr::of(&out),
+        );
+        // SAFETY: the signatures of attention_part and attention_combine in kernels.cu.
+        unsafe {
+            type Part = unsafe extern "C" fn(
+                *const f32,
+                *const u8,
+                *const f32,
+                *const u8,
+                *const f32,
+                *mut f32,
+                i32,
+                i32,
+                i32,
+                i32,
+                *const i32,
+                f32,
+                i32,
+                i32,
+                i32,
+            );
+            let part_fn: Part = kern.kernel("attention_part");
+            kern.launch((rows * chunks) as u32, 128, &|| {
+                part_fn(
+                    qa.ptr(),
+                    ka.ptr(),
+                    ksa.ptr(),
+                    va.ptr(),
+                    vsa.ptr(),
+                    pa.ptr(),
+                    kv_code(format),
+                    hq as i32,
+                    hkv as i32,
+                    pos0 as i32,
+                    std::ptr::null(),
+                    scale,
+                    0,
+                    0,
+                    chunks as i32,
+                )
+            });
+            let combine: unsafe extern "C" fn(*const f32, *mut f32, i32) =
+                kern.kernel("attention_combine");
+            kern.launch(rows as u32, 128, &|| {
+                combine(pa.ptr(), oa.ptr(), chunks as i32)
+            });
+        }
+        out
+    };
+    let block = split(&q, pos0);
+    let err = rel_err(&block, &want);
+    assert!(err < 1e-4, "relative error {err}");
+    for ti in 0..t {
+        let alone = split(&q[ti * hq * d..(ti + 1) * hq * d], pos0 + ti);
+        assert!(
+            alone
+                .iter()
+                .zip(&block[ti * hq * d..])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "row {ti} of the block differs from its query alone"
+        );
+    }
+}

@@ -1250,7 +1250,10 @@ mod tests {
             (4, 5_000),
         ] {
             let (chunk, n) = flash_split(blocks, span);
-            assert!(chunk % FLASH_KEYS == 0 && chunk * n >= span, "{blocks} {span}");
+            assert!(
+                chunk % FLASH_KEYS == 0 && chunk * n >= span,
+                "{blocks} {span}"
+            );
             assert!(chunk * (n - 1) < span, "{blocks} {span}: an empty chunk");
             if blocks >= FLASH_MIN_BLOCKS {
                 assert_eq!(n, 1);
