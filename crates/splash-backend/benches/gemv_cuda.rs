@@ -4,7 +4,7 @@
 //! `cargo bench -p splash-backend --features cuda --bench gemv_cuda` on a machine with a GPU.
 //! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
 //! launch cost. `GEMV_SWEEP=1` also times the tensor-core GEMV at each warps-per-tile count,
-//! and 16 tokens with one and two tiles per block.
+//! 16 tokens with one and two tiles per block, and stream-K off and on.
 
 use std::time::Instant;
 
@@ -128,6 +128,12 @@ fn main() {
                 println!("    {tiles} tiles per block: 16: {}", cell(time(16)));
             }
             dev::force_tensor_core_tiles(0);
+            for on in [false, true] {
+                dev::force_stream_k(Some(on));
+                let (one, sixteen) = (cell(time(1)), cell(time(16)));
+                println!("    stream-K {on}: 1: {one}  16: {sixteen}");
+            }
+            dev::force_stream_k(None);
         }
     }
 }

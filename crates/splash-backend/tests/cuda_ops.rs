@@ -231,41 +231,49 @@ fn tensor_core_gemv_is_batch_invariant() {
     let Some(gpu) = gpu() else { return };
     let k = gpu.kernels(FIXTURE_DIMS).unwrap();
     let (n, kd) = (100, 2560);
-    for (name, w) in weights(n, kd, 5) {
-        if name != "Q4_K" && name != "Q6_K" {
-            continue;
-        }
-        let dw = gpu.upload_weight(&w).unwrap();
-        let product = |x: &[f32], t: usize| {
-            let xd = gpu.upload(x).unwrap();
-            gpu_matmul(&gpu, &k, &dw, ptr(&gpu, &xd, 0), 0, n, t)
-        };
-        for t in [1, 5, 8, 9, 16] {
-            // Rows of very different magnitudes: each token has its own f16 scale.
-            let mut x = random(t * kd, 40 + t as u64);
-            for (ti, row) in x.chunks_mut(kd).enumerate() {
-                row.iter_mut()
-                    .for_each(|v| *v *= 1e3f32.powi(ti as i32 % 3 - 1));
+    // The tiled kernels, then stream-K (tiles cut between blocks).
+    for stream_k in [false, true] {
+        dev::force_stream_k(Some(stream_k));
+        for (name, w) in weights(n, kd, 5) {
+            if name != "Q4_K" && name != "Q6_K" {
+                continue;
             }
-            let mut want = vec![0.0f32; t * n];
-            cpu::matmul(&mut want, &x, &w);
-            let got = product(&x, t);
-            for ti in 0..t {
-                let rows = ti * n..(ti + 1) * n;
-                let err = rel_err(&got[rows.clone()], &want[rows.clone()]);
-                assert!(err < 5e-3, "{name} t={t} token {ti}: relative error {err}");
-                let alone = product(&x[ti * kd..(ti + 1) * kd], 1);
-                let same = alone
-                    .iter()
-                    .zip(&got[rows])
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(
-                    same,
-                    "{name} t={t} token {ti}: differs from the token alone"
-                );
+            let dw = gpu.upload_weight(&w).unwrap();
+            let product = |x: &[f32], t: usize| {
+                let xd = gpu.upload(x).unwrap();
+                gpu_matmul(&gpu, &k, &dw, ptr(&gpu, &xd, 0), 0, n, t)
+            };
+            for t in [1, 5, 8, 9, 16] {
+                // Rows of very different magnitudes: each token has its own f16 scale.
+                let mut x = random(t * kd, 40 + t as u64);
+                for (ti, row) in x.chunks_mut(kd).enumerate() {
+                    row.iter_mut()
+                        .for_each(|v| *v *= 1e3f32.powi(ti as i32 % 3 - 1));
+                }
+                let mut want = vec![0.0f32; t * n];
+                cpu::matmul(&mut want, &x, &w);
+                let got = product(&x, t);
+                for ti in 0..t {
+                    let rows = ti * n..(ti + 1) * n;
+                    let err = rel_err(&got[rows.clone()], &want[rows.clone()]);
+                    assert!(
+                        err < 5e-3,
+                        "{name} t={t} token {ti} stream-K {stream_k}: relative error {err}"
+                    );
+                    let alone = product(&x[ti * kd..(ti + 1) * kd], 1);
+                    let same = alone
+                        .iter()
+                        .zip(&got[rows])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{name} t={t} token {ti} stream-K {stream_k}: differs from the token alone"
+                    );
+                }
             }
         }
     }
+    dev::force_stream_k(None);
 }
 
 /// Two products of one input from one stacked weight (`matmul_pair`): each part gets the bits

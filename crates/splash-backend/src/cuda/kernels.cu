@@ -917,6 +917,99 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
     }
 }
 
+// Stream-K: the same products with the work of the whole matrix, (tile, 256-value block)
+// units in tile-major order, cut into gridDim.x equal ranges, one per block. A launch of a
+// mid-sized matrix then keeps every SM streaming weights to the end, where a block per tile
+// left a partial last wave running alone. A block's range covers the end of one tile, whole
+// tiles and the start of another; its warps split each piece's blocks as gemv_tc splits a
+// tile's (b = first + warp, + warps, ...), summed in warp order. A whole tile is written out;
+// a piece of one goes to partials [tile, piece, 8·NT tokens, 16 rows], which
+// gemv_tc_fixup sums in piece order. The cut depends on the shape and the grid only, so every
+// token gets the same bits in any launch of up to 16 tokens.
+//
+// The block that holds unit u: the last c with floor(c·U / grid) ≤ u.
+__device__ __forceinline__ int stream_k_block(long u, long units, int grid) {
+    return (int)(((u + 1) * grid - 1) / units);
+}
+
+template <int F, int NT>
+__device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
+                         int split, int N, int K, int T, float* partials, int max_pieces) {
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, q = lane & 3;
+    int nb = K >> 8, tiles = (N + 15) / 16;
+    long units = (long)tiles * nb;
+    long u0 = (long)blockIdx.x * units / gridDim.x, u1 = (long)(blockIdx.x + 1) * units / gridDim.x;
+    const int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
+    const uint4* x0 = (const uint4*)(xh + (long)min(g, T - 1) * K + 8 * q);
+    const uint4* x1 = (const uint4*)(xh + (long)min(g + 8, T - 1) * K + 8 * q);
+    const float* xs[NT][2];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)min(8 * i + 2 * q + e, T - 1) * nb;
+    for (long u = u0; u < u1;) {
+        int tile = (int)(u / nb);
+        int b0 = (int)(u - (long)tile * nb), b1 = (int)min((long)nb, u1 - (long)tile * nb);
+        u = (long)tile * nb + b1;
+        const u8* seg = W + (long)tile * 16 * row_bytes;
+        float c[NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+        for (int b = b0 + warp; b < b1; b += warps) {
+            TcRaw r0 = tc_load<F>(seg + (long)b * seg_bytes, 0, lane);
+            TcRaw r1 = tc_load<F>(seg + (long)b * seg_bytes, 1, lane);
+            tc_block<F, NT>(r0, r1, b, q, x0, x1, xs, c);
+        }
+        __syncthreads();  // the previous piece's sums are read
+#pragma unroll
+        for (int i = 0; i < NT; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) part[warp][lane][4 * i + e] = c[i][e];
+        __syncthreads();
+        if (warp != 0) continue;
+        bool whole = b0 == 0 && b1 == nb;
+        int piece = blockIdx.x - stream_k_block((long)tile * nb, units, gridDim.x);
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = 0.0f;
+                for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
+                int t = 8 * i + 2 * q + (e & 1), r = g + 8 * (e >> 1), n = tile * 16 + r;
+                if (t >= T || n >= N) continue;
+                if (!whole) {
+                    partials[(((long)tile * max_pieces + piece) * 16 + t) * 16 + r] = v;
+                } else if (n < split) {
+                    y[(long)t * split + n] = v;
+                } else {
+                    y2[(long)t * (N - split) + n - split] = v;
+                }
+            }
+        }
+    }
+}
+
+// Sums the pieces of the tiles that gemv_tcs split over several blocks, in piece order: one
+// thread per (tile, token, row); `grid` is gemv_tcs's block count.
+extern "C" __global__ void gemv_tc_fixup(const float* partials, float* y, float* y2, int split, int N, int K,
+                                         int T, int grid, int max_pieces) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    int tiles = (N + 15) / 16, nb = K >> 8;
+    if (i >= (long)tiles * T * 16) return;
+    int tile = (int)(i / (T * 16)), t = (int)(i / 16 % T), r = (int)(i % 16), n = tile * 16 + r;
+    long units = (long)tiles * nb;
+    int first = stream_k_block((long)tile * nb, units, grid), last = stream_k_block((long)tile * nb + nb - 1, units, grid);
+    if (first == last || n >= N) return;  // a whole tile, written by its block
+    float v = 0.0f;
+    for (int p = 0; p <= last - first; p++) v += partials[(((long)tile * max_pieces + p) * 16 + t) * 16 + r];
+    if (n < split)
+        y[(long)t * split + n] = v;
+    else
+        y2[(long)t * (N - split) + n - split] = v;
+}
+
 // The expert products of a MoE layer, grouped by expert (moe_group): block (a, tile) multiplies
 // tile `tile` of the a-th active expert's weight (its pointer in `table`) by every pair routed
 // to it, 16 columns at a time, so each expert's weights are read once however many tokens chose
@@ -955,6 +1048,18 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
                                                 const float* xscale, float* y, float* y2,         \
                                                 int split, int N, int K, int T) {                 \
         gemv_tc<F, 2, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
+    }                                                                                             \
+    extern "C" __global__ void gemv_tcs8_##NAME(const u8* W, long row_bytes, const u16* xh,       \
+                                                const float* xscale, float* y, float* y2,         \
+                                                int split, int N, int K, int T, float* partials,  \
+                                                int max_pieces) {                                 \
+        gemv_tcs<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
+    }                                                                                             \
+    extern "C" __global__ void gemv_tcs16_##NAME(const u8* W, long row_bytes, const u16* xh,      \
+                                                 const float* xscale, float* y, float* y2,        \
+                                                 int split, int N, int K, int T, float* partials, \
+                                                 int max_pieces) {                                \
+        gemv_tcs<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
     }                                                                                             \
     extern "C" __global__ void gemv_tc16x1_##NAME(const u8* W, long row_bytes, const u16* xh,     \
                                                   const float* xscale, float* y, float* y2,       \

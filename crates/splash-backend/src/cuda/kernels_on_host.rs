@@ -185,93 +185,183 @@ fn kquant(t: GgmlType, n: usize, k: usize, fp16_fields: &[usize], seed: u64) -> 
 /// The tensor-core GEMV (validated on the H200) gives the CPU's product here too: the
 /// emulated mma.sync has the hardware's fragment layout, which the kernels below rely on. And
 /// each token of a 16-token launch (two tiles per block) gets the bits it gets alone (one).
+/// Stream-K (`gemv_tcs*` and `gemv_tc_fixup`, with tiles cut between blocks) does the same.
 #[test]
 fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    // 40 rows: three tiles, so the last two-tile block holds one.
+    // 40 rows: three tiles, so the last two-tile block holds one. Stream-K over 2, 4 and 9
+    // blocks: 9 units of (tile, 256-value block), so pieces of one, two and three blocks.
     let (n, kd) = (40, 768);
     for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
         let w = kquant(t, n, kd, fields, 5);
-        let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
-        let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
-        // x [tokens, kd] through to_f16_tc and gemv_tc8/16, as ops::gemv_tc launches them.
-        let gemv = |x: &[f32]| -> Vec<f32> {
-            let tokens = x.len() / kd;
-            let blocks256 = tokens * kd / 256;
-            let xh = vec![0u16; tokens * kd];
-            let xscale = vec![0.0f32; blocks256];
-            let y = vec![f32::NAN; tokens * n];
-            let (xa, xha, xsa, ya, wa) = (
-                Addr::of(x),
-                Addr::of(&xh),
-                Addr::of(&xscale),
-                Addr::of(&y),
-                Addr::of(&tiles),
-            );
-            // SAFETY (both launches): the signatures of to_f16_tc and gemv_tc8/16_* in
-            // kernels.cu, over buffers of the sizes ops.rs gives them.
-            unsafe {
-                let to_f16: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
-                    kern.kernel("to_f16_tc");
-                kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
-                    to_f16(xa.ptr(), xha.ptr(), xsa.ptr(), blocks256 as i64)
-                });
-                type Gemv = unsafe extern "C" fn(
-                    *const u8,
-                    i64,
-                    *const u16,
-                    *const f32,
-                    *mut f32,
-                    *mut f32,
-                    i32,
-                    i32,
-                    i32,
-                    i32,
-                );
-                let (name, rows_per_block) = if tokens <= 8 {
-                    (format!("gemv_tc8_{suffix}"), 16)
-                } else {
-                    (format!("gemv_tc16_{suffix}"), 32)
-                };
-                let f: Gemv = kern.kernel(&name);
-                let row_bytes = t.row_bytes(kd) as i64;
-                let warps = (kd / 256).min(8) as u32;
-                kern.launch(n.div_ceil(rows_per_block) as u32, 32 * warps, &|| {
-                    f(
-                        wa.ptr(),
-                        row_bytes,
-                        xha.ptr(),
-                        xsa.ptr(),
-                        ya.ptr(),
-                        std::ptr::null_mut(),
-                        n as i32,
-                        n as i32,
-                        kd as i32,
-                        tokens as i32,
-                    )
-                });
-            }
-            y
+        let gemv = TcGemv {
+            kern: &kern,
+            format: t,
+            tiles: super::weights::tiled(t, w.raw_bytes(), n, kd / 256),
+            n,
+            kd,
         };
-        for tokens in [1usize, 5, 16] {
-            let x = random(tokens * kd, 7 + tokens as u64);
-            let mut want = vec![0.0f32; tokens * n];
-            cpu::matmul(&mut want, &x, &w);
-            let y = gemv(&x);
-            let err = rel_err(&y, &want);
-            assert!(err < 1e-2, "{t} tokens={tokens}: relative error {err}");
-            if tokens == 16 {
-                for (ti, row) in y.chunks_exact(n).enumerate() {
-                    let alone = gemv(&x[ti * kd..(ti + 1) * kd]);
-                    assert!(
-                        row.iter()
-                            .zip(&alone)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{t}: token {ti} of 16 differs from the token alone"
-                    );
+        for stream_k in [None, Some(2), Some(4), Some(9)] {
+            for tokens in [1usize, 5, 16] {
+                let x = random(tokens * kd, 7 + tokens as u64);
+                let mut want = vec![0.0f32; tokens * n];
+                cpu::matmul(&mut want, &x, &w);
+                let y = gemv.run(&x, stream_k);
+                let err = rel_err(&y, &want);
+                assert!(
+                    err < 1e-2,
+                    "{t} tokens={tokens} stream-K {stream_k:?}: relative error {err}"
+                );
+                if tokens == 16 {
+                    for (ti, row) in y.chunks_exact(n).enumerate() {
+                        let alone = gemv.run(&x[ti * kd..(ti + 1) * kd], stream_k);
+                        assert!(
+                            row.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{t} stream-K {stream_k:?}: token {ti} of 16 differs from the token alone"
+                        );
+                    }
                 }
             }
         }
+    }
+}
+
+/// A k-quant weight, tiled as on the device, multiplied by the tensor-core GEMV kernels as
+/// ops::gemv_tc launches them.
+struct TcGemv<'a> {
+    kern: &'a HostKernels,
+    format: GgmlType,
+    tiles: Vec<u8>,
+    n: usize,
+    kd: usize,
+}
+
+impl TcGemv<'_> {
+    /// `x` `[tokens, kd]` through to_f16_tc, then gemv_tc8/16 or, with `Some(blocks)`, the
+    /// stream-K gemv_tcs8/16 over that many blocks and gemv_tc_fixup.
+    fn run(&self, x: &[f32], stream_k: Option<usize>) -> Vec<f32> {
+        let (kern, n, kd) = (self.kern, self.n, self.kd);
+        let tokens = x.len() / kd;
+        let blocks256 = tokens * kd / 256;
+        let xh = vec![0u16; tokens * kd];
+        let xscale = vec![0.0f32; blocks256];
+        let y = vec![f32::NAN; tokens * n];
+        let tiles = n.div_ceil(16);
+        let max_pieces = stream_k.map_or(0, |b| (kd / 256).div_ceil(tiles * (kd / 256) / b) + 1);
+        let partials = vec![f32::NAN; tiles * max_pieces * 256];
+        let (xa, xha, xsa, ya, wa, pa) = (
+            Addr::of(x),
+            Addr::of(&xh),
+            Addr::of(&xscale),
+            Addr::of(&y),
+            Addr::of(&self.tiles),
+            Addr::of(&partials),
+        );
+        let suffix = if self.format == GgmlType::Q4_K {
+            "q4_k"
+        } else {
+            "q6_k"
+        };
+        let row_bytes = self.format.row_bytes(kd) as i64;
+        // SAFETY (every launch): the signatures of to_f16_tc, gemv_tc8/16_*, gemv_tcs8/16_*
+        // and gemv_tc_fixup in kernels.cu, over buffers of the sizes ops.rs gives them.
+        unsafe {
+            let to_f16: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
+                kern.kernel("to_f16_tc");
+            kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
+                to_f16(xa.ptr(), xha.ptr(), xsa.ptr(), blocks256 as i64)
+            });
+            type Gemv = unsafe extern "C" fn(
+                *const u8,
+                i64,
+                *const u16,
+                *const f32,
+                *mut f32,
+                *mut f32,
+                i32,
+                i32,
+                i32,
+                i32,
+            );
+            type StreamK = unsafe extern "C" fn(
+                *const u8,
+                i64,
+                *const u16,
+                *const f32,
+                *mut f32,
+                *mut f32,
+                i32,
+                i32,
+                i32,
+                i32,
+                *mut f32,
+                i32,
+            );
+            type Fixup =
+                unsafe extern "C" fn(*const f32, *mut f32, *mut f32, i32, i32, i32, i32, i32, i32);
+            let (n32, kd32, t32) = (n as i32, kd as i32, tokens as i32);
+            match stream_k {
+                None => {
+                    let (name, rows_per_block) = if tokens <= 8 {
+                        (format!("gemv_tc8_{suffix}"), 16)
+                    } else {
+                        (format!("gemv_tc16_{suffix}"), 32)
+                    };
+                    let f: Gemv = kern.kernel(&name);
+                    let warps = (kd / 256).min(8) as u32;
+                    kern.launch(n.div_ceil(rows_per_block) as u32, 32 * warps, &|| {
+                        f(
+                            wa.ptr(),
+                            row_bytes,
+                            xha.ptr(),
+                            xsa.ptr(),
+                            ya.ptr(),
+                            std::ptr::null_mut(),
+                            n32,
+                            n32,
+                            kd32,
+                            t32,
+                        )
+                    });
+                }
+                Some(blocks) => {
+                    let width = if tokens <= 8 { 8 } else { 16 };
+                    let f: StreamK = kern.kernel(&format!("gemv_tcs{width}_{suffix}"));
+                    let mp = max_pieces as i32;
+                    kern.launch(blocks as u32, 128, &|| {
+                        f(
+                            wa.ptr(),
+                            row_bytes,
+                            xha.ptr(),
+                            xsa.ptr(),
+                            ya.ptr(),
+                            std::ptr::null_mut(),
+                            n32,
+                            n32,
+                            kd32,
+                            t32,
+                            pa.ptr(),
+                            mp,
+                        )
+                    });
+                    let fix: Fixup = kern.kernel("gemv_tc_fixup");
+                    kern.launch((tiles * tokens * 16).div_ceil(256) as u32, 256, &|| {
+                        fix(
+                            pa.ptr(),
+                            ya.ptr(),
+                            std::ptr::null_mut(),
+                            n32,
+                            n32,
+                            kd32,
+                            t32,
+                            blocks as i32,
+                            mp,
+                        )
+                    });
+                }
+            }
+        }
+        y
     }
 }
 

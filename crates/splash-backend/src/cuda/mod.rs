@@ -51,6 +51,8 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     arch: &'static str,
     name: String,
+    /// Streaming multiprocessors (the stream-K GEMV gives each a share of a matrix).
+    sms: usize,
     modules: Mutex<HashMap<KernelDims, Arc<Kernels>>>,
     /// cuBLAS for prefill GEMMs, created at first use (`Err`: the library is missing, and
     /// the GEMV kernels do the work instead).
@@ -164,12 +166,16 @@ impl Gpu {
         keep_freed_memory(&ctx)?;
         let (major, minor) = ctx.compute_capability()?;
         let name = ctx.name()?;
+        let sms = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as usize;
         let profile = std::env::var_os("SPLASH_GPU_PROFILE").map(|_| Mutex::new(HashMap::new()));
         // Profiling synchronises every launch, which a capture cannot contain.
         let graphs = profile.is_none() && std::env::var("SPLASH_CUDA_GRAPHS").as_deref() != Ok("0");
         Ok(Arc::new(Self {
             arch: compile::arch_for(major, minor),
             name,
+            sms,
             ctx,
             stream,
             modules: Mutex::new(HashMap::new()),
@@ -185,6 +191,11 @@ impl Gpu {
     /// The device's name, e.g. "NVIDIA H200".
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Streaming multiprocessors of the device.
+    pub fn sms(&self) -> usize {
+        self.sms
     }
 
     /// Free and total device memory in bytes.

@@ -366,7 +366,50 @@ fn gemv_tc(
     let suffix = w.format.kernel_suffix();
     let warps = tensor_core_warps(n, kdim) as u32;
     let (y, y2, split) = out;
+    let plan = stream_k(gpu, n, kdim);
     for (t0, tc) in token_chunks(tokens) {
+        let y_at = y + (t0 * split * 4) as u64;
+        let y2_at = if y2 == 0 {
+            0
+        } else {
+            y2 + (t0 * (n - split) * 4) as u64
+        };
+        if let Some(plan) = plan {
+            let name = format!("gemv_tcs{}_{suffix}", if tc <= 8 { 8 } else { 16 });
+            let partials = gpu.uninit::<f32>(plan.partials(n))?;
+            let pp = super::ptr(gpu, &partials, 0);
+            let common = [
+                Arg::Ptr(y_at),
+                Arg::Ptr(y2_at),
+                Arg::I32(split as i32),
+                Arg::I32(n as i32),
+                Arg::I32(kdim as i32),
+                Arg::I32(tc as i32),
+            ];
+            let mut a = vec![
+                Arg::Ptr(base),
+                Arg::I64(w.row_bytes as i64),
+                Arg::Ptr(super::ptr(gpu, &xh, t0 * kdim)),
+                Arg::Ptr(super::ptr(gpu, &xscale, t0 * kdim / 256)),
+            ];
+            a.extend(common);
+            a.extend([Arg::Ptr(pp), Arg::I32(plan.max_pieces as i32)]);
+            gpu.launch(k, &name, plan.blocks as u32, 32 * STREAM_K_WARPS, &a)?;
+            let mut f = vec![Arg::Ptr(pp)];
+            f.extend(&common[..]);
+            f.extend([
+                Arg::I32(plan.blocks as i32),
+                Arg::I32(plan.max_pieces as i32),
+            ]);
+            gpu.launch(
+                k,
+                "gemv_tc_fixup",
+                blocks(n.div_ceil(16) * tc * 16, 256),
+                256,
+                &f,
+            )?;
+            continue;
+        }
         // Up to 8 tokens a block takes one 16-row tile, up to 16 two (see gemv_tc).
         let (name, rows_per_block) = if tc <= 8 {
             (format!("gemv_tc8_{suffix}"), 16)
@@ -385,12 +428,8 @@ fn gemv_tc(
                 Arg::I64(w.row_bytes as i64),
                 Arg::Ptr(super::ptr(gpu, &xh, t0 * kdim)),
                 Arg::Ptr(super::ptr(gpu, &xscale, t0 * kdim / 256)),
-                Arg::Ptr(y + (t0 * split * 4) as u64),
-                Arg::Ptr(if y2 == 0 {
-                    0
-                } else {
-                    y2 + (t0 * (n - split) * 4) as u64
-                }),
+                Arg::Ptr(y_at),
+                Arg::Ptr(y2_at),
                 Arg::I32(split as i32),
                 Arg::I32(n as i32),
                 Arg::I32(kdim as i32),
@@ -399,6 +438,62 @@ fn gemv_tc(
         )?;
     }
     Ok(())
+}
+
+/// Whether tensor-core GEMVs run stream-K (see [`force_stream_k`]).
+static STREAM_K: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// Blocks per SM of a stream-K launch, and warps per block.
+const STREAM_K_BLOCKS_PER_SM: usize = 3;
+const STREAM_K_WARPS: u32 = 4;
+
+/// Turns stream-K tensor-core GEMVs on or off for every shape (`None`: as `SPLASH_STREAM_K=1`
+/// says; off by default until the kernel bench has measured it on the GPU). For the bench's
+/// comparison; results then depend on this process-wide setting.
+pub fn force_stream_k(on: Option<bool>) {
+    let v = match on {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    };
+    STREAM_K.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How a stream-K launch cuts a matrix (`gemv_tcs` in kernels.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StreamK {
+    /// Blocks of the launch: three per SM, at most one per unit.
+    blocks: usize,
+    /// The most blocks that share one tile.
+    max_pieces: usize,
+}
+
+impl StreamK {
+    /// The schedule for `n` rows of `kdim` values over `sms` SMs: units are (16-row tile,
+    /// 256-value block) pairs, each block gets an equal range of them.
+    fn new(n: usize, kdim: usize, sms: usize) -> Self {
+        let units = n.div_ceil(16) * (kdim / 256);
+        let blocks = (sms * STREAM_K_BLOCKS_PER_SM).clamp(1, units.max(1));
+        // Every block holds at least units / blocks units, so a tile of kdim / 256 units
+        // meets at most this many blocks.
+        let max_pieces = (kdim / 256).div_ceil((units / blocks).max(1)) + 1;
+        Self { blocks, max_pieces }
+    }
+
+    /// Values of the partial sums buffer: [tile, piece, 16 tokens, 16 rows].
+    fn partials(&self, n: usize) -> usize {
+        n.div_ceil(16) * self.max_pieces * 256
+    }
+}
+
+/// The stream-K schedule for a tensor-core GEMV of `n` rows of `kdim` values, when stream-K
+/// is on: by [`force_stream_k`], else by `SPLASH_STREAM_K=1`. It depends on the shape and the
+/// GPU only, never on the token count, so tokens keep their bits in any batch.
+fn stream_k(gpu: &Gpu, n: usize, kdim: usize) -> Option<StreamK> {
+    let on = match STREAM_K.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => std::env::var("SPLASH_STREAM_K").as_deref() == Ok("1"),
+        v => v == 2,
+    };
+    on.then(|| StreamK::new(n, kdim, gpu.sms()))
 }
 
 /// `rows` rows of `x` (`[rows, kdim]` f32) as the tensor-core GEMV reads them: f16 in its k
@@ -1261,5 +1356,35 @@ mod tests {
         }
         let (_, n) = flash_split(24, 32_768);
         assert!(24 * n >= FLASH_MIN_BLOCKS, "{n} chunks");
+    }
+
+    /// A stream-K schedule never has more blocks than units (an empty block would leave a
+    /// piece unwritten), and no tile meets more blocks than the partials hold: checked unit
+    /// by unit with the kernel's own rule for which block holds a unit.
+    #[test]
+    fn stream_k_pieces_fit_their_buffer() {
+        for (n, kdim, sms) in [
+            (5120, 17408, 132),
+            (17408, 5120, 132),
+            (48, 5120, 132),
+            (16, 256, 132),
+            (248_320, 5120, 132),
+            (6144, 5120, 7),
+        ] {
+            let plan = StreamK::new(n, kdim, sms);
+            let (tiles, nb) = (n.div_ceil(16), kdim / 256);
+            let units = tiles * nb;
+            assert!(plan.blocks <= units);
+            let block_of = |u: usize| ((u + 1) * plan.blocks - 1) / units;
+            for tile in 0..tiles {
+                let pieces = block_of(tile * nb + nb - 1) - block_of(tile * nb) + 1;
+                assert!(
+                    pieces <= plan.max_pieces,
+                    "{n}×{kdim}: tile {tile} in {pieces} pieces"
+                );
+            }
+            assert_eq!(block_of(0), 0);
+            assert_eq!(block_of(units - 1), plan.blocks - 1);
+        }
     }
 }
