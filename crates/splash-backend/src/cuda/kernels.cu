@@ -1799,7 +1799,7 @@ extern "C" __global__ void gdn_gates(float* b, float* a, const float* dt_bias, c
 // bits in a decode step, a verify block or a prefill.
 #define GDN_SLICES 4
 #define GDN_STAGE 16
-static_assert(GDN_DK % GDN_SLICES == 0, "the GDN key dim splits over GDN_SLICES lanes");
+static_assert(GDN_DK % (4 * GDN_SLICES) == 0, "the GDN key dim splits over GDN_SLICES lanes, 4 sums each");
 // Slice r's rows sit GDN_SLICES-padded apart, so the four slices read four banks.
 #define GDN_ROW(i) ((i) + (i) / (GDN_DK / GDN_SLICES))
 extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
@@ -1855,22 +1855,25 @@ extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, con
             const float* kr = &ks[tt][r * (R + 1)];
             const float* qr = &qs[tt][r * (R + 1)];
             float ki = kinv[tt], qi = qinv[tt], dec = decay[tt];
-            float kv = 0.0f;
+            // Four interleaved partial sums: a step is a chain of R/4 dependent adds, not R.
+            float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 s[j] *= dec;
-                kv += s[j] * (kr[j] * ki);
+                kp[j & 3] += s[j] * (kr[j] * ki);
             }
+            float kv = (kp[0] + kp[1]) + (kp[2] + kp[3]);
             // Sums over the column's slices (adjacent lanes), in the same order in every lane.
             kv += __shfl_xor_sync(0xffffffffu, kv, 1);
             kv += __shfl_xor_sync(0xffffffffu, kv, 2);
             float delta = (vs[tt][threadIdx.x / GDN_SLICES] - kv) * bt[tt];
-            float o = 0.0f;
+            float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 s[j] += (kr[j] * ki) * delta;
-                o += s[j] * (qr[j] * qi);
+                op[j & 3] += s[j] * (qr[j] * qi);
             }
+            float o = (op[0] + op[1]) + (op[2] + op[3]);
             o += __shfl_xor_sync(0xffffffffu, o, 1);
             o += __shfl_xor_sync(0xffffffffu, o, 2);
             if (active && r == 0) out[((long)(t0 + tt) * hv + h) * DV + c] = o;
