@@ -72,6 +72,7 @@ fn every_kernel_compiles_for_the_served_shapes() {
                 "gemv_bf16",
                 "dequant_bf16_q8_0",
                 "rms_norm",
+                "add_rms_norm",
                 "rms_norm_gated",
                 "attention",
                 "attention_prefill",

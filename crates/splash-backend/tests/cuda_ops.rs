@@ -421,6 +421,25 @@ fn norms_and_elementwise_match_the_cpu() {
             rel_err(&gpu.download(&out, rows * d).unwrap(), &want) < 1e-5,
             "rms_norm d={d}"
         );
+        // The residual add fused with the norm: the bits of add_in_place then rms_norm.
+        let (sum_two, sum_one) = (gpu.upload(&x).unwrap(), gpu.upload(&x).unwrap());
+        let (norm_two, norm_one) = (poisoned(&gpu, rows * d), poisoned(&gpu, rows * d));
+        let (zp, wp) = (ptr(&gpu, &zd, 0), ptr(&gpu, &wd, 0));
+        let (s2, n2) = (ptr(&gpu, &sum_two, 0), ptr(&gpu, &norm_two, 0));
+        dev::add_in_place(&gpu, &k, s2, zp, rows * d).unwrap();
+        dev::rms_norm(&gpu, &k, n2, s2, wp, rows, d, 1e-6).unwrap();
+        let (s1, n1) = (ptr(&gpu, &sum_one, 0), ptr(&gpu, &norm_one, 0));
+        dev::add_rms_norm(&gpu, &k, n1, s1, zp, wp, rows, d, 1e-6).unwrap();
+        for (one, two) in [(&sum_one, &sum_two), (&norm_one, &norm_two)] {
+            let (a, b) = (
+                gpu.download(one, rows * d).unwrap(),
+                gpu.download(two, rows * d).unwrap(),
+            );
+            assert!(
+                a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "add_rms_norm d={d}"
+            );
+        }
         cpu::rms_norm_gated(&mut want, &x, &z, &w, 1e-6);
         let out = poisoned(&gpu, rows * d);
         dev::rms_norm_gated(

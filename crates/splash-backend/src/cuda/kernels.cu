@@ -1113,12 +1113,11 @@ extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {
 // ---------------------------------------------------------------------------------------------
 // Norms and elementwise ops
 
-// out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, one block per row (out may alias x).
-// Rows of a multiple of 4 go by float4 (a hidden-size row in one or two loads per thread: a
-// loop of dependent scalar loads made the one-row norm of decode cost 18 µs).
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
-    const float* xr = x + (long)blockIdx.x * d;
-    float* o = out + (long)blockIdx.x * d;
+// o = xr * rsqrt(mean(xr²) + eps) * w for one row, by the whole block (o may alias xr). Rows of
+// a multiple of 4 go by float4 (a hidden-size row in one or two loads per thread: a loop of
+// dependent scalar loads made the one-row norm of decode cost 18 µs). Thread i reads exactly
+// the values a float4 (or scalar) loop of stride blockDim.x gives it.
+__device__ __forceinline__ void rms_norm_row(const float* xr, const float* w, float* o, int d, float eps) {
     float ss = 0.0f;
     if ((d & 3) == 0) {
         const float4* x4 = (const float4*)xr;
@@ -1136,6 +1135,28 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
     float inv = rsqrtf(block_sum(ss) / (float)d + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+// out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, one block per row (out may alias x).
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
+    rms_norm_row(x + (long)blockIdx.x * d, w, out + (long)blockIdx.x * d, d, eps);
+}
+
+// The residual add and the next norm in one launch: x[r] += y[r], then out[r] = rms_norm(x[r])
+// · w, with the bits of add_in_place then rms_norm (each thread adds the values it then reads).
+// One block per row; out must not alias x or y.
+extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps) {
+    float* xr = x + (long)blockIdx.x * d;
+    const float* yr = y + (long)blockIdx.x * d;
+    if ((d & 3) == 0) {
+        for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
+            float4 a = ((float4*)xr)[i], b = ((const float4*)yr)[i];
+            ((float4*)xr)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        }
+    } else {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) xr[i] += yr[i];
+    }
+    rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps);
 }
 
 // The GDN output norm: w * rms_norm(x) * silu(z), one block per row of d.

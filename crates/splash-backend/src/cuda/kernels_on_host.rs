@@ -929,3 +929,54 @@ fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
         );
     }
 }
+
+/// The fused residual add and norm gives the bits of add_in_place then rms_norm, on rows of
+/// a multiple of 4 (float4) and others.
+#[test]
+fn the_fused_add_and_norm_on_the_host_has_the_bits_of_the_two_kernels() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    for d in [5120usize, 50] {
+        let rows = 3;
+        let threads = (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        let (x0, y, w) = (random(rows * d, 81), random(rows * d, 82), random(d, 83));
+        let eps = 1e-6f32;
+        // SAFETY (every launch): the signatures of add_in_place, rms_norm and add_rms_norm.
+        let (two_x, two_out) = (x0.clone(), vec![f32::NAN; rows * d]);
+        unsafe {
+            let add: unsafe extern "C" fn(*mut f32, *const f32, i64) = kern.kernel("add_in_place");
+            let norm: unsafe extern "C" fn(*const f32, *const f32, *mut f32, i32, f32) =
+                kern.kernel("rms_norm");
+            let (xa, ya, wa, oa) = (
+                Addr::of(&two_x),
+                Addr::of(&y),
+                Addr::of(&w),
+                Addr::of(&two_out),
+            );
+            let n = rows * d;
+            kern.launch(n.div_ceil(256) as u32, 256, &|| {
+                add(xa.ptr(), ya.ptr(), n as i64)
+            });
+            kern.launch(rows as u32, threads, &|| {
+                norm(xa.ptr(), wa.ptr(), oa.ptr(), d as i32, eps)
+            });
+        }
+        let (one_x, one_out) = (x0.clone(), vec![f32::NAN; rows * d]);
+        unsafe {
+            let fused: unsafe extern "C" fn(*mut f32, *const f32, *const f32, *mut f32, i32, f32) =
+                kern.kernel("add_rms_norm");
+            let (xa, ya, wa, oa) = (
+                Addr::of(&one_x),
+                Addr::of(&y),
+                Addr::of(&w),
+                Addr::of(&one_out),
+            );
+            kern.launch(rows as u32, threads, &|| {
+                fused(xa.ptr(), ya.ptr(), wa.ptr(), oa.ptr(), d as i32, eps)
+            });
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&one_x), bits(&two_x), "d={d}: the residual");
+        assert_eq!(bits(&one_out), bits(&two_out), "d={d}: the norm");
+        assert!(one_out.iter().all(|v| v.is_finite()));
+    }
+}

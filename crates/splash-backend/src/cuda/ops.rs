@@ -780,21 +780,49 @@ pub fn rms_norm(
     d: usize,
     eps: f32,
 ) -> Result<(), GpuError> {
-    // float4 per thread: up to 1024 threads, so that a hidden-size row takes one or two loads.
-    let threads = (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
-    gpu.launch(
-        k,
-        "rms_norm",
-        rows as u32,
-        threads,
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(w),
-            Arg::Ptr(out),
-            Arg::I32(d as i32),
-            Arg::F32(eps),
-        ],
-    )
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(w),
+        Arg::Ptr(out),
+        Arg::I32(d as i32),
+        Arg::F32(eps),
+    ];
+    gpu.launch(k, "rms_norm", rows as u32, norm_threads(d), &args)
+}
+
+/// The residual add and the next norm: `x += y`, then `out = rms_norm(x) · w`, per row of
+/// `d`, with the bits of [`add_in_place`] then [`rms_norm`] (one launch instead of two).
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    y: u64,
+    w: u64,
+    rows: usize,
+    d: usize,
+    eps: f32,
+) -> Result<(), GpuError> {
+    assert!(
+        out != x && out != y,
+        "add_rms_norm writes out while it reads x and y"
+    );
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(y),
+        Arg::Ptr(w),
+        Arg::Ptr(out),
+        Arg::I32(d as i32),
+        Arg::F32(eps),
+    ];
+    gpu.launch(k, "add_rms_norm", rows as u32, norm_threads(d), &args)
+}
+
+/// Threads of a row norm: a float4 each, up to 1024, so that a hidden-size row takes one or
+/// two loads per thread.
+fn norm_threads(d: usize) -> u32 {
+    (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
 /// `out = w * rms_norm(x) * silu(z)` per row of `d`.

@@ -347,7 +347,10 @@ impl GpuModel {
         let t: usize = rows_of.iter().map(|r| r.t).sum();
         let (xp, np) = (x, normed);
         for (li, layer) in self.layers.iter().enumerate() {
-            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
+            // Later layers' input norms come with the previous layer's last residual add.
+            if li == 0 {
+                dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
+            }
             let mixed = match &layer.mixer {
                 GpuMixer::Gdn(g) => {
                     let mut parts: Vec<GdnSeq<'_>> = items
@@ -392,13 +395,20 @@ impl GpuModel {
                     a.forward(self, np, t, &mut parts, eps)?
                 }
             };
-            dev::add_in_place(gpu, k, xp, ptr(gpu, &mixed, 0), t * h)?;
-            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), t, h, eps)?;
+            let post_norm = ptr(gpu, &layer.post_norm, 0);
+            dev::add_rms_norm(gpu, k, np, xp, ptr(gpu, &mixed, 0), post_norm, t, h, eps)?;
             let ffn = match &layer.ffn {
                 GpuFfn::Dense(m) => m.forward(self, np, t)?,
                 GpuFfn::Moe(moe) => self.moe(moe, np, t)?,
             };
-            dev::add_in_place(gpu, k, xp, ptr(gpu, &ffn, 0), t * h)?;
+            let fp = ptr(gpu, &ffn, 0);
+            match self.layers.get(li + 1) {
+                Some(next) => {
+                    let next_norm = ptr(gpu, &next.input_norm, 0);
+                    dev::add_rms_norm(gpu, k, np, xp, fp, next_norm, t, h, eps)?
+                }
+                None => dev::add_in_place(gpu, k, xp, fp, t * h)?,
+            }
             for (j, _) in taps.0.iter().enumerate().filter(|(_, &l)| l == li) {
                 gpu.copy(taps.1 + (j * t * h * 4) as u64, xp, t * h * 4)?;
             }
