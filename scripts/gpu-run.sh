@@ -101,16 +101,21 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
         --speculative off > "$out/profile-$m.txt" 2>&1
       grep -E -B2 'gpu__time_duration' "$out/profile-$m.txt" | tail -120
     else
-      # A random DFlash (v1) draft of the published shapes: 5 layers, block 16.
-      d=/tmp/synth-$m-draft
-      [ -d "$d" ] || python3 bench/make_synthetic_draft.py ".device/cfg-$m" "$d" --layers 5 --block 16
-      echo "== bench $m"
-      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/mem-$m.txt" &
-      smi=$!
-      ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
-        --verify-rows 16 --draft-model "$d" --speculative always 2>&1 | tee "$out/bench-$m.txt" | tail -16
-      kill $smi
-      echo "peak GPU memory $(sort -n "$out/mem-$m.txt" | tail -1) MiB"
+      # Random drafts of the published shapes, 5 layers, block 16: DFlash (v1), and DFlash2
+      # (dynamic convolutions on the GPU, its selector on the host). DRAFTS picks.
+      for kind in ${DRAFTS:-dflash dflash2}; do
+        d=/tmp/synth-$m-$kind
+        flag=""
+        [ "$kind" = dflash2 ] && flag=--dflash2
+        [ -d "$d" ] || python3 bench/make_synthetic_draft.py ".device/cfg-$m" "$d" --layers 5 --block 16 $flag
+        echo "== bench $m, $kind draft"
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/mem-$m-$kind.txt" &
+        smi=$!
+        ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
+          --verify-rows 16 --draft-model "$d" --speculative always 2>&1 | tee "$out/bench-$m-$kind.txt" | tail -16
+        kill $smi
+        echo "peak GPU memory $(sort -n "$out/mem-$m-$kind.txt" | tail -1) MiB"
+      done
     fi
   done
 fi
