@@ -383,6 +383,16 @@ struct HostCache {
 }
 
 impl HostCache {
+    /// Keys, key scales, values, value scales: the cache arguments of the attention kernels.
+    fn addrs(&self) -> (Addr, Addr, Addr, Addr) {
+        (
+            Addr::of(&self.k),
+            Addr::of(&self.ks),
+            Addr::of(&self.v),
+            Addr::of(&self.vs),
+        )
+    }
+
     fn new(
         kern: &HostKernels,
         format: KvFormat,
@@ -499,15 +509,8 @@ fn attention_prefill(
 ) -> Vec<f32> {
     let out = vec![f32::NAN; t * hq * d];
     let part = vec![f32::NAN; t * hq * nchunks * (d + 2)];
-    let (qa, ka, ksa, va, vsa, oa, pa) = (
-        Addr::of(q),
-        Addr::of(&cache.k),
-        Addr::of(&cache.ks),
-        Addr::of(&cache.v),
-        Addr::of(&cache.vs),
-        Addr::of(&out),
-        Addr::of(&part),
-    );
+    let (qa, oa, pa) = (Addr::of(q), Addr::of(&out), Addr::of(&part));
+    let (ka, ksa, va, vsa) = cache.addrs();
     // SAFETY: the signatures of attention_prefill and attention_combine in kernels.cu.
     unsafe {
         type Prefill = unsafe extern "C" fn(
@@ -555,14 +558,21 @@ fn attention_prefill(
             )
         });
         if nchunks > 1 {
-            let combine: unsafe extern "C" fn(*const f32, *mut f32, i32) =
-                kern.kernel("attention_combine");
-            kern.launch((t * hq) as u32, 128, &|| {
-                combine(pa.ptr(), oa.ptr(), nchunks as i32)
-            });
+            combine(kern, pa, oa, t * hq, nchunks);
         }
     }
     out
+}
+
+/// `attention_combine` of `rows` rows' `nchunks` partial results at `part` into `out`.
+///
+/// # Safety
+/// `part` holds `[rows, nchunks, head_dim + 2]` values and `out` `[rows, head_dim]`.
+unsafe fn combine(kern: &HostKernels, part: Addr, out: Addr, rows: usize, nchunks: usize) {
+    let f: unsafe extern "C" fn(*const f32, *mut f32, i32) = kern.kernel("attention_combine");
+    kern.launch(rows as u32, 128, &|| {
+        f(part.ptr(), out.ptr(), nchunks as i32)
+    });
 }
 
 /// The CPU reference: causal attention of `q` at `pos0..` over `keys`/`values` stored in
@@ -859,15 +869,8 @@ fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
         let rows = t * hq;
         let part = vec![f32::NAN; rows * chunks * (d + 2)];
         let out = vec![f32::NAN; rows * d];
-        let (qa, ka, ksa, va, vsa, pa, oa) = (
-            Addr::of(q),
-            Addr::of(&cache.k),
-            Addr::of(&cache.ks),
-            Addr::of(&cache.v),
-            Addr::of(&cache.vs),
-            Addr::of(&part),
-            Addr::of(&out),
-        );
+        let (qa, pa, oa) = (Addr::of(q), Addr::of(&part), Addr::of(&out));
+        let (ka, ksa, va, vsa) = cache.addrs();
         // SAFETY: the signatures of attention_part and attention_combine in kernels.cu.
         unsafe {
             type Part = unsafe extern "C" fn(
@@ -907,11 +910,7 @@ fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
                     chunks as i32,
                 )
             });
-            let combine: unsafe extern "C" fn(*const f32, *mut f32, i32) =
-                kern.kernel("attention_combine");
-            kern.launch(rows as u32, 128, &|| {
-                combine(pa.ptr(), oa.ptr(), chunks as i32)
-            });
+            combine(&kern, pa, oa, rows, chunks);
         }
         out
     };
