@@ -35,7 +35,7 @@ def main():
     t = t.get("text_config", t)
     h, n_target, vocab = t["hidden_size"], t["num_hidden_layers"], t["vocab_size"]
     heads, kv, hd = max(h // 128, 4), max(h // 512, 2), 128 if h >= 512 else h // 4
-    inter = int(h * 3.4) // 64 * 64
+    inter = max(64, int(h * 3.4) // 64 * 64)
     # build_target_layer_ids(n_target, layers)
     start, end = 1, n_target - 3
     taps = [round(start + i * (end - start) / (a.layers - 1)) for i in range(a.layers)]

@@ -1,5 +1,8 @@
 //! Token sampling: penalties, temperature, top-k, top-p, min-p; seeded and reproducible.
 
+pub(crate) use splash_backend::cpu::argmax;
+use splash_backend::cpu::top_k;
+
 /// How the next token is chosen. The defaults sample nothing away: temperature 1, no
 /// truncation, no penalties. Temperature 0 means greedy (argmax).
 #[derive(Clone, Debug, PartialEq)]
@@ -120,23 +123,21 @@ impl Sampler {
         if p.temperature == 0.0 {
             return Distribution::point(argmax(logits));
         }
-        // Candidates sorted by logit, best first; ties keep the lower id first.
-        let mut cand: Vec<(u32, f32)> = logits
+        // Candidates sorted by logit, best first; ties keep the lower id first. With top-k,
+        // one pass keeps the k best (a real vocabulary row has 248,320 entries).
+        let finite = logits
             .iter()
             .enumerate()
             .filter(|(_, l)| l.is_finite())
-            .map(|(i, &l)| (i as u32, l / p.temperature))
-            .collect();
+            .map(|(i, &l)| (i as u32, l / p.temperature));
+        let cand = if p.top_k > 0 {
+            top_k(finite, p.top_k)
+        } else {
+            top_k(finite, usize::MAX)
+        };
         if cand.is_empty() {
             return Distribution::point(argmax(logits));
         }
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.select_nth_unstable_by(p.top_k - 1, |a, b| {
-                b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
-            });
-            cand.truncate(p.top_k);
-        }
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         // Softmax over the survivors, in f64 so long tails do not lose mass.
         let max = cand[0].1 as f64;
         let mut probs: Vec<f64> = cand.iter().map(|c| (c.1 as f64 - max).exp()).collect();
@@ -245,17 +246,6 @@ impl Distribution {
         self.entries.iter_mut().for_each(|e| e.1 /= total);
         self
     }
-}
-
-/// Index of the largest value; the first one on ties.
-pub(crate) fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// A seed that differs between calls and processes (std's per-process random hasher keys mixed

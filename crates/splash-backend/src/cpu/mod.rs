@@ -9,6 +9,7 @@ mod kv;
 mod matmul;
 mod norm;
 mod rope;
+mod select;
 
 pub use activation::{add_in_place, sigmoid, silu, silu_mul, softmax_in_place, softplus};
 pub use attention::attention;
@@ -19,3 +20,4 @@ pub use kv::{KvFormat, KvStore};
 pub use matmul::{dot, embedding, matmul, row_by_row, ROW_BY_ROW_TOKENS};
 pub use norm::{l2_norm_rows, rms_norm, rms_norm_gated};
 pub use rope::Rope;
+pub use select::{argmax, top_k};

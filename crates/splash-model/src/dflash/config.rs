@@ -200,6 +200,27 @@ impl DraftConfig {
                 .map(|c| c as f32),
             input_embedding_scale: f64_of("input_embedding_scale").unwrap_or(1.0) as f32,
         };
+        // A zero size would only fail later, inside a product or a kernel launch.
+        let mut sizes = vec![
+            ("hidden_size", cfg.hidden_size),
+            ("intermediate_size", cfg.intermediate_size),
+            ("num_attention_heads", cfg.num_heads),
+            ("num_key_value_heads", cfg.num_kv_heads),
+            ("head_dim", cfg.head_dim),
+            ("vocab_size", cfg.vocab_size),
+        ];
+        if let Some(d2) = cfg.dflash2 {
+            sizes.extend([
+                ("conv_kernel_size", d2.conv_kernel),
+                ("selector_rank", d2.selector_rank),
+                ("selector_top_k", d2.selector_top_k),
+            ]);
+        }
+        if let Some((name, _)) = sizes.iter().find(|(_, v)| *v == 0) {
+            return Err(err(format!(
+                "`{name}` is 0; a draft needs a positive value there"
+            )));
+        }
         if cfg.block_size < 2 {
             return Err(err(format!(
                 "block_size {} leaves nothing to draft (need ≥ 2)",
@@ -289,6 +310,23 @@ mod tests {
         // model-spec §4.4: Qwen3.6-27B-DFlash [1,16,31,46,61]; Qwen3-8B [1,9,17,25,33].
         assert_eq!(build_target_layer_ids(64, 5), vec![1, 16, 31, 46, 61]);
         assert_eq!(build_target_layer_ids(36, 5), vec![1, 9, 17, 25, 33]);
+    }
+
+    #[test]
+    fn a_zero_size_is_refused_by_name() {
+        let dir = std::env::temp_dir();
+        let mut v: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../tests/fixtures/dflash/dense-dflash2/config.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(DraftConfig::from_value(&dir, &v).is_ok());
+        v["intermediate_size"] = 0.into();
+        let e = DraftConfig::from_value(&dir, &v).unwrap_err();
+        assert!(e.to_string().contains("`intermediate_size` is 0"), "{e}");
     }
 
     #[test]

@@ -113,13 +113,9 @@ impl Selector {
 
 /// The `k` largest entries of `row`, best first (ties: lower id first).
 fn top_k(row: &[f32], k: usize) -> Vec<u32> {
-    let mut ids: Vec<u32> = (0..row.len() as u32).collect();
-    let k = k.min(ids.len());
-    let cmp = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
-    if k < ids.len() {
-        ids.select_nth_unstable_by(k - 1, cmp);
-        ids.truncate(k);
-    }
-    ids.sort_unstable_by(cmp);
-    ids
+    let entries = row.iter().enumerate().map(|(i, &v)| (i as u32, v));
+    splash_backend::cpu::top_k(entries, k)
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
 }
