@@ -185,30 +185,39 @@ impl Sampler {
         self.rng.next_f64()
     }
 
+    /// Repetition, presence and frequency penalties. Each distinct token is penalised once
+    /// (frequency by its count); per-vocabulary arrays instead of hash sets, since a verify
+    /// step penalises a dozen rows against a prompt of tens of thousands of tokens.
     fn apply_penalties(&self, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
         let p = &self.params;
+        let v = logits.len();
         if p.repetition_penalty != 1.0 {
-            let mut seen = std::collections::HashSet::new();
+            let mut seen = vec![0u64; v.div_ceil(64)];
             for &t in prompt.iter().chain(output) {
-                if seen.insert(t) {
-                    if let Some(l) = logits.get_mut(t as usize) {
-                        *l = if *l > 0.0 {
-                            *l / p.repetition_penalty
-                        } else {
-                            *l * p.repetition_penalty
-                        };
-                    }
+                let t = t as usize;
+                if t < v && seen[t / 64] & (1 << (t % 64)) == 0 {
+                    seen[t / 64] |= 1 << (t % 64);
+                    let l = &mut logits[t];
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
                 }
             }
         }
         if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            let mut counts = std::collections::HashMap::<u32, u32>::new();
+            let mut counts = vec![0u32; v];
             for &t in output {
-                *counts.entry(t).or_default() += 1;
+                if let Some(n) = counts.get_mut(t as usize) {
+                    *n += 1;
+                }
             }
-            for (t, n) in counts {
-                if let Some(l) = logits.get_mut(t as usize) {
-                    *l -= p.presence_penalty + p.frequency_penalty * n as f32;
+            for &t in output {
+                let t = t as usize;
+                if t < v && counts[t] > 0 {
+                    logits[t] -= p.presence_penalty + p.frequency_penalty * counts[t] as f32;
+                    counts[t] = 0;
                 }
             }
         }
@@ -398,6 +407,63 @@ mod tests {
             1,
             "prompt tokens count for repetition"
         );
+    }
+
+    /// The penalties as first written (hash set and map): each distinct token once.
+    fn reference_penalties(p: &SamplingParams, logits: &mut [f32], prompt: &[u32], output: &[u32]) {
+        if p.repetition_penalty != 1.0 {
+            let mut seen = std::collections::HashSet::new();
+            for &t in prompt.iter().chain(output) {
+                if seen.insert(t) {
+                    if let Some(l) = logits.get_mut(t as usize) {
+                        *l = if *l > 0.0 {
+                            *l / p.repetition_penalty
+                        } else {
+                            *l * p.repetition_penalty
+                        };
+                    }
+                }
+            }
+        }
+        let mut counts = std::collections::HashMap::<u32, u32>::new();
+        for &t in output {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, n) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l -= p.presence_penalty + p.frequency_penalty * n as f32;
+            }
+        }
+    }
+
+    #[test]
+    fn penalties_match_their_definition_bit_for_bit() {
+        let params = SamplingParams {
+            repetition_penalty: 1.3,
+            presence_penalty: 0.7,
+            frequency_penalty: 0.35,
+            ..SamplingParams::greedy()
+        };
+        let s = Sampler::new(params.clone());
+        let mut x = 11u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let v = 300;
+        let logits: Vec<f32> = (0..v)
+            .map(|_| (next() % 2000) as f32 / 100.0 - 10.0)
+            .collect();
+        // Repeated tokens, and ids past the vocabulary (ignored).
+        let prompt: Vec<u32> = (0..500).map(|_| (next() % 320) as u32).collect();
+        let output: Vec<u32> = (0..200).map(|_| (next() % 40) as u32 * 8).collect();
+        let (mut got, mut want) = (logits.clone(), logits);
+        s.apply_penalties(&mut got, &prompt, &output);
+        reference_penalties(&params, &mut want, &prompt, &output);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
     }
 
     #[test]
