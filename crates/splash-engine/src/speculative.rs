@@ -357,15 +357,18 @@ impl DraftSession for DFlashSession {
             history.len(),
             "draft context out of step"
         );
-        let DraftBlock { hidden, logits } =
-            self.draft
-                .draft_block(&mut self.ctx, &target.graph, anchor, len + 1)?;
-        let vocab = logits.len() / len;
+        let DraftBlock {
+            hidden,
+            logits,
+            candidates,
+        } = self
+            .draft
+            .draft_block(&mut self.ctx, &target.graph, anchor, len + 1)?;
         let greedy = sampler.params().temperature == 0.0;
         let mut proposal = Proposal::default();
         match self.draft.selector() {
             None => {
-                for row in logits.chunks_exact(vocab) {
+                for row in logits.chunks_exact(logits.len() / len) {
                     if greedy {
                         proposal.tokens.push(argmax(row));
                     } else {
@@ -378,7 +381,7 @@ impl DraftSession for DFlashSession {
             Some(selector) => {
                 let temperature = sampler.params().temperature as f64;
                 let mut qs = Vec::new();
-                let walk = selector.walk(&hidden, &logits, anchor, |scores| {
+                let walk = selector.walk_candidates(&hidden, &candidates, anchor, |scores| {
                     if greedy {
                         return argmax(scores) as usize;
                     }

@@ -7,7 +7,7 @@ use splash_backend::cuda::Gpu;
 
 mod common;
 use common::{argmax, fixture, max_rel, ragged_batches};
-use splash_model::{load, DFlashDraft, KvFormat, Logits, Model};
+use splash_model::{load, DFlashDraft, DraftBlock, KvFormat, Logits, Model};
 
 /// The same checkpoint twice: on the CPU and on GPU 0 (None without a GPU).
 fn pair(name: &str) -> Option<(Model, Model)> {
@@ -183,23 +183,35 @@ fn draft_and_taps_match_the_cpu() {
         let got = gpu_draft
             .draft_block(&mut gc, &gpu.graph, 7, block)
             .unwrap();
-        let (eh, el) = (
+        // A DFlash2 draft's scores are its selector's candidates, picked on the device.
+        let values = |b: &DraftBlock| b.candidates.iter().map(|c| c.1).collect::<Vec<_>>();
+        let (eh, el, ec) = (
             max_rel(&got.hidden, &want.hidden),
             max_rel(&got.logits, &want.logits),
+            max_rel(&values(&got), &values(&want)),
         );
-        println!("{draft_dir}: GPU vs CPU draft hidden {eh:.2e}, logits {el:.2e}");
+        println!(
+            "{draft_dir}: GPU vs CPU draft hidden {eh:.2e}, logits {el:.2e} ({}), candidates {ec:.2e} ({})",
+            got.logits.len(),
+            got.candidates.len()
+        );
         assert!(
-            eh < 1e-4 && el < 1e-4,
-            "{draft_dir}: draft differs ({eh}, {el})"
+            eh < 1e-4 && el < 1e-4 && ec < 1e-4,
+            "{draft_dir}: draft differs ({eh}, {el}, {ec})"
         );
+        assert_eq!(got.logits.is_empty(), want.logits.is_empty());
+        assert_eq!(got.candidates.len(), want.candidates.len());
         let v = cpu.config.vocab_size;
         let top = |l: &[f32]| l.chunks_exact(v).map(argmax).collect::<Vec<_>>();
         assert_eq!(top(&got.logits), top(&want.logits));
+        let ids = |b: &DraftBlock| b.candidates.iter().map(|c| c.0).collect::<Vec<_>>();
+        assert_eq!(ids(&got), ids(&want));
         // Drafting leaves the context as it was: a second block is the same.
         let again = gpu_draft
             .draft_block(&mut gc, &gpu.graph, 7, block)
             .unwrap();
         assert_eq!(again.logits, got.logits);
+        assert_eq!(again.candidates, got.candidates);
     }
 }
 

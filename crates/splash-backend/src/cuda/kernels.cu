@@ -1750,6 +1750,63 @@ extern "C" __global__ void grouped_dynamic_conv(const float* x, const float* dyn
     out[i] = acc;
 }
 
+// The k best entries of each row of logits [R, V] (value descending, id ascending on ties),
+// after a draft's shaping: v·mult, then cap·tanh(v/cap) when cap > 0. Writes ids [R, k] and
+// values [R, k], best first: what DFlash2's candidate selector walks, without the row leaving
+// the GPU. One block of TOPK_THREADS per row: each thread keeps the best k of its ids (t,
+// t + TOPK_THREADS, ...); then k rounds pick the block's best head and its owner pops it.
+// k ≤ TOPK_MAX ≤ V.
+#define TOPK_MAX 32
+#define TOPK_THREADS 256
+__device__ __forceinline__ bool topk_better(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
+
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+    top_k_rows(const float* logits, int V, int k, float mult, float cap, int* ids, float* vals) {
+    const float* row = logits + (long)blockIdx.x * V;
+    float bv[TOPK_MAX];
+    int bi[TOPK_MAX];
+    int n = 0;
+    for (int i = threadIdx.x; i < V; i += TOPK_THREADS) {
+        float v = row[i] * mult;
+        if (cap > 0.0f) v = tanhf(v / cap) * cap;
+        // Ids come ascending: an entry equal to the worst kept loses the tie.
+        if (n == k && !(v > bv[k - 1])) continue;
+        int j = n < k ? n : k - 1;
+        while (j > 0 && bv[j - 1] < v) {
+            bv[j] = bv[j - 1];
+            bi[j] = bi[j - 1];
+            j--;
+        }
+        bv[j] = v;
+        bi[j] = i;
+        if (n < k) n++;
+    }
+    __shared__ float sv[TOPK_THREADS];
+    __shared__ int si[TOPK_THREADS], sowner[TOPK_THREADS];
+    int head = 0, t = threadIdx.x;
+    for (int r = 0; r < k; r++) {
+        bool has = head < n;
+        sv[t] = has ? bv[head] : NEG_INF;
+        si[t] = has ? bi[head] : 0x7fffffff;
+        sowner[t] = t;
+        __syncthreads();
+        for (int s = TOPK_THREADS / 2; s > 0; s >>= 1) {
+            if (t < s && topk_better(sv[t + s], si[t + s], sv[t], si[t])) {
+                sv[t] = sv[t + s];
+                si[t] = si[t + s];
+                sowner[t] = sowner[t + s];
+            }
+            __syncthreads();
+        }
+        if (t == 0) {
+            ids[(long)blockIdx.x * k + r] = si[0];
+            vals[(long)blockIdx.x * k + r] = sv[0];
+        }
+        if (sowner[0] == t) head++;
+        __syncthreads();
+    }
+}
+
 // x *= sigmoid(gate), elementwise (the attention output gate).
 extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;

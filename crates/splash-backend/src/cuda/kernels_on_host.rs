@@ -979,3 +979,42 @@ fn the_fused_add_and_norm_on_the_host_has_the_bits_of_the_two_kernels() {
         assert!(one_out.iter().all(|v| v.is_finite()));
     }
 }
+
+/// The candidates of DFlash2's selector picked on the device: the best k of each row as
+/// `cpu::top_k` picks them (ties to the lower id), after the draft's multiplier and softcap.
+#[test]
+fn the_row_top_k_on_the_host_matches_the_cpu() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (rows, v) = (3, 3001);
+    // Values on a coarse grid: many ties.
+    let logits: Vec<f32> = random(rows * v, 91)
+        .iter()
+        .map(|x| (x * 40.0).round() / 4.0)
+        .collect();
+    for (k, mult, cap) in [(16usize, 1.0f32, 0.0f32), (1, 0.5, 0.0), (32, 1.5, 3.0)] {
+        let ids = vec![-1i32; rows * k];
+        let vals = vec![f32::NAN; rows * k];
+        let (la, ia, va) = (Addr::of(&logits), Addr::of(&ids), Addr::of(&vals));
+        // SAFETY: top_k_rows's signature; ops::top_k_rows's grid and block.
+        unsafe {
+            let f: unsafe extern "C" fn(*const f32, i32, i32, f32, f32, *mut i32, *mut f32) =
+                kern.kernel("top_k_rows");
+            kern.launch(rows as u32, 256, &|| {
+                f(la.ptr(), v as i32, k as i32, mult, cap, ia.ptr(), va.ptr())
+            });
+        }
+        for (r, row) in logits.chunks_exact(v).enumerate() {
+            let shaped = row.iter().enumerate().map(|(i, &x)| {
+                let y = x * mult;
+                (i as u32, if cap > 0.0 { (y / cap).tanh() * cap } else { y })
+            });
+            let want = cpu::top_k(shaped, k);
+            let got: Vec<(u32, f32)> = ids[r * k..(r + 1) * k]
+                .iter()
+                .zip(&vals[r * k..(r + 1) * k])
+                .map(|(&i, &x)| (i as u32, x))
+                .collect();
+            assert_eq!(got, want, "k={k} mult={mult} cap={cap} row {r}");
+        }
+    }
+}

@@ -1117,6 +1117,48 @@ pub fn grouped_dynamic_conv(
     )
 }
 
+/// The most candidates [`top_k_rows`] keeps per row (`TOPK_MAX` in kernels.cu).
+pub const TOP_K_MAX: usize = 32;
+
+/// The `k` best entries of each of `rows` rows of `logits` `[rows, v]` (`k` ≤ [`TOP_K_MAX`],
+/// ≤ `v`), after `v·mult` and, with a `cap`, `cap·tanh(v/cap)`: ids and values `[rows, k]`,
+/// best first, ties to the lower id (as `cpu::top_k`).
+#[allow(clippy::too_many_arguments)]
+pub fn top_k_rows(
+    gpu: &Gpu,
+    k: &Kernels,
+    logits: u64,
+    rows: usize,
+    v: usize,
+    top: usize,
+    mult: f32,
+    cap: Option<f32>,
+) -> Result<(CudaSlice<i32>, CudaSlice<f32>), GpuError> {
+    assert!(
+        (1..=TOP_K_MAX.min(v)).contains(&top),
+        "top_k_rows keeps 1..={} of {v}, not {top}",
+        TOP_K_MAX
+    );
+    let ids = gpu.uninit::<i32>(rows * top)?;
+    let vals = gpu.uninit::<f32>(rows * top)?;
+    gpu.launch(
+        k,
+        "top_k_rows",
+        rows as u32,
+        256,
+        &[
+            Arg::Ptr(logits),
+            Arg::I32(v as i32),
+            Arg::I32(top as i32),
+            Arg::F32(mult),
+            Arg::F32(cap.unwrap_or(0.0)),
+            Arg::Ptr(super::ptr(gpu, &ids, 0)),
+            Arg::Ptr(super::ptr(gpu, &vals, 0)),
+        ],
+    )?;
+    Ok((ids, vals))
+}
+
 /// Which cached keys the queries of an [`attention`] call see.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeyMask {

@@ -18,6 +18,10 @@ use crate::qwen35::Qwen35;
 
 type Buf = CudaSlice<f32>;
 
+/// A drafted block on the device: hidden rows, logits (or none) and candidates (or none),
+/// as [`super::DraftBlock`] holds them.
+type DraftOutput = (Vec<f32>, Vec<f32>, Vec<(u32, f32)>);
+
 /// Context rows a fresh draft context holds before it grows (doubling).
 const INITIAL_CONTEXT_CAPACITY: usize = 1024;
 
@@ -384,7 +388,9 @@ impl GpuDraft {
 
     /// Drafts one block at positions `s..` after the `s` context rows: the final-normed
     /// hidden states of the `block - 1` mask rows `[block-1, H]` and their logits through the
-    /// target's head `[block-1, V]` (before the draft's multiplier and softcap).
+    /// target's head `[block-1, V]` (before the draft's multiplier and softcap). With `top`
+    /// (a DFlash2 selector's k), the rows' best `top` entries instead, after the multiplier
+    /// and softcap, picked on the device (`[block-1, top]`, best first), and no logits.
     pub(crate) fn forward(
         &self,
         c: &DraftConfig,
@@ -392,7 +398,8 @@ impl GpuDraft {
         embedded: &[f32],
         block: usize,
         s: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        top: Option<usize>,
+    ) -> Result<DraftOutput, ModelError> {
         let (gpu, k) = (self.gpu(), &*self.k);
         let (h, hq, hkv, d, eps) = (
             c.hidden_size,
@@ -511,9 +518,18 @@ impl GpuDraft {
         )?;
         let logits = self.target.lm_head(op, rows)?;
         let v = logits.len() / rows.max(1);
-        Ok((
-            gpu.download(&out, rows * h)?,
-            gpu.download(&logits, rows * v)?,
-        ))
+        let hidden = gpu.download(&out, rows * h)?;
+        match top.map(|t| t.min(v)) {
+            Some(top) if top <= dev::TOP_K_MAX => {
+                let lp = ptr(gpu, &logits, 0);
+                let mult = c.output_multiplier;
+                let (ids, vals) = dev::top_k_rows(gpu, k, lp, rows, v, top, mult, c.logit_softcap)?;
+                let ids = gpu.download(&ids, rows * top)?;
+                let vals = gpu.download(&vals, rows * top)?;
+                let candidates = ids.iter().map(|&i| i as u32).zip(vals).collect();
+                Ok((hidden, Vec::new(), candidates))
+            }
+            _ => Ok((hidden, gpu.download(&logits, rows * v)?, Vec::new())),
+        }
     }
 }

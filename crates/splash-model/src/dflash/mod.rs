@@ -157,11 +157,14 @@ impl std::fmt::Debug for DraftContext {
     }
 }
 
-/// A drafted block: the final-normed hidden rows of the proposals `[R, H]` and their logits
-/// `[R, V]` (with the draft's multiplier and softcap).
+/// A drafted block: the final-normed hidden rows of the proposals `[R, H]` and their scores
+/// (with the draft's multiplier and softcap): a DFlash draft's logits `[R, V]`; a DFlash2
+/// draft's candidates for its selector, `[R, k]` (id, logit) best first, and no logits (the
+/// rows of a 248K vocabulary never leave the GPU).
 pub struct DraftBlock {
     pub hidden: Vec<f32>,
     pub logits: Vec<f32>,
+    pub candidates: Vec<(u32, f32)>,
 }
 
 impl DraftContext {
@@ -582,19 +585,41 @@ impl DFlashDraft {
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
             let c = &self.config;
-            let (hidden, mut logits) = g.forward(
+            let top = self.selector.as_ref().map(Selector::top_k);
+            let (hidden, mut logits, mut candidates) = g.forward(
                 c,
                 g.context(c, &mut ctx.gpu)?,
                 &self.embed_block(target, anchor, block),
                 block,
                 ctx.len,
+                top,
             )?;
             self.shape_logits(&mut logits);
-            return Ok(DraftBlock { hidden, logits });
+            // A selector wider than the device's top-k: its candidates from the logits here.
+            if let (Some(sel), true) = (&self.selector, candidates.is_empty()) {
+                candidates = sel.candidates(&logits, block - 1);
+                logits = Vec::new();
+            }
+            return Ok(DraftBlock {
+                hidden,
+                logits,
+                candidates,
+            });
         }
         let hidden = self.forward(ctx, target, anchor, block);
         let logits = self.logits(target, &hidden);
-        Ok(DraftBlock { hidden, logits })
+        Ok(match &self.selector {
+            Some(sel) => DraftBlock {
+                candidates: sel.candidates(&logits, block - 1),
+                hidden,
+                logits: Vec::new(),
+            },
+            None => DraftBlock {
+                hidden,
+                logits,
+                candidates: Vec::new(),
+            },
+        })
     }
 
     /// The block's input rows: `[anchor, MASK × (block-1)]` embedded by the target, scaled.

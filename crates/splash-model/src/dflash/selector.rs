@@ -70,6 +70,19 @@ impl Selector {
         self.top_k
     }
 
+    /// Each slot's candidates: the `top_k` best entries of its row of `logits` `[S, V]`,
+    /// best first (ties to the lower id), flattened `[S, min(top_k, V)]`.
+    pub fn candidates(&self, logits: &[f32], slots: usize) -> Vec<(u32, f32)> {
+        let vocab = logits.len() / slots.max(1);
+        logits
+            .chunks_exact(vocab.max(1))
+            .flat_map(|row| {
+                let entries = row.iter().enumerate().map(|(i, &v)| (i as u32, v));
+                splash_backend::cpu::top_k(entries, self.top_k)
+            })
+            .collect()
+    }
+
     /// Walks the block: `hidden` `[S, H]` (final-normed draft rows), `logits` `[S, V]` (the
     /// unary scores), starting from `anchor`. `choose` picks an index into each slot's
     /// scores (argmax for greedy, a draw from `softmax(scores / T)` when sampling).
@@ -78,44 +91,47 @@ impl Selector {
         hidden: &[f32],
         logits: &[f32],
         anchor: u32,
+        choose: impl FnMut(&[f32]) -> usize,
+    ) -> Vec<SelectorSlot> {
+        let slots = hidden.len() / self.projection.cols();
+        self.walk_candidates(hidden, &self.candidates(logits, slots), anchor, choose)
+    }
+
+    /// [`walk`](Self::walk) over candidates already picked (see
+    /// [`candidates`](Self::candidates); on the GPU they are picked there).
+    pub fn walk_candidates(
+        &self,
+        hidden: &[f32],
+        candidates: &[(u32, f32)],
+        anchor: u32,
         mut choose: impl FnMut(&[f32]) -> usize,
     ) -> Vec<SelectorSlot> {
         let r = self.projection.rows();
         let slots = hidden.len() / self.projection.cols();
-        let vocab = logits.len() / slots;
+        let k = candidates.len() / slots.max(1);
         let mut hp = vec![0.0f32; slots * r];
         matmul(&mut hp, hidden, &self.projection);
         let (mut pred_row, mut succ_row) = (vec![0.0f32; r], vec![0.0f32; r]);
         let mut prev = anchor;
         let mut walk = Vec::with_capacity(slots);
-        for (row, hp_row) in logits.chunks_exact(vocab).zip(hp.chunks_exact(r)) {
-            let candidates = top_k(row, self.top_k);
+        for (cands, hp_row) in candidates.chunks_exact(k.max(1)).zip(hp.chunks_exact(r)) {
             self.predecessor.row_to_f32(prev as usize, &mut pred_row);
             let ctx: Vec<f32> = pred_row.iter().zip(hp_row).map(|(a, b)| a * b).collect();
-            let scores: Vec<f32> = candidates
+            let scores: Vec<f32> = cands
                 .iter()
-                .map(|&c| {
+                .map(|&(c, unary)| {
                     self.successor.row_to_f32(c as usize, &mut succ_row);
-                    row[c as usize] + ctx.iter().zip(&succ_row).map(|(a, b)| a * b).sum::<f32>()
+                    unary + ctx.iter().zip(&succ_row).map(|(a, b)| a * b).sum::<f32>()
                 })
                 .collect();
             let chosen = choose(&scores);
-            prev = candidates[chosen];
+            prev = cands[chosen].0;
             walk.push(SelectorSlot {
-                candidates,
+                candidates: cands.iter().map(|c| c.0).collect(),
                 scores,
                 chosen,
             });
         }
         walk
     }
-}
-
-/// The `k` largest entries of `row`, best first (ties: lower id first).
-fn top_k(row: &[f32], k: usize) -> Vec<u32> {
-    let entries = row.iter().enumerate().map(|(i, &v)| (i as u32, v));
-    splash_backend::cpu::top_k(entries, k)
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect()
 }

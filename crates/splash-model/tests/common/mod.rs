@@ -12,6 +12,9 @@ pub fn fixture(name: &str) -> PathBuf {
 
 /// Largest |a - b| relative to the largest |b| (infinite if `a` holds a NaN).
 pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    if a.is_empty() && b.is_empty() {
+        return 0.0;
+    }
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     a.iter().zip(b).fold(0.0f32, |m, (x, y)| {
         if x.is_nan() {
