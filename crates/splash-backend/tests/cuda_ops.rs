@@ -852,7 +852,10 @@ fn long_context_attention_matches_the_cpu_and_is_row_invariant() {
             };
             let all = run(t, 0);
             let err = rel_err(&all, &want);
-            assert!(err < 1e-4, "d={d} t={t}: {err}");
+            // Past the split kernel's rows (32), head dims of 16s run on the tensor cores:
+            // f16 keys, values and probabilities, as the host test of that kernel bounds them.
+            let bound = if t > 32 && d % 16 == 0 { 4e-3 } else { 1e-4 };
+            assert!(err < bound, "d={d} t={t}: {err}");
             if t <= 32 {
                 for i in 0..t {
                     let one = run(1, i);

@@ -1385,6 +1385,32 @@ extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, i
 #define IN_HEAD(i) (HEAD_DIM % 32 == 0 || (i) < HEAD_DIM)
 
 __device__ __forceinline__ void kv_load(const u8* cache, const float* scales, int fmt, long r, int i0, float* out) {
+    if (HEAD_DPL == 8 && HEAD_DIM % 32 == 0) {
+        // Eight dims a lane (head dim 256): one vector load instead of eight.
+        long e = r * HEAD_DIM + i0;
+        if (fmt == KV_INT8) {
+            uint2 w = *(const uint2*)((const i8*)cache + e);
+            float s = scales[r];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                out[i] = (float)(i8)(w.x >> (8 * i)) * s;
+                out[4 + i] = (float)(i8)(w.y >> (8 * i)) * s;
+            }
+        } else if (fmt == KV_BF16) {
+            uint4 w = *(const uint4*)((const u16*)cache + e);
+            u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                out[2 * i] = bf16_to_f32(ws[i] & 0xffffu);
+                out[2 * i + 1] = bf16_to_f32(ws[i] >> 16);
+            }
+        } else {
+            float4 a = *(const float4*)((const float*)cache + e), b = *(const float4*)((const float*)cache + e + 4);
+            out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+            out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < HEAD_DPL; i++) {
         long e = r * HEAD_DIM + i0 + i;
@@ -1410,9 +1436,15 @@ __device__ __forceinline__ void key_range(int t, int pos0, int block, int window
     }
 }
 
+// Keys a warp of `attend` loads at once: their loads are in flight together, where one key at
+// a time waited a memory latency per key (a 1K-context decode block walked 256 keys a warp).
+#define ATTN_UNROLL 4
+
 // Attention of query row `row` (token, query head) of q [T, hq, HEAD_DIM] over cache rows
 // [lo, hi) of [S, hkv, HEAD_DIM], by the whole block: each warp runs an online softmax over
-// every ATTN_WARPS-th key, lane i holding dims [i·DPL, (i+1)·DPL); the warps are then merged.
+// runs of ATTN_UNROLL keys (warp w takes keys lo + ATTN_UNROLL·(w + ATTN_WARPS·i) + u), lane i
+// holding dims [i·DPL, (i+1)·DPL); the warps are then merged. The order of the sums depends
+// only on [lo, hi), so a row gets the same bits in any pass.
 // Writes dst[i] = Σ_j e_j · v_j (relative to the block's max), divided by the sum when
 // `normalise`; otherwise thread 0 also writes the max and the sum to *m_out and *l_out.
 __device__ void attend(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs,
@@ -1422,26 +1454,47 @@ __device__ void attend(const float* q, const u8* kc, const float* ks, const u8* 
     int h = row % hq, kvh = h / (hq / hkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float* qv = q + (long)row * HEAD_DIM + lane * DPL;
-    float qr[DPL], acc[DPL], kr[DPL], vr[DPL];
+    float qr[DPL], acc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) {
         qr[i] = IN_HEAD(lane * DPL + i) ? qv[i] : 0.0f;
         acc[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    for (int j = lo + warp; j < hi; j += ATTN_WARPS) {
-        long r = (long)j * hkv + kvh;
-        kv_load(kc, ks, fmt, r, lane * DPL, kr);
-        float p = 0.0f;
+    for (int j0 = lo + ATTN_UNROLL * warp; j0 < hi; j0 += ATTN_UNROLL * ATTN_WARPS) {
+        float kr[ATTN_UNROLL][DPL], vr[ATTN_UNROLL][DPL], sc[ATTN_UNROLL];
 #pragma unroll
-        for (int i = 0; i < DPL; i++) p += qr[i] * kr[i];
-        float sc = warp_sum(p) * scale;
-        float m2 = fmaxf(m, sc);
-        float corr = expf(m - m2), e = expf(sc - m2);
-        kv_load(vc, vs, fmt, r, lane * DPL, vr);
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            if (j0 + u < hi) {
+                long r = (long)(j0 + u) * hkv + kvh;
+                kv_load(kc, ks, fmt, r, lane * DPL, kr[u]);
+                kv_load(vc, vs, fmt, r, lane * DPL, vr[u]);
+            } else {
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] = acc[i] * corr + e * vr[i];
-        l = l * corr + e;
+                for (int i = 0; i < DPL; i++) kr[u][i] = vr[u][i] = 0.0f;
+            }
+        }
+        // Key j0 is in range, so the new max is finite; keys past hi score −inf (weight 0).
+        float m2 = m;
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            float p = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) p += qr[i] * kr[u][i];
+            sc[u] = j0 + u < hi ? warp_sum(p) * scale : NEG_INF;
+            m2 = fmaxf(m2, sc[u]);
+        }
+        float corr = expf(m - m2);
+        l *= corr;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] *= corr;
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            float e = expf(sc[u] - m2);
+            l += e;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] += e * vr[u][i];
+        }
         m = m2;
     }
     __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS], sacc[ATTN_WARPS][32 * HEAD_DPL];
@@ -1480,7 +1533,7 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const float* 
 }
 
 // Keys per chunk of the split attention below.
-#define ATTN_CHUNK 1024
+#define ATTN_CHUNK 256
 
 // Split attention for a few query rows over a long context (flash-decoding): block
 // (row, chunk c) attends to the keys of its row's range that fall in

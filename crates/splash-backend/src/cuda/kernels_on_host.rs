@@ -847,25 +847,37 @@ fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
     }
 }
 
-/// The split attention of decode and verify passes (chunks of 1,024 keys, merged in order)
-/// matches the CPU over a context of two chunks, and each row of a 3-token block has the
-/// bits the same query gets alone.
+/// The split attention of decode and verify passes (chunks of `ops::ATTN_CHUNK` keys, merged
+/// in order) matches the CPU over a context of several chunks, for head dims 32 and 256 (the
+/// vector loads) and every cache format, and each row of a 3-token block has the bits the same
+/// query gets alone.
 #[test]
 fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
-    let Some(kern) = kernels(DIMS_32) else { return };
-    let (d, hq, hkv, pos0, t) = (32, 2, 1, 1030, 3);
+    for (dims, format) in [
+        (DIMS_32, KvFormat::Int8),
+        (DIMS_256, KvFormat::Int8),
+        (DIMS_256, KvFormat::Bf16),
+        (DIMS_256, KvFormat::F32),
+    ] {
+        split_attention_case(dims, format);
+    }
+}
+
+fn split_attention_case(dims: KernelDims, format: KvFormat) {
+    let Some(kern) = kernels(dims) else { return };
+    let (d, hq, hkv, pos0, t) = (dims.head_dim, 2, 1, 1030, 3);
     let s = pos0 + t;
     let keys = random(s * hkv * d, 71);
     let values = random(s * hkv * d, 72);
     let q = random(t * hq * d, 73);
     let scale = (d as f32).powf(-0.5);
-    let format = KvFormat::Int8;
     let want = cpu_attention(&q, &keys, &values, format, hq, hkv, d, pos0, scale, None);
     let cache = HostCache::new(&kern, format, &keys, &values, hkv, d);
-    // ops::attention for ≤ 32 rows: attention_part over ceil(span / 1024) chunks, then combine.
+    // ops::attention for ≤ 32 rows: attention_part over ceil(span / ATTN_CHUNK) chunks, then
+    // combine.
     let split = |q: &[f32], pos0: usize| -> Vec<f32> {
         let t = q.len() / (hq * d);
-        let chunks = (pos0 + t).div_ceil(1024);
+        let chunks = (pos0 + t).div_ceil(super::ops::ATTN_CHUNK);
         let rows = t * hq;
         let part = vec![f32::NAN; rows * chunks * (d + 2)];
         let out = vec![f32::NAN; rows * d];
@@ -916,7 +928,7 @@ fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
     };
     let block = split(&q, pos0);
     let err = rel_err(&block, &want);
-    assert!(err < 1e-4, "relative error {err}");
+    assert!(err < 1e-4, "d={d} {format:?}: relative error {err}");
     for ti in 0..t {
         let alone = split(&q[ti * hq * d..(ti + 1) * hq * d], pos0 + ti);
         assert!(
@@ -924,7 +936,7 @@ fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
                 .iter()
                 .zip(&block[ti * hq * d..])
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "row {ti} of the block differs from its query alone"
+            "d={d} {format:?}: row {ti} of the block differs from its query alone"
         );
     }
 }

@@ -6,8 +6,12 @@ use cudarc::driver::CudaSlice;
 use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
 use crate::cpu::KvFormat;
 
-/// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels.cu).
-pub const ATTN_CHUNK: usize = 1024;
+/// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels.cu): small enough that a
+/// decode step at 1K of context has a block per SM or so (1,024 made 48 blocks for the 27B's
+/// 24 heads, each walking 1,024 keys).
+pub const ATTN_CHUNK: usize = 256;
+/// The fewest keys per chunk when `attention_prefill` splits a short pass's keys.
+const FLASH_MIN_CHUNK: usize = 1024;
 /// Query rows (of one sequence) up to which attention splits the keys into chunks: decode
 /// rows, verify blocks and draft blocks, whose few queries would leave most of the GPU idle
 /// over a long context. Longer passes (prefill) have enough queries to fill it.
@@ -297,11 +301,13 @@ pub fn force_tensor_core_warps(warps: usize) {
 }
 
 /// Tiles per block of 9..16-token tensor-core GEMVs forced by [`force_tensor_core_tiles`]
-/// (0: two).
+/// (0: one).
 static TENSOR_CORE_TILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Forces the 16-row tiles a block of a 9..16-token tensor-core GEMV takes (1 or 2; 0 restores
-/// two). For the kernel bench's comparison; a row's sums are the same either way.
+/// one, measured faster on every 27B and 35B-A3B shape on the H200: two tiles per block share
+/// the activation reads but halve the blocks and, at 174-221 registers, the blocks per SM).
+/// For the kernel bench's comparison; a row's sums are the same either way.
 pub fn force_tensor_core_tiles(tiles: usize) {
     TENSOR_CORE_TILES.store(tiles.min(2), std::sync::atomic::Ordering::Relaxed);
 }
@@ -410,13 +416,13 @@ fn gemv_tc(
             )?;
             continue;
         }
-        // Up to 8 tokens a block takes one 16-row tile, up to 16 two (see gemv_tc).
+        // A block takes one 16-row tile (two when forced, see gemv_tc).
         let (name, rows_per_block) = if tc <= 8 {
             (format!("gemv_tc8_{suffix}"), 16)
-        } else if TENSOR_CORE_TILES.load(std::sync::atomic::Ordering::Relaxed) == 1 {
-            (format!("gemv_tc16x1_{suffix}"), 16)
-        } else {
+        } else if TENSOR_CORE_TILES.load(std::sync::atomic::Ordering::Relaxed) == 2 {
             (format!("gemv_tc16_{suffix}"), 32)
+        } else {
+            (format!("gemv_tc16x1_{suffix}"), 16)
         };
         gpu.launch(
             k,
@@ -1228,7 +1234,7 @@ pub fn attention(
             &[Arg::Ptr(pp), Arg::Ptr(out), Arg::I32(chunks as i32)],
         );
     }
-    if flash_prefill(k, format) {
+    if flash_prefill(gpu, k, format) {
         let tiles = tokens.div_ceil(FLASH_QUERY_ROWS);
         // The furthest key any query sees.
         let span = match pos {
@@ -1280,12 +1286,12 @@ const FLASH_MIN_BLOCKS: usize = 264;
 
 /// How `attention_prefill` splits the keys `0..span` for `blocks` (query tile, head) pairs:
 /// (keys per chunk, chunks). One chunk when the pairs fill the GPU; otherwise enough chunks
-/// of at least `ATTN_CHUNK` keys to make [`FLASH_MIN_BLOCKS`] blocks. It depends only on the
+/// of at least [`FLASH_MIN_CHUNK`] keys to make [`FLASH_MIN_BLOCKS`] blocks. It depends only on the
 /// pass's shape, so a pass gives the same result every time.
 fn flash_split(blocks: usize, span: usize) -> (usize, usize) {
     let chunks = FLASH_MIN_BLOCKS
         .div_ceil(blocks.max(1))
-        .min(span.div_ceil(ATTN_CHUNK))
+        .min(span.div_ceil(FLASH_MIN_CHUNK))
         .max(1);
     let chunk = span.div_ceil(chunks).div_ceil(FLASH_KEYS) * FLASH_KEYS;
     (
@@ -1296,9 +1302,9 @@ fn flash_split(blocks: usize, span: usize) -> (usize, usize) {
 
 /// Whether a long pass's attention runs on the tensor cores (`attention_prefill`, f16 products
 /// with f32 sums): for the lossy cache formats, whose rows are already rounded, and head dims
-/// the mma tiles divide. An f32 cache (the exact mode) keeps the f32 kernel.
-fn flash_prefill(k: &Kernels, format: KvFormat) -> bool {
-    format != KvFormat::F32 && k.dims().head_dim.is_multiple_of(16)
+/// the mma tiles divide. An f32 cache and the exact mode keep the f32 kernel.
+fn flash_prefill(gpu: &Gpu, k: &Kernels, format: KvFormat) -> bool {
+    !gpu.exact() && format != KvFormat::F32 && k.dims().head_dim.is_multiple_of(16)
 }
 
 /// Depthwise causal conv + SiLU: `y`, `x` `[tokens, c]`, `state` `[kernel-1, c]`, `w` `[c, kernel]`.
