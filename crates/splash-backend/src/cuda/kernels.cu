@@ -562,13 +562,13 @@ __device__ __forceinline__ float dot_codes(const Codes& c, const int* xq, float 
 // registers (occupancy hides the memory latency) while a verify block shares each decode.
 // `split` warps (1, 2 or 4 of the block's 4) share a row, each taking every split-th run of 32
 // sub-blocks, summed in warp order: a matrix of few rows (the GDN gate projections) still
-// fills the GPU.
+// fills the GPU. `bx` is the block's group of rows.
 template <int F, int MAXT>
 __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
-                        int N, int K, int T, int split) {
+                        int N, int K, int T, int split, int bx) {
     __shared__ float parts[4][MAXT];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * (4 / split) + warp / split, part = warp % split;
+    int n = bx * (4 / split) + warp / split, part = warp % split;
     bool live = n < N;
     const u8* row = W + (long)min(n, N - 1) * row_bytes;
     float acc[MAXT];
@@ -605,16 +605,22 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
     }
 }
 
+// gemv1_q8_*: one token a group of gridDim.x / T blocks, each group the launch a single token
+// gets: for matrices of few rows (0.25 MB for the GDN gate projections, re-read from L2 per
+// token), where a 16-token gemv_q8 walked its tokens in 48 blocks and cost 5.5× one token.
 #define Q8_KERNEL(NAME, F)                                                                        \
     extern "C" __global__ void gemv_q8_##NAME(const u8* W, long row_bytes, const i8* xq,          \
                                               const float* xd, const float* xs, float* y, int N,  \
                                               int K, int T, int split) {                          \
-        gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, N, K, T, split);                      \
+        gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, N, K, T, split, blockIdx.x);          \
     }                                                                                             \
     extern "C" __global__ void gemv1_q8_##NAME(const u8* W, long row_bytes, const i8* xq,         \
                                                const float* xd, const float* xs, float* y, int N, \
                                                int K, int T, int split) {                         \
-        gemv_q8<F, 1>(W, row_bytes, xq, xd, xs, y, N, K, 1, split);                               \
+        int per = gridDim.x / T, t = blockIdx.x / per;                                            \
+        long subs = (long)t * (K / 32);                                                           \
+        gemv_q8<F, 1>(W, row_bytes, xq + (long)t * K, xd + subs, xs + subs, y + (long)t * N, N, K, \
+                      1, split, blockIdx.x % per);                                                \
     }
 
 Q8_KERNEL(q5_k, FMT_Q5_K)

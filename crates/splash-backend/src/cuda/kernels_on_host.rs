@@ -1030,3 +1030,93 @@ fn the_row_top_k_on_the_host_matches_the_cpu() {
         }
     }
 }
+
+/// The dp4a GEMV of a matrix of few rows (the GDN gate projections) as `ops::gemv_q8` launches
+/// it for several tokens: a group of blocks per token. It matches the CPU, and each token gets
+/// the bits it gets alone.
+#[test]
+fn the_small_q8_gemv_on_the_host_gives_each_token_its_bits_alone() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    // 48 rows of 1,024 values, split 4 (ops::gemv_q8's rule below 1,024 rows): 48 blocks a token.
+    let (n, kd, split) = (48usize, 1024usize, 4usize);
+    for (t, fields, suffix) in [
+        (GgmlType::Q8_0, &[0usize][..], "q8_0"),
+        (GgmlType::Q5_K, &[0, 2], "q5_k"),
+    ] {
+        let w = kquant(t, n, kd, fields, 31);
+        let run = |x: &[f32]| -> Vec<f32> {
+            let tokens = x.len() / kd;
+            let blocks32 = tokens * kd / 32;
+            let (xq, xd, xs) = (
+                vec![0i8; tokens * kd],
+                vec![0.0f32; blocks32],
+                vec![0.0f32; blocks32],
+            );
+            let y = vec![f32::NAN; tokens * n];
+            let (xa, qa, da, sa, ya, wa) = (
+                Addr::of(x),
+                Addr::of(&xq),
+                Addr::of(&xd),
+                Addr::of(&xs),
+                Addr::of(&y),
+                Addr::of(w.raw_bytes()),
+            );
+            let row_bytes = t.row_bytes(kd) as i64;
+            // SAFETY: the signatures of quantize_q8 and gemv1_q8_* in kernels.cu, over buffers
+            // of the sizes ops::gemv_q8 gives them.
+            unsafe {
+                let quantize: unsafe extern "C" fn(*const f32, *mut i8, *mut f32, *mut f32, i64) =
+                    kern.kernel("quantize_q8");
+                kern.launch((blocks32 * 32).div_ceil(256) as u32, 256, &|| {
+                    quantize(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks32 as i64)
+                });
+                type Gemv = unsafe extern "C" fn(
+                    *const u8,
+                    i64,
+                    *const i8,
+                    *const f32,
+                    *const f32,
+                    *mut f32,
+                    i32,
+                    i32,
+                    i32,
+                    i32,
+                );
+                let gemv: Gemv = kern.kernel(&format!("gemv1_q8_{suffix}"));
+                let group = n.div_ceil(4 / split);
+                kern.launch((group * tokens) as u32, 128, &|| {
+                    gemv(
+                        wa.ptr(),
+                        row_bytes,
+                        qa.ptr(),
+                        da.ptr(),
+                        sa.ptr(),
+                        ya.ptr(),
+                        n as i32,
+                        kd as i32,
+                        tokens as i32,
+                        split as i32,
+                    )
+                });
+            }
+            y
+        };
+        let tokens = 5;
+        let x = random(tokens * kd, 33);
+        let mut want = vec![0.0f32; tokens * n];
+        cpu::matmul(&mut want, &x, &w);
+        let y = run(&x);
+        // Activations rounded to int8 per 32 values: about 4e-3.
+        let err = rel_err(&y, &want);
+        assert!(err < 1e-2, "{t}: relative error {err}");
+        for (ti, row) in y.chunks_exact(n).enumerate() {
+            let alone = run(&x[ti * kd..(ti + 1) * kd]);
+            assert!(
+                row.iter()
+                    .zip(&alone)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{t}: token {ti} of {tokens} differs from the token alone"
+            );
+        }
+    }
+}
