@@ -730,36 +730,20 @@ fn gemv_q8(
     let split = if n < 1024 { 4 } else { 1 };
     let suffix = w.format.kernel_suffix();
     let group = blocks(n, 4 / split);
-    if tokens == 1 || split == 4 {
-        // The one-token build, a group of blocks per token: few registers for decode, and a
-        // matrix of few rows (read from L2 by every token) as parallel as its tokens.
-        return gpu.launch(
-            k,
-            &format!("gemv1_q8_{suffix}"),
-            group * tokens as u32,
-            128,
-            &[
-                Arg::Ptr(base),
-                Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(super::ptr(gpu, &xq, 0)),
-                Arg::Ptr(super::ptr(gpu, &xd, 0)),
-                Arg::Ptr(super::ptr(gpu, &xs, 0)),
-                Arg::Ptr(out),
-                Arg::I32(n as i32),
-                Arg::I32(kdim as i32),
-                Arg::I32(tokens as i32),
-                Arg::I32(split as i32),
-            ],
-        );
-    }
-    // Up to 16 tokens share each weight read (the same sums per token as the one-token build,
-    // see `matmul`).
-    let name = format!("gemv_q8_{suffix}");
-    for (t0, tc) in token_chunks(tokens) {
+    // The one-token build, a group of blocks per token: few registers for decode, and a matrix
+    // of few rows (read from L2 by every token) as parallel as its tokens. Otherwise up to 16
+    // tokens share each weight read (the same sums per token, see `matmul`).
+    let per_token = tokens == 1 || split == 4;
+    let (name, chunks): (_, Vec<_>) = if per_token {
+        (format!("gemv1_q8_{suffix}"), vec![(0, tokens)])
+    } else {
+        (format!("gemv_q8_{suffix}"), token_chunks(tokens).collect())
+    };
+    for (t0, tc) in chunks {
         gpu.launch(
             k,
             &name,
-            group,
+            if per_token { group * tc as u32 } else { group },
             128,
             &[
                 Arg::Ptr(base),
