@@ -586,7 +586,7 @@ impl DFlashDraft {
         if let Some(g) = &self.gpu {
             let c = &self.config;
             let top = self.selector.as_ref().map(Selector::top_k);
-            let (hidden, mut logits, mut candidates) = g.forward(
+            let (hidden, mut logits, candidates) = g.forward(
                 c,
                 g.context(c, &mut ctx.gpu)?,
                 &self.embed_block(target, anchor, block),
@@ -594,23 +594,28 @@ impl DFlashDraft {
                 ctx.len,
                 top,
             )?;
-            self.shape_logits(&mut logits);
-            // A selector wider than the device's top-k: its candidates from the logits here.
-            if let (Some(sel), true) = (&self.selector, candidates.is_empty()) {
-                candidates = sel.candidates(&logits, block - 1);
-                logits = Vec::new();
+            if !candidates.is_empty() {
+                return Ok(DraftBlock {
+                    hidden,
+                    logits,
+                    candidates,
+                });
             }
-            return Ok(DraftBlock {
-                hidden,
-                logits,
-                candidates,
-            });
+            // No selector, or one wider than the device's top-k: scored here.
+            self.shape_logits(&mut logits);
+            return Ok(self.scored(hidden, logits, block - 1));
         }
         let hidden = self.forward(ctx, target, anchor, block);
         let logits = self.logits(target, &hidden);
-        Ok(match &self.selector {
+        Ok(self.scored(hidden, logits, block - 1))
+    }
+
+    /// A block of `slots` rows from its shaped logits: with a selector, its candidates (and
+    /// no logits); without, the logits.
+    fn scored(&self, hidden: Vec<f32>, logits: Vec<f32>, slots: usize) -> DraftBlock {
+        match &self.selector {
             Some(sel) => DraftBlock {
-                candidates: sel.candidates(&logits, block - 1),
+                candidates: sel.candidates(&logits, slots),
                 hidden,
                 logits: Vec::new(),
             },
@@ -619,7 +624,7 @@ impl DFlashDraft {
                 logits,
                 candidates: Vec::new(),
             },
-        })
+        }
     }
 
     /// The block's input rows: `[anchor, MASK × (block-1)]` embedded by the target, scaled.
