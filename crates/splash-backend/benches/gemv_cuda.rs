@@ -4,7 +4,8 @@
 //! `cargo bench -p splash-backend --features cuda --bench gemv_cuda` on a machine with a GPU.
 //! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
 //! launch cost. `GEMV_SWEEP=1` also times the tensor-core GEMV at each warps-per-tile count,
-//! 16 tokens with one and two tiles per block, and stream-K off and on.
+//! 16 tokens with one and two tiles per block, and stream-K off and on. Last, the time to
+//! download a verify block's logits.
 
 use std::time::Instant;
 
@@ -97,6 +98,13 @@ fn main() {
                     Ok::<(), dev::GpuError>(())
                 })
                 .unwrap();
+            if tokens == 1 {
+                // Whether dependent launches survived the capture (see Graph::census).
+                println!(
+                    "    graph of {reps} products: {:?}",
+                    graph.census().unwrap()
+                );
+            }
             gpu.replay(&graph).unwrap();
             gpu.synchronize().unwrap();
             let t0 = Instant::now();
@@ -135,5 +143,32 @@ fn main() {
             }
             dev::force_stream_k(None);
         }
+    }
+    // What a verify block's logits (16 rows of the 248,320-token vocabulary) cost to bring
+    // to the host, through the page-locked staging buffer (`Gpu::download`).
+    let len = 16 * 248_320;
+    let logits = gpu.zeros::<f32>(len).unwrap();
+    let _ = gpu.download(&logits, len).unwrap();
+    let reps = 20;
+    let t0 = Instant::now();
+    for _ in 0..reps {
+        std::hint::black_box(gpu.download(&logits, len).unwrap());
+    }
+    let staged = t0.elapsed().as_secs_f64() / reps as f64;
+    // The same into pageable memory, as downloads went before.
+    let t0 = Instant::now();
+    for _ in 0..reps {
+        let mut out = vec![0f32; len];
+        gpu.stream().memcpy_dtoh(&logits, &mut out).unwrap();
+        std::hint::black_box(out);
+    }
+    let pageable = t0.elapsed().as_secs_f64() / reps as f64;
+    for (how, secs) in [("page-locked staging", staged), ("pageable", pageable)] {
+        println!(
+            "download of {:.1} MB of logits, {how}: {:.2} ms ({:.1} GB/s)",
+            len as f64 * 4e-6,
+            secs * 1e3,
+            len as f64 * 4.0 / secs / 1e9
+        );
     }
 }

@@ -28,6 +28,27 @@ typedef unsigned long long u64;
 // speculative verify block is one launch.
 #define GEMV_MAX_T 16
 
+// Programmatic dependent launch (sm_90 and up; the host asks for it, see Gpu::launch): a
+// kernel may start while the one before it in the stream is still running, so its launch and
+// first loads overlap the other's last wave. Every kernel therefore waits for the one before it
+// (and so, transitively, for everything earlier) to complete before it touches memory that
+// another kernel writes or reads; only weights, which no kernel writes, may be loaded before.
+// It lets the next kernel launch first: that one's blocks take SM slots only once all of this
+// one's blocks have started, so the earliest kernel always runs (no kernel here waits on another
+// block).
+#if !defined(KERNEL_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define GRID_LAUNCH_NEXT() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GRID_WAIT()
+#define GRID_LAUNCH_NEXT()
+#endif
+#define GRID_PROLOGUE()     \
+    do {                    \
+        GRID_LAUNCH_NEXT(); \
+        GRID_WAIT();        \
+    } while (0)
+
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
 #ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
@@ -479,18 +500,21 @@ __device__ void dequant_rows(const u8* W, long row_bytes, Affine a, void* out, i
     extern "C" __global__ void gemv_##NAME(const u8* W, long row_bytes, const float* scales,       \
                                            const float* biases, int group, const float* x,        \
                                            float* y, int N, int K, int T) {                       \
+        GRID_PROLOGUE();                                                                          \
         Affine a = {scales, biases, group};                                                       \
         gemv<F>(W, row_bytes, a, x, y, N, K, T);                                                  \
     }                                                                                             \
     extern "C" __global__ void dequant_bf16_##NAME(const u8* W, long row_bytes,                   \
                                                    const float* scales, const float* biases,      \
                                                    int group, void* out, int N, int K) {          \
+        GRID_PROLOGUE();                                                                          \
         Affine a = {scales, biases, group};                                                       \
         dequant_rows<F, true>(W, row_bytes, a, out, N, K);                                        \
     }                                                                                             \
     extern "C" __global__ void dequant_f32_##NAME(const u8* W, long row_bytes,                    \
                                                   const float* scales, const float* biases,       \
                                                   int group, void* out, int N, int K) {           \
+        GRID_PROLOGUE();                                                                          \
         Affine a = {scales, biases, group};                                                       \
         dequant_rows<F, false>(W, row_bytes, a, out, N, K);                                       \
     }
@@ -522,6 +546,7 @@ WEIGHT_KERNELS(affine8, FMT_AFFINE8)
 
 // One warp per 32 values of x [T, K]: xq [T, K] int8, xd and xs [T, K/32].
 extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float* xs, long blocks) {
+    GRID_PROLOGUE();
     long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (blk >= blocks) return;
@@ -612,11 +637,13 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
     extern "C" __global__ void gemv_q8_##NAME(const u8* W, long row_bytes, const i8* xq,          \
                                               const float* xd, const float* xs, float* y, int N,  \
                                               int K, int T, int split) {                          \
+        GRID_PROLOGUE();                                                                          \
         gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, N, K, T, split, blockIdx.x);          \
     }                                                                                             \
     extern "C" __global__ void gemv1_q8_##NAME(const u8* W, long row_bytes, const i8* xq,         \
                                                const float* xd, const float* xs, float* y, int N, \
                                                int K, int T, int split) {                         \
+        GRID_PROLOGUE();                                                                          \
         int per = gridDim.x / T, t = blockIdx.x / per;                                            \
         long subs = (long)t * (K / 32);                                                           \
         gemv_q8<F, 1>(W, row_bytes, xq + (long)t * K, xd + subs, xs + subs, y + (long)t * N, N, K, \
@@ -878,6 +905,8 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
             r0[u] = tc_load<F>(tile + u * tile_bytes + (long)warp * seg_bytes, 0, lane);
             r1[u] = tc_load<F>(tile + u * tile_bytes + (long)warp * seg_bytes, 1, lane);
         }
+    // The first weights are in flight; everything else comes from the kernels before.
+    GRID_PROLOGUE();
     for (int b = warp; b < nb; b += warps) {
         // The next block's loads are in flight while this one is decoded and multiplied (more
         // in flight was measured slower: GEMV_SWEEP in benches/gemv_cuda.rs, 2026-12-01).
@@ -1001,6 +1030,7 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
 // thread per (tile, token, row); `grid` is gemv_tcs's block count.
 extern "C" __global__ void gemv_tc_fixup(const float* partials, float* y, float* y2, int split, int N, int K,
                                          int T, int grid, int max_pieces) {
+    GRID_PROLOGUE();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     int tiles = (N + 15) / 16, nb = K >> 8;
     if (i >= (long)tiles * T * 16) return;
@@ -1042,10 +1072,20 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
     }
 }
 
+// At most 96 registers for the 1..8-token Q4_K kernel: five 4-warp blocks per SM instead of four
+// (106 uncapped, no spills at 96). Measured on the H200: 27B gate / up 26.0 → 24.5 µs, GDN qkv
+// 17.6 → 14.8 µs. The Q6_K kernel spills at 96 and got slower, so it stays uncapped.
+#ifndef KERNEL_EMULATION
+#define TC8_REGS_q4_k __maxnreg__(96)
+#else
+#define TC8_REGS_q4_k
+#endif
+#define TC8_REGS_q6_k
+
 // gemv_tc8_*: up to 8 tokens, a tile per block; gemv_tc16_*: up to 16 tokens, two tiles per block
 // (gemv_tc16x1_*: one, for the kernel bench's comparison).
 #define TC_KERNEL(NAME, F)                                                                        \
-    extern "C" __global__ void gemv_tc8_##NAME(const u8* W, long row_bytes, const u16* xh,        \
+    extern "C" __global__ void TC8_REGS_##NAME gemv_tc8_##NAME(const u8* W, long row_bytes, const u16* xh,        \
                                                const float* xscale, float* y, float* y2,          \
                                                int split, int N, int K, int T) {                  \
         gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
@@ -1059,12 +1099,14 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
                                                 const float* xscale, float* y, float* y2,         \
                                                 int split, int N, int K, int T, float* partials,  \
                                                 int max_pieces) {                                 \
+        GRID_PROLOGUE();                                                                          \
         gemv_tcs<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
     }                                                                                             \
     extern "C" __global__ void gemv_tcs16_##NAME(const u8* W, long row_bytes, const u16* xh,      \
                                                  const float* xscale, float* y, float* y2,        \
                                                  int split, int N, int K, int T, float* partials, \
                                                  int max_pieces) {                                \
+        GRID_PROLOGUE();                                                                          \
         gemv_tcs<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
     }                                                                                             \
     extern "C" __global__ void gemv_tc16x1_##NAME(const u8* W, long row_bytes, const u16* xh,     \
@@ -1075,6 +1117,7 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
     extern "C" __global__ void gemv_tc_experts_##NAME(                                            \
         const u64* table, const int* active, const int* offsets, const int* order, long row_bytes, \
         const u16* xh, const float* xscale, float* y, int N, int K, int col_div) {                \
+        GRID_PROLOGUE();                                                                          \
         gemv_tc_experts<F>(table, active, offsets, order, row_bytes, xh, xscale, y, N, K, col_div); \
     }
 
@@ -1085,6 +1128,7 @@ TC_KERNEL(q6_k, FMT_Q6_K)
 // by the power of two xscale[t, b] that puts its largest magnitude below 2^14. One warp per
 // block; lane l writes the block's halves 8l..8l+7.
 extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, long blocks) {
+    GRID_PROLOGUE();
     long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (w >= blocks) return;
@@ -1112,6 +1156,7 @@ extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, lon
 
 // f32 → bf16, elementwise (activations for the cuBLAS GEMM).
 extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {
+    GRID_PROLOGUE();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f32_to_bf16(x[i]);
 }
@@ -1145,6 +1190,7 @@ __device__ __forceinline__ void rms_norm_row(const float* xr, const float* w, fl
 
 // out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, one block per row (out may alias x).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
+    GRID_PROLOGUE();
     rms_norm_row(x + (long)blockIdx.x * d, w, out + (long)blockIdx.x * d, d, eps);
 }
 
@@ -1152,6 +1198,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 // · w, with the bits of add_in_place then rms_norm (each thread adds the values it then reads).
 // One block per row; out must not alias x or y.
 extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps) {
+    GRID_PROLOGUE();
     float* xr = x + (long)blockIdx.x * d;
     const float* yr = y + (long)blockIdx.x * d;
     if ((d & 3) == 0) {
@@ -1168,6 +1215,7 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
 // The GDN output norm: w * rms_norm(x) * silu(z), one block per row of d.
 extern "C" __global__ void rms_norm_gated(const float* x, const float* z, const float* w, float* out, int d,
                                           float eps) {
+    GRID_PROLOGUE();
     long base = (long)blockIdx.x * d;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[base + i] * x[base + i];
@@ -1176,30 +1224,35 @@ extern "C" __global__ void rms_norm_gated(const float* x, const float* z, const 
 }
 
 extern "C" __global__ void add_in_place(float* x, const float* y, long n) {
+    GRID_PROLOGUE();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 // g = silu(g) * u (SwiGLU).
 extern "C" __global__ void silu_mul(float* g, const float* u, long n) {
+    GRID_PROLOGUE();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = silu(g[i]) * u[i];
 }
 
 // x[t, :] *= sigmoid(g[t]) (the shared-expert gate): one block per row.
 extern "C" __global__ void scale_rows_sigmoid(float* x, const float* g, int d) {
+    GRID_PROLOGUE();
     float s = sigmoid(g[blockIdx.x]);
     for (int i = threadIdx.x; i < d; i += blockDim.x) x[(long)blockIdx.x * d + i] *= s;
 }
 
 // out[i, :] = x[idx[i], :].
 extern "C" __global__ void gather_rows(const float* x, const int* idx, float* out, int d) {
+    GRID_PROLOGUE();
     const float* src = x + (long)idx[blockIdx.x] * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) out[(long)blockIdx.x * d + i] = src[i];
 }
 
 // out[idx[i], :] += w[i] * y[i, :] (rows of idx are distinct within one launch).
 extern "C" __global__ void scatter_add_rows(const float* y, const int* idx, const float* w, float* out, int d) {
+    GRID_PROLOGUE();
     float* dst = out + (long)idx[blockIdx.x] * d;
     float s = w[blockIdx.x];
     for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] += s * y[(long)blockIdx.x * d + i];
@@ -1213,6 +1266,7 @@ extern "C" __global__ void scatter_add_rows(const float* y, const int* idx, cons
 // probable experts (ties: the lower index first), their probabilities renormalised to sum 1,
 // summed in that order (as ffn.rs::route). ids, weights [T, top_k].
 extern "C" __global__ void moe_route(const float* logits, int* ids, float* weights, int E, int top_k) {
+    GRID_PROLOGUE();
     __shared__ float p[1024];
     __shared__ float best_v[32];
     __shared__ int best_i[32];
@@ -1276,6 +1330,7 @@ extern "C" __global__ void moe_route(const float* logits, int* ids, float* weigh
 // bounding their pairs in `order`, each expert's pairs in increasing order. One block, E ≤ 1024.
 extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
                                      int* order) {
+    GRID_PROLOGUE();
     __shared__ int count[1024], start[1024];
     for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
     __syncthreads();
@@ -1309,6 +1364,7 @@ extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots
 
 // out[t, :] += Σ_j w[t, j] · y[t·k + j, :], the experts added in order j. One block per token.
 extern "C" __global__ void moe_combine(const float* y, const float* w, float* out, int top_k, int d) {
+    GRID_PROLOGUE();
     long t = blockIdx.x;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         float acc = out[t * d + i];
@@ -1322,6 +1378,7 @@ extern "C" __global__ void moe_combine(const float* y, const float* w, float* ou
 
 // The q_proj output is per head [q(D) | gate(D)]: split it into q [rows, D] and gate [rows, D].
 extern "C" __global__ void split_q_gate(const float* qg, float* q, float* gate, int d) {
+    GRID_PROLOGUE();
     long r = blockIdx.x;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         q[r * d + i] = qg[r * 2 * d + i];
@@ -1337,6 +1394,7 @@ __device__ __forceinline__ int position(int pos0, const int* pos_at) { return po
 // (token, head).
 extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int d, int rot, int pos0,
                                 const int* pos_at) {
+    GRID_PROLOGUE();
     int t = blockIdx.x / heads;
     pos0 = position(pos0, pos_at);
     float* h = x + (long)blockIdx.x * d;
@@ -1358,6 +1416,7 @@ extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int 
 // Appends rows x [T, hkv, d] at position pos0 (row pos0·hkv) of the cache. One block per row.
 extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, int fmt, int d, int hkv, int pos0,
                                      const int* pos_at) {
+    GRID_PROLOGUE();
     long r = (long)position(pos0, pos_at) * hkv + blockIdx.x;
     const float* xr = x + (long)blockIdx.x * d;
     if (fmt == KV_F32) {
@@ -1532,6 +1591,7 @@ __device__ void attend(const float* q, const u8* kc, const float* ks, const u8* 
 extern "C" __global__ void attention(const float* q, const u8* kc, const float* ks, const u8* vc,
                                      const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
                                      const int* pos_at, float scale, int block, int window) {
+    GRID_PROLOGUE();
     int lo, hi;
     key_range(blockIdx.x / hq, position(pos0, pos_at), block, window, &lo, &hi);
     attend(q, kc, ks, vc, vs, fmt, blockIdx.x, hq, hkv, lo, hi, scale, out + (long)blockIdx.x * HEAD_DIM,
@@ -1553,6 +1613,7 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const float* 
 extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
                                           const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
                                           const int* pos_at, float scale, int block, int window, int nchunks) {
+    GRID_PROLOGUE();
     int rows = gridDim.x / nchunks, row = blockIdx.x % rows, c = blockIdx.x / rows;
     int lo, hi;
     key_range(row / hq, position(pos0, pos_at), block, window, &lo, &hi);
@@ -1563,6 +1624,7 @@ extern "C" __global__ void attention_part(const float* q, const u8* kc, const fl
 
 // Merges the chunks of attention_part, in order: one block per row.
 extern "C" __global__ void attention_combine(const float* part, float* out, int nchunks) {
+    GRID_PROLOGUE();
     const float* p = part + (long)blockIdx.x * nchunks * (HEAD_DIM + 2);
     float mt = NEG_INF;
     for (int c = 0; c < nchunks; c++) mt = fmaxf(mt, p[c * (HEAD_DIM + 2)]);
@@ -1608,6 +1670,7 @@ extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
     attention_prefill(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs, float* out,
                       int fmt, int hq, int hkv, int pos0, const int* pos_at, float scale, int block, int window,
                       int T, int chunk, int nchunks, float* part) {
+    GRID_PROLOGUE();
     __shared__ __align__(16) u16 kt[FA_KEYS][FA_STRIDE];
     __shared__ __align__(16) u16 vt[FA_KEYS][FA_STRIDE];
     const int DK = HEAD_DIM / 16, DN = HEAD_DIM / 8, NK = FA_KEYS / 8;
@@ -1800,6 +1863,7 @@ extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
 // writes both sides of a sublayer side by side. One thread per (t, c); out must not alias x.
 extern "C" __global__ void grouped_dynamic_conv(const float* x, const float* dyn, long stride, const float* base,
                                                 float* out, int T, int H, int K, int group) {
+    GRID_PROLOGUE();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)T * H) return;
     int t = (int)(i / H), c = (int)(i % H), G = H / group;
@@ -1821,6 +1885,7 @@ __device__ __forceinline__ bool topk_better(float v, int i, float w, int j) { re
 
 extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
     top_k_rows(const float* logits, int V, int k, float mult, float cap, int* ids, float* vals) {
+    GRID_PROLOGUE();
     const float* row = logits + (long)blockIdx.x * V;
     float bv[TOPK_MAX];
     int bi[TOPK_MAX];
@@ -1868,6 +1933,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
 
 // x *= sigmoid(gate), elementwise (the attention output gate).
 extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
+    GRID_PROLOGUE();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= sigmoid(gate[i]);
 }
@@ -1884,6 +1950,7 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
 #define CONV_STEPS 16
 extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, const float* w, int T, int C,
                                        int K) {
+    GRID_PROLOGUE();
     int per_chunk = (C + blockDim.x - 1) / blockDim.x;
     int chunk = blockIdx.x / per_chunk;
     int c = (blockIdx.x % per_chunk) * blockDim.x + threadIdx.x;
@@ -1915,6 +1982,7 @@ extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, c
 // beta = sigmoid(b), g = neg_a[h] · softplus(a + dt_bias[h]) for b, a [T, hv], in place.
 extern "C" __global__ void gdn_gates(float* b, float* a, const float* dt_bias, const float* neg_a, int hv,
                                      long n) {
+    GRID_PROLOGUE();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int h = (int)(i % hv);
@@ -1941,6 +2009,7 @@ static_assert(GDN_DK % (4 * GDN_SLICES) == 0, "the GDN key dim splits over GDN_S
 #define GDN_ROW(i) ((i) + (i) / (GDN_DK / GDN_SLICES))
 extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
                                          float* out, int T, int hk, int hv, int tiled) {
+    GRID_PROLOGUE();
     const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES, ROW = GDN_DK + GDN_SLICES;
     int groups = (DV + 31) / 32;
     int h = blockIdx.x / groups, r = threadIdx.x % GDN_SLICES;

@@ -169,6 +169,12 @@ impl GpuModel {
             gpu.copy(lp, ptr(gpu, &out, 0), n * cfg.vocab_size * 4)?;
             Ok(())
         })?;
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            match graph.census() {
+                Ok(c) => tracing::debug!("captured a {t}-token pass: {c:?}"),
+                Err(e) => tracing::debug!("captured a {t}-token pass (no census: {e})"),
+            }
+        }
         Ok(PassGraph {
             key,
             graph,
