@@ -562,9 +562,7 @@ impl Gpu {
         }
         Ok(())
     }
-}
 
-impl Gpu {
     /// Launches `f` as a programmatic dependent of the kernel before it in the stream: it may
     /// start while that one finishes, and waits for it in its prologue (`GRID_PROLOGUE` in
     /// kernels.cu, which every kernel runs before it touches activations).
