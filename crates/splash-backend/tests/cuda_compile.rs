@@ -58,6 +58,8 @@ fn every_kernel_compiles_for_the_served_shapes() {
                 "gemv_tc16_q6_k",
                 "gemv_tc16x1_q4_k",
                 "gemv_tcs8_q4_k",
+                "gemv_tcg2_q4_k",
+                "gemv_tcg4_q6_k",
                 "gemv_tcs16_q6_k",
                 "gemv_tc_fixup",
                 "to_f16_tc",

@@ -231,9 +231,11 @@ fn tensor_core_gemv_is_batch_invariant() {
     let Some(gpu) = gpu() else { return };
     let k = gpu.kernels(FIXTURE_DIMS).unwrap();
     let (n, kd) = (100, 2560);
-    // The tiled kernels, then stream-K (tiles cut between blocks).
-    for stream_k in [false, true] {
+    // The tiled kernels, stream-K (tiles cut between blocks), and blocks of 2 and 4 groups of
+    // warps for 9..16 tokens.
+    for (stream_k, groups) in [(false, 0), (true, 0), (false, 2), (false, 4)] {
         dev::force_stream_k(Some(stream_k));
+        dev::force_tensor_core_group(groups);
         for (name, w) in weights(n, kd, 5) {
             if name != "Q4_K" && name != "Q6_K" {
                 continue;
@@ -258,7 +260,7 @@ fn tensor_core_gemv_is_batch_invariant() {
                     let err = rel_err(&got[rows.clone()], &want[rows.clone()]);
                     assert!(
                         err < 5e-3,
-                        "{name} t={t} token {ti} stream-K {stream_k}: relative error {err}"
+                        "{name} t={t} token {ti} stream-K {stream_k} groups {groups}: relative error {err}"
                     );
                     let alone = product(&x[ti * kd..(ti + 1) * kd], 1);
                     let same = alone
@@ -267,13 +269,14 @@ fn tensor_core_gemv_is_batch_invariant() {
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
                         same,
-                        "{name} t={t} token {ti} stream-K {stream_k}: differs from the token alone"
+                        "{name} t={t} token {ti} stream-K {stream_k} groups {groups}: differs from the token alone"
                     );
                 }
             }
         }
     }
     dev::force_stream_k(None);
+    dev::force_tensor_core_group(0);
 }
 
 /// Two products of one input from one stacked weight (`matmul_pair`): each part gets the bits

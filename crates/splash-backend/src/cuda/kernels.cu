@@ -869,11 +869,24 @@ __device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b
 // others to y2 [T, N - split] (two products of one input stacked into one weight). With
 // `cols`, column t reads activation row cols[t] / col_div and writes row cols[t] of y (the
 // pairs of a MoE layer, see gemv_tc_experts).
-template <int F, int NT, int TILES = 1>
+//
+// GROUP > 1 (with one tile each): the block's warps form GROUP groups, group u taking tile
+// tile_index·GROUP + u with its own blockDim / 32 / GROUP warps splitting the K blocks as
+// above. The groups walk the same K blocks at the same time, so every activation read but the
+// first hits L1 (two tiles per block did that from registers, at 174-221 of them), and a row's
+// sums are still those of the one-group kernel.
+template <int F, int NT, int TILES = 1, int GROUP = 1>
 __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
                         int split, int N, int K, int T, int tile_index, const int* cols, int col_div) {
-    __shared__ float part[TC_WARPS_MAX][32][4 * NT * TILES];
-    int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    static_assert(GROUP == 1 || TILES == 1, "groups of warps take one tile each");
+    __shared__ float part[TC_WARPS_MAX * GROUP][32][4 * NT * TILES];
+    int warps = (blockDim.x >> 5) / GROUP, lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5, group = 0;
+    if (GROUP > 1) {
+        group = warp / warps;
+        warp -= group * warps;
+        tile_index = tile_index * GROUP + group;
+    }
     int g = lane >> 2, q = lane & 3;
     int n0 = tile_index * 16 * TILES, nb = K >> 8;
     // Tiles of this block that hold rows (the last block may have fewer).
@@ -929,9 +942,10 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
 #pragma unroll
         for (int i = 0; i < NT; i++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) part[warp][lane][4 * (NT * u + i) + e] = c[u][i][e];
+            for (int e = 0; e < 4; e++) part[threadIdx.x >> 5][lane][4 * (NT * u + i) + e] = c[u][i][e];
     __syncthreads();
     if (warp != 0) return;
+    float(*own)[32][4 * NT * TILES] = GROUP > 1 ? part + group * warps : part;
 #pragma unroll
     for (int u = 0; u < TILES; u++) {
 #pragma unroll
@@ -939,7 +953,7 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float v = 0.0f;
-                for (int w = 0; w < warps; w++) v += part[w][lane][4 * (NT * u + i) + e];
+                for (int w = 0; w < warps; w++) v += own[w][lane][4 * (NT * u + i) + e];
                 int t = 8 * i + 2 * q + (e & 1), n = n0 + 16 * u + g + 8 * (e >> 1);
                 if (t >= T || n >= N) continue;
                 long r = cols ? cols[t] : t;
@@ -1083,7 +1097,8 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
 #define TC8_REGS_q6_k
 
 // gemv_tc8_*: up to 8 tokens, a tile per block; gemv_tc16_*: up to 16 tokens, two tiles per block
-// (gemv_tc16x1_*: one, for the kernel bench's comparison).
+// (gemv_tc16x1_*: one, the default; gemv_tcg2_* / gemv_tcg4_*: two or four groups of warps, a
+// tile each; the others are for the kernel bench's comparison).
 #define TC_KERNEL(NAME, F)                                                                        \
     extern "C" __global__ void TC8_REGS_##NAME gemv_tc8_##NAME(const u8* W, long row_bytes, const u16* xh,        \
                                                const float* xscale, float* y, float* y2,          \
@@ -1113,6 +1128,16 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
                                                   const float* xscale, float* y, float* y2,       \
                                                   int split, int N, int K, int T) {               \
         gemv_tc<F, 2, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
+    }                                                                                             \
+    extern "C" __global__ void gemv_tcg2_##NAME(const u8* W, long row_bytes, const u16* xh,       \
+                                                const float* xscale, float* y, float* y2,         \
+                                                int split, int N, int K, int T) {                 \
+        gemv_tc<F, 2, 1, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
+    }                                                                                             \
+    extern "C" __global__ void gemv_tcg4_##NAME(const u8* W, long row_bytes, const u16* xh,       \
+                                                const float* xscale, float* y, float* y2,         \
+                                                int split, int N, int K, int T) {                 \
+        gemv_tc<F, 2, 1, 4>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
     }                                                                                             \
     extern "C" __global__ void gemv_tc_experts_##NAME(                                            \
         const u64* table, const int* active, const int* offsets, const int* order, long row_bytes, \

@@ -185,12 +185,14 @@ fn kquant(t: GgmlType, n: usize, k: usize, fp16_fields: &[usize], seed: u64) -> 
 /// The tensor-core GEMV (validated on the H200) gives the CPU's product here too: the
 /// emulated mma.sync has the hardware's fragment layout, which the kernels below rely on. And
 /// each token of a 16-token launch (two tiles per block) gets the bits it gets alone (one).
-/// Stream-K (`gemv_tcs*` and `gemv_tc_fixup`, with tiles cut between blocks) does the same.
+/// Stream-K (`gemv_tcs*` and `gemv_tc_fixup`, with tiles cut between blocks) and blocks of
+/// groups of warps (`gemv_tcg*`) do the same.
 #[test]
 fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    // 40 rows: three tiles, so the last two-tile block holds one. Stream-K over 2, 4 and 9
-    // blocks: 9 units of (tile, 256-value block), so pieces of one, two and three blocks.
+    // 40 rows: three tiles, so the last two-tile block holds one, and the last block of two or
+    // four groups has a group without a tile. Stream-K over 2, 4 and 9 blocks: 9 units of
+    // (tile, 256-value block), so pieces of one, two and three blocks.
     let (n, kd) = (40, 768);
     for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
         let w = kquant(t, n, kd, fields, 5);
@@ -201,29 +203,51 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
             n,
             kd,
         };
-        for stream_k in [None, Some(2), Some(4), Some(9)] {
+        let launches = [
+            TcLaunch::Tiles,
+            TcLaunch::Groups(2),
+            TcLaunch::Groups(4),
+            TcLaunch::StreamK(2),
+            TcLaunch::StreamK(4),
+            TcLaunch::StreamK(9),
+        ];
+        for launch in launches {
             for tokens in [1usize, 5, 16] {
                 let x = random(tokens * kd, 7 + tokens as u64);
                 let mut want = vec![0.0f32; tokens * n];
                 cpu::matmul(&mut want, &x, &w);
-                let y = gemv.run(&x, stream_k);
+                let y = gemv.run(&x, launch);
                 let err = rel_err(&y, &want);
                 assert!(
                     err < 1e-2,
-                    "{t} tokens={tokens} stream-K {stream_k:?}: relative error {err}"
+                    "{t} tokens={tokens} {launch:?}: relative error {err}"
                 );
                 if tokens == 16 {
                     for (ti, row) in y.chunks_exact(n).enumerate() {
-                        let alone = gemv.run(&x[ti * kd..(ti + 1) * kd], stream_k);
+                        let alone = gemv.run(&x[ti * kd..(ti + 1) * kd], launch);
                         assert!(
-                            row.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{t} stream-K {stream_k:?}: token {ti} of 16 differs from the token alone"
+                            row.iter()
+                                .zip(&alone)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{t} {launch:?}: token {ti} of 16 differs from the token alone"
                         );
                     }
                 }
             }
         }
     }
+}
+
+/// How [`TcGemv::run`] launches the tensor-core GEMV (for 1..8 tokens `Tiles` and `Groups`
+/// both take gemv_tc8).
+#[derive(Clone, Copy, Debug)]
+enum TcLaunch {
+    /// gemv_tc8, or gemv_tc16 (two tiles per block) for more tokens.
+    Tiles,
+    /// gemv_tcg2 / gemv_tcg4 for more than 8 tokens: groups of warps, a tile each.
+    Groups(usize),
+    /// Stream-K over this many blocks (gemv_tcs8/16 and gemv_tc_fixup).
+    StreamK(usize),
 }
 
 /// A k-quant weight, tiled as on the device, multiplied by the tensor-core GEMV kernels as
@@ -237,9 +261,12 @@ struct TcGemv<'a> {
 }
 
 impl TcGemv<'_> {
-    /// `x` `[tokens, kd]` through to_f16_tc, then gemv_tc8/16 or, with `Some(blocks)`, the
-    /// stream-K gemv_tcs8/16 over that many blocks and gemv_tc_fixup.
-    fn run(&self, x: &[f32], stream_k: Option<usize>) -> Vec<f32> {
+    /// `x` `[tokens, kd]` through to_f16_tc, then the GEMV kernels `launch` names.
+    fn run(&self, x: &[f32], launch: TcLaunch) -> Vec<f32> {
+        let stream_k = match launch {
+            TcLaunch::StreamK(blocks) => Some(blocks),
+            _ => None,
+        };
         let (kern, n, kd) = (self.kern, self.n, self.kd);
         let tokens = x.len() / kd;
         let blocks256 = tokens * kd / 256;
@@ -302,14 +329,18 @@ impl TcGemv<'_> {
             let (n32, kd32, t32) = (n as i32, kd as i32, tokens as i32);
             match stream_k {
                 None => {
-                    let (name, rows_per_block) = if tokens <= 8 {
-                        (format!("gemv_tc8_{suffix}"), 16)
-                    } else {
-                        (format!("gemv_tc16_{suffix}"), 32)
+                    let warps = (kd / 256).min(8) as u32;
+                    let (name, rows_per_block, threads) = match launch {
+                        _ if tokens <= 8 => (format!("gemv_tc8_{suffix}"), 16, 32 * warps),
+                        TcLaunch::Groups(g) => (
+                            format!("gemv_tcg{g}_{suffix}"),
+                            16 * g,
+                            32 * warps * g as u32,
+                        ),
+                        _ => (format!("gemv_tc16_{suffix}"), 32, 32 * warps),
                     };
                     let f: Gemv = kern.kernel(&name);
-                    let warps = (kd / 256).min(8) as u32;
-                    kern.launch(n.div_ceil(rows_per_block) as u32, 32 * warps, &|| {
+                    kern.launch(n.div_ceil(rows_per_block) as u32, threads, &|| {
                         f(
                             wa.ptr(),
                             row_bytes,

@@ -312,6 +312,18 @@ pub fn force_tensor_core_tiles(tiles: usize) {
     TENSOR_CORE_TILES.store(tiles.min(2), std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Groups of warps per block of 9..16-token tensor-core GEMVs forced by
+/// [`force_tensor_core_group`] (0 or 1: one).
+static TENSOR_CORE_GROUP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Forces 9..16-token tensor-core GEMV blocks of 2 or 4 groups of warps, each group a tile
+/// (`gemv_tcg*` in kernels.cu: the groups share each activation read through L1), as many as
+/// fit 16 warps a block; 0 restores one group. For the kernel bench's comparison, not yet
+/// measured on a GPU; a row's sums are the same either way.
+pub fn force_tensor_core_group(groups: usize) {
+    TENSOR_CORE_GROUP.store(groups.min(4), std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels.cu), no
 /// more than the row has 256-value blocks. Four, measured best from 256 tiles up on the
 /// H200 (more warps per tile make fewer, shorter-lived blocks of which a second partial wave
@@ -416,19 +428,31 @@ fn gemv_tc(
             )?;
             continue;
         }
-        // A block takes one 16-row tile (two when forced, see gemv_tc).
-        let (name, rows_per_block) = if tc <= 8 {
-            (format!("gemv_tc8_{suffix}"), 16)
+        // A block takes one 16-row tile (two, or groups of warps a tile each, when forced;
+        // see gemv_tc). At most 16 warps a block: more do not fit the registers.
+        let groups = match TENSOR_CORE_GROUP.load(std::sync::atomic::Ordering::Relaxed) {
+            g if g >= 4 && warps <= 4 => 4,
+            g if g >= 2 => 2,
+            _ => 1,
+        };
+        let (name, rows_per_block, threads) = if tc <= 8 {
+            (format!("gemv_tc8_{suffix}"), 16, 32 * warps)
+        } else if groups > 1 {
+            (
+                format!("gemv_tcg{groups}_{suffix}"),
+                16 * groups,
+                32 * warps * groups as u32,
+            )
         } else if TENSOR_CORE_TILES.load(std::sync::atomic::Ordering::Relaxed) == 2 {
-            (format!("gemv_tc16_{suffix}"), 32)
+            (format!("gemv_tc16_{suffix}"), 32, 32 * warps)
         } else {
-            (format!("gemv_tc16x1_{suffix}"), 16)
+            (format!("gemv_tc16x1_{suffix}"), 16, 32 * warps)
         };
         gpu.launch(
             k,
             &name,
             blocks(n, rows_per_block),
-            32 * warps,
+            threads,
             &[
                 Arg::Ptr(base),
                 Arg::I64(w.row_bytes as i64),
