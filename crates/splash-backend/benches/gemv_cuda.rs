@@ -64,7 +64,7 @@ fn main() {
         ("27B mlp down (Q6_K layers)", GgmlType::Q6_K, 5120, 17408),
         ("27B gdn qkv", GgmlType::Q4_K, 10240, 5120),
         ("27B gdn z / out", GgmlType::Q4_K, 6144, 5120),
-        ("27B gdn a / b", GgmlType::Q8_0, 48, 5120),
+        ("27B gdn b + a, stacked", GgmlType::Q8_0, 96, 5120),
         ("27B lm head", GgmlType::Q6_K, 248320, 5120),
         ("35B expert gate/up", GgmlType::Q4_K, 512, 2048),
         ("35B gdn qkv", GgmlType::Q4_K, 8192, 2048),

@@ -587,10 +587,11 @@ __device__ __forceinline__ float dot_codes(const Codes& c, const int* xq, float 
 // registers (occupancy hides the memory latency) while a verify block shares each decode.
 // `split` warps (1, 2 or 4 of the block's 4) share a row, each taking every split-th run of 32
 // sub-blocks, summed in warp order: a matrix of few rows (the GDN gate projections) still
-// fills the GPU. `bx` is the block's group of rows.
+// fills the GPU. `bx` is the block's group of rows. Rows n < rows1 go to y [T, rows1], the
+// others to y2 [T, N - rows1] (two products of one input stacked into one weight).
 template <int F, int MAXT>
 __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
-                        int N, int K, int T, int split, int bx) {
+                        float* y2, int N, int K, int T, int split, int rows1, int bx) {
     __shared__ float parts[4][MAXT];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n = bx * (4 / split) + warp / split, part = warp % split;
@@ -625,7 +626,10 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
         if (t < T) {
             float v = parts[warp][t];
             for (int p = 1; p < split; p++) v += parts[warp + p][t];
-            y[(long)t * N + n] = v;
+            if (n < rows1)
+                y[(long)t * rows1 + n] = v;
+            else
+                y2[(long)t * (N - rows1) + n - rows1] = v;
         }
     }
 }
@@ -635,19 +639,21 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
 // token), where a 16-token gemv_q8 walked its tokens in 48 blocks and cost 5.5× one token.
 #define Q8_KERNEL(NAME, F)                                                                        \
     extern "C" __global__ void gemv_q8_##NAME(const u8* W, long row_bytes, const i8* xq,          \
-                                              const float* xd, const float* xs, float* y, int N,  \
-                                              int K, int T, int split) {                          \
+                                              const float* xd, const float* xs, float* y,         \
+                                              float* y2, int N, int K, int T, int split,          \
+                                              int rows1) {                                        \
         GRID_PROLOGUE();                                                                          \
-        gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, N, K, T, split, blockIdx.x);          \
+        gemv_q8<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, y2, N, K, T, split, rows1, blockIdx.x); \
     }                                                                                             \
     extern "C" __global__ void gemv1_q8_##NAME(const u8* W, long row_bytes, const i8* xq,         \
-                                               const float* xd, const float* xs, float* y, int N, \
-                                               int K, int T, int split) {                         \
+                                               const float* xd, const float* xs, float* y,        \
+                                               float* y2, int N, int K, int T, int split,         \
+                                               int rows1) {                                       \
         GRID_PROLOGUE();                                                                          \
         int per = gridDim.x / T, t = blockIdx.x / per;                                            \
         long subs = (long)t * (K / 32);                                                           \
-        gemv_q8<F, 1>(W, row_bytes, xq + (long)t * K, xd + subs, xs + subs, y + (long)t * N, N, K, \
-                      1, split, blockIdx.x % per);                                                \
+        gemv_q8<F, 1>(W, row_bytes, xq + (long)t * K, xd + subs, xs + subs, y + (long)t * rows1,  \
+                      y2 + (long)t * (N - rows1), N, K, 1, split, rows1, blockIdx.x % per);       \
     }
 
 Q8_KERNEL(q5_k, FMT_Q5_K)

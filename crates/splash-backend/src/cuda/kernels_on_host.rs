@@ -1069,13 +1069,16 @@ fn the_row_top_k_on_the_host_matches_the_cpu() {
 fn the_small_q8_gemv_on_the_host_gives_each_token_its_bits_alone() {
     let Some(kern) = kernels(DIMS_32) else { return };
     // 48 rows of 1,024 values, split 4 (ops::gemv_q8's rule below 1,024 rows): 48 blocks a token.
-    let (n, kd, split) = (48usize, 1024usize, 4usize);
+    // Rows from 20 on also go to a second output, as for two weights stacked into one.
+    let (n, kd, split, rows1) = (48usize, 1024usize, 4usize, 20usize);
     for (t, fields, suffix) in [
         (GgmlType::Q8_0, &[0usize][..], "q8_0"),
         (GgmlType::Q5_K, &[0, 2], "q5_k"),
     ] {
         let w = kquant(t, n, kd, fields, 31);
-        let run = |x: &[f32]| -> Vec<f32> {
+        // `x` `[tokens, kd]` times the rows, all into one output (`stacked` false), or rows
+        // below `rows1` into one and the others into a second, returned one after the other.
+        let run = |x: &[f32], stacked: bool| -> Vec<f32> {
             let tokens = x.len() / kd;
             let blocks32 = tokens * kd / 32;
             let (xq, xd, xs) = (
@@ -1083,13 +1086,16 @@ fn the_small_q8_gemv_on_the_host_gives_each_token_its_bits_alone() {
                 vec![0.0f32; blocks32],
                 vec![0.0f32; blocks32],
             );
-            let y = vec![f32::NAN; tokens * n];
-            let (xa, qa, da, sa, ya, wa) = (
+            let first = if stacked { rows1 } else { n };
+            let y = vec![f32::NAN; tokens * first];
+            let y2 = vec![f32::NAN; tokens * (n - first)];
+            let (xa, qa, da, sa, ya, y2a, wa) = (
                 Addr::of(x),
                 Addr::of(&xq),
                 Addr::of(&xd),
                 Addr::of(&xs),
                 Addr::of(&y),
+                Addr::of(&y2),
                 Addr::of(w.raw_bytes()),
             );
             let row_bytes = t.row_bytes(kd) as i64;
@@ -1108,6 +1114,8 @@ fn the_small_q8_gemv_on_the_host_gives_each_token_its_bits_alone() {
                     *const f32,
                     *const f32,
                     *mut f32,
+                    *mut f32,
+                    i32,
                     i32,
                     i32,
                     i32,
@@ -1123,25 +1131,45 @@ fn the_small_q8_gemv_on_the_host_gives_each_token_its_bits_alone() {
                         da.ptr(),
                         sa.ptr(),
                         ya.ptr(),
+                        y2a.ptr(),
                         n as i32,
                         kd as i32,
                         tokens as i32,
                         split as i32,
+                        first as i32,
                     )
                 });
             }
-            y
+            [y, y2].concat()
         };
         let tokens = 5;
         let x = random(tokens * kd, 33);
         let mut want = vec![0.0f32; tokens * n];
         cpu::matmul(&mut want, &x, &w);
-        let y = run(&x);
+        let y = run(&x, false);
+        // Stacked: the same numbers, token-major within each output.
+        let stacked = run(&x, true);
+        let (lo, hi) = stacked.split_at(tokens * rows1);
+        let rest = n - rows1;
+        for ti in 0..tokens {
+            let row = &y[ti * n..(ti + 1) * n];
+            let parts = [
+                &lo[ti * rows1..(ti + 1) * rows1],
+                &hi[ti * rest..(ti + 1) * rest],
+            ]
+            .concat();
+            assert!(
+                row.iter()
+                    .zip(&parts)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{t}: token {ti}'s two outputs differ from the one output"
+            );
+        }
         // Activations rounded to int8 per 32 values: about 4e-3.
         let err = rel_err(&y, &want);
         assert!(err < 1e-2, "{t}: relative error {err}");
         for (ti, row) in y.chunks_exact(n).enumerate() {
-            let alone = run(&x[ti * kd..(ti + 1) * kd]);
+            let alone = run(&x[ti * kd..(ti + 1) * kd], false);
             assert!(
                 row.iter()
                     .zip(&alone)

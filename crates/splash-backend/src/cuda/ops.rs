@@ -119,7 +119,7 @@ fn product(
         return gemv_tc(gpu, k, (out, 0, n), x, w, base, n, tokens);
     }
     if !gpu.exact() && int8_kernel(w) {
-        return gemv_q8(gpu, k, out, x, w, base, n, tokens);
+        return gemv_q8(gpu, k, (out, 0, n), x, w, base, n, tokens);
     }
     let name = format!("gemv_{}", w.format.kernel_suffix());
     let (scales, biases, group) = group_args(gpu, w, row0);
@@ -341,8 +341,9 @@ fn tensor_core_warps(n: usize, kdim: usize) -> usize {
 
 /// Two products of one input, `x · W[..split]ᵀ` into `out.0` `[tokens, split]` and
 /// `x · W[split..]ᵀ` into `out.1`, from one weight that stacks both (e.g. an MLP's gate and
-/// up rows). The tensor-core GEMV does both in one launch (one conversion of `x`, twice the
-/// tiles in flight); other paths run the two row ranges apart. `split` is a multiple of 16.
+/// up rows, a GDN layer's b and a rows). The tensor-core and the int8 GEMVs do both in one
+/// launch (one conversion of `x`, twice the rows in flight); other paths run the two row ranges
+/// apart. For a tiled format (see [`pairs_in_one_launch`]) `split` is a multiple of 16.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_pair(
     gpu: &Gpu,
@@ -354,13 +355,18 @@ pub fn matmul_pair(
     tokens: usize,
 ) -> Result<(), GpuError> {
     assert!(
-        split.is_multiple_of(16) && split < w.rows,
+        pairs_in_one_launch(w.format, split) && split < w.rows,
         "split {split} of {} rows",
         w.rows
     );
-    if tensor_core(gpu, w) && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() {
-        let base = super::ptr(gpu, &w.data, 0);
-        return gemv_tc(gpu, k, (out.0, out.1, split), x, w, base, w.rows, tokens);
+    let base = super::ptr(gpu, &w.data, 0);
+    if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() {
+        if tensor_core(gpu, w) {
+            return gemv_tc(gpu, k, (out.0, out.1, split), x, w, base, w.rows, tokens);
+        }
+        if !gpu.exact() && int8_kernel(w) {
+            return gemv_q8(gpu, k, (out.0, out.1, split), x, w, base, w.rows, tokens);
+        }
     }
     matmul(gpu, k, out.0, x, w, 0, split, tokens)?;
     matmul(gpu, k, out.1, x, w, split, w.rows - split, tokens)
@@ -706,11 +712,22 @@ pub fn moe_combine(
 
 /// Formats with an integer (dp4a) GEMV.
 fn int8_kernel(w: &DeviceWeight) -> bool {
+    int8_format(w.format)
+}
+
+fn int8_format(format: super::GpuFormat) -> bool {
     use crate::ggml::GgmlType;
     matches!(
-        w.format,
+        format,
         super::GpuFormat::Ggml(GgmlType::Q5_K | GgmlType::Q8_0)
     )
+}
+
+/// Whether two weights of `format` stacked at row `split` run in one launch of
+/// [`matmul_pair`]: the tensor-core GEMV (its tiles must not straddle the split) and the int8
+/// GEMV can.
+pub fn pairs_in_one_launch(format: super::GpuFormat, split: usize) -> bool {
+    (super::weights::is_tiled(format) && split.is_multiple_of(16)) || int8_format(format)
 }
 
 /// The launches of a GEMV over `tokens`: `(first token, tokens)` of at most [`GEMV_MAX_T`].
@@ -725,7 +742,7 @@ fn token_chunks(tokens: usize) -> impl Iterator<Item = (usize, usize)> {
 fn gemv_q8(
     gpu: &Gpu,
     k: &Kernels,
-    out: u64,
+    out: (u64, u64, usize),
     x: u64,
     w: &DeviceWeight,
     base: u64,
@@ -763,6 +780,7 @@ fn gemv_q8(
     } else {
         (format!("gemv_q8_{suffix}"), token_chunks(tokens).collect())
     };
+    let (y, y2, rows1) = out;
     for (t0, tc) in chunks {
         gpu.launch(
             k,
@@ -775,11 +793,17 @@ fn gemv_q8(
                 Arg::Ptr(super::ptr(gpu, &xq, t0 * kdim)),
                 Arg::Ptr(super::ptr(gpu, &xd, t0 * kdim / 32)),
                 Arg::Ptr(super::ptr(gpu, &xs, t0 * kdim / 32)),
-                Arg::Ptr(out + (t0 * n * 4) as u64),
+                Arg::Ptr(y + (t0 * rows1 * 4) as u64),
+                Arg::Ptr(if y2 == 0 {
+                    0
+                } else {
+                    y2 + (t0 * (n - rows1) * 4) as u64
+                }),
                 Arg::I32(n as i32),
                 Arg::I32(kdim as i32),
                 Arg::I32(tc as i32),
                 Arg::I32(split as i32),
+                Arg::I32(rows1 as i32),
             ],
         )?;
     }

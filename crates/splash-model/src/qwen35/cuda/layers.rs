@@ -6,8 +6,8 @@ use super::*;
 pub(super) struct GpuGdn {
     /// `in_proj_qkv` and `in_proj_z`.
     pub(super) in_qkv_z: WeightPair,
-    in_b: DeviceWeight,
-    in_a: DeviceWeight,
+    /// `in_proj_b` and `in_proj_a` (the gates' inputs, one row per value head each).
+    in_b_a: WeightPair,
     conv: Buf,
     conv_kernel: usize,
     dt_bias: Buf,
@@ -38,23 +38,25 @@ pub(super) struct GpuMlp {
 }
 
 /// Two weights that multiply the same input: stacked into one device weight (the rows of the
-/// first, then the second) when the tensor-core GEMV can run both in one launch, else apart.
+/// first, then the second) when one GEMV launch can run both (`dev::pairs_in_one_launch`),
+/// else apart.
 pub(super) enum WeightPair {
     Stacked { w: DeviceWeight, split: usize },
     Apart(DeviceWeight, DeviceWeight),
 }
 
 impl WeightPair {
-    /// `a` and `b` on the device; stacked when `stack` allows and their format is one the
-    /// tensor-core GEMV reads, with `a`'s rows filling whole 16-row tiles.
+    /// `a` and `b` on the device; stacked when `stack` allows and one GEMV launch can run
+    /// both (the tensor-core GEMV with `a`'s rows filling whole 16-row tiles, the int8 GEMV).
     pub(super) fn upload(
         gpu: &Gpu,
         a: &Weight,
         b: &Weight,
         stack: bool,
     ) -> Result<Self, ModelError> {
-        let tiled = dev::GpuFormat::of(a.dtype()).is_ok_and(dev::is_tiled);
-        if stack && tiled && a.rows().is_multiple_of(16) {
+        let one_launch =
+            dev::GpuFormat::of(a.dtype()).is_ok_and(|f| dev::pairs_in_one_launch(f, a.rows()));
+        if stack && one_launch {
             if let Some(ab) = a.stack_rows(b) {
                 return Ok(Self::Stacked {
                     w: gpu.upload_weight(&ab)?,
@@ -311,8 +313,7 @@ pub(super) fn upload_gdn(
 ) -> Result<GpuGdn, ModelError> {
     Ok(GpuGdn {
         in_qkv_z: WeightPair::upload(gpu, &d.in_qkv, &d.in_z, true)?,
-        in_b: gpu.upload_weight(&d.in_b)?,
-        in_a: gpu.upload_weight(&d.in_a)?,
+        in_b_a: WeightPair::upload(gpu, &d.in_b, &d.in_a, true)?,
         conv: upload_vec(gpu, &d.conv)?,
         conv_kernel: cfg.conv_kernel,
         dt_bias: upload_vec(gpu, &d.dt_bias)?,
@@ -375,9 +376,9 @@ impl GpuGdn {
         self.in_qkv_z
             .multiply(m, (ptr(gpu, &qkv, 0), ptr(gpu, &z, 0)), x, t)?;
         let b = m.scratch(t * self.hv)?;
-        dev::matmul(gpu, k, ptr(gpu, &b, 0), x, &self.in_b, 0, self.hv, t)?;
         let a = m.scratch(t * self.hv)?;
-        dev::matmul(gpu, k, ptr(gpu, &a, 0), x, &self.in_a, 0, self.hv, t)?;
+        self.in_b_a
+            .multiply(m, (ptr(gpu, &b, 0), ptr(gpu, &a, 0)), x, t)?;
         dev::gdn_gates(
             gpu,
             k,
