@@ -30,4 +30,10 @@ for m in 27b:"--size 27b" 35b:"--size 35b-a3b --moe"; do
 done
 rm -f .device/cfg-*/tokenizer.json.gz  # gpu-run.sh copies the real-vocabulary fixture's
 du -sh .device
-echo "run on the GPU machine (device tool): bash scripts/gpu-run.sh all"
+# The device tool carries at most 64 MiB with the working tree (about 58 MB tracked): the
+# staged files go as one archive (about 7 MB; xz -6 makes 12), unpacked there by gpu-run.sh.
+mkdir -p .devpack
+tar -cf - .device | xz -T2 -9e --lzma2=preset=9e,dict=64MiB > .devpack/device.tar.xz
+du -sh .devpack/device.tar.xz
+echo 'run on the GPU machine (device tool, carry [".devpack"]): bash scripts/gpu-run.sh tests bench'
+

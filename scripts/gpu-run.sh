@@ -2,15 +2,25 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|demo|bench|decode|serving|profile|peers|all]   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|sweep|demo|bench|decode|serving|profile|peers|all]...   (results under $OUT, default ./gpu-out)
+# Several parts run one after the other. The staged files come as .devpack/device.tar.xz
+# (carried with the working tree) and are unpacked into .device/ first.
 # `decode`: plain decoding speed with and without CUDA graphs.
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
-# `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint).
+# `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
+# `sweep`: the same with every tensor-core GEMV variant (GEMV_SWEEP=1).
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
 set -uo pipefail
+if [ $# -gt 1 ]; then
+  for part in "$@"; do bash "$0" "$part"; done
+  exit
+fi
 what=${1:-all}
+if [ ! -d .device ] && [ -f .devpack/device.tar.xz ]; then
+  xz -dc .devpack/device.tar.xz | tar -xf -
+fi
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 # Test binaries look for fixtures at the path they were built in.
@@ -45,6 +55,11 @@ fi
 if [ "$what" = kernels ] || [ "$what" = all ]; then
   echo "== GEMV kernels"
   ./.device/gemv_cuda 2>&1 | tee "$out/gemv.txt"
+fi
+
+if [ "$what" = sweep ]; then
+  echo "== GEMV kernels, every tensor-core variant"
+  GEMV_SWEEP=1 ./.device/gemv_cuda 2>&1 | tee "$out/gemv-sweep.txt"
 fi
 
 if [ "$what" = demo ] || [ "$what" = all ]; then
