@@ -878,8 +878,8 @@ __device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b
 //
 // GROUP > 1 (with one tile each): the block's warps form GROUP groups, group u taking tile
 // tile_index·GROUP + u with its own blockDim / 32 / GROUP warps splitting the K blocks as
-// above. The groups walk the same K blocks at the same time, so every activation read but the
-// first hits L1 (two tiles per block did that from registers, at 174-221 of them), and a row's
+// above. The groups walk the same K blocks in the same order, so most activation reads find
+// them in L1 (two tiles per block shared them in registers, at 174-221 of them), and a row's
 // sums are still those of the one-group kernel.
 template <int F, int NT, int TILES = 1, int GROUP = 1>
 __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
