@@ -46,11 +46,15 @@ pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuEr
             "the CUDA kernels need an attention head dim and a GDN value head dim of 1..1024 (got {dims:?})"
         )));
     }
-    let defines = vec![
+    let mut defines = vec![
         format!("-DHEAD_DIM={}", dims.head_dim),
         format!("-DGDN_DK={}", dims.gdn_dk),
         format!("-DGDN_DV={}", dims.gdn_dv),
     ];
+    // A measurement switch (see GRID_PROLOGUE in kernels.cu).
+    if std::env::var("SPLASH_DEPENDENT_LAUNCH").as_deref() == Ok("late") {
+        defines.push("-DGRID_TRIGGER_LATE".into());
+    }
     let mut h = Sha256::new();
     h.update(kernel_source().as_bytes());
     h.update(defines.join(" ").as_bytes());

@@ -43,11 +43,22 @@ typedef unsigned long long u64;
 #define GRID_WAIT()
 #define GRID_LAUNCH_NEXT()
 #endif
+// GRID_TRIGGER_LATE (SPLASH_DEPENDENT_LAUNCH=late, a measurement switch): the next kernel may
+// launch only once this one's wait is over, which bounds the chain of launched, waiting kernels
+// to one.
+#ifdef GRID_TRIGGER_LATE
+#define GRID_PROLOGUE()     \
+    do {                    \
+        GRID_WAIT();        \
+        GRID_LAUNCH_NEXT(); \
+    } while (0)
+#else
 #define GRID_PROLOGUE()     \
     do {                    \
         GRID_LAUNCH_NEXT(); \
         GRID_WAIT();        \
     } while (0)
+#endif
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 

@@ -71,11 +71,15 @@ pub struct Gpu {
     /// then synchronised and timed (slow; for finding where the time goes). Printed on drop.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
     /// Kernels captured into graphs launch as programmatic dependents of the one before
-    /// (sm_90 and up, unless `SPLASH_DEPENDENT_LAUNCH=0`): see [`Gpu::launch_dependent`].
+    /// (sm_90 and up, unless `SPLASH_DEPENDENT_LAUNCH=0`; `=late` compiles the kernels to let
+    /// the next one launch only after their wait): see [`Gpu::launch_dependent`].
     /// Launches outside a capture (prefill) do not: measured 10 % slower there.
     dependent_launch: bool,
-    /// Whether a capture is under way on this GPU's stream.
-    capturing: std::sync::atomic::AtomicBool,
+    /// The thread whose capture is under way on this GPU's stream, if any.
+    capturing: Mutex<Option<std::thread::ThreadId>>,
+    /// Where buffers allocated during a capture come from when `SPLASH_CAPTURE_POOL=1`
+    /// (created at the first capture; see [`CapturePool`]).
+    capture_pool: Option<Mutex<Option<CapturePool>>>,
     /// Page-locked host memory that large downloads go through (a pageable copy is staged
     /// by the driver at a fraction of the bus speed); grown on demand, reused.
     staging: Mutex<Option<cudarc::driver::PinnedHostSlice<u8>>>,
@@ -103,6 +107,72 @@ impl Drop for Gpu {
                 secs * 1e6 / *n as f64,
                 100.0 * secs / total
             );
+        }
+    }
+}
+
+/// Buffers that a pass allocates while it is captured as a graph. Allocated on the captured
+/// stream, they would become graph memory nodes, and a kernel after a memory node cannot
+/// launch as a dependent of the kernel before it (3,145 such nodes stood between the 1,364
+/// kernels of a 27B decode graph). So they come from a pool of their own through a stream
+/// that is not captured, and their frees go back to it at once: the graph holds their
+/// addresses, and later captures reuse the same memory. That is safe because only captures
+/// allocate from this pool, a pass's buffers live within that pass (its inputs, outputs and
+/// states are allocated outside the capture), and graphs replay one at a time on one stream,
+/// each waiting for the work before it. The pool keeps its memory mapped for good. Opt-in
+/// (`SPLASH_CAPTURE_POOL=1`, which also relaxes the capture mode: the thread-local one refuses
+/// an allocation on another stream): with every edge programmatic, 16-token passes measured
+/// slower on the H200 (BENCHMARKS.md, 2026-12-01), kept for the next measurement (with
+/// `SPLASH_DEPENDENT_LAUNCH=late`).
+struct CapturePool {
+    pool: cudarc::driver::sys::CUmemoryPool,
+    stream: Arc<CudaStream>,
+}
+
+// SAFETY: the pool handle is a driver object usable from any thread; the owner locks it.
+unsafe impl Send for CapturePool {}
+
+impl CapturePool {
+    fn new(ctx: &Arc<CudaContext>) -> Result<Self, GpuError> {
+        use cudarc::driver::sys;
+        // SAFETY: zeroed properties are valid plain data; the fields that matter are set.
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = ctx.ordinal() as i32;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut threshold = u64::MAX;
+        // SAFETY: `pool` receives a new pool; the attribute takes a u64.
+        unsafe {
+            sys::cuMemPoolCreate(&mut pool, &props).result()?;
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut u64).cast(),
+            )
+            .result()?;
+        }
+        Ok(Self {
+            pool,
+            stream: ctx.new_stream()?,
+        })
+    }
+
+    fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>, GpuError> {
+        use cudarc::driver::sys;
+        let mut at: sys::CUdeviceptr = 0;
+        // SAFETY: a pool allocation on an idle stream of our own, so it is ready when this
+        // returns; the slice frees it on that stream, back to the pool, when dropped.
+        unsafe {
+            sys::cuMemAllocFromPoolAsync(
+                &mut at,
+                len * std::mem::size_of::<T>(),
+                self.pool,
+                self.stream.cu_stream(),
+            )
+            .result()?;
+            Ok(self.stream.upgrade_device_ptr(at, len))
         }
     }
 }
@@ -268,7 +338,9 @@ impl Gpu {
             profile,
             dependent_launch: major >= 9
                 && std::env::var("SPLASH_DEPENDENT_LAUNCH").as_deref() != Ok("0"),
-            capturing: std::sync::atomic::AtomicBool::new(false),
+            capturing: Mutex::new(None),
+            capture_pool: (std::env::var("SPLASH_CAPTURE_POOL").as_deref() == Ok("1"))
+                .then(|| Mutex::new(None)),
             staging: Mutex::new(None),
         }))
     }
@@ -315,13 +387,39 @@ impl Gpu {
         &self,
         len: usize,
     ) -> Result<CudaSlice<T>, GpuError> {
+        if let Some(pool) = self.capture_pool.as_ref().filter(|_| self.capturing_here()) {
+            let mut buf = self.captured_alloc(pool, len)?;
+            self.stream.memset_zeros(&mut buf)?;
+            return Ok(buf);
+        }
         Ok(self.stream.alloc_zeros(len.max(1))?)
     }
 
     /// An uninitialised device buffer of `len` elements, for outputs a kernel writes whole.
     pub fn uninit<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>, GpuError> {
+        if let Some(pool) = self.capture_pool.as_ref().filter(|_| self.capturing_here()) {
+            return self.captured_alloc(pool, len);
+        }
         // SAFETY: the memory is only read after a kernel has written it.
         Ok(unsafe { self.stream.alloc(len.max(1)) }?)
+    }
+
+    /// Whether the calling thread is capturing a graph on this GPU's stream.
+    fn capturing_here(&self) -> bool {
+        *self.capturing.lock().expect("capture lock") == Some(std::thread::current().id())
+    }
+
+    /// A buffer for a pass under capture, from the capture pool (see [`CapturePool`]).
+    fn captured_alloc<T: DeviceRepr>(
+        &self,
+        pool: &Mutex<Option<CapturePool>>,
+        len: usize,
+    ) -> Result<CudaSlice<T>, GpuError> {
+        let mut pool = pool.lock().expect("capture pool lock");
+        if pool.is_none() {
+            *pool = Some(CapturePool::new(&self.ctx)?);
+        }
+        pool.as_ref().expect("capture pool").alloc(len.max(1))
     }
 
     /// `true`: every product in f32, weights decoded exactly (the reference path, what the
@@ -384,14 +482,16 @@ impl Gpu {
         queue: impl FnOnce() -> Result<(), E>,
     ) -> Result<Graph, E> {
         use cudarc::driver::sys;
-        self.stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(GpuError::from)?;
-        self.capturing
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // The capture pool allocates on a stream that is not captured, which only the relaxed
+        // mode allows.
+        let mode = match self.capture_pool {
+            Some(_) => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            None => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        };
+        self.stream.begin_capture(mode).map_err(GpuError::from)?;
+        *self.capturing.lock().expect("capture lock") = Some(std::thread::current().id());
         let queued = queue();
-        self.capturing
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+        *self.capturing.lock().expect("capture lock") = None;
         // The capture ends whatever happened, so the stream runs work again.
         let graph = self
             .stream
@@ -532,7 +632,7 @@ impl Gpu {
             let _ = self.stream.synchronize();
             std::time::Instant::now()
         });
-        if self.dependent_launch && self.capturing.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.dependent_launch && self.capturing_here() {
             self.launch_dependent(&f, grid, block, args)?;
         } else {
             let mut b = self.stream.launch_builder(&f);
