@@ -75,8 +75,6 @@ pub struct Gpu {
     /// the next one launch only after their wait): see [`Gpu::launch_dependent`].
     /// Launches outside a capture (prefill) do not: measured 10 % slower there.
     dependent_launch: bool,
-    /// The thread whose capture is under way on this GPU's stream, if any.
-    capturing: Mutex<Option<std::thread::ThreadId>>,
     /// Where buffers allocated during a capture come from when `SPLASH_CAPTURE_POOL=1`
     /// (created at the first capture; see [`CapturePool`]).
     capture_pool: Option<Mutex<Option<CapturePool>>>,
@@ -175,6 +173,12 @@ impl CapturePool {
             Ok(self.stream.upgrade_device_ptr(at, len))
         }
     }
+}
+
+thread_local! {
+    /// The address of the [`Gpu`] whose stream this thread is capturing (0: none): read at
+    /// every launch, so a thread-local cell rather than a lock.
+    static CAPTURING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Downloads of at least this many bytes go through the page-locked staging buffer (a
@@ -338,7 +342,6 @@ impl Gpu {
             profile,
             dependent_launch: major >= 9
                 && std::env::var("SPLASH_DEPENDENT_LAUNCH").as_deref() != Ok("0"),
-            capturing: Mutex::new(None),
             capture_pool: (std::env::var("SPLASH_CAPTURE_POOL").as_deref() == Ok("1"))
                 .then(|| Mutex::new(None)),
             staging: Mutex::new(None),
@@ -406,7 +409,7 @@ impl Gpu {
 
     /// Whether the calling thread is capturing a graph on this GPU's stream.
     fn capturing_here(&self) -> bool {
-        *self.capturing.lock().expect("capture lock") == Some(std::thread::current().id())
+        CAPTURING.with(|c| c.get() == self as *const Self as usize)
     }
 
     /// A buffer for a pass under capture, from the capture pool (see [`CapturePool`]).
@@ -489,9 +492,9 @@ impl Gpu {
             None => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         };
         self.stream.begin_capture(mode).map_err(GpuError::from)?;
-        *self.capturing.lock().expect("capture lock") = Some(std::thread::current().id());
+        CAPTURING.with(|c| c.set(self as *const Self as usize));
         let queued = queue();
-        *self.capturing.lock().expect("capture lock") = None;
+        CAPTURING.with(|c| c.set(0));
         // The capture ends whatever happened, so the stream runs work again.
         let graph = self
             .stream
