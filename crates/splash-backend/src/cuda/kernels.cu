@@ -1117,9 +1117,9 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
 // (gemv_tc16x1_*: one, the default; gemv_tcg2_* / gemv_tcg4_*: two or four groups of warps, a
 // tile each; the others are for the kernel bench's comparison).
 #define TC_KERNEL(NAME, F)                                                                        \
-    extern "C" __global__ void TC8_REGS_##NAME gemv_tc8_##NAME(const u8* W, long row_bytes, const u16* xh,        \
-                                               const float* xscale, float* y, float* y2,          \
-                                               int split, int N, int K, int T) {                  \
+    extern "C" __global__ void TC8_REGS_##NAME gemv_tc8_##NAME(                                   \
+        const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,     \
+        int split, int N, int K, int T) {                                                         \
         gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
     }                                                                                             \
     extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \

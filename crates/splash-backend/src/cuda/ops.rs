@@ -118,7 +118,7 @@ fn product(
     if tensor_core(gpu, w) {
         return gemv_tc(gpu, k, (out, 0, n), x, w, base, n, tokens);
     }
-    if !gpu.exact() && int8_kernel(w) {
+    if !gpu.exact() && int8_format(w.format) {
         return gemv_q8(gpu, k, (out, 0, n), x, w, base, n, tokens);
     }
     let name = format!("gemv_{}", w.format.kernel_suffix());
@@ -364,7 +364,7 @@ pub fn matmul_pair(
         if tensor_core(gpu, w) {
             return gemv_tc(gpu, k, (out.0, out.1, split), x, w, base, w.rows, tokens);
         }
-        if !gpu.exact() && int8_kernel(w) {
+        if !gpu.exact() && int8_format(w.format) {
             return gemv_q8(gpu, k, (out.0, out.1, split), x, w, base, w.rows, tokens);
         }
     }
@@ -711,10 +711,6 @@ pub fn moe_combine(
 }
 
 /// Formats with an integer (dp4a) GEMV.
-fn int8_kernel(w: &DeviceWeight) -> bool {
-    int8_format(w.format)
-}
-
 fn int8_format(format: super::GpuFormat) -> bool {
     use crate::ggml::GgmlType;
     matches!(
