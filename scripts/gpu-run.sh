@@ -2,14 +2,15 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|sweep|demo|bench|decode|serving|profile|peers|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|peers|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `decode`: plain decoding speed with and without CUDA graphs.
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
-# `sweep`: the same with every tensor-core GEMV variant (GEMV_SWEEP=1).
+# `sweep`: the same with every tensor-core GEMV variant (GEMV_SWEEP=1); `gemv-ncu`: Nsight
+# Compute on single GEMV launches.
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
 set -uo pipefail
@@ -48,18 +49,31 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   export SPLASH_SYNTHETIC_GGUF="${synthetic#:}"
   for t in ${TESTS:-cuda_ops cuda_parity speculative_cuda scheduler_cuda}; do
     echo "== $t"
-    SPLASH_REQUIRE_GPU=1 ".device/$t" --test-threads 1 --nocapture 2>&1 | tee "$out/$t.log" | grep -E '^test |test result|panicked|GPU vs CPU' | head -60
+    SPLASH_REQUIRE_GPU=1 timeout "${TEST_TIMEOUT:-400}" ".device/$t" --test-threads 1 --nocapture 2>&1 | tee "$out/$t.log" | grep -E '^test |test result|panicked|GPU vs CPU' | head -60
   done
 fi
 
 if [ "$what" = kernels ] || [ "$what" = all ]; then
   echo "== GEMV kernels"
-  ./.device/gemv_cuda 2>&1 | tee "$out/gemv.txt"
+  timeout 300 ./.device/gemv_cuda 2>&1 | tee "$out/gemv.txt"
 fi
 
 if [ "$what" = sweep ]; then
   echo "== GEMV kernels, every tensor-core variant"
-  GEMV_SWEEP=1 ./.device/gemv_cuda 2>&1 | tee "$out/gemv-sweep.txt"
+  GEMV_SWEEP=1 timeout 300 ./.device/gemv_cuda 2>&1 | tee "$out/gemv-sweep.txt"
+fi
+
+if [ "$what" = gemv-ncu ]; then
+  # Nsight Compute's analysis of single tensor-core GEMV launches from `gemv_cuda` (the 27B
+  # gate / up product at 1 token, then the Q6_K down product): throughput, occupancy, stalls.
+  for k in gemv_tc8_q4_k gemv_tc8_q6_k; do
+    echo "== ncu $k"
+    /usr/local/cuda/bin/ncu -k "regex:^$k" --launch-skip 4 --launch-count 1 --kill yes \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis --section LaunchStats --section ComputeWorkloadAnalysis \
+      ./.device/gemv_cuda > "$out/ncu-$k.txt" 2>&1
+    grep -vE '^\s*$|^==PROF==' "$out/ncu-$k.txt" | tail -120
+  done
 fi
 
 if [ "$what" = demo ] || [ "$what" = all ]; then

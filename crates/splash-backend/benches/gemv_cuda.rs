@@ -4,7 +4,6 @@
 //! `cargo bench -p splash-backend --features cuda --bench gemv_cuda` on a machine with a GPU.
 //! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
 //! launch cost. `GEMV_SWEEP=1` also times the tensor-core GEMV at each warps-per-tile count,
-//! 16 tokens with one and two tiles per block and with 2 and 4 groups of warps per block,
 //! and stream-K off and on. Last, the time to download a verify block's logits.
 
 use std::time::Instant;
@@ -131,19 +130,6 @@ fn main() {
                 println!("    {warps} warps per tile: 1: {one}  16: {sixteen}");
             }
             dev::force_tensor_core_warps(0);
-            for tiles in [1, 2] {
-                dev::force_tensor_core_tiles(tiles);
-                println!("    {tiles} tiles per block: 16: {}", cell(time(16)));
-            }
-            dev::force_tensor_core_tiles(0);
-            for groups in [2, 4] {
-                dev::force_tensor_core_group(groups);
-                println!(
-                    "    {groups} groups of warps per block: 16: {}",
-                    cell(time(16))
-                );
-            }
-            dev::force_tensor_core_group(0);
             for on in [false, true] {
                 dev::force_stream_k(Some(on));
                 let (one, sixteen) = (cell(time(1)), cell(time(16)));

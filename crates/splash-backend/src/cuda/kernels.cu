@@ -779,11 +779,19 @@ struct TcScales {
     u32 mul[4], add[4];
 };
 
+// (1024 + c, 1024 + c) as f16x2 for the byte c of `w` that `byte` (0..3) picks: the byte under
+// the exponent of 1024 (halves 0x64cc), exact for every byte value.
+__device__ __forceinline__ u32 h2_1024_plus_byte(u32 w, u32 byte) {
+    return __byte_perm(w, 0x64u, byte | 0x4040u | (byte << 8));
+}
+
+// The scales in f16 arithmetic: code factor × block scale, each a 6-bit (Q4_K) or 8-bit (Q6_K)
+// integer times an f16, rounded once, as the f32 product converted to f16 rounds.
 template <int F>
 __device__ __forceinline__ TcScales tc_scales(const TcRaw& r, int q) {
     TcScales s;
     if (F == FMT_Q4_K) {
-        float d = f16_to_f32((u16)(r.a.x & 0xffff)), dmin = f16_to_f32((u16)(r.a.x >> 16));
+        u32 d = __byte_perm(r.a.x, 0, 0x1010u), neg_dmin = __byte_perm(r.a.x, 0, 0x3232u) ^ 0x80008000u;
         // Sub-blocks 4n..4n+3 (llama.cpp's get_scale_min_k4, four at a time).
         u32 sc, mn;
         if ((q >> 1) == 0) {
@@ -795,18 +803,18 @@ __device__ __forceinline__ TcScales tc_scales(const TcRaw& r, int q) {
         }
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            s.mul[m] = h2_splat(d * (float)((sc >> (8 * m)) & 0xffu));
-            s.add[m] = h2_splat(-dmin * (float)((mn >> (8 * m)) & 0xffu));
+            s.mul[m] = h2_mul(h2_sub(h2_1024_plus_byte(sc, m), 0x64006400u), d);
+            s.add[m] = h2_mul(h2_sub(h2_1024_plus_byte(mn, m), 0x64006400u), neg_dmin);
         }
     } else {
-        float d = f16_to_f32((u16)r.d);
-        // Sub-block m of this lane uses scale 8n + (q&1) + 2m: bytes (q&1) + 2m of s.
-        int o = q & 1;
+        u32 d = __byte_perm(r.d, 0, 0x1010u);
+        // Sub-block m of this lane uses scale 8n + (q&1) + 2m: bytes (q&1) + 2m of s. The
+        // scales are signed: flipping the sign bit maps them to c + 128, so 1024 + 128 less.
+        u32 o = q & 1;
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            u32 w = m < 2 ? r.s.x : r.s.y;
-            int sc = (int)(i8)((w >> (8 * (o + 2 * (m & 1)))) & 0xffu);
-            s.mul[m] = h2_splat(d * (float)sc);
+            u32 w = (m < 2 ? r.s.x : r.s.y) ^ 0x80808080u;
+            s.mul[m] = h2_mul(h2_sub(h2_1024_plus_byte(w, o + 2 * (m & 1)), 0x64806480u), d);
             s.add[m] = 0;
         }
     }
@@ -877,50 +885,30 @@ __device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b
     }
 }
 
-// y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block:
-// TILES tiles of 16 rows from tile_index·TILES on, its warps splitting the K blocks (b = warp,
-// warp + warps, ...), summed in warp order. With two tiles a warp reads each block's
-// activations once for both (the second read hits L1): at 16 tokens the activations, not the
-// weights, were most of the bytes a tile read. A row's sums do not depend on TILES, so any
-// token count gives each token the bits it gets alone. Rows n < split go to y [T, split], the
-// others to y2 [T, N - split] (two products of one input stacked into one weight). With
-// `cols`, column t reads activation row cols[t] / col_div and writes row cols[t] of y (the
-// pairs of a MoE layer, see gemv_tc_experts).
-//
-// GROUP > 1 (with one tile each): the block's warps form GROUP groups, group u taking tile
-// tile_index·GROUP + u with its own blockDim / 32 / GROUP warps splitting the K blocks as
-// above. The groups walk the same K blocks in the same order, so most activation reads find
-// them in L1 (two tiles per block shared them in registers, at 174-221 of them), and a row's
-// sums are still those of the one-group kernel.
-template <int F, int NT, int TILES = 1, int GROUP = 1>
+// y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: the
+// 16-row tile `tile_index`, its warps splitting the K blocks (b = warp, warp + warps, ...),
+// summed in warp order. A row's sums depend on the shape only, so any token count gives each
+// token the bits it gets alone. Rows n < split go to y [T, split], the others to
+// y2 [T, N - split] (two products of one input stacked into one weight). With `cols`, column t
+// reads activation row cols[t] / col_div and writes row cols[t] of y (the pairs of a MoE layer,
+// see gemv_tc_experts).
+template <int F, int NT>
 __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
                         int split, int N, int K, int T, int tile_index, const int* cols, int col_div) {
-    static_assert(GROUP == 1 || TILES == 1, "groups of warps take one tile each");
-    __shared__ float part[TC_WARPS_MAX * GROUP][32][4 * NT * TILES];
-    int warps = (blockDim.x >> 5) / GROUP, lane = threadIdx.x & 31;
-    int warp = threadIdx.x >> 5, group = 0;
-    if (GROUP > 1) {
-        group = warp / warps;
-        warp -= group * warps;
-        tile_index = tile_index * GROUP + group;
-    }
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int g = lane >> 2, q = lane & 3;
-    int n0 = tile_index * 16 * TILES, nb = K >> 8;
-    // Tiles of this block that hold rows (the last block may have fewer).
-    int tiles = min(TILES, (N - n0 + 15) / 16);
-    const int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
-    // The tiles' segments (rows are padded to whole tiles on the device).
+    int n0 = tile_index * 16, nb = K >> 8;
+    constexpr int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
+    // The tile's segments (rows are padded to whole tiles on the device).
     const u8* tile = W + (long)n0 * row_bytes;
-    const long tile_bytes = 16 * row_bytes;
     // Tokens past T repeat the last one (their columns are not written).
 #define TC_XROW(t) (cols ? cols[t] / col_div : (t))
     const uint4* x0 = (const uint4*)(xh + (long)TC_XROW(min(g, T - 1)) * K + 8 * q);
     const uint4* x1 = (const uint4*)(xh + (long)TC_XROW(min(g + 8, T - 1)) * K + 8 * q);
-    float c[TILES][NT][4];
+    float c[NT][4];
 #pragma unroll
-    for (int u = 0; u < TILES; u++)
-#pragma unroll
-        for (int i = 0; i < NT; i++) c[u][i][0] = c[u][i][1] = c[u][i][2] = c[u][i][3] = 0.0f;
+    for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
     // The scales of this lane's C tokens 8i + 2q + {0, 1}.
     const float* xs[NT][2];
 #pragma unroll
@@ -928,57 +916,47 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
 #pragma unroll
         for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)TC_XROW(min(8 * i + 2 * q + e, T - 1)) * nb;
 #undef TC_XROW
-    TcRaw r0[TILES], r1[TILES];
-#pragma unroll
-    for (int u = 0; u < TILES; u++)
-        if (warp < nb && u < tiles) {
-            r0[u] = tc_load<F>(tile + u * tile_bytes + (long)warp * seg_bytes, 0, lane);
-            r1[u] = tc_load<F>(tile + u * tile_bytes + (long)warp * seg_bytes, 1, lane);
-        }
-    // The first weights are in flight; everything else comes from the kernels before.
+    // This warp's K blocks: b = warp + i·warps for i < mine.
+    int mine = warp < nb ? (nb - 1 - warp) / warps + 1 : 0;
+    TcRaw r0, r1;
+    if (mine > 0) {
+        r0 = tc_load<F>(tile + (long)warp * seg_bytes, 0, lane);
+        r1 = tc_load<F>(tile + (long)warp * seg_bytes, 1, lane);
+    }
     GRID_PROLOGUE();
-    for (int b = warp; b < nb; b += warps) {
+    for (int i = 0; i < mine; i++) {
         // The next block's loads are in flight while this one is decoded and multiplied (more
-        // in flight was measured slower: GEMV_SWEEP in benches/gemv_cuda.rs, 2026-12-01).
-        TcRaw n0r[TILES], n1r[TILES];
-#pragma unroll
-        for (int u = 0; u < TILES; u++)
-            if (b + warps < nb && u < tiles) {
-                n0r[u] = tc_load<F>(tile + u * tile_bytes + (long)(b + warps) * seg_bytes, 0, lane);
-                n1r[u] = tc_load<F>(tile + u * tile_bytes + (long)(b + warps) * seg_bytes, 1, lane);
-            }
-#pragma unroll
-        for (int u = 0; u < TILES; u++) {
-            if (u < tiles) tc_block<F, NT>(r0[u], r1[u], b, q, x0, x1, xs, c[u]);
-            r0[u] = n0r[u];
-            r1[u] = n1r[u];
+        // in flight, in registers or through a ring of shared-memory slots that the copy engine
+        // fills, was measured slower: BENCHMARKS.md, 2026-12-01 and 2026-12-02).
+        int b = warp + i * warps;
+        TcRaw n0r, n1r;
+        if (i + 1 < mine) {
+            n0r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 0, lane);
+            n1r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 1, lane);
         }
+        tc_block<F, NT>(r0, r1, b, q, x0, x1, xs, c);
+        r0 = n0r;
+        r1 = n1r;
     }
 #pragma unroll
-    for (int u = 0; u < TILES; u++)
+    for (int i = 0; i < NT; i++)
 #pragma unroll
-        for (int i = 0; i < NT; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) part[threadIdx.x >> 5][lane][4 * (NT * u + i) + e] = c[u][i][e];
+        for (int e = 0; e < 4; e++) part[warp][lane][4 * i + e] = c[i][e];
     __syncthreads();
     if (warp != 0) return;
-    float(*own)[32][4 * NT * TILES] = GROUP > 1 ? part + group * warps : part;
 #pragma unroll
-    for (int u = 0; u < TILES; u++) {
+    for (int i = 0; i < NT; i++) {
 #pragma unroll
-        for (int i = 0; i < NT; i++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = 0.0f;
-                for (int w = 0; w < warps; w++) v += own[w][lane][4 * (NT * u + i) + e];
-                int t = 8 * i + 2 * q + (e & 1), n = n0 + 16 * u + g + 8 * (e >> 1);
-                if (t >= T || n >= N) continue;
-                long r = cols ? cols[t] : t;
-                if (n < split)
-                    y[r * split + n] = v;
-                else
-                    y2[r * (N - split) + n - split] = v;
-            }
+        for (int e = 0; e < 4; e++) {
+            float v = 0.0f;
+            for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
+            int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
+            if (t >= T || n >= N) continue;
+            long r = cols ? cols[t] : t;
+            if (n < split)
+                y[r * split + n] = v;
+            else
+                y2[r * (N - split) + n - split] = v;
         }
     }
 }
@@ -1113,19 +1091,13 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
 #endif
 #define TC8_REGS_q6_k
 
-// gemv_tc8_*: up to 8 tokens, a tile per block; gemv_tc16_*: up to 16 tokens, two tiles per block
-// (gemv_tc16x1_*: one, the default; gemv_tcg2_* / gemv_tcg4_*: two or four groups of warps, a
-// tile each; the others are for the kernel bench's comparison).
+// gemv_tc8_*: up to 8 tokens, gemv_tc16_*: up to 16, a tile per block; gemv_tcs*: stream-K (the
+// kernel bench's comparison).
 #define TC_KERNEL(NAME, F)                                                                        \
     extern "C" __global__ void TC8_REGS_##NAME gemv_tc8_##NAME(                                   \
         const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,     \
         int split, int N, int K, int T) {                                                         \
         gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
-    }                                                                                             \
-    extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \
-                                                const float* xscale, float* y, float* y2,         \
-                                                int split, int N, int K, int T) {                 \
-        gemv_tc<F, 2, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
     }                                                                                             \
     extern "C" __global__ void gemv_tcs8_##NAME(const u8* W, long row_bytes, const u16* xh,       \
                                                 const float* xscale, float* y, float* y2,         \
@@ -1141,20 +1113,10 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
         GRID_PROLOGUE();                                                                          \
         gemv_tcs<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
     }                                                                                             \
-    extern "C" __global__ void gemv_tc16x1_##NAME(const u8* W, long row_bytes, const u16* xh,     \
-                                                  const float* xscale, float* y, float* y2,       \
-                                                  int split, int N, int K, int T) {               \
-        gemv_tc<F, 2, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
-    }                                                                                             \
-    extern "C" __global__ void gemv_tcg2_##NAME(const u8* W, long row_bytes, const u16* xh,       \
+    extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \
                                                 const float* xscale, float* y, float* y2,         \
                                                 int split, int N, int K, int T) {                 \
-        gemv_tc<F, 2, 1, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
-    }                                                                                             \
-    extern "C" __global__ void gemv_tcg4_##NAME(const u8* W, long row_bytes, const u16* xh,       \
-                                                const float* xscale, float* y, float* y2,         \
-                                                int split, int N, int K, int T) {                 \
-        gemv_tc<F, 2, 1, 4>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1); \
+        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
     }                                                                                             \
     extern "C" __global__ void gemv_tc_experts_##NAME(                                            \
         const u64* table, const int* active, const int* offsets, const int* order, long row_bytes, \
@@ -1169,19 +1131,17 @@ TC_KERNEL(q6_k, FMT_Q6_K)
 // x [T, K] f32 → xh [T, K] f16 in the tensor-core GEMV's k order, each 256-value block scaled
 // by the power of two xscale[t, b] that puts its largest magnitude below 2^14. One warp per
 // block; lane l writes the block's halves 8l..8l+7.
-extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, long blocks) {
-    GRID_PROLOGUE();
-    long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+// Block w of 256 activations (value(i): its i-th value) into xh and xscale, by one warp.
+template <class Value>
+__device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xscale, long w) {
     int lane = threadIdx.x & 31;
-    if (w >= blocks) return;
-    const float* xb = x + 256 * w;
     float v[8];
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         int r = 8 * lane + i, q = (r >> 3) & 3, idx = 8 * (r >> 5) + (r & 7), mi = idx >> 2, slot = idx & 3;
         int base = 128 * (q >> 1) + 32 * (mi & 3) + 16 * (q & 1) + 4 * (mi >> 2);
-        v[i] = xb[base + (slot == 0 ? 0 : slot == 1 ? 2 : slot == 2 ? 1 : 3)];
+        v[i] = value(base + (slot == 0 ? 0 : slot == 1 ? 2 : slot == 2 ? 1 : 3));
         amax = fmaxf(amax, fabsf(v[i]));
     }
     amax = warp_max(amax);
@@ -1194,6 +1154,24 @@ extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, lon
 #pragma unroll
     for (int i = 0; i < 4; i++) h[i] = (u32)f32_to_f16(v[2 * i] * inv) | ((u32)f32_to_f16(v[2 * i + 1] * inv) << 16);
     ((uint4*)(xh + 256 * w))[lane] = make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, long blocks) {
+    GRID_PROLOGUE();
+    long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= blocks) return;
+    const float* xb = x + 256 * w;
+    to_f16_tc_block([&](int i) { return xb[i]; }, xh, xscale, w);
+}
+
+// to_f16_tc of silu(g) * u (SwiGLU, the values silu_mul writes), for the MLP's down product.
+extern "C" __global__ void silu_mul_to_f16_tc(const float* g, const float* u, u16* xh, float* xscale,
+                                              long blocks) {
+    GRID_PROLOGUE();
+    long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= blocks) return;
+    const float *gb = g + 256 * w, *ub = u + 256 * w;
+    to_f16_tc_block([&](int i) { return silu(gb[i]) * ub[i]; }, xh, xscale, w);
 }
 
 // f32 → bf16, elementwise (activations for the cuBLAS GEMM).

@@ -163,6 +163,15 @@ inline unsigned h2_mul(unsigned a, unsigned b) {
     return emu::pack((double)emu::lo(a) * emu::lo(b), (double)emu::hi(a) * emu::hi(b));
 }
 
+// prmt.b32 without the sign modes: byte i of the result is byte (s >> 4i) & 7 of x (bytes 0-3)
+// then y (bytes 4-7).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long both = (unsigned long long)x | ((unsigned long long)y << 32);
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)((both >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+    return r;
+}
+
 inline uint4 ld_stream(const void* p) {
     uint4 v;
     std::memcpy(&v, p, 16);

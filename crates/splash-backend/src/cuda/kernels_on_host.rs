@@ -184,53 +184,51 @@ fn kquant(t: GgmlType, n: usize, k: usize, fp16_fields: &[usize], seed: u64) -> 
 
 /// The tensor-core GEMV (validated on the H200) gives the CPU's product here too: the
 /// emulated mma.sync has the hardware's fragment layout, which the kernels below rely on. And
-/// each token of a 16-token launch (two tiles per block) gets the bits it gets alone (one).
-/// Stream-K (`gemv_tcs*` and `gemv_tc_fixup`, with tiles cut between blocks) and blocks of
-/// groups of warps (`gemv_tcg*`) do the same.
+/// each token of a 16-token launch gets the bits it gets alone. Stream-K (`gemv_tcs*` and
+/// `gemv_tc_fixup`, with tiles cut between blocks) does the same. Rows of 3 blocks over 3
+/// warps (one block a warp) and of 24 over 8 and 4 warps (3 and 6).
 #[test]
 fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    // 40 rows: three tiles, so the last two-tile block holds one, and the last block of two or
-    // four groups has a group without a tile. Stream-K over 2, 4 and 9 blocks: 9 units of
-    // (tile, 256-value block), so pieces of one, two and three blocks.
-    let (n, kd) = (40, 768);
-    for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
-        let w = kquant(t, n, kd, fields, 5);
-        let gemv = TcGemv {
-            kern: &kern,
-            format: t,
-            tiles: super::weights::tiled(t, w.raw_bytes(), n, kd / 256),
-            n,
-            kd,
-        };
-        let launches = [
-            TcLaunch::Tiles,
-            TcLaunch::Groups(2),
-            TcLaunch::Groups(4),
-            TcLaunch::StreamK(2),
-            TcLaunch::StreamK(4),
-            TcLaunch::StreamK(9),
-        ];
-        for launch in launches {
-            for tokens in [1usize, 5, 16] {
-                let x = random(tokens * kd, 7 + tokens as u64);
-                let mut want = vec![0.0f32; tokens * n];
-                cpu::matmul(&mut want, &x, &w);
-                let y = gemv.run(&x, launch);
-                let err = rel_err(&y, &want);
-                assert!(
-                    err < 1e-2,
-                    "{t} tokens={tokens} {launch:?}: relative error {err}"
-                );
-                if tokens == 16 {
-                    for (ti, row) in y.chunks_exact(n).enumerate() {
-                        let alone = gemv.run(&x[ti * kd..(ti + 1) * kd], launch);
-                        assert!(
-                            row.iter()
-                                .zip(&alone)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{t} {launch:?}: token {ti} of 16 differs from the token alone"
-                        );
+    // 40 rows: three tiles, the last one partly padding. Stream-K over 2, 4 and 9 blocks of the
+    // 3-block rows: 9 units of (tile, 256-value block), so pieces of one, two and three blocks.
+    let n = 40;
+    for (kd, warps) in [(768, 3), (6144, 8), (6144, 4)] {
+        for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
+            let w = kquant(t, n, kd, fields, 5);
+            let gemv = TcGemv {
+                kern: &kern,
+                format: t,
+                tiles: super::weights::tiled(t, w.raw_bytes(), n, kd / 256),
+                n,
+                kd,
+                warps,
+            };
+            let mut launches = vec![TcLaunch::Tiled];
+            if kd == 768 {
+                launches.extend([2, 4, 9].map(TcLaunch::StreamK));
+            }
+            for launch in launches {
+                for tokens in [1usize, 5, 16] {
+                    let x = random(tokens * kd, 7 + tokens as u64);
+                    let mut want = vec![0.0f32; tokens * n];
+                    cpu::matmul(&mut want, &x, &w);
+                    let y = gemv.run(&x, launch);
+                    let err = rel_err(&y, &want);
+                    assert!(
+                        err < 1e-2,
+                        "{t} k={kd} warps={warps} tokens={tokens} {launch:?}: relative error {err}"
+                    );
+                    if tokens == 16 {
+                        for (ti, row) in y.chunks_exact(n).enumerate() {
+                            let alone = gemv.run(&x[ti * kd..(ti + 1) * kd], launch);
+                            assert!(
+                                row.iter()
+                                    .zip(&alone)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{t} k={kd} {launch:?}: token {ti} of 16 differs from the token alone"
+                            );
+                        }
                     }
                 }
             }
@@ -238,14 +236,49 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     }
 }
 
-/// How [`TcGemv::run`] launches the tensor-core GEMV (for 1..8 tokens `Tiles` and `Groups`
-/// both take gemv_tc8).
+/// The MLP's fused conversion (`silu_mul_to_f16_tc`) writes the bits of `silu_mul` then
+/// `to_f16_tc`.
+#[test]
+fn the_fused_swiglu_conversion_has_the_bits_of_the_two_kernels() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let blocks = 6usize;
+    let (g, u) = (random(256 * blocks, 21), random(256 * blocks, 22));
+    let convert = |fused: bool| {
+        let gated = g.clone();
+        let (xh, xs) = (vec![0u16; 256 * blocks], vec![0.0f32; blocks]);
+        let (ga, ua, xha, xsa) = (Addr::of(&gated), Addr::of(&u), Addr::of(&xh), Addr::of(&xs));
+        let threads = (blocks * 32) as u32;
+        // SAFETY: the signatures of silu_mul, to_f16_tc and silu_mul_to_f16_tc in kernels.cu,
+        // over buffers of `blocks` 256-value blocks.
+        unsafe {
+            if fused {
+                let f: unsafe extern "C" fn(*const f32, *const f32, *mut u16, *mut f32, i64) =
+                    kern.kernel("silu_mul_to_f16_tc");
+                kern.launch(1, threads, &|| {
+                    f(ga.ptr(), ua.ptr(), xha.ptr(), xsa.ptr(), blocks as i64)
+                });
+            } else {
+                let silu: unsafe extern "C" fn(*mut f32, *const f32, i64) = kern.kernel("silu_mul");
+                kern.launch(blocks as u32, 256, &|| {
+                    silu(ga.ptr(), ua.ptr(), 256 * blocks as i64)
+                });
+                let f: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
+                    kern.kernel("to_f16_tc");
+                kern.launch(1, threads, &|| {
+                    f(ga.ptr(), xha.ptr(), xsa.ptr(), blocks as i64)
+                });
+            }
+        }
+        (xh, xs.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+    };
+    assert_eq!(convert(true), convert(false));
+}
+
+/// How [`TcGemv::run`] launches the tensor-core GEMV.
 #[derive(Clone, Copy, Debug)]
 enum TcLaunch {
-    /// gemv_tc8, or gemv_tc16 (two tiles per block) for more tokens.
-    Tiles,
-    /// gemv_tcg2 / gemv_tcg4 for more than 8 tokens: groups of warps, a tile each.
-    Groups(usize),
+    /// A block per 16-row tile: gemv_tc8, or gemv_tc16 for more than 8 tokens.
+    Tiled,
     /// Stream-K over this many blocks (gemv_tcs8/16 and gemv_tc_fixup).
     StreamK(usize),
 }
@@ -258,6 +291,8 @@ struct TcGemv<'a> {
     tiles: Vec<u8>,
     n: usize,
     kd: usize,
+    /// Warps per block of the tiled kernels.
+    warps: u32,
 }
 
 impl TcGemv<'_> {
@@ -329,18 +364,10 @@ impl TcGemv<'_> {
             let (n32, kd32, t32) = (n as i32, kd as i32, tokens as i32);
             match stream_k {
                 None => {
-                    let warps = (kd / 256).min(8) as u32;
-                    let (name, rows_per_block, threads) = match launch {
-                        _ if tokens <= 8 => (format!("gemv_tc8_{suffix}"), 16, 32 * warps),
-                        TcLaunch::Groups(g) => (
-                            format!("gemv_tcg{g}_{suffix}"),
-                            16 * g,
-                            32 * warps * g as u32,
-                        ),
-                        _ => (format!("gemv_tc16_{suffix}"), 32, 32 * warps),
-                    };
+                    let width = if tokens <= 8 { 8 } else { 16 };
+                    let name = format!("gemv_tc{width}_{suffix}");
                     let f: Gemv = kern.kernel(&name);
-                    kern.launch(n.div_ceil(rows_per_block) as u32, threads, &|| {
+                    kern.launch(n.div_ceil(16) as u32, 32 * self.warps, &|| {
                         f(
                             wa.ptr(),
                             row_bytes,

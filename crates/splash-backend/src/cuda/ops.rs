@@ -300,30 +300,6 @@ pub fn force_tensor_core_warps(warps: usize) {
     TENSOR_CORE_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Tiles per block of 9..16-token tensor-core GEMVs forced by [`force_tensor_core_tiles`]
-/// (0: one).
-static TENSOR_CORE_TILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Forces the 16-row tiles a block of a 9..16-token tensor-core GEMV takes (1 or 2; 0 restores
-/// one, measured faster on every 27B and 35B-A3B shape on the H200: two tiles per block share
-/// the activation reads but halve the blocks and, at 174-221 registers, the blocks per SM).
-/// For the kernel bench's comparison; a row's sums are the same either way.
-pub fn force_tensor_core_tiles(tiles: usize) {
-    TENSOR_CORE_TILES.store(tiles.min(2), std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Groups of warps per block of 9..16-token tensor-core GEMVs forced by
-/// [`force_tensor_core_group`] (0 or 1: one).
-static TENSOR_CORE_GROUP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Forces 9..16-token tensor-core GEMV blocks of 2 or 4 groups of warps, each group a tile
-/// (`gemv_tcg*` in kernels.cu: the groups share each activation read through L1), as many as
-/// fit 16 warps a block; 0 restores one group. For the kernel bench's comparison, not yet
-/// measured on a GPU; a row's sums are the same either way.
-pub fn force_tensor_core_group(groups: usize) {
-    TENSOR_CORE_GROUP.store(groups.min(4), std::sync::atomic::Ordering::Relaxed);
-}
-
 /// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels.cu), no
 /// more than the row has 256-value blocks. Four, measured best from 256 tiles up on the
 /// H200 (more warps per tile make fewer, shorter-lived blocks of which a second partial wave
@@ -385,8 +361,53 @@ fn gemv_tc(
     n: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
+    let converted = to_f16_tc(gpu, k, x, tokens, w.cols)?;
+    gemv_tc_converted(gpu, k, out, &converted, w, base, n, tokens)
+}
+
+/// `out = W · (silu(g) ⊙ u)` `[tokens, W rows]` for `g`, `u` `[tokens, W cols]`: SwiGLU and the
+/// MLP's down product. The tensor-core GEMV takes the gated values straight into its f16
+/// conversion (one launch fewer, the same bits); other paths write them into `g` first.
+pub fn matmul_swiglu(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    g: u64,
+    u: u64,
+    w: &DeviceWeight,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() && tensor_core(gpu, w) {
+        let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], tokens, w.cols)?;
+        let base = super::ptr(gpu, &w.data, 0);
+        return gemv_tc_converted(
+            gpu,
+            k,
+            (out, 0, w.rows),
+            &converted,
+            w,
+            base,
+            w.rows,
+            tokens,
+        );
+    }
+    silu_mul(gpu, k, g, u, tokens * w.cols)?;
+    matmul(gpu, k, out, g, w, 0, w.rows, tokens)
+}
+
+/// The tensor-core GEMV of activations already converted by [`to_f16_tc`].
+#[allow(clippy::too_many_arguments)]
+fn gemv_tc_converted(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: (u64, u64, usize),
+    (xh, xscale): &(CudaSlice<u16>, CudaSlice<f32>),
+    w: &DeviceWeight,
+    base: u64,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
     let kdim = w.cols;
-    let (xh, xscale) = to_f16_tc(gpu, k, x, tokens, kdim)?;
     let suffix = w.format.kernel_suffix();
     let warps = tensor_core_warps(n, kdim) as u32;
     let (y, y2, split) = out;
@@ -413,8 +434,8 @@ fn gemv_tc(
             let mut a = vec![
                 Arg::Ptr(base),
                 Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(super::ptr(gpu, &xh, t0 * kdim)),
-                Arg::Ptr(super::ptr(gpu, &xscale, t0 * kdim / 256)),
+                Arg::Ptr(super::ptr(gpu, xh, t0 * kdim)),
+                Arg::Ptr(super::ptr(gpu, xscale, t0 * kdim / 256)),
             ];
             a.extend(common);
             a.extend([Arg::Ptr(pp), Arg::I32(plan.max_pieces as i32)]);
@@ -434,36 +455,18 @@ fn gemv_tc(
             )?;
             continue;
         }
-        // A block takes one 16-row tile (two, or groups of warps a tile each, when forced;
-        // see gemv_tc). At most 16 warps a block: more do not fit the registers.
-        let groups = match TENSOR_CORE_GROUP.load(std::sync::atomic::Ordering::Relaxed) {
-            g if g >= 4 && warps <= 4 => 4,
-            g if g >= 2 => 2,
-            _ => 1,
-        };
-        let (name, rows_per_block, threads) = if tc <= 8 {
-            (format!("gemv_tc8_{suffix}"), 16, 32 * warps)
-        } else if groups > 1 {
-            (
-                format!("gemv_tcg{groups}_{suffix}"),
-                16 * groups,
-                32 * warps * groups as u32,
-            )
-        } else if TENSOR_CORE_TILES.load(std::sync::atomic::Ordering::Relaxed) == 2 {
-            (format!("gemv_tc16_{suffix}"), 32, 32 * warps)
-        } else {
-            (format!("gemv_tc16x1_{suffix}"), 16, 32 * warps)
-        };
+        // A block per 16-row tile.
+        let name = format!("gemv_tc{}_{suffix}", if tc <= 8 { 8 } else { 16 });
         gpu.launch(
             k,
             &name,
-            blocks(n, rows_per_block),
-            threads,
+            blocks(n, 16),
+            32 * warps,
             &[
                 Arg::Ptr(base),
                 Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(super::ptr(gpu, &xh, t0 * kdim)),
-                Arg::Ptr(super::ptr(gpu, &xscale, t0 * kdim / 256)),
+                Arg::Ptr(super::ptr(gpu, xh, t0 * kdim)),
+                Arg::Ptr(super::ptr(gpu, xscale, t0 * kdim / 256)),
                 Arg::Ptr(y_at),
                 Arg::Ptr(y2_at),
                 Arg::I32(split as i32),
@@ -541,26 +544,32 @@ fn to_f16_tc(
     rows: usize,
     kdim: usize,
 ) -> Result<(CudaSlice<u16>, CudaSlice<f32>), GpuError> {
+    convert_f16_tc(gpu, k, "to_f16_tc", &[x], rows, kdim)
+}
+
+/// [`to_f16_tc`] by `kernel`, which takes `inputs` (`[rows, kdim]` f32 each) and derives the
+/// values to convert from them.
+fn convert_f16_tc(
+    gpu: &Gpu,
+    k: &Kernels,
+    kernel: &str,
+    inputs: &[u64],
+    rows: usize,
+    kdim: usize,
+) -> Result<(CudaSlice<u16>, CudaSlice<f32>), GpuError> {
     let blocks256 = rows * kdim / 256;
     let xh = gpu.uninit::<u16>(rows * kdim)?;
     let xscale = gpu.uninit::<f32>(blocks256)?;
-    gpu.launch(
-        k,
-        "to_f16_tc",
-        blocks(blocks256 * 32, 256),
-        256,
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(super::ptr(gpu, &xh, 0)),
-            Arg::Ptr(super::ptr(gpu, &xscale, 0)),
-            Arg::I64(blocks256 as i64),
-        ],
-    )?;
+    let mut args: Vec<Arg> = inputs.iter().map(|&p| Arg::Ptr(p)).collect();
+    args.extend([
+        Arg::Ptr(super::ptr(gpu, &xh, 0)),
+        Arg::Ptr(super::ptr(gpu, &xscale, 0)),
+        Arg::I64(blocks256 as i64),
+    ]);
+    gpu.launch(k, kernel, blocks(blocks256 * 32, 256), 256, &args)?;
     Ok((xh, xscale))
 }
 
-/// Whether the experts of a MoE layer stored like `w` have the grouped device kernel
-/// ([`matmul_experts`], outside the exact mode): the tensor-core formats.
 pub fn has_expert_kernel(w: &DeviceWeight) -> bool {
     super::weights::is_tiled(w.format)
 }

@@ -190,16 +190,14 @@ impl GpuMlp {
         let u = m.scratch(t * i)?;
         self.gate_up
             .multiply(m, (ptr(gpu, &g, 0), ptr(gpu, &u, 0)), x, t)?;
-        dev::silu_mul(gpu, k, ptr(gpu, &g, 0), ptr(gpu, &u, 0), t * i)?;
         let out = m.scratch(t * self.down.rows())?;
-        dev::matmul(
+        dev::matmul_swiglu(
             gpu,
             k,
             ptr(gpu, &out, 0),
             ptr(gpu, &g, 0),
+            ptr(gpu, &u, 0),
             &self.down,
-            0,
-            self.down.rows(),
             t,
         )?;
         Ok(out)
