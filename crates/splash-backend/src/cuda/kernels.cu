@@ -714,12 +714,6 @@ __device__ __forceinline__ u32 h2_mul(u32 a, u32 b) {
 }
 #endif
 
-// (f, f) as f16x2.
-__device__ __forceinline__ u32 h2_splat(float f) {
-    u32 h = f32_to_f16(f);
-    return h | (h << 16);
-}
-
 #ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
 __device__ __forceinline__ void mma_f16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile(
@@ -923,6 +917,7 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
         r0 = tc_load<F>(tile + (long)warp * seg_bytes, 0, lane);
         r1 = tc_load<F>(tile + (long)warp * seg_bytes, 1, lane);
     }
+    // The first weights are in flight; everything else comes from the kernels before.
     GRID_PROLOGUE();
     for (int i = 0; i < mine; i++) {
         // The next block's loads are in flight while this one is decoded and multiplied (more
@@ -1128,10 +1123,9 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)
 
-// x [T, K] f32 → xh [T, K] f16 in the tensor-core GEMV's k order, each 256-value block scaled
-// by the power of two xscale[t, b] that puts its largest magnitude below 2^14. One warp per
-// block; lane l writes the block's halves 8l..8l+7.
-// Block w of 256 activations (value(i): its i-th value) into xh and xscale, by one warp.
+// Activation block w (256 values, value(i) its i-th) → xh[256·w..] f16 in the tensor-core GEMV's
+// k order, scaled by the power of two xscale[w] that puts its largest magnitude below 2^14. One
+// warp per block; lane l writes the block's halves 8l..8l+7.
 template <class Value>
 __device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xscale, long w) {
     int lane = threadIdx.x & 31;
@@ -1156,6 +1150,7 @@ __device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xsc
     ((uint4*)(xh + 256 * w))[lane] = make_uint4(h[0], h[1], h[2], h[3]);
 }
 
+// x [T, K] f32 → xh [T, K] and xscale [T, K / 256] (to_f16_tc_block).
 extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, long blocks) {
     GRID_PROLOGUE();
     long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;

@@ -413,12 +413,7 @@ fn gemv_tc_converted(
     let (y, y2, split) = out;
     let plan = stream_k(gpu, n, kdim);
     for (t0, tc) in token_chunks(tokens) {
-        let y_at = y + (t0 * split * 4) as u64;
-        let y2_at = if y2 == 0 {
-            0
-        } else {
-            y2 + (t0 * (n - split) * 4) as u64
-        };
+        let (y_at, y2_at) = (row_at(y, t0, split), row_at(y2, t0, n - split));
         if let Some(plan) = plan {
             let name = format!("gemv_tcs{}_{suffix}", if tc <= 8 { 8 } else { 16 });
             let partials = gpu.uninit::<f32>(plan.partials(n))?;
@@ -570,6 +565,8 @@ fn convert_f16_tc(
     Ok((xh, xscale))
 }
 
+/// Whether the experts of a MoE layer stored like `w` have the grouped device kernel
+/// ([`matmul_experts`], outside the exact mode): the tensor-core formats.
 pub fn has_expert_kernel(w: &DeviceWeight) -> bool {
     super::weights::is_tiled(w.format)
 }
@@ -735,6 +732,15 @@ pub fn pairs_in_one_launch(format: super::GpuFormat, split: usize) -> bool {
     (super::weights::is_tiled(format) && split.is_multiple_of(16)) || int8_format(format)
 }
 
+/// Row `t` of an f32 output `[tokens, width]` at `y`; 0 (no second output) stays 0.
+fn row_at(y: u64, t: usize, width: usize) -> u64 {
+    if y == 0 {
+        0
+    } else {
+        y + (t * width * 4) as u64
+    }
+}
+
 /// The launches of a GEMV over `tokens`: `(first token, tokens)` of at most [`GEMV_MAX_T`].
 fn token_chunks(tokens: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..tokens)
@@ -798,12 +804,8 @@ fn gemv_q8(
                 Arg::Ptr(super::ptr(gpu, &xq, t0 * kdim)),
                 Arg::Ptr(super::ptr(gpu, &xd, t0 * kdim / 32)),
                 Arg::Ptr(super::ptr(gpu, &xs, t0 * kdim / 32)),
-                Arg::Ptr(y + (t0 * rows1 * 4) as u64),
-                Arg::Ptr(if y2 == 0 {
-                    0
-                } else {
-                    y2 + (t0 * (n - rows1) * 4) as u64
-                }),
+                Arg::Ptr(row_at(y, t0, rows1)),
+                Arg::Ptr(row_at(y2, t0, n - rows1)),
                 Arg::I32(n as i32),
                 Arg::I32(kdim as i32),
                 Arg::I32(tc as i32),
