@@ -295,7 +295,8 @@ fn a_stacked_pair_matches_its_row_ranges() {
             let xp = ptr(&gpu, &xd, 0);
             let (a, b) = (poisoned(&gpu, t * split), poisoned(&gpu, t * rest));
             let out = (ptr(&gpu, &a, 0), ptr(&gpu, &b, 0));
-            dev::matmul_pair(&gpu, &k, out, xp, &dw, split, t).unwrap();
+            let xa = dev::Activations::new(xp, t, kd);
+            dev::matmul_pair(&gpu, &k, out, &xa, &dw, split).unwrap();
             let got = [
                 gpu.download(&a, t * split).unwrap(),
                 gpu.download(&b, t * rest).unwrap(),
@@ -389,7 +390,8 @@ fn experts_route_and_multiply_on_the_device() {
         let pairs = t * top_k;
         let out = poisoned(&gpu, pairs * n);
         let (op, xp, tp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0), ptr(&gpu, &table, 0));
-        dev::matmul_experts(&gpu, &k, op, xp, t, tp, &dws[0], &routing, top_k).unwrap();
+        let xa = dev::Activations::new(xp, t, kd);
+        dev::matmul_experts(&gpu, &k, op, &xa, tp, &dws[0], &routing, top_k).unwrap();
         let got = gpu.download(&out, pairs * n).unwrap();
         for p in 0..pairs {
             let alone = poisoned(&gpu, n);

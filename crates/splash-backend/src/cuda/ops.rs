@@ -1,6 +1,8 @@
 //! Launch wrappers, one per kernel of `kernels.cu`, named after the CPU op they mirror.
 //! Pointers are device addresses from [`super::ptr`]; shapes follow the CPU ops' docs.
 
+use std::cell::OnceCell;
+
 use cudarc::driver::CudaSlice;
 
 use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
@@ -38,6 +40,119 @@ fn row_threads(d: usize) -> u32 {
     (d.div_ceil(32) * 32).clamp(32, 256) as u32
 }
 
+/// Activations as the tensor-core GEMV reads them: f16 in its k order, one power-of-two scale
+/// per 256 values.
+type F16Rows = (CudaSlice<u16>, CudaSlice<f32>);
+/// Activations as the dp4a GEMV reads them: int8 codes, their scale and their sum per 32 values.
+type Int8Rows = (CudaSlice<i8>, CudaSlice<f32>, CudaSlice<f32>);
+
+/// `tokens` rows of `kdim` f32 activations at `x`, the input of one or more products. Each
+/// GEMV family reads them converted (f16 for the tensor-core GEMV, int8 for the dp4a one,
+/// bf16 for cuBLAS), a launch each; a conversion is made at the first product that needs it
+/// and reused by the others, e.g. an attention layer's q, k and v projections, or a MoE
+/// layer's shared and routed experts. Conversions are exact functions of `x`, so reuse
+/// changes no bits; the rows at `x` must not change while this lives.
+pub struct Activations {
+    x: u64,
+    tokens: usize,
+    kdim: usize,
+    f16: OnceCell<F16Rows>,
+    int8: OnceCell<Int8Rows>,
+    bf16: OnceCell<CudaSlice<u16>>,
+}
+
+impl Activations {
+    /// The activations `[tokens, kdim]` at `x`, not converted yet.
+    pub fn new(x: u64, tokens: usize, kdim: usize) -> Self {
+        Self {
+            x,
+            tokens,
+            kdim,
+            f16: OnceCell::new(),
+            int8: OnceCell::new(),
+            bf16: OnceCell::new(),
+        }
+    }
+
+    /// Rows (tokens).
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// `x` as the tensor-core GEMV reads it: f16 in its k order, one power-of-two scale per
+    /// 256 values (`to_f16_tc`).
+    fn f16(&self, gpu: &Gpu, k: &Kernels) -> Result<&F16Rows, GpuError> {
+        converted(&self.f16, || {
+            convert_f16_tc(gpu, k, "to_f16_tc", &[self.x], self.tokens, self.kdim)
+        })
+    }
+
+    /// `x` as the dp4a GEMV reads it: int8 codes, scales and sums per 32 values.
+    fn int8(&self, gpu: &Gpu, k: &Kernels) -> Result<&Int8Rows, GpuError> {
+        converted(&self.int8, || {
+            let blocks32 = self.tokens * self.kdim / 32;
+            let xq = gpu.uninit::<i8>(self.tokens * self.kdim)?;
+            let xd = gpu.uninit::<f32>(blocks32)?;
+            let xs = gpu.uninit::<f32>(blocks32)?;
+            gpu.launch(
+                k,
+                "quantize_q8",
+                blocks(blocks32 * 32, 256),
+                256,
+                &[
+                    Arg::Ptr(self.x),
+                    Arg::Ptr(super::ptr(gpu, &xq, 0)),
+                    Arg::Ptr(super::ptr(gpu, &xd, 0)),
+                    Arg::Ptr(super::ptr(gpu, &xs, 0)),
+                    Arg::I64(blocks32 as i64),
+                ],
+            )?;
+            Ok((xq, xd, xs))
+        })
+    }
+
+    /// `x` in bf16, for cuBLAS.
+    fn bf16(&self, gpu: &Gpu, k: &Kernels) -> Result<&CudaSlice<u16>, GpuError> {
+        converted(&self.bf16, || {
+            let n = self.tokens * self.kdim;
+            let xb = gpu.uninit::<u16>(n)?;
+            gpu.launch(
+                k,
+                "to_bf16",
+                blocks(n, 256),
+                256,
+                &[
+                    Arg::Ptr(self.x),
+                    Arg::Ptr(super::ptr(gpu, &xb, 0)),
+                    Arg::I64(n as i64),
+                ],
+            )?;
+            Ok(xb)
+        })
+    }
+
+    /// Checks that `w` multiplies these activations.
+    fn check(&self, w: &DeviceWeight) {
+        assert_eq!(
+            w.cols, self.kdim,
+            "a weight of {} columns times activations of {}",
+            w.cols, self.kdim
+        );
+    }
+}
+
+/// The conversion in `cell`, made by `make` the first time.
+fn converted<T>(
+    cell: &OnceCell<T>,
+    make: impl FnOnce() -> Result<T, GpuError>,
+) -> Result<&T, GpuError> {
+    if let Some(c) = cell.get() {
+        return Ok(c);
+    }
+    let c = make()?;
+    Ok(cell.get_or_init(|| c))
+}
+
 /// `out[t, :] = W[row0..row0+n, :] · x[t, :]` for `t < tokens`, `out` `[tokens, n]`.
 ///
 /// Up to [`GEMV_MAX_T`] tokens, each token's row is computed exactly as it would be alone
@@ -54,7 +169,21 @@ pub fn matmul(
     n: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    product(gpu, k, out, x, w, row0, n, tokens, GEMM_MIN_T)
+    let x = Activations::new(x, tokens, w.cols);
+    product(gpu, k, out, &x, w, row0, n, GEMM_MIN_T)
+}
+
+/// [`matmul`] of activations that other products may share (their conversions are reused).
+pub fn matmul_activations(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: &Activations,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+) -> Result<(), GpuError> {
+    product(gpu, k, out, x, w, row0, n, GEMM_MIN_T)
 }
 
 /// [`matmul`] whose rows may depend on the token count: bf16 weights go to cuBLAS from two
@@ -71,7 +200,16 @@ pub fn matmul_batched(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let min_t = if stored_bf16(gpu, w) { 2 } else { GEMM_MIN_T };
-    product(gpu, k, out, x, w, row0, n, tokens, min_t)
+    product(
+        gpu,
+        k,
+        out,
+        &Activations::new(x, tokens, w.cols),
+        w,
+        row0,
+        n,
+        min_t,
+    )
 }
 
 /// The cuBLAS handle a product of `tokens` rows by `w` runs on: from `gemm_min_t` tokens on,
@@ -98,13 +236,14 @@ fn product(
     gpu: &Gpu,
     k: &Kernels,
     out: u64,
-    x: u64,
+    x: &Activations,
     w: &DeviceWeight,
     row0: usize,
     n: usize,
-    tokens: usize,
     gemm_min_t: usize,
 ) -> Result<(), GpuError> {
+    x.check(w);
+    let tokens = x.tokens;
     assert!(row0 + n <= w.rows, "rows {row0}+{n} of {}", w.rows);
     assert!(
         row0.is_multiple_of(16) || !super::weights::is_tiled(w.format),
@@ -112,14 +251,14 @@ fn product(
     );
     let kdim = w.cols;
     if let Some(blas) = gemm_blas(gpu, w, tokens, gemm_min_t) {
-        return gemm(gpu, k, &blas, out, x, w, row0, n, tokens);
+        return gemm(gpu, k, &blas, out, x, w, row0, n);
     }
     let base = super::ptr(gpu, &w.data, row0 * w.row_bytes);
     if tensor_core(gpu, w) {
-        return gemv_tc(gpu, k, (out, 0, n), x, w, base, n, tokens);
+        return gemv_tc(gpu, k, (out, 0, n), x.f16(gpu, k)?, w, base, n, tokens);
     }
     if !gpu.exact() && int8_format(w.format) {
-        return gemv_q8(gpu, k, (out, 0, n), x, w, base, n, tokens);
+        return gemv_q8(gpu, k, (out, 0, n), x.int8(gpu, k)?, w, base, n, tokens);
     }
     let name = format!("gemv_{}", w.format.kernel_suffix());
     let (scales, biases, group) = group_args(gpu, w, row0);
@@ -135,7 +274,7 @@ fn product(
                 Arg::Ptr(scales),
                 Arg::Ptr(biases),
                 Arg::I32(group),
-                Arg::Ptr(x + (t0 * kdim * 4) as u64),
+                Arg::Ptr(x.x + (t0 * kdim * 4) as u64),
                 Arg::Ptr(out + (t0 * n * 4) as u64),
                 Arg::I32(n as i32),
                 Arg::I32(kdim as i32),
@@ -154,34 +293,23 @@ fn gemm(
     k: &Kernels,
     blas: &cudarc::cublas::CudaBlas,
     out: u64,
-    x: u64,
+    x: &Activations,
     w: &DeviceWeight,
     row0: usize,
     n: usize,
-    tokens: usize,
 ) -> Result<(), GpuError> {
     use cudarc::cublas::sys;
-    let kdim = w.cols;
+    let (kdim, tokens) = (w.cols, x.tokens);
     let exact = gpu.exact();
     // Operands in bf16 (tensor cores), or the f32 activations as they are (exact).
-    let (xa, xtype) = if exact {
-        (None, sys::cudaDataType_t::CUDA_R_32F)
+    let (xp, xtype) = if exact {
+        (x.x, sys::cudaDataType_t::CUDA_R_32F)
     } else {
-        let xb = gpu.uninit::<u16>(tokens * kdim)?;
-        gpu.launch(
-            k,
-            "to_bf16",
-            blocks(tokens * kdim, 256),
-            256,
-            &[
-                Arg::Ptr(x),
-                Arg::Ptr(super::ptr(gpu, &xb, 0)),
-                Arg::I64((tokens * kdim) as i64),
-            ],
-        )?;
-        (Some(xb), sys::cudaDataType_t::CUDA_R_16BF)
+        (
+            super::ptr(gpu, x.bf16(gpu, k)?, 0),
+            sys::cudaDataType_t::CUDA_R_16BF,
+        )
     };
-    let xp = xa.as_ref().map_or(x, |b| super::ptr(gpu, b, 0));
     if stored_bf16(gpu, w) {
         let wp = super::ptr(gpu, &w.data, row0 * w.row_bytes);
         return gemm_rows(
@@ -325,44 +453,28 @@ pub fn matmul_pair(
     gpu: &Gpu,
     k: &Kernels,
     out: (u64, u64),
-    x: u64,
+    x: &Activations,
     w: &DeviceWeight,
     split: usize,
-    tokens: usize,
 ) -> Result<(), GpuError> {
     assert!(
         pairs_in_one_launch(w.format, split) && split < w.rows,
         "split {split} of {} rows",
         w.rows
     );
-    let base = super::ptr(gpu, &w.data, 0);
+    x.check(w);
+    let (base, tokens) = (super::ptr(gpu, &w.data, 0), x.tokens);
     if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() {
+        let out = (out.0, out.1, split);
         if tensor_core(gpu, w) {
-            return gemv_tc(gpu, k, (out.0, out.1, split), x, w, base, w.rows, tokens);
+            return gemv_tc(gpu, k, out, x.f16(gpu, k)?, w, base, w.rows, tokens);
         }
         if !gpu.exact() && int8_format(w.format) {
-            return gemv_q8(gpu, k, (out.0, out.1, split), x, w, base, w.rows, tokens);
+            return gemv_q8(gpu, k, out, x.int8(gpu, k)?, w, base, w.rows, tokens);
         }
     }
-    matmul(gpu, k, out.0, x, w, 0, split, tokens)?;
-    matmul(gpu, k, out.1, x, w, split, w.rows - split, tokens)
-}
-
-/// The tensor-core GEMV: `x` to f16 in the kernel's k order once, then 16 tokens per launch.
-/// Rows below `out.2` go to `out.0` `[tokens, out.2]`, the others to `out.1`.
-#[allow(clippy::too_many_arguments)]
-fn gemv_tc(
-    gpu: &Gpu,
-    k: &Kernels,
-    out: (u64, u64, usize),
-    x: u64,
-    w: &DeviceWeight,
-    base: u64,
-    n: usize,
-    tokens: usize,
-) -> Result<(), GpuError> {
-    let converted = to_f16_tc(gpu, k, x, tokens, w.cols)?;
-    gemv_tc_converted(gpu, k, out, &converted, w, base, n, tokens)
+    matmul_activations(gpu, k, out.0, x, w, 0, split)?;
+    matmul_activations(gpu, k, out.1, x, w, split, w.rows - split)
 }
 
 /// `out = W · (silu(g) ⊙ u)` `[tokens, W rows]` for `g`, `u` `[tokens, W cols]`: SwiGLU and the
@@ -380,7 +492,7 @@ pub fn matmul_swiglu(
     if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() && tensor_core(gpu, w) {
         let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], tokens, w.cols)?;
         let base = super::ptr(gpu, &w.data, 0);
-        return gemv_tc_converted(
+        return gemv_tc(
             gpu,
             k,
             (out, 0, w.rows),
@@ -395,13 +507,15 @@ pub fn matmul_swiglu(
     matmul(gpu, k, out, g, w, 0, w.rows, tokens)
 }
 
-/// The tensor-core GEMV of activations already converted by [`to_f16_tc`].
+/// The tensor-core GEMV of activations converted by [`Activations`] (or by a fused
+/// conversion, see [`matmul_swiglu`]), 16 tokens per launch. Rows below `out.2` go to `out.0`
+/// `[tokens, out.2]`, the others to `out.1`.
 #[allow(clippy::too_many_arguments)]
-fn gemv_tc_converted(
+fn gemv_tc(
     gpu: &Gpu,
     k: &Kernels,
     out: (u64, u64, usize),
-    (xh, xscale): &(CudaSlice<u16>, CudaSlice<f32>),
+    (xh, xscale): &F16Rows,
     w: &DeviceWeight,
     base: u64,
     n: usize,
@@ -530,20 +644,9 @@ fn stream_k(gpu: &Gpu, n: usize, kdim: usize) -> Option<StreamK> {
     on.then(|| StreamK::new(n, kdim, gpu.sms()))
 }
 
-/// `rows` rows of `x` (`[rows, kdim]` f32) as the tensor-core GEMV reads them: f16 in its k
-/// order, and one power-of-two scale per 256 values.
-fn to_f16_tc(
-    gpu: &Gpu,
-    k: &Kernels,
-    x: u64,
-    rows: usize,
-    kdim: usize,
-) -> Result<(CudaSlice<u16>, CudaSlice<f32>), GpuError> {
-    convert_f16_tc(gpu, k, "to_f16_tc", &[x], rows, kdim)
-}
-
-/// [`to_f16_tc`] by `kernel`, which takes `inputs` (`[rows, kdim]` f32 each) and derives the
-/// values to convert from them.
+/// `rows` rows of `kdim` activations as the tensor-core GEMV reads them (f16 in its k order,
+/// one power-of-two scale per 256 values), by `kernel`: `to_f16_tc` of one input, or a fused
+/// one that derives the values from several `inputs` (`[rows, kdim]` f32 each).
 fn convert_f16_tc(
     gpu: &Gpu,
     k: &Kernels,
@@ -551,7 +654,7 @@ fn convert_f16_tc(
     inputs: &[u64],
     rows: usize,
     kdim: usize,
-) -> Result<(CudaSlice<u16>, CudaSlice<f32>), GpuError> {
+) -> Result<F16Rows, GpuError> {
     let blocks256 = rows * kdim / 256;
     let xh = gpu.uninit::<u16>(rows * kdim)?;
     let xscale = gpu.uninit::<f32>(blocks256)?;
@@ -643,16 +746,15 @@ pub fn moe_route(
 
 /// `out[p, :] = W_e · x[p / col_div, :]` for every pair `p` of `routing`, `e` its expert:
 /// `table` holds the device pointers ([`DeviceWeight::device_ptr`]) of the experts' weights,
-/// all of `proto`'s format and shape; `x` has `x_rows` rows (the tokens for gate and up,
-/// `col_div` = top-k; the pairs for down, `col_div` = 1). Each expert's weights are read once
+/// all of `proto`'s format and shape; `x`'s rows are the tokens for gate and up (`col_div` =
+/// top-k), the pairs for down (`col_div` = 1). Each expert's weights are read once
 /// per call, and each pair gets the bits its token would get alone ([`matmul`]).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_experts(
     gpu: &Gpu,
     k: &Kernels,
     out: u64,
-    x: u64,
-    x_rows: usize,
+    x: &Activations,
     table: u64,
     proto: &DeviceWeight,
     routing: &ExpertRouting,
@@ -664,8 +766,9 @@ pub fn matmul_experts(
             proto.format
         )));
     }
+    x.check(proto);
     let (n, kdim) = (proto.rows, proto.cols);
-    let (xh, xscale) = to_f16_tc(gpu, k, x, x_rows, kdim)?;
+    let (xh, xscale) = x.f16(gpu, k)?;
     let p = |b: &CudaSlice<i32>| super::ptr(gpu, b, 0);
     gpu.launch(
         k,
@@ -678,8 +781,8 @@ pub fn matmul_experts(
             Arg::Ptr(p(&routing.offsets)),
             Arg::Ptr(p(&routing.order)),
             Arg::I64(proto.row_bytes as i64),
-            Arg::Ptr(super::ptr(gpu, &xh, 0)),
-            Arg::Ptr(super::ptr(gpu, &xscale, 0)),
+            Arg::Ptr(super::ptr(gpu, xh, 0)),
+            Arg::Ptr(super::ptr(gpu, xscale, 0)),
             Arg::Ptr(out),
             Arg::I32(n as i32),
             Arg::I32(kdim as i32),
@@ -748,36 +851,19 @@ fn token_chunks(tokens: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |t0| (t0, GEMV_MAX_T.min(tokens - t0)))
 }
 
-/// The integer GEMV: `x` quantised to int8 per 32 values once, then every chunk of tokens.
+/// The integer GEMV of activations quantised by [`Activations`], every chunk of tokens.
 #[allow(clippy::too_many_arguments)]
 fn gemv_q8(
     gpu: &Gpu,
     k: &Kernels,
     out: (u64, u64, usize),
-    x: u64,
+    (xq, xd, xs): &Int8Rows,
     w: &DeviceWeight,
     base: u64,
     n: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
-    let blocks32 = tokens * kdim / 32;
-    let xq = gpu.uninit::<i8>(tokens * kdim)?;
-    let xd = gpu.uninit::<f32>(blocks32)?;
-    let xs = gpu.uninit::<f32>(blocks32)?;
-    gpu.launch(
-        k,
-        "quantize_q8",
-        blocks(blocks32 * 32, 256),
-        256,
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(super::ptr(gpu, &xq, 0)),
-            Arg::Ptr(super::ptr(gpu, &xd, 0)),
-            Arg::Ptr(super::ptr(gpu, &xs, 0)),
-            Arg::I64(blocks32 as i64),
-        ],
-    )?;
     // Warps per row: 4 for matrices of few rows (by shape only, never by token count).
     let split = if n < 1024 { 4 } else { 1 };
     let suffix = w.format.kernel_suffix();
@@ -801,9 +887,9 @@ fn gemv_q8(
             &[
                 Arg::Ptr(base),
                 Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(super::ptr(gpu, &xq, t0 * kdim)),
-                Arg::Ptr(super::ptr(gpu, &xd, t0 * kdim / 32)),
-                Arg::Ptr(super::ptr(gpu, &xs, t0 * kdim / 32)),
+                Arg::Ptr(super::ptr(gpu, xq, t0 * kdim)),
+                Arg::Ptr(super::ptr(gpu, xd, t0 * kdim / 32)),
+                Arg::Ptr(super::ptr(gpu, xs, t0 * kdim / 32)),
                 Arg::Ptr(row_at(y, t0, rows1)),
                 Arg::Ptr(row_at(y2, t0, n - rows1)),
                 Arg::I32(n as i32),

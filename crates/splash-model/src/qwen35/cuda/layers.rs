@@ -75,14 +75,19 @@ impl WeightPair {
         }
     }
 
-    /// `x · Aᵀ` into `out.0` and `x · Bᵀ` into `out.1`, for `t` rows of `x`.
-    fn multiply(&self, m: &GpuModel, out: (u64, u64), x: u64, t: usize) -> Result<(), ModelError> {
+    /// `x · Aᵀ` into `out.0` and `x · Bᵀ` into `out.1`.
+    fn multiply(
+        &self,
+        m: &GpuModel,
+        out: (u64, u64),
+        x: &dev::Activations,
+    ) -> Result<(), ModelError> {
         let (gpu, k) = (&*m.gpu, &*m.k);
         match self {
-            Self::Stacked { w, split } => dev::matmul_pair(gpu, k, out, x, w, *split, t)?,
+            Self::Stacked { w, split } => dev::matmul_pair(gpu, k, out, x, w, *split)?,
             Self::Apart(a, b) => {
-                dev::matmul(gpu, k, out.0, x, a, 0, a.rows(), t)?;
-                dev::matmul(gpu, k, out.1, x, b, 0, b.rows(), t)?;
+                dev::matmul_activations(gpu, k, out.0, x, a, 0, a.rows())?;
+                dev::matmul_activations(gpu, k, out.1, x, b, 0, b.rows())?;
             }
         }
         Ok(())
@@ -182,14 +187,14 @@ impl GpuMlp {
         }
     }
 
-    /// `down(silu(gate x) * up x)` for `t` rows of `x`.
-    pub(super) fn forward(&self, m: &GpuModel, x: u64, t: usize) -> Result<Buf, ModelError> {
-        let (gpu, k) = (&*m.gpu, &*m.k);
+    /// `down(silu(gate x) * up x)`.
+    pub(super) fn forward(&self, m: &GpuModel, x: &dev::Activations) -> Result<Buf, ModelError> {
+        let (gpu, k, t) = (&*m.gpu, &*m.k, x.tokens());
         let i = self.gate_up.rows().0;
         let g = m.scratch(t * i)?;
         let u = m.scratch(t * i)?;
         self.gate_up
-            .multiply(m, (ptr(gpu, &g, 0), ptr(gpu, &u, 0)), x, t)?;
+            .multiply(m, (ptr(gpu, &g, 0), ptr(gpu, &u, 0)), x)?;
         let out = m.scratch(t * self.down.rows())?;
         dev::matmul_swiglu(
             gpu,
@@ -221,11 +226,13 @@ impl GpuModel {
         } = moe;
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (e, h) = (router.rows(), router.cols());
+        // One conversion of x for the router, the shared expert and the routed experts.
+        let xa = dev::Activations::new(x, t, h);
         let logits = self.scratch(t * e)?;
-        dev::matmul(gpu, k, ptr(gpu, &logits, 0), x, router, 0, e, t)?;
-        let out = shared.forward(self, x, t)?;
+        dev::matmul_activations(gpu, k, ptr(gpu, &logits, 0), &xa, router, 0, e)?;
+        let out = shared.forward(self, &xa)?;
         let sg = self.scratch(t)?;
-        dev::matmul(gpu, k, ptr(gpu, &sg, 0), x, shared_gate, 0, 1, t)?;
+        dev::matmul_activations(gpu, k, ptr(gpu, &sg, 0), &xa, shared_gate, 0, 1)?;
         dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
         if let Some(tables) = moe.device_tables(gpu) {
             let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), t, e, *top_k)?;
@@ -240,8 +247,7 @@ impl GpuModel {
                 gpu,
                 k,
                 gp,
-                x,
-                t,
+                &xa,
                 table(&tables.gate),
                 first_gate,
                 &routing,
@@ -251,8 +257,7 @@ impl GpuModel {
                 gpu,
                 k,
                 up,
-                x,
-                t,
+                &xa,
                 table(&tables.up),
                 first_up,
                 &routing,
@@ -265,8 +270,7 @@ impl GpuModel {
                 gpu,
                 k,
                 yp,
-                gp,
-                pairs,
+                &dev::Activations::new(gp, pairs, inter),
                 table(&tables.down),
                 &first.down,
                 &routing,
@@ -288,7 +292,7 @@ impl GpuModel {
             let w_d = gpu.upload(&weights)?;
             let xs = self.scratch(n * h)?;
             dev::gather_rows(gpu, k, ptr(gpu, &xs, 0), x, ptr(gpu, &idx_d, 0), n, h)?;
-            let y = expert.forward(self, ptr(gpu, &xs, 0), n)?;
+            let y = expert.forward(self, &dev::Activations::new(ptr(gpu, &xs, 0), n, h))?;
             dev::scatter_add_rows(
                 gpu,
                 k,
@@ -356,27 +360,26 @@ pub(super) fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
 }
 
 impl GpuGdn {
-    /// The layer over `t` rows of `x` belonging to the sequences `parts`: projections for all
+    /// The layer over the rows of `x` belonging to the sequences `parts`: projections for all
     /// rows, conv and scan per sequence on its own state. A part that records first saves its
     /// conv and recurrent state, then keeps its rows' conv inputs and gates there.
     pub(super) fn forward(
         &self,
         m: &GpuModel,
-        x: u64,
-        t: usize,
+        x: &dev::Activations,
         parts: &mut [GdnSeq<'_>],
         eps: f32,
     ) -> Result<Buf, ModelError> {
-        let (gpu, k) = (&*m.gpu, &*m.k);
+        let (gpu, k, t) = (&*m.gpu, &*m.k, x.tokens());
         let (c, vd) = self.in_qkv_z.rows();
         let qkv = m.scratch(t * c)?;
         let z = m.scratch(t * vd)?;
         self.in_qkv_z
-            .multiply(m, (ptr(gpu, &qkv, 0), ptr(gpu, &z, 0)), x, t)?;
+            .multiply(m, (ptr(gpu, &qkv, 0), ptr(gpu, &z, 0)), x)?;
         let b = m.scratch(t * self.hv)?;
         let a = m.scratch(t * self.hv)?;
         self.in_b_a
-            .multiply(m, (ptr(gpu, &b, 0), ptr(gpu, &a, 0)), x, t)?;
+            .multiply(m, (ptr(gpu, &b, 0), ptr(gpu, &a, 0)), x)?;
         dev::gdn_gates(
             gpu,
             k,
@@ -505,20 +508,19 @@ impl GpuGdn {
 }
 
 impl GpuAttn {
-    /// The layer over `t` rows of `x` belonging to the sequences `parts`: projections for all
+    /// The layer over the rows of `x` belonging to the sequences `parts`: projections for all
     /// rows; RoPE, the cache append and attention per sequence.
     pub(super) fn forward(
         &self,
         m: &GpuModel,
-        x: u64,
-        t: usize,
+        x: &dev::Activations,
         parts: &mut [AttnSeq<'_>],
         eps: f32,
     ) -> Result<Buf, ModelError> {
-        let (gpu, k) = (&*m.gpu, &*m.k);
+        let (gpu, k, t) = (&*m.gpu, &*m.k, x.tokens());
         let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
         let qg = m.scratch(t * hq * 2 * d)?;
-        dev::matmul(gpu, k, ptr(gpu, &qg, 0), x, &self.q, 0, hq * 2 * d, t)?;
+        dev::matmul_activations(gpu, k, ptr(gpu, &qg, 0), x, &self.q, 0, hq * 2 * d)?;
         let q = m.scratch(t * hq * d)?;
         let gate = m.scratch(t * hq * d)?;
         dev::split_q_gate(
@@ -531,9 +533,9 @@ impl GpuAttn {
             d,
         )?;
         let kb = m.scratch(t * hkv * d)?;
-        dev::matmul(gpu, k, ptr(gpu, &kb, 0), x, &self.k, 0, hkv * d, t)?;
+        dev::matmul_activations(gpu, k, ptr(gpu, &kb, 0), x, &self.k, 0, hkv * d)?;
         let vb = m.scratch(t * hkv * d)?;
-        dev::matmul(gpu, k, ptr(gpu, &vb, 0), x, &self.v, 0, hkv * d, t)?;
+        dev::matmul_activations(gpu, k, ptr(gpu, &vb, 0), x, &self.v, 0, hkv * d)?;
         dev::rms_norm(
             gpu,
             k,

@@ -351,6 +351,8 @@ impl GpuModel {
             if li == 0 {
                 dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
             }
+            // The mixer's products share one conversion of the normed rows.
+            let normed = dev::Activations::new(np, t, h);
             let mixed = match &layer.mixer {
                 GpuMixer::Gdn(g) => {
                     let mut parts: Vec<GdnSeq<'_>> = items
@@ -375,7 +377,7 @@ impl GpuModel {
                             }
                         })
                         .collect();
-                    g.forward(self, np, t, &mut parts, eps)?
+                    g.forward(self, &normed, &mut parts, eps)?
                 }
                 GpuMixer::Attn(a) => {
                     let mut parts: Vec<AttnSeq<'_>> = items
@@ -392,13 +394,13 @@ impl GpuModel {
                             }
                         })
                         .collect();
-                    a.forward(self, np, t, &mut parts, eps)?
+                    a.forward(self, &normed, &mut parts, eps)?
                 }
             };
             let post_norm = ptr(gpu, &layer.post_norm, 0);
             dev::add_rms_norm(gpu, k, np, xp, ptr(gpu, &mixed, 0), post_norm, t, h, eps)?;
             let ffn = match &layer.ffn {
-                GpuFfn::Dense(m) => m.forward(self, np, t)?,
+                GpuFfn::Dense(m) => m.forward(self, &dev::Activations::new(np, t, h))?,
                 GpuFfn::Moe(moe) => self.moe(moe, np, t)?,
             };
             let fp = ptr(gpu, &ffn, 0);
