@@ -123,6 +123,16 @@ fn main() {
             line += &format!(" {tokens}: {}", cell(time(tokens)));
         }
         println!("{line}");
+        if t == GgmlType::Q4_K {
+            // The integer tensor-core GEMV (int8 activations, u8 × s8 mma).
+            dev::force_integer_mma(Some(true));
+            let mut line = format!("{:<28} {:>6} {:>10} |", "    integer mma", "", "");
+            for tokens in [1, 2, 4, 8, 16] {
+                line += &format!(" {tokens}: {}", cell(time(tokens)));
+            }
+            println!("{line}");
+            dev::force_integer_mma(None);
+        }
         if std::env::var_os("GEMV_SWEEP").is_some() && t != GgmlType::Q8_0 {
             for warps in [1, 2, 4, 8] {
                 dev::force_tensor_core_warps(warps);

@@ -879,6 +879,37 @@ __device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b
     }
 }
 
+// The end of a 16-row tile's product: each warp's sums (lane (g, q) holds rows g, g + 8 ×
+// tokens 8i + 2q + {0, 1} in c[i]) added in warp order by warp 0 and written, rows n < split
+// to y [T, split], the others to y2 [T, N - split]; with `cols`, token t goes to row cols[t].
+template <int NT>
+__device__ __forceinline__ void tc_tile_store(const float (&c)[NT][4], float (*part)[32][4 * NT], int n0, float* y,
+                                              float* y2, int split, int N, int T, const int* cols) {
+    int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[warp][lane][4 * i + e] = c[i][e];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = 0.0f;
+            for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
+            int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
+            if (t >= T || n >= N) continue;
+            long r = cols ? cols[t] : t;
+            if (n < split)
+                y[r * split + n] = v;
+            else
+                y2[r * (N - split) + n - split] = v;
+        }
+    }
+}
+
 // y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: the
 // 16-row tile `tile_index`, its warps splitting the K blocks (b = warp, warp + warps, ...),
 // summed in warp order. A row's sums depend on the shape only, so any token count gives each
@@ -933,27 +964,7 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
         r0 = n0r;
         r1 = n1r;
     }
-#pragma unroll
-    for (int i = 0; i < NT; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) part[warp][lane][4 * i + e] = c[i][e];
-    __syncthreads();
-    if (warp != 0) return;
-#pragma unroll
-    for (int i = 0; i < NT; i++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float v = 0.0f;
-            for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
-            int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
-            if (t >= T || n >= N) continue;
-            long r = cols ? cols[t] : t;
-            if (n < split)
-                y[r * split + n] = v;
-            else
-                y2[r * (N - split) + n - split] = v;
-        }
-    }
+    tc_tile_store<NT>(c, part, n0, y, y2, split, N, T, cols);
 }
 
 // Stream-K: the same products with the work of the whole matrix, (tile, 256-value block)
@@ -1122,6 +1133,203 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
 
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)
+
+// ---------------------------------------------------------------------------------------------
+// Integer tensor-core GEMV for Q4_K, 1..16 tokens per launch: the activations as quantize_q8
+// writes them (int8 per 32 values, scale xd and sum xs: the dp4a GEMV's, llama.cpp's Q8_1
+// rounding), the weights' 4-bit codes fed to mma.sync m16n8k32 (u8 × s8 → s32) as they are
+// stored, one 32-value sub-block per mma, and each sub-block's integer sums scaled in f32:
+// y += d·sc·xd·Σ code·xq − dmin·m·xs. A code takes one logic operation to decode where the f16
+// GEMV spends three per pair and a product, so far fewer instructions move each weight byte.
+// Same tiles and warp split as gemv_tc; a token's column never mixes with another's, so every
+// token gets the bits it gets alone.
+//
+// Fragments (PTX ISA, m16n8k32 .u8/.s8, lane = 4·g + q): A a0 = row g, k 4q..4q+3 (a byte
+// each); a1 = row g+8; a2, a3 = the same rows at k 16+4q..16+4q+3. B b0 = token g, k 4q..4q+3;
+// b1 = k 16+4q..16+4q+3. C (s32) as m16n8k16's.
+//
+// The tiles hold each lane's 16-byte share for the f16 GEMV: lane (g, q), p = q >> 1,
+// s = q & 1, loads bytes 16s..16s+15 of code chunks 2p and 2p+1 of rows g and g+8 (chunk c's
+// byte j holds value j of sub-block 2c, low nibble, and of 2c+1, high nibble). An mma needs
+// all four lanes of a quad in one sub-block, so lanes q and q^2 swap the second half of their
+// bytes: lane (p, s) then holds bytes 16s + 8·(c/2 != p) .. +7 of every chunk c, eight values
+// of every sub-block. The k order inside an mma is free as long as A and B agree; B reads the
+// same eight positions of the token's int8 row.
+
+#ifndef KERNEL_EMULATION  // kernels_on_host.h defines it on the CPU
+__device__ __forceinline__ void mma_u8s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+#endif
+
+// v as f32 for |v| < 2^22 (an mma sum is below 32·240·127): v under the exponent of
+// 1.5·2^23, two full-rate operations where I2F is a quarter-rate one.
+__device__ __forceinline__ float small_int_f32(int v) { return __int_as_float(0x4B400000 + v) - 12582912.0f; }
+
+// c·x rounded once, for the byte c of w that `byte` (0..3) picks, given nx = −2^23·x: the byte
+// under the exponent of 2^23 (one permute), one fma.
+__device__ __forceinline__ float byte_times(u32 w, u32 byte, float x, float nx) {
+    return fmaf(__int_as_float(__byte_perm(w, 0x4Bu, 0x4550u | byte)), x, nx);
+}
+
+// One row's code words of a block after the quad swap: w[h][u][i] = word i of the lane's
+// eight bytes of chunk 2h + u (sub-blocks 4h + 2u, low nibbles, and 4h + 2u + 1, high).
+struct ImmaCodes {
+    u32 w[2][2][2];
+};
+
+__device__ __forceinline__ ImmaCodes imma_codes(const TcRaw& r, int p) {
+    u32 b0 = __shfl_xor_sync(0xffffffffu, r.b.z, 2), b1 = __shfl_xor_sync(0xffffffffu, r.b.w, 2);
+    u32 c0 = __shfl_xor_sync(0xffffffffu, r.c.z, 2), c1 = __shfl_xor_sync(0xffffffffu, r.c.w, 2);
+    // The lane's own chunks are 2p and 2p + 1; the swapped-in ones its partner's.
+    bool own0 = p == 0;
+    ImmaCodes k;
+    k.w[0][0][0] = own0 ? r.b.x : b0;
+    k.w[0][0][1] = own0 ? r.b.y : b1;
+    k.w[0][1][0] = own0 ? r.c.x : c0;
+    k.w[0][1][1] = own0 ? r.c.y : c1;
+    k.w[1][0][0] = own0 ? b0 : r.b.x;
+    k.w[1][0][1] = own0 ? b1 : r.b.y;
+    k.w[1][1][0] = own0 ? c0 : r.c.x;
+    k.w[1][1][1] = own0 ? c1 : r.c.y;
+    return k;
+}
+
+// A row's factors from its Q4_K header (TcRaw::a): the 6-bit scales and mins of sub-blocks
+// 0..3 and 4..7 packed a byte each (llama.cpp's get_scale_min_k4, four at a time), and
+// d, d/16 (high nibbles are read as 16·code), dmin with their −2^23 multiples for byte_times.
+struct ImmaRow {
+    u32 sc[2], mn[2];
+    float d[2], nd[2], ndmin, dmin2;
+};
+
+__device__ __forceinline__ ImmaRow imma_row(uint4 a) {
+    ImmaRow r;
+    r.sc[0] = a.y & 0x3f3f3f3fu;
+    r.mn[0] = a.z & 0x3f3f3f3fu;
+    r.sc[1] = (a.w & 0x0f0f0f0fu) | ((a.y >> 2) & 0x30303030u);
+    r.mn[1] = ((a.w >> 4) & 0x0f0f0f0fu) | ((a.z >> 2) & 0x30303030u);
+    float d = f16_to_f32((u16)(a.x & 0xffff)), dmin = f16_to_f32((u16)(a.x >> 16));
+    r.d[0] = d;
+    r.d[1] = d * 0.0625f;
+    r.nd[0] = -8388608.0f * d;
+    r.nd[1] = -8388608.0f * r.d[1];
+    r.ndmin = -dmin;
+    r.dmin2 = 8388608.0f * dmin;
+    return r;
+}
+
+// One 256-value block b of a 16-row tile (its two halves' raw loads r0, r1) times the NT·8
+// token columns: c[i] += the lane's rows × tokens 8i + 2q + {0, 1} over the block. xq[i]: the
+// int8 row of token 8i + g; xd, xs [i][e]: the scales and sums of token 8i + 2q + e.
+template <int NT>
+__device__ __forceinline__ void imma_block(const TcRaw& r0, const TcRaw& r1, int b, int p, int s,
+                                           const i8* const (&xq)[NT], const float* const (&xd)[NT][2],
+                                           const float* const (&xs)[NT][2], float (&c)[NT][4]) {
+    ImmaCodes k0 = imma_codes(r0, p), k1 = imma_codes(r1, p);
+    ImmaRow f0 = imma_row(r0.a), f1 = imma_row(r1.a);
+    // The lane's positions in a sub-block: its own bytes for chunks 2p, 2p + 1, the swapped
+    // ones for the others.
+    int off[2] = {16 * s + 8 * (p != 0), 16 * s + 8 * (p != 1)};
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int sb = 4 * half + j, u = j >> 1, v = j & 1;
+            u32 mask = v ? 0xf0f0f0f0u : 0x0f0f0f0fu;
+            u32 a0 = k0.w[half][u][0] & mask, a2 = k0.w[half][u][1] & mask;
+            u32 a1 = k1.w[half][u][0] & mask, a3 = k1.w[half][u][1] & mask;
+            // d·sc (d/16 for the high nibbles) and −dmin·m of rows g and g + 8.
+            float dsc[2] = {byte_times(f0.sc[half], j, f0.d[v], f0.nd[v]),
+                            byte_times(f1.sc[half], j, f1.d[v], f1.nd[v])};
+            float dmn[2] = {byte_times(f0.mn[half], j, f0.ndmin, f0.dmin2),
+                            byte_times(f1.mn[half], j, f1.ndmin, f1.dmin2)};
+#pragma unroll
+            for (int i = 0; i < NT; i++) {
+                uint2 x = *(const uint2*)(xq[i] + 256 * b + 32 * sb + off[half]);
+                int acc[4] = {0, 0, 0, 0};
+                mma_u8s8_16832(acc, a0, a1, a2, a3, x.x, x.y);
+                float xdj[2] = {xd[i][0][8 * b + sb], xd[i][1][8 * b + sb]};
+                float xsj[2] = {xs[i][0][8 * b + sb], xs[i][1][8 * b + sb]};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int row = e >> 1, tok = e & 1;
+                    c[i][e] = fmaf(small_int_f32(acc[e]), dsc[row] * xdj[tok], c[i][e]);
+                    c[i][e] = fmaf(dmn[row], xsj[tok], c[i][e]);
+                }
+            }
+        }
+    }
+}
+
+// y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ 8·NT, x as quantize_q8 gives it (xq, xd, xs).
+// Block: the 16-row tile `blockIdx.x`, its warps splitting the K blocks as gemv_tc's do, summed
+// in warp order; rows n < split go to y [T, split], the others to y2 [T, N - split].
+template <int NT>
+__device__ void gemv_imma_q4_k(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs,
+                               float* y, float* y2, int split, int N, int K, int T) {
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, q = lane & 3, p = q >> 1, s = q & 1;
+    int n0 = blockIdx.x * 16, nb = K >> 8, subs = K >> 5;
+    const u8* tile = W + (long)n0 * row_bytes;
+    // Tokens past T repeat the last one (their columns are not written).
+    const i8* xr[NT];
+    const float *xdr[NT][2], *xsr[NT][2];
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        xr[i] = xq + (long)min(8 * i + g, T - 1) * K;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            long t = min(8 * i + 2 * q + e, T - 1);
+            xdr[i][e] = xd + t * subs;
+            xsr[i][e] = xs + t * subs;
+        }
+    }
+    float c[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+    int mine = warp < nb ? (nb - 1 - warp) / warps + 1 : 0;
+    TcRaw r0, r1;
+    if (mine > 0) {
+        r0 = tc_load<FMT_Q4_K>(tile + (long)warp * Q4K_SEGMENT, 0, lane);
+        r1 = tc_load<FMT_Q4_K>(tile + (long)warp * Q4K_SEGMENT, 1, lane);
+    }
+    // The first weights are in flight; everything else comes from the kernels before.
+    GRID_PROLOGUE();
+    for (int i = 0; i < mine; i++) {
+        int b = warp + i * warps;
+        TcRaw n0r, n1r;
+        if (i + 1 < mine) {
+            n0r = tc_load<FMT_Q4_K>(tile + (long)(b + warps) * Q4K_SEGMENT, 0, lane);
+            n1r = tc_load<FMT_Q4_K>(tile + (long)(b + warps) * Q4K_SEGMENT, 1, lane);
+        }
+        imma_block<NT>(r0, r1, b, p, s, xr, xdr, xsr, c);
+        r0 = n0r;
+        r1 = n1r;
+    }
+    tc_tile_store<NT>(c, part, n0, y, y2, split, N, T, nullptr);
+}
+
+// gemv_imma8_q4_k: up to 8 tokens, gemv_imma16_q4_k: up to 16, a 16-row tile per block. At most
+// 128 registers: four 4-warp blocks per SM (136 and 130 uncapped; 4 bytes of spill at 128).
+#ifndef KERNEL_EMULATION
+#define IMMA_REGS __maxnreg__(128)
+#else
+#define IMMA_REGS
+#endif
+extern "C" __global__ void IMMA_REGS gemv_imma8_q4_k(const u8* W, long row_bytes, const i8* xq, const float* xd,
+                                           const float* xs, float* y, float* y2, int split, int N, int K, int T) {
+    gemv_imma_q4_k<1>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T);
+}
+extern "C" __global__ void IMMA_REGS gemv_imma16_q4_k(const u8* W, long row_bytes, const i8* xq, const float* xd,
+                                            const float* xs, float* y, float* y2, int split, int N, int K, int T) {
+    gemv_imma_q4_k<2>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T);
+}
 
 // Activation block w (256 values, value(i) its i-th) → xh[256·w..] f16 in the tensor-core GEMV's
 // k order, scaled by the power of two xscale[w] that puts its largest magnitude below 2^14. One

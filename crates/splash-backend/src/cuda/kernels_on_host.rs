@@ -185,7 +185,8 @@ fn kquant(t: GgmlType, n: usize, k: usize, fp16_fields: &[usize], seed: u64) -> 
 /// The tensor-core GEMV (validated on the H200) gives the CPU's product here too: the
 /// emulated mma.sync has the hardware's fragment layout, which the kernels below rely on. And
 /// each token of a 16-token launch gets the bits it gets alone. Stream-K (`gemv_tcs*` and
-/// `gemv_tc_fixup`, with tiles cut between blocks) does the same. Rows of 3 blocks over 3
+/// `gemv_tc_fixup`, with tiles cut between blocks) and the integer GEMV of Q4_K (`gemv_imma*`,
+/// int8 activations, its quad swap of code bytes) do the same. Rows of 3 blocks over 3
 /// warps (one block a warp) and of 24 over 8 and 4 warps (3 and 6).
 #[test]
 fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
@@ -207,6 +208,9 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
             let mut launches = vec![TcLaunch::Tiled];
             if kd == 768 {
                 launches.extend([2, 4, 9].map(TcLaunch::StreamK));
+            }
+            if t == GgmlType::Q4_K {
+                launches.push(TcLaunch::Integer);
             }
             for launch in launches {
                 for tokens in [1usize, 5, 16] {
@@ -281,6 +285,8 @@ enum TcLaunch {
     Tiled,
     /// Stream-K over this many blocks (gemv_tcs8/16 and gemv_tc_fixup).
     StreamK(usize),
+    /// The integer GEMV of Q4_K: quantize_q8, then gemv_imma8 or gemv_imma16.
+    Integer,
 }
 
 /// A k-quant weight, tiled as on the device, multiplied by the tensor-core GEMV kernels as
@@ -298,6 +304,9 @@ struct TcGemv<'a> {
 impl TcGemv<'_> {
     /// `x` `[tokens, kd]` through to_f16_tc, then the GEMV kernels `launch` names.
     fn run(&self, x: &[f32], launch: TcLaunch) -> Vec<f32> {
+        if let TcLaunch::Integer = launch {
+            return self.run_integer(x);
+        }
         let stream_k = match launch {
             TcLaunch::StreamK(blocks) => Some(blocks),
             _ => None,
@@ -418,6 +427,69 @@ impl TcGemv<'_> {
                     });
                 }
             }
+        }
+        y
+    }
+}
+
+impl TcGemv<'_> {
+    /// `x` `[tokens, kd]` through quantize_q8, then gemv_imma8/16_q4_k as ops::gemv_imma
+    /// launches them.
+    fn run_integer(&self, x: &[f32]) -> Vec<f32> {
+        let (kern, n, kd) = (self.kern, self.n, self.kd);
+        let tokens = x.len() / kd;
+        let blocks32 = tokens * kd / 32;
+        let xq = vec![0i8; tokens * kd];
+        let (xd, xs) = (vec![0.0f32; blocks32], vec![0.0f32; blocks32]);
+        let y = vec![f32::NAN; tokens * n];
+        let (xa, xqa, xda, xsa, ya, wa) = (
+            Addr::of(x),
+            Addr::of(&xq),
+            Addr::of(&xd),
+            Addr::of(&xs),
+            Addr::of(&y),
+            Addr::of(&self.tiles),
+        );
+        let row_bytes = self.format.row_bytes(kd) as i64;
+        let (n32, kd32, t32) = (n as i32, kd as i32, tokens as i32);
+        // SAFETY: the signatures of quantize_q8 and gemv_imma8/16_q4_k in kernels.cu, over
+        // buffers of the sizes ops.rs gives them.
+        unsafe {
+            let quantize: unsafe extern "C" fn(*const f32, *mut i8, *mut f32, *mut f32, i64) =
+                kern.kernel("quantize_q8");
+            kern.launch(blocks32.div_ceil(8) as u32, 256, &|| {
+                quantize(xa.ptr(), xqa.ptr(), xda.ptr(), xsa.ptr(), blocks32 as i64)
+            });
+            type Gemv = unsafe extern "C" fn(
+                *const u8,
+                i64,
+                *const i8,
+                *const f32,
+                *const f32,
+                *mut f32,
+                *mut f32,
+                i32,
+                i32,
+                i32,
+                i32,
+            );
+            let width = if tokens <= 8 { 8 } else { 16 };
+            let f: Gemv = kern.kernel(&format!("gemv_imma{width}_q4_k"));
+            kern.launch(n.div_ceil(16) as u32, 32 * self.warps, &|| {
+                f(
+                    wa.ptr(),
+                    row_bytes,
+                    xqa.ptr(),
+                    xda.ptr(),
+                    xsa.ptr(),
+                    ya.ptr(),
+                    std::ptr::null_mut(),
+                    n32,
+                    n32,
+                    kd32,
+                    t32,
+                )
+            });
         }
         y
     }
