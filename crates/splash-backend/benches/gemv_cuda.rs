@@ -3,8 +3,10 @@
 //! copy bandwidth. Random weights (valid scale fields), so no checkpoint is needed:
 //! `cargo bench -p splash-backend --features cuda --bench gemv_cuda` on a machine with a GPU.
 //! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
-//! launch cost. `GEMV_SWEEP=1` also times the tensor-core GEMV at each warps-per-tile count,
-//! and stream-K off and on. Last, the time to download a verify block's logits.
+//! launch cost. Each shape is also timed with its input converted once, outside the graph (the
+//! GEMV kernels alone), and Q4_K on the integer tensor-core GEMV. `GEMV_SWEEP=1` also times the
+//! tensor-core GEMV at each warps-per-tile count, and stream-K off and on. Last, the time to
+//! download a verify block's logits.
 
 use std::time::Instant;
 
@@ -79,8 +81,10 @@ fn main() {
         let w = random_weight(t, n, kd, n as u64 * 31 + kd as u64);
         let bytes = w.raw_bytes().len() as f64;
         let dw = gpu.upload_weight(&w).unwrap();
-        // The time of one product, replayed from a graph (as a decode pass runs it).
-        let time = |tokens: usize| -> f64 {
+        // The time of one product, replayed from a graph (as a decode pass runs it); with
+        // `alone`, the activations are converted once before the graph, which then holds the
+        // GEMV kernels only (what a product costs when it shares its input's conversion).
+        let time_of = |tokens: usize, alone: bool| -> f64 {
             let x: Vec<f32> = (0..tokens * kd)
                 .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
                 .collect();
@@ -89,15 +93,23 @@ fn main() {
             let (op, xp) = (ptr(&gpu, &out, 0), ptr(&gpu, &xd, 0));
             // Enough products to take ~20 ms.
             let reps = ((20e-3 * COPY_BANDWIDTH / bytes) as usize).clamp(10, 2000);
+            let shared = dev::Activations::new(xp, tokens, kd);
+            if alone {
+                dev::matmul_activations(&gpu, &k, op, &shared, &dw, 0, n).unwrap();
+            }
             let graph = gpu
                 .capture(|| {
                     for _ in 0..reps {
-                        dev::matmul(&gpu, &k, op, xp, &dw, 0, n, tokens)?;
+                        if alone {
+                            dev::matmul_activations(&gpu, &k, op, &shared, &dw, 0, n)?;
+                        } else {
+                            dev::matmul(&gpu, &k, op, xp, &dw, 0, n, tokens)?;
+                        }
                     }
                     Ok::<(), dev::GpuError>(())
                 })
                 .unwrap();
-            if tokens == 1 {
+            if tokens == 1 && !alone {
                 // Whether dependent launches survived the capture (see Graph::census).
                 println!(
                     "    graph of {reps} products: {:?}",
@@ -111,6 +123,7 @@ fn main() {
             gpu.synchronize().unwrap();
             t0.elapsed().as_secs_f64() / reps as f64
         };
+        let time = |tokens: usize| time_of(tokens, false);
         let cell = |secs: f64| {
             format!(
                 "{:>7.1} ({:>3.0}%)",
@@ -123,6 +136,11 @@ fn main() {
             line += &format!(" {tokens}: {}", cell(time(tokens)));
         }
         println!("{line}");
+        let alone = |label: &str| {
+            let (one, sixteen) = (cell(time_of(1, true)), cell(time_of(16, true)));
+            println!("    {label}, conversion shared: 1: {one}  16: {sixteen}");
+        };
+        alone("the same");
         if t == GgmlType::Q4_K {
             // The integer tensor-core GEMV (int8 activations, u8 × s8 mma).
             dev::force_integer_mma(Some(true));
@@ -131,6 +149,7 @@ fn main() {
                 line += &format!(" {tokens}: {}", cell(time(tokens)));
             }
             println!("{line}");
+            alone("integer mma");
             dev::force_integer_mma(None);
         }
         if std::env::var_os("GEMV_SWEEP").is_some() && t != GgmlType::Q8_0 {

@@ -55,6 +55,13 @@ pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuEr
     if std::env::var("SPLASH_DEPENDENT_LAUNCH").as_deref() == Ok("late") {
         defines.push("-DGRID_TRIGGER_LATE".into());
     }
+    // A measurement switch (see TC_L2_AHEAD in kernels.cu).
+    if let Some(ahead) = std::env::var("SPLASH_GEMV_L2_AHEAD")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        defines.push(format!("-DTC_L2_AHEAD={}", ahead.min(16)));
+    }
     let mut h = Sha256::new();
     h.update(kernel_source().as_bytes());
     h.update(defines.join(" ").as_bytes());

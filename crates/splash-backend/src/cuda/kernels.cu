@@ -694,6 +694,19 @@ Q8_KERNEL(q8_0, FMT_Q8_0)
 // Warps of one block split a 16-row tile's K; the host picks how many (at most this).
 #define TC_WARPS_MAX 8
 
+// Segments a warp asks the L2 for ahead of the one it loads into registers (prefetch.global.L2,
+// no registers held): 0 by default; SPLASH_GEMV_L2_AHEAD sets it (a measurement switch).
+#ifndef TC_L2_AHEAD
+#define TC_L2_AHEAD 0
+#endif
+
+// Asks the L2 for the `bytes` at p (a 16-byte aligned segment), a 128-byte line per lane.
+__device__ __forceinline__ void l2_prefetch(const u8* p, int bytes, int lane) {
+#ifndef KERNEL_EMULATION
+    if (128 * lane < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 128 * lane));
+#endif
+}
+
 #ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
 __device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
     u32 r;
@@ -948,6 +961,8 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
         r0 = tc_load<F>(tile + (long)warp * seg_bytes, 0, lane);
         r1 = tc_load<F>(tile + (long)warp * seg_bytes, 1, lane);
     }
+    for (int d = 2; d <= TC_L2_AHEAD && d < mine; d++)
+        l2_prefetch(tile + (long)(warp + d * warps) * seg_bytes, seg_bytes, lane);
     // The first weights are in flight; everything else comes from the kernels before.
     GRID_PROLOGUE();
     for (int i = 0; i < mine; i++) {
@@ -955,6 +970,8 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
         // in flight, in registers or through a ring of shared-memory slots that the copy engine
         // fills, was measured slower: BENCHMARKS.md, 2026-12-01 and 2026-12-02).
         int b = warp + i * warps;
+        if (TC_L2_AHEAD > 0 && i + 1 + TC_L2_AHEAD < mine)
+            l2_prefetch(tile + (long)(b + (1 + TC_L2_AHEAD) * warps) * seg_bytes, seg_bytes, lane);
         TcRaw n0r, n1r;
         if (i + 1 < mine) {
             n0r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 0, lane);
