@@ -141,6 +141,16 @@ fn main() {
             println!("    {label}, conversion shared: 1: {one}  16: {sixteen}");
         };
         alone("the same");
+        if t != GgmlType::Q8_0 {
+            dev::force_stream_k(Some(true));
+            let mut line = format!("{:<28} {:>6} {:>10} |", "    stream-K", "", "");
+            for tokens in [1, 4, 16] {
+                line += &format!(" {tokens}: {}", cell(time(tokens)));
+            }
+            println!("{line}");
+            alone("stream-K");
+            dev::force_stream_k(None);
+        }
         if t == GgmlType::Q4_K {
             // The integer tensor-core GEMV (int8 activations, u8 × s8 mma).
             dev::force_integer_mma(Some(true));

@@ -1007,7 +1007,8 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
     int g = lane >> 2, q = lane & 3;
     int nb = K >> 8, tiles = (N + 15) / 16;
     long units = (long)tiles * nb;
-    long u0 = (long)blockIdx.x * units / gridDim.x, u1 = (long)(blockIdx.x + 1) * units / gridDim.x;
+    // Unit u's segment is at W + u·seg_bytes (a tile's 16 rows are nb segments).
+    int u0 = (int)((long)blockIdx.x * units / gridDim.x), u1 = (int)((long)(blockIdx.x + 1) * units / gridDim.x);
     const int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
     const uint4* x0 = (const uint4*)(xh + (long)min(g, T - 1) * K + 8 * q);
     const uint4* x1 = (const uint4*)(xh + (long)min(g + 8, T - 1) * K + 8 * q);
@@ -1016,18 +1017,44 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
     for (int i = 0; i < NT; i++)
 #pragma unroll
         for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)min(8 * i + 2 * q + e, T - 1) * nb;
-    for (long u = u0; u < u1;) {
-        int tile = (int)(u / nb);
-        int b0 = (int)(u - (long)tile * nb), b1 = (int)min((long)nb, u1 - (long)tile * nb);
-        u = (long)tile * nb + b1;
-        const u8* seg = W + (long)tile * 16 * row_bytes;
+    // The block's pieces: tile t from b_lo(t) to b_hi(t). A warp takes b = b_lo + warp, + warps,
+    // ... in each, in order, the next one's loads in flight while one is multiplied (across
+    // pieces too).
+    int first = u0 / nb, last = (u1 - 1) / nb;
+#define TCS_LO(t) ((t) == first ? u0 - (t) * nb : 0)
+#define TCS_HI(t) min(nb, u1 - (t) * nb)
+    int pt = first, pb = TCS_LO(first) + warp;
+    while (pt <= last && pb >= TCS_HI(pt)) {
+        pt++;
+        pb = warp;
+    }
+    TcRaw r0, r1;
+    if (pt <= last) {
+        r0 = tc_load<F>(W + (long)(pt * nb + pb) * seg_bytes, 0, lane);
+        r1 = tc_load<F>(W + (long)(pt * nb + pb) * seg_bytes, 1, lane);
+    }
+    // The first weights are in flight; everything else comes from the kernels before.
+    GRID_PROLOGUE();
+    for (int tile = first; tile <= last; tile++) {
         float c[NT][4];
 #pragma unroll
         for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
-        for (int b = b0 + warp; b < b1; b += warps) {
-            TcRaw r0 = tc_load<F>(seg + (long)b * seg_bytes, 0, lane);
-            TcRaw r1 = tc_load<F>(seg + (long)b * seg_bytes, 1, lane);
-            tc_block<F, NT>(r0, r1, b, q, x0, x1, xs, c);
+        while (pt == tile) {
+            int nt = pt, nbk = pb + warps;
+            while (nt <= last && nbk >= TCS_HI(nt)) {
+                nt++;
+                nbk = warp;
+            }
+            TcRaw n0r, n1r;
+            if (nt <= last) {
+                n0r = tc_load<F>(W + (long)(nt * nb + nbk) * seg_bytes, 0, lane);
+                n1r = tc_load<F>(W + (long)(nt * nb + nbk) * seg_bytes, 1, lane);
+            }
+            tc_block<F, NT>(r0, r1, pb, q, x0, x1, xs, c);
+            r0 = n0r;
+            r1 = n1r;
+            pt = nt;
+            pb = nbk;
         }
         __syncthreads();  // the previous piece's sums are read
 #pragma unroll
@@ -1036,7 +1063,7 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
             for (int e = 0; e < 4; e++) part[warp][lane][4 * i + e] = c[i][e];
         __syncthreads();
         if (warp != 0) continue;
-        bool whole = b0 == 0 && b1 == nb;
+        bool whole = TCS_LO(tile) == 0 && TCS_HI(tile) == nb;
         int piece = blockIdx.x - stream_k_block((long)tile * nb, units, gridDim.x);
 #pragma unroll
         for (int i = 0; i < NT; i++) {
@@ -1056,6 +1083,8 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
             }
         }
     }
+#undef TCS_LO
+#undef TCS_HI
 }
 
 // Sums the pieces of the tiles that gemv_tcs split over several blocks, in piece order: one
@@ -1113,6 +1142,13 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
 #define TC8_REGS_q4_k
 #endif
 #define TC8_REGS_q6_k
+// Stream-K blocks: at most 128 registers, four 4-warp blocks per SM (132-152 uncapped; at 96 the
+// Q4_K one spills 60 bytes).
+#ifndef KERNEL_EMULATION
+#define TCS_REGS __maxnreg__(128)
+#else
+#define TCS_REGS
+#endif
 
 // gemv_tc8_*: up to 8 tokens, gemv_tc16_*: up to 16, a tile per block; gemv_tcs*: stream-K (the
 // kernel bench's comparison).
@@ -1122,18 +1158,16 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
         int split, int N, int K, int T) {                                                         \
         gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
     }                                                                                             \
-    extern "C" __global__ void gemv_tcs8_##NAME(const u8* W, long row_bytes, const u16* xh,       \
+    extern "C" __global__ void TCS_REGS gemv_tcs8_##NAME(const u8* W, long row_bytes, const u16* xh,       \
                                                 const float* xscale, float* y, float* y2,         \
                                                 int split, int N, int K, int T, float* partials,  \
                                                 int max_pieces) {                                 \
-        GRID_PROLOGUE();                                                                          \
         gemv_tcs<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
     }                                                                                             \
-    extern "C" __global__ void gemv_tcs16_##NAME(const u8* W, long row_bytes, const u16* xh,      \
+    extern "C" __global__ void TCS_REGS gemv_tcs16_##NAME(const u8* W, long row_bytes, const u16* xh,      \
                                                  const float* xscale, float* y, float* y2,        \
                                                  int split, int N, int K, int T, float* partials, \
                                                  int max_pieces) {                                \
-        GRID_PROLOGUE();                                                                          \
         gemv_tcs<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
     }                                                                                             \
     extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \

@@ -664,9 +664,17 @@ fn gemv_imma(
 
 /// Whether tensor-core GEMVs run stream-K (see [`force_stream_k`]).
 static STREAM_K: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-/// Blocks per SM of a stream-K launch, and warps per block.
-const STREAM_K_BLOCKS_PER_SM: usize = 3;
+/// Blocks per SM of a stream-K launch (128 registers a thread: four fit), and warps per block.
+const STREAM_K_BLOCKS_PER_SM: usize = 4;
 const STREAM_K_WARPS: u32 = 4;
+
+/// [`STREAM_K_BLOCKS_PER_SM`], or `SPLASH_STREAM_K_BLOCKS` (1..=8, a measurement switch).
+fn stream_k_blocks_per_sm() -> usize {
+    std::env::var("SPLASH_STREAM_K_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(STREAM_K_BLOCKS_PER_SM, |b| b.clamp(1, 8))
+}
 
 /// Turns stream-K tensor-core GEMVs on or off for every shape (`None`: as `SPLASH_STREAM_K=1`
 /// says; off by default until the kernel bench has measured it on the GPU). For the bench's
@@ -694,7 +702,7 @@ impl StreamK {
     /// 256-value block) pairs, each block gets an equal range of them.
     fn new(n: usize, kdim: usize, sms: usize) -> Self {
         let units = n.div_ceil(16) * (kdim / 256);
-        let blocks = (sms * STREAM_K_BLOCKS_PER_SM).clamp(1, units.max(1));
+        let blocks = (sms * stream_k_blocks_per_sm()).clamp(1, units.max(1));
         // Every block holds at least units / blocks units, so a tile of kdim / 256 units
         // meets at most this many blocks.
         let max_pieces = (kdim / 256).div_ceil((units / blocks).max(1)) + 1;
