@@ -4,9 +4,8 @@
 //! `cargo bench -p splash-backend --features cuda --bench gemv_cuda` on a machine with a GPU.
 //! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
 //! launch cost. Each shape is also timed with its input converted once, outside the graph (the
-//! GEMV kernels alone), and Q4_K on the integer tensor-core GEMV. `GEMV_SWEEP=1` also times the
-//! tensor-core GEMV at each warps-per-tile count, and stream-K off and on. Last, the time to
-//! download a verify block's logits.
+//! GEMV kernels alone), and on the stream-K GEMV. `GEMV_SWEEP=1` also times the tensor-core
+//! GEMV at each warps-per-tile count. Last, the time to download a verify block's logits.
 
 use std::time::Instant;
 
@@ -151,17 +150,6 @@ fn main() {
             alone("stream-K");
             dev::force_stream_k(None);
         }
-        if t == GgmlType::Q4_K {
-            // The integer tensor-core GEMV (int8 activations, u8 × s8 mma).
-            dev::force_integer_mma(Some(true));
-            let mut line = format!("{:<28} {:>6} {:>10} |", "    integer mma", "", "");
-            for tokens in [1, 2, 4, 8, 16] {
-                line += &format!(" {tokens}: {}", cell(time(tokens)));
-            }
-            println!("{line}");
-            alone("integer mma");
-            dev::force_integer_mma(None);
-        }
         if std::env::var_os("GEMV_SWEEP").is_some() && t != GgmlType::Q8_0 {
             for warps in [1, 2, 4, 8] {
                 dev::force_tensor_core_warps(warps);
@@ -169,12 +157,6 @@ fn main() {
                 println!("    {warps} warps per tile: 1: {one}  16: {sixteen}");
             }
             dev::force_tensor_core_warps(0);
-            for on in [false, true] {
-                dev::force_stream_k(Some(on));
-                let (one, sixteen) = (cell(time(1)), cell(time(16)));
-                println!("    stream-K {on}: 1: {one}  16: {sixteen}");
-            }
-            dev::force_stream_k(None);
         }
     }
     // What a verify block's logits (16 rows of the 248,320-token vocabulary) cost to bring

@@ -695,9 +695,11 @@ Q8_KERNEL(q8_0, FMT_Q8_0)
 #define TC_WARPS_MAX 8
 
 // Segments a warp asks the L2 for ahead of the one it loads into registers (prefetch.global.L2,
-// no registers held): 0 by default; SPLASH_GEMV_L2_AHEAD sets it (a measurement switch).
+// no registers held). Two measured best on the H200 (BENCHMARKS.md, 2026-12-02, L2 requests):
+// the 27B Q4_K down product 31.3 -> 28.0 us at 1 token, the 16-token Q6_K one 44.3 -> 41.8;
+// 4 and 8 gained less. SPLASH_GEMV_L2_AHEAD sets it (0: off), a measurement switch.
 #ifndef TC_L2_AHEAD
-#define TC_L2_AHEAD 0
+#define TC_L2_AHEAD 2
 #endif
 
 // Asks the L2 for the `bytes` at p (a 16-byte aligned segment), a 128-byte line per lane.
@@ -1184,203 +1186,6 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
 
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)
-
-// ---------------------------------------------------------------------------------------------
-// Integer tensor-core GEMV for Q4_K, 1..16 tokens per launch: the activations as quantize_q8
-// writes them (int8 per 32 values, scale xd and sum xs: the dp4a GEMV's, llama.cpp's Q8_1
-// rounding), the weights' 4-bit codes fed to mma.sync m16n8k32 (u8 × s8 → s32) as they are
-// stored, one 32-value sub-block per mma, and each sub-block's integer sums scaled in f32:
-// y += d·sc·xd·Σ code·xq − dmin·m·xs. A code takes one logic operation to decode where the f16
-// GEMV spends three per pair and a product, so far fewer instructions move each weight byte.
-// Same tiles and warp split as gemv_tc; a token's column never mixes with another's, so every
-// token gets the bits it gets alone.
-//
-// Fragments (PTX ISA, m16n8k32 .u8/.s8, lane = 4·g + q): A a0 = row g, k 4q..4q+3 (a byte
-// each); a1 = row g+8; a2, a3 = the same rows at k 16+4q..16+4q+3. B b0 = token g, k 4q..4q+3;
-// b1 = k 16+4q..16+4q+3. C (s32) as m16n8k16's.
-//
-// The tiles hold each lane's 16-byte share for the f16 GEMV: lane (g, q), p = q >> 1,
-// s = q & 1, loads bytes 16s..16s+15 of code chunks 2p and 2p+1 of rows g and g+8 (chunk c's
-// byte j holds value j of sub-block 2c, low nibble, and of 2c+1, high nibble). An mma needs
-// all four lanes of a quad in one sub-block, so lanes q and q^2 swap the second half of their
-// bytes: lane (p, s) then holds bytes 16s + 8·(c/2 != p) .. +7 of every chunk c, eight values
-// of every sub-block. The k order inside an mma is free as long as A and B agree; B reads the
-// same eight positions of the token's int8 row.
-
-#ifndef KERNEL_EMULATION  // kernels_on_host.h defines it on the CPU
-__device__ __forceinline__ void mma_u8s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-#endif
-
-// v as f32 for |v| < 2^22 (an mma sum is below 32·240·127): v under the exponent of
-// 1.5·2^23, two full-rate operations where I2F is a quarter-rate one.
-__device__ __forceinline__ float small_int_f32(int v) { return __int_as_float(0x4B400000 + v) - 12582912.0f; }
-
-// c·x rounded once, for the byte c of w that `byte` (0..3) picks, given nx = −2^23·x: the byte
-// under the exponent of 2^23 (one permute), one fma.
-__device__ __forceinline__ float byte_times(u32 w, u32 byte, float x, float nx) {
-    return fmaf(__int_as_float(__byte_perm(w, 0x4Bu, 0x4550u | byte)), x, nx);
-}
-
-// One row's code words of a block after the quad swap: w[h][u][i] = word i of the lane's
-// eight bytes of chunk 2h + u (sub-blocks 4h + 2u, low nibbles, and 4h + 2u + 1, high).
-struct ImmaCodes {
-    u32 w[2][2][2];
-};
-
-__device__ __forceinline__ ImmaCodes imma_codes(const TcRaw& r, int p) {
-    u32 b0 = __shfl_xor_sync(0xffffffffu, r.b.z, 2), b1 = __shfl_xor_sync(0xffffffffu, r.b.w, 2);
-    u32 c0 = __shfl_xor_sync(0xffffffffu, r.c.z, 2), c1 = __shfl_xor_sync(0xffffffffu, r.c.w, 2);
-    // The lane's own chunks are 2p and 2p + 1; the swapped-in ones its partner's.
-    bool own0 = p == 0;
-    ImmaCodes k;
-    k.w[0][0][0] = own0 ? r.b.x : b0;
-    k.w[0][0][1] = own0 ? r.b.y : b1;
-    k.w[0][1][0] = own0 ? r.c.x : c0;
-    k.w[0][1][1] = own0 ? r.c.y : c1;
-    k.w[1][0][0] = own0 ? b0 : r.b.x;
-    k.w[1][0][1] = own0 ? b1 : r.b.y;
-    k.w[1][1][0] = own0 ? c0 : r.c.x;
-    k.w[1][1][1] = own0 ? c1 : r.c.y;
-    return k;
-}
-
-// A row's factors from its Q4_K header (TcRaw::a): the 6-bit scales and mins of sub-blocks
-// 0..3 and 4..7 packed a byte each (llama.cpp's get_scale_min_k4, four at a time), and
-// d, d/16 (high nibbles are read as 16·code), dmin with their −2^23 multiples for byte_times.
-struct ImmaRow {
-    u32 sc[2], mn[2];
-    float d[2], nd[2], ndmin, dmin2;
-};
-
-__device__ __forceinline__ ImmaRow imma_row(uint4 a) {
-    ImmaRow r;
-    r.sc[0] = a.y & 0x3f3f3f3fu;
-    r.mn[0] = a.z & 0x3f3f3f3fu;
-    r.sc[1] = (a.w & 0x0f0f0f0fu) | ((a.y >> 2) & 0x30303030u);
-    r.mn[1] = ((a.w >> 4) & 0x0f0f0f0fu) | ((a.z >> 2) & 0x30303030u);
-    float d = f16_to_f32((u16)(a.x & 0xffff)), dmin = f16_to_f32((u16)(a.x >> 16));
-    r.d[0] = d;
-    r.d[1] = d * 0.0625f;
-    r.nd[0] = -8388608.0f * d;
-    r.nd[1] = -8388608.0f * r.d[1];
-    r.ndmin = -dmin;
-    r.dmin2 = 8388608.0f * dmin;
-    return r;
-}
-
-// One 256-value block b of a 16-row tile (its two halves' raw loads r0, r1) times the NT·8
-// token columns: c[i] += the lane's rows × tokens 8i + 2q + {0, 1} over the block. xq[i]: the
-// int8 row of token 8i + g; xd, xs [i][e]: the scales and sums of token 8i + 2q + e.
-template <int NT>
-__device__ __forceinline__ void imma_block(const TcRaw& r0, const TcRaw& r1, int b, int p, int s,
-                                           const i8* const (&xq)[NT], const float* const (&xd)[NT][2],
-                                           const float* const (&xs)[NT][2], float (&c)[NT][4]) {
-    ImmaCodes k0 = imma_codes(r0, p), k1 = imma_codes(r1, p);
-    ImmaRow f0 = imma_row(r0.a), f1 = imma_row(r1.a);
-    // The lane's positions in a sub-block: its own bytes for chunks 2p, 2p + 1, the swapped
-    // ones for the others.
-    int off[2] = {16 * s + 8 * (p != 0), 16 * s + 8 * (p != 1)};
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int sb = 4 * half + j, u = j >> 1, v = j & 1;
-            u32 mask = v ? 0xf0f0f0f0u : 0x0f0f0f0fu;
-            u32 a0 = k0.w[half][u][0] & mask, a2 = k0.w[half][u][1] & mask;
-            u32 a1 = k1.w[half][u][0] & mask, a3 = k1.w[half][u][1] & mask;
-            // d·sc (d/16 for the high nibbles) and −dmin·m of rows g and g + 8.
-            float dsc[2] = {byte_times(f0.sc[half], j, f0.d[v], f0.nd[v]),
-                            byte_times(f1.sc[half], j, f1.d[v], f1.nd[v])};
-            float dmn[2] = {byte_times(f0.mn[half], j, f0.ndmin, f0.dmin2),
-                            byte_times(f1.mn[half], j, f1.ndmin, f1.dmin2)};
-#pragma unroll
-            for (int i = 0; i < NT; i++) {
-                uint2 x = *(const uint2*)(xq[i] + 256 * b + 32 * sb + off[half]);
-                int acc[4] = {0, 0, 0, 0};
-                mma_u8s8_16832(acc, a0, a1, a2, a3, x.x, x.y);
-                float xdj[2] = {xd[i][0][8 * b + sb], xd[i][1][8 * b + sb]};
-                float xsj[2] = {xs[i][0][8 * b + sb], xs[i][1][8 * b + sb]};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int row = e >> 1, tok = e & 1;
-                    c[i][e] = fmaf(small_int_f32(acc[e]), dsc[row] * xdj[tok], c[i][e]);
-                    c[i][e] = fmaf(dmn[row], xsj[tok], c[i][e]);
-                }
-            }
-        }
-    }
-}
-
-// y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ 8·NT, x as quantize_q8 gives it (xq, xd, xs).
-// Block: the 16-row tile `blockIdx.x`, its warps splitting the K blocks as gemv_tc's do, summed
-// in warp order; rows n < split go to y [T, split], the others to y2 [T, N - split].
-template <int NT>
-__device__ void gemv_imma_q4_k(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs,
-                               float* y, float* y2, int split, int N, int K, int T) {
-    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
-    int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int g = lane >> 2, q = lane & 3, p = q >> 1, s = q & 1;
-    int n0 = blockIdx.x * 16, nb = K >> 8, subs = K >> 5;
-    const u8* tile = W + (long)n0 * row_bytes;
-    // Tokens past T repeat the last one (their columns are not written).
-    const i8* xr[NT];
-    const float *xdr[NT][2], *xsr[NT][2];
-#pragma unroll
-    for (int i = 0; i < NT; i++) {
-        xr[i] = xq + (long)min(8 * i + g, T - 1) * K;
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            long t = min(8 * i + 2 * q + e, T - 1);
-            xdr[i][e] = xd + t * subs;
-            xsr[i][e] = xs + t * subs;
-        }
-    }
-    float c[NT][4];
-#pragma unroll
-    for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
-    int mine = warp < nb ? (nb - 1 - warp) / warps + 1 : 0;
-    TcRaw r0, r1;
-    if (mine > 0) {
-        r0 = tc_load<FMT_Q4_K>(tile + (long)warp * Q4K_SEGMENT, 0, lane);
-        r1 = tc_load<FMT_Q4_K>(tile + (long)warp * Q4K_SEGMENT, 1, lane);
-    }
-    // The first weights are in flight; everything else comes from the kernels before.
-    GRID_PROLOGUE();
-    for (int i = 0; i < mine; i++) {
-        int b = warp + i * warps;
-        TcRaw n0r, n1r;
-        if (i + 1 < mine) {
-            n0r = tc_load<FMT_Q4_K>(tile + (long)(b + warps) * Q4K_SEGMENT, 0, lane);
-            n1r = tc_load<FMT_Q4_K>(tile + (long)(b + warps) * Q4K_SEGMENT, 1, lane);
-        }
-        imma_block<NT>(r0, r1, b, p, s, xr, xdr, xsr, c);
-        r0 = n0r;
-        r1 = n1r;
-    }
-    tc_tile_store<NT>(c, part, n0, y, y2, split, N, T, nullptr);
-}
-
-// gemv_imma8_q4_k: up to 8 tokens, gemv_imma16_q4_k: up to 16, a 16-row tile per block. At most
-// 128 registers: four 4-warp blocks per SM (136 and 130 uncapped; 4 bytes of spill at 128).
-#ifndef KERNEL_EMULATION
-#define IMMA_REGS __maxnreg__(128)
-#else
-#define IMMA_REGS
-#endif
-extern "C" __global__ void IMMA_REGS gemv_imma8_q4_k(const u8* W, long row_bytes, const i8* xq, const float* xd,
-                                           const float* xs, float* y, float* y2, int split, int N, int K, int T) {
-    gemv_imma_q4_k<1>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T);
-}
-extern "C" __global__ void IMMA_REGS gemv_imma16_q4_k(const u8* W, long row_bytes, const i8* xq, const float* xd,
-                                            const float* xs, float* y, float* y2, int split, int N, int K, int T) {
-    gemv_imma_q4_k<2>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T);
-}
 
 // Activation block w (256 values, value(i) its i-th) → xh[256·w..] f16 in the tensor-core GEMV's
 // k order, scaled by the power of two xscale[w] that puts its largest magnitude below 2^14. One
@@ -2222,13 +2027,22 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
 // same order however the pass is cut. Chunk 0's thread alone reads and then rewrites the
 // state. Grid: ceil(C / blockDim) · ceil(T / CONV_STEPS) blocks, chunk-major.
 #define CONV_STEPS 16
-extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, const float* w, int T, int C,
-                                       int K) {
-    GRID_PROLOGUE();
+// Up to SEQ_SLOTS sequences of one pass, by value in a kernel's parameters (a captured graph
+// keeps them): sequence i has rows off[i] .. off[i] + n[i] - 1 of the pass and its own state.
+#define SEQ_SLOTS 16
+struct SeqSlots {
+    u64 state[SEQ_SLOTS];
+    int off[SEQ_SLOTS], n[SEQ_SLOTS];
+};
+
+// Block `blk` of a conv over one sequence's T rows: (C / blockDim.x chunks of channels) × (T /
+// CONV_STEPS chunks of rows).
+__device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float* y, float* state, const float* w,
+                                                  int T, int C, int K) {
     int per_chunk = (C + blockDim.x - 1) / blockDim.x;
-    int chunk = blockIdx.x / per_chunk;
-    int c = (blockIdx.x % per_chunk) * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    int chunk = blk / per_chunk;
+    int c = (blk % per_chunk) * blockDim.x + threadIdx.x;
+    if (c >= C || (chunk > 0 && chunk * CONV_STEPS >= T)) return;
     int t0 = chunk * CONV_STEPS, t1 = min(T, t0 + CONV_STEPS);
     float hist[8], old[8];
     for (int j = 0; j < K - 1; j++) {
@@ -2251,6 +2065,22 @@ extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, c
         int e = T + j;  // index into [old state (K-1 rows) ; x (T rows)]
         state[(long)j * C + c] = e < K - 1 ? old[e] : x[(long)(e - (K - 1)) * C + c];
     }
+}
+
+extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, const float* w, int T, int C,
+                                       int K) {
+    GRID_PROLOGUE();
+    conv1d_silu_block(blockIdx.x, x, y, state, w, T, C, K);
+}
+
+// conv1d_silu over the sequences of a pass in one launch: `per` blocks a sequence (as many as
+// the longest needs), each sequence's rows and conv state from `seqs`.
+extern "C" __global__ void conv1d_silu_seqs(const float* x, float* y, SeqSlots seqs, const float* w, int per,
+                                            int C, int K) {
+    GRID_PROLOGUE();
+    int i = blockIdx.x / per;
+    long off = (long)seqs.off[i] * C;
+    conv1d_silu_block(blockIdx.x % per, x + off, y + off, (float*)seqs.state[i], w, seqs.n[i], C, K);
 }
 
 // beta = sigmoid(b), g = neg_a[h] · softplus(a + dt_bias[h]) for b, a [T, hv], in place.
@@ -2281,13 +2111,14 @@ extern "C" __global__ void gdn_gates(float* b, float* a, const float* dt_bias, c
 static_assert(GDN_DK % (4 * GDN_SLICES) == 0, "the GDN key dim splits over GDN_SLICES lanes, 4 sums each");
 // Slice r's rows sit GDN_SLICES-padded apart, so the four slices read four banks.
 #define GDN_ROW(i) ((i) + (i) / (GDN_DK / GDN_SLICES))
-extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
-                                         float* out, int T, int hk, int hv, int tiled) {
-    GRID_PROLOGUE();
+// static: its __shared__ arrays, sized by GDN_DK, must not be merged with another build's when
+// the host emulation loads kernels of several dimensions into one process.
+static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float* mixed, const float* g, const float* beta,
+                                                    float* state, float* out, int T, int hk, int hv, int tiled) {
     const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES, ROW = GDN_DK + GDN_SLICES;
     int groups = (DV + 31) / 32;
-    int h = blockIdx.x / groups, r = threadIdx.x % GDN_SLICES;
-    int c0 = (blockIdx.x % groups) * 32, c = c0 + threadIdx.x / GDN_SLICES;
+    int h = blk / groups, r = threadIdx.x % GDN_SLICES;
+    int c0 = (blk % groups) * 32, c = c0 + threadIdx.x / GDN_SLICES;
     bool active = c < DV;
     int kh = tiled ? h % hk : h / (hv / hk);
     int C = 2 * hk * DK + hv * DV;
@@ -2363,4 +2194,22 @@ extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, con
 #pragma unroll
         for (int j = 0; j < R; j++) st[(long)(r * R + j) * DV + c] = s[j];
     }
+}
+
+extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
+                                         float* out, int T, int hk, int hv, int tiled) {
+    GRID_PROLOGUE();
+    gdn_recurrent_block(blockIdx.x, mixed, g, beta, state, out, T, hk, hv, tiled);
+}
+
+// gdn_recurrent over the sequences of a pass in one launch: hv · ceil(GDN_DV / 32) blocks a
+// sequence, each sequence's rows and recurrent state from `seqs`.
+extern "C" __global__ void gdn_recurrent_seqs(const float* mixed, const float* g, const float* beta, SeqSlots seqs,
+                                              float* out, int hk, int hv, int tiled) {
+    GRID_PROLOGUE();
+    int per = hv * ((GDN_DV + 31) / 32), i = blockIdx.x / per;
+    long off = seqs.off[i];
+    gdn_recurrent_block(blockIdx.x % per, mixed + off * (2 * hk * GDN_DK + hv * GDN_DV), g + off * hv,
+                        beta + off * hv, (float*)seqs.state[i], out + off * hv * GDN_DV, seqs.n[i], hk, hv,
+                        tiled);
 }

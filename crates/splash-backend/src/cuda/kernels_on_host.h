@@ -218,42 +218,6 @@ inline void mma_f16_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsig
     for (int i = 0; i < 4; i++) c[i] = d[i];
 }
 
-// mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32, lane = 4g + q: A (16×32, u8) a0 = A[g][4q..4q+3],
-// a1 = A[g+8][4q..4q+3], a2 = A[g][16+4q..16+4q+3], a3 = A[g+8][16+4q..]; B (32×8, s8)
-// b0 = B[4q..4q+3][g], b1 = B[16+4q..16+4q+3][g]; C (s32) as m16n8k16's. Byte 0 = lower index.
-inline void mma_u8s8_16832(int* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    emu::Launch& l = *emu::current;
-    unsigned t = emu::thread_idx.x, base = t & ~31u;
-    float* mine = &l.frag[t * 10];
-    unsigned regs[6] = {a0, a1, a2, a3, b0, b1};
-    std::memcpy(mine, regs, sizeof regs);
-    emu::warp_barrier().arrive_and_wait();
-    auto reg = [&](int lane, int i) {
-        unsigned r;
-        std::memcpy(&r, &l.frag[(base + lane) * 10 + i], 4);
-        return r;
-    };
-    auto byte_of = [](unsigned r, int k) { return (r >> (8 * (k & 3))) & 0xffu; };
-    auto A = [&](int row, int k) {
-        int g = row & 7, q = (k & 15) >> 2, i = (row >> 3) + 2 * (k >> 4);
-        return (int)byte_of(reg(4 * g + q, i), k);
-    };
-    auto B = [&](int k, int col) {
-        int q = (k & 15) >> 2;
-        return (int)(signed char)byte_of(reg(4 * col + q, 4 + (k >> 4)), k);
-    };
-    int g = (t & 31) >> 2, q = t & 3;
-    int d[4];
-    for (int i = 0; i < 4; i++) {
-        int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
-        int acc = c[i];
-        for (int k = 0; k < 32; k++) acc += A(row, k) * B(k, col);
-        d[i] = acc;
-    }
-    emu::warp_barrier().arrive_and_wait();
-    for (int i = 0; i < 4; i++) c[i] = d[i];
-}
-
 // ---- Launches ------------------------------------------------------------------------------
 
 // Runs `body(ctx)` as a kernel launch of `grid` blocks of `block` threads (1-D); the body calls

@@ -185,8 +185,7 @@ fn kquant(t: GgmlType, n: usize, k: usize, fp16_fields: &[usize], seed: u64) -> 
 /// The tensor-core GEMV (validated on the H200) gives the CPU's product here too: the
 /// emulated mma.sync has the hardware's fragment layout, which the kernels below rely on. And
 /// each token of a 16-token launch gets the bits it gets alone. Stream-K (`gemv_tcs*` and
-/// `gemv_tc_fixup`, with tiles cut between blocks) and the integer GEMV of Q4_K (`gemv_imma*`,
-/// int8 activations, its quad swap of code bytes) do the same. Rows of 3 blocks over 3
+/// `gemv_tc_fixup`, with tiles cut between blocks) does the same. Rows of 3 blocks over 3
 /// warps (one block a warp) and of 24 over 8 and 4 warps (3 and 6).
 #[test]
 fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
@@ -208,9 +207,6 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
             let mut launches = vec![TcLaunch::Tiled];
             if kd == 768 {
                 launches.extend([2, 4, 9].map(TcLaunch::StreamK));
-            }
-            if t == GgmlType::Q4_K {
-                launches.push(TcLaunch::Integer);
             }
             for launch in launches {
                 for tokens in [1usize, 5, 16] {
@@ -285,8 +281,6 @@ enum TcLaunch {
     Tiled,
     /// Stream-K over this many blocks (gemv_tcs8/16 and gemv_tc_fixup).
     StreamK(usize),
-    /// The integer GEMV of Q4_K: quantize_q8, then gemv_imma8 or gemv_imma16.
-    Integer,
 }
 
 /// A k-quant weight, tiled as on the device, multiplied by the tensor-core GEMV kernels as
@@ -304,9 +298,6 @@ struct TcGemv<'a> {
 impl TcGemv<'_> {
     /// `x` `[tokens, kd]` through to_f16_tc, then the GEMV kernels `launch` names.
     fn run(&self, x: &[f32], launch: TcLaunch) -> Vec<f32> {
-        if let TcLaunch::Integer = launch {
-            return self.run_integer(x);
-        }
         let stream_k = match launch {
             TcLaunch::StreamK(blocks) => Some(blocks),
             _ => None,
@@ -427,69 +418,6 @@ impl TcGemv<'_> {
                     });
                 }
             }
-        }
-        y
-    }
-}
-
-impl TcGemv<'_> {
-    /// `x` `[tokens, kd]` through quantize_q8, then gemv_imma8/16_q4_k as ops::gemv_imma
-    /// launches them.
-    fn run_integer(&self, x: &[f32]) -> Vec<f32> {
-        let (kern, n, kd) = (self.kern, self.n, self.kd);
-        let tokens = x.len() / kd;
-        let blocks32 = tokens * kd / 32;
-        let xq = vec![0i8; tokens * kd];
-        let (xd, xs) = (vec![0.0f32; blocks32], vec![0.0f32; blocks32]);
-        let y = vec![f32::NAN; tokens * n];
-        let (xa, xqa, xda, xsa, ya, wa) = (
-            Addr::of(x),
-            Addr::of(&xq),
-            Addr::of(&xd),
-            Addr::of(&xs),
-            Addr::of(&y),
-            Addr::of(&self.tiles),
-        );
-        let row_bytes = self.format.row_bytes(kd) as i64;
-        let (n32, kd32, t32) = (n as i32, kd as i32, tokens as i32);
-        // SAFETY: the signatures of quantize_q8 and gemv_imma8/16_q4_k in kernels.cu, over
-        // buffers of the sizes ops.rs gives them.
-        unsafe {
-            let quantize: unsafe extern "C" fn(*const f32, *mut i8, *mut f32, *mut f32, i64) =
-                kern.kernel("quantize_q8");
-            kern.launch(blocks32.div_ceil(8) as u32, 256, &|| {
-                quantize(xa.ptr(), xqa.ptr(), xda.ptr(), xsa.ptr(), blocks32 as i64)
-            });
-            type Gemv = unsafe extern "C" fn(
-                *const u8,
-                i64,
-                *const i8,
-                *const f32,
-                *const f32,
-                *mut f32,
-                *mut f32,
-                i32,
-                i32,
-                i32,
-                i32,
-            );
-            let width = if tokens <= 8 { 8 } else { 16 };
-            let f: Gemv = kern.kernel(&format!("gemv_imma{width}_q4_k"));
-            kern.launch(n.div_ceil(16) as u32, 32 * self.warps, &|| {
-                f(
-                    wa.ptr(),
-                    row_bytes,
-                    xqa.ptr(),
-                    xda.ptr(),
-                    xsa.ptr(),
-                    ya.ptr(),
-                    std::ptr::null_mut(),
-                    n32,
-                    n32,
-                    kd32,
-                    t32,
-                )
-            });
         }
         y
     }
@@ -974,6 +902,166 @@ fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
             "t={t}: an output depends on how the pass was cut"
         );
         assert_eq!(state2, state, "t={t}: state after two passes");
+    }
+}
+
+/// The conv and the scan of several sequences in one launch (`conv1d_silu_seqs`,
+/// `gdn_recurrent_seqs`, a batched pass of concurrent requests) give each sequence, on its own
+/// state, the bits of a launch of its own: rows of 1, 17 (two conv chunks) and 4 tokens.
+#[test]
+fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
+    let kd = DIMS_32;
+    let Some(kern) = kernels(kd) else { return };
+    let (hk, hv, dk, dv) = (2usize, 4usize, kd.gdn_dk, kd.gdn_dv);
+    let c = 2 * hk * dk + hv * dv;
+    let kernel = 4;
+    let lens = [1usize, 17, 4];
+    let rows: usize = lens.iter().sum();
+    let offs: Vec<usize> = lens
+        .iter()
+        .scan(0, |o, &n| {
+            *o += n;
+            Some(*o - n)
+        })
+        .collect();
+    let w = random(c * kernel, 71);
+    let x = random(rows * c, 72);
+    let g: Vec<f32> = random(rows * hv, 73)
+        .iter()
+        .map(|v| -0.5 * v.abs())
+        .collect();
+    let beta: Vec<f32> = random(rows * hv, 74).iter().map(|v| v.abs()).collect();
+    let conv0: Vec<Vec<f32>> = (0..3).map(|i| random((kernel - 1) * c, 75 + i)).collect();
+    let rec0: Vec<Vec<f32>> = (0..3).map(|i| random(hv * dk * dv, 78 + i)).collect();
+    let slots = |states: &[Vec<f32>]| {
+        let mut s = super::SeqSlots::default();
+        for (i, st) in states.iter().enumerate() {
+            s.state[i] = st.as_ptr() as u64;
+            s.off[i] = offs[i] as i32;
+            s.n[i] = lens[i] as i32;
+        }
+        s
+    };
+    type Conv = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, *const f32, i32, i32, i32);
+    type ConvSeqs =
+        unsafe extern "C" fn(*const f32, *mut f32, super::SeqSlots, *const f32, i32, i32, i32);
+    type Scan = unsafe extern "C" fn(
+        *const f32,
+        *const f32,
+        *const f32,
+        *mut f32,
+        *mut f32,
+        i32,
+        i32,
+        i32,
+        i32,
+    );
+    type ScanSeqs = unsafe extern "C" fn(
+        *const f32,
+        *const f32,
+        *const f32,
+        super::SeqSlots,
+        *mut f32,
+        i32,
+        i32,
+        i32,
+    );
+    let scan_blocks = hv * dv.div_ceil(32);
+    // One launch per sequence.
+    let (conv1, rec1) = (conv0.clone(), rec0.clone());
+    let (mixed1, out1) = (vec![f32::NAN; rows * c], vec![f32::NAN; rows * hv * dv]);
+    for i in 0..3 {
+        let (o, n) = (offs[i], lens[i]);
+        let (xa, ya, sa, wa) = (
+            Addr::of(&x[o * c..]),
+            Addr::of(&mixed1[o * c..]),
+            Addr::of(&conv1[i]),
+            Addr::of(&w),
+        );
+        let (ga, ba, ra, oa) = (
+            Addr::of(&g[o * hv..]),
+            Addr::of(&beta[o * hv..]),
+            Addr::of(&rec1[i]),
+            Addr::of(&out1[o * hv * dv..]),
+        );
+        // SAFETY: the signatures of conv1d_silu and gdn_recurrent, ops.rs's grids.
+        unsafe {
+            let f: Conv = kern.kernel("conv1d_silu");
+            kern.launch((c.div_ceil(128) * n.div_ceil(16)) as u32, 128, &|| {
+                f(
+                    xa.ptr(),
+                    ya.ptr(),
+                    sa.ptr(),
+                    wa.ptr(),
+                    n as i32,
+                    c as i32,
+                    kernel as i32,
+                )
+            });
+            let ma = Addr::of(&mixed1[o * c..]);
+            let f: Scan = kern.kernel("gdn_recurrent");
+            kern.launch(scan_blocks as u32, 128, &|| {
+                f(
+                    ma.ptr(),
+                    ga.ptr(),
+                    ba.ptr(),
+                    ra.ptr(),
+                    oa.ptr(),
+                    n as i32,
+                    hk as i32,
+                    hv as i32,
+                    0,
+                )
+            });
+        }
+    }
+    // One launch for all three.
+    let (conv3, rec3) = (conv0.clone(), rec0.clone());
+    let (mixed3, out3) = (vec![f32::NAN; rows * c], vec![f32::NAN; rows * hv * dv]);
+    let (cs, rs) = (slots(&conv3), slots(&rec3));
+    let (xa, ma, wa, ga, ba, oa) = (
+        Addr::of(&x),
+        Addr::of(&mixed3),
+        Addr::of(&w),
+        Addr::of(&g),
+        Addr::of(&beta),
+        Addr::of(&out3),
+    );
+    // SAFETY: the signatures of conv1d_silu_seqs and gdn_recurrent_seqs, ops.rs's grids.
+    unsafe {
+        let per = c.div_ceil(128) * 17usize.div_ceil(16);
+        let f: ConvSeqs = kern.kernel("conv1d_silu_seqs");
+        kern.launch((per * 3) as u32, 128, &|| {
+            f(
+                xa.ptr(),
+                ma.ptr(),
+                cs,
+                wa.ptr(),
+                per as i32,
+                c as i32,
+                kernel as i32,
+            )
+        });
+        let f: ScanSeqs = kern.kernel("gdn_recurrent_seqs");
+        kern.launch((scan_blocks * 3) as u32, 128, &|| {
+            f(
+                ma.ptr(),
+                ga.ptr(),
+                ba.ptr(),
+                rs,
+                oa.ptr(),
+                hk as i32,
+                hv as i32,
+                0,
+            )
+        });
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&mixed3), bits(&mixed1), "conv outputs");
+    assert_eq!(bits(&out3), bits(&out1), "scan outputs");
+    for i in 0..3 {
+        assert_eq!(bits(&conv3[i]), bits(&conv1[i]), "conv state {i}");
+        assert_eq!(bits(&rec3[i]), bits(&rec1[i]), "recurrent state {i}");
     }
 }
 

@@ -269,14 +269,33 @@ pub struct Kernels {
 }
 
 /// A kernel argument.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum Arg {
     /// A device address.
     Ptr(u64),
     I32(i32),
     I64(i64),
     F32(f32),
+    /// The sequences of a pass, by value (`SeqSlots` in kernels.cu).
+    Seqs(Box<SeqSlots>),
 }
+
+/// Sequences a `*_seqs` kernel takes in one launch (`SEQ_SLOTS` in kernels.cu).
+pub const SEQ_SLOTS: usize = 16;
+
+/// Up to [`SEQ_SLOTS`] sequences of one pass, passed by value in a kernel's parameters (so a
+/// captured graph keeps them): sequence `i` has rows `off[i] .. off[i] + n[i]` of the pass and
+/// its own state at `state[i]`. `SeqSlots` in kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SeqSlots {
+    pub state: [u64; SEQ_SLOTS],
+    pub off: [i32; SEQ_SLOTS],
+    pub n: [i32; SEQ_SLOTS],
+}
+
+// SAFETY: plain data with the C layout of kernels.cu's SeqSlots.
+unsafe impl DeviceRepr for SeqSlots {}
 
 /// Keeps memory freed to the device's default pool (stream-ordered allocations) in the pool
 /// instead of returning it to the driver at every synchronisation: without it, every pass
@@ -645,6 +664,7 @@ impl Gpu {
                     Arg::I32(v) => b.arg(v),
                     Arg::I64(v) => b.arg(v),
                     Arg::F32(v) => b.arg(v),
+                    Arg::Seqs(v) => b.arg(&**v),
                 };
             }
             let cfg = LaunchConfig {
@@ -684,6 +704,7 @@ impl Gpu {
                 Arg::I32(v) => v as *const i32 as *mut std::ffi::c_void,
                 Arg::I64(v) => v as *const i64 as *mut std::ffi::c_void,
                 Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+                Arg::Seqs(v) => &**v as *const SeqSlots as *mut std::ffi::c_void,
             })
             .collect();
         // SAFETY: a zeroed attribute is a valid plain-data value; its id and value are set next.

@@ -255,9 +255,6 @@ fn product(
     }
     let base = super::ptr(gpu, &w.data, row0 * w.row_bytes);
     if tensor_core(gpu, w) {
-        if integer_mma(w) {
-            return gemv_imma(gpu, k, (out, 0, n), x.int8(gpu, k)?, w, base, n, tokens);
-        }
         return gemv_tc(gpu, k, (out, 0, n), x.f16(gpu, k)?, w, base, n, tokens);
     }
     if !gpu.exact() && int8_format(w.format) {
@@ -470,9 +467,6 @@ pub fn matmul_pair(
     if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() {
         let out = (out.0, out.1, split);
         if tensor_core(gpu, w) {
-            if integer_mma(w) {
-                return gemv_imma(gpu, k, out, x.int8(gpu, k)?, w, base, w.rows, tokens);
-            }
             return gemv_tc(gpu, k, out, x.f16(gpu, k)?, w, base, w.rows, tokens);
         }
         if !gpu.exact() && int8_format(w.format) {
@@ -484,7 +478,7 @@ pub fn matmul_pair(
 }
 
 /// `out = W · (silu(g) ⊙ u)` `[tokens, W rows]` for `g`, `u` `[tokens, W cols]`: SwiGLU and the
-/// MLP's down product. The f16 tensor-core GEMV takes the gated values straight into its f16
+/// MLP's down product. The tensor-core GEMV takes the gated values straight into its f16
 /// conversion (one launch fewer, the same bits); other paths write them into `g` first.
 pub fn matmul_swiglu(
     gpu: &Gpu,
@@ -495,7 +489,7 @@ pub fn matmul_swiglu(
     w: &DeviceWeight,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() && tensor_core(gpu, w) && !integer_mma(w) {
+    if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() && tensor_core(gpu, w) {
         let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], tokens, w.cols)?;
         let base = super::ptr(gpu, &w.data, 0);
         return gemv_tc(
@@ -552,11 +546,11 @@ fn gemv_tc(
                 Arg::Ptr(super::ptr(gpu, xh, t0 * kdim)),
                 Arg::Ptr(super::ptr(gpu, xscale, t0 * kdim / 256)),
             ];
-            a.extend(common);
+            a.extend(common.clone());
             a.extend([Arg::Ptr(pp), Arg::I32(plan.max_pieces as i32)]);
             gpu.launch(k, &name, plan.blocks as u32, 32 * STREAM_K_WARPS, &a)?;
             let mut f = vec![Arg::Ptr(pp)];
-            f.extend(&common[..]);
+            f.extend(common);
             f.extend([
                 Arg::I32(plan.blocks as i32),
                 Arg::I32(plan.max_pieces as i32),
@@ -584,74 +578,6 @@ fn gemv_tc(
                 Arg::Ptr(super::ptr(gpu, xscale, t0 * kdim / 256)),
                 Arg::Ptr(y_at),
                 Arg::Ptr(y2_at),
-                Arg::I32(split as i32),
-                Arg::I32(n as i32),
-                Arg::I32(kdim as i32),
-                Arg::I32(tc as i32),
-            ],
-        )?;
-    }
-    Ok(())
-}
-
-/// Whether Q4_K products run on the integer tensor-core GEMV (see [`force_integer_mma`]).
-static INTEGER_MMA: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Turns the integer tensor-core GEMV of Q4_K weights on or off (`None`: as
-/// `SPLASH_INTEGER_MMA=1` says; off by default until measured on the GPU). For the bench's
-/// comparison and the tests; results then depend on this process-wide setting.
-pub fn force_integer_mma(on: Option<bool>) {
-    let v = match on {
-        None => 0,
-        Some(false) => 1,
-        Some(true) => 2,
-    };
-    INTEGER_MMA.store(v, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Whether GEMVs by the tiled weight `w` run on `gemv_imma*` (int8 activations, u8 × s8 mma)
-/// rather than `gemv_tc*` (f16): Q4_K weights, when [`force_integer_mma`] or
-/// `SPLASH_INTEGER_MMA=1` turns it on.
-fn integer_mma(w: &DeviceWeight) -> bool {
-    let on = match INTEGER_MMA.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => std::env::var("SPLASH_INTEGER_MMA").as_deref() == Ok("1"),
-        v => v == 2,
-    };
-    on && w.format == super::GpuFormat::Ggml(crate::ggml::GgmlType::Q4_K)
-}
-
-/// The integer tensor-core GEMV of Q4_K weights (`gemv_imma*` in kernels.cu) of activations
-/// quantised by [`Activations`], a block per 16-row tile and 16 tokens per launch. Rows below
-/// `out.2` go to `out.0` `[tokens, out.2]`, the others to `out.1`.
-#[allow(clippy::too_many_arguments)]
-fn gemv_imma(
-    gpu: &Gpu,
-    k: &Kernels,
-    out: (u64, u64, usize),
-    (xq, xd, xs): &Int8Rows,
-    w: &DeviceWeight,
-    base: u64,
-    n: usize,
-    tokens: usize,
-) -> Result<(), GpuError> {
-    let kdim = w.cols;
-    let warps = tensor_core_warps(n, kdim) as u32;
-    let (y, y2, split) = out;
-    for (t0, tc) in token_chunks(tokens) {
-        let name = format!("gemv_imma{}_q4_k", if tc <= 8 { 8 } else { 16 });
-        gpu.launch(
-            k,
-            &name,
-            blocks(n, 16),
-            32 * warps,
-            &[
-                Arg::Ptr(base),
-                Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(super::ptr(gpu, xq, t0 * kdim)),
-                Arg::Ptr(super::ptr(gpu, xd, t0 * kdim / 32)),
-                Arg::Ptr(super::ptr(gpu, xs, t0 * kdim / 32)),
-                Arg::Ptr(row_at(y, t0, split)),
-                Arg::Ptr(row_at(y2, t0, n - split)),
                 Arg::I32(split as i32),
                 Arg::I32(n as i32),
                 Arg::I32(kdim as i32),
@@ -1564,6 +1490,104 @@ pub fn conv1d_silu(
             Arg::I32(kernel as i32),
         ],
     )
+}
+
+/// One sequence of a pass for the `*_seqs` kernels: its rows `off .. off + n` of the pass and
+/// its state at `state`.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqPart {
+    pub state: u64,
+    pub off: usize,
+    pub n: usize,
+}
+
+/// `parts` in launches of at most [`super::SEQ_SLOTS`]: each group's table and its longest
+/// sequence.
+fn seq_groups(parts: &[SeqPart]) -> impl Iterator<Item = (usize, super::SeqSlots, usize)> + '_ {
+    parts.chunks(super::SEQ_SLOTS).map(|group| {
+        let mut slots = super::SeqSlots::default();
+        for (i, p) in group.iter().enumerate() {
+            slots.state[i] = p.state;
+            slots.off[i] = p.off as i32;
+            slots.n[i] = p.n as i32;
+        }
+        let longest = group.iter().map(|p| p.n).max().unwrap_or(0);
+        (group.len(), slots, longest)
+    })
+}
+
+/// [`conv1d_silu`] of every sequence of a pass (`x`, `y` `[rows, c]`), each on its own conv
+/// state, in one launch per [`super::SEQ_SLOTS`] sequences: the same bits as a launch each.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_silu_seqs(
+    gpu: &Gpu,
+    k: &Kernels,
+    y: u64,
+    x: u64,
+    parts: &[SeqPart],
+    w: u64,
+    c: usize,
+    kernel: usize,
+) -> Result<(), GpuError> {
+    if kernel > 9 {
+        return Err(GpuError::Unsupported(format!("conv kernel {kernel} > 9")));
+    }
+    for (count, slots, longest) in seq_groups(parts) {
+        let per = blocks(c, 128) * blocks(longest.max(1), CONV_STEPS);
+        gpu.launch(
+            k,
+            "conv1d_silu_seqs",
+            per * count as u32,
+            128,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(y),
+                Arg::Seqs(Box::new(slots)),
+                Arg::Ptr(w),
+                Arg::I32(per as i32),
+                Arg::I32(c as i32),
+                Arg::I32(kernel as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// [`gdn_recurrent`] of every sequence of a pass, each on its own recurrent state, in one launch
+/// per [`super::SEQ_SLOTS`] sequences: the same bits as a launch each.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_recurrent_seqs(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    mixed: u64,
+    g: u64,
+    beta: u64,
+    parts: &[SeqPart],
+    hk: usize,
+    hv: usize,
+    tiled: bool,
+) -> Result<(), GpuError> {
+    let per = hv * k.dims().gdn_dv.div_ceil(32);
+    for (count, slots, _) in seq_groups(parts) {
+        gpu.launch(
+            k,
+            "gdn_recurrent_seqs",
+            (per * count) as u32,
+            128,
+            &[
+                Arg::Ptr(mixed),
+                Arg::Ptr(g),
+                Arg::Ptr(beta),
+                Arg::Seqs(Box::new(slots)),
+                Arg::Ptr(out),
+                Arg::I32(hk as i32),
+                Arg::I32(hv as i32),
+                Arg::I32(tiled as i32),
+            ],
+        )?;
+    }
+    Ok(())
 }
 
 /// In place: `b = sigmoid(b)`, `a = neg_a[h] * softplus(a + dt_bias[h])` over `[n/hv, hv]`.

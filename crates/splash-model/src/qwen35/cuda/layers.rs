@@ -361,8 +361,9 @@ pub(super) fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
 
 impl GpuGdn {
     /// The layer over the rows of `x` belonging to the sequences `parts`: projections for all
-    /// rows, conv and scan per sequence on its own state. A part that records first saves its
-    /// conv and recurrent state, then keeps its rows' conv inputs and gates there.
+    /// rows, conv and scan of every sequence in one launch each, each on its own state. A part
+    /// that records first saves its conv and recurrent state, then keeps its rows' conv inputs
+    /// and gates there.
     pub(super) fn forward(
         &self,
         m: &GpuModel,
@@ -406,31 +407,40 @@ impl GpuGdn {
                 gpu.copy(ptr(gpu, &r.g, 0), ptr(gpu, &a, off * hv), n * hv * 4)?;
                 gpu.copy(ptr(gpu, &r.beta, 0), ptr(gpu, &b, off * hv), n * hv * 4)?;
             }
-            dev::conv1d_silu(
-                gpu,
-                k,
-                ptr(gpu, &mixed, off * c),
-                ptr(gpu, &qkv, off * c),
-                ptr(gpu, p.conv, 0),
-                ptr(gpu, &self.conv, 0),
-                n,
-                c,
-                self.conv_kernel,
-            )?;
-            dev::gdn_recurrent(
-                gpu,
-                k,
-                ptr(gpu, &o, off * vd),
-                ptr(gpu, &mixed, off * c),
-                ptr(gpu, &a, off * self.hv),
-                ptr(gpu, &b, off * self.hv),
-                ptr(gpu, p.rec, 0),
-                n,
-                self.hk,
-                self.hv,
-                self.tiled,
-            )?;
         }
+        // Conv and scan of every sequence in one launch each, on their own states.
+        let seqs = |recurrent: bool| -> Vec<dev::SeqPart> {
+            parts
+                .iter()
+                .map(|p| dev::SeqPart {
+                    state: ptr(gpu, if recurrent { &*p.rec } else { &*p.conv }, 0),
+                    off: p.rows.off,
+                    n: p.rows.t,
+                })
+                .collect()
+        };
+        dev::conv1d_silu_seqs(
+            gpu,
+            k,
+            ptr(gpu, &mixed, 0),
+            ptr(gpu, &qkv, 0),
+            &seqs(false),
+            ptr(gpu, &self.conv, 0),
+            c,
+            self.conv_kernel,
+        )?;
+        dev::gdn_recurrent_seqs(
+            gpu,
+            k,
+            ptr(gpu, &o, 0),
+            ptr(gpu, &mixed, 0),
+            ptr(gpu, &a, 0),
+            ptr(gpu, &b, 0),
+            &seqs(true),
+            self.hk,
+            self.hv,
+            self.tiled,
+        )?;
         dev::rms_norm_gated(
             gpu,
             k,
