@@ -1025,16 +1025,24 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
     int first = u0 / nb, last = (u1 - 1) / nb;
 #define TCS_LO(t) ((t) == first ? u0 - (t) * nb : 0)
 #define TCS_HI(t) min(nb, u1 - (t) * nb)
+    // (t, b) moved on to this warp's first unit at or after it: past a piece's end, block `warp`
+    // of the next tile (the pieces after the first start at 0); t > last when none is left.
+    auto settle = [&](int& t, int& b) {
+        while (t <= last && b >= TCS_HI(t)) {
+            t++;
+            b = warp;
+        }
+    };
+    // Unit (t, b)'s two halves, when there is one.
+    auto load = [&](int t, int b, TcRaw& h0, TcRaw& h1) {
+        if (t > last) return;
+        h0 = tc_load<F>(W + (long)(t * nb + b) * seg_bytes, 0, lane);
+        h1 = tc_load<F>(W + (long)(t * nb + b) * seg_bytes, 1, lane);
+    };
     int pt = first, pb = TCS_LO(first) + warp;
-    while (pt <= last && pb >= TCS_HI(pt)) {
-        pt++;
-        pb = warp;
-    }
+    settle(pt, pb);
     TcRaw r0, r1;
-    if (pt <= last) {
-        r0 = tc_load<F>(W + (long)(pt * nb + pb) * seg_bytes, 0, lane);
-        r1 = tc_load<F>(W + (long)(pt * nb + pb) * seg_bytes, 1, lane);
-    }
+    load(pt, pb, r0, r1);
     // The first weights are in flight; everything else comes from the kernels before.
     GRID_PROLOGUE();
     for (int tile = first; tile <= last; tile++) {
@@ -1043,15 +1051,9 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
         for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
         while (pt == tile) {
             int nt = pt, nbk = pb + warps;
-            while (nt <= last && nbk >= TCS_HI(nt)) {
-                nt++;
-                nbk = warp;
-            }
+            settle(nt, nbk);
             TcRaw n0r, n1r;
-            if (nt <= last) {
-                n0r = tc_load<F>(W + (long)(nt * nb + nbk) * seg_bytes, 0, lane);
-                n1r = tc_load<F>(W + (long)(nt * nb + nbk) * seg_bytes, 1, lane);
-            }
+            load(nt, nbk, n0r, n1r);
             tc_block<F, NT>(r0, r1, pb, q, x0, x1, xs, c);
             r0 = n0r;
             r1 = n1r;
