@@ -2031,16 +2031,21 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
 #define CONV_STEPS 16
 // Up to SEQ_SLOTS sequences of one pass, by value in a kernel's parameters (a captured graph
 // keeps them): sequence i has rows off[i] .. off[i] + n[i] - 1 of the pass and its own state.
+// A sequence whose pass is recorded for a rollback has save[k][i] != 0: where the kernel
+// copies what it reads (its state before the pass, its inputs), as it reads them.
 #define SEQ_SLOTS 16
 struct SeqSlots {
     u64 state[SEQ_SLOTS];
+    u64 save[3][SEQ_SLOTS];
     int off[SEQ_SLOTS], n[SEQ_SLOTS];
 };
 
 // Block `blk` of a conv over one sequence's T rows: (C / blockDim.x chunks of channels) × (T /
-// CONV_STEPS chunks of rows).
+// CONV_STEPS chunks of rows). Non-null save_state / save_x get the state before the pass and
+// the input rows (a recorded pass).
 __device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float* y, float* state, const float* w,
-                                                  int T, int C, int K) {
+                                                  int T, int C, int K, float* save_state = nullptr,
+                                                  float* save_x = nullptr) {
     int per_chunk = (C + blockDim.x - 1) / blockDim.x;
     int chunk = blk / per_chunk;
     int c = (blk % per_chunk) * blockDim.x + threadIdx.x;
@@ -2051,9 +2056,11 @@ __device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float
         int e = t0 - (K - 1) + j;  // position of history slot j; < 0 is in the state
         old[j] = chunk == 0 ? state[(long)j * C + c] : 0.0f;
         hist[j] = e < 0 ? state[(long)(e + K - 1) * C + c] : x[(long)e * C + c];
+        if (save_state && chunk == 0) save_state[(long)j * C + c] = old[j];
     }
     for (int t = t0; t < t1; t++) {
         float xv = x[(long)t * C + c];
+        if (save_x) save_x[(long)t * C + c] = xv;
         float acc = 0.0f;
         for (int j = 0; j < K - 1; j++) acc += w[c * K + j] * hist[j];
         acc += w[c * K + K - 1] * xv;
@@ -2076,13 +2083,15 @@ extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, c
 }
 
 // conv1d_silu over the sequences of a pass in one launch: `per` blocks a sequence (as many as
-// the longest needs), each sequence's rows and conv state from `seqs`.
+// the longest needs), each sequence's rows and conv state from `seqs`; a recorded sequence
+// saves its conv state to save[0] and its input rows to save[1].
 extern "C" __global__ void conv1d_silu_seqs(const float* x, float* y, SeqSlots seqs, const float* w, int per,
                                             int C, int K) {
     GRID_PROLOGUE();
     int i = blockIdx.x / per;
     long off = (long)seqs.off[i] * C;
-    conv1d_silu_block(blockIdx.x % per, x + off, y + off, (float*)seqs.state[i], w, seqs.n[i], C, K);
+    conv1d_silu_block(blockIdx.x % per, x + off, y + off, (float*)seqs.state[i], w, seqs.n[i], C, K,
+                      (float*)seqs.save[0][i], (float*)seqs.save[1][i]);
 }
 
 // beta = sigmoid(b), g = neg_a[h] · softplus(a + dt_bias[h]) for b, a [T, hv], in place.
@@ -2116,7 +2125,9 @@ static_assert(GDN_DK % (4 * GDN_SLICES) == 0, "the GDN key dim splits over GDN_S
 // static: its __shared__ arrays, sized by GDN_DK, must not be merged with another build's when
 // the host emulation loads kernels of several dimensions into one process.
 static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float* mixed, const float* g, const float* beta,
-                                                    float* state, float* out, int T, int hk, int hv, int tiled) {
+                                                    float* state, float* out, int T, int hk, int hv, int tiled,
+                                                    float* save_state = nullptr, float* save_g = nullptr,
+                                                    float* save_beta = nullptr) {
     const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES, ROW = GDN_DK + GDN_SLICES;
     int groups = (DV + 31) / 32;
     int h = blk / groups, r = threadIdx.x % GDN_SLICES;
@@ -2131,6 +2142,10 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
     float* st = state + (long)h * DK * DV;
 #pragma unroll
     for (int j = 0; j < R; j++) s[j] = active ? st[(long)(r * R + j) * DV + c] : 0.0f;
+    if (save_state && active) {
+#pragma unroll
+        for (int j = 0; j < R; j++) save_state[(long)h * DK * DV + (long)(r * R + j) * DV + c] = s[j];
+    }
     float qscale = rsqrtf((float)DK);
     for (int t0 = 0; t0 < T; t0 += GDN_STAGE) {
         int n = min(GDN_STAGE, T - t0);
@@ -2161,6 +2176,11 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
                 kinv[tt] = rsqrtf(kss + 1e-6f);
                 decay[tt] = expf(g[(long)(t0 + tt) * hv + h]);
                 bt[tt] = beta[(long)(t0 + tt) * hv + h];
+                // The head's first block of columns keeps its gates for a rollback.
+                if (save_g && c0 == 0) {
+                    save_g[(long)(t0 + tt) * hv + h] = g[(long)(t0 + tt) * hv + h];
+                    save_beta[(long)(t0 + tt) * hv + h] = bt[tt];
+                }
             }
         }
         __syncthreads();
@@ -2205,7 +2225,8 @@ extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, con
 }
 
 // gdn_recurrent over the sequences of a pass in one launch: hv · ceil(GDN_DV / 32) blocks a
-// sequence, each sequence's rows and recurrent state from `seqs`.
+// sequence, each sequence's rows and recurrent state from `seqs`; a recorded sequence saves its
+// recurrent state to save[0] and its gates g, beta to save[1], save[2].
 extern "C" __global__ void gdn_recurrent_seqs(const float* mixed, const float* g, const float* beta, SeqSlots seqs,
                                               float* out, int hk, int hv, int tiled) {
     GRID_PROLOGUE();
@@ -2213,5 +2234,5 @@ extern "C" __global__ void gdn_recurrent_seqs(const float* mixed, const float* g
     long off = seqs.off[i];
     gdn_recurrent_block(blockIdx.x % per, mixed + off * (2 * hk * GDN_DK + hv * GDN_DV), g + off * hv,
                         beta + off * hv, (float*)seqs.state[i], out + off * hv * GDN_DV, seqs.n[i], hk, hv,
-                        tiled);
+                        tiled, (float*)seqs.save[0][i], (float*)seqs.save[1][i], (float*)seqs.save[2][i]);
 }

@@ -907,7 +907,9 @@ fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
 
 /// The conv and the scan of several sequences in one launch (`conv1d_silu_seqs`,
 /// `gdn_recurrent_seqs`, a batched pass of concurrent requests) give each sequence, on its own
-/// state, the bits of a launch of its own: rows of 1, 17 (two conv chunks) and 4 tokens.
+/// state, the bits of a launch of its own: rows of 1, 17 (two conv chunks) and 4 tokens. The
+/// 17-row sequence is recorded (a verify pass): the kernels save its states before the pass,
+/// its conv inputs and its gates.
 #[test]
 fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
     let kd = DIMS_32;
@@ -933,15 +935,24 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
     let beta: Vec<f32> = random(rows * hv, 74).iter().map(|v| v.abs()).collect();
     let conv0: Vec<Vec<f32>> = (0..3).map(|i| random((kernel - 1) * c, 75 + i)).collect();
     let rec0: Vec<Vec<f32>> = (0..3).map(|i| random(hv * dk * dv, 78 + i)).collect();
-    let slots = |states: &[Vec<f32>]| {
+    let slots = |states: &[Vec<f32>], saves: [u64; 3]| {
         let mut s = super::SeqSlots::default();
         for (i, st) in states.iter().enumerate() {
             s.state[i] = st.as_ptr() as u64;
             s.off[i] = offs[i] as i32;
             s.n[i] = lens[i] as i32;
         }
+        for (k, at) in saves.into_iter().enumerate() {
+            s.save[k][1] = at;
+        }
         s
     };
+    // Sequence 1's record.
+    let saved_conv = vec![f32::NAN; (kernel - 1) * c];
+    let saved_x = vec![f32::NAN; lens[1] * c];
+    let saved_rec = vec![f32::NAN; hv * dk * dv];
+    let (saved_g, saved_beta) = (vec![f32::NAN; lens[1] * hv], vec![f32::NAN; lens[1] * hv]);
+    let at = |v: &[f32]| v.as_ptr() as u64;
     type Conv = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, *const f32, i32, i32, i32);
     type ConvSeqs =
         unsafe extern "C" fn(*const f32, *mut f32, super::SeqSlots, *const f32, i32, i32, i32);
@@ -1018,7 +1029,8 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
     // One launch for all three.
     let (conv3, rec3) = (conv0.clone(), rec0.clone());
     let (mixed3, out3) = (vec![f32::NAN; rows * c], vec![f32::NAN; rows * hv * dv]);
-    let (cs, rs) = (slots(&conv3), slots(&rec3));
+    let cs = slots(&conv3, [at(&saved_conv), at(&saved_x), 0]);
+    let rs = slots(&rec3, [at(&saved_rec), at(&saved_g), at(&saved_beta)]);
     let (xa, ma, wa, ga, ba, oa) = (
         Addr::of(&x),
         Addr::of(&mixed3),
@@ -1063,6 +1075,20 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
         assert_eq!(bits(&conv3[i]), bits(&conv1[i]), "conv state {i}");
         assert_eq!(bits(&rec3[i]), bits(&rec1[i]), "recurrent state {i}");
     }
+    let (o, n) = (offs[1], lens[1]);
+    assert_eq!(bits(&saved_conv), bits(&conv0[1]), "saved conv state");
+    assert_eq!(
+        bits(&saved_x),
+        bits(&x[o * c..(o + n) * c]),
+        "saved conv inputs"
+    );
+    assert_eq!(bits(&saved_rec), bits(&rec0[1]), "saved recurrent state");
+    assert_eq!(bits(&saved_g), bits(&g[o * hv..(o + n) * hv]), "saved g");
+    assert_eq!(
+        bits(&saved_beta),
+        bits(&beta[o * hv..(o + n) * hv]),
+        "saved beta"
+    );
 }
 
 /// The split attention of decode and verify passes (chunks of `ops::ATTN_CHUNK` keys, merged

@@ -284,12 +284,14 @@ pub enum Arg {
 pub const SEQ_SLOTS: usize = 16;
 
 /// Up to [`SEQ_SLOTS`] sequences of one pass, passed by value in a kernel's parameters (so a
-/// captured graph keeps them): sequence `i` has rows `off[i] .. off[i] + n[i]` of the pass and
-/// its own state at `state[i]`. `SeqSlots` in kernels.cu.
+/// captured graph keeps them): sequence `i` has rows `off[i] .. off[i] + n[i]` of the pass, its
+/// own state at `state[i]`, and where a recorded pass saves what it reads at `save[k][i]` (0:
+/// not recorded). `SeqSlots` in kernels.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SeqSlots {
     pub state: [u64; SEQ_SLOTS],
+    pub save: [[u64; SEQ_SLOTS]; 3],
     pub off: [i32; SEQ_SLOTS],
     pub n: [i32; SEQ_SLOTS],
 }

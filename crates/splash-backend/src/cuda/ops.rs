@@ -1492,11 +1492,13 @@ pub fn conv1d_silu(
     )
 }
 
-/// One sequence of a pass for the `*_seqs` kernels: its rows `off .. off + n` of the pass and
-/// its state at `state`.
+/// One sequence of a pass for the `*_seqs` kernels: its rows `off .. off + n` of the pass, its
+/// state at `state`, and for a recorded pass where the kernel saves what it reads (`save`, see
+/// [`conv1d_silu_seqs`] and [`gdn_recurrent_seqs`]; zeros: not recorded).
 #[derive(Clone, Copy, Debug)]
 pub struct SeqPart {
     pub state: u64,
+    pub save: [u64; 3],
     pub off: usize,
     pub n: usize,
 }
@@ -1508,6 +1510,9 @@ fn seq_groups(parts: &[SeqPart]) -> impl Iterator<Item = (usize, super::SeqSlots
         let mut slots = super::SeqSlots::default();
         for (i, p) in group.iter().enumerate() {
             slots.state[i] = p.state;
+            for (k, &at) in p.save.iter().enumerate() {
+                slots.save[k][i] = at;
+            }
             slots.off[i] = p.off as i32;
             slots.n[i] = p.n as i32;
         }
@@ -1517,7 +1522,9 @@ fn seq_groups(parts: &[SeqPart]) -> impl Iterator<Item = (usize, super::SeqSlots
 }
 
 /// [`conv1d_silu`] of every sequence of a pass (`x`, `y` `[rows, c]`), each on its own conv
-/// state, in one launch per [`super::SEQ_SLOTS`] sequences: the same bits as a launch each.
+/// state, in one launch per [`super::SEQ_SLOTS`] sequences: the same bits as a launch each. A
+/// recorded sequence saves its conv state before the pass to `save[0]` and its input rows to
+/// `save[1]`.
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_silu_seqs(
     gpu: &Gpu,
@@ -1554,7 +1561,9 @@ pub fn conv1d_silu_seqs(
 }
 
 /// [`gdn_recurrent`] of every sequence of a pass, each on its own recurrent state, in one launch
-/// per [`super::SEQ_SLOTS`] sequences: the same bits as a launch each.
+/// per [`super::SEQ_SLOTS`] sequences: the same bits as a launch each. A recorded sequence saves
+/// its recurrent state before the pass to `save[0]` and its gates `g`, `beta` to `save[1]`,
+/// `save[2]`.
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_recurrent_seqs(
     gpu: &Gpu,

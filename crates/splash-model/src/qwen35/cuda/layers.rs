@@ -361,9 +361,9 @@ pub(super) fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
 
 impl GpuGdn {
     /// The layer over the rows of `x` belonging to the sequences `parts`: projections for all
-    /// rows, conv and scan of every sequence in one launch each, each on its own state. A part
-    /// that records first saves its conv and recurrent state, then keeps its rows' conv inputs
-    /// and gates there.
+    /// rows, conv and scan of every sequence in one launch each, each on its own state. For a
+    /// part that records, those kernels also save its conv and recurrent state before the pass
+    /// and its rows' conv inputs and gates.
     pub(super) fn forward(
         &self,
         m: &GpuModel,
@@ -393,29 +393,27 @@ impl GpuGdn {
         )?;
         let mixed = m.scratch(t * c)?;
         let o = m.scratch(t * vd)?;
-        for p in parts.iter_mut() {
-            let SeqRows { off, t: n } = p.rows;
-            if let Some(r) = p.record.as_deref_mut() {
-                let hv = self.hv;
-                gpu.copy(ptr(gpu, &r.conv, 0), ptr(gpu, p.conv, 0), r.conv.len() * 4)?;
-                gpu.copy(
-                    ptr(gpu, &r.recurrent, 0),
-                    ptr(gpu, p.rec, 0),
-                    r.recurrent.len() * 4,
-                )?;
-                gpu.copy(ptr(gpu, &r.qkv, 0), ptr(gpu, &qkv, off * c), n * c * 4)?;
-                gpu.copy(ptr(gpu, &r.g, 0), ptr(gpu, &a, off * hv), n * hv * 4)?;
-                gpu.copy(ptr(gpu, &r.beta, 0), ptr(gpu, &b, off * hv), n * hv * 4)?;
-            }
-        }
-        // Conv and scan of every sequence in one launch each, on their own states.
+        // Conv and scan of every sequence in one launch each, on their own states; a recorded
+        // sequence's kernels save its states before the pass, its conv inputs and its gates.
         let seqs = |recurrent: bool| -> Vec<dev::SeqPart> {
             parts
                 .iter()
-                .map(|p| dev::SeqPart {
-                    state: ptr(gpu, if recurrent { &*p.rec } else { &*p.conv }, 0),
-                    off: p.rows.off,
-                    n: p.rows.t,
+                .map(|p| {
+                    let save = match (&p.record, recurrent) {
+                        (None, _) => [0; 3],
+                        (Some(r), false) => [ptr(gpu, &r.conv, 0), ptr(gpu, &r.qkv, 0), 0],
+                        (Some(r), true) => [
+                            ptr(gpu, &r.recurrent, 0),
+                            ptr(gpu, &r.g, 0),
+                            ptr(gpu, &r.beta, 0),
+                        ],
+                    };
+                    dev::SeqPart {
+                        state: ptr(gpu, if recurrent { &*p.rec } else { &*p.conv }, 0),
+                        save,
+                        off: p.rows.off,
+                        n: p.rows.t,
+                    }
                 })
                 .collect()
         };
