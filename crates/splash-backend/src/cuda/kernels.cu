@@ -1293,6 +1293,28 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
     rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps);
 }
 
+// add_rms_norm, then to_f16_tc of each out row, in one launch: the block's warps convert the
+// row's 256-value blocks once the row is written (the bits of the two kernels). d is a multiple
+// of 256.
+extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
+                                                  float* xscale, int d, float eps) {
+    GRID_PROLOGUE();
+    float* xr = x + (long)blockIdx.x * d;
+    const float* yr = y + (long)blockIdx.x * d;
+    float* o = out + (long)blockIdx.x * d;
+    for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
+        float4 a = ((float4*)xr)[i], b = ((const float4*)yr)[i];
+        ((float4*)xr)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    }
+    rms_norm_row(xr, w, o, d, eps);
+    __syncthreads();  // the row is written
+    int per_row = d >> 8;
+    for (int b = threadIdx.x >> 5; b < per_row; b += blockDim.x >> 5) {
+        const float* ob = o + 256 * b;
+        to_f16_tc_block([&](int i) { return ob[i]; }, xh, xscale, (long)blockIdx.x * per_row + b);
+    }
+}
+
 // The GDN output norm: w * rms_norm(x) * silu(z), one block per row of d.
 extern "C" __global__ void rms_norm_gated(const float* x, const float* z, const float* w, float* out, int d,
                                           float eps) {

@@ -1236,6 +1236,81 @@ fn the_fused_add_and_norm_on_the_host_has_the_bits_of_the_two_kernels() {
     }
 }
 
+/// The residual add, the norm and the tensor-core GEMV's f16 conversion in one launch
+/// (`add_rms_norm_to_f16_tc`) write the bits of `add_rms_norm` then `to_f16_tc`: the residual,
+/// the normed rows, their f16 halves and their block scales.
+#[test]
+fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    for d in [5120usize, 2048, 256] {
+        let rows = 3;
+        let threads = (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        let (x0, y, w) = (random(rows * d, 91), random(rows * d, 92), random(d, 93));
+        let eps = 1e-6f32;
+        let blocks256 = rows * d / 256;
+        let run = |fused: bool| {
+            let (x, out) = (x0.clone(), vec![f32::NAN; rows * d]);
+            let (xh, xs) = (vec![0u16; rows * d], vec![f32::NAN; blocks256]);
+            let (xa, ya, wa, oa, ha, sa) = (
+                Addr::of(&x),
+                Addr::of(&y),
+                Addr::of(&w),
+                Addr::of(&out),
+                Addr::of(&xh),
+                Addr::of(&xs),
+            );
+            // SAFETY: the signatures of add_rms_norm, to_f16_tc and add_rms_norm_to_f16_tc, and
+            // ops.rs's grids.
+            unsafe {
+                if fused {
+                    type Fused = unsafe extern "C" fn(
+                        *mut f32,
+                        *const f32,
+                        *const f32,
+                        *mut f32,
+                        *mut u16,
+                        *mut f32,
+                        i32,
+                        f32,
+                    );
+                    let f: Fused = kern.kernel("add_rms_norm_to_f16_tc");
+                    kern.launch(rows as u32, threads, &|| {
+                        f(
+                            xa.ptr(),
+                            ya.ptr(),
+                            wa.ptr(),
+                            oa.ptr(),
+                            ha.ptr(),
+                            sa.ptr(),
+                            d as i32,
+                            eps,
+                        )
+                    });
+                } else {
+                    type Norm =
+                        unsafe extern "C" fn(*mut f32, *const f32, *const f32, *mut f32, i32, f32);
+                    let norm: Norm = kern.kernel("add_rms_norm");
+                    kern.launch(rows as u32, threads, &|| {
+                        norm(xa.ptr(), ya.ptr(), wa.ptr(), oa.ptr(), d as i32, eps)
+                    });
+                    let f: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
+                        kern.kernel("to_f16_tc");
+                    kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
+                        f(oa.ptr(), ha.ptr(), sa.ptr(), blocks256 as i64)
+                    });
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            (bits(&x), bits(&out), xh, bits(&xs))
+        };
+        let (fused, two) = (run(true), run(false));
+        assert_eq!(fused.0, two.0, "d={d}: the residual");
+        assert_eq!(fused.1, two.1, "d={d}: the norm");
+        assert_eq!(fused.2, two.2, "d={d}: the f16 halves");
+        assert_eq!(fused.3, two.3, "d={d}: the block scales");
+    }
+}
+
 /// The candidates of DFlash2's selector picked on the device: the best k of each row as
 /// `cpu::top_k` picks them (ties to the lower id), after the draft's multiplier and softcap.
 #[test]

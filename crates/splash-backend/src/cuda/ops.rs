@@ -74,6 +74,18 @@ impl Activations {
         }
     }
 
+    /// The activations at `x` whose f16 conversion a kernel has already written.
+    fn with_f16(x: u64, tokens: usize, kdim: usize, f16: F16Rows) -> Self {
+        let a = Self::new(x, tokens, kdim);
+        let _ = a.f16.set(f16);
+        a
+    }
+
+    /// The device address of the f32 rows.
+    pub fn rows(&self) -> u64 {
+        self.x
+    }
+
     /// Rows (tokens).
     pub fn tokens(&self) -> usize {
         self.tokens
@@ -975,6 +987,58 @@ pub fn add_rms_norm(
         Arg::F32(eps),
     ];
     gpu.launch(k, "add_rms_norm", rows as u32, norm_threads(d), &args)
+}
+
+/// [`add_rms_norm`], its output returned as the activations of the products that read it. When
+/// those products run on the tensor-core GEMV (`f16_for`, see [`reads_f16`]) the same launch
+/// writes their f16 conversion too (`add_rms_norm_to_f16_tc`: the bits of the two kernels), one
+/// launch fewer than converting at the first product.
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm_activations(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    y: u64,
+    w: u64,
+    rows: usize,
+    d: usize,
+    eps: f32,
+    f16_for: &DeviceWeight,
+) -> Result<Activations, GpuError> {
+    if !reads_f16(gpu, f16_for, rows) || !d.is_multiple_of(256) || d != f16_for.cols {
+        add_rms_norm(gpu, k, out, x, y, w, rows, d, eps)?;
+        return Ok(Activations::new(out, rows, d));
+    }
+    assert!(
+        out != x && out != y,
+        "add_rms_norm writes out while it reads x and y"
+    );
+    let xh = gpu.uninit::<u16>(rows * d)?;
+    let xscale = gpu.uninit::<f32>(rows * d / 256)?;
+    gpu.launch(
+        k,
+        "add_rms_norm_to_f16_tc",
+        rows as u32,
+        norm_threads(d),
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::Ptr(w),
+            Arg::Ptr(out),
+            Arg::Ptr(super::ptr(gpu, &xh, 0)),
+            Arg::Ptr(super::ptr(gpu, &xscale, 0)),
+            Arg::I32(d as i32),
+            Arg::F32(eps),
+        ],
+    )?;
+    Ok(Activations::with_f16(out, rows, d, (xh, xscale)))
+}
+
+/// Whether a product of `tokens` rows by `w` reads its input in the tensor-core GEMV's f16
+/// (rather than cuBLAS's bf16 or the other GEMVs' int8 or f32).
+pub fn reads_f16(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
+    tensor_core(gpu, w) && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none()
 }
 
 /// Threads of a row norm: a float4 each, up to 1024, so that a hidden-size row takes one or

@@ -67,6 +67,14 @@ impl WeightPair {
         Ok(Self::Apart(gpu.upload_weight(a)?, gpu.upload_weight(b)?))
     }
 
+    /// The weight that holds the first product's rows (for its input format).
+    pub(super) fn first(&self) -> &DeviceWeight {
+        match self {
+            Self::Stacked { w, .. } => w,
+            Self::Apart(a, _) => a,
+        }
+    }
+
     /// Rows of the first and second weight.
     pub(super) fn rows(&self) -> (usize, usize) {
         match self {
@@ -106,6 +114,11 @@ pub(super) struct GpuMoe {
 }
 
 impl GpuMoe {
+    /// The weight of the first dense product of the layer's input (the shared expert's).
+    pub(super) fn input_weight(&self) -> &DeviceWeight {
+        self.shared.input_weight()
+    }
+
     /// The expert tables when this layer routes on the device (not in the exact mode).
     pub(super) fn device_tables(&self, gpu: &Gpu) -> Option<&ExpertTables> {
         self.tables.as_ref().filter(|_| !gpu.exact())
@@ -187,6 +200,11 @@ impl GpuMlp {
         }
     }
 
+    /// The weight of the first product of the MLP's input.
+    pub(super) fn input_weight(&self) -> &DeviceWeight {
+        self.gate_up.first()
+    }
+
     /// `down(silu(gate x) * up x)`.
     pub(super) fn forward(&self, m: &GpuModel, x: &dev::Activations) -> Result<Buf, ModelError> {
         let (gpu, k, t) = (&*m.gpu, &*m.k, x.tokens());
@@ -215,7 +233,7 @@ impl GpuModel {
     /// product per projection, the weighted sum. Otherwise routing (softmax, top-k,
     /// renormalise) runs on the host over the downloaded router logits, exactly as the CPU
     /// does, and each chosen expert runs on its tokens.
-    pub(super) fn moe(&self, moe: &GpuMoe, x: u64, t: usize) -> Result<Buf, ModelError> {
+    pub(super) fn moe(&self, moe: &GpuMoe, xa: &dev::Activations) -> Result<Buf, ModelError> {
         let GpuMoe {
             router,
             experts,
@@ -226,13 +244,13 @@ impl GpuModel {
         } = moe;
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (e, h) = (router.rows(), router.cols());
+        let (x, t) = (xa.rows(), xa.tokens());
         // One conversion of x for the router, the shared expert and the routed experts.
-        let xa = dev::Activations::new(x, t, h);
         let logits = self.scratch(t * e)?;
-        dev::matmul_activations(gpu, k, ptr(gpu, &logits, 0), &xa, router, 0, e)?;
-        let out = shared.forward(self, &xa)?;
+        dev::matmul_activations(gpu, k, ptr(gpu, &logits, 0), xa, router, 0, e)?;
+        let out = shared.forward(self, xa)?;
         let sg = self.scratch(t)?;
-        dev::matmul_activations(gpu, k, ptr(gpu, &sg, 0), &xa, shared_gate, 0, 1)?;
+        dev::matmul_activations(gpu, k, ptr(gpu, &sg, 0), xa, shared_gate, 0, 1)?;
         dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
         if let Some(tables) = moe.device_tables(gpu) {
             let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), t, e, *top_k)?;
@@ -247,7 +265,7 @@ impl GpuModel {
                 gpu,
                 k,
                 gp,
-                &xa,
+                xa,
                 table(&tables.gate),
                 first_gate,
                 &routing,
@@ -257,7 +275,7 @@ impl GpuModel {
                 gpu,
                 k,
                 up,
-                &xa,
+                xa,
                 table(&tables.up),
                 first_up,
                 &routing,
@@ -360,6 +378,11 @@ pub(super) fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
 }
 
 impl GpuGdn {
+    /// The weight of the first product of the layer's input.
+    pub(super) fn input_weight(&self) -> &DeviceWeight {
+        self.in_qkv_z.first()
+    }
+
     /// The layer over the rows of `x` belonging to the sequences `parts`: projections for all
     /// rows, conv and scan of every sequence in one launch each, each on its own state. For a
     /// part that records, those kernels also save its conv and recurrent state before the pass
@@ -516,6 +539,11 @@ impl GpuGdn {
 }
 
 impl GpuAttn {
+    /// The weight of the first product of the layer's input.
+    pub(super) fn input_weight(&self) -> &DeviceWeight {
+        &self.q
+    }
+
     /// The layer over the rows of `x` belonging to the sequences `parts`: projections for all
     /// rows; RoPE, the cache append and attention per sequence.
     pub(super) fn forward(

@@ -69,6 +69,26 @@ enum GpuFfn {
     Moe(Box<GpuMoe>),
 }
 
+impl GpuMixer {
+    /// The weight of the first product of the mixer's input.
+    fn input_weight(&self) -> &DeviceWeight {
+        match self {
+            Self::Gdn(g) => g.input_weight(),
+            Self::Attn(a) => a.input_weight(),
+        }
+    }
+}
+
+impl GpuFfn {
+    /// The weight of the first product of the FFN's input.
+    fn input_weight(&self) -> &DeviceWeight {
+        match self {
+            Self::Dense(m) => m.input_weight(),
+            Self::Moe(m) => m.input_weight(),
+        }
+    }
+}
+
 /// One sequence of a batched pass: its device state, tokens and first position, and whether
 /// the pass records what [`GpuState::rollback`] needs.
 pub(crate) struct GpuItem<'a> {
@@ -346,13 +366,17 @@ impl GpuModel {
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let t: usize = rows_of.iter().map(|r| r.t).sum();
         let (xp, np) = (x, normed);
+        // The next layer's normed input, made with the residual add before it.
+        let mut next_input: Option<dev::Activations> = None;
         for (li, layer) in self.layers.iter().enumerate() {
             // Later layers' input norms come with the previous layer's last residual add.
             if li == 0 {
                 dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.input_norm, 0), t, h, eps)?;
             }
             // The mixer's products share one conversion of the normed rows.
-            let normed = dev::Activations::new(np, t, h);
+            let normed = next_input
+                .take()
+                .unwrap_or_else(|| dev::Activations::new(np, t, h));
             let mixed = match &layer.mixer {
                 GpuMixer::Gdn(g) => {
                     let mut parts: Vec<GdnSeq<'_>> = items
@@ -397,17 +421,42 @@ impl GpuModel {
                     a.forward(self, &normed, &mut parts, eps)?
                 }
             };
+            drop(normed);
+            // The norms write the f16 conversion too when the products after them read it.
             let post_norm = ptr(gpu, &layer.post_norm, 0);
-            dev::add_rms_norm(gpu, k, np, xp, ptr(gpu, &mixed, 0), post_norm, t, h, eps)?;
+            let ffn_in = dev::add_rms_norm_activations(
+                gpu,
+                k,
+                np,
+                xp,
+                ptr(gpu, &mixed, 0),
+                post_norm,
+                t,
+                h,
+                eps,
+                layer.ffn.input_weight(),
+            )?;
             let ffn = match &layer.ffn {
-                GpuFfn::Dense(m) => m.forward(self, &dev::Activations::new(np, t, h))?,
-                GpuFfn::Moe(moe) => self.moe(moe, np, t)?,
+                GpuFfn::Dense(m) => m.forward(self, &ffn_in)?,
+                GpuFfn::Moe(moe) => self.moe(moe, &ffn_in)?,
             };
+            drop(ffn_in);
             let fp = ptr(gpu, &ffn, 0);
             match self.layers.get(li + 1) {
                 Some(next) => {
                     let next_norm = ptr(gpu, &next.input_norm, 0);
-                    dev::add_rms_norm(gpu, k, np, xp, fp, next_norm, t, h, eps)?
+                    next_input = Some(dev::add_rms_norm_activations(
+                        gpu,
+                        k,
+                        np,
+                        xp,
+                        fp,
+                        next_norm,
+                        t,
+                        h,
+                        eps,
+                        next.mixer.input_weight(),
+                    )?);
                 }
                 None => dev::add_in_place(gpu, k, xp, fp, t * h)?,
             }
