@@ -1162,16 +1162,14 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
         int split, int N, int K, int T) {                                                         \
         gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
     }                                                                                             \
-    extern "C" __global__ void TCS_REGS gemv_tcs8_##NAME(const u8* W, long row_bytes, const u16* xh,       \
-                                                const float* xscale, float* y, float* y2,         \
-                                                int split, int N, int K, int T, float* partials,  \
-                                                int max_pieces) {                                 \
+    extern "C" __global__ void TCS_REGS gemv_tcs8_##NAME(                                         \
+        const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,     \
+        int split, int N, int K, int T, float* partials, int max_pieces) {                        \
         gemv_tcs<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
     }                                                                                             \
-    extern "C" __global__ void TCS_REGS gemv_tcs16_##NAME(const u8* W, long row_bytes, const u16* xh,      \
-                                                 const float* xscale, float* y, float* y2,        \
-                                                 int split, int N, int K, int T, float* partials, \
-                                                 int max_pieces) {                                \
+    extern "C" __global__ void TCS_REGS gemv_tcs16_##NAME(                                        \
+        const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,     \
+        int split, int N, int K, int T, float* partials, int max_pieces) {                        \
         gemv_tcs<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
     }                                                                                             \
     extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \
@@ -1278,10 +1276,9 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 // The residual add and the next norm in one launch: x[r] += y[r], then out[r] = rms_norm(x[r])
 // · w, with the bits of add_in_place then rms_norm (each thread adds the values it then reads).
 // One block per row; out must not alias x or y.
-extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps) {
-    GRID_PROLOGUE();
-    float* xr = x + (long)blockIdx.x * d;
-    const float* yr = y + (long)blockIdx.x * d;
+// xr += yr for one row, by the whole block, each thread adding the values rms_norm_row then
+// gives it.
+__device__ __forceinline__ void add_row(float* xr, const float* yr, int d) {
     if ((d & 3) == 0) {
         for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
             float4 a = ((float4*)xr)[i], b = ((const float4*)yr)[i];
@@ -1290,6 +1287,12 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
     } else {
         for (int i = threadIdx.x; i < d; i += blockDim.x) xr[i] += yr[i];
     }
+}
+
+extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps) {
+    GRID_PROLOGUE();
+    float* xr = x + (long)blockIdx.x * d;
+    add_row(xr, y + (long)blockIdx.x * d, d);
     rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps);
 }
 
@@ -1299,13 +1302,8 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
 extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
                                                   float* xscale, int d, float eps) {
     GRID_PROLOGUE();
-    float* xr = x + (long)blockIdx.x * d;
-    const float* yr = y + (long)blockIdx.x * d;
-    float* o = out + (long)blockIdx.x * d;
-    for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
-        float4 a = ((float4*)xr)[i], b = ((const float4*)yr)[i];
-        ((float4*)xr)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-    }
+    float *xr = x + (long)blockIdx.x * d, *o = out + (long)blockIdx.x * d;
+    add_row(xr, y + (long)blockIdx.x * d, d);
     rms_norm_row(xr, w, o, d, eps);
     __syncthreads();  // the row is written
     int per_row = d >> 8;
@@ -2044,13 +2042,6 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
 // ---------------------------------------------------------------------------------------------
 // Gated DeltaNet
 
-// Depthwise causal conv + SiLU over x [T, C] with state [K-1, C] (oldest first), advanced past
-// x (y must not alias x). Thread (chunk, c) runs channel c over tokens [16·chunk, 16·chunk + 16),
-// its history read from the state (chunk 0) or from x: a long prefill is as parallel as its
-// tokens, where a thread per channel walked all of them. Each output sums its taps in the
-// same order however the pass is cut. Chunk 0's thread alone reads and then rewrites the
-// state. Grid: ceil(C / blockDim) · ceil(T / CONV_STEPS) blocks, chunk-major.
-#define CONV_STEPS 16
 // Up to SEQ_SLOTS sequences of one pass, by value in a kernel's parameters (a captured graph
 // keeps them): sequence i has rows off[i] .. off[i] + n[i] - 1 of the pass and its own state.
 // A sequence whose pass is recorded for a rollback has save[k][i] != 0: where the kernel
@@ -2062,6 +2053,13 @@ struct SeqSlots {
     int off[SEQ_SLOTS], n[SEQ_SLOTS];
 };
 
+// Depthwise causal conv + SiLU over x [T, C] with state [K-1, C] (oldest first), advanced past
+// x (y must not alias x). Thread (chunk, c) runs channel c over tokens [16·chunk, 16·chunk + 16),
+// its history read from the state (chunk 0) or from x: a long prefill is as parallel as its
+// tokens, where a thread per channel walked all of them. Each output sums its taps in the
+// same order however the pass is cut. Chunk 0's thread alone reads and then rewrites the
+// state. Grid: ceil(C / blockDim) · ceil(T / CONV_STEPS) blocks, chunk-major.
+#define CONV_STEPS 16
 // Block `blk` of a conv over one sequence's T rows: (C / blockDim.x chunks of channels) × (T /
 // CONV_STEPS chunks of rows). Non-null save_state / save_x get the state before the pass and
 // the input rows (a recorded pass).
