@@ -615,8 +615,9 @@ fn stream_k_blocks_per_sm() -> usize {
 }
 
 /// Turns stream-K tensor-core GEMVs on or off for every shape (`None`: as `SPLASH_STREAM_K=1`
-/// says; off by default until the kernel bench has measured it on the GPU). For the bench's
-/// comparison; results then depend on this process-wide setting.
+/// says; off by default: on the H200 it was faster only for the one-token 27B Q4_K down product
+/// and the 16-token Q6_K one, BENCHMARKS.md 2026-12-02). For the bench's comparison; results
+/// then depend on this process-wide setting.
 pub fn force_stream_k(on: Option<bool>) {
     let v = match on {
         None => 0,
