@@ -501,7 +501,7 @@ pub fn matmul_swiglu(
     w: &DeviceWeight,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() && tensor_core(gpu, w) {
+    if reads_f16(gpu, w, tokens) {
         let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], tokens, w.cols)?;
         let base = super::ptr(gpu, &w.data, 0);
         return gemv_tc(
@@ -975,19 +975,30 @@ pub fn add_rms_norm(
     d: usize,
     eps: f32,
 ) -> Result<(), GpuError> {
+    launch_add_rms_norm(gpu, k, "add_rms_norm", [out, x, y, w], &[], rows, d, eps)
+}
+
+/// Launches `kernel`, `add_rms_norm` or a variant that also writes the outputs `extra` (their
+/// arguments come after `out`'s).
+#[allow(clippy::too_many_arguments)]
+fn launch_add_rms_norm(
+    gpu: &Gpu,
+    k: &Kernels,
+    kernel: &str,
+    [out, x, y, w]: [u64; 4],
+    extra: &[Arg],
+    rows: usize,
+    d: usize,
+    eps: f32,
+) -> Result<(), GpuError> {
     assert!(
         out != x && out != y,
         "add_rms_norm writes out while it reads x and y"
     );
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(y),
-        Arg::Ptr(w),
-        Arg::Ptr(out),
-        Arg::I32(d as i32),
-        Arg::F32(eps),
-    ];
-    gpu.launch(k, "add_rms_norm", rows as u32, norm_threads(d), &args)
+    let mut args = vec![Arg::Ptr(x), Arg::Ptr(y), Arg::Ptr(w), Arg::Ptr(out)];
+    args.extend_from_slice(extra);
+    args.extend([Arg::I32(d as i32), Arg::F32(eps)]);
+    gpu.launch(k, kernel, rows as u32, norm_threads(d), &args)
 }
 
 /// [`add_rms_norm`], its output returned as the activations of the products that read it. When
@@ -1007,32 +1018,19 @@ pub fn add_rms_norm_activations(
     eps: f32,
     f16_for: &DeviceWeight,
 ) -> Result<Activations, GpuError> {
-    if !reads_f16(gpu, f16_for, rows) || !d.is_multiple_of(256) || d != f16_for.cols {
+    // The kernel converts whole 256-value blocks (a tiled weight's rows are made of them).
+    if !reads_f16(gpu, f16_for, rows) || !d.is_multiple_of(256) {
         add_rms_norm(gpu, k, out, x, y, w, rows, d, eps)?;
         return Ok(Activations::new(out, rows, d));
     }
-    assert!(
-        out != x && out != y,
-        "add_rms_norm writes out while it reads x and y"
-    );
     let xh = gpu.uninit::<u16>(rows * d)?;
     let xscale = gpu.uninit::<f32>(rows * d / 256)?;
-    gpu.launch(
-        k,
-        "add_rms_norm_to_f16_tc",
-        rows as u32,
-        norm_threads(d),
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::Ptr(w),
-            Arg::Ptr(out),
-            Arg::Ptr(super::ptr(gpu, &xh, 0)),
-            Arg::Ptr(super::ptr(gpu, &xscale, 0)),
-            Arg::I32(d as i32),
-            Arg::F32(eps),
-        ],
-    )?;
+    let converted = [
+        Arg::Ptr(super::ptr(gpu, &xh, 0)),
+        Arg::Ptr(super::ptr(gpu, &xscale, 0)),
+    ];
+    let kernel = "add_rms_norm_to_f16_tc";
+    launch_add_rms_norm(gpu, k, kernel, [out, x, y, w], &converted, rows, d, eps)?;
     Ok(Activations::with_f16(out, rows, d, (xh, xscale)))
 }
 
