@@ -894,12 +894,14 @@ __device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b
     }
 }
 
-// The end of a 16-row tile's product: each warp's sums (lane (g, q) holds rows g, g + 8 ×
-// tokens 8i + 2q + {0, 1} in c[i]) added in warp order by warp 0 and written, rows n < split
-// to y [T, split], the others to y2 [T, N - split]; with `cols`, token t goes to row cols[t].
+// The end of a 16-row tile's product (or of a piece of one): each warp's sums (lane (g, q)
+// holds rows g, g + 8 × tokens 8i + 2q + {0, 1} in c[i]) added in warp order by warp 0 and
+// written, rows n < split to y [T, split], the others to y2 [T, N - split]; with `cols`, token
+// t goes to row cols[t]; with `partial`, to partial[16·t + n - n0] instead (a piece of a tile).
 template <int NT>
 __device__ __forceinline__ void tc_tile_store(const float (&c)[NT][4], float (*part)[32][4 * NT], int n0, float* y,
-                                              float* y2, int split, int N, int T, const int* cols) {
+                                              float* y2, int split, int N, int T, const int* cols,
+                                              float* partial = nullptr) {
     int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int g = lane >> 2, q = lane & 3;
 #pragma unroll
@@ -917,7 +919,9 @@ __device__ __forceinline__ void tc_tile_store(const float (&c)[NT][4], float (*p
             int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
             if (t >= T || n >= N) continue;
             long r = cols ? cols[t] : t;
-            if (n < split)
+            if (partial)
+                partial[16 * t + n - n0] = v;
+            else if (n < split)
                 y[r * split + n] = v;
             else
                 y2[r * (N - split) + n - split] = v;
@@ -1061,31 +1065,11 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
             pb = nbk;
         }
         __syncthreads();  // the previous piece's sums are read
-#pragma unroll
-        for (int i = 0; i < NT; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) part[warp][lane][4 * i + e] = c[i][e];
-        __syncthreads();
-        if (warp != 0) continue;
+        // A whole tile goes to y; a piece of one to partials [tile, piece, 16 tokens, 16 rows].
         bool whole = TCS_LO(tile) == 0 && TCS_HI(tile) == nb;
         int piece = blockIdx.x - stream_k_block((long)tile * nb, units, gridDim.x);
-#pragma unroll
-        for (int i = 0; i < NT; i++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = 0.0f;
-                for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
-                int t = 8 * i + 2 * q + (e & 1), r = g + 8 * (e >> 1), n = tile * 16 + r;
-                if (t >= T || n >= N) continue;
-                if (!whole) {
-                    partials[(((long)tile * max_pieces + piece) * 16 + t) * 16 + r] = v;
-                } else if (n < split) {
-                    y[(long)t * split + n] = v;
-                } else {
-                    y2[(long)t * (N - split) + n - split] = v;
-                }
-            }
-        }
+        float* partial = whole ? nullptr : partials + ((long)tile * max_pieces + piece) * 256;
+        tc_tile_store<NT>(c, part, tile * 16, y, y2, split, N, T, nullptr, partial);
     }
 #undef TCS_LO
 #undef TCS_HI
