@@ -9,7 +9,7 @@
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
-# `sweep`: the same with every tensor-core GEMV variant (GEMV_SWEEP=1); `gemv-ncu`: Nsight
+# `sweep`: the same at each warps-per-tile count (GEMV_SWEEP=1); `gemv-ncu`: Nsight
 # Compute on single GEMV launches.
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
@@ -59,7 +59,7 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
 fi
 
 if [ "$what" = sweep ]; then
-  echo "== GEMV kernels, every tensor-core variant"
+  echo "== GEMV kernels, each warps-per-tile count"
   GEMV_SWEEP=1 timeout 300 ./.device/gemv_cuda 2>&1 | tee "$out/gemv-sweep.txt"
 fi
 

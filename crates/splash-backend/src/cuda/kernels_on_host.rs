@@ -153,6 +153,11 @@ fn rel_err(got: &[f32], want: &[f32]) -> f32 {
     (num / den.max(1e-30)).sqrt()
 }
 
+/// The bit patterns of `v`, for comparisons that must be exact.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 const DIMS_256: KernelDims = KernelDims {
     head_dim: 256,
     gdn_dk: 128,
@@ -1068,7 +1073,6 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
             )
         });
     }
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&mixed3), bits(&mixed1), "conv outputs");
     assert_eq!(bits(&out3), bits(&out1), "scan outputs");
     for i in 0..3 {
@@ -1229,7 +1233,6 @@ fn the_fused_add_and_norm_on_the_host_has_the_bits_of_the_two_kernels() {
                 fused(xa.ptr(), ya.ptr(), wa.ptr(), oa.ptr(), d as i32, eps)
             });
         }
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&one_x), bits(&two_x), "d={d}: the residual");
         assert_eq!(bits(&one_out), bits(&two_out), "d={d}: the norm");
         assert!(one_out.iter().all(|v| v.is_finite()));
@@ -1300,7 +1303,6 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                     });
                 }
             }
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             (bits(&x), bits(&out), xh, bits(&xs))
         };
         let (fused, two) = (run(true), run(false));
