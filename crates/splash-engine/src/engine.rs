@@ -455,6 +455,15 @@ impl Engine {
             (Some(d), true) => d.tap_layers().to_vec(),
             _ => Vec::new(),
         };
+        // Greedy sequences need only each row's argmax: rows of 248K logits stay on the GPU.
+        let want = if batch
+            .iter()
+            .all(|&(i, _)| self.running[i].argmax_suffices())
+        {
+            Logits::Argmax
+        } else {
+            Logits::All
+        };
         let mut next = batch.iter().map(|(i, p)| (*i, p.rows())).peekable();
         let mut items = Vec::with_capacity(batch.len());
         for (i, seq) in self.running.iter_mut().enumerate() {
@@ -469,22 +478,17 @@ impl Engine {
         self.batches.passes += 1;
         self.batches.sequences += items.len() as u64;
         self.batches.rows += items.iter().map(|i| i.tokens.len() as u64).sum::<u64>();
-        let out = self
-            .model
-            .graph
-            .forward_batch(&mut items, Logits::All, &taps)?;
+        let out = self.model.graph.forward_batch(&mut items, want, &taps)?;
         drop(items);
         let elapsed = t0.elapsed();
-        for ((i, pending), (logits, features)) in batch.into_iter().zip(out) {
+        for ((i, pending), out) in batch.into_iter().zip(out) {
             let seq = &mut self.running[i];
             match pending {
                 Pending::Token(_) => {
-                    seq.decoded(logits);
+                    seq.decoded(out);
                     seq.add_decode_time(elapsed);
                 }
-                Pending::Block(block) => {
-                    seq.verified(&self.model, block, logits, features, events)?
-                }
+                Pending::Block(block) => seq.verified(&self.model, block, out, events)?,
             }
         }
         Ok(())

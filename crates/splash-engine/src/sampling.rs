@@ -98,6 +98,16 @@ impl Sampler {
         &self.params
     }
 
+    /// True when the next token is the argmax of the logits as they come (greedy, no
+    /// penalties): a forward pass then need not return rows, only their argmax.
+    pub fn argmax_suffices(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+    }
+
     /// Picks the next token from `logits` (modified in place). `prompt` and `output` are the
     /// tokens the penalties look at.
     pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> u32 {

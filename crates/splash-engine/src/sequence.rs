@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use splash_model::{KvFormat, Logits, Model, ModelError, SequenceState, StreamDecoder};
+use splash_model::{KvFormat, Logits, Model, ModelError, PassOutput, SequenceState, StreamDecoder};
 
 use crate::engine::{Event, Request, SeqId};
 use crate::grammar::GrammarState;
@@ -29,6 +29,14 @@ pub enum FinishReason {
     Failed(String),
 }
 
+/// What the last forward pass left for choosing the next token.
+enum NextScores {
+    /// The next token's logits.
+    Logits(Vec<f32>),
+    /// Their argmax: all a sequence whose [`Sequence::argmax_suffices`] needs.
+    Argmax(u32),
+}
+
 /// A request being prefilled or decoded.
 pub struct Sequence {
     id: SeqId,
@@ -36,8 +44,8 @@ pub struct Sequence {
     output: Vec<u32>,
     state: SequenceState,
     prefilled: usize,
-    /// Next-token logits, once the prompt is in.
-    logits: Option<Vec<f32>>,
+    /// What the next token is chosen from, once the prompt is in.
+    next: Option<NextScores>,
     sampler: Sampler,
     stop: StopMatcher,
     decoder: StreamDecoder,
@@ -177,7 +185,7 @@ impl Sequence {
             output: Vec::new(),
             state: model.graph.new_state_with(kv),
             prefilled: 0,
-            logits: None,
+            next: None,
             sampler: Sampler::new(req.sampling),
             stop: StopMatcher::new(req.stop),
             decoder: StreamDecoder::new(),
@@ -304,12 +312,12 @@ impl Sequence {
             .spec
             .as_ref()
             .map_or(&[][..], |s| s.drafter.tap_layers());
-        let (logits, features) =
+        let out =
             model
                 .graph
                 .forward_with_taps(&mut self.state, &tokens[start..end], want, taps)?;
         if let Some(spec) = &mut self.spec {
-            spec.session.commit(&features)?;
+            spec.session.commit(&out.features)?;
         }
         self.prefilled = end;
         if self.checkpoints.contains(&end) {
@@ -319,7 +327,7 @@ impl Sequence {
             if self.replay.take().is_some() {
                 self.prefilled = self.prompt.len();
             } else {
-                self.logits = Some(logits);
+                self.next = Some(NextScores::Logits(out.logits));
             }
             // Kept already: a replay after a preemption need not copy them again.
             self.checkpoints.clear();
@@ -456,26 +464,40 @@ impl Sequence {
         model: &Model,
         events: &mut Vec<Event>,
     ) -> Result<Option<u32>, ModelError> {
-        let mut logits = self.logits.take().expect("decode step after prefill");
-        let constrained = self
-            .grammar
-            .as_mut()
-            .filter(|_| self.grammar_after.is_none());
-        if let Some(g) = constrained {
-            if let Err(e) = g.mask(&mut logits) {
-                self.fail(format!("the output constraint failed: {e}"), events)?;
-                return Ok(None);
+        let token = match self.next.take().expect("decode step after prefill") {
+            NextScores::Argmax(token) => token,
+            NextScores::Logits(mut logits) => {
+                let constrained = self
+                    .grammar
+                    .as_mut()
+                    .filter(|_| self.grammar_after.is_none());
+                if let Some(g) = constrained {
+                    if let Err(e) = g.mask(&mut logits) {
+                        self.fail(format!("the output constraint failed: {e}"), events)?;
+                        return Ok(None);
+                    }
+                }
+                self.sampler.sample(&mut logits, &self.prompt, &self.output)
             }
-        }
-        let token = self.sampler.sample(&mut logits, &self.prompt, &self.output);
+        };
         self.push(token, model, events)?;
         Ok(self.finish.is_none().then_some(token))
     }
 
-    /// Takes the logits of the forward pass of the token [`sample_next`](Self::sample_next)
-    /// returned.
-    pub(crate) fn decoded(&mut self, logits: Vec<f32>) {
-        self.logits = Some(logits);
+    /// True when the next token is the argmax of the logits as they come (greedy, no
+    /// penalties, no constraint): its forward pass may return only the argmax
+    /// ([`Logits::Argmax`]).
+    pub(crate) fn argmax_suffices(&self) -> bool {
+        self.grammar.is_none() && self.sampler.argmax_suffices()
+    }
+
+    /// Takes the output of the forward pass of the token [`sample_next`](Self::sample_next)
+    /// returned (its logits, or with [`Logits::Argmax`] its argmax).
+    pub(crate) fn decoded(&mut self, out: PassOutput) {
+        self.next = Some(match out.argmax.first() {
+            Some(&token) => NextScores::Argmax(token),
+            None => NextScores::Logits(out.logits),
+        });
     }
 
     /// The model state, for a batched forward pass.
@@ -504,8 +526,13 @@ impl Sequence {
         events: &mut Vec<Event>,
     ) -> Result<Option<PendingBlock>, ModelError> {
         let t0 = Instant::now();
-        if let Some(mut logits) = self.logits.take() {
-            let token = self.sampler.sample(&mut logits, &self.prompt, &self.output);
+        if let Some(next) = self.next.take() {
+            let token = match next {
+                NextScores::Argmax(token) => token,
+                NextScores::Logits(mut logits) => {
+                    self.sampler.sample(&mut logits, &self.prompt, &self.output)
+                }
+            };
             self.push(token, model, events)?;
             if self.finish.is_some() {
                 return Ok(None);
@@ -541,14 +568,14 @@ impl Sequence {
         }))
     }
 
-    /// The second half of a speculative step: the verify pass's `logits` `[B, V]` and taps
-    /// `[B, n·H]` for `block`; accepts, rolls the state back and emits the tokens.
+    /// The second half of a speculative step: the verify pass's output for `block` (logits
+    /// `[B, V]` or their argmax, taps `[B, n·H]`); accepts, rolls the state back and emits the
+    /// tokens.
     pub(crate) fn verified(
         &mut self,
         model: &Model,
         block: PendingBlock,
-        logits: Vec<f32>,
-        features: Vec<f32>,
+        verified: PassOutput,
         events: &mut Vec<Event>,
     ) -> Result<(), ModelError> {
         let PendingBlock {
@@ -556,7 +583,6 @@ impl Sequence {
             proposal,
             started,
         } = block;
-        let verified = speculative::Verified { logits, features };
         let spec = self.spec.as_mut().expect("a speculating sequence");
         let accepted = speculative::accept(
             &mut self.sampler,

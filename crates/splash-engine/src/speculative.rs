@@ -7,15 +7,17 @@
 //! - [`draft`]: the drafter proposes `B-1` tokens after the anchor (the last emitted token,
 //!   not yet run through the target);
 //! - [`verify_rows`]: one target pass over `[anchor, d1..d_{B-1}]` from a state checkpoint,
-//!   with the logits of every row and the draft's tap features (the engine batches the
-//!   blocks of all sequences into one pass);
+//!   with the logits of every row (only their argmax when that is all acceptance reads) and
+//!   the draft's tap features (the engine batches the blocks of all sequences into one pass);
 //! - [`accept`]: [`accept_greedy`] or [`accept_sampled`] picks the emitted tokens;
 //! - [`commit`]: the target state is rolled back to the kept rows (KV truncated, GDN state
 //!   replayed) and their taps go to the draft's context.
 
 use std::sync::Arc;
 
-use splash_model::{DFlashDraft, DraftBlock, DraftContext, Model, ModelError, SequenceState};
+use splash_model::{
+    DFlashDraft, DraftBlock, DraftContext, Model, ModelError, PassOutput, SequenceState,
+};
 
 use crate::sampling::{argmax, Distribution, Sampler};
 
@@ -217,12 +219,6 @@ pub(crate) fn draft(
     session.propose(model, history, block - 1, sampler)
 }
 
-/// The target's view of a block: logits `[B, V]` and taps `[B, n·H]`.
-pub(crate) struct Verified {
-    pub logits: Vec<f32>,
-    pub features: Vec<f32>,
-}
-
 /// Step 2, verify: the rows of the target pass over the block, `[anchor, proposals]`, to run
 /// from a checkpoint of the sequence's state (alone, or batched with other sequences' rows).
 pub(crate) fn verify_rows(state: &mut SequenceState, anchor: u32, proposal: &Proposal) -> Vec<u32> {
@@ -234,14 +230,23 @@ pub(crate) fn verify_rows(state: &mut SequenceState, anchor: u32, proposal: &Pro
 }
 
 /// Step 3, accept: acceptance under the sequence's sampling parameters; penalties see the output with
-/// the already accepted proposals, exactly as one-token-at-a-time decoding would.
+/// the already accepted proposals, exactly as one-token-at-a-time decoding would. `verified` is
+/// the target's view of the block: logits `[B, V]`, or only each row's argmax when the sampler
+/// needs no more ([`Sampler::argmax_suffices`]).
 pub(crate) fn accept(
     sampler: &mut Sampler,
-    verified: &Verified,
+    verified: &PassOutput,
     proposal: &Proposal,
     prompt: &[u32],
     output: &[u32],
 ) -> Accepted {
+    if !verified.argmax.is_empty() {
+        debug_assert!(
+            sampler.argmax_suffices(),
+            "argmax-only verify for a sampler that reads logits"
+        );
+        return accept_greedy(&proposal.tokens, |i, _| verified.argmax[i]);
+    }
     let rows = proposal.tokens.len() + 1;
     let vocab = verified.logits.len() / rows;
     let shaper = sampler.clone();
@@ -263,7 +268,7 @@ pub(crate) fn accept(
 pub(crate) fn commit(
     session: &mut dyn DraftSession,
     state: &mut SequenceState,
-    verified: &Verified,
+    verified: &PassOutput,
     rows: usize,
     keep: usize,
 ) -> Result<(), ModelError> {

@@ -24,7 +24,7 @@ pub use config::{GenerationDefaults, LayerKind, ModelConfig, MoeConfig};
 pub use dflash::{DFlashDraft, DraftBlock, DraftConfig, DraftContext, DraftKind};
 pub use error::ModelError;
 pub use qwen35::gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
-pub use qwen35::{BatchItem, Logits, Qwen35};
+pub use qwen35::{BatchItem, Logits, PassOutput, Qwen35};
 pub use splash_backend::cpu::KvFormat;
 pub use state::SequenceState;
 pub use tokenizer::{StreamDecoder, Tokenizer};

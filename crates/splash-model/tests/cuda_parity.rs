@@ -154,14 +154,16 @@ fn draft_and_taps_match_the_cpu() {
         assert_eq!(gpu_draft.device(), "cuda");
         let taps = cpu_draft.config().target_layer_ids.clone();
         let prompt: Vec<u32> = (0..45u32).map(|i| (i * 37 + 5) % 400).collect();
-        let (_, fc) = cpu
+        let fc = cpu
             .graph
             .forward_with_taps(&mut cpu.graph.new_state(), &prompt, Logits::None, &taps)
-            .unwrap();
-        let (_, fg) = gpu
+            .unwrap()
+            .features;
+        let fg = gpu
             .graph
             .forward_with_taps(&mut gpu.graph.new_state(), &prompt, Logits::None, &taps)
-            .unwrap();
+            .unwrap()
+            .features;
         let err = max_rel(&fg, &fc);
         println!("{target}: GPU vs CPU taps {err:.2e}");
         assert!(err < 1e-4, "{target}: taps differ by {err}");
@@ -304,8 +306,22 @@ fn a_batched_gpu_pass_matches_separate_passes() {
                 .zip(&next)
                 .map(|(state, tokens)| BatchItem { state, tokens })
                 .collect();
-            let got = g.forward_batch(&mut items, Logits::All, &[]).unwrap();
-            for (i, ((l, _), w)) in got.iter().zip(&want).enumerate() {
+            // Every other step asks only each row's argmax (picked on the device).
+            let v = gpu.config.vocab_size;
+            let want_argmax = step % 2 == 1;
+            let scores = if want_argmax {
+                Logits::Argmax
+            } else {
+                Logits::All
+            };
+            let got = g.forward_batch(&mut items, scores, &[]).unwrap();
+            for (i, (out, w)) in got.iter().zip(&want).enumerate() {
+                if want_argmax {
+                    let rows: Vec<u32> = w.chunks_exact(v).map(|r| argmax(r) as u32).collect();
+                    assert_eq!(out.argmax, rows, "{name} step {step} item {i}: argmax");
+                    continue;
+                }
+                let l = &out.logits;
                 assert!(
                     l == w,
                     "{name} step {step} item {i}: batched differs by {:e}",
@@ -366,7 +382,7 @@ fn graphs_replay_decode_and_verify_passes() {
                         .map(|(state, tokens)| BatchItem { state, tokens })
                         .collect();
                     let got = g.forward_batch(&mut items, Logits::Last, &[]).unwrap();
-                    got.into_iter().map(|(l, _)| l).collect()
+                    got.into_iter().map(|o| o.logits).collect()
                 };
                 next = logits.iter().map(|l| argmax(l) as u32).collect();
                 out.extend(logits);
@@ -379,12 +395,19 @@ fn graphs_replay_decode_and_verify_passes() {
                     state: s,
                     tokens: &block,
                 }];
-                let (logits, taps) = g
-                    .forward_batch(&mut items, Logits::All, &[0, 1])
+                // Odd blocks ask only each row's argmax (as greedy verification does).
+                let scores = if step % 2 == 1 {
+                    Logits::Argmax
+                } else {
+                    Logits::All
+                };
+                let got = g
+                    .forward_batch(&mut items, scores, &[0, 1])
                     .unwrap()
                     .remove(0);
                 s.rollback(3).unwrap();
-                out.extend([logits, taps]);
+                let ids = got.argmax.iter().map(|&i| i as f32).collect();
+                out.extend([got.logits, ids, got.features]);
             }
             out
         };
@@ -461,10 +484,11 @@ fn gpu_states_copy_save_and_load() {
     draft.to_gpu(&gpu.graph).unwrap();
     let taps = draft.config().target_layer_ids.clone();
     let prompt: Vec<u32> = (0..45u32).map(|i| (i * 37 + 5) % 400).collect();
-    let (_, f) = gpu
+    let f = gpu
         .graph
         .forward_with_taps(&mut gpu.graph.new_state(), &prompt, Logits::None, &taps)
-        .unwrap();
+        .unwrap()
+        .features;
     let mut ctx = draft.new_context();
     draft.append_context(&mut ctx, &f).unwrap();
     let mut copy = draft.try_clone_context(&ctx).unwrap();

@@ -160,7 +160,7 @@ fn target_taps_match_transformers_hidden_states() {
         let (target, draft, r) = pair(name);
         let prompt = ids(&r.json["prompt_ids"]);
         let mut state = target.graph.new_state();
-        let (_, taps) = target
+        let taps = target
             .graph
             .forward_with_taps(
                 &mut state,
@@ -168,7 +168,8 @@ fn target_taps_match_transformers_hidden_states() {
                 Logits::Last,
                 &draft.config().target_layer_ids,
             )
-            .unwrap();
+            .unwrap()
+            .features;
         let err = rel_err(&taps, &r.f32s("block0.ctx"));
         println!("{name}: tap features rel err {err:.2e}");
         assert!(err < 1e-4, "{name}: rel err {err}");

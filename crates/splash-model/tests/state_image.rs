@@ -90,9 +90,10 @@ fn a_loaded_draft_context_drafts_like_the_original() {
         let taps = &draft.config().target_layer_ids;
         let prompt: Vec<u32> = (0..45).map(|i| (i * 13 + 7) % 500).collect();
         let mut state = g.new_state();
-        let (_, features) = g
+        let features = g
             .forward_with_taps(&mut state, &prompt, Logits::None, taps)
-            .unwrap();
+            .unwrap()
+            .features;
         let mut original = draft.new_context();
         draft.append_context(&mut original, &features).unwrap();
         let image = draft.save_context(&original).unwrap();

@@ -11,7 +11,8 @@ mod gdn;
 pub mod gguf;
 
 use splash_backend::cpu::{
-    add_in_place, embedding, matmul, rms_norm, row_by_row, KvFormat, Rope, ROW_BY_ROW_TOKENS,
+    add_in_place, argmax, embedding, matmul, rms_norm, row_by_row, KvFormat, Rope,
+    ROW_BY_ROW_TOKENS,
 };
 use splash_backend::Weight;
 
@@ -23,8 +24,17 @@ use attention::{Attention, AttnPart};
 use ffn::Ffn;
 use gdn::{GatedDeltaNet, GdnPart};
 
-/// A pass's logits (as [`Logits`] asked) and tap features of one sequence.
-pub type LogitsAndTaps = (Vec<f32>, Vec<f32>);
+/// One sequence's outputs of a forward pass.
+#[derive(Debug, Default)]
+pub struct PassOutput {
+    /// The logits of the rows [`Logits`] asked for (`[V]` or `[T, V]`; empty for
+    /// [`Logits::Argmax`]).
+    pub logits: Vec<f32>,
+    /// Each token's argmax, ties to the lower id ([`Logits::Argmax`] only; `[T]`).
+    pub argmax: Vec<u32>,
+    /// The tap layers' outputs `[T, taps · H]`.
+    pub features: Vec<f32>,
+}
 
 /// One sequence's part of a batched forward pass ([`Qwen35::forward_batch`]).
 pub struct BatchItem<'a> {
@@ -42,6 +52,9 @@ pub enum Logits {
     Last,
     /// Every token's row (`[T, V]`, perplexity and verification).
     All,
+    /// Every token's argmax only: greedy verification reads no row, so the GPU picks them
+    /// on the device and downloads ids instead of `[T, V]` floats.
+    Argmax,
 }
 
 enum Mixer {
@@ -290,7 +303,7 @@ impl Qwen35 {
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        Ok(self.forward_with_taps(state, tokens, want, &[])?.0)
+        Ok(self.forward_with_taps(state, tokens, want, &[])?.logits)
     }
 
     /// [`forward`](Self::forward) that also returns the hidden states leaving the decoder
@@ -302,7 +315,7 @@ impl Qwen35 {
         tokens: &[u32],
         want: Logits,
         taps: &[usize],
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+    ) -> Result<PassOutput, ModelError> {
         let mut out = self.forward_batch(&mut [BatchItem { state, tokens }], want, taps)?;
         Ok(out.pop().expect("one output per item"))
     }
@@ -316,7 +329,7 @@ impl Qwen35 {
         items: &mut [BatchItem<'_>],
         want: Logits,
         taps: &[usize],
-    ) -> Result<Vec<LogitsAndTaps>, ModelError> {
+    ) -> Result<Vec<PassOutput>, ModelError> {
         let cfg = &self.config;
         // Drafts are validated against the target when paired (dflash::DraftConfig::check).
         assert!(
@@ -369,7 +382,7 @@ impl Qwen35 {
             }
             let outs = g.forward(self, &mut gpu_items, want, taps)?;
             drop(gpu_items);
-            let mut result: Vec<LogitsAndTaps> = items.iter().map(|_| Default::default()).collect();
+            let mut result: Vec<PassOutput> = items.iter().map(|_| Default::default()).collect();
             for (i, out) in which.into_iter().zip(outs) {
                 items[i].state.advance(items[i].tokens.len());
                 result[i] = out;
@@ -390,7 +403,7 @@ impl Qwen35 {
         items: &mut [BatchItem<'_>],
         want: Logits,
         taps: &[usize],
-    ) -> Result<Vec<LogitsAndTaps>, ModelError> {
+    ) -> Result<Vec<PassOutput>, ModelError> {
         let cfg = &self.config;
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let rows: Vec<usize> = items.iter().map(|i| i.tokens.len()).collect();
@@ -401,7 +414,7 @@ impl Qwen35 {
             .collect();
         let r = tokens.len();
         if r == 0 {
-            return Ok(items.iter().map(|_| (Vec::new(), Vec::new())).collect());
+            return Ok(items.iter().map(|_| PassOutput::default()).collect());
         }
         let mut features: Vec<Vec<f32>> = rows
             .iter()
@@ -474,7 +487,7 @@ impl Qwen35 {
                 _ if t == 0 => (r0, r0),
                 Logits::None => (r0, r0),
                 Logits::Last => (r0 + t - 1, r0 + t),
-                Logits::All => (r0, r0 + t),
+                Logits::All | Logits::Argmax => (r0, r0 + t),
             };
             picked.push(range);
             r0 += t;
@@ -495,11 +508,24 @@ impl Qwen35 {
         Ok(picked
             .iter()
             .zip(features)
-            .map(|(&(a, b), f)| {
+            .map(|(&(a, b), features)| {
                 let n = b - a;
-                let l = logits[next * v..(next + n) * v].to_vec();
+                let rows = &logits[next * v..(next + n) * v];
                 next += n;
-                (l, f)
+                if want == Logits::Argmax {
+                    let argmax = rows.chunks_exact(v).map(argmax).collect();
+                    PassOutput {
+                        argmax,
+                        features,
+                        ..Default::default()
+                    }
+                } else {
+                    PassOutput {
+                        logits: rows.to_vec(),
+                        features,
+                        ..Default::default()
+                    }
+                }
             })
             .collect())
     }

@@ -278,7 +278,8 @@ impl PassCosts {
 }
 
 /// Median milliseconds of a target pass, a verify pass with its rollback and a draft block, in
-/// steady state (after [`WARM_UP_PASSES`]), over `prompt`.
+/// steady state (after [`WARM_UP_PASSES`]), over `prompt`. The verify pass returns each row's
+/// argmax, as greedy decoding runs it.
 fn pass_costs(
     model: &Model,
     draft: &DFlashDraft,
@@ -289,9 +290,10 @@ fn pass_costs(
     let taps = &draft.config().target_layer_ids;
     let block = draft.config().block_size;
     let mut state = model.graph.new_state_with(kv);
-    let (_, features) = model
+    let features = model
         .graph
-        .forward_with_taps(&mut state, prompt, Logits::Last, taps)?;
+        .forward_with_taps(&mut state, prompt, Logits::Last, taps)?
+        .features;
     let mut ctx = draft.new_context();
     draft.append_context(&mut ctx, &features)?;
     let tokens: Vec<u32> = prompt[..block].to_vec();
@@ -314,7 +316,7 @@ fn pass_costs(
         let t0 = Instant::now();
         model
             .graph
-            .forward_with_taps(&mut state, &tokens, Logits::All, taps)?;
+            .forward_with_taps(&mut state, &tokens, Logits::Argmax, taps)?;
         state.rollback(1)?;
         model.graph.synchronize()?;
         verify.push(t0.elapsed().as_secs_f64() * 1e3);

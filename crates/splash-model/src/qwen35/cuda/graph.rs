@@ -14,13 +14,15 @@ const GRAPH_MAX_TOKENS: usize = 32;
 /// A captured pass over some sequences' buffers (`key`: what was scored and tapped, then per
 /// sequence its token count, whether it recorded, and its buffers' addresses and sizes). Each
 /// replay reads the tokens' embeddings from `input` and the first positions from `pos`, and
-/// leaves the scored rows' logits in `logits` and the tap outputs in `features`.
+/// leaves the scored rows' logits in `logits` (their argmax ids in `argmax` instead, for
+/// [`Logits::Argmax`]) and the tap outputs in `features`.
 pub(super) struct PassGraph {
     key: Vec<u64>,
     graph: dev::Graph,
     input: Buf,
     pos: CudaSlice<i32>,
     logits: Buf,
+    argmax: CudaSlice<i32>,
     features: Buf,
 }
 
@@ -121,16 +123,25 @@ impl GpuModel {
         gpu.write(&mut graph.input, &self.embed(cpu, items))?;
         gpu.write(&mut graph.pos, &positions)?;
         gpu.replay(&graph.graph)?;
-        let t = pass.tokens();
-        let f = if pass.taps.is_empty() {
+        let (t, n) = (pass.tokens(), pass.scored_rows());
+        let features = if pass.taps.is_empty() {
             Vec::new()
         } else {
             gpu.download(&graph.features, pass.taps.len() * t * h)?
         };
-        let logits = gpu.download(&graph.logits, pass.scored_rows() * v)?;
+        let mut out = HostOutputs {
+            logits: Vec::new(),
+            argmax: Vec::new(),
+            features,
+        };
+        if pass.want == Logits::Argmax {
+            out.argmax = gpu.download(&graph.argmax, n)?;
+        } else {
+            out.logits = gpu.download(&graph.logits, n * v)?;
+        }
         graphs.insert(0, graph);
         graphs.truncate(PASS_GRAPHS);
-        Ok(Some((logits, f)))
+        Ok(Some(out))
     }
 
     /// Captures `pass` over the current buffers of `items`.
@@ -144,8 +155,10 @@ impl GpuModel {
         let (gpu, h, t) = (&*self.gpu, cfg.hidden_size, pass.tokens());
         let input = self.scratch(t * h)?;
         let pos = gpu.zeros::<i32>(items.len())?;
-        let n = pass.scored_rows();
-        let logits = self.scratch(n * cfg.vocab_size)?;
+        let (n, v) = (pass.scored_rows(), cfg.vocab_size);
+        let argmax_only = pass.want == Logits::Argmax;
+        let logits = self.scratch(if argmax_only { 0 } else { n * v })?;
+        let argmax = gpu.uninit::<i32>(if argmax_only { n } else { 0 })?;
         let features = self.scratch(pass.taps.len() * t * h)?;
         let positions: Vec<dev::Position> = items
             .iter()
@@ -155,9 +168,10 @@ impl GpuModel {
                 limit: item.state.kv_capacity(),
             })
             .collect();
-        let (xp, lp, fp) = (
+        let (xp, lp, ap, fp) = (
             ptr(gpu, &input, 0),
             ptr(gpu, &logits, 0),
+            ptr(gpu, &argmax, 0),
             ptr(gpu, &features, 0),
         );
         let graph = gpu.capture(|| -> Result<(), ModelError> {
@@ -166,7 +180,12 @@ impl GpuModel {
             let rows = pass.rows_of;
             self.layers(cfg, xp, np, items, rows, (pass.taps, fp), Some(&positions))?;
             let out = self.score(cfg, xp, np, pass)?;
-            gpu.copy(lp, ptr(gpu, &out, 0), n * cfg.vocab_size * 4)?;
+            if argmax_only {
+                let ids = self.argmax(&out, n, v)?;
+                gpu.copy(ap, ptr(gpu, &ids, 0), n * 4)?;
+            } else {
+                gpu.copy(lp, ptr(gpu, &out, 0), n * v * 4)?;
+            }
             Ok(())
         })?;
         if tracing::enabled!(tracing::Level::DEBUG) {
@@ -181,6 +200,7 @@ impl GpuModel {
             input,
             pos,
             logits,
+            argmax,
             features,
         })
     }

@@ -124,7 +124,7 @@ impl Pass<'_> {
         match self.want {
             Logits::None => (r.off, 0),
             Logits::Last => (r.off + r.t - 1, 1),
-            Logits::All => (r.off, r.t),
+            Logits::All | Logits::Argmax => (r.off, r.t),
         }
     }
 
@@ -134,8 +134,13 @@ impl Pass<'_> {
     }
 }
 
-/// A pass's scored rows' logits `[n, V]` and tap outputs `[taps, T, H]`, on the host.
-type HostOutputs = (Vec<f32>, Vec<f32>);
+/// What a pass leaves on the host: its scored rows' logits `[n, V]` (or, for
+/// [`Logits::Argmax`], their argmax ids `[n]`) and the tap outputs `[taps, T, H]`.
+struct HostOutputs {
+    logits: Vec<f32>,
+    argmax: Vec<i32>,
+    features: Vec<f32>,
+}
 
 fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<Buf, ModelError> {
     Ok(gpu.upload(v)?)
@@ -214,7 +219,7 @@ impl GpuModel {
         items: &mut [GpuItem<'_>],
         want: Logits,
         taps: &[usize],
-    ) -> Result<Vec<super::LogitsAndTaps>, ModelError> {
+    ) -> Result<Vec<super::PassOutput>, ModelError> {
         let batched = items.len() > 1;
         if batched {
             self.gpu.set_batch_invariant(true);
@@ -232,7 +237,7 @@ impl GpuModel {
         items: &mut [GpuItem<'_>],
         want: Logits,
         taps: &[usize],
-    ) -> Result<Vec<super::LogitsAndTaps>, ModelError> {
+    ) -> Result<Vec<super::PassOutput>, ModelError> {
         let cfg = &cpu.config;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         // Each item's rows: `[off, off + t)` of the pass.
@@ -253,35 +258,47 @@ impl GpuModel {
             want,
             taps,
         };
-        let (logits, f) = match self.graphed(cpu, items, &pass)? {
+        let out = match self.graphed(cpu, items, &pass)? {
             Some(out) => out,
             None => self.launched(cpu, items, &pass)?,
         };
         for item in items.iter_mut() {
             item.state.recorded = item.record;
         }
-        // Tap outputs [taps, T, H] → per item [t, taps · H]; logits per item's scored rows.
+        // Tap outputs [taps, T, H] → per item [t, taps · H]; logits (or argmax ids) per item's
+        // scored rows.
         let mut at = 0;
         Ok(rows_of
             .iter()
             .map(|&r| {
                 let mut features = vec![0.0f32; r.t * taps.len() * h];
-                for (j, tap) in f.chunks_exact(t * h.max(1)).enumerate() {
+                for (j, tap) in out.features.chunks_exact(t * h.max(1)).enumerate() {
                     for ti in 0..r.t {
                         features[(ti * taps.len() + j) * h..][..h]
                             .copy_from_slice(&tap[(r.off + ti) * h..][..h]);
                     }
                 }
                 let n = pass.scored(r).1;
-                let l = logits[at * v..(at + n) * v].to_vec();
+                let scored = at..at + n;
                 at += n;
-                (l, features)
+                if want == Logits::Argmax {
+                    super::PassOutput {
+                        argmax: out.argmax[scored].iter().map(|&i| i as u32).collect(),
+                        features,
+                        ..Default::default()
+                    }
+                } else {
+                    super::PassOutput {
+                        logits: out.logits[scored.start * v..scored.end * v].to_vec(),
+                        features,
+                        ..Default::default()
+                    }
+                }
             })
             .collect())
     }
 
-    /// The pass launched kernel by kernel: the logits of the scored rows `[n, V]` and the tap
-    /// outputs `[taps, T, H]`, on the host.
+    /// The pass launched kernel by kernel.
     fn launched(
         &self,
         cpu: &Qwen35,
@@ -298,18 +315,34 @@ impl GpuModel {
         let features = self.scratch(pass.taps.len() * t * h)?;
         let fp = ptr(gpu, &features, 0);
         self.layers(cfg, xp, np, items, pass.rows_of, (pass.taps, fp), None)?;
-        let f = if pass.taps.is_empty() {
+        let features = if pass.taps.is_empty() {
             Vec::new()
         } else {
             gpu.download(&features, pass.taps.len() * t * h)?
         };
+        let mut out = HostOutputs {
+            logits: Vec::new(),
+            argmax: Vec::new(),
+            features,
+        };
         let n = pass.scored_rows();
         if n == 0 {
             gpu.synchronize()?;
-            return Ok((Vec::new(), f));
+            return Ok(out);
         }
         let logits = self.score(cfg, xp, np, pass)?;
-        Ok((gpu.download(&logits, n * cfg.vocab_size)?, f))
+        if pass.want == Logits::Argmax {
+            out.argmax = gpu.download(&self.argmax(&logits, n, cfg.vocab_size)?, n)?;
+        } else {
+            out.logits = gpu.download(&logits, n * cfg.vocab_size)?;
+        }
+        Ok(out)
+    }
+
+    /// Each row's argmax of `logits` `[n, V]`, ties to the lower id (as `cpu::argmax`).
+    fn argmax(&self, logits: &Buf, n: usize, v: usize) -> Result<CudaSlice<i32>, ModelError> {
+        let lp = ptr(&self.gpu, logits, 0);
+        Ok(dev::top_k_rows(&self.gpu, &self.k, lp, n, v, 1, 1.0, None)?.0)
     }
 
     /// The final norm of the pass's scored rows (into `normed`, one after another) and their
