@@ -2047,9 +2047,10 @@ struct SeqSlots {
 // Block `blk` of a conv over one sequence's T rows: (C / blockDim.x chunks of channels) × (T /
 // CONV_STEPS chunks of rows). Non-null save_state / save_x get the state before the pass and
 // the input rows (a recorded pass).
-__device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float* y, float* state, const float* w,
-                                                  int T, int C, int K, float* save_state = nullptr,
-                                                  float* save_x = nullptr) {
+// The state is read from state_in and left in state (the same buffer but for a rollback replay).
+__device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float* y, const float* state_in,
+                                                  float* state, const float* w, int T, int C, int K,
+                                                  float* save_state = nullptr, float* save_x = nullptr) {
     int per_chunk = (C + blockDim.x - 1) / blockDim.x;
     int chunk = blk / per_chunk;
     int c = (blk % per_chunk) * blockDim.x + threadIdx.x;
@@ -2058,8 +2059,8 @@ __device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float
     float hist[8], old[8];
     for (int j = 0; j < K - 1; j++) {
         int e = t0 - (K - 1) + j;  // position of history slot j; < 0 is in the state
-        old[j] = chunk == 0 ? state[(long)j * C + c] : 0.0f;
-        hist[j] = e < 0 ? state[(long)(e + K - 1) * C + c] : x[(long)e * C + c];
+        old[j] = chunk == 0 ? state_in[(long)j * C + c] : 0.0f;
+        hist[j] = e < 0 ? state_in[(long)(e + K - 1) * C + c] : x[(long)e * C + c];
         if (save_state && chunk == 0) save_state[(long)j * C + c] = old[j];
     }
     for (int t = t0; t < t1; t++) {
@@ -2083,7 +2084,7 @@ __device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float
 extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, const float* w, int T, int C,
                                        int K) {
     GRID_PROLOGUE();
-    conv1d_silu_block(blockIdx.x, x, y, state, w, T, C, K);
+    conv1d_silu_block(blockIdx.x, x, y, state, state, w, T, C, K);
 }
 
 // conv1d_silu over the sequences of a pass in one launch: `per` blocks a sequence (as many as
@@ -2094,8 +2095,9 @@ extern "C" __global__ void conv1d_silu_seqs(const float* x, float* y, SeqSlots s
     GRID_PROLOGUE();
     int i = blockIdx.x / per;
     long off = (long)seqs.off[i] * C;
-    conv1d_silu_block(blockIdx.x % per, x + off, y + off, (float*)seqs.state[i], w, seqs.n[i], C, K,
-                      (float*)seqs.save[0][i], (float*)seqs.save[1][i]);
+    float* state = (float*)seqs.state[i];
+    conv1d_silu_block(blockIdx.x % per, x + off, y + off, state, state, w, seqs.n[i], C, K, (float*)seqs.save[0][i],
+                      (float*)seqs.save[1][i]);
 }
 
 // beta = sigmoid(b), g = neg_a[h] · softplus(a + dt_bias[h]) for b, a [T, hv], in place.
@@ -2128,10 +2130,12 @@ static_assert(GDN_DK % (4 * GDN_SLICES) == 0, "the GDN key dim splits over GDN_S
 #define GDN_ROW(i) ((i) + (i) / (GDN_DK / GDN_SLICES))
 // static: its __shared__ arrays, sized by GDN_DK, must not be merged with another build's when
 // the host emulation loads kernels of several dimensions into one process.
+// The state is read from state_in and left in state (the same buffer but for a rollback replay,
+// which passes no `out`).
 static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float* mixed, const float* g, const float* beta,
-                                                    float* state, float* out, int T, int hk, int hv, int tiled,
-                                                    float* save_state = nullptr, float* save_g = nullptr,
-                                                    float* save_beta = nullptr) {
+                                                    const float* state_in, float* state, float* out, int T, int hk,
+                                                    int hv, int tiled, float* save_state = nullptr,
+                                                    float* save_g = nullptr, float* save_beta = nullptr) {
     const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES, ROW = GDN_DK + GDN_SLICES;
     int groups = (DV + 31) / 32;
     int h = blk / groups, r = threadIdx.x % GDN_SLICES;
@@ -2143,9 +2147,10 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
     __shared__ float qs[GDN_STAGE][ROW], ks[GDN_STAGE][ROW], vs[GDN_STAGE][32];
     __shared__ float qinv[GDN_STAGE], kinv[GDN_STAGE], decay[GDN_STAGE], bt[GDN_STAGE];
     float s[R];
+    const float* st_in = state_in + (long)h * DK * DV;
     float* st = state + (long)h * DK * DV;
 #pragma unroll
-    for (int j = 0; j < R; j++) s[j] = active ? st[(long)(r * R + j) * DV + c] : 0.0f;
+    for (int j = 0; j < R; j++) s[j] = active ? st_in[(long)(r * R + j) * DV + c] : 0.0f;
     if (save_state && active) {
 #pragma unroll
         for (int j = 0; j < R; j++) save_state[(long)h * DK * DV + (long)(r * R + j) * DV + c] = s[j];
@@ -2213,7 +2218,7 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
             float o = (op[0] + op[1]) + (op[2] + op[3]);
             o += __shfl_xor_sync(0xffffffffu, o, 1);
             o += __shfl_xor_sync(0xffffffffu, o, 2);
-            if (active && r == 0) out[((long)(t0 + tt) * hv + h) * DV + c] = o;
+            if (out && active && r == 0) out[((long)(t0 + tt) * hv + h) * DV + c] = o;
         }
     }
     if (active) {
@@ -2225,7 +2230,7 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
 extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
                                          float* out, int T, int hk, int hv, int tiled) {
     GRID_PROLOGUE();
-    gdn_recurrent_block(blockIdx.x, mixed, g, beta, state, out, T, hk, hv, tiled);
+    gdn_recurrent_block(blockIdx.x, mixed, g, beta, state, state, out, T, hk, hv, tiled);
 }
 
 // gdn_recurrent over the sequences of a pass in one launch: hv · ceil(GDN_DV / 32) blocks a
@@ -2236,7 +2241,39 @@ extern "C" __global__ void gdn_recurrent_seqs(const float* mixed, const float* g
     GRID_PROLOGUE();
     int per = hv * ((GDN_DV + 31) / 32), i = blockIdx.x / per;
     long off = seqs.off[i];
+    float* state = (float*)seqs.state[i];
     gdn_recurrent_block(blockIdx.x % per, mixed + off * (2 * hk * GDN_DK + hv * GDN_DV), g + off * hv,
-                        beta + off * hv, (float*)seqs.state[i], out + off * hv * GDN_DV, seqs.n[i], hk, hv,
-                        tiled, (float*)seqs.save[0][i], (float*)seqs.save[1][i], (float*)seqs.save[2][i]);
+                        beta + off * hv, state, state, out + off * hv * GDN_DV, seqs.n[i], hk, hv, tiled,
+                        (float*)seqs.save[0][i], (float*)seqs.save[1][i], (float*)seqs.save[2][i]);
+}
+
+// The GDN layers of one sequence in a rollback after a recorded pass, by value in a kernel's
+// parameters: layer i's state as saved before the pass (read), its live state (written), and
+// three buffers per layer (see each kernel). One launch for all the layers of a model, where a
+// launch per layer made the rollback of a 27B verify some 200 small kernels and copies.
+#define LAYER_SLOTS 64
+struct LayerSlots {
+    u64 saved[LAYER_SLOTS], live[LAYER_SLOTS], buf[3][LAYER_SLOTS];
+};
+
+// The conv of a rollback: layer i from its saved state over its recorded input rows buf[0]
+// [T, C] (conv weights buf[1]) into buf[2] [T, C], its live state left past them: the bits of
+// the recorded pass's first T rows. T = 0 restores the saved state. `per` blocks a layer.
+extern "C" __global__ void conv1d_silu_replay(LayerSlots layers, int per, int T, int C, int K) {
+    GRID_PROLOGUE();
+    int i = blockIdx.x / per;
+    conv1d_silu_block(blockIdx.x % per, (const float*)layers.buf[0][i], (float*)layers.buf[2][i],
+                      (const float*)layers.saved[i], (float*)layers.live[i], (const float*)layers.buf[1][i], T, C,
+                      K);
+}
+
+// The scan of a rollback: layer i from its saved state over the conv outputs buf[0] [T, C]
+// and its recorded gates g = buf[1], beta = buf[2] [T, hv], its live state left past them
+// (the outputs themselves are not needed). hv · ceil(GDN_DV / 32) blocks a layer.
+extern "C" __global__ void gdn_recurrent_replay(LayerSlots layers, int T, int hk, int hv, int tiled) {
+    GRID_PROLOGUE();
+    int per = hv * ((GDN_DV + 31) / 32), i = blockIdx.x / per;
+    gdn_recurrent_block(blockIdx.x % per, (const float*)layers.buf[0][i], (const float*)layers.buf[1][i],
+                        (const float*)layers.buf[2][i], (const float*)layers.saved[i], (float*)layers.live[i],
+                        nullptr, T, hk, hv, tiled);
 }

@@ -1095,6 +1095,143 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
     );
 }
 
+/// A rollback's replay (`conv1d_silu_replay`, `gdn_recurrent_replay`: every GDN layer of a
+/// sequence in one launch each) leaves each layer's live states with the bits of a pass over the
+/// kept rows from the saved states, whatever the live states held; keeping no row restores the
+/// saved states.
+#[test]
+fn the_rollback_replay_leaves_the_states_of_the_kept_rows() {
+    let kd = DIMS_32;
+    let Some(kern) = kernels(kd) else { return };
+    let (hk, hv, dk, dv) = (2usize, 4usize, kd.gdn_dk, kd.gdn_dv);
+    let c = 2 * hk * dk + hv * dv;
+    let (kernel, rows, layers) = (4usize, 16usize, 3usize);
+    let w: Vec<Vec<f32>> = (0..layers)
+        .map(|l| random(c * kernel, 90 + l as u64))
+        .collect();
+    let x: Vec<Vec<f32>> = (0..layers)
+        .map(|l| random(rows * c, 93 + l as u64))
+        .collect();
+    let g: Vec<Vec<f32>> = (0..layers)
+        .map(|l| random(rows * hv, 96 + l as u64))
+        .map(|v| v.iter().map(|v| -0.5 * v.abs()).collect())
+        .collect();
+    let beta: Vec<Vec<f32>> = (0..layers)
+        .map(|l| random(rows * hv, 99 + l as u64))
+        .map(|v| v.iter().map(|v| v.abs()).collect())
+        .collect();
+    let conv0: Vec<Vec<f32>> = (0..layers)
+        .map(|l| random((kernel - 1) * c, 102 + l as u64))
+        .collect();
+    let rec0: Vec<Vec<f32>> = (0..layers)
+        .map(|l| random(hv * dk * dv, 105 + l as u64))
+        .collect();
+    type Conv = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, *const f32, i32, i32, i32);
+    type Scan = unsafe extern "C" fn(
+        *const f32,
+        *const f32,
+        *const f32,
+        *mut f32,
+        *mut f32,
+        i32,
+        i32,
+        i32,
+        i32,
+    );
+    type Replay = unsafe extern "C" fn(super::LayerSlots, i32, i32, i32, i32);
+    let scan_blocks = hv * dv.div_ceil(32);
+    for keep in [0usize, 1, 5, 16] {
+        // A pass of its own over the kept rows, from the saved states.
+        let (conv1, rec1) = (conv0.clone(), rec0.clone());
+        for l in 0..layers {
+            let (mixed, out) = (vec![f32::NAN; rows * c], vec![f32::NAN; rows * hv * dv]);
+            let (xa, ya, sa, wa) = (
+                Addr::of(&x[l]),
+                Addr::of(&mixed),
+                Addr::of(&conv1[l]),
+                Addr::of(&w[l]),
+            );
+            let (ga, ba, ra, oa) = (
+                Addr::of(&g[l]),
+                Addr::of(&beta[l]),
+                Addr::of(&rec1[l]),
+                Addr::of(&out),
+            );
+            if keep == 0 {
+                continue;
+            }
+            // SAFETY: the signatures of conv1d_silu and gdn_recurrent, ops.rs's grids.
+            unsafe {
+                let f: Conv = kern.kernel("conv1d_silu");
+                kern.launch((c.div_ceil(128) * keep.div_ceil(16)) as u32, 128, &|| {
+                    f(
+                        xa.ptr(),
+                        ya.ptr(),
+                        sa.ptr(),
+                        wa.ptr(),
+                        keep as i32,
+                        c as i32,
+                        kernel as i32,
+                    )
+                });
+                let f: Scan = kern.kernel("gdn_recurrent");
+                kern.launch(scan_blocks as u32, 128, &|| {
+                    f(
+                        ya.ptr(),
+                        ga.ptr(),
+                        ba.ptr(),
+                        ra.ptr(),
+                        oa.ptr(),
+                        keep as i32,
+                        hk as i32,
+                        hv as i32,
+                        0,
+                    )
+                });
+            }
+        }
+        // The replay: live states hold what the rolled-back pass left (garbage here).
+        let conv3: Vec<Vec<f32>> = (0..layers)
+            .map(|_| vec![f32::NAN; (kernel - 1) * c])
+            .collect();
+        let rec3: Vec<Vec<f32>> = (0..layers).map(|_| vec![f32::NAN; hv * dk * dv]).collect();
+        let mixed3 = vec![f32::NAN; layers * keep.max(1) * c];
+        let (mut cs, mut rs) = (super::LayerSlots::default(), super::LayerSlots::default());
+        let at = |v: &[f32]| v.as_ptr() as u64;
+        for l in 0..layers {
+            let out = at(&mixed3[l * keep * c..]);
+            (cs.saved[l], cs.live[l]) = (at(&conv0[l]), at(&conv3[l]));
+            (cs.buf[0][l], cs.buf[1][l], cs.buf[2][l]) = (at(&x[l]), at(&w[l]), out);
+            (rs.saved[l], rs.live[l]) = (at(&rec0[l]), at(&rec3[l]));
+            (rs.buf[0][l], rs.buf[1][l], rs.buf[2][l]) = (out, at(&g[l]), at(&beta[l]));
+        }
+        // SAFETY: the signatures of conv1d_silu_replay and gdn_recurrent_replay, ops.rs's grids.
+        unsafe {
+            let per = c.div_ceil(128) * keep.max(1).div_ceil(16);
+            let f: Replay = kern.kernel("conv1d_silu_replay");
+            kern.launch((per * layers) as u32, 128, &|| {
+                f(cs, per as i32, keep as i32, c as i32, kernel as i32)
+            });
+            let f: Replay = kern.kernel("gdn_recurrent_replay");
+            kern.launch((scan_blocks * layers) as u32, 128, &|| {
+                f(rs, keep as i32, hk as i32, hv as i32, 0)
+            });
+        }
+        for l in 0..layers {
+            assert_eq!(
+                bits(&conv3[l]),
+                bits(&conv1[l]),
+                "keep {keep}: conv state {l}"
+            );
+            assert_eq!(
+                bits(&rec3[l]),
+                bits(&rec1[l]),
+                "keep {keep}: recurrent state {l}"
+            );
+        }
+    }
+}
+
 /// The split attention of decode and verify passes (chunks of `ops::ATTN_CHUNK` keys, merged
 /// in order) matches the CPU over a context of several chunks, for head dims 32 and 256 (the
 /// vector loads) and every cache format, and each row of a 3-token block has the bits the same

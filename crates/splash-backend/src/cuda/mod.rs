@@ -278,6 +278,8 @@ pub enum Arg {
     F32(f32),
     /// The sequences of a pass, by value (`SeqSlots` in kernels.cu).
     Seqs(Box<SeqSlots>),
+    /// The GDN layers of a rollback, by value (`LayerSlots` in kernels.cu).
+    Layers(Box<LayerSlots>),
 }
 
 /// Sequences a `*_seqs` kernel takes in one launch (`SEQ_SLOTS` in kernels.cu).
@@ -298,6 +300,34 @@ pub struct SeqSlots {
 
 // SAFETY: plain data with the C layout of kernels.cu's SeqSlots.
 unsafe impl DeviceRepr for SeqSlots {}
+
+/// GDN layers a `*_replay` kernel takes in one launch (`LAYER_SLOTS` in kernels.cu).
+pub const LAYER_SLOTS: usize = 64;
+
+/// Up to [`LAYER_SLOTS`] GDN layers of one sequence's rollback, by value in a kernel's
+/// parameters: layer `i`'s state saved before the recorded pass at `saved[i]`, its live state
+/// at `live[i]` and three more buffers `buf[k][i]` (see `ops::gdn_replay`). `LayerSlots` in
+/// kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LayerSlots {
+    pub saved: [u64; LAYER_SLOTS],
+    pub live: [u64; LAYER_SLOTS],
+    pub buf: [[u64; LAYER_SLOTS]; 3],
+}
+
+impl Default for LayerSlots {
+    fn default() -> Self {
+        Self {
+            saved: [0; LAYER_SLOTS],
+            live: [0; LAYER_SLOTS],
+            buf: [[0; LAYER_SLOTS]; 3],
+        }
+    }
+}
+
+// SAFETY: plain data with the C layout of kernels.cu's LayerSlots.
+unsafe impl DeviceRepr for LayerSlots {}
 
 /// Keeps memory freed to the device's default pool (stream-ordered allocations) in the pool
 /// instead of returning it to the driver at every synchronisation: without it, every pass
@@ -667,6 +697,7 @@ impl Gpu {
                     Arg::I64(v) => b.arg(v),
                     Arg::F32(v) => b.arg(v),
                     Arg::Seqs(v) => b.arg(&**v),
+                    Arg::Layers(v) => b.arg(&**v),
                 };
             }
             let cfg = LaunchConfig {
@@ -707,6 +738,7 @@ impl Gpu {
                 Arg::I64(v) => v as *const i64 as *mut std::ffi::c_void,
                 Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
                 Arg::Seqs(v) => &**v as *const SeqSlots as *mut std::ffi::c_void,
+                Arg::Layers(v) => &**v as *const LayerSlots as *mut std::ffi::c_void,
             })
             .collect();
         // SAFETY: a zeroed attribute is a valid plain-data value; its id and value are set next.

@@ -1662,6 +1662,87 @@ pub fn gdn_recurrent_seqs(
     Ok(())
 }
 
+/// One GDN layer of a rollback ([`gdn_replay`]): its conv and recurrent states as saved before
+/// the recorded pass and live, its recorded input rows and gates, its conv weights.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayLayer {
+    pub conv_saved: u64,
+    pub conv: u64,
+    pub rec_saved: u64,
+    pub rec: u64,
+    /// The pass's `in_proj_qkv` rows `[T, c]`.
+    pub qkv: u64,
+    /// The pass's gates `[T, hv]`.
+    pub g: u64,
+    pub beta: u64,
+    /// The layer's conv weights `[c, kernel]`.
+    pub conv_w: u64,
+}
+
+/// Rolls the GDN layers of one sequence back to the first `keep` rows of a recorded pass: each
+/// layer's live conv and recurrent states become the saved ones advanced over the recorded
+/// rows `..keep` (the bits of a pass over those rows alone; `keep` = 0 restores the saved
+/// states). Two launches per [`super::LAYER_SLOTS`] layers, whatever the model's depth; `mixed`
+/// is scratch for `layers.len() · keep · c` floats.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_replay(
+    gpu: &Gpu,
+    k: &Kernels,
+    layers: &[ReplayLayer],
+    mixed: u64,
+    keep: usize,
+    c: usize,
+    kernel: usize,
+    (hk, hv, tiled): (usize, usize, bool),
+) -> Result<(), GpuError> {
+    if kernel > 9 {
+        return Err(GpuError::Unsupported(format!("conv kernel {kernel} > 9")));
+    }
+    let per_conv = blocks(c, 128) * blocks(keep.max(1), CONV_STEPS);
+    let per_scan = (hv * k.dims().gdn_dv.div_ceil(32)) as u32;
+    for (group, at) in layers
+        .chunks(super::LAYER_SLOTS)
+        .zip((0..).step_by(super::LAYER_SLOTS))
+    {
+        let (mut conv, mut scan) = (super::LayerSlots::default(), super::LayerSlots::default());
+        for (i, l) in group.iter().enumerate() {
+            let out = mixed + ((at + i) * keep * c * 4) as u64;
+            (conv.saved[i], conv.live[i]) = (l.conv_saved, l.conv);
+            (conv.buf[0][i], conv.buf[1][i], conv.buf[2][i]) = (l.qkv, l.conv_w, out);
+            (scan.saved[i], scan.live[i]) = (l.rec_saved, l.rec);
+            (scan.buf[0][i], scan.buf[1][i], scan.buf[2][i]) = (out, l.g, l.beta);
+        }
+        let n = group.len() as u32;
+        gpu.launch(
+            k,
+            "conv1d_silu_replay",
+            per_conv * n,
+            128,
+            &[
+                Arg::Layers(Box::new(conv)),
+                Arg::I32(per_conv as i32),
+                Arg::I32(keep as i32),
+                Arg::I32(c as i32),
+                Arg::I32(kernel as i32),
+            ],
+        )?;
+        gpu.launch(
+            k,
+            "gdn_recurrent_replay",
+            per_scan * n,
+            128,
+            &[
+                Arg::Layers(Box::new(scan)),
+                Arg::I32(keep as i32),
+                Arg::I32(hk as i32),
+                Arg::I32(hv as i32),
+                Arg::I32(tiled as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
 /// In place: `b = sigmoid(b)`, `a = neg_a[h] * softplus(a + dt_bias[h])` over `[n/hv, hv]`.
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_gates(

@@ -487,54 +487,16 @@ impl GpuGdn {
         Ok(out)
     }
 
-    /// Restores the state saved before a recorded pass and runs its first `keep` tokens
-    /// again (conv and recurrence only: their outputs are not needed).
-    pub(super) fn replay(
-        &self,
-        m: &GpuModel,
-        r: &GdnReplay,
-        keep: usize,
-        conv: &mut Buf,
-        rec: &mut Buf,
-    ) -> Result<(), ModelError> {
-        let (gpu, k) = (&*m.gpu, &*m.k);
-        gpu.copy(ptr(gpu, conv, 0), ptr(gpu, &r.conv, 0), r.conv.len() * 4)?;
-        gpu.copy(
-            ptr(gpu, rec, 0),
-            ptr(gpu, &r.recurrent, 0),
-            r.recurrent.len() * 4,
-        )?;
-        if keep == 0 {
-            return Ok(());
-        }
+    /// What a rollback replay of the layer needs beside its buffers: the conv channels, the
+    /// conv kernel size, and the key heads, value heads and head order of the scan.
+    pub(super) fn replay_shape(&self) -> (usize, usize, (usize, usize, bool)) {
         let c = self.in_qkv_z.rows().0;
-        let mixed = m.scratch(keep * c)?;
-        dev::conv1d_silu(
-            gpu,
-            k,
-            ptr(gpu, &mixed, 0),
-            ptr(gpu, &r.qkv, 0),
-            ptr(gpu, conv, 0),
-            ptr(gpu, &self.conv, 0),
-            keep,
-            c,
-            self.conv_kernel,
-        )?;
-        let o = m.scratch(keep * self.hv * self.dv)?;
-        dev::gdn_recurrent(
-            gpu,
-            k,
-            ptr(gpu, &o, 0),
-            ptr(gpu, &mixed, 0),
-            ptr(gpu, &r.g, 0),
-            ptr(gpu, &r.beta, 0),
-            ptr(gpu, rec, 0),
-            keep,
-            self.hk,
-            self.hv,
-            self.tiled,
-        )?;
-        Ok(())
+        (c, self.conv_kernel, (self.hk, self.hv, self.tiled))
+    }
+
+    /// The device address of the conv weights.
+    pub(super) fn conv_weights(&self, gpu: &Gpu) -> u64 {
+        ptr(gpu, &self.conv, 0)
     }
 }
 

@@ -77,14 +77,33 @@ impl GpuState {
         if !std::mem::take(&mut self.recorded) || keep == ran {
             return Ok(());
         }
-        let m = self.model.clone();
+        let m = &*self.model;
+        let gpu = &*m.gpu;
+        let mut replayed = Vec::new();
+        let mut shape = None;
         for ((layer, ls), r) in m.layers.iter().zip(&mut self.layers).zip(&self.replay) {
             if let (GpuMixer::Gdn(g), GpuLayerState::Gdn { conv, recurrent }, Some(r)) =
                 (&layer.mixer, ls, r)
             {
-                g.replay(&m, r, keep, conv, recurrent)?;
+                shape = Some(g.replay_shape());
+                replayed.push(dev::ReplayLayer {
+                    conv_saved: ptr(gpu, &r.conv, 0),
+                    conv: ptr(gpu, conv, 0),
+                    rec_saved: ptr(gpu, &r.recurrent, 0),
+                    rec: ptr(gpu, recurrent, 0),
+                    qkv: ptr(gpu, &r.qkv, 0),
+                    g: ptr(gpu, &r.g, 0),
+                    beta: ptr(gpu, &r.beta, 0),
+                    conv_w: g.conv_weights(gpu),
+                });
             }
         }
+        let Some((c, kernel, heads)) = shape else {
+            return Ok(());
+        };
+        let mixed = m.scratch(replayed.len() * keep * c)?;
+        let mp = ptr(gpu, &mixed, 0);
+        dev::gdn_replay(gpu, &m.k, &replayed, mp, keep, c, kernel, heads)?;
         Ok(())
     }
 
