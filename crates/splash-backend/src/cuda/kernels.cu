@@ -2038,15 +2038,16 @@ struct SeqSlots {
 };
 
 // Depthwise causal conv + SiLU over x [T, C] with state [K-1, C] (oldest first), advanced past
-// x (y must not alias x). Thread (chunk, c) runs channel c over tokens [16·chunk, 16·chunk + 16),
-// its history read from the state (chunk 0) or from x: a long prefill is as parallel as its
-// tokens, where a thread per channel walked all of them. Each output sums its taps in the
-// same order however the pass is cut. Chunk 0's thread alone reads and then rewrites the
-// state. Grid: ceil(C / blockDim) · ceil(T / CONV_STEPS) blocks, chunk-major.
-#define CONV_STEPS 16
+// x (y must not alias x). Thread (chunk, c) runs channel c over `conv_steps(K)` tokens from
+// steps·chunk, its history read from the state (chunk 0) or from x: a pass is as parallel as
+// its tokens (a 16-token verify block is 4 chunks, where 16 tokens a thread left it 80 blocks
+// walking them in turn). Each output sums its taps in the same order however the pass is cut.
+// Chunk 0's thread alone reads and then rewrites the state; a chunk is at least K-1 tokens, so
+// no other reads it. Grid: ceil(C / blockDim) · ceil(T / steps) blocks, chunk-major.
+__device__ __forceinline__ int conv_steps(int K) { return K - 1 > 4 ? K - 1 : 4; }
 // Block `blk` of a conv over one sequence's T rows: (C / blockDim.x chunks of channels) × (T /
-// CONV_STEPS chunks of rows). Non-null save_state / save_x get the state before the pass and
-// the input rows (a recorded pass).
+// steps chunks of rows). Non-null save_state / save_x get the state before the pass and the
+// input rows (a recorded pass).
 // The state is read from state_in and left in state (the same buffer but for a rollback replay).
 __device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float* y, const float* state_in,
                                                   float* state, const float* w, int T, int C, int K,
@@ -2054,8 +2055,9 @@ __device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float
     int per_chunk = (C + blockDim.x - 1) / blockDim.x;
     int chunk = blk / per_chunk;
     int c = (blk % per_chunk) * blockDim.x + threadIdx.x;
-    if (c >= C || (chunk > 0 && chunk * CONV_STEPS >= T)) return;
-    int t0 = chunk * CONV_STEPS, t1 = min(T, t0 + CONV_STEPS);
+    int steps = conv_steps(K);
+    if (c >= C || (chunk > 0 && chunk * steps >= T)) return;
+    int t0 = chunk * steps, t1 = min(T, t0 + steps);
     float hist[8], old[8];
     for (int j = 0; j < K - 1; j++) {
         int e = t0 - (K - 1) + j;  // position of history slot j; < 0 is in the state

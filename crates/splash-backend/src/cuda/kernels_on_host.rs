@@ -877,7 +877,7 @@ fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
         let f: Conv = kern.kernel("conv1d_silu");
         let t = x.len() / c;
         let (xa, ya, sa, wa) = (Addr::of(x), Addr::of(y), Addr::of(state), Addr::of(&w));
-        let grid = c.div_ceil(128) * t.max(1).div_ceil(16);
+        let grid = c.div_ceil(128) * t.max(1).div_ceil(super::conv_steps(kernel));
         kern.launch(grid as u32, 128, &|| {
             f(
                 xa.ptr(),
@@ -1003,17 +1003,21 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
         // SAFETY: the signatures of conv1d_silu and gdn_recurrent, ops.rs's grids.
         unsafe {
             let f: Conv = kern.kernel("conv1d_silu");
-            kern.launch((c.div_ceil(128) * n.div_ceil(16)) as u32, 128, &|| {
-                f(
-                    xa.ptr(),
-                    ya.ptr(),
-                    sa.ptr(),
-                    wa.ptr(),
-                    n as i32,
-                    c as i32,
-                    kernel as i32,
-                )
-            });
+            kern.launch(
+                (c.div_ceil(128) * n.div_ceil(super::conv_steps(kernel))) as u32,
+                128,
+                &|| {
+                    f(
+                        xa.ptr(),
+                        ya.ptr(),
+                        sa.ptr(),
+                        wa.ptr(),
+                        n as i32,
+                        c as i32,
+                        kernel as i32,
+                    )
+                },
+            );
             let ma = Addr::of(&mixed1[o * c..]);
             let f: Scan = kern.kernel("gdn_recurrent");
             kern.launch(scan_blocks as u32, 128, &|| {
@@ -1046,7 +1050,7 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
     );
     // SAFETY: the signatures of conv1d_silu_seqs and gdn_recurrent_seqs, ops.rs's grids.
     unsafe {
-        let per = c.div_ceil(128) * 17usize.div_ceil(16);
+        let per = c.div_ceil(128) * 17usize.div_ceil(super::conv_steps(kernel));
         let f: ConvSeqs = kern.kernel("conv1d_silu_seqs");
         kern.launch((per * 3) as u32, 128, &|| {
             f(
@@ -1163,17 +1167,21 @@ fn the_rollback_replay_leaves_the_states_of_the_kept_rows() {
             // SAFETY: the signatures of conv1d_silu and gdn_recurrent, ops.rs's grids.
             unsafe {
                 let f: Conv = kern.kernel("conv1d_silu");
-                kern.launch((c.div_ceil(128) * keep.div_ceil(16)) as u32, 128, &|| {
-                    f(
-                        xa.ptr(),
-                        ya.ptr(),
-                        sa.ptr(),
-                        wa.ptr(),
-                        keep as i32,
-                        c as i32,
-                        kernel as i32,
-                    )
-                });
+                kern.launch(
+                    (c.div_ceil(128) * keep.div_ceil(super::conv_steps(kernel))) as u32,
+                    128,
+                    &|| {
+                        f(
+                            xa.ptr(),
+                            ya.ptr(),
+                            sa.ptr(),
+                            wa.ptr(),
+                            keep as i32,
+                            c as i32,
+                            kernel as i32,
+                        )
+                    },
+                );
                 let f: Scan = kern.kernel("gdn_recurrent");
                 kern.launch(scan_blocks as u32, 128, &|| {
                     f(
@@ -1207,7 +1215,7 @@ fn the_rollback_replay_leaves_the_states_of_the_kept_rows() {
         }
         // SAFETY: the signatures of conv1d_silu_replay and gdn_recurrent_replay, ops.rs's grids.
         unsafe {
-            let per = c.div_ceil(128) * keep.max(1).div_ceil(16);
+            let per = c.div_ceil(128) * keep.max(1).div_ceil(super::conv_steps(kernel));
             let f: Replay = kern.kernel("conv1d_silu_replay");
             kern.launch((per * layers) as u32, 128, &|| {
                 f(cs, per as i32, keep as i32, c as i32, kernel as i32)

@@ -18,8 +18,16 @@ const FLASH_MIN_CHUNK: usize = 1024;
 /// rows, verify blocks and draft blocks, whose few queries would leave most of the GPU idle
 /// over a long context. Longer passes (prefill) have enough queries to fill it.
 const SPLIT_ATTENTION_ROWS: usize = 32;
-/// Tokens per thread of the GDN conv (`CONV_STEPS` in kernels.cu).
-const CONV_STEPS: usize = 16;
+/// Tokens per thread of the GDN conv with a `kernel`-tap filter (`conv_steps` in kernels.cu):
+/// at least the history it reads, so that only the first chunk reads the conv state.
+pub const fn conv_steps(kernel: usize) -> usize {
+    if kernel - 1 > 4 {
+        kernel - 1
+    } else {
+        4
+    }
+}
+
 /// Tokens per GEMV launch (`GEMV_MAX_T` in kernels.cu).
 const GEMV_MAX_T: usize = 16;
 
@@ -1541,7 +1549,7 @@ pub fn conv1d_silu(
     gpu.launch(
         k,
         "conv1d_silu",
-        blocks(c, 128) * blocks(tokens.max(1), CONV_STEPS),
+        blocks(c, 128) * blocks(tokens.max(1), conv_steps(kernel)),
         128,
         &[
             Arg::Ptr(x),
@@ -1603,7 +1611,7 @@ pub fn conv1d_silu_seqs(
         return Err(GpuError::Unsupported(format!("conv kernel {kernel} > 9")));
     }
     for (count, slots, longest) in seq_groups(parts) {
-        let per = blocks(c, 128) * blocks(longest.max(1), CONV_STEPS);
+        let per = blocks(c, 128) * blocks(longest.max(1), conv_steps(kernel));
         gpu.launch(
             k,
             "conv1d_silu_seqs",
@@ -1698,7 +1706,7 @@ pub fn gdn_replay(
     if kernel > 9 {
         return Err(GpuError::Unsupported(format!("conv kernel {kernel} > 9")));
     }
-    let per_conv = blocks(c, 128) * blocks(keep.max(1), CONV_STEPS);
+    let per_conv = blocks(c, 128) * blocks(keep.max(1), conv_steps(kernel));
     let per_scan = (hv * k.dims().gdn_dv.div_ceil(32)) as u32;
     for (group, at) in layers
         .chunks(super::LAYER_SLOTS)
