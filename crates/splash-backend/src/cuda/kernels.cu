@@ -1572,8 +1572,6 @@ __device__ __forceinline__ void kv_load(const u8* cache, const float* scales, in
 }
 
 #define ATTN_WARPS 4
-// Rows one block of attention_part may hold (ATTN_WARPS warps each).
-#define ATTN_SLOTS 4
 
 // The keys [*lo, *hi) query t (at position pos0 + t) sees. Causal (`block` 0): keys
 // 0..=pos0+t. A DFlash draft block (`block` = T): keys 0..pos0+T. `window` > 0 keeps only keys
@@ -1593,22 +1591,18 @@ __device__ __forceinline__ void key_range(int t, int pos0, int block, int window
 #define ATTN_UNROLL 4
 
 // Attention of query row `row` (token, query head) of q [T, hq, HEAD_DIM] over cache rows
-// [lo, hi) of [S, hkv, HEAD_DIM], by ATTN_WARPS warps of the block (its row slot: warps
-// ATTN_WARPS·slot .. ; a block may hold several rows, see attention_part): each warp runs an
-// online softmax over runs of ATTN_UNROLL keys (warp w takes keys lo + ATTN_UNROLL·(w +
-// ATTN_WARPS·i) + u), lane i holding dims [i·DPL, (i+1)·DPL); the warps are then merged. The
-// order of the sums depends only on [lo, hi), so a row gets the same bits in any pass and
-// whatever rows share its block. Every thread of the block must call it (it synchronises).
+// [lo, hi) of [S, hkv, HEAD_DIM], by the whole block: each warp runs an online softmax over
+// runs of ATTN_UNROLL keys (warp w takes keys lo + ATTN_UNROLL·(w + ATTN_WARPS·i) + u), lane i
+// holding dims [i·DPL, (i+1)·DPL); the warps are then merged. The order of the sums depends
+// only on [lo, hi), so a row gets the same bits in any pass.
 // Writes dst[i] = Σ_j e_j · v_j (relative to the block's max), divided by the sum when
-// `normalise`; otherwise the slot's first thread also writes the max and the sum to *m_out
-// and *l_out.
+// `normalise`; otherwise thread 0 also writes the max and the sum to *m_out and *l_out.
 __device__ void attend(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs,
                        int fmt, int row, int hq, int hkv, int lo, int hi, float scale, float* dst,
                        bool normalise, float* m_out, float* l_out) {
     const int DPL = HEAD_DPL;
     int h = row % hq, kvh = h / (hq / hkv);
-    int warp = (threadIdx.x >> 5) % ATTN_WARPS, slot = (threadIdx.x >> 5) / ATTN_WARPS, lane = threadIdx.x & 31;
-    int tid = threadIdx.x % (32 * ATTN_WARPS);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float* qv = q + (long)row * HEAD_DIM + lane * DPL;
     float qr[DPL], acc[DPL];
 #pragma unroll
@@ -1653,26 +1647,25 @@ __device__ void attend(const float* q, const u8* kc, const float* ks, const u8* 
         }
         m = m2;
     }
-    __shared__ float sm[ATTN_SLOTS][ATTN_WARPS], sl[ATTN_SLOTS][ATTN_WARPS],
-        sacc[ATTN_SLOTS][ATTN_WARPS][32 * HEAD_DPL];
+    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS], sacc[ATTN_WARPS][32 * HEAD_DPL];
     if (lane == 0) {
-        sm[slot][warp] = m;
-        sl[slot][warp] = l;
+        sm[warp] = m;
+        sl[warp] = l;
     }
 #pragma unroll
-    for (int i = 0; i < DPL; i++) sacc[slot][warp][lane * DPL + i] = acc[i];
+    for (int i = 0; i < DPL; i++) sacc[warp][lane * DPL + i] = acc[i];
     __syncthreads();
     float mt = NEG_INF;
-    for (int w = 0; w < ATTN_WARPS; w++) mt = fmaxf(mt, sm[slot][w]);
+    for (int w = 0; w < ATTN_WARPS; w++) mt = fmaxf(mt, sm[w]);
     float lt = 0.0f;
-    for (int w = 0; w < ATTN_WARPS; w++) lt += sl[slot][w] * (sm[slot][w] == NEG_INF ? 0.0f : expf(sm[slot][w] - mt));
-    for (int i = tid; i < HEAD_DIM; i += 32 * ATTN_WARPS) {
+    for (int w = 0; w < ATTN_WARPS; w++) lt += sl[w] * (sm[w] == NEG_INF ? 0.0f : expf(sm[w] - mt));
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
         float v = 0.0f;
         for (int w = 0; w < ATTN_WARPS; w++)
-            if (sm[slot][w] != NEG_INF) v += sacc[slot][w][i] * expf(sm[slot][w] - mt);
+            if (sm[w] != NEG_INF) v += sacc[w][i] * expf(sm[w] - mt);
         dst[i] = normalise ? v / lt : v;
     }
-    if (!normalise && tid == 0) {
+    if (!normalise && threadIdx.x == 0) {
         *m_out = mt;
         *l_out = lt;
     }
@@ -1698,20 +1691,15 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const float* 
 // [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK), and writes its max, sum and unnormalised output to
 // part[row, c, 0 | 1 | 2..]; attention_combine merges the chunks in order. The chunks are
 // fixed by position, so a query's result depends only on its own key range: a verify block
-// gives each row what token-by-token decoding gives. A block holds blockDim.x / (32 ·
-// ATTN_WARPS) consecutive rows (query heads of one token that share a key head, chosen by the
-// host), whose warps read the same keys at the same time: the other slots find them in L1. 1-D
-// grid, chunk-major: block = c · (rows / slots) + row / slots, so the blocks running at once
-// read a few chunks of keys, which stay in L2 for all the rows (row-major, they spanned the
-// whole context: at 32K that no longer fits L2, and every row of a verify block read its keys
-// from memory again).
-extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS * ATTN_SLOTS)
-    attention_part(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs, float* part,
-                   int fmt, int hq, int hkv, int pos0, const int* pos_at, float scale, int block, int window,
-                   int nchunks) {
+// gives each row what token-by-token decoding gives. 1-D grid, chunk-major: block = c · rows +
+// row, so the blocks running at once read a few chunks of keys, which stay in L2 for all the
+// rows (row-major, they spanned the whole context: at 32K that no longer fits L2, and every
+// row of a verify block read its keys from memory again).
+extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                          const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
+                                          const int* pos_at, float scale, int block, int window, int nchunks) {
     GRID_PROLOGUE();
-    int slots = blockDim.x / (32 * ATTN_WARPS), per_chunk = gridDim.x / nchunks;
-    int row = blockIdx.x % per_chunk * slots + threadIdx.x / (32 * ATTN_WARPS), c = blockIdx.x / per_chunk;
+    int rows = gridDim.x / nchunks, row = blockIdx.x % rows, c = blockIdx.x / rows;
     int lo, hi;
     key_range(row / hq, position(pos0, pos_at), block, window, &lo, &hi);
     float* dst = part + ((long)row * nchunks + c) * (HEAD_DIM + 2);

@@ -1388,22 +1388,6 @@ pub fn top_k_rows(
     Ok((ids, vals))
 }
 
-/// Rows a block of `attention_part` holds for `hq` query heads over `hkv` key heads: the most,
-/// up to `ATTN_SLOTS` (4) in kernels.cu or `SPLASH_ATTENTION_SLOTS` (a measurement switch), that
-/// divides the query heads of a key head, so that a block's rows are heads of one token reading
-/// the same keys.
-pub fn attention_slots(hq: usize, hkv: usize) -> usize {
-    static MOST: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let most = *MOST.get_or_init(|| {
-        std::env::var("SPLASH_ATTENTION_SLOTS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(4, |s| s.clamp(1, 4))
-    });
-    let group = (hq / hkv.max(1)).max(1);
-    (1..=most).rev().find(|s| group % s == 0).unwrap_or(1)
-}
-
 /// Which cached keys the queries of an [`attention`] call see.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeyMask {
@@ -1464,15 +1448,7 @@ pub fn attention(
         let pp = super::ptr(gpu, &part, 0);
         let mut a = args(pp).to_vec();
         a.push(Arg::I32(chunks as i32));
-        // Several rows of a block read their keys together; a one-token pass keeps a row a
-        // block, so that its few rows spread over all the SMs.
-        let slots = if tokens > 1 {
-            attention_slots(hq, hkv)
-        } else {
-            1
-        };
-        let grid = (rows / slots * chunks) as u32;
-        gpu.launch(k, "attention_part", grid, 128 * slots as u32, &a)?;
+        gpu.launch(k, "attention_part", (rows * chunks) as u32, 128, &a)?;
         return gpu.launch(
             k,
             "attention_combine",
