@@ -910,6 +910,63 @@ fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
     }
 }
 
+/// One sequence's GDN conv, then its scan, through the single-sequence kernels (`conv1d_silu`,
+/// `gdn_recurrent`, with ops.rs's grids): the reference the batched and replay kernels are held
+/// to. `x` `[n, c]` goes through the conv weights `w` into `mixed`, which the scan takes with
+/// the gates `g`, `beta` `[n, hv]` into `out` `[n, hv, dv]`; `conv` and `rec` are advanced.
+fn conv_then_scan(
+    kern: &HostKernels,
+    n: usize,
+    (c, kernel, hk, hv, dv): (usize, usize, usize, usize, usize),
+    (x, w, conv, mixed): (&[f32], &[f32], &[f32], &[f32]),
+    (g, beta, rec, out): (&[f32], &[f32], &[f32], &[f32]),
+) {
+    type Conv = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, *const f32, i32, i32, i32);
+    type Scan = unsafe extern "C" fn(
+        *const f32,
+        *const f32,
+        *const f32,
+        *mut f32,
+        *mut f32,
+        i32,
+        i32,
+        i32,
+        i32,
+    );
+    let (xa, ya, sa, wa) = (Addr::of(x), Addr::of(mixed), Addr::of(conv), Addr::of(w));
+    let (ga, ba, ra, oa) = (Addr::of(g), Addr::of(beta), Addr::of(rec), Addr::of(out));
+    let conv_blocks = c.div_ceil(128) * n.div_ceil(super::conv_steps(kernel));
+    // SAFETY: the signatures of conv1d_silu and gdn_recurrent, ops.rs's grids.
+    unsafe {
+        let f: Conv = kern.kernel("conv1d_silu");
+        kern.launch(conv_blocks as u32, 128, &|| {
+            f(
+                xa.ptr(),
+                ya.ptr(),
+                sa.ptr(),
+                wa.ptr(),
+                n as i32,
+                c as i32,
+                kernel as i32,
+            )
+        });
+        let f: Scan = kern.kernel("gdn_recurrent");
+        kern.launch((hv * dv.div_ceil(32)) as u32, 128, &|| {
+            f(
+                ya.ptr(),
+                ga.ptr(),
+                ba.ptr(),
+                ra.ptr(),
+                oa.ptr(),
+                n as i32,
+                hk as i32,
+                hv as i32,
+                0,
+            )
+        });
+    }
+}
+
 /// The conv and the scan of several sequences in one launch (`conv1d_silu_seqs`,
 /// `gdn_recurrent_seqs`, a batched pass of concurrent requests) give each sequence, on its own
 /// state, the bits of a launch of its own: rows of 1, 17 (two conv chunks) and 4 tokens. The
@@ -958,20 +1015,8 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
     let saved_rec = vec![f32::NAN; hv * dk * dv];
     let (saved_g, saved_beta) = (vec![f32::NAN; lens[1] * hv], vec![f32::NAN; lens[1] * hv]);
     let at = |v: &[f32]| v.as_ptr() as u64;
-    type Conv = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, *const f32, i32, i32, i32);
     type ConvSeqs =
         unsafe extern "C" fn(*const f32, *mut f32, super::SeqSlots, *const f32, i32, i32, i32);
-    type Scan = unsafe extern "C" fn(
-        *const f32,
-        *const f32,
-        *const f32,
-        *mut f32,
-        *mut f32,
-        i32,
-        i32,
-        i32,
-        i32,
-    );
     type ScanSeqs = unsafe extern "C" fn(
         *const f32,
         *const f32,
@@ -988,52 +1033,18 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
     let (mixed1, out1) = (vec![f32::NAN; rows * c], vec![f32::NAN; rows * hv * dv]);
     for i in 0..3 {
         let (o, n) = (offs[i], lens[i]);
-        let (xa, ya, sa, wa) = (
-            Addr::of(&x[o * c..]),
-            Addr::of(&mixed1[o * c..]),
-            Addr::of(&conv1[i]),
-            Addr::of(&w),
+        conv_then_scan(
+            &kern,
+            n,
+            (c, kernel, hk, hv, dv),
+            (&x[o * c..], &w, &conv1[i], &mixed1[o * c..]),
+            (
+                &g[o * hv..],
+                &beta[o * hv..],
+                &rec1[i],
+                &out1[o * hv * dv..],
+            ),
         );
-        let (ga, ba, ra, oa) = (
-            Addr::of(&g[o * hv..]),
-            Addr::of(&beta[o * hv..]),
-            Addr::of(&rec1[i]),
-            Addr::of(&out1[o * hv * dv..]),
-        );
-        // SAFETY: the signatures of conv1d_silu and gdn_recurrent, ops.rs's grids.
-        unsafe {
-            let f: Conv = kern.kernel("conv1d_silu");
-            kern.launch(
-                (c.div_ceil(128) * n.div_ceil(super::conv_steps(kernel))) as u32,
-                128,
-                &|| {
-                    f(
-                        xa.ptr(),
-                        ya.ptr(),
-                        sa.ptr(),
-                        wa.ptr(),
-                        n as i32,
-                        c as i32,
-                        kernel as i32,
-                    )
-                },
-            );
-            let ma = Addr::of(&mixed1[o * c..]);
-            let f: Scan = kern.kernel("gdn_recurrent");
-            kern.launch(scan_blocks as u32, 128, &|| {
-                f(
-                    ma.ptr(),
-                    ga.ptr(),
-                    ba.ptr(),
-                    ra.ptr(),
-                    oa.ptr(),
-                    n as i32,
-                    hk as i32,
-                    hv as i32,
-                    0,
-                )
-            });
-        }
     }
     // One launch for all three.
     let (conv3, rec3) = (conv0.clone(), rec0.clone());
@@ -1130,73 +1141,20 @@ fn the_rollback_replay_leaves_the_states_of_the_kept_rows() {
     let rec0: Vec<Vec<f32>> = (0..layers)
         .map(|l| random(hv * dk * dv, 105 + l as u64))
         .collect();
-    type Conv = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, *const f32, i32, i32, i32);
-    type Scan = unsafe extern "C" fn(
-        *const f32,
-        *const f32,
-        *const f32,
-        *mut f32,
-        *mut f32,
-        i32,
-        i32,
-        i32,
-        i32,
-    );
     type Replay = unsafe extern "C" fn(super::LayerSlots, i32, i32, i32, i32);
     let scan_blocks = hv * dv.div_ceil(32);
     for keep in [0usize, 1, 5, 16] {
         // A pass of its own over the kept rows, from the saved states.
         let (conv1, rec1) = (conv0.clone(), rec0.clone());
-        for l in 0..layers {
+        for l in (0..layers).filter(|_| keep > 0) {
             let (mixed, out) = (vec![f32::NAN; rows * c], vec![f32::NAN; rows * hv * dv]);
-            let (xa, ya, sa, wa) = (
-                Addr::of(&x[l]),
-                Addr::of(&mixed),
-                Addr::of(&conv1[l]),
-                Addr::of(&w[l]),
+            conv_then_scan(
+                &kern,
+                keep,
+                (c, kernel, hk, hv, dv),
+                (&x[l], &w[l], &conv1[l], &mixed),
+                (&g[l], &beta[l], &rec1[l], &out),
             );
-            let (ga, ba, ra, oa) = (
-                Addr::of(&g[l]),
-                Addr::of(&beta[l]),
-                Addr::of(&rec1[l]),
-                Addr::of(&out),
-            );
-            if keep == 0 {
-                continue;
-            }
-            // SAFETY: the signatures of conv1d_silu and gdn_recurrent, ops.rs's grids.
-            unsafe {
-                let f: Conv = kern.kernel("conv1d_silu");
-                kern.launch(
-                    (c.div_ceil(128) * keep.div_ceil(super::conv_steps(kernel))) as u32,
-                    128,
-                    &|| {
-                        f(
-                            xa.ptr(),
-                            ya.ptr(),
-                            sa.ptr(),
-                            wa.ptr(),
-                            keep as i32,
-                            c as i32,
-                            kernel as i32,
-                        )
-                    },
-                );
-                let f: Scan = kern.kernel("gdn_recurrent");
-                kern.launch(scan_blocks as u32, 128, &|| {
-                    f(
-                        ya.ptr(),
-                        ga.ptr(),
-                        ba.ptr(),
-                        ra.ptr(),
-                        oa.ptr(),
-                        keep as i32,
-                        hk as i32,
-                        hv as i32,
-                        0,
-                    )
-                });
-            }
         }
         // The replay: live states hold what the rolled-back pass left (garbage here).
         let conv3: Vec<Vec<f32>> = (0..layers)
