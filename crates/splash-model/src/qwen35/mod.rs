@@ -296,7 +296,8 @@ impl Qwen35 {
     }
 
     /// Runs `tokens` through the model after the `state.len()` tokens already in `state`,
-    /// advancing it. Returns logits as selected by `want` (`[V]` or `[T, V]`).
+    /// advancing it. Returns logits as selected by `want` (`[V]` or `[T, V]`; empty for
+    /// [`Logits::Argmax`], whose ids [`forward_with_taps`](Self::forward_with_taps) returns).
     pub fn forward(
         &self,
         state: &mut SequenceState,
