@@ -170,7 +170,7 @@ impl SequenceState {
     }
 
     /// The state as bytes, the same whichever device holds it (for the prefix cache's disk
-    /// tier); [`load_image`](Self::load_image) reads it back.
+    /// tier); [`Qwen35::load_state`](crate::Qwen35::load_state) reads it back.
     pub fn save_image(&self) -> Result<Vec<u8>, ModelError> {
         let mut w = ImageWriter::new(STATE_IMAGE);
         w.u64(self.len as u64);
