@@ -63,3 +63,40 @@ fn a_batched_pass_matches_separate_passes() {
         }
     }
 }
+
+/// A block of up to 16 tokens (a speculative verify) gives each token the bits one-token
+/// passes give it: greedy speculation is exactly lossless only so. (Longer passes, prefill
+/// chunks, may take the chunked GDN form and the tiled GEMM.)
+#[test]
+fn a_verify_block_has_the_bits_of_one_token_passes() {
+    for name in ["qwen35-dense", "qwen35-moe"] {
+        let m = load(&fixture(name)).unwrap();
+        let (g, v) = (&m.graph, m.config.vocab_size);
+        let prompt: Vec<u32> = vec![39, 440, 365, 285, 267, 75, 67];
+        let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 400).collect();
+        // One token at a time after the prompt: the logits after each token.
+        let mut s = g.new_state();
+        g.forward(&mut s, &prompt, Logits::None).unwrap();
+        let one: Vec<Vec<f32>> = tokens
+            .iter()
+            .map(|&t| g.forward(&mut s, &[t], Logits::Last).unwrap())
+            .collect();
+        for (start, rows) in [(3usize, 2usize), (5, 16), (20, 7)] {
+            let mut s = g.new_state();
+            g.forward(&mut s, &prompt, Logits::None).unwrap();
+            for &t in &tokens[..start] {
+                g.forward(&mut s, &[t], Logits::None).unwrap();
+            }
+            let block = g
+                .forward(&mut s, &tokens[start..start + rows], Logits::All)
+                .unwrap();
+            for (r, got) in block.chunks_exact(v).enumerate() {
+                assert!(
+                    got == one[start + r].as_slice(),
+                    "{name}: row {r} of the block from token {start} differs by {:e}",
+                    max_rel(got, &one[start + r])
+                );
+            }
+        }
+    }
+}

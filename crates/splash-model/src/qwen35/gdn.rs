@@ -2,7 +2,7 @@
 
 use splash_backend::cpu::{
     causal_conv1d_silu, gdn_chunked, gdn_recurrent, l2_norm_rows, matmul, rms_norm_gated, sigmoid,
-    softplus, GdnDims,
+    softplus, GdnDims, ROW_BY_ROW_TOKENS,
 };
 use splash_backend::Weight;
 
@@ -137,7 +137,10 @@ impl GatedDeltaNet {
                 });
             }
             let o = &mut o[r0 * hv * dv..(r0 + t) * hv * dv];
-            if t == 1 {
+            // Decode rows and verify blocks step the recurrence token by token, so that a
+            // verified token gets the bits decoding it alone gives (greedy speculation is then
+            // exactly lossless); prefill chunks take the chunked form.
+            if t <= ROW_BY_ROW_TOKENS {
                 gdn_recurrent(o, &q, &k, &v, g, beta, part.recurrent, self.dims);
             } else {
                 gdn_chunked(o, &q, &k, &v, g, beta, part.recurrent, self.dims);
