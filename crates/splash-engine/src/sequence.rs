@@ -88,74 +88,121 @@ struct Speculation {
     drafter: Arc<dyn Drafter>,
     session: Box<dyn DraftSession>,
     stats: SpecStats,
-    choice: BlockChoice,
+    rows: VerifyRows,
 }
 
-/// Whether the next step drafts a full block or verifies the anchor alone (a plain decode
-/// step that still feeds the draft its features). Each choice's recent speed (tokens per
-/// second of the step) decides: where the draft is rarely accepted (text it cannot guess),
-/// a drafted block costs more than the tokens it brings. The other choice is tried again
-/// after `explore_every` steps (doubling up to 64 while the winner stays the same), so the
-/// sequence returns to drafting when the text becomes predictable again.
+/// How many rows the next speculative step verifies: the anchor alone (a plain decode step
+/// that still feeds the draft its features), or the anchor and the first `L - 1` proposals of a
+/// drafted block, for a few lengths `L` up to the block. Each length's speed is the tokens its
+/// steps emit over their time (moving averages). A step that verified `L` rows also tells what
+/// any shorter length would have emitted from the same proposals (`min(accepted, L' - 1) + 1`),
+/// so every length's tokens are known once the full block has run; its time, once it has run
+/// itself. The fastest length is taken; where the draft is rarely accepted (text it cannot
+/// guess) that is a short block or none, where it guesses well, the whole block. Every
+/// `explore_every` steps (doubling up to 64 while the best stays the same; back to 8 when a
+/// shorter block accepts all its proposals) the full block runs again, or, when it is the
+/// best, a shorter length in turn, so the choice follows the text.
 #[derive(Debug)]
-struct BlockChoice {
-    /// Always draft (no choice).
+struct VerifyRows {
+    /// Always the full block (no choice).
     fixed: bool,
-    /// Tokens per second of full-block steps and of single-row steps (moving averages).
-    full: Option<f64>,
-    single: Option<f64>,
+    /// The lengths, ascending: 1, then up to the block.
+    lengths: Vec<usize>,
+    /// Per length, seconds a step and tokens a step (moving averages).
+    secs: Vec<Option<f64>>,
+    tokens: Vec<Option<f64>>,
     steps_since_explore: u32,
     explore_every: u32,
-    last_best_full: bool,
+    /// The best length's index at the last choice, and how many steps explored shorter lengths.
+    last_best: usize,
+    explored: usize,
 }
 
-impl BlockChoice {
+impl VerifyRows {
     const WEIGHT: f64 = 0.3;
     const FIRST_RETRY: u32 = 8;
 
-    fn new(fixed: bool) -> Self {
+    /// A chooser for blocks of `block` rows; `fixed`: always the full block; `partial`: also
+    /// the first quarter and half of a block.
+    fn new(block: usize, fixed: bool, partial: bool) -> Self {
+        let mut lengths = if partial {
+            vec![1, block / 4, block / 2, block]
+        } else {
+            vec![1, block]
+        };
+        lengths.retain(|&l| l >= 1);
+        lengths.sort_unstable();
+        lengths.dedup();
+        let n = lengths.len();
         Self {
             fixed,
-            full: None,
-            single: None,
+            lengths,
+            secs: vec![None; n],
+            tokens: vec![None; n],
             steps_since_explore: 0,
             explore_every: Self::FIRST_RETRY,
-            last_best_full: true,
+            last_best: n - 1,
+            explored: 0,
         }
     }
 
-    /// True when the next step should draft a full block.
-    fn draft_next(&mut self) -> bool {
+    /// Rows the next step verifies (1: no draft).
+    fn next(&mut self) -> usize {
+        let full = self.lengths.len() - 1;
         if self.fixed {
-            return true;
+            return self.lengths[full];
         }
-        let (Some(full), Some(single)) = (self.full, self.single) else {
-            // First a drafted step, then one plain step, so both have a speed.
-            return self.full.is_none();
-        };
-        let best_full = full >= single;
-        if best_full != self.last_best_full {
-            self.last_best_full = best_full;
+        // First the full block (it measures every length's tokens), then each length's time,
+        // longest first.
+        if self.tokens[full].is_none() {
+            return self.lengths[full];
+        }
+        if let Some(i) = (0..=full).rev().find(|&i| self.secs[i].is_none()) {
+            return self.lengths[i];
+        }
+        let rate = |i: usize| self.tokens[i].unwrap_or(1.0) / self.secs[i].unwrap_or(f64::MAX);
+        let best = (0..=full)
+            .max_by(|&a, &b| rate(a).total_cmp(&rate(b)))
+            .expect("one length at least");
+        if best != self.last_best {
+            self.last_best = best;
             self.explore_every = Self::FIRST_RETRY;
         }
         self.steps_since_explore += 1;
-        if self.steps_since_explore >= self.explore_every {
+        if self.steps_since_explore >= self.explore_every && full > 0 {
             self.steps_since_explore = 0;
             self.explore_every = (self.explore_every * 2).min(64);
-            return !best_full;
+            // The full block refreshes what every length would emit; when it is the best, the
+            // shorter lengths' times are refreshed in turn.
+            if best != full {
+                return self.lengths[full];
+            }
+            self.explored += 1;
+            return self.lengths[(self.explored - 1) % full];
         }
-        best_full
+        self.lengths[best]
     }
 
-    /// Records a step that emitted `tokens` in `secs`.
-    fn record(&mut self, drafted: bool, tokens: usize, secs: f64) {
-        let rate = tokens as f64 / secs.max(1e-9);
-        let slot = if drafted {
-            &mut self.full
-        } else {
-            &mut self.single
+    /// Records a step that verified `rows` rows, accepted `drafts` of its proposals and took
+    /// `secs` seconds.
+    fn record(&mut self, rows: usize, drafts: usize, secs: f64) {
+        let avg = |slot: &mut Option<f64>, v: f64| {
+            *slot = Some(slot.map_or(v, |r| r + Self::WEIGHT * (v - r)));
         };
-        *slot = Some(slot.map_or(rate, |r| r + Self::WEIGHT * (rate - r)));
+        for (i, &l) in self.lengths.iter().enumerate() {
+            if l == rows {
+                avg(&mut self.secs[i], secs);
+            }
+            if l <= rows {
+                avg(&mut self.tokens[i], (drafts.min(l - 1) + 1) as f64);
+            }
+        }
+        // Every proposal of a short block accepted: a longer one may emit more, so it is tried
+        // again soon.
+        let full = self.lengths[self.lengths.len() - 1];
+        if rows > 1 && drafts + 1 == rows && rows < full {
+            self.explore_every = Self::FIRST_RETRY;
+        }
     }
 }
 
@@ -174,6 +221,7 @@ impl Sequence {
             Some((g, after)) => (Some(g), after),
             None => (None, None),
         };
+        let greedy = req.sampling.temperature == 0.0;
         let eos = if req.ignore_eos {
             Vec::new()
         } else {
@@ -201,7 +249,10 @@ impl Sequence {
                 drafter: d.clone(),
                 session: d.session(),
                 stats: SpecStats::default(),
-                choice: BlockChoice::new(draft_every_step),
+                // A sampled sequence draws from its seeded generator once per verified row, so
+                // its output depends on the lengths chosen, which follow measured speeds: it
+                // keeps to the anchor alone or the full block, as before lengths were chosen.
+                rows: VerifyRows::new(d.block_size(), draft_every_step, greedy),
             }),
             cached: 0,
             checkpoints: Vec::new(),
@@ -542,8 +593,10 @@ impl Sequence {
         // Never verify past what may still be emitted: the budget and the context limit.
         let room = (self.max_tokens - self.output.len())
             .min(self.max_context - self.prompt.len() - self.output.len());
-        let drafted = spec.choice.draft_next();
-        let block = if drafted {
+        // A shorter verify takes a prefix of the full block's proposals, so that what the
+        // full block accepts tells what each prefix would have (see VerifyRows).
+        let verify = spec.rows.next().min(room);
+        let block = if verify > 1 {
             spec.drafter.block_size().min(room)
         } else {
             1
@@ -553,13 +606,15 @@ impl Sequence {
         let anchor = *history
             .last()
             .expect("the anchor is the last emitted token");
-        let proposal = speculative::draft(
+        let mut proposal = speculative::draft(
             spec.session.as_mut(),
             model,
             &history,
             block,
             &mut self.sampler,
         )?;
+        proposal.tokens.truncate(verify - 1);
+        proposal.q.truncate(verify - 1);
         let rows = speculative::verify_rows(&mut self.state, anchor, &proposal);
         Ok(Some(PendingBlock {
             rows,
@@ -604,11 +659,8 @@ impl Sequence {
             spec.stats.accepted += accepted.drafts as u64;
         }
         let elapsed = started.elapsed();
-        spec.choice.record(
-            !proposal.tokens.is_empty(),
-            accepted.tokens.len(),
-            elapsed.as_secs_f64(),
-        );
+        spec.rows
+            .record(rows.len(), accepted.drafts, elapsed.as_secs_f64());
         self.decode_time += elapsed;
         // A stop token or string inside the span ends the sequence at that token.
         for &token in &accepted.tokens {
@@ -705,5 +757,66 @@ impl Sequence {
         self.emit(tail, events);
         self.close(reason, events);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VerifyRows;
+
+    /// Runs `steps` steps of a block-16 chooser against a draft whose proposals match the
+    /// target's for `accepts(step)` tokens, where a step verifying `L` rows takes
+    /// `10 + 0.5·L` ms plus 4 ms of drafting (none for `L = 1`). Returns the lengths chosen.
+    fn simulate(
+        rows: &mut VerifyRows,
+        steps: usize,
+        accepts: impl Fn(usize) -> usize,
+    ) -> Vec<usize> {
+        (0..steps)
+            .map(|step| {
+                let l = rows.next();
+                let secs = (10.0 + 0.5 * l as f64 + if l > 1 { 4.0 } else { 0.0 }) / 1e3;
+                rows.record(l, accepts(step).min(l - 1), secs);
+                l
+            })
+            .collect()
+    }
+
+    fn share(chosen: &[usize], l: usize) -> f64 {
+        chosen.iter().filter(|&&c| c == l).count() as f64 / chosen.len() as f64
+    }
+
+    #[test]
+    fn the_length_follows_what_the_draft_gets_accepted() {
+        // Everything accepted: the whole block (16 tokens in 22 ms).
+        let chosen = simulate(&mut VerifyRows::new(16, false, true), 300, |_| 15);
+        assert!(share(&chosen[100..], 16) > 0.9, "{chosen:?}");
+        // Nothing accepted: no draft (one token in 10.5 ms).
+        let chosen = simulate(&mut VerifyRows::new(16, false, true), 300, |_| 0);
+        assert!(share(&chosen[100..], 1) > 0.9, "{chosen:?}");
+        // Three accepted: the shortest block that holds them (4 tokens in 16 ms, not 18 or 22);
+        // a 4-row block then accepts all it proposes, so the full block is tried every 8 steps.
+        let chosen = simulate(&mut VerifyRows::new(16, false, true), 300, |_| 3);
+        assert!(share(&chosen[100..], 4) > 0.85, "{chosen:?}");
+        // The lengths tried: 1, 4, 8 and 16, the full block first.
+        assert_eq!(chosen[..4], [16, 8, 4, 1]);
+    }
+
+    #[test]
+    fn the_length_returns_to_the_block_when_the_text_becomes_predictable() {
+        let mut rows = VerifyRows::new(16, false, true);
+        let chosen = simulate(&mut rows, 400, |step| if step < 150 { 0 } else { 15 });
+        assert!(share(&chosen[100..150], 1) > 0.9, "{chosen:?}");
+        assert!(share(&chosen[300..], 16) > 0.9, "{chosen:?}");
+    }
+
+    #[test]
+    fn a_fixed_choice_always_verifies_the_block() {
+        let chosen = simulate(&mut VerifyRows::new(16, true, true), 50, |_| 0);
+        assert!(chosen.iter().all(|&l| l == 16));
+        // Small blocks keep distinct lengths.
+        assert_eq!(VerifyRows::new(4, false, true).lengths, [1, 2, 4]);
+        assert_eq!(VerifyRows::new(1, false, true).lengths, [1]);
+        assert_eq!(VerifyRows::new(16, false, false).lengths, [1, 16]);
     }
 }

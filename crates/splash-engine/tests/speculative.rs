@@ -113,7 +113,17 @@ impl DraftSession for OracleSession {
             .sequences
             .iter()
             .find(|s| s.len() >= history.len() && s[..history.len()] == *history)
-            .expect("the oracle knows this history");
+            .unwrap_or_else(|| {
+                let best = self
+                    .sequences
+                    .iter()
+                    .map(|s| s.iter().zip(history).take_while(|(a, b)| a == b).count())
+                    .max();
+                panic!(
+                    "the oracle does not know this history of {} tokens (longest match {best:?})",
+                    history.len()
+                )
+            });
         let mut tokens: Vec<u32> = (0..len)
             .map(|i| known.get(history.len() + i).copied().unwrap_or(0))
             .collect();
@@ -239,6 +249,66 @@ fn greedy_with_oracle_drafts_is_lossless_over_full_and_partial_blocks() {
                 Some(_) => assert!(total.accepted < total.drafted && total.accepted > 0),
             }
         }
+    }
+}
+
+/// The default speculation chooses how many rows each step verifies (the anchor alone, or the
+/// first quarter, half or whole of a drafted block) from the speeds it measures: whatever it
+/// picks, greedy output is the output without the draft (oracle drafts with errors, random
+/// DFlash and DFlash2 drafts), and blocks shorter than the draft's are verified.
+#[test]
+fn greedy_with_chosen_verify_lengths_is_lossless() {
+    let m = target("qwen35-dense");
+    let prompts = prompts("qwen35-dense");
+    let plain: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| run(&m, None, greedy(p.clone(), 120), KvFormat::F32).tokens)
+        .collect();
+    let sequences: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(&plain)
+        .map(|(p, o)| p.iter().chain(o).copied().collect())
+        .collect();
+    let oracle: Arc<dyn Drafter> = Arc::new(Oracle {
+        sequences,
+        block: 16,
+        error_every: Some(5),
+    });
+    for (name, d) in [
+        ("dense-dflash", dflash("dense-dflash")),
+        ("dense-dflash2", dflash("dense-dflash2")),
+        ("oracle", oracle),
+    ] {
+        let mut total = SpecStats::default();
+        for (prompt, want) in prompts.iter().zip(&plain) {
+            let mut engine = Engine::new(m.clone())
+                .with_kv_format(KvFormat::F32)
+                .with_prefill_chunk(64)
+                .with_drafter(d.clone());
+            let c = engine
+                .generate(greedy(prompt.clone(), 120), |_| {})
+                .unwrap();
+            let same = c
+                .tokens
+                .iter()
+                .zip(want)
+                .take_while(|(a, b)| a == b)
+                .count();
+            assert_eq!(
+                &c.tokens,
+                want,
+                "{name}: not lossless from output token {same} (prompt of {})",
+                prompt.len()
+            );
+            total.add(&c.speculation.unwrap());
+        }
+        println!("{name}: chosen lengths, {total:?}");
+        // The first steps try 16, 8 and 4 rows: fewer than 15 proposals a pass on average.
+        assert!(total.target_passes > 0, "{name}: never drafted");
+        assert!(
+            total.drafted < 15 * total.target_passes,
+            "{name}: {total:?}"
+        );
     }
 }
 
