@@ -26,7 +26,7 @@ pub use prefix_cache::{free_disk_bytes, DiskCacheConfig, DiskCacheStats, PrefixC
 pub use sampling::{random_seed, Distribution, Sampler, SamplingParams};
 pub use sequence::{FinishReason, Sequence};
 pub use speculative::{
-    accept_greedy, accept_sampled, Accepted, DFlashDrafter, DraftMemory, DraftSession, Drafter,
-    Proposal, SpecStats,
+    accept_greedy, accept_sampled, verify_lengths, Accepted, DFlashDrafter, DraftMemory,
+    DraftSession, Drafter, Proposal, SpecStats,
 };
 pub use stop::StopMatcher;

@@ -126,12 +126,10 @@ impl VerifyRows {
     /// the first quarter and half of a block.
     fn new(block: usize, fixed: bool, partial: bool) -> Self {
         let mut lengths = if partial {
-            vec![1, block / 4, block / 2, block]
+            speculative::verify_lengths(block)
         } else {
             vec![1, block]
         };
-        lengths.retain(|&l| l >= 1);
-        lengths.sort_unstable();
         lengths.dedup();
         let n = lengths.len();
         Self {

@@ -98,6 +98,15 @@ pub struct Proposal {
     pub q: Vec<Distribution>,
 }
 
+/// The verify lengths a greedy sequence chooses among for blocks of `block` rows, ascending:
+/// the anchor alone, then the first quarter, half and whole of the block.
+pub fn verify_lengths(block: usize) -> Vec<usize> {
+    let mut lengths = vec![1, block / 4, block / 2, block];
+    lengths.retain(|&l| l >= 1);
+    lengths.dedup();
+    lengths
+}
+
 /// Speculation counters of a sequence or of an engine.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpecStats {

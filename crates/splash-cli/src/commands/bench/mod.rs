@@ -146,10 +146,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 "accepted": st.accepted,
                 "block_size": c.block,
                 "target_pass_ms": c.target_ms,
-                "verify_pass_ms": c.verify_ms,
+                "verify_pass_ms": c.full_verify_ms(),
+                "verify_pass_ms_by_rows": c.verify_ms.iter().map(|&(rows, ms)| json!({"rows": rows, "ms": ms})).collect::<Vec<_>>(),
                 "draft_pass_ms": c.draft_ms,
-                "by_acceptance": c.by_acceptance().iter().map(|&(tau, tok_s, speedup)| {
-                    json!({"tau": tau, "tok_s": tok_s, "speedup": speedup})
+                "by_acceptance": c.by_acceptance().iter().map(|&(tau, rows, tok_s, speedup)| {
+                    json!({"tau": tau, "verify_rows": rows, "tok_s": tok_s, "speedup": speedup})
                 }).collect::<Vec<_>>(),
             });
         }
@@ -205,14 +206,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 prompt.len(),
                 c.target_ms,
                 c.block,
-                c.verify_ms,
-                c.verify_ms / c.target_ms,
+                c.full_verify_ms(),
+                c.full_verify_ms() / c.target_ms,
                 c.draft_ms,
                 c.draft_ms / c.target_ms,
             );
-            println!("decode speed by tokens per target pass τ (draft + verify per pass):");
-            for (tau, tok_s, speedup) in c.by_acceptance() {
-                println!("  τ = {tau}: {tok_s:>9.1} tok/s, {speedup:.2}x speculation off");
+            let shorter: Vec<String> = c.verify_ms[..c.verify_ms.len() - 1]
+                .iter()
+                .map(|&(rows, ms)| format!("{rows} tokens {ms:.2} ms ({:.2}x)", ms / c.target_ms))
+                .collect();
+            if !shorter.is_empty() {
+                println!("shorter verify passes: {}", shorter.join("; "));
+            }
+            println!("decode speed by tokens per target pass τ (draft + the shortest verify that holds τ):");
+            for (tau, rows, tok_s, speedup) in c.by_acceptance() {
+                println!("  τ = {tau}: {tok_s:>9.1} tok/s, {speedup:.2}x speculation off (verify {rows})");
             }
         }
         if let Some(r) = &replay {
@@ -258,20 +266,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 struct PassCosts {
     block: usize,
     target_ms: f64,
-    verify_ms: f64,
+    /// Verify passes (with their rollback) of the lengths greedy speculation chooses among
+    /// (`splash_engine::verify_lengths`, past the anchor alone): `(rows, ms)`, ascending, the
+    /// full block last.
+    verify_ms: Vec<(usize, f64)>,
     draft_ms: f64,
 }
 
 impl PassCosts {
-    /// `(τ, tok/s, speed-up over one-token passes)` for τ = 1..=block: a speculative step
-    /// costs one draft and one verify pass and emits τ tokens on average. With a random
+    /// The full block's verify pass.
+    fn full_verify_ms(&self) -> f64 {
+        self.verify_ms.last().map_or(0.0, |&(_, ms)| ms)
+    }
+
+    /// `(τ, rows, tok/s, speed-up over one-token passes)` for τ = 1..=block: a speculative step
+    /// costs one draft and one verify pass, of the shortest length that holds τ tokens (the one
+    /// the engine settles on when every step accepts τ - 1 proposals), and emits τ tokens; at
+    /// τ = 1 the engine verifies the anchor alone, undrafted (a one-token pass). With a random
     /// draft the measured τ means nothing, so speed is reported for every τ.
-    fn by_acceptance(&self) -> Vec<(usize, f64, f64)> {
-        let step = self.draft_ms + self.verify_ms;
+    fn by_acceptance(&self) -> Vec<(usize, usize, f64, f64)> {
         (1..=self.block)
             .map(|tau| {
+                let (rows, step) = match self.verify_ms.iter().find(|&&(rows, _)| rows >= tau) {
+                    _ if tau == 1 => (1, self.target_ms),
+                    Some(&(rows, verify)) => (rows, self.draft_ms + verify),
+                    None => (self.block, self.draft_ms + self.full_verify_ms()),
+                };
                 let tok_s = tau as f64 * 1e3 / step;
-                (tau, tok_s, tok_s * self.target_ms / 1e3)
+                (tau, rows, tok_s, tok_s * self.target_ms / 1e3)
             })
             .collect()
     }
@@ -297,10 +319,16 @@ fn pass_costs(
     let mut ctx = draft.new_context();
     draft.append_context(&mut ctx, &features)?;
     let tokens: Vec<u32> = prompt[..block].to_vec();
-    let (mut target, mut verify, mut drafting) = (Vec::new(), Vec::new(), Vec::new());
+    let lengths: Vec<usize> = splash_engine::verify_lengths(block)
+        .into_iter()
+        .filter(|&l| l > 1)
+        .collect();
+    let (mut target, mut drafting) = (Vec::new(), Vec::new());
+    let mut verify = vec![Vec::new(); lengths.len()];
     for i in 0..repeat.max(3) + WARM_UP_PASSES {
         if i == WARM_UP_PASSES {
-            (target, verify, drafting) = (Vec::new(), Vec::new(), Vec::new());
+            (target, drafting) = (Vec::new(), Vec::new());
+            verify.iter_mut().for_each(Vec::clear);
         }
         // Each pass is rolled back, so every pass sees the same context; the verify time
         // includes its rollback (the GDN replay of the kept row), as in decoding.
@@ -312,14 +340,16 @@ fn pass_costs(
         target.push(t0.elapsed().as_secs_f64() * 1e3);
         state.rollback(0)?;
         model.graph.synchronize()?;
-        state.checkpoint();
-        let t0 = Instant::now();
-        model
-            .graph
-            .forward_with_taps(&mut state, &tokens, Logits::Argmax, taps)?;
-        state.rollback(1)?;
-        model.graph.synchronize()?;
-        verify.push(t0.elapsed().as_secs_f64() * 1e3);
+        for (&rows, times) in lengths.iter().zip(&mut verify) {
+            state.checkpoint();
+            let t0 = Instant::now();
+            model
+                .graph
+                .forward_with_taps(&mut state, &tokens[..rows], Logits::Argmax, taps)?;
+            state.rollback(1)?;
+            model.graph.synchronize()?;
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
         let t0 = Instant::now();
         let drafted = draft.draft_block(&mut ctx, &model.graph, tokens[0], block)?;
         std::hint::black_box(drafted.logits);
@@ -328,7 +358,11 @@ fn pass_costs(
     Ok(PassCosts {
         block,
         target_ms: median(&mut target),
-        verify_ms: median(&mut verify),
+        verify_ms: lengths
+            .iter()
+            .zip(&mut verify)
+            .map(|(&rows, times)| (rows, median(times)))
+            .collect(),
         draft_ms: median(&mut drafting),
     })
 }
