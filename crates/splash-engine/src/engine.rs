@@ -8,7 +8,7 @@ use splash_model::{BatchItem, KvFormat, Logits, Model, ModelError};
 use crate::grammar::{GrammarFactory, GrammarRequest, GrammarState};
 use crate::prefix_cache::{checkpoint_positions, DiskCacheConfig, PrefixCache, PrefixCacheStats};
 use crate::sampling::SamplingParams;
-use crate::sequence::{FinishReason, PendingBlock, Sequence};
+use crate::sequence::{FinishReason, PendingBlock, Sequence, StepCosts};
 use crate::speculative::{Drafter, SpecStats};
 
 /// Identifies a sequence inside one engine.
@@ -140,6 +140,8 @@ pub struct Engine {
     drafter: Option<Arc<dyn Drafter>>,
     /// Draft a full block every step instead of choosing per step by speed.
     draft_every_step: bool,
+    /// Speculative steps' time by verify length, which every sequence's choice reads.
+    step_costs: StepCosts,
     /// Speculation counters of the sequences that ended.
     spec_totals: SpecStats,
     /// States of prompt prefixes kept for later requests (off until given a budget).
@@ -164,6 +166,7 @@ impl Engine {
             kv_format: KvFormat::default(),
             drafter: None,
             draft_every_step: false,
+            step_costs: StepCosts::default(),
             spec_totals: SpecStats::default(),
             prefix_cache: PrefixCache::new(0),
             batches: BatchStats::default(),
@@ -414,7 +417,7 @@ impl Engine {
                 }
                 seq.add_decode_time(t0.elapsed());
             } else if seq.speculates() {
-                if let Some(block) = seq.draft_block(&self.model, &mut events)? {
+                if let Some(block) = seq.draft_block(&self.model, &self.step_costs, &mut events)? {
                     batch.push((i, Pending::Block(block)));
                 }
             } else {
@@ -488,7 +491,9 @@ impl Engine {
                     seq.decoded(out);
                     seq.add_decode_time(elapsed);
                 }
-                Pending::Block(block) => seq.verified(&self.model, block, out, events)?,
+                Pending::Block(block) => {
+                    seq.verified(&self.model, block, out, &mut self.step_costs, events)?
+                }
             }
         }
         Ok(())

@@ -91,25 +91,48 @@ struct Speculation {
     rows: VerifyRows,
 }
 
+/// Seconds of a speculative step by the rows it verified (moving averages), shared by the
+/// engine's sequences: they depend on the model, the draft and the machine, not on the text,
+/// so a new sequence chooses its verify length from its first steps on.
+#[derive(Debug, Default)]
+pub(crate) struct StepCosts {
+    secs: Vec<(usize, f64)>,
+}
+
+impl StepCosts {
+    const WEIGHT: f64 = 0.3;
+
+    fn get(&self, rows: usize) -> Option<f64> {
+        self.secs.iter().find(|e| e.0 == rows).map(|e| e.1)
+    }
+
+    fn record(&mut self, rows: usize, secs: f64) {
+        match self.secs.iter_mut().find(|e| e.0 == rows) {
+            Some(e) => e.1 += Self::WEIGHT * (secs - e.1),
+            None => self.secs.push((rows, secs)),
+        }
+    }
+}
+
 /// How many rows the next speculative step verifies: the anchor alone (a plain decode step
 /// that still feeds the draft its features), or the anchor and the first `L - 1` proposals of a
 /// drafted block, for a few lengths `L` up to the block. Each length's speed is the tokens its
-/// steps emit over their time (moving averages). A step that verified `L` rows also tells what
-/// any shorter length would have emitted from the same proposals (`min(accepted, L' - 1) + 1`),
-/// so every length's tokens are known once the full block has run; its time, once it has run
-/// itself. The fastest length is taken; where the draft is rarely accepted (text it cannot
-/// guess) that is a short block or none, where it guesses well, the whole block. Every
-/// `explore_every` steps (doubling up to 64 while the best stays the same; back to 8 when a
-/// shorter block accepts all its proposals) the full block runs again, or, when it is the
-/// best, a shorter length in turn, so the choice follows the text.
+/// steps emit (this sequence's moving average) over a step's time ([`StepCosts`], the
+/// engine's). A step that verified `L` rows also tells what any shorter length would have
+/// emitted from the same proposals (`min(accepted, L' - 1) + 1`), so every length's tokens are
+/// known once the full block has run. The fastest length is taken; where the draft is rarely
+/// accepted (text it cannot guess) that is a short block or none, where it guesses well, the
+/// whole block. A length without a time yet is run once. Every `explore_every` steps (doubling
+/// up to 64 while the best stays the same; back to 8 when a shorter block accepts all its
+/// proposals) the full block runs again, or, when it is the best, a shorter length in turn, so
+/// the choice follows the text.
 #[derive(Debug)]
 struct VerifyRows {
     /// Always the full block (no choice).
     fixed: bool,
     /// The lengths, ascending: 1, then up to the block.
     lengths: Vec<usize>,
-    /// Per length, seconds a step and tokens a step (moving averages).
-    secs: Vec<Option<f64>>,
+    /// Per length, tokens a step (moving averages).
     tokens: Vec<Option<f64>>,
     steps_since_explore: u32,
     explore_every: u32,
@@ -135,7 +158,6 @@ impl VerifyRows {
         Self {
             fixed,
             lengths,
-            secs: vec![None; n],
             tokens: vec![None; n],
             steps_since_explore: 0,
             explore_every: Self::FIRST_RETRY,
@@ -145,20 +167,26 @@ impl VerifyRows {
     }
 
     /// Rows the next step verifies (1: no draft).
-    fn next(&mut self) -> usize {
+    fn next(&mut self, costs: &StepCosts) -> usize {
         let full = self.lengths.len() - 1;
         if self.fixed {
             return self.lengths[full];
         }
-        // First the full block (it measures every length's tokens), then each length's time,
-        // longest first.
+        // First the full block (it measures every length's tokens), then any length without a
+        // time, longest first.
         if self.tokens[full].is_none() {
             return self.lengths[full];
         }
-        if let Some(i) = (0..=full).rev().find(|&i| self.secs[i].is_none()) {
+        if let Some(i) = (0..=full)
+            .rev()
+            .find(|&i| costs.get(self.lengths[i]).is_none())
+        {
             return self.lengths[i];
         }
-        let rate = |i: usize| self.tokens[i].unwrap_or(1.0) / self.secs[i].unwrap_or(f64::MAX);
+        let rate = |i: usize| {
+            let secs = costs.get(self.lengths[i]).unwrap_or(f64::MAX);
+            self.tokens[i].unwrap_or(1.0) / secs
+        };
         let best = (0..=full)
             .max_by(|&a, &b| rate(a).total_cmp(&rate(b)))
             .expect("one length at least");
@@ -183,16 +211,13 @@ impl VerifyRows {
 
     /// Records a step that verified `rows` rows, accepted `drafts` of its proposals and took
     /// `secs` seconds.
-    fn record(&mut self, rows: usize, drafts: usize, secs: f64) {
-        let avg = |slot: &mut Option<f64>, v: f64| {
-            *slot = Some(slot.map_or(v, |r| r + Self::WEIGHT * (v - r)));
-        };
+    fn record(&mut self, rows: usize, drafts: usize, secs: f64, costs: &mut StepCosts) {
+        costs.record(rows, secs);
         for (i, &l) in self.lengths.iter().enumerate() {
-            if l == rows {
-                avg(&mut self.secs[i], secs);
-            }
             if l <= rows {
-                avg(&mut self.tokens[i], (drafts.min(l - 1) + 1) as f64);
+                let v = (drafts.min(l - 1) + 1) as f64;
+                let slot = &mut self.tokens[i];
+                *slot = Some(slot.map_or(v, |r| r + Self::WEIGHT * (v - r)));
             }
         }
         // Every proposal of a short block accepted: a longer one may emit more, so it is tried
@@ -572,6 +597,7 @@ impl Sequence {
     pub(crate) fn draft_block(
         &mut self,
         model: &Model,
+        costs: &StepCosts,
         events: &mut Vec<Event>,
     ) -> Result<Option<PendingBlock>, ModelError> {
         let t0 = Instant::now();
@@ -593,7 +619,7 @@ impl Sequence {
             .min(self.max_context - self.prompt.len() - self.output.len());
         // A shorter verify takes a prefix of the full block's proposals, so that what the
         // full block accepts tells what each prefix would have (see VerifyRows).
-        let verify = spec.rows.next().min(room);
+        let verify = spec.rows.next(costs).min(room);
         let block = if verify > 1 {
             spec.drafter.block_size().min(room)
         } else {
@@ -629,6 +655,7 @@ impl Sequence {
         model: &Model,
         block: PendingBlock,
         verified: PassOutput,
+        costs: &mut StepCosts,
         events: &mut Vec<Event>,
     ) -> Result<(), ModelError> {
         let PendingBlock {
@@ -658,7 +685,7 @@ impl Sequence {
         }
         let elapsed = started.elapsed();
         spec.rows
-            .record(rows.len(), accepted.drafts, elapsed.as_secs_f64());
+            .record(rows.len(), accepted.drafts, elapsed.as_secs_f64(), costs);
         self.decode_time += elapsed;
         // A stop token or string inside the span ends the sequence at that token.
         for &token in &accepted.tokens {
@@ -760,7 +787,7 @@ impl Sequence {
 
 #[cfg(test)]
 mod tests {
-    use super::VerifyRows;
+    use super::{StepCosts, VerifyRows};
 
     /// Runs `steps` steps of a block-16 chooser against a draft whose proposals match the
     /// target's for `accepts(step)` tokens, where a step verifying `L` rows takes
@@ -770,11 +797,12 @@ mod tests {
         steps: usize,
         accepts: impl Fn(usize) -> usize,
     ) -> Vec<usize> {
+        let mut costs = StepCosts::default();
         (0..steps)
             .map(|step| {
-                let l = rows.next();
+                let l = rows.next(&costs);
                 let secs = (10.0 + 0.5 * l as f64 + if l > 1 { 4.0 } else { 0.0 }) / 1e3;
-                rows.record(l, accepts(step).min(l - 1), secs);
+                rows.record(l, accepts(step).min(l - 1), secs, &mut costs);
                 l
             })
             .collect()
@@ -806,6 +834,19 @@ mod tests {
         let chosen = simulate(&mut rows, 400, |step| if step < 150 { 0 } else { 15 });
         assert!(share(&chosen[100..150], 1) > 0.9, "{chosen:?}");
         assert!(share(&chosen[300..], 16) > 0.9, "{chosen:?}");
+    }
+
+    #[test]
+    fn a_new_sequence_uses_the_step_times_others_measured() {
+        let mut costs = StepCosts::default();
+        for (rows, ms) in [(1, 10.5), (4, 16.0), (8, 18.0), (16, 22.0)] {
+            costs.record(rows, ms / 1e3);
+        }
+        let mut rows = VerifyRows::new(16, false, true);
+        // The full block tells what each length would emit; then the best at once.
+        assert_eq!(rows.next(&costs), 16);
+        rows.record(16, 3, 0.022, &mut costs);
+        assert_eq!(rows.next(&costs), 4);
     }
 
     #[test]
