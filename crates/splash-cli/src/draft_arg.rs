@@ -21,8 +21,8 @@ pub struct DraftArgs {
     #[arg(long)]
     pub draft_model: Option<String>,
     /// Speculative decoding with the draft: on (whenever a draft is available; each sequence
-    /// skips the draft while plain steps are faster), always (a full block every step), or
-    /// off. `always` and `off` are for measurement.
+    /// verifies as much of a drafted block as pays, or none), always (a full block every
+    /// step), or off. `always` and `off` are for measurement.
     #[arg(long, default_value = "on", value_parser = ["on", "off", "always"])]
     pub speculative: String,
 }
