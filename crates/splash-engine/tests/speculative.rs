@@ -67,6 +67,25 @@ fn run(
     engine.generate(req, |_| {}).unwrap()
 }
 
+/// Each prompt's greedy output without a draft (`max_tokens` tokens, f32 cache), and each
+/// prompt followed by its output (what an [`Oracle`] proposes from).
+fn plain_runs(
+    m: &Arc<Model>,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let plain: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| run(m, None, greedy(p.clone(), max_tokens), KvFormat::F32).tokens)
+        .collect();
+    let sequences = prompts
+        .iter()
+        .zip(&plain)
+        .map(|(p, o)| p.iter().chain(o).copied().collect())
+        .collect();
+    (plain, sequences)
+}
+
 /// Proposes the known greedy continuation of each prompt, with a slot replaced by a wrong
 /// token at pseudo-random places when `error_every` is set.
 struct Oracle {
@@ -200,15 +219,7 @@ fn greedy_with_oracle_drafts_is_lossless_over_full_and_partial_blocks() {
     for tname in ["qwen35-dense", "qwen35-moe"] {
         let m = target(tname);
         let prompts = prompts(tname);
-        let plain: Vec<Vec<u32>> = prompts
-            .iter()
-            .map(|p| run(&m, None, greedy(p.clone(), 200), KvFormat::F32).tokens)
-            .collect();
-        let sequences: Vec<Vec<u32>> = prompts
-            .iter()
-            .zip(&plain)
-            .map(|(p, o)| p.iter().chain(o).copied().collect())
-            .collect();
+        let (plain, sequences) = plain_runs(&m, &prompts, 200);
         for (block, error_every) in [(8, None), (16, None), (8, Some(9)), (5, Some(4))] {
             let oracle: Arc<dyn Drafter> = Arc::new(Oracle {
                 sequences: sequences.clone(),
@@ -260,15 +271,7 @@ fn greedy_with_oracle_drafts_is_lossless_over_full_and_partial_blocks() {
 fn greedy_with_chosen_verify_lengths_is_lossless() {
     let m = target("qwen35-dense");
     let prompts = prompts("qwen35-dense");
-    let plain: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| run(&m, None, greedy(p.clone(), 120), KvFormat::F32).tokens)
-        .collect();
-    let sequences: Vec<Vec<u32>> = prompts
-        .iter()
-        .zip(&plain)
-        .map(|(p, o)| p.iter().chain(o).copied().collect())
-        .collect();
+    let (plain, sequences) = plain_runs(&m, &prompts, 120);
     let oracle: Arc<dyn Drafter> = Arc::new(Oracle {
         sequences,
         block: 16,
