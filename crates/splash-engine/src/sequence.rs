@@ -102,10 +102,12 @@ pub(crate) struct StepCosts {
 impl StepCosts {
     const WEIGHT: f64 = 0.3;
 
+    /// Seconds of a step that verifies `rows` rows, once one has run.
     fn get(&self, rows: usize) -> Option<f64> {
         self.secs.iter().find(|e| e.0 == rows).map(|e| e.1)
     }
 
+    /// Adds a step of `rows` rows that took `secs` seconds.
     fn record(&mut self, rows: usize, secs: f64) {
         match self.secs.iter_mut().find(|e| e.0 == rows) {
             Some(e) => e.1 += Self::WEIGHT * (secs - e.1),
