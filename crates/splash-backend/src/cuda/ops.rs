@@ -1543,13 +1543,10 @@ pub fn conv1d_silu(
     c: usize,
     kernel: usize,
 ) -> Result<(), GpuError> {
-    if kernel > 9 {
-        return Err(GpuError::Unsupported(format!("conv kernel {kernel} > 9")));
-    }
     gpu.launch(
         k,
         "conv1d_silu",
-        blocks(c, 128) * blocks(tokens.max(1), conv_steps(kernel)),
+        conv_blocks(c, tokens, kernel)?,
         128,
         &[
             Arg::Ptr(x),
@@ -1561,6 +1558,20 @@ pub fn conv1d_silu(
             Arg::I32(kernel as i32),
         ],
     )
+}
+
+/// Blocks of 128 threads the GDN conv takes for one sequence of `tokens` rows of `c` channels
+/// (a thread per channel and [`conv_steps`] tokens); its history is at most 8 rows.
+fn conv_blocks(c: usize, tokens: usize, kernel: usize) -> Result<u32, GpuError> {
+    if kernel > 9 {
+        return Err(GpuError::Unsupported(format!("conv kernel {kernel} > 9")));
+    }
+    Ok(blocks(c, 128) * blocks(tokens.max(1), conv_steps(kernel)))
+}
+
+/// Blocks the GDN scan takes for one sequence: a value head's 32 columns each.
+fn scan_blocks(k: &Kernels, hv: usize) -> u32 {
+    (hv * k.dims().gdn_dv.div_ceil(32)) as u32
 }
 
 /// One sequence of a pass for the `*_seqs` kernels: its rows `off .. off + n` of the pass, its
@@ -1607,11 +1618,8 @@ pub fn conv1d_silu_seqs(
     c: usize,
     kernel: usize,
 ) -> Result<(), GpuError> {
-    if kernel > 9 {
-        return Err(GpuError::Unsupported(format!("conv kernel {kernel} > 9")));
-    }
     for (count, slots, longest) in seq_groups(parts) {
-        let per = blocks(c, 128) * blocks(longest.max(1), conv_steps(kernel));
+        let per = conv_blocks(c, longest, kernel)?;
         gpu.launch(
             k,
             "conv1d_silu_seqs",
@@ -1648,12 +1656,12 @@ pub fn gdn_recurrent_seqs(
     hv: usize,
     tiled: bool,
 ) -> Result<(), GpuError> {
-    let per = hv * k.dims().gdn_dv.div_ceil(32);
+    let per = scan_blocks(k, hv);
     for (count, slots, _) in seq_groups(parts) {
         gpu.launch(
             k,
             "gdn_recurrent_seqs",
-            (per * count) as u32,
+            per * count as u32,
             128,
             &[
                 Arg::Ptr(mixed),
@@ -1703,11 +1711,8 @@ pub fn gdn_replay(
     kernel: usize,
     (hk, hv, tiled): (usize, usize, bool),
 ) -> Result<(), GpuError> {
-    if kernel > 9 {
-        return Err(GpuError::Unsupported(format!("conv kernel {kernel} > 9")));
-    }
-    let per_conv = blocks(c, 128) * blocks(keep.max(1), conv_steps(kernel));
-    let per_scan = (hv * k.dims().gdn_dv.div_ceil(32)) as u32;
+    let per_conv = conv_blocks(c, keep, kernel)?;
+    let per_scan = scan_blocks(k, hv);
     for (group, at) in layers
         .chunks(super::LAYER_SLOTS)
         .zip((0..).step_by(super::LAYER_SLOTS))
@@ -1795,11 +1800,10 @@ pub fn gdn_recurrent(
     hv: usize,
     tiled: bool,
 ) -> Result<(), GpuError> {
-    let dv = k.dims().gdn_dv;
     gpu.launch(
         k,
         "gdn_recurrent",
-        (hv * dv.div_ceil(32)) as u32,
+        scan_blocks(k, hv),
         128,
         &[
             Arg::Ptr(mixed),
