@@ -603,17 +603,9 @@ impl Sequence {
         events: &mut Vec<Event>,
     ) -> Result<Option<PendingBlock>, ModelError> {
         let t0 = Instant::now();
-        if let Some(next) = self.next.take() {
-            let token = match next {
-                NextScores::Argmax(token) => token,
-                NextScores::Logits(mut logits) => {
-                    self.sampler.sample(&mut logits, &self.prompt, &self.output)
-                }
-            };
-            self.push(token, model, events)?;
-            if self.finish.is_some() {
-                return Ok(None);
-            }
+        // The token the prefill's logits give, first (later ones come out of verify passes).
+        if self.next.is_some() && self.sample_next(model, events)?.is_none() {
+            return Ok(None);
         }
         let spec = self.spec.as_mut().expect("a speculating sequence");
         // Never verify past what may still be emitted: the budget and the context limit.
