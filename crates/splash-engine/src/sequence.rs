@@ -91,6 +91,11 @@ struct Speculation {
     rows: VerifyRows,
 }
 
+/// A moving average `avg` after the new value `v` (recent steps weigh most).
+fn blend(avg: f64, v: f64) -> f64 {
+    avg + 0.3 * (v - avg)
+}
+
 /// Seconds of a speculative step by the rows it verified (moving averages), shared by the
 /// engine's sequences: they depend on the model, the draft and the machine, not on the text,
 /// so a new sequence chooses its verify length from its first steps on.
@@ -100,8 +105,6 @@ pub(crate) struct StepCosts {
 }
 
 impl StepCosts {
-    const WEIGHT: f64 = 0.3;
-
     /// Seconds of a step that verifies `rows` rows, once one has run.
     fn get(&self, rows: usize) -> Option<f64> {
         self.secs.iter().find(|e| e.0 == rows).map(|e| e.1)
@@ -110,7 +113,7 @@ impl StepCosts {
     /// Adds a step of `rows` rows that took `secs` seconds.
     fn record(&mut self, rows: usize, secs: f64) {
         match self.secs.iter_mut().find(|e| e.0 == rows) {
-            Some(e) => e.1 += Self::WEIGHT * (secs - e.1),
+            Some(e) => e.1 = blend(e.1, secs),
             None => self.secs.push((rows, secs)),
         }
     }
@@ -144,7 +147,6 @@ struct VerifyRows {
 }
 
 impl VerifyRows {
-    const WEIGHT: f64 = 0.3;
     const FIRST_RETRY: u32 = 8;
 
     /// A chooser for blocks of `block` rows; `fixed`: always the full block; `partial`: also
@@ -219,7 +221,7 @@ impl VerifyRows {
             if l <= rows {
                 let v = (drafts.min(l - 1) + 1) as f64;
                 let slot = &mut self.tokens[i];
-                *slot = Some(slot.map_or(v, |r| r + Self::WEIGHT * (v - r)));
+                *slot = Some(slot.map_or(v, |r| blend(r, v)));
             }
         }
         // Every proposal of a short block accepted: a longer one may emit more, so it is tried
