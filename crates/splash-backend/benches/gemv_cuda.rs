@@ -5,7 +5,9 @@
 //! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
 //! launch cost. Each shape is also timed with its input converted once, outside the graph (the
 //! GEMV kernels alone), and on the stream-K GEMV. `GEMV_SWEEP=1` also times the tensor-core
-//! GEMV at each warps-per-tile count. Last, the time to download a verify block's logits.
+//! GEMV at each warps-per-tile count. Then the grouped expert products of a 35B-A3B MoE layer
+//! (256 experts, 8 a token) at each warps-per-tile count. Last, the time to download a verify
+//! block's logits.
 
 use std::time::Instant;
 
@@ -159,6 +161,7 @@ fn main() {
             dev::force_tensor_core_warps(0);
         }
     }
+    experts(&gpu, &k);
     // What a verify block's logits (16 rows of the 248,320-token vocabulary) cost to bring
     // to the host, through the page-locked staging buffer (`Gpu::download`).
     let len = 16 * 248_320;
@@ -185,5 +188,85 @@ fn main() {
             secs * 1e3,
             len as f64 * 4.0 / secs / 1e9
         );
+    }
+}
+
+/// The grouped expert products of a 35B-A3B MoE layer (256 experts, top 8): gate / up
+/// (Q4_K, 512 x 2048, the tokens' rows) and down (Q6_K, 2048 x 512, the pairs' rows), for
+/// 1, 4 and 16 tokens routed by random router logits, at each warps-per-tile count; the bytes
+/// are those of the distinct experts chosen.
+fn experts(gpu: &Gpu, k: &dev::Kernels) {
+    let (e, top_k) = (256, 8);
+    println!("35B-A3B experts ({e}, top {top_k}): time per grouped product (µs) and share of the bandwidth");
+    for (name, t, n, kd, col_div) in [
+        ("expert gate/up", GgmlType::Q4_K, 512, 2048, top_k),
+        ("expert down", GgmlType::Q6_K, 2048, 512, 1),
+    ] {
+        // All experts in one weight: expert i's rows start at row i·n (whole 16-row tiles).
+        let all = gpu.upload_weight(&random_weight(t, e * n, kd, 7)).unwrap();
+        let proto = gpu.upload_weight(&random_weight(t, n, kd, 8)).unwrap();
+        let expert_bytes = (n * proto.row_bytes()) as u64;
+        let table: Vec<u64> = (0..e as u64)
+            .map(|i| all.device_ptr(gpu) + i * expert_bytes)
+            .collect();
+        let table = gpu.upload(&table).unwrap();
+        for tokens in [1, 4, 16] {
+            let logits: Vec<f32> = (0..tokens * e)
+                .map(|i| ((i * 2_654_435_761usize) % 10_007) as f32 / 1000.0)
+                .collect();
+            let logits = gpu.upload(&logits).unwrap();
+            let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), tokens, e, top_k).unwrap();
+            let mut ids = gpu.download(&routing.ids, tokens * top_k).unwrap();
+            ids.sort_unstable();
+            ids.dedup();
+            let bytes = (ids.len() as u64 * expert_bytes) as f64;
+            let rows = tokens * top_k / col_div;
+            let x: Vec<f32> = (0..rows * kd)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
+                .collect();
+            let xd = gpu.upload(&x).unwrap();
+            let out = gpu.uninit::<f32>(tokens * top_k * n).unwrap();
+            let xa = dev::Activations::new(ptr(gpu, &xd, 0), rows, kd);
+            let mut line = format!(
+                "{name:<16} {tokens:>2} tokens, {:>3} experts, {:>5.1} MB |",
+                ids.len(),
+                bytes / 1e6
+            );
+            for warps in [0, 1, 2, 4, 8] {
+                dev::force_tensor_core_warps(warps);
+                let run = || {
+                    let (tp, op) = (ptr(gpu, &table, 0), ptr(gpu, &out, 0));
+                    dev::matmul_experts(gpu, k, op, &xa, tp, &proto, &routing, col_div)
+                };
+                run().unwrap();
+                let reps = 200;
+                let graph = gpu
+                    .capture(|| {
+                        for _ in 0..reps {
+                            run()?;
+                        }
+                        Ok::<(), dev::GpuError>(())
+                    })
+                    .unwrap();
+                gpu.replay(&graph).unwrap();
+                gpu.synchronize().unwrap();
+                let t0 = Instant::now();
+                gpu.replay(&graph).unwrap();
+                gpu.synchronize().unwrap();
+                let secs = t0.elapsed().as_secs_f64() / reps as f64;
+                let label = if warps == 0 {
+                    "default".to_string()
+                } else {
+                    format!("{warps}w")
+                };
+                line += &format!(
+                    " {label}: {:.1} ({:.0}%)",
+                    secs * 1e6,
+                    bytes / secs / COPY_BANDWIDTH * 100.0
+                );
+            }
+            dev::force_tensor_core_warps(0);
+            println!("{line}");
+        }
     }
 }

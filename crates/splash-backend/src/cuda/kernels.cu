@@ -894,20 +894,26 @@ __device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b
     }
 }
 
-// The end of a 16-row tile's product (or of a piece of one): each warp's sums (lane (g, q)
-// holds rows g, g + 8 × tokens 8i + 2q + {0, 1} in c[i]) added in warp order by warp 0 and
-// written, rows n < split to y [T, split], the others to y2 [T, N - split]; with `cols`, token
-// t goes to row cols[t]; with `partial`, to partial[16·t + n - n0] instead (a piece of a tile).
+// One chain's sums of a tile (lane (g, q) holds rows g, g + 8 × tokens 8i + 2q + {0, 1} in
+// c[i]) into the block's shared partial sums.
 template <int NT>
-__device__ __forceinline__ void tc_tile_store(const float (&c)[NT][4], float (*part)[32][4 * NT], int n0, float* y,
-                                              float* y2, int split, int N, int T, const int* cols,
-                                              float* partial = nullptr) {
-    int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int g = lane >> 2, q = lane & 3;
+__device__ __forceinline__ void tc_chain_store(const float (&c)[NT][4], float (*part)[32][4 * NT], int chain) {
+    int lane = threadIdx.x & 31;
 #pragma unroll
     for (int i = 0; i < NT; i++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) part[warp][lane][4 * i + e] = c[i][e];
+        for (int e = 0; e < 4; e++) part[chain][lane][4 * i + e] = c[i][e];
+}
+
+// The end of a 16-row tile's product (or of a piece of one): the `chains` partial sums added in
+// chain order by warp 0 and written, rows n < split to y [T, split], the others to
+// y2 [T, N - split]; with `cols`, token t goes to row cols[t]; with `partial`, to
+// partial[16·t + n - n0] instead (a piece of a tile).
+template <int NT>
+__device__ __forceinline__ void tc_tile_sum(float (*part)[32][4 * NT], int chains, int n0, float* y, float* y2,
+                                            int split, int N, int T, const int* cols, float* partial = nullptr) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, q = lane & 3;
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
@@ -915,7 +921,7 @@ __device__ __forceinline__ void tc_tile_store(const float (&c)[NT][4], float (*p
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             float v = 0.0f;
-            for (int w = 0; w < warps; w++) v += part[w][lane][4 * i + e];
+            for (int w = 0; w < chains; w++) v += part[w][lane][4 * i + e];
             int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
             if (t >= T || n >= N) continue;
             long r = cols ? cols[t] : t;
@@ -930,15 +936,16 @@ __device__ __forceinline__ void tc_tile_store(const float (&c)[NT][4], float (*p
 }
 
 // y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: the
-// 16-row tile `tile_index`, its warps splitting the K blocks (b = warp, warp + warps, ...),
-// summed in warp order. A row's sums depend on the shape only, so any token count gives each
-// token the bits it gets alone. Rows n < split go to y [T, split], the others to
-// y2 [T, N - split] (two products of one input stacked into one weight). With `cols`, column t
-// reads activation row cols[t] / col_div and writes row cols[t] of y (the pairs of a MoE layer,
-// see gemv_tc_experts).
+// 16-row tile `tile_index`, its K blocks split into `chains` sums (chain j: b = j, j + chains,
+// ...), added in chain order. The block's warps take the chains in turn (warp w: chains w,
+// w + warps, ...), so the warp count sets the parallelism and `chains` alone the bits: a row's
+// sums depend on the shape only, and any token count gives each token the bits it gets alone.
+// Rows n < split go to y [T, split], the others to y2 [T, N - split] (two products of one input
+// stacked into one weight). With `cols`, column t reads activation row cols[t] / col_div and
+// writes row cols[t] of y (the pairs of a MoE layer, see gemv_tc_experts).
 template <int F, int NT>
 __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
-                        int split, int N, int K, int T, int tile_index, const int* cols, int col_div) {
+                        int split, int N, int K, int T, int tile_index, const int* cols, int col_div, int chains) {
     __shared__ float part[TC_WARPS_MAX][32][4 * NT];
     int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int g = lane >> 2, q = lane & 3;
@@ -960,34 +967,46 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
 #pragma unroll
         for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)TC_XROW(min(8 * i + 2 * q + e, T - 1)) * nb;
 #undef TC_XROW
-    // This warp's K blocks: b = warp + i·warps for i < mine.
-    int mine = warp < nb ? (nb - 1 - warp) / warps + 1 : 0;
+    // This warp's units (chain j, block b), in order: chain `warp` from block j, then chain
+    // j + warps, ... (chains ≤ nb, so every chain has a block).
+    int j = warp, b = warp;
+    bool have = warp < chains;
     TcRaw r0, r1;
-    if (mine > 0) {
-        r0 = tc_load<F>(tile + (long)warp * seg_bytes, 0, lane);
-        r1 = tc_load<F>(tile + (long)warp * seg_bytes, 1, lane);
+    if (have) {
+        r0 = tc_load<F>(tile + (long)b * seg_bytes, 0, lane);
+        r1 = tc_load<F>(tile + (long)b * seg_bytes, 1, lane);
     }
-    for (int d = 2; d <= TC_L2_AHEAD && d < mine; d++)
-        l2_prefetch(tile + (long)(warp + d * warps) * seg_bytes, seg_bytes, lane);
+    for (int d = 2; d <= TC_L2_AHEAD && have && b + d * chains < nb; d++)
+        l2_prefetch(tile + (long)(b + d * chains) * seg_bytes, seg_bytes, lane);
     // The first weights are in flight; everything else comes from the kernels before.
     GRID_PROLOGUE();
-    for (int i = 0; i < mine; i++) {
-        // The next block's loads are in flight while this one is decoded and multiplied (more
+    while (have) {
+        // The next unit's loads are in flight while this one is decoded and multiplied (more
         // in flight, in registers or through a ring of shared-memory slots that the copy engine
         // fills, was measured slower: BENCHMARKS.md, 2026-12-01 and 2026-12-02).
-        int b = warp + i * warps;
-        if (TC_L2_AHEAD > 0 && i + 1 + TC_L2_AHEAD < mine)
-            l2_prefetch(tile + (long)(b + (1 + TC_L2_AHEAD) * warps) * seg_bytes, seg_bytes, lane);
+        int nj = j, nbk = b + chains;
+        if (nbk >= nb) nj = nbk = j + warps;
+        bool next = nj < chains;
+        if (TC_L2_AHEAD > 0 && b + (1 + TC_L2_AHEAD) * chains < nb)
+            l2_prefetch(tile + (long)(b + (1 + TC_L2_AHEAD) * chains) * seg_bytes, seg_bytes, lane);
         TcRaw n0r, n1r;
-        if (i + 1 < mine) {
-            n0r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 0, lane);
-            n1r = tc_load<F>(tile + (long)(b + warps) * seg_bytes, 1, lane);
+        if (next) {
+            n0r = tc_load<F>(tile + (long)nbk * seg_bytes, 0, lane);
+            n1r = tc_load<F>(tile + (long)nbk * seg_bytes, 1, lane);
         }
         tc_block<F, NT>(r0, r1, b, q, x0, x1, xs, c);
+        if (nj != j) {
+            tc_chain_store<NT>(c, part, j);
+#pragma unroll
+            for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+        }
         r0 = n0r;
         r1 = n1r;
+        j = nj;
+        b = nbk;
+        have = next;
     }
-    tc_tile_store<NT>(c, part, n0, y, y2, split, N, T, cols);
+    tc_tile_sum<NT>(part, chains, n0, y, y2, split, N, T, cols);
 }
 
 // Stream-K: the same products with the work of the whole matrix, (tile, 256-value block)
@@ -1069,7 +1088,8 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
         bool whole = TCS_LO(tile) == 0 && TCS_HI(tile) == nb;
         int piece = blockIdx.x - stream_k_block((long)tile * nb, units, gridDim.x);
         float* partial = whole ? nullptr : partials + ((long)tile * max_pieces + piece) * 256;
-        tc_tile_store<NT>(c, part, tile * 16, y, y2, split, N, T, nullptr, partial);
+        tc_chain_store<NT>(c, part, warp);
+        tc_tile_sum<NT>(part, warps, tile * 16, y, y2, split, N, T, nullptr, partial);
     }
 #undef TCS_LO
 #undef TCS_HI
@@ -1103,7 +1123,7 @@ extern "C" __global__ void gemv_tc_fixup(const float* partials, float* y, float*
 template <int F>
 __device__ void gemv_tc_experts(const u64* table, const int* active, const int* offsets, const int* order,
                                 long row_bytes, const u16* xh, const float* xscale, float* y, int N, int K,
-                                int col_div) {
+                                int col_div, int chains) {
     int tiles = (N + 15) / 16, a = blockIdx.x / tiles;
     int e = active[a];
     if (e < 0) return;  // the whole block: fewer experts are active than the grid allows
@@ -1113,10 +1133,10 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
         int n = min(16, cnt - c0);
         if (n <= 8)
             gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blockIdx.x % tiles, order + off + c0,
-                          col_div);
+                          col_div, chains);
         else
             gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blockIdx.x % tiles, order + off + c0,
-                          col_div);
+                          col_div, chains);
         __syncthreads();  // the next chunk reuses the partial sums' shared memory
     }
 }
@@ -1144,7 +1164,7 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
     extern "C" __global__ void TC8_REGS_##NAME gemv_tc8_##NAME(                                   \
         const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,     \
         int split, int N, int K, int T) {                                                         \
-        gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
+        gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
     }                                                                                             \
     extern "C" __global__ void TCS_REGS gemv_tcs8_##NAME(                                         \
         const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,     \
@@ -1159,13 +1179,13 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
     extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \
                                                 const float* xscale, float* y, float* y2,         \
                                                 int split, int N, int K, int T) {                 \
-        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1);   \
+        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
     }                                                                                             \
     extern "C" __global__ void gemv_tc_experts_##NAME(                                            \
         const u64* table, const int* active, const int* offsets, const int* order, long row_bytes, \
-        const u16* xh, const float* xscale, float* y, int N, int K, int col_div) {                \
+        const u16* xh, const float* xscale, float* y, int N, int K, int col_div, int chains) {    \
         GRID_PROLOGUE();                                                                          \
-        gemv_tc_experts<F>(table, active, offsets, order, row_bytes, xh, xscale, y, N, K, col_div); \
+        gemv_tc_experts<F>(table, active, offsets, order, row_bytes, xh, xscale, y, N, K, col_div, chains); \
     }
 
 TC_KERNEL(q4_k, FMT_Q4_K)

@@ -241,6 +241,117 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     }
 }
 
+/// The grouped expert GEMV (`gemv_tc_experts_*`) gives each (token, expert) pair the bits of
+/// the tiled GEMV of its expert on its token alone, with 1, 2, 4 or 8 warps a block taking the
+/// 8 chains of K blocks (ops::expert_warps picks the warps by the launch's size).
+#[test]
+fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (n, kd, chains, experts, top_k, tokens) =
+        (40usize, 6144usize, 8u32, 3usize, 2usize, 5usize);
+    let t = GgmlType::Q4_K;
+    let weights: Vec<Weight> = (0..experts)
+        .map(|e| kquant(t, n, kd, &[0, 2], 11 + e as u64))
+        .collect();
+    let tiled: Vec<Vec<u8>> = weights
+        .iter()
+        .map(|w| super::weights::tiled(t, w.raw_bytes(), n, kd / 256))
+        .collect();
+    // Pair p = token · top_k + j chose expert ids[p]; expert 1 takes three pairs, expert 0 none.
+    let ids = [1usize, 2, 2, 1, 1, 2, 2, 1, 2, 1];
+    let slots = experts.min(tokens * top_k);
+    let (mut active, mut offsets, mut order) = (vec![-1i32; slots], vec![0i32], Vec::new());
+    for e in 0..experts {
+        let pairs: Vec<i32> = (0..ids.len())
+            .filter(|&p| ids[p] == e)
+            .map(|p| p as i32)
+            .collect();
+        if !pairs.is_empty() {
+            active[offsets.len() - 1] = e as i32;
+            order.extend(pairs);
+            offsets.push(order.len() as i32);
+        }
+    }
+    offsets.resize(slots + 1, order.len() as i32);
+    let x = random(tokens * kd, 21);
+    let blocks256 = tokens * kd / 256;
+    let (xh, xscale) = (vec![0u16; tokens * kd], vec![0.0f32; blocks256]);
+    let table: Vec<u64> = tiled.iter().map(|w| w.as_ptr() as u64).collect();
+    let row_bytes = t.row_bytes(kd) as i64;
+    // SAFETY: the signatures of to_f16_tc and gemv_tc_experts_q4_k in kernels.cu, over buffers
+    // of the sizes ops.rs gives them.
+    unsafe {
+        let (xa, xha, xsa) = (Addr::of(&x), Addr::of(&xh), Addr::of(&xscale));
+        let to_f16: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
+            kern.kernel("to_f16_tc");
+        kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
+            to_f16(xa.ptr(), xha.ptr(), xsa.ptr(), blocks256 as i64)
+        });
+    }
+    type Experts = unsafe extern "C" fn(
+        *const u64,
+        *const i32,
+        *const i32,
+        *const i32,
+        i64,
+        *const u16,
+        *const f32,
+        *mut f32,
+        i32,
+        i32,
+        i32,
+        i32,
+    );
+    let run = |warps: u32| -> Vec<f32> {
+        let y = vec![f32::NAN; ids.len() * n];
+        let a = Addr::of(&table);
+        let (ac, of, or) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
+        let (xha, xsa, ya) = (Addr::of(&xh), Addr::of(&xscale), Addr::of(&y));
+        // SAFETY: as above.
+        unsafe {
+            let f: Experts = kern.kernel("gemv_tc_experts_q4_k");
+            kern.launch((slots * n.div_ceil(16)) as u32, 32 * warps, &|| {
+                f(
+                    a.ptr(),
+                    ac.ptr(),
+                    of.ptr(),
+                    or.ptr(),
+                    row_bytes,
+                    xha.ptr(),
+                    xsa.ptr(),
+                    ya.ptr(),
+                    n as i32,
+                    kd as i32,
+                    top_k as i32,
+                    chains as i32,
+                )
+            });
+        }
+        y
+    };
+    let eight = run(8);
+    for (p, &e) in ids.iter().enumerate() {
+        let gemv = TcGemv {
+            kern: &kern,
+            format: t,
+            tiles: tiled[e].clone(),
+            n,
+            kd,
+            warps: chains,
+        };
+        let token = p / top_k;
+        let alone = gemv.run(&x[token * kd..(token + 1) * kd], TcLaunch::Tiled);
+        assert_eq!(
+            bits(&eight[p * n..(p + 1) * n]),
+            bits(&alone),
+            "pair {p} (token {token}, expert {e}) differs from its expert's GEMV alone"
+        );
+    }
+    for warps in [1, 2, 4] {
+        assert_eq!(bits(&run(warps)), bits(&eight), "{warps} warps a block");
+    }
+}
+
 /// The MLP's fused conversion (`silu_mul_to_f16_tc`) writes the bits of `silu_mul` then
 /// `to_f16_tc`.
 #[test]
