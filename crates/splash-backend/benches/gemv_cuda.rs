@@ -6,8 +6,8 @@
 //! launch cost. Each shape is also timed with its input converted once, outside the graph (the
 //! GEMV kernels alone), and on the stream-K GEMV. `GEMV_SWEEP=1` also times the tensor-core
 //! GEMV at each warps-per-tile count. Then the grouped expert products of a 35B-A3B MoE layer
-//! (256 experts, 8 a token) at each warps-per-tile count. Last, the time to download a verify
-//! block's logits.
+//! (256 experts, 8 a token) at each warps-per-block count (`GEMV_EXPERTS_ONLY=1`: these
+//! alone). Last, the time to download a verify block's logits.
 
 use std::time::Instant;
 
@@ -78,6 +78,10 @@ fn main() {
         "MB",
         COPY_BANDWIDTH / 1e12
     );
+    if std::env::var_os("GEMV_EXPERTS_ONLY").is_some() {
+        experts(&gpu, &k);
+        return;
+    }
     for &(name, t, n, kd) in shapes {
         let w = random_weight(t, n, kd, n as u64 * 31 + kd as u64);
         let bytes = w.raw_bytes().len() as f64;
@@ -193,7 +197,8 @@ fn main() {
 
 /// The grouped expert products of a 35B-A3B MoE layer (256 experts, top 8): gate / up
 /// (Q4_K, 512 x 2048, the tokens' rows) and down (Q6_K, 2048 x 512, the pairs' rows), for
-/// 1, 4 and 16 tokens routed by random router logits, at each warps-per-tile count; the bytes
+/// 1, 4 and 16 tokens routed by random router logits, with the warps per block chosen by size
+/// ("default") and forced to 1, 2, 4 and 8 (the same bits); the bytes
 /// are those of the distinct experts chosen.
 fn experts(gpu: &Gpu, k: &dev::Kernels) {
     let (e, top_k) = (256, 8);
@@ -233,7 +238,7 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                 bytes / 1e6
             );
             for warps in [0, 1, 2, 4, 8] {
-                dev::force_tensor_core_warps(warps);
+                dev::force_expert_warps(warps);
                 let run = || {
                     let (tp, op) = (ptr(gpu, &table, 0), ptr(gpu, &out, 0));
                     dev::matmul_experts(gpu, k, op, &xa, tp, &proto, &routing, col_div)
@@ -265,7 +270,7 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                     bytes / secs / COPY_BANDWIDTH * 100.0
                 );
             }
-            dev::force_tensor_core_warps(0);
+            dev::force_expert_warps(0);
             println!("{line}");
         }
     }

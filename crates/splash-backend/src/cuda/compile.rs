@@ -62,6 +62,13 @@ pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuEr
     {
         defines.push(format!("-DTC_L2_AHEAD={}", ahead.min(16)));
     }
+    // A measurement switch (see EXPERT_REGS in kernels.cu).
+    if let Some(regs) = std::env::var("SPLASH_EXPERT_REGS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        defines.push(format!("-DEXPERT_REGS={}", regs.clamp(64, 255)));
+    }
     let mut h = Sha256::new();
     h.update(kernel_source().as_bytes());
     h.update(defines.join(" ").as_bytes());

@@ -969,6 +969,10 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
 #undef TC_XROW
     // This warp's units (chain j, block b), in order: chain `warp` from block j, then chain
     // j + warps, ... (chains ≤ nb, so every chain has a block).
+    auto after = [&](int& uj, int& ub) {
+        ub += chains;
+        if (ub >= nb) uj = ub = uj + warps;
+    };
     int j = warp, b = warp;
     bool have = warp < chains;
     TcRaw r0, r1;
@@ -976,19 +980,28 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
         r0 = tc_load<F>(tile + (long)b * seg_bytes, 0, lane);
         r1 = tc_load<F>(tile + (long)b * seg_bytes, 1, lane);
     }
-    for (int d = 2; d <= TC_L2_AHEAD && have && b + d * chains < nb; d++)
-        l2_prefetch(tile + (long)(b + d * chains) * seg_bytes, seg_bytes, lane);
+    // Units 2 .. TC_L2_AHEAD asked of the L2 now, then each step the one TC_L2_AHEAD past the
+    // next (pj, pb): across chains too, so a warp walking one-block chains still reads ahead.
+    int pj = j, pb = b;
+    after(pj, pb);
+    after(pj, pb);
+    for (int d = 2; d <= TC_L2_AHEAD && pj < chains; d++) {
+        l2_prefetch(tile + (long)pb * seg_bytes, seg_bytes, lane);
+        after(pj, pb);
+    }
     // The first weights are in flight; everything else comes from the kernels before.
     GRID_PROLOGUE();
     while (have) {
         // The next unit's loads are in flight while this one is decoded and multiplied (more
         // in flight, in registers or through a ring of shared-memory slots that the copy engine
         // fills, was measured slower: BENCHMARKS.md, 2026-12-01 and 2026-12-02).
-        int nj = j, nbk = b + chains;
-        if (nbk >= nb) nj = nbk = j + warps;
+        int nj = j, nbk = b;
+        after(nj, nbk);
         bool next = nj < chains;
-        if (TC_L2_AHEAD > 0 && b + (1 + TC_L2_AHEAD) * chains < nb)
-            l2_prefetch(tile + (long)(b + (1 + TC_L2_AHEAD) * chains) * seg_bytes, seg_bytes, lane);
+        if (TC_L2_AHEAD > 0 && pj < chains) {
+            l2_prefetch(tile + (long)pb * seg_bytes, seg_bytes, lane);
+            after(pj, pb);
+        }
         TcRaw n0r, n1r;
         if (next) {
             n0r = tc_load<F>(tile + (long)nbk * seg_bytes, 0, lane);
@@ -1158,6 +1171,14 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
 #define TCS_REGS
 #endif
 
+// The grouped expert GEMV's registers: uncapped (about 230 on sm_90, eight warps an SM) unless
+// EXPERT_REGS caps them (SPLASH_EXPERT_REGS, a measurement switch).
+#if defined(EXPERT_REGS) && !defined(KERNEL_EMULATION)
+#define EXPERT_REGS_ATTR __maxnreg__(EXPERT_REGS)
+#else
+#define EXPERT_REGS_ATTR
+#endif
+
 // gemv_tc8_*: up to 8 tokens, gemv_tc16_*: up to 16, a tile per block; gemv_tcs*: stream-K (the
 // kernel bench's comparison).
 #define TC_KERNEL(NAME, F)                                                                        \
@@ -1181,7 +1202,7 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
                                                 int split, int N, int K, int T) {                 \
         gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
     }                                                                                             \
-    extern "C" __global__ void gemv_tc_experts_##NAME(                                            \
+    extern "C" __global__ void EXPERT_REGS_ATTR gemv_tc_experts_##NAME(                           \
         const u64* table, const int* active, const int* offsets, const int* order, long row_bytes, \
         const u16* xh, const float* xscale, float* y, int N, int K, int col_div, int chains) {    \
         GRID_PROLOGUE();                                                                          \
@@ -1497,20 +1518,49 @@ __device__ __forceinline__ int position(int pos0, const int* pos_at) { return po
 
 // Partial NeoX RoPE on x [T, heads, d]: dim j < rot/2 pairs with j + rot/2. One block per
 // (token, head).
-extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int d, int rot, int pos0,
-                                const int* pos_at) {
-    GRID_PROLOGUE();
-    int t = blockIdx.x / heads;
-    pos0 = position(pos0, pos_at);
-    float* h = x + (long)blockIdx.x * d;
+__device__ __forceinline__ void rope_row(float* h, const float* inv_freq, int rot, int pos) {
     int half = rot / 2;
     for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        float angle = (float)(pos0 + t) * inv_freq[j];
+        float angle = (float)pos * inv_freq[j];
         float c = cosf(angle), s = sinf(angle);
         float a = h[j], b = h[j + half];
         h[j] = a * c - b * s;
         h[j + half] = b * c + a * s;
     }
+}
+
+extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int d, int rot, int pos0,
+                                const int* pos_at) {
+    GRID_PROLOGUE();
+    int t = blockIdx.x / heads;
+    rope_row(x + (long)blockIdx.x * d, inv_freq, rot, position(pos0, pos_at) + t);
+}
+
+// Up to SEQ_SLOTS sequences' attention layer in one pass, by value in a kernel's parameters (a
+// captured graph keeps them): sequence i has rows off[i] .. off[i] + n[i] - 1 of the pass, its
+// first position pos0[i] (plus *pos_at[i] when that is not null, see `position`) and its caches
+// kc/ks (keys, int8 scales) and vc/vs (values).
+#define ATTN_SLOTS 16
+struct AttnSlots {
+    u64 kc[ATTN_SLOTS], ks[ATTN_SLOTS], vc[ATTN_SLOTS], vs[ATTN_SLOTS], pos_at[ATTN_SLOTS];
+    int pos0[ATTN_SLOTS], off[ATTN_SLOTS], n[ATTN_SLOTS];
+};
+
+__device__ __forceinline__ int slot_position(const AttnSlots& s, int i) {
+    return position(s.pos0[i], (const int*)s.pos_at[i]);
+}
+
+// RoPE of every sequence's query rows q [T, hq, d] and key rows k [T, hkv, d] at its own
+// positions: `per` = (hq + hkv) · its most tokens blocks a sequence, one per (token, head).
+extern "C" __global__ void rope_seqs(float* q, float* k, const float* inv_freq, int hq, int hkv, int d, int rot,
+                                     AttnSlots s, int per) {
+    GRID_PROLOGUE();
+    int i = blockIdx.x / per, b = blockIdx.x % per, heads = hq + hkv;
+    int t = b / heads, h = b % heads;
+    if (t >= s.n[i]) return;
+    long row = s.off[i] + t;
+    float* x = h < hq ? q + (row * hq + h) * d : k + (row * hkv + h - hq) * d;
+    rope_row(x, inv_freq, rot, slot_position(s, i) + t);
 }
 
 // KV cache formats (src/cpu/kv.rs): 0 f32, 1 bf16, 2 int8 with one f32 scale per row.
@@ -1519,11 +1569,8 @@ extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int 
 #define KV_INT8 2
 
 // Appends rows x [T, hkv, d] at position pos0 (row pos0·hkv) of the cache. One block per row.
-extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, int fmt, int d, int hkv, int pos0,
-                                     const int* pos_at) {
-    GRID_PROLOGUE();
-    long r = (long)position(pos0, pos_at) * hkv + blockIdx.x;
-    const float* xr = x + (long)blockIdx.x * d;
+// Row xr [d] into cache row r (by the whole block).
+__device__ __forceinline__ void kv_append_row(const float* xr, u8* cache, float* scales, int fmt, int d, long r) {
     if (fmt == KV_F32) {
         for (int i = threadIdx.x; i < d; i += blockDim.x) ((float*)cache)[r * d + i] = xr[i];
     } else if (fmt == KV_BF16) {
@@ -1547,6 +1594,28 @@ extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, i
             ((i8*)cache)[r * d + i] = (i8)fminf(127.0f, fmaxf(-127.0f, roundf(xr[i] * inv)));
         if (threadIdx.x == 0) scales[r] = s;
     }
+}
+
+extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, int fmt, int d, int hkv, int pos0,
+                                     const int* pos_at) {
+    GRID_PROLOGUE();
+    long r = (long)position(pos0, pos_at) * hkv + blockIdx.x;
+    kv_append_row(x + (long)blockIdx.x * d, cache, scales, fmt, d, r);
+}
+
+// The key rows k and value rows v [T, hkv, d] of every sequence appended to its own caches at
+// its positions: `per` = 2 · hkv · its most tokens blocks a sequence (keys, then values), one
+// per (token, head).
+extern "C" __global__ void kv_append_seqs(const float* k, const float* v, int fmt, int d, int hkv, AttnSlots s,
+                                          int per) {
+    GRID_PROLOGUE();
+    int i = blockIdx.x / per, b = blockIdx.x % per, half = per / 2;
+    bool value = b >= half;
+    int local = b % half, t = local / hkv;
+    if (t >= s.n[i]) return;
+    long r = (long)(slot_position(s, i) + t) * hkv + local % hkv;
+    const float* xr = (value ? v : k) + ((long)s.off[i] * hkv + local) * d;
+    kv_append_row(xr, (u8*)(value ? s.vc[i] : s.kc[i]), (float*)(value ? s.vs[i] : s.ks[i]), fmt, d, r);
 }
 
 // Head dims per lane of a warp; a head dim that is not a multiple of 32 (small drafts) leaves
@@ -1727,10 +1796,32 @@ extern "C" __global__ void attention_part(const float* q, const u8* kc, const fl
            scale, dst + 2, false, dst, dst + 1);
 }
 
-// Merges the chunks of attention_part, in order: one block per row.
-extern "C" __global__ void attention_combine(const float* part, float* out, int nchunks) {
+// Split attention of every sequence's rows (causal, no window: the target's layers) over its
+// own caches: block (chunk c, sequence i, row) as attention_part's, `rows` = hq · the most
+// tokens of a sequence, writing part[i, row, c]. Every sequence takes `nchunks` chunks, the most
+// any needs: past its keys a chunk is empty (max −inf), which attention_combine skips, so each
+// row gets the bits of its sequence's own launch.
+extern "C" __global__ void attention_part_seqs(const float* q, float* part, int fmt, int hq, int hkv, float scale,
+                                               AttnSlots s, int rows, int nchunks) {
     GRID_PROLOGUE();
-    const float* p = part + (long)blockIdx.x * nchunks * (HEAD_DIM + 2);
+    int seqs = gridDim.x / (rows * nchunks);
+    int c = blockIdx.x / (seqs * rows), i = blockIdx.x / rows % seqs, row = blockIdx.x % rows;
+    if (row >= s.n[i] * hq) return;
+    int lo, hi;
+    key_range(row / hq, slot_position(s, i), 0, 0, &lo, &hi);
+    float* dst = part + (((long)i * rows + row) * nchunks + c) * (HEAD_DIM + 2);
+    if (max(lo, c * ATTN_CHUNK) >= min(hi, (c + 1) * ATTN_CHUNK)) {
+        // No key of this chunk (a sequence shorter than the longest): its max alone, −inf.
+        if (threadIdx.x == 0) dst[0] = NEG_INF;
+        return;
+    }
+    attend(q + (long)s.off[i] * hq * HEAD_DIM, (const u8*)s.kc[i], (const float*)s.ks[i], (const u8*)s.vc[i],
+           (const float*)s.vs[i], fmt, row, hq, hkv, max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK), scale,
+           dst + 2, false, dst, dst + 1);
+}
+
+// The chunks of a row's partial results p [nchunks, HEAD_DIM + 2] merged in order into o.
+__device__ __forceinline__ void combine_row(const float* p, float* o, int nchunks) {
     float mt = NEG_INF;
     for (int c = 0; c < nchunks; c++) mt = fmaxf(mt, p[c * (HEAD_DIM + 2)]);
     float lt = 0.0f;
@@ -1744,8 +1835,24 @@ extern "C" __global__ void attention_combine(const float* part, float* out, int 
             float mc = p[c * (HEAD_DIM + 2)];
             if (mc != NEG_INF) v += p[c * (HEAD_DIM + 2) + 2 + i] * expf(mc - mt);
         }
-        out[(long)blockIdx.x * HEAD_DIM + i] = v / lt;
+        o[i] = v / lt;
     }
+}
+
+// Merges the chunks of attention_part, in order: one block per row.
+extern "C" __global__ void attention_combine(const float* part, float* out, int nchunks) {
+    GRID_PROLOGUE();
+    combine_row(part + (long)blockIdx.x * nchunks * (HEAD_DIM + 2), out + (long)blockIdx.x * HEAD_DIM, nchunks);
+}
+
+// attention_combine for attention_part_seqs: block (sequence i, row) writes row off[i]·hq + row.
+extern "C" __global__ void attention_combine_seqs(const float* part, float* out, int hq, AttnSlots s, int rows,
+                                                  int nchunks) {
+    GRID_PROLOGUE();
+    int i = blockIdx.x / rows, row = blockIdx.x % rows;
+    if (row >= s.n[i] * hq) return;
+    combine_row(part + (long)blockIdx.x * nchunks * (HEAD_DIM + 2),
+                out + ((long)s.off[i] * hq + row) * HEAD_DIM, nchunks);
 }
 
 // Attention of a long pass (prefill) on the tensor cores, flash-attention style: block

@@ -749,6 +749,250 @@ unsafe fn combine(kern: &HostKernels, part: Addr, out: Addr, rows: usize, nchunk
     });
 }
 
+/// An attention layer's position-dependent work for several sequences in one launch each
+/// (`rope_seqs`, `kv_append_seqs`, `attention_part_seqs` and `attention_combine_seqs`) gives
+/// every sequence the bits of its own launches (`rope`, `kv_append`, `attention_part`,
+/// `attention_combine`): its roped rows, its cache rows and its attention output, for every
+/// cache format, over contexts of 1,030, 5 and 300 keys (the short ones take the long one's
+/// chunk count, their extra chunks empty).
+#[test]
+fn the_attention_of_several_sequences_has_each_ones_bits() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (d, hq, hkv, rot) = (32usize, 2usize, 1usize, 16usize);
+    let seqs = [(1030usize, 3usize), (5, 1), (300, 2)];
+    let scale = (d as f32).powf(-0.5);
+    let inv_freq: Vec<f32> = (0..rot / 2)
+        .map(|j| 10000f32.powf(-2.0 * j as f32 / rot as f32))
+        .collect();
+    let rows: usize = seqs.iter().map(|s| s.1).sum();
+    let q = random(rows * hq * d, 81);
+    let (kn, vn) = (random(rows * hkv * d, 82), random(rows * hkv * d, 83));
+    type Rope = unsafe extern "C" fn(*mut f32, *const f32, i32, i32, i32, i32, *const i32);
+    type RopeSeqs =
+        unsafe extern "C" fn(*mut f32, *mut f32, *const f32, i32, i32, i32, i32, AttnSlots, i32);
+    type Append =
+        unsafe extern "C" fn(*const f32, *mut u8, *mut f32, i32, i32, i32, i32, *const i32);
+    type AppendSeqs = unsafe extern "C" fn(*const f32, *const f32, i32, i32, i32, AttnSlots, i32);
+    type Part = unsafe extern "C" fn(
+        *const f32,
+        *const u8,
+        *const f32,
+        *const u8,
+        *const f32,
+        *mut f32,
+        i32,
+        i32,
+        i32,
+        i32,
+        *const i32,
+        f32,
+        i32,
+        i32,
+        i32,
+    );
+    type PartSeqs =
+        unsafe extern "C" fn(*const f32, *mut f32, i32, i32, i32, f32, AttnSlots, i32, i32);
+    type CombineSeqs = unsafe extern "C" fn(*const f32, *mut f32, i32, AttnSlots, i32, i32);
+    use super::AttnSlots;
+    for format in [KvFormat::F32, KvFormat::Bf16, KvFormat::Int8] {
+        let fmt = kv_code(format);
+        // Each sequence's cache holds its context and room for its new rows (garbage there).
+        let caches = |seed: u64| -> Vec<HostCache> {
+            seqs.iter()
+                .enumerate()
+                .map(|(i, &(pos0, n))| {
+                    let s = pos0 + n;
+                    let (k, v) = (
+                        random(s * hkv * d, seed + 2 * i as u64),
+                        random(s * hkv * d, seed + 1 + 2 * i as u64),
+                    );
+                    HostCache::new(&kern, format, &k, &v, hkv, d)
+                })
+                .collect()
+        };
+        // Each sequence alone.
+        let (solo, solo_caches) = {
+            let (q, kn, vn) = (q.clone(), kn.clone(), vn.clone());
+            let caches = caches(90);
+            let out = vec![f32::NAN; rows * hq * d];
+            let mut off = 0;
+            for (&(pos0, n), cache) in seqs.iter().zip(&caches) {
+                let chunks = (pos0 + n).div_ceil(super::ops::ATTN_CHUNK);
+                let part = vec![f32::NAN; n * hq * chunks * (d + 2)];
+                let (qa, ka, va, ia) = (
+                    Addr(Addr::of(&q).0 + off * hq * d * 4),
+                    Addr(Addr::of(&kn).0 + off * hkv * d * 4),
+                    Addr(Addr::of(&vn).0 + off * hkv * d * 4),
+                    Addr::of(&inv_freq),
+                );
+                let (pa, oa) = (Addr::of(&part), Addr(Addr::of(&out).0 + off * hq * d * 4));
+                let (kc, ksa, vc, vsa) = cache.addrs();
+                // SAFETY: the signatures of rope, kv_append, attention_part and
+                // attention_combine in kernels.cu, over buffers of the sizes ops.rs gives them.
+                unsafe {
+                    let rope: Rope = kern.kernel("rope");
+                    for (x, heads) in [(qa, hq), (ka, hkv)] {
+                        kern.launch((n * heads) as u32, 32, &|| {
+                            rope(
+                                x.ptr(),
+                                ia.ptr(),
+                                heads as i32,
+                                d as i32,
+                                rot as i32,
+                                pos0 as i32,
+                                std::ptr::null(),
+                            )
+                        });
+                    }
+                    let append: Append = kern.kernel("kv_append");
+                    for (x, c, sc) in [(ka, kc, ksa), (va, vc, vsa)] {
+                        kern.launch((n * hkv) as u32, 128, &|| {
+                            append(
+                                x.ptr(),
+                                c.ptr(),
+                                sc.ptr(),
+                                fmt,
+                                d as i32,
+                                hkv as i32,
+                                pos0 as i32,
+                                std::ptr::null(),
+                            )
+                        });
+                    }
+                    let part_fn: Part = kern.kernel("attention_part");
+                    kern.launch((n * hq * chunks) as u32, 128, &|| {
+                        part_fn(
+                            qa.ptr(),
+                            kc.ptr(),
+                            ksa.ptr(),
+                            vc.ptr(),
+                            vsa.ptr(),
+                            pa.ptr(),
+                            fmt,
+                            hq as i32,
+                            hkv as i32,
+                            pos0 as i32,
+                            std::ptr::null(),
+                            scale,
+                            0,
+                            0,
+                            chunks as i32,
+                        )
+                    });
+                    combine(&kern, pa, oa, n * hq, chunks);
+                }
+                off += n;
+            }
+            (out, caches)
+        };
+        // All of them at once.
+        let (q, kn, vn) = (q.clone(), kn.clone(), vn.clone());
+        let caches = caches(90);
+        let mut slots = AttnSlots::default();
+        let mut off = 0;
+        for (i, (&(pos0, n), c)) in seqs.iter().zip(&caches).enumerate() {
+            let (kc, ksa, vc, vsa) = c.addrs();
+            (slots.kc[i], slots.ks[i], slots.vc[i], slots.vs[i]) =
+                (kc.0 as u64, ksa.0 as u64, vc.0 as u64, vsa.0 as u64);
+            (slots.pos0[i], slots.off[i], slots.n[i]) = (pos0 as i32, off as i32, n as i32);
+            off += n;
+        }
+        let longest = seqs.iter().map(|s| s.1).max().unwrap();
+        let chunks = seqs
+            .iter()
+            .map(|s| s.0 + s.1)
+            .max()
+            .unwrap()
+            .div_ceil(super::ops::ATTN_CHUNK);
+        let (n_seqs, qrows) = (seqs.len(), longest * hq);
+        let part = vec![f32::NAN; n_seqs * qrows * chunks * (d + 2)];
+        let out = vec![f32::NAN; rows * hq * d];
+        let (qa, ka, va, ia, pa, oa) = (
+            Addr::of(&q),
+            Addr::of(&kn),
+            Addr::of(&vn),
+            Addr::of(&inv_freq),
+            Addr::of(&part),
+            Addr::of(&out),
+        );
+        // SAFETY: the signatures of the *_seqs kernels in kernels.cu, over buffers of the sizes
+        // ops.rs gives them.
+        unsafe {
+            let rope: RopeSeqs = kern.kernel("rope_seqs");
+            let per = longest * (hq + hkv);
+            kern.launch((n_seqs * per) as u32, 32, &|| {
+                rope(
+                    qa.ptr(),
+                    ka.ptr(),
+                    ia.ptr(),
+                    hq as i32,
+                    hkv as i32,
+                    d as i32,
+                    rot as i32,
+                    slots,
+                    per as i32,
+                )
+            });
+            let append: AppendSeqs = kern.kernel("kv_append_seqs");
+            let per = 2 * longest * hkv;
+            kern.launch((n_seqs * per) as u32, 128, &|| {
+                append(
+                    ka.ptr(),
+                    va.ptr(),
+                    fmt,
+                    d as i32,
+                    hkv as i32,
+                    slots,
+                    per as i32,
+                )
+            });
+            let part_fn: PartSeqs = kern.kernel("attention_part_seqs");
+            kern.launch((n_seqs * qrows * chunks) as u32, 128, &|| {
+                part_fn(
+                    qa.ptr(),
+                    pa.ptr(),
+                    fmt,
+                    hq as i32,
+                    hkv as i32,
+                    scale,
+                    slots,
+                    qrows as i32,
+                    chunks as i32,
+                )
+            });
+            let comb: CombineSeqs = kern.kernel("attention_combine_seqs");
+            kern.launch((n_seqs * qrows) as u32, 128, &|| {
+                comb(
+                    pa.ptr(),
+                    oa.ptr(),
+                    hq as i32,
+                    slots,
+                    qrows as i32,
+                    chunks as i32,
+                )
+            });
+        }
+        for (i, (a, b)) in caches.iter().zip(&solo_caches).enumerate() {
+            assert!(
+                a.k == b.k
+                    && a.v == b.v
+                    && bits(&a.ks) == bits(&b.ks)
+                    && bits(&a.vs) == bits(&b.vs),
+                "{format:?}: sequence {i}'s cache differs from its own launches'"
+            );
+        }
+        assert_eq!(
+            bits(&out),
+            bits(&solo),
+            "{format:?}: attention outputs differ"
+        );
+        assert!(
+            out.iter().all(|v| v.is_finite()),
+            "{format:?}: an output row was not written"
+        );
+    }
+}
+
 /// The CPU reference: causal attention of `q` at `pos0..` over `keys`/`values` stored in
 /// `format`, with an optional sliding window (by the mask's definition, query by query).
 #[allow(clippy::too_many_arguments)]

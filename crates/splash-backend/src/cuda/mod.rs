@@ -280,6 +280,8 @@ pub enum Arg {
     Seqs(Box<SeqSlots>),
     /// The GDN layers of a rollback, by value (`LayerSlots` in kernels.cu).
     Layers(Box<LayerSlots>),
+    /// The sequences of an attention layer's pass, by value (`AttnSlots` in kernels.cu).
+    Attn(Box<AttnSlots>),
 }
 
 /// Sequences a `*_seqs` kernel takes in one launch (`SEQ_SLOTS` in kernels.cu).
@@ -300,6 +302,29 @@ pub struct SeqSlots {
 
 // SAFETY: plain data with the C layout of kernels.cu's SeqSlots.
 unsafe impl DeviceRepr for SeqSlots {}
+
+/// Sequences an attention `*_seqs` kernel takes in one launch (`ATTN_SLOTS` in kernels.cu).
+pub const ATTN_SLOTS: usize = 16;
+
+/// Up to [`ATTN_SLOTS`] sequences of an attention layer's pass, by value in a kernel's
+/// parameters: sequence `i` has rows `off[i] .. off[i] + n[i]` of the pass, its first position
+/// `pos0[i]` (plus the `i32` at `pos_at[i]` when that is not 0, see `ops::Position`) and its
+/// key and value caches `kc`/`ks`, `vc`/`vs` (rows, int8 scales). `AttnSlots` in kernels.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnSlots {
+    pub kc: [u64; ATTN_SLOTS],
+    pub ks: [u64; ATTN_SLOTS],
+    pub vc: [u64; ATTN_SLOTS],
+    pub vs: [u64; ATTN_SLOTS],
+    pub pos_at: [u64; ATTN_SLOTS],
+    pub pos0: [i32; ATTN_SLOTS],
+    pub off: [i32; ATTN_SLOTS],
+    pub n: [i32; ATTN_SLOTS],
+}
+
+// SAFETY: plain data with the C layout of kernels.cu's AttnSlots.
+unsafe impl DeviceRepr for AttnSlots {}
 
 /// GDN layers a `*_replay` kernel takes in one launch (`LAYER_SLOTS` in kernels.cu).
 pub const LAYER_SLOTS: usize = 64;
@@ -698,6 +723,7 @@ impl Gpu {
                     Arg::F32(v) => b.arg(v),
                     Arg::Seqs(v) => b.arg(&**v),
                     Arg::Layers(v) => b.arg(&**v),
+                    Arg::Attn(v) => b.arg(&**v),
                 };
             }
             let cfg = LaunchConfig {
@@ -739,6 +765,7 @@ impl Gpu {
                 Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
                 Arg::Seqs(v) => &**v as *const SeqSlots as *mut std::ffi::c_void,
                 Arg::Layers(v) => &**v as *const LayerSlots as *mut std::ffi::c_void,
+                Arg::Attn(v) => &**v as *const AttnSlots as *mut std::ffi::c_void,
             })
             .collect();
         // SAFETY: a zeroed attribute is a valid plain-data value; its id and value are set next.

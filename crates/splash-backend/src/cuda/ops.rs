@@ -833,8 +833,21 @@ const EXPERT_WARPS_IN_FLIGHT: usize = 1024;
 /// most one a chain. The chains, not the warps, set the bits, so this may follow the number of
 /// tokens.
 fn expert_warps(blocks: usize, chains: usize) -> usize {
+    let forced = EXPERT_WARPS.load(std::sync::atomic::Ordering::Relaxed);
+    if forced > 0 {
+        return forced.min(chains);
+    }
     let fill = (EXPERT_WARPS_IN_FLIGHT / blocks.max(1)).max(1);
     (1usize << fill.ilog2()).min(chains)
+}
+
+/// Warps per block forced by [`force_expert_warps`] (0: the launch's size decides).
+static EXPERT_WARPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Forces the warps per block of every grouped expert product (at most its chains; 0 restores
+/// the choice by size). Same bits either way; for the kernel bench's sweep.
+pub fn force_expert_warps(warps: usize) {
+    EXPERT_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// `out[t, :] += Σ_j weights[t, j] · y[t · top_k + j, :]` (`d` values per row), the experts
@@ -1545,6 +1558,199 @@ fn flash_split(blocks: usize, span: usize) -> (usize, usize) {
 /// the mma tiles divide. An f32 cache and the exact mode keep the f32 kernel.
 fn flash_prefill(gpu: &Gpu, k: &Kernels, format: KvFormat) -> bool {
     !gpu.exact() && format != KvFormat::F32 && k.dims().head_dim.is_multiple_of(16)
+}
+
+/// One sequence of an attention layer's pass for the `*_seqs` attention kernels: its rows
+/// `off .. off + n` of the pass, the position of its first one, and its key and value caches
+/// (`(rows, int8 scales)`, as [`attention`] takes them).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnPart {
+    pub keys: (u64, u64),
+    pub values: (u64, u64),
+    pub pos: Position,
+    pub off: usize,
+    pub n: usize,
+}
+
+/// `parts` in launches of at most [`super::ATTN_SLOTS`]: each group, its table and its longest
+/// sequence.
+fn attn_groups(
+    parts: &[AttnPart],
+) -> impl Iterator<Item = (&[AttnPart], super::AttnSlots, usize)> + '_ {
+    parts.chunks(super::ATTN_SLOTS).map(|group| {
+        let mut s = super::AttnSlots::default();
+        for (i, p) in group.iter().enumerate() {
+            (s.kc[i], s.ks[i]) = p.keys;
+            (s.vc[i], s.vs[i]) = p.values;
+            (s.pos0[i], s.pos_at[i]) = match p.pos {
+                Position::Host(at) => (at as i32, 0),
+                Position::Device { at, .. } => (0, at),
+            };
+            s.off[i] = p.off as i32;
+            s.n[i] = p.n as i32;
+        }
+        let longest = group.iter().map(|p| p.n).max().unwrap_or(0);
+        (group, s, longest)
+    })
+}
+
+/// [`rope`] of every sequence's query rows `q` `[rows, hq, d]` and key rows `keys`
+/// `[rows, hkv, d]` at its own positions, in one launch per [`super::ATTN_SLOTS`] sequences.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_seqs(
+    gpu: &Gpu,
+    k: &Kernels,
+    q: u64,
+    keys: u64,
+    inv_freq: u64,
+    parts: &[AttnPart],
+    (hq, hkv, d): (usize, usize, usize),
+    rot: usize,
+) -> Result<(), GpuError> {
+    for (group, slots, longest) in attn_groups(parts) {
+        let per = longest * (hq + hkv);
+        gpu.launch(
+            k,
+            "rope_seqs",
+            (per * group.len()) as u32,
+            row_threads(rot / 2),
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(keys),
+                Arg::Ptr(inv_freq),
+                Arg::I32(hq as i32),
+                Arg::I32(hkv as i32),
+                Arg::I32(d as i32),
+                Arg::I32(rot as i32),
+                Arg::Attn(Box::new(slots)),
+                Arg::I32(per as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// [`kv_append`] of every sequence's key and value rows (`keys`, `values` `[rows, hkv, d]`) to
+/// its own caches at its positions, in one launch per [`super::ATTN_SLOTS`] sequences.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_append_seqs(
+    gpu: &Gpu,
+    k: &Kernels,
+    keys: u64,
+    values: u64,
+    format: KvFormat,
+    parts: &[AttnPart],
+    hkv: usize,
+    d: usize,
+) -> Result<(), GpuError> {
+    for (group, slots, longest) in attn_groups(parts) {
+        let per = 2 * longest * hkv;
+        gpu.launch(
+            k,
+            "kv_append_seqs",
+            (per * group.len()) as u32,
+            128,
+            &[
+                Arg::Ptr(keys),
+                Arg::Ptr(values),
+                Arg::I32(kv_code(format)),
+                Arg::I32(d as i32),
+                Arg::I32(hkv as i32),
+                Arg::Attn(Box::new(slots)),
+                Arg::I32(per as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Causal [`attention`] of every sequence's query rows (`q`, `out` `[rows, hq, HEAD_DIM]`) over
+/// its own caches: for passes of up to 32 tokens a sequence, one split-attention launch and one
+/// merge per [`super::ATTN_SLOTS`] sequences, each row with the bits of its sequence's own
+/// launch (the chunks past a sequence's keys are empty, which the merge skips); longer passes
+/// (prefill) a launch each.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_seqs(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    q: u64,
+    format: KvFormat,
+    parts: &[AttnPart],
+    (hq, hkv): (usize, usize),
+    scale: f32,
+) -> Result<(), GpuError> {
+    let d = k.dims().head_dim;
+    if parts.iter().any(|p| p.n > SPLIT_ATTENTION_ROWS) {
+        for p in parts {
+            let row = (p.off * hq * d * 4) as u64;
+            attention(
+                gpu,
+                k,
+                out + row,
+                q + row,
+                p.keys,
+                p.values,
+                format,
+                p.n,
+                hq,
+                hkv,
+                p.pos,
+                scale,
+                KeyMask::default(),
+            )?;
+        }
+        return Ok(());
+    }
+    for (group, slots, longest) in attn_groups(parts) {
+        // As many chunks as the furthest key of any sequence needs (see `attention`).
+        let chunks = group
+            .iter()
+            .map(|p| match p.pos {
+                Position::Host(at) => at + p.n,
+                Position::Device { limit, .. } => limit,
+            })
+            .max()
+            .unwrap_or(0)
+            .div_ceil(ATTN_CHUNK)
+            .max(1);
+        let rows = longest * hq;
+        let part = gpu.uninit::<f32>(group.len() * rows * chunks * (d + 2))?;
+        let pp = super::ptr(gpu, &part, 0);
+        let slots = Box::new(slots);
+        gpu.launch(
+            k,
+            "attention_part_seqs",
+            (group.len() * rows * chunks) as u32,
+            128,
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(pp),
+                Arg::I32(kv_code(format)),
+                Arg::I32(hq as i32),
+                Arg::I32(hkv as i32),
+                Arg::F32(scale),
+                Arg::Attn(slots.clone()),
+                Arg::I32(rows as i32),
+                Arg::I32(chunks as i32),
+            ],
+        )?;
+        gpu.launch(
+            k,
+            "attention_combine_seqs",
+            (group.len() * rows) as u32,
+            128,
+            &[
+                Arg::Ptr(pp),
+                Arg::Ptr(out),
+                Arg::I32(hq as i32),
+                Arg::Attn(slots),
+                Arg::I32(rows as i32),
+                Arg::I32(chunks as i32),
+            ],
+        )?;
+    }
+    Ok(())
 }
 
 /// Depthwise causal conv + SiLU: `y`, `x` `[tokens, c]`, `state` `[kernel-1, c]`, `w` `[c, kernel]`.

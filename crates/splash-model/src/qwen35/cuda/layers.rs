@@ -507,7 +507,7 @@ impl GpuAttn {
     }
 
     /// The layer over the rows of `x` belonging to the sequences `parts`: projections for all
-    /// rows; RoPE, the cache append and attention per sequence.
+    /// rows; RoPE, the cache appends and attention of every sequence in one launch each.
     pub(super) fn forward(
         &self,
         m: &GpuModel,
@@ -554,17 +554,13 @@ impl GpuAttn {
             d,
             eps,
         )?;
-        let inv = ptr(gpu, &m.inv_freq, 0);
-        let attn = m.scratch(t * hq * d)?;
+        // RoPE, the cache appends and attention of every sequence in one launch each, on its
+        // own caches at its own positions.
+        let mut seqs = Vec::with_capacity(parts.len());
+        let kv = parts.first().map_or(KvFormat::F32, |p| p.kv);
         for p in parts.iter_mut() {
-            let (SeqRows { off, t: n }, kv, pos) = (p.rows, p.kv, p.pos);
-            let (qp, kp, vp) = (
-                ptr(gpu, &q, off * hq * d),
-                ptr(gpu, &kb, off * hkv * d),
-                ptr(gpu, &vb, off * hkv * d),
-            );
-            dev::rope(gpu, k, qp, inv, n, hq, d, m.rotary_dim, pos)?;
-            dev::rope(gpu, k, kp, inv, n, hkv, d, m.rotary_dim, pos)?;
+            let (SeqRows { off, t: n }, pos) = (p.rows, p.pos);
+            assert_eq!(p.kv, kv, "the sequences of a pass share one cache format");
             // (A captured pass's caches were grown before the capture.)
             if let dev::Position::Host(pos0) = pos {
                 ensure_capacity(m, p.state, kv, pos0 + n, hkv, d)?;
@@ -575,30 +571,25 @@ impl GpuAttn {
                 ks,
                 vs,
                 ..
-            } = &mut *p.state
+            } = &*p.state
             else {
                 unreachable!("attention layer state")
             };
-            let (kcp, vcp) = (ptr(gpu, kc, 0), ptr(gpu, vc, 0));
-            let (ksp, vsp) = (ptr(gpu, ks, 0), ptr(gpu, vs, 0));
-            dev::kv_append(gpu, k, kcp, ksp, kp, kv, n, hkv, d, pos)?;
-            dev::kv_append(gpu, k, vcp, vsp, vp, kv, n, hkv, d, pos)?;
-            dev::attention(
-                gpu,
-                k,
-                ptr(gpu, &attn, off * hq * d),
-                qp,
-                (kcp, ksp),
-                (vcp, vsp),
-                kv,
-                n,
-                hq,
-                hkv,
+            seqs.push(dev::AttnPart {
+                keys: (ptr(gpu, kc, 0), ptr(gpu, ks, 0)),
+                values: (ptr(gpu, vc, 0), ptr(gpu, vs, 0)),
                 pos,
-                (d as f32).powf(-0.5),
-                dev::KeyMask::default(),
-            )?;
+                off,
+                n,
+            });
         }
+        let (qp, kp, vp) = (ptr(gpu, &q, 0), ptr(gpu, &kb, 0), ptr(gpu, &vb, 0));
+        let inv = ptr(gpu, &m.inv_freq, 0);
+        dev::rope_seqs(gpu, k, qp, kp, inv, &seqs, (hq, hkv, d), m.rotary_dim)?;
+        dev::kv_append_seqs(gpu, k, kp, vp, kv, &seqs, hkv, d)?;
+        let attn = m.scratch(t * hq * d)?;
+        let scale = (d as f32).powf(-0.5);
+        dev::attention_seqs(gpu, k, ptr(gpu, &attn, 0), qp, kv, &seqs, (hq, hkv), scale)?;
         dev::sigmoid_gate(gpu, k, ptr(gpu, &attn, 0), ptr(gpu, &gate, 0), t * hq * d)?;
         let out = m.scratch(t * self.o.rows())?;
         dev::matmul(
