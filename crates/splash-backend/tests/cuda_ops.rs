@@ -55,6 +55,11 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     }) / scale
 }
 
+/// The bit patterns of `v`, for exact comparisons.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 fn poisoned(gpu: &Gpu, n: usize) -> cudarc::driver::CudaSlice<f32> {
     gpu.upload(&vec![f32::NAN; n]).unwrap()
 }
@@ -408,7 +413,7 @@ fn experts_route_and_multiply_on_the_device() {
         // The weighted sum into a residual.
         let base = random(t * n, 60 + t as u64);
         let bd = gpu.upload(&base).unwrap();
-        dev::moe_combine(&gpu, &k, ptr(&gpu, &bd, 0), op, &routing, t, top_k, n).unwrap();
+        dev::moe_combine(&gpu, &k, ptr(&gpu, &bd, 0), op, None, &routing, t, top_k, n).unwrap();
         let sum = gpu.download(&bd, t * n).unwrap();
         for ti in 0..t {
             for i in 0..n {
@@ -419,6 +424,64 @@ fn experts_route_and_multiply_on_the_device() {
                 assert!((sum[ti * n + i] - want).abs() <= 1e-5 * want.abs().max(1.0));
             }
         }
+        // The same gate products beside up-like ones (the experts in reverse) in one launch.
+        let reversed: Vec<u64> = dws.iter().rev().map(|w| w.device_ptr(&gpu)).collect();
+        let reversed = gpu.upload(&reversed).unwrap();
+        let (gate, up) = (poisoned(&gpu, pairs * n), poisoned(&gpu, pairs * n));
+        let rp = ptr(&gpu, &reversed, 0);
+        let (gp, upp) = (ptr(&gpu, &gate, 0), ptr(&gpu, &up, 0));
+        let products = [(tp, gp), (rp, upp)];
+        dev::matmul_expert_pair(&gpu, &k, products, &xa, &dws[0], &routing, top_k).unwrap();
+        let up_alone = poisoned(&gpu, pairs * n);
+        let ua = ptr(&gpu, &up_alone, 0);
+        dev::matmul_experts(&gpu, &k, ua, &xa, rp, &dws[0], &routing, top_k).unwrap();
+        assert_eq!(
+            bits(&gpu.download(&gate, pairs * n).unwrap()),
+            bits(&got),
+            "t={t}: paired gate"
+        );
+        let up_alone = gpu.download(&up_alone, pairs * n).unwrap();
+        assert_eq!(
+            bits(&gpu.download(&up, pairs * n).unwrap()),
+            bits(&up_alone),
+            "t={t}: paired up"
+        );
+        // Down-like products of silu(g) * u (pair rows): converted in one launch, the bits of
+        // silu_mul, then the products.
+        let (g, u) = (
+            random(pairs * kd, 80 + t as u64),
+            random(pairs * kd, 90 + t as u64),
+        );
+        let (gd, ud) = (gpu.upload(&g).unwrap(), gpu.upload(&u).unwrap());
+        let (gdp, udp) = (ptr(&gpu, &gd, 0), ptr(&gpu, &ud, 0));
+        let (fused, apart) = (poisoned(&gpu, pairs * n), poisoned(&gpu, pairs * n));
+        let (fp, ap) = (ptr(&gpu, &fused, 0), ptr(&gpu, &apart, 0));
+        dev::matmul_experts_swiglu(&gpu, &k, fp, (gdp, udp), tp, &dws[0], &routing, pairs).unwrap();
+        dev::silu_mul(&gpu, &k, gdp, udp, pairs * kd).unwrap();
+        let silu = dev::Activations::new(gdp, pairs, kd);
+        dev::matmul_experts(&gpu, &k, ap, &silu, tp, &dws[0], &routing, 1).unwrap();
+        assert_eq!(
+            bits(&gpu.download(&fused, pairs * n).unwrap()),
+            bits(&gpu.download(&apart, pairs * n).unwrap()),
+            "t={t}: the fused down products differ from silu_mul then the products"
+        );
+        // The shared expert's gate in the weighted sum: the bits of scale_rows_sigmoid first.
+        let g = random(t, 70 + t as u64);
+        let gd = gpu.upload(&g).unwrap();
+        let (fused, apart) = (gpu.upload(&base).unwrap(), gpu.upload(&base).unwrap());
+        let (fp, ap, gdp) = (
+            ptr(&gpu, &fused, 0),
+            ptr(&gpu, &apart, 0),
+            ptr(&gpu, &gd, 0),
+        );
+        dev::moe_combine(&gpu, &k, fp, op, Some(gdp), &routing, t, top_k, n).unwrap();
+        dev::scale_rows_sigmoid(&gpu, &k, ap, gdp, t, n).unwrap();
+        dev::moe_combine(&gpu, &k, ap, op, None, &routing, t, top_k, n).unwrap();
+        assert_eq!(
+            bits(&gpu.download(&fused, t * n).unwrap()),
+            bits(&gpu.download(&apart, t * n).unwrap()),
+            "t={t}: the gated sum differs from scale_rows_sigmoid then the sum"
+        );
     }
 }
 

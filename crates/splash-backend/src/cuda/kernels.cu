@@ -1132,12 +1132,19 @@ extern "C" __global__ void gemv_tc_fixup(const float* partials, float* y, float*
 // tile `tile` of the a-th active expert's weight (its pointer in `table`) by every pair routed
 // to it, 16 columns at a time, so each expert's weights are read once however many tokens chose
 // it. Pair p reads activation row p / col_div (its token for gate / up, the pair itself for
-// down) and writes row p of y; each pair gets what its token alone would get.
+// down) and writes row p of y; each pair gets what its token alone would get. With a second
+// table (table_b, y_b: the up products beside the gate ones), the second half of the grid does
+// the same for it.
 template <int F>
-__device__ void gemv_tc_experts(const u64* table, const int* active, const int* offsets, const int* order,
-                                long row_bytes, const u16* xh, const float* xscale, float* y, int N, int K,
-                                int col_div, int chains) {
-    int tiles = (N + 15) / 16, a = blockIdx.x / tiles;
+__device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
+                                const int* offsets, const int* order, long row_bytes, const u16* xh,
+                                const float* xscale, int N, int K, int col_div, int chains) {
+    int per = table_b ? gridDim.x / 2 : gridDim.x;
+    if (blockIdx.x >= per) {
+        table = table_b;
+        y = y_b;
+    }
+    int blk = blockIdx.x % per, tiles = (N + 15) / 16, a = blk / tiles;
     int e = active[a];
     if (e < 0) return;  // the whole block: fewer experts are active than the grid allows
     const u8* W = (const u8*)table[e];
@@ -1145,11 +1152,11 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
     for (int c0 = 0; c0 < cnt; c0 += 16) {
         int n = min(16, cnt - c0);
         if (n <= 8)
-            gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blockIdx.x % tiles, order + off + c0,
-                          col_div, chains);
+            gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, order + off + c0, col_div,
+                          chains);
         else
-            gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blockIdx.x % tiles, order + off + c0,
-                          col_div, chains);
+            gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, order + off + c0, col_div,
+                          chains);
         __syncthreads();  // the next chunk reuses the partial sums' shared memory
     }
 }
@@ -1203,10 +1210,12 @@ __device__ void gemv_tc_experts(const u64* table, const int* active, const int* 
         gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
     }                                                                                             \
     extern "C" __global__ void EXPERT_REGS_ATTR gemv_tc_experts_##NAME(                           \
-        const u64* table, const int* active, const int* offsets, const int* order, long row_bytes, \
-        const u16* xh, const float* xscale, float* y, int N, int K, int col_div, int chains) {    \
+        const u64* table, float* y, const u64* table_b, float* y_b, const int* active,            \
+        const int* offsets, const int* order, long row_bytes, const u16* xh, const float* xscale,  \
+        int N, int K, int col_div, int chains) {                                                  \
         GRID_PROLOGUE();                                                                          \
-        gemv_tc_experts<F>(table, active, offsets, order, row_bytes, xh, xscale, y, N, K, col_div, chains); \
+        gemv_tc_experts<F>(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K, col_div, \
+                           chains);                                                               \
     }
 
 TC_KERNEL(q4_k, FMT_Q4_K)
@@ -1488,12 +1497,16 @@ extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots
     }
 }
 
-// out[t, :] += Σ_j w[t, j] · y[t·k + j, :], the experts added in order j. One block per token.
-extern "C" __global__ void moe_combine(const float* y, const float* w, float* out, int top_k, int d) {
+// out[t, :] = out[t, :] · sigmoid(gate[t]) (without a gate: as it is) + Σ_j w[t, j] · y[t·k + j, :],
+// the experts added in order j. One block per token.
+extern "C" __global__ void moe_combine(const float* y, const float* w, float* out, const float* gate, int top_k,
+                                       int d) {
     GRID_PROLOGUE();
     long t = blockIdx.x;
+    // The shared expert's gate first, as scale_rows_sigmoid applies it.
+    float s = gate ? sigmoid(gate[t]) : 1.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float acc = out[t * d + i];
+        float acc = gate ? out[t * d + i] * s : out[t * d + i];
         for (int j = 0; j < top_k; j++) acc += w[t * top_k + j] * y[(t * top_k + j) * d + i];
         out[t * d + i] = acc;
     }

@@ -290,46 +290,66 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     }
     type Experts = unsafe extern "C" fn(
         *const u64,
+        *mut f32,
+        *const u64,
+        *mut f32,
         *const i32,
         *const i32,
         *const i32,
         i64,
         *const u16,
         *const f32,
-        *mut f32,
         i32,
         i32,
         i32,
         i32,
     );
-    let run = |warps: u32| -> Vec<f32> {
-        let y = vec![f32::NAN; ids.len() * n];
-        let a = Addr::of(&table);
+    // The products of the experts `first`, and with `second` those of another table in the same
+    // launch (the gate and up products of a layer).
+    let run = |warps: u32, first: &[u64], second: Option<&[u64]>| -> (Vec<f32>, Vec<f32>) {
+        let (y, y_b) = (vec![f32::NAN; ids.len() * n], vec![f32::NAN; ids.len() * n]);
+        let (a, b) = (Addr::of(first), second.map(Addr::of));
         let (ac, of, or) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
-        let (xha, xsa, ya) = (Addr::of(&xh), Addr::of(&xscale), Addr::of(&y));
+        let (xha, xsa, ya, yb) = (
+            Addr::of(&xh),
+            Addr::of(&xscale),
+            Addr::of(&y),
+            Addr::of(&y_b),
+        );
+        let tables = if second.is_some() { 2 } else { 1 };
         // SAFETY: as above.
         unsafe {
             let f: Experts = kern.kernel("gemv_tc_experts_q4_k");
-            kern.launch((slots * n.div_ceil(16)) as u32, 32 * warps, &|| {
-                f(
-                    a.ptr(),
-                    ac.ptr(),
-                    of.ptr(),
-                    or.ptr(),
-                    row_bytes,
-                    xha.ptr(),
-                    xsa.ptr(),
-                    ya.ptr(),
-                    n as i32,
-                    kd as i32,
-                    top_k as i32,
-                    chains as i32,
-                )
-            });
+            kern.launch(
+                (tables * slots * n.div_ceil(16)) as u32,
+                32 * warps,
+                &|| {
+                    let (tb, ybp) = match b {
+                        Some(b) => (b.ptr(), yb.ptr()),
+                        None => (std::ptr::null_mut(), std::ptr::null_mut()),
+                    };
+                    f(
+                        a.ptr(),
+                        ya.ptr(),
+                        tb,
+                        ybp,
+                        ac.ptr(),
+                        of.ptr(),
+                        or.ptr(),
+                        row_bytes,
+                        xha.ptr(),
+                        xsa.ptr(),
+                        n as i32,
+                        kd as i32,
+                        top_k as i32,
+                        chains as i32,
+                    )
+                },
+            );
         }
-        y
+        (y, y_b)
     };
-    let eight = run(8);
+    let (eight, _) = run(8, &table, None);
     for (p, &e) in ids.iter().enumerate() {
         let gemv = TcGemv {
             kern: &kern,
@@ -348,8 +368,19 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
         );
     }
     for warps in [1, 2, 4] {
-        assert_eq!(bits(&run(warps)), bits(&eight), "{warps} warps a block");
+        assert_eq!(
+            bits(&run(warps, &table, None).0),
+            bits(&eight),
+            "{warps} warps a block"
+        );
     }
+    // Beside a second table (the experts in reverse), each product has the bits of its own
+    // launch.
+    let reversed: Vec<u64> = table.iter().rev().copied().collect();
+    let (first, second) = run(2, &table, Some(&reversed));
+    let (apart, _) = run(2, &reversed, None);
+    assert_eq!(bits(&first), bits(&eight), "the first of two tables");
+    assert_eq!(bits(&second), bits(&apart), "the second of two tables");
 }
 
 /// The MLP's fused conversion (`silu_mul_to_f16_tc`) writes the bits of `silu_mul` then

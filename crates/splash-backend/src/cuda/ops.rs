@@ -789,6 +789,54 @@ pub fn matmul_experts(
     routing: &ExpertRouting,
     col_div: usize,
 ) -> Result<(), GpuError> {
+    launch_experts(gpu, k, [(table, out), (0, 0)], x, proto, routing, col_div)
+}
+
+/// [`matmul_experts`] of two tables of the same shape over the same input in one launch (the
+/// gate and up products): `(table, out)` each.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_expert_pair(
+    gpu: &Gpu,
+    k: &Kernels,
+    products: [(u64, u64); 2],
+    x: &Activations,
+    proto: &DeviceWeight,
+    routing: &ExpertRouting,
+    col_div: usize,
+) -> Result<(), GpuError> {
+    launch_experts(gpu, k, products, x, proto, routing, col_div)
+}
+
+/// The down products of a MoE layer's experts: [`matmul_experts`] of `silu(g) * u` (pairs'
+/// rows of `proto.cols`), converted for the tensor cores in the same launch as the product of
+/// the two (the bits of `silu_mul` then the conversion).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_experts_swiglu(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    (g, u): (u64, u64),
+    table: u64,
+    proto: &DeviceWeight,
+    routing: &ExpertRouting,
+    pairs: usize,
+) -> Result<(), GpuError> {
+    let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], pairs, proto.cols)?;
+    let x = Activations::with_f16(g, pairs, proto.cols, converted);
+    matmul_experts(gpu, k, out, &x, table, proto, routing, 1)
+}
+
+/// One launch of the grouped expert kernel for one or two `(table, out)` products (a second
+/// table of 0: none).
+fn launch_experts(
+    gpu: &Gpu,
+    k: &Kernels,
+    products: [(u64, u64); 2],
+    x: &Activations,
+    proto: &DeviceWeight,
+    routing: &ExpertRouting,
+    col_div: usize,
+) -> Result<(), GpuError> {
     if gpu.exact() || !has_expert_kernel(proto) {
         return Err(GpuError::Unsupported(format!(
             "experts of {:?} have no device kernel",
@@ -799,7 +847,8 @@ pub fn matmul_experts(
     let (n, kdim) = (proto.rows, proto.cols);
     let (xh, xscale) = x.f16(gpu, k)?;
     let p = |b: &CudaSlice<i32>| super::ptr(gpu, b, 0);
-    let blocks = routing.slots * n.div_ceil(16);
+    let tables = if products[1].0 == 0 { 1 } else { 2 };
+    let blocks = tables * routing.slots * n.div_ceil(16);
     let chains = tensor_core_warps(n, kdim);
     gpu.launch(
         k,
@@ -807,14 +856,16 @@ pub fn matmul_experts(
         blocks as u32,
         32 * expert_warps(blocks, chains) as u32,
         &[
-            Arg::Ptr(table),
+            Arg::Ptr(products[0].0),
+            Arg::Ptr(products[0].1),
+            Arg::Ptr(products[1].0),
+            Arg::Ptr(products[1].1),
             Arg::Ptr(p(&routing.active)),
             Arg::Ptr(p(&routing.offsets)),
             Arg::Ptr(p(&routing.order)),
             Arg::I64(proto.row_bytes as i64),
             Arg::Ptr(super::ptr(gpu, xh, 0)),
             Arg::Ptr(super::ptr(gpu, xscale, 0)),
-            Arg::Ptr(out),
             Arg::I32(n as i32),
             Arg::I32(kdim as i32),
             Arg::I32(col_div as i32),
@@ -850,14 +901,16 @@ pub fn force_expert_warps(warps: usize) {
     EXPERT_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
 }
 
-/// `out[t, :] += Σ_j weights[t, j] · y[t · top_k + j, :]` (`d` values per row), the experts
-/// added in order `j`.
+/// `out[t, :] = out[t, :] · sigmoid(gate[t]) + Σ_j weights[t, j] · y[t · top_k + j, :]` (`d`
+/// values per row; without a `gate`, `out` as it is), the experts added in order `j`: the
+/// bits of [`scale_rows_sigmoid`] then the sum.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     gpu: &Gpu,
     k: &Kernels,
     out: u64,
     y: u64,
+    gate: Option<u64>,
     routing: &ExpertRouting,
     tokens: usize,
     top_k: usize,
@@ -872,6 +925,7 @@ pub fn moe_combine(
             Arg::Ptr(y),
             Arg::Ptr(super::ptr(gpu, &routing.weights, 0)),
             Arg::Ptr(out),
+            Arg::Ptr(gate.unwrap_or(0)),
             Arg::I32(top_k as i32),
             Arg::I32(d as i32),
         ],

@@ -125,6 +125,12 @@ impl GpuMoe {
     }
 }
 
+/// Whether `a` and `b` have one format and shape (one expert kernel launch can run both).
+fn same_layout(a: &DeviceWeight, b: &DeviceWeight) -> bool {
+    a.format() == b.format()
+        && (a.rows(), a.cols(), a.row_bytes()) == (b.rows(), b.cols(), b.row_bytes())
+}
+
 /// Device tables of a MoE layer's expert weights, one address per expert and projection.
 pub(super) struct ExpertTables {
     gate: CudaSlice<u64>,
@@ -139,11 +145,7 @@ impl ExpertTables {
         let table =
             |pick: fn(&GpuMlp) -> &DeviceWeight| -> Result<Option<CudaSlice<u64>>, ModelError> {
                 let first = pick(&experts[0]);
-                let uniform = experts.iter().map(pick).all(|w| {
-                    w.format() == first.format()
-                        && (w.rows(), w.cols(), w.row_bytes())
-                            == (first.rows(), first.cols(), first.row_bytes())
-                });
+                let uniform = experts.iter().map(pick).all(|w| same_layout(w, first));
                 if !uniform || !dev::has_expert_kernel(first) {
                     return Ok(None);
                 }
@@ -251,7 +253,6 @@ impl GpuModel {
         let out = shared.forward(self, xa)?;
         let sg = self.scratch(t)?;
         dev::matmul_activations(gpu, k, ptr(gpu, &sg, 0), xa, shared_gate, 0, 1)?;
-        dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
         if let Some(tables) = moe.device_tables(gpu) {
             let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), t, e, *top_k)?;
             let (pairs, first) = (t * top_k, &experts[0]);
@@ -261,42 +262,24 @@ impl GpuModel {
             let u = self.scratch(pairs * inter)?;
             let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
             let table = |b: &CudaSlice<u64>| ptr(gpu, b, 0);
-            dev::matmul_experts(
-                gpu,
-                k,
-                gp,
-                xa,
-                table(&tables.gate),
-                first_gate,
-                &routing,
-                *top_k,
-            )?;
-            dev::matmul_experts(
-                gpu,
-                k,
-                up,
-                xa,
-                table(&tables.up),
-                first_up,
-                &routing,
-                *top_k,
-            )?;
-            dev::silu_mul(gpu, k, gp, up, pairs * inter)?;
+            let (gate, up_) = ((table(&tables.gate), gp), (table(&tables.up), up));
+            if same_layout(first_gate, first_up) {
+                dev::matmul_expert_pair(gpu, k, [gate, up_], xa, first_gate, &routing, *top_k)?;
+            } else {
+                for ((tp, op), w) in [(gate, first_gate), (up_, first_up)] {
+                    dev::matmul_experts(gpu, k, op, xa, tp, w, &routing, *top_k)?;
+                }
+            }
             let y = self.scratch(pairs * h)?;
             let yp = ptr(gpu, &y, 0);
-            dev::matmul_experts(
-                gpu,
-                k,
-                yp,
-                &dev::Activations::new(gp, pairs, inter),
-                table(&tables.down),
-                &first.down,
-                &routing,
-                1,
-            )?;
-            dev::moe_combine(gpu, k, ptr(gpu, &out, 0), yp, &routing, t, *top_k, h)?;
+            let down = table(&tables.down);
+            dev::matmul_experts_swiglu(gpu, k, yp, (gp, up), down, &first.down, &routing, pairs)?;
+            // The shared expert's gate is applied in the same launch as the experts' sum.
+            let (op, gate) = (ptr(gpu, &out, 0), Some(ptr(gpu, &sg, 0)));
+            dev::moe_combine(gpu, k, op, yp, gate, &routing, t, *top_k, h)?;
             return Ok(out);
         }
+        dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
         let mut probs = gpu.download(&logits, t * e)?;
         let routed = crate::qwen35::ffn::route(&mut probs, e, *top_k);
         for (expert, tokens) in experts.iter().zip(&routed) {
