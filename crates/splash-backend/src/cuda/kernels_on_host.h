@@ -96,6 +96,12 @@ template <class T>
 T __shfl_sync(unsigned, T v, int src) {
     return emu::shuffle(v, (unsigned)src);
 }
+// Lanes below `delta` get their own value back, as on the GPU.
+template <class T>
+T __shfl_up_sync(unsigned, T v, unsigned delta) {
+    unsigned lane = emu::thread_idx.x & 31;
+    return emu::shuffle(v, lane >= delta ? lane - delta : lane);
+}
 
 inline float __int_as_float(int i) {
     float f;

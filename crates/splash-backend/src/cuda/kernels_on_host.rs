@@ -383,6 +383,135 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     assert_eq!(bits(&second), bits(&apart), "the second of two tables");
 }
 
+/// Device routing on the host: `moe_route` picks each token's top-k experts by probability
+/// (ties to the lower index, here from equal logits) with renormalised weights, `moe_group`
+/// lists the active experts in order with their pairs in increasing order, and `moe_combine`
+/// adds the weighted products to the gated residual with the bits of the formula, value by
+/// value. Expert counts below, at and above a thread each (12, 256, 1,000).
+#[test]
+fn the_moe_routing_kernels_on_the_host_match_the_reference() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    type Route = unsafe extern "C" fn(*const f32, *mut i32, *mut f32, i32, i32);
+    type Group = unsafe extern "C" fn(*const i32, i32, i32, i32, *mut i32, *mut i32, *mut i32);
+    type Combine = unsafe extern "C" fn(*const f32, *const f32, *mut f32, *const f32, i32, i32);
+    for (experts, top_k, tokens) in [
+        (12usize, 3usize, 5usize),
+        (256, 8, 1),
+        (256, 8, 40),
+        (1000, 10, 3),
+    ] {
+        let mut logits = random(tokens * experts, (experts + tokens) as u64);
+        // Ties among the chosen, to go to the lower index: across lanes (0, 1), within a lane's
+        // experts (3, 259: one thread holds both when there are more experts than threads) and
+        // across warps of the last token (2, 40).
+        (logits[0], logits[1]) = (9.0, 9.0);
+        if experts > 259 {
+            (logits[3], logits[259]) = (10.0, 10.0);
+        }
+        let last = (tokens - 1) * experts;
+        (logits[last + 2], logits[last + 40.min(experts - 1)]) = (8.0, 8.0);
+        let pairs = tokens * top_k;
+        let (ids, weights) = (vec![-1i32; pairs], vec![f32::NAN; pairs]);
+        let slots = experts.min(pairs);
+        let (active, offsets, order) = (
+            vec![-7i32; slots],
+            vec![-7i32; slots + 1],
+            vec![-7i32; pairs],
+        );
+        let (la, ia, wa) = (Addr::of(&logits), Addr::of(&ids), Addr::of(&weights));
+        let (aa, oa, ra) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
+        // SAFETY: the signatures of moe_route and moe_group in kernels.cu, over buffers of the
+        // sizes ops::moe_route gives them.
+        unsafe {
+            let route: Route = kern.kernel("moe_route");
+            kern.launch(tokens as u32, 256, &|| {
+                route(la.ptr(), ia.ptr(), wa.ptr(), experts as i32, top_k as i32)
+            });
+            let group: Group = kern.kernel("moe_group");
+            kern.launch(1, 1024, &|| {
+                group(
+                    ia.ptr(),
+                    pairs as i32,
+                    experts as i32,
+                    slots as i32,
+                    aa.ptr(),
+                    oa.ptr(),
+                    ra.ptr(),
+                )
+            });
+        }
+        for (ti, row) in logits.chunks_exact(experts).enumerate() {
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let p: Vec<f32> = row.iter().map(|&v| (v - max).exp()).collect();
+            let sum: f32 = p.iter().sum();
+            let mut by_p: Vec<usize> = (0..experts).collect();
+            by_p.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let norm: f32 = by_p[..top_k].iter().map(|&e| p[e] / sum).sum();
+            for (j, &e) in by_p[..top_k].iter().enumerate() {
+                let at = ti * top_k + j;
+                assert_eq!(ids[at], e as i32, "E={experts} token {ti} slot {j}");
+                assert!(
+                    (weights[at] - p[e] / sum / norm).abs() < 1e-5,
+                    "E={experts} token {ti} slot {j}"
+                );
+            }
+        }
+        let mut want_active: Vec<i32> = ids.clone();
+        want_active.sort_unstable();
+        want_active.dedup();
+        let mut want_order = Vec::new();
+        let mut want_offsets = vec![0i32];
+        for &e in &want_active {
+            want_order.extend((0..pairs as i32).filter(|&p| ids[p as usize] == e));
+            want_offsets.push(want_order.len() as i32);
+        }
+        want_offsets.resize(slots + 1, pairs as i32);
+        want_active.resize(slots, -1);
+        assert_eq!(
+            active, want_active,
+            "E={experts} T={tokens}: active experts"
+        );
+        assert_eq!(offsets, want_offsets, "E={experts} T={tokens}: offsets");
+        assert_eq!(order, want_order, "E={experts} T={tokens}: order");
+        // The weighted sum into a gated residual of 300 values a row (two blocks and a part).
+        let d = 300;
+        let y = random(pairs * d, 5);
+        let (out, gate) = (random(tokens * d, 6), random(tokens, 7));
+        let want: Vec<f32> = (0..tokens * d)
+            .map(|at| {
+                let (t, i) = (at / d, at % d);
+                let mut acc = out[at] * (1.0 / (1.0 + (-gate[t]).exp()));
+                for j in 0..top_k {
+                    acc += weights[t * top_k + j] * y[(t * top_k + j) * d + i];
+                }
+                acc
+            })
+            .collect();
+        let (ya, wa, outa, ga) = (
+            Addr::of(&y),
+            Addr::of(&weights),
+            Addr::of(&out),
+            Addr::of(&gate),
+        );
+        // SAFETY: moe_combine's signature; `out` holds tokens rows of d.
+        unsafe {
+            let combine: Combine = kern.kernel("moe_combine");
+            kern.launch((tokens * d.div_ceil(256)) as u32, 256, &|| {
+                combine(
+                    ya.ptr(),
+                    wa.ptr(),
+                    outa.ptr(),
+                    ga.ptr(),
+                    top_k as i32,
+                    d as i32,
+                )
+            });
+        }
+        let err = rel_err(&out, &want);
+        assert!(err < 1e-6, "E={experts}: the weighted sum is off by {err}");
+    }
+}
+
 /// The MLP's fused conversion (`silu_mul_to_f16_tc`) writes the bits of `silu_mul` then
 /// `to_f16_tc`.
 #[test]

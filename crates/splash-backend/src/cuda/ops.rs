@@ -716,6 +716,9 @@ pub struct ExpertRouting {
     slots: usize,
 }
 
+/// The most experts a token may keep for device routing (`MOE_TOP_K_MAX` in kernels.cu).
+const MOE_TOP_K_MAX: usize = 32;
+
 /// Routes `tokens` rows of router logits `[tokens, experts]` on the device: softmax, the
 /// `top_k` most probable experts, their probabilities renormalised (as the CPU's `route`).
 pub fn moe_route(
@@ -726,9 +729,9 @@ pub fn moe_route(
     experts: usize,
     top_k: usize,
 ) -> Result<ExpertRouting, GpuError> {
-    if experts > 1024 || top_k > experts {
+    if experts > 1024 || top_k > experts || top_k > MOE_TOP_K_MAX {
         return Err(GpuError::Unsupported(format!(
-            "device routing takes up to 1024 experts and top-k ≤ experts (got {experts}, {top_k})"
+            "device routing takes up to 1024 experts and top-k ≤ min(experts, {MOE_TOP_K_MAX}) (got {experts}, {top_k})"
         )));
     }
     let pairs = tokens * top_k;
@@ -919,8 +922,8 @@ pub fn moe_combine(
     gpu.launch(
         k,
         "moe_combine",
-        tokens as u32,
-        row_threads(d),
+        (tokens * d.div_ceil(256)) as u32,
+        256,
         &[
             Arg::Ptr(y),
             Arg::Ptr(super::ptr(gpu, &routing.weights, 0)),
