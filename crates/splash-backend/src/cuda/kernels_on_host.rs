@@ -274,20 +274,9 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     }
     offsets.resize(slots + 1, order.len() as i32);
     let x = random(tokens * kd, 21);
-    let blocks256 = tokens * kd / 256;
-    let (xh, xscale) = (vec![0u16; tokens * kd], vec![0.0f32; blocks256]);
+    let (xh, xscale) = tc_input(&kern, &x);
     let table: Vec<u64> = tiled.iter().map(|w| w.as_ptr() as u64).collect();
     let row_bytes = t.row_bytes(kd) as i64;
-    // SAFETY: the signatures of to_f16_tc and gemv_tc_experts_q4_k in kernels.cu, over buffers
-    // of the sizes ops.rs gives them.
-    unsafe {
-        let (xa, xha, xsa) = (Addr::of(&x), Addr::of(&xh), Addr::of(&xscale));
-        let to_f16: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
-            kern.kernel("to_f16_tc");
-        kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
-            to_f16(xa.ptr(), xha.ptr(), xsa.ptr(), blocks256 as i64)
-        });
-    }
     type Experts = unsafe extern "C" fn(
         *const u64,
         *mut f32,
@@ -317,7 +306,8 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
             Addr::of(&y_b),
         );
         let tables = if second.is_some() { 2 } else { 1 };
-        // SAFETY: as above.
+        // SAFETY: gemv_tc_experts_q4_k's signature in kernels.cu, over buffers of the sizes
+        // ops.rs gives it.
         unsafe {
             let f: Experts = kern.kernel("gemv_tc_experts_q4_k");
             kern.launch(
@@ -550,6 +540,23 @@ fn the_fused_swiglu_conversion_has_the_bits_of_the_two_kernels() {
     assert_eq!(convert(true), convert(false));
 }
 
+/// `x` `[tokens, kd]` through to_f16_tc: the f16 rows and the scales per 256 values that the
+/// tensor-core GEMVs read.
+fn tc_input(kern: &HostKernels, x: &[f32]) -> (Vec<u16>, Vec<f32>) {
+    let blocks256 = x.len() / 256;
+    let (xh, xscale) = (vec![0u16; x.len()], vec![0.0f32; blocks256]);
+    let (xa, xha, xsa) = (Addr::of(x), Addr::of(&xh), Addr::of(&xscale));
+    // SAFETY: to_f16_tc's signature, over buffers of the sizes ops.rs gives it.
+    unsafe {
+        let to_f16: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
+            kern.kernel("to_f16_tc");
+        kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
+            to_f16(xa.ptr(), xha.ptr(), xsa.ptr(), blocks256 as i64)
+        });
+    }
+    (xh, xscale)
+}
+
 /// How [`TcGemv::run`] launches the tensor-core GEMV.
 #[derive(Clone, Copy, Debug)]
 enum TcLaunch {
@@ -580,15 +587,12 @@ impl TcGemv<'_> {
         };
         let (kern, n, kd) = (self.kern, self.n, self.kd);
         let tokens = x.len() / kd;
-        let blocks256 = tokens * kd / 256;
-        let xh = vec![0u16; tokens * kd];
-        let xscale = vec![0.0f32; blocks256];
+        let (xh, xscale) = tc_input(kern, x);
         let y = vec![f32::NAN; tokens * n];
         let tiles = n.div_ceil(16);
         let max_pieces = stream_k.map_or(0, |b| (kd / 256).div_ceil(tiles * (kd / 256) / b) + 1);
         let partials = vec![f32::NAN; tiles * max_pieces * 256];
-        let (xa, xha, xsa, ya, wa, pa) = (
-            Addr::of(x),
+        let (xha, xsa, ya, wa, pa) = (
             Addr::of(&xh),
             Addr::of(&xscale),
             Addr::of(&y),
@@ -601,14 +605,9 @@ impl TcGemv<'_> {
             "q6_k"
         };
         let row_bytes = self.format.row_bytes(kd) as i64;
-        // SAFETY (every launch): the signatures of to_f16_tc, gemv_tc8/16_*, gemv_tcs8/16_*
-        // and gemv_tc_fixup in kernels.cu, over buffers of the sizes ops.rs gives them.
+        // SAFETY (every launch): the signatures of gemv_tc8/16_*, gemv_tcs8/16_* and
+        // gemv_tc_fixup in kernels.cu, over buffers of the sizes ops.rs gives them.
         unsafe {
-            let to_f16: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
-                kern.kernel("to_f16_tc");
-            kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
-                to_f16(xa.ptr(), xha.ptr(), xsa.ptr(), blocks256 as i64)
-            });
             type Gemv = unsafe extern "C" fn(
                 *const u8,
                 i64,
