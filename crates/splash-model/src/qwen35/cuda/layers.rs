@@ -262,11 +262,11 @@ impl GpuModel {
             let u = self.scratch(pairs * inter)?;
             let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
             let table = |b: &CudaSlice<u64>| ptr(gpu, b, 0);
-            let (gate, up_) = ((table(&tables.gate), gp), (table(&tables.up), up));
+            let (gate_p, up_p) = ((table(&tables.gate), gp), (table(&tables.up), up));
             if same_layout(first_gate, first_up) {
-                dev::matmul_expert_pair(gpu, k, [gate, up_], xa, first_gate, &routing, *top_k)?;
+                dev::matmul_expert_pair(gpu, k, [gate_p, up_p], xa, first_gate, &routing, *top_k)?;
             } else {
-                for ((tp, op), w) in [(gate, first_gate), (up_, first_up)] {
+                for ((tp, op), w) in [(gate_p, first_gate), (up_p, first_up)] {
                     dev::matmul_experts(gpu, k, op, xa, tp, w, &routing, *top_k)?;
                 }
             }
