@@ -377,18 +377,21 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
 /// (ties to the lower index, here from equal logits) with renormalised weights, `moe_group`
 /// lists the active experts in order with their pairs in increasing order, and `moe_combine`
 /// adds the weighted products to the gated residual with the bits of the formula, value by
-/// value. Expert counts below, at and above a thread each (12, 256, 1,000).
+/// value. Expert counts below, at and above a thread each (12, 256, 1,000), and more pairs than
+/// threads.
 #[test]
 fn the_moe_routing_kernels_on_the_host_match_the_reference() {
     let Some(kern) = kernels(DIMS_32) else { return };
     type Route = unsafe extern "C" fn(*const f32, *mut i32, *mut f32, i32, i32);
     type Group = unsafe extern "C" fn(*const i32, i32, i32, i32, *mut i32, *mut i32, *mut i32);
     type Combine = unsafe extern "C" fn(*const f32, *const f32, *mut f32, *const f32, i32, i32);
+    // (256, 8, 200): 1,600 pairs, grouped over two stagings of 1,024.
     for (experts, top_k, tokens) in [
         (12usize, 3usize, 5usize),
         (256, 8, 1),
         (256, 8, 40),
         (1000, 10, 3),
+        (256, 8, 200),
     ] {
         let mut logits = random(tokens * experts, (experts + tokens) as u64);
         // Ties among the chosen, to go to the lower index: across lanes (0, 1), within a lane's
