@@ -967,7 +967,7 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
 #pragma unroll
         for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)TC_XROW(min(8 * i + 2 * q + e, T - 1)) * nb;
 #undef TC_XROW
-    // This warp's units (chain j, block b), in order: chain `warp` from block j, then chain
+    // This warp's units (chain j, block b) in order: chain j = warp from block b = j, then chain
     // j + warps, ... (chains ≤ nb, so every chain has a block).
     auto after = [&](int& uj, int& ub) {
         ub += chains;
@@ -1632,7 +1632,7 @@ extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int 
     rope_row(x + (long)blockIdx.x * d, inv_freq, rot, position(pos0, pos_at) + t);
 }
 
-// Up to SEQ_SLOTS sequences' attention layer in one pass, by value in a kernel's parameters (a
+// Up to ATTN_SLOTS sequences of an attention layer's pass, by value in a kernel's parameters (a
 // captured graph keeps them): sequence i has rows off[i] .. off[i] + n[i] - 1 of the pass, its
 // first position pos0[i] (plus *pos_at[i] when that is not null, see `position`) and its caches
 // kc/ks (keys, int8 scales) and vc/vs (values).
