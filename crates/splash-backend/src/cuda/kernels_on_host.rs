@@ -935,23 +935,6 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
     type Append =
         unsafe extern "C" fn(*const f32, *mut u8, *mut f32, i32, i32, i32, i32, *const i32);
     type AppendSeqs = unsafe extern "C" fn(*const f32, *const f32, i32, i32, i32, AttnSlots, i32);
-    type Part = unsafe extern "C" fn(
-        *const f32,
-        *const u8,
-        *const f32,
-        *const u8,
-        *const f32,
-        *mut f32,
-        i32,
-        i32,
-        i32,
-        i32,
-        *const i32,
-        f32,
-        i32,
-        i32,
-        i32,
-    );
     type PartSeqs =
         unsafe extern "C" fn(*const f32, *mut f32, i32, i32, i32, f32, AttnSlots, i32, i32);
     type CombineSeqs = unsafe extern "C" fn(*const f32, *mut f32, i32, AttnSlots, i32, i32);
@@ -976,21 +959,18 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
         let (solo, solo_caches) = {
             let (q, kn, vn) = (q.clone(), kn.clone(), vn.clone());
             let caches = caches(90);
-            let out = vec![f32::NAN; rows * hq * d];
+            let mut out = vec![f32::NAN; rows * hq * d];
             let mut off = 0;
             for (&(pos0, n), cache) in seqs.iter().zip(&caches) {
-                let chunks = (pos0 + n).div_ceil(super::ops::ATTN_CHUNK);
-                let part = vec![f32::NAN; n * hq * chunks * (d + 2)];
                 let (qa, ka, va, ia) = (
                     Addr(Addr::of(&q).0 + off * hq * d * 4),
                     Addr(Addr::of(&kn).0 + off * hkv * d * 4),
                     Addr(Addr::of(&vn).0 + off * hkv * d * 4),
                     Addr::of(&inv_freq),
                 );
-                let (pa, oa) = (Addr::of(&part), Addr(Addr::of(&out).0 + off * hq * d * 4));
                 let (kc, ksa, vc, vsa) = cache.addrs();
-                // SAFETY: the signatures of rope, kv_append, attention_part and
-                // attention_combine in kernels.cu, over buffers of the sizes ops.rs gives them.
+                // SAFETY: the signatures of rope and kv_append in kernels.cu, over buffers of the
+                // sizes ops.rs gives them.
                 unsafe {
                     let rope: Rope = kern.kernel("rope");
                     for (x, heads) in [(qa, hq), (ka, hkv)] {
@@ -1021,28 +1001,18 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
                             )
                         });
                     }
-                    let part_fn: Part = kern.kernel("attention_part");
-                    kern.launch((n * hq * chunks) as u32, 128, &|| {
-                        part_fn(
-                            qa.ptr(),
-                            kc.ptr(),
-                            ksa.ptr(),
-                            vc.ptr(),
-                            vsa.ptr(),
-                            pa.ptr(),
-                            fmt,
-                            hq as i32,
-                            hkv as i32,
-                            pos0 as i32,
-                            std::ptr::null(),
-                            scale,
-                            0,
-                            0,
-                            chunks as i32,
-                        )
-                    });
-                    combine(&kern, pa, oa, n * hq, chunks);
                 }
+                let rows = off * hq * d..(off + n) * hq * d;
+                let alone = split_attention(
+                    &kern,
+                    &q[rows.clone()],
+                    cache,
+                    format,
+                    (hq, hkv, d),
+                    pos0,
+                    scale,
+                );
+                out[rows].copy_from_slice(&alone);
                 off += n;
             }
             (out, caches)
@@ -1731,6 +1701,69 @@ fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
     }
 }
 
+/// ops::attention for ≤ 32 rows on the host: `attention_part` of `q` `[t, hq, d]` at positions
+/// `pos0..` over ceil(span / ATTN_CHUNK) chunks of `cache`, then `attention_combine`.
+#[allow(clippy::too_many_arguments)]
+fn split_attention(
+    kern: &HostKernels,
+    q: &[f32],
+    cache: &HostCache,
+    format: KvFormat,
+    (hq, hkv, d): (usize, usize, usize),
+    pos0: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let t = q.len() / (hq * d);
+    let chunks = (pos0 + t).div_ceil(super::ops::ATTN_CHUNK);
+    let rows = t * hq;
+    let part = vec![f32::NAN; rows * chunks * (d + 2)];
+    let out = vec![f32::NAN; rows * d];
+    let (qa, pa, oa) = (Addr::of(q), Addr::of(&part), Addr::of(&out));
+    let (ka, ksa, va, vsa) = cache.addrs();
+    // SAFETY: the signatures of attention_part and attention_combine in kernels.cu.
+    unsafe {
+        type Part = unsafe extern "C" fn(
+            *const f32,
+            *const u8,
+            *const f32,
+            *const u8,
+            *const f32,
+            *mut f32,
+            i32,
+            i32,
+            i32,
+            i32,
+            *const i32,
+            f32,
+            i32,
+            i32,
+            i32,
+        );
+        let part_fn: Part = kern.kernel("attention_part");
+        kern.launch((rows * chunks) as u32, 128, &|| {
+            part_fn(
+                qa.ptr(),
+                ka.ptr(),
+                ksa.ptr(),
+                va.ptr(),
+                vsa.ptr(),
+                pa.ptr(),
+                kv_code(format),
+                hq as i32,
+                hkv as i32,
+                pos0 as i32,
+                std::ptr::null(),
+                scale,
+                0,
+                0,
+                chunks as i32,
+            )
+        });
+        combine(kern, pa, oa, rows, chunks);
+    }
+    out
+}
+
 fn split_attention_case(dims: KernelDims, format: KvFormat) {
     let Some(kern) = kernels(dims) else { return };
     let (d, hq, hkv, pos0, t) = (dims.head_dim, 2, 1, 1030, 3);
@@ -1741,58 +1774,8 @@ fn split_attention_case(dims: KernelDims, format: KvFormat) {
     let scale = (d as f32).powf(-0.5);
     let want = cpu_attention(&q, &keys, &values, format, hq, hkv, d, pos0, scale, None);
     let cache = HostCache::new(&kern, format, &keys, &values, hkv, d);
-    // ops::attention for ≤ 32 rows: attention_part over ceil(span / ATTN_CHUNK) chunks, then
-    // combine.
-    let split = |q: &[f32], pos0: usize| -> Vec<f32> {
-        let t = q.len() / (hq * d);
-        let chunks = (pos0 + t).div_ceil(super::ops::ATTN_CHUNK);
-        let rows = t * hq;
-        let part = vec![f32::NAN; rows * chunks * (d + 2)];
-        let out = vec![f32::NAN; rows * d];
-        let (qa, pa, oa) = (Addr::of(q), Addr::of(&part), Addr::of(&out));
-        let (ka, ksa, va, vsa) = cache.addrs();
-        // SAFETY: the signatures of attention_part and attention_combine in kernels.cu.
-        unsafe {
-            type Part = unsafe extern "C" fn(
-                *const f32,
-                *const u8,
-                *const f32,
-                *const u8,
-                *const f32,
-                *mut f32,
-                i32,
-                i32,
-                i32,
-                i32,
-                *const i32,
-                f32,
-                i32,
-                i32,
-                i32,
-            );
-            let part_fn: Part = kern.kernel("attention_part");
-            kern.launch((rows * chunks) as u32, 128, &|| {
-                part_fn(
-                    qa.ptr(),
-                    ka.ptr(),
-                    ksa.ptr(),
-                    va.ptr(),
-                    vsa.ptr(),
-                    pa.ptr(),
-                    kv_code(format),
-                    hq as i32,
-                    hkv as i32,
-                    pos0 as i32,
-                    std::ptr::null(),
-                    scale,
-                    0,
-                    0,
-                    chunks as i32,
-                )
-            });
-            combine(&kern, pa, oa, rows, chunks);
-        }
-        out
+    let split = |q: &[f32], pos0: usize| {
+        split_attention(&kern, q, &cache, format, (hq, hkv, d), pos0, scale)
     };
     let block = split(&q, pos0);
     let err = rel_err(&block, &want);
