@@ -18,8 +18,15 @@ use splash_backend::{DType, HostBytes, Weight};
 /// Copy bandwidth of one H200 (`/work/.library/device/KINDS.md`), the roofline of a GEMV.
 const COPY_BANDWIDTH: f64 = 4.3e12;
 
-/// Random blocks of `t` with every f16 scale field set to a small normal value.
-fn random_weight(t: GgmlType, n: usize, k: usize, seed: u64) -> Weight {
+/// Random blocks of `t` with every f16 scale field set to a small normal value; f32 values
+/// in ±1e-3 for `None` (the MoE router).
+fn random_weight(t: Option<GgmlType>, n: usize, k: usize, seed: u64) -> Weight {
+    let Some(t) = t else {
+        let raw: Vec<u8> = (0..n * k)
+            .flat_map(|i| ((i * 7919 % 2000) as f32 * 1e-6 - 1e-3).to_le_bytes())
+            .collect();
+        return Weight::new(DType::F32, vec![n, k], HostBytes::from_vec(raw)).unwrap();
+    };
     let (block, fields): (usize, &[usize]) = match t {
         GgmlType::Q4_K => (144, &[0, 2]),
         GgmlType::Q6_K => (210, &[208]),
@@ -60,16 +67,18 @@ fn main() {
             gdn_dv: 128,
         })
         .unwrap();
-    let shapes: &[(&str, GgmlType, usize, usize)] = &[
-        ("27B mlp gate/up", GgmlType::Q4_K, 17408, 5120),
-        ("27B mlp down", GgmlType::Q4_K, 5120, 17408),
-        ("27B mlp down (Q6_K layers)", GgmlType::Q6_K, 5120, 17408),
-        ("27B gdn qkv", GgmlType::Q4_K, 10240, 5120),
-        ("27B gdn z / out", GgmlType::Q4_K, 6144, 5120),
-        ("27B gdn b + a, stacked", GgmlType::Q8_0, 96, 5120),
-        ("27B lm head", GgmlType::Q6_K, 248320, 5120),
-        ("35B expert gate/up", GgmlType::Q4_K, 512, 2048),
-        ("35B gdn qkv", GgmlType::Q4_K, 8192, 2048),
+    use GgmlType::{Q4_K, Q6_K, Q8_0};
+    let shapes: &[(&str, Option<GgmlType>, usize, usize)] = &[
+        ("27B mlp gate/up", Some(Q4_K), 17408, 5120),
+        ("27B mlp down", Some(Q4_K), 5120, 17408),
+        ("27B mlp down (Q6_K layers)", Some(Q6_K), 5120, 17408),
+        ("27B gdn qkv", Some(Q4_K), 10240, 5120),
+        ("27B gdn z / out", Some(Q4_K), 6144, 5120),
+        ("27B gdn b + a, stacked", Some(Q8_0), 96, 5120),
+        ("27B lm head", Some(Q6_K), 248320, 5120),
+        ("35B expert gate/up", Some(Q4_K), 512, 2048),
+        ("35B gdn qkv", Some(Q4_K), 8192, 2048),
+        ("35B router + shared gate", None, 257, 2048),
     ];
     println!(
         "{:<28} {:>6} {:>10} | time per product (µs) and share of {:.1} TB/s, by tokens",
@@ -136,7 +145,8 @@ fn main() {
                 bytes / secs / COPY_BANDWIDTH * 100.0
             )
         };
-        let mut line = format!("{name:<28} {t:>6} {:>10.1} |", bytes / 1e6);
+        let format = t.map_or("F32".to_string(), |t| t.to_string());
+        let mut line = format!("{name:<28} {format:>6} {:>10.1} |", bytes / 1e6);
         for tokens in [1, 2, 4, 8, 16] {
             line += &format!(" {tokens}: {}", cell(time(tokens)));
         }
@@ -146,7 +156,9 @@ fn main() {
             println!("    {label}, conversion shared: 1: {one}  16: {sixteen}");
         };
         alone("the same");
-        if t != GgmlType::Q8_0 {
+        // Stream-K and the warp counts are the tensor-core GEMV's (Q4_K, Q6_K).
+        let tensor_core = matches!(t, Some(Q4_K | Q6_K));
+        if tensor_core {
             dev::force_stream_k(Some(true));
             let mut line = format!("{:<28} {:>6} {:>10} |", "    stream-K", "", "");
             for tokens in [1, 4, 16] {
@@ -156,7 +168,7 @@ fn main() {
             alone("stream-K");
             dev::force_stream_k(None);
         }
-        if std::env::var_os("GEMV_SWEEP").is_some() && t != GgmlType::Q8_0 {
+        if std::env::var_os("GEMV_SWEEP").is_some() && tensor_core {
             for warps in [1, 2, 4, 8] {
                 dev::force_tensor_core_warps(warps);
                 let (one, sixteen) = (cell(time(1)), cell(time(16)));
@@ -208,8 +220,12 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
         ("expert down", GgmlType::Q6_K, 2048, 512, 1),
     ] {
         // All experts in one weight: expert i's rows start at row i·n (whole 16-row tiles).
-        let all = gpu.upload_weight(&random_weight(t, e * n, kd, 7)).unwrap();
-        let proto = gpu.upload_weight(&random_weight(t, n, kd, 8)).unwrap();
+        let all = gpu
+            .upload_weight(&random_weight(Some(t), e * n, kd, 7))
+            .unwrap();
+        let proto = gpu
+            .upload_weight(&random_weight(Some(t), n, kd, 8))
+            .unwrap();
         let expert_bytes = (n * proto.row_bytes()) as u64;
         let table: Vec<u64> = (0..e as u64)
             .map(|i| all.device_ptr(gpu) + i * expert_bytes)

@@ -68,6 +68,7 @@ fn every_kernel_compiles_for_the_served_shapes() {
                 "gemv_q6_k",
                 "gemv_iq4_xs",
                 "gemv_affine4",
+                "gemv1_f32",
                 "gemv_bf16",
                 "dequant_bf16_q8_0",
                 "rms_norm",

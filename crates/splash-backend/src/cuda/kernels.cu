@@ -421,23 +421,30 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
     }
 }
 
-// y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ GEMV_MAX_T. One warp per output row; lane i
-// decodes sub-blocks i, i+32, ... of the row and multiplies them with every token.
-template <int F>
-__device__ void gemv(const u8* W, long row_bytes, Affine a, const float* x, float* y, int N, int K, int T) {
+// y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ MAXT, the f32 decode of every format (the exact
+// reference, and the GEMV of formats no faster kernel reads). `split` warps (1, 2 or 4 of the
+// block's 4) share a row, each taking every split-th run of 32 sub-blocks (lane i of part p:
+// sub-blocks i + 32p, i + 32p + 32·split, ...), summed in warp order: a matrix of few rows (the
+// MoE router) still fills the GPU. `bx` is the block's group of rows. Rows n < rows1 go to
+// y [T, rows1], the others to y2 [T, N - rows1] (two products of one input stacked into one
+// weight). The order of sums depends on the shape and split only, never on T.
+template <int F, int MAXT>
+__device__ void gemv(const u8* W, long row_bytes, Affine a, const float* x, float* y, float* y2, int N, int K,
+                     int T, int split, int rows1, int bx) {
+    __shared__ float parts[4][MAXT];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = blockIdx.x * (blockDim.x >> 5) + warp;
-    if (n >= N) return;
-    const u8* row = W + (long)n * row_bytes;
-    float acc[GEMV_MAX_T];
+    int n = bx * (4 / split) + warp / split, part = warp % split;
+    bool live = n < N;
+    const u8* row = W + (long)min(n, N - 1) * row_bytes;
+    float acc[MAXT];
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_T; t++) acc[t] = 0.0f;
+    for (int t = 0; t < MAXT; t++) acc[t] = 0.0f;
 #pragma unroll 2
-    for (int s = lane; s < K / 32; s += 32) {
+    for (int s = lane + 32 * part; live && s < K / 32; s += 32 * split) {
         float w[32];
         deq32<F>(row, s, w, a, n, K);
 #pragma unroll
-        for (int t = 0; t < GEMV_MAX_T; t++) {
+        for (int t = 0; t < MAXT; t++) {
             if (t < T) {
                 const float4* xs = (const float4*)(x + (long)t * K + 32 * s);
                 float sum = 0.0f;
@@ -450,23 +457,34 @@ __device__ void gemv(const u8* W, long row_bytes, Affine a, const float* x, floa
             }
         }
     }
-    // Float rows may end in a partial sub-block (K % 32 != 0): one element per lane.
+    // Float rows may end in a partial sub-block (K % 32 != 0): one element per lane of part 0.
     if (F == FMT_F32 || F == FMT_F16 || F == FMT_BF16) {
         int e = (K / 32) * 32 + lane;
-        if (e < K) {
+        if (live && part == 0 && e < K) {
             float w = F == FMT_F32 ? ((const float*)row)[e]
                     : F == FMT_F16 ? f16_to_f32(((const u16*)row)[e])
                                    : bf16_to_f32(((const u16*)row)[e]);
 #pragma unroll
-            for (int t = 0; t < GEMV_MAX_T; t++)
+            for (int t = 0; t < MAXT; t++)
                 if (t < T) acc[t] += w * x[(long)t * K + e];
         }
     }
 #pragma unroll
-    for (int t = 0; t < GEMV_MAX_T; t++) {
+    for (int t = 0; t < MAXT; t++) {
+        float v = warp_sum(acc[t]);
+        if (lane == 0) parts[warp][t] = v;
+    }
+    __syncthreads();
+    if (!live || part != 0 || lane != 0) return;
+#pragma unroll
+    for (int t = 0; t < MAXT; t++) {
         if (t < T) {
-            float v = warp_sum(acc[t]);
-            if (lane == 0) y[(long)t * N + n] = v;
+            float v = parts[warp][t];
+            for (int p = 1; p < split; p++) v += parts[warp + p][t];
+            if (n < rows1)
+                y[(long)t * rows1 + n] = v;
+            else
+                y2[(long)t * (N - rows1) + n - rows1] = v;
         }
     }
 }
@@ -507,13 +525,26 @@ __device__ void dequant_rows(const u8* W, long row_bytes, Affine a, void* out, i
     for (int v = lane; v < vectors; v += 32) dst[v] = src[v];
 }
 
+// gemv_*: up to GEMV_MAX_T tokens share each weight read; gemv1_*: one token a group of
+// gridDim.x / T blocks, each group the launch a single token gets (see gemv1_q8_*).
 #define WEIGHT_KERNELS(NAME, F)                                                                   \
     extern "C" __global__ void gemv_##NAME(const u8* W, long row_bytes, const float* scales,       \
                                            const float* biases, int group, const float* x,        \
-                                           float* y, int N, int K, int T) {                       \
+                                           float* y, float* y2, int N, int K, int T, int split,   \
+                                           int rows1) {                                           \
         GRID_PROLOGUE();                                                                          \
         Affine a = {scales, biases, group};                                                       \
-        gemv<F>(W, row_bytes, a, x, y, N, K, T);                                                  \
+        gemv<F, GEMV_MAX_T>(W, row_bytes, a, x, y, y2, N, K, T, split, rows1, blockIdx.x);        \
+    }                                                                                             \
+    extern "C" __global__ void gemv1_##NAME(const u8* W, long row_bytes, const float* scales,      \
+                                            const float* biases, int group, const float* x,       \
+                                            float* y, float* y2, int N, int K, int T, int split,  \
+                                            int rows1) {                                          \
+        GRID_PROLOGUE();                                                                          \
+        Affine a = {scales, biases, group};                                                       \
+        int per = gridDim.x / T, t = blockIdx.x / per;                                            \
+        gemv<F, 1>(W, row_bytes, a, x + (long)t * K, y + (long)t * rows1, y2 + (long)t * (N - rows1), \
+                   N, K, 1, split, rows1, blockIdx.x % per);                                      \
     }                                                                                             \
     extern "C" __global__ void dequant_bf16_##NAME(const u8* W, long row_bytes,                   \
                                                    const float* scales, const float* biases,      \

@@ -2035,40 +2035,138 @@ fn the_small_q8_gemv_on_the_host_gives_each_token_its_bits_alone() {
             }
             [y, y2].concat()
         };
-        let tokens = 5;
-        let x = random(tokens * kd, 33);
-        let mut want = vec![0.0f32; tokens * n];
-        cpu::matmul(&mut want, &x, &w);
-        let y = run(&x, false);
-        // Stacked: the same numbers, token-major within each output.
-        let stacked = run(&x, true);
-        let (lo, hi) = stacked.split_at(tokens * rows1);
-        let rest = n - rows1;
-        for ti in 0..tokens {
-            let row = &y[ti * n..(ti + 1) * n];
-            let parts = [
-                &lo[ti * rows1..(ti + 1) * rows1],
-                &hi[ti * rest..(ti + 1) * rest],
-            ]
-            .concat();
-            assert!(
-                row.iter()
-                    .zip(&parts)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{t}: token {ti}'s two outputs differ from the one output"
-            );
-        }
         // Activations rounded to int8 per 32 values: about 4e-3.
-        let err = rel_err(&y, &want);
-        assert!(err < 1e-2, "{t}: relative error {err}");
-        for (ti, row) in y.chunks_exact(n).enumerate() {
-            let alone = run(&x[ti * kd..(ti + 1) * kd], false);
-            assert!(
-                row.iter()
-                    .zip(&alone)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{t}: token {ti} of {tokens} differs from the token alone"
+        check_row_gemv(&format!("{t}"), &w, rows1, 1e-2, run);
+    }
+}
+
+/// Checks a warp-per-row GEMV `run(x, stacked)` of `w` (see `ops::RowGemv`) over 5 tokens:
+/// within `tol` of the CPU, the stacked launch (rows from `rows1` on into a second output)
+/// giving the bits of the single one, and each token the bits it gets alone.
+fn check_row_gemv(
+    what: &str,
+    w: &Weight,
+    rows1: usize,
+    tol: f32,
+    run: impl Fn(&[f32], bool) -> Vec<f32>,
+) {
+    let (n, kd, tokens) = (w.rows(), w.cols(), 5);
+    let x = random(tokens * kd, 33);
+    let mut want = vec![0.0f32; tokens * n];
+    cpu::matmul(&mut want, &x, w);
+    let y = run(&x, false);
+    // Stacked: the same numbers, token-major within each output.
+    let stacked = run(&x, true);
+    let (lo, hi) = stacked.split_at(tokens * rows1);
+    let rest = n - rows1;
+    for ti in 0..tokens {
+        let row = &y[ti * n..(ti + 1) * n];
+        let parts = [
+            &lo[ti * rows1..(ti + 1) * rows1],
+            &hi[ti * rest..(ti + 1) * rest],
+        ]
+        .concat();
+        assert_eq!(
+            bits(row),
+            bits(&parts),
+            "{what}: token {ti}'s two outputs differ from the one output"
+        );
+    }
+    let err = rel_err(&y, &want);
+    assert!(err < tol, "{what}: relative error {err}");
+    for (ti, row) in y.chunks_exact(n).enumerate() {
+        let alone = run(&x[ti * kd..(ti + 1) * kd], false);
+        assert_eq!(
+            bits(row),
+            bits(&alone),
+            "{what}: token {ti} of {tokens} differs from the token alone"
+        );
+    }
+}
+
+/// The f32-decoding GEMV (`gemv_*`, `gemv1_*`) as `ops::gemv_float` launches it: a matrix of
+/// few rows (the MoE router and shared-expert gate stacked, 4 warps a row, a group of blocks a
+/// token) and one of many (a warp a row, 16 tokens a launch), f32 rows with a partial last
+/// sub-block and bf16 rows.
+#[test]
+fn the_float_gemv_on_the_host_gives_each_token_its_bits_alone() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let f32_weight = |n: usize, kd: usize| {
+        let v = random(n * kd, 41);
+        let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Weight::new(DType::F32, vec![n, kd], HostBytes::from_vec(raw)).unwrap()
+    };
+    let bf16_weight = |n: usize, kd: usize| {
+        let v = random(n * kd, 43);
+        let raw: Vec<u8> = v
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect();
+        Weight::new(DType::BF16, vec![n, kd], HostBytes::from_vec(raw)).unwrap()
+    };
+    for (w, suffix, rows1) in [
+        (f32_weight(257, 1000), "f32", 256),
+        (bf16_weight(72, 1024), "bf16", 40),
+        (f32_weight(1040, 96), "f32", 1024),
+    ] {
+        let (n, kd) = (w.rows(), w.cols());
+        let row_bytes = w.raw_bytes().len() / n;
+        // ops::RowGemv's rule.
+        let split = if n < 1024 { 4 } else { 1 };
+        let run = |x: &[f32], stacked: bool| -> Vec<f32> {
+            let tokens = x.len() / kd;
+            let first = if stacked { rows1 } else { n };
+            let y = vec![f32::NAN; tokens * first];
+            let y2 = vec![f32::NAN; tokens * (n - first)];
+            let (xa, ya, y2a, wa) = (
+                Addr::of(x),
+                Addr::of(&y),
+                Addr::of(&y2),
+                Addr::of(w.raw_bytes()),
             );
-        }
+            let group = n.div_ceil(4 / split);
+            let per_token = tokens == 1 || split == 4;
+            type Gemv = unsafe extern "C" fn(
+                *const u8,
+                i64,
+                *const f32,
+                *const f32,
+                i32,
+                *const f32,
+                *mut f32,
+                *mut f32,
+                i32,
+                i32,
+                i32,
+                i32,
+                i32,
+            );
+            // SAFETY: the signature of gemv_* / gemv1_* in kernels.cu (WEIGHT_KERNELS), over
+            // buffers of the sizes ops::gemv_float gives them; no affine scales.
+            unsafe {
+                let name = format!("gemv{}_{suffix}", if per_token { "1" } else { "" });
+                let gemv: Gemv = kern.kernel(&name);
+                let grid = if per_token { group * tokens } else { group };
+                kern.launch(grid as u32, 128, &|| {
+                    gemv(
+                        wa.ptr(),
+                        row_bytes as i64,
+                        std::ptr::null(),
+                        std::ptr::null(),
+                        32,
+                        xa.ptr(),
+                        ya.ptr(),
+                        y2a.ptr(),
+                        n as i32,
+                        kd as i32,
+                        tokens as i32,
+                        split as i32,
+                        first as i32,
+                    )
+                });
+            }
+            [y, y2].concat()
+        };
+        check_row_gemv(&format!("{suffix} {n}x{kd}"), &w, rows1, 1e-5, run);
     }
 }

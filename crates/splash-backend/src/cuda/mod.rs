@@ -85,28 +85,34 @@ pub struct Gpu {
 
 impl Drop for Gpu {
     fn drop(&mut self) {
-        let Some(p) = &self.profile else { return };
-        let p = p.lock().expect("profile lock");
-        let total: f64 = p.values().map(|v| v.1).sum();
-        let mut rows: Vec<_> = p.iter().collect();
-        rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+        let Some(rows) = self.profile_table() else {
+            return;
+        };
+        let total: f64 = rows.iter().map(|r| r.2).sum();
         eprintln!(
             "GPU profile (synchronised launches): {:.3} s in kernels",
             total
         );
-        eprintln!(
-            "{:<28} {:>9} {:>10} {:>9} {:>6}",
-            "kernel", "launches", "total ms", "us/launch", "share"
-        );
-        for (name, (n, secs)) in rows {
-            eprintln!(
-                "{name:<28} {n:>9} {:>10.2} {:>9.1} {:>5.1}%",
-                secs * 1e3,
-                secs * 1e6 / *n as f64,
-                100.0 * secs / total
-            );
-        }
+        eprint!("{}", profile_text(&rows));
     }
+}
+
+/// A profile table (see [`Gpu::profile_table`]) as text: a line per kernel, with its share.
+fn profile_text(rows: &[(String, u64, f64)]) -> String {
+    let total: f64 = rows.iter().map(|r| r.2).sum();
+    let mut out = format!(
+        "{:<28} {:>9} {:>10} {:>9} {:>6}\n",
+        "kernel", "launches", "total ms", "us/launch", "share"
+    );
+    for (name, n, secs) in rows {
+        out += &format!(
+            "{name:<28} {n:>9} {:>10.2} {:>9.1} {:>5.1}%\n",
+            secs * 1e3,
+            secs * 1e6 / *n as f64,
+            100.0 * secs / total
+        );
+    }
+    out
 }
 
 /// Buffers that a pass allocates while it is captured as a graph. Allocated on the captured
@@ -707,14 +713,53 @@ impl Gpu {
             return Ok(());
         }
         let f = k.function(name)?;
-        let t0 = self.profile.as_ref().map(|_| {
-            let _ = self.stream.synchronize();
-            std::time::Instant::now()
-        });
+        self.profiled(
+            || name.to_string(),
+            || self.launch_function(&f, grid, block, args),
+        )
+    }
+
+    /// Runs `work` (which queues GPU work); with `SPLASH_GPU_PROFILE`, synchronised and timed
+    /// under the name `name` gives.
+    pub(crate) fn profiled<R>(
+        &self,
+        name: impl FnOnce() -> String,
+        work: impl FnOnce() -> Result<R, GpuError>,
+    ) -> Result<R, GpuError> {
+        let Some(p) = &self.profile else {
+            return work();
+        };
+        self.stream.synchronize()?;
+        let t0 = std::time::Instant::now();
+        let r = work()?;
+        self.stream.synchronize()?;
+        let mut p = p.lock().expect("profile lock");
+        let e = p.entry(name()).or_default();
+        e.0 += 1;
+        e.1 += t0.elapsed().as_secs_f64();
+        Ok(r)
+    }
+
+    /// With `SPLASH_GPU_PROFILE`: every kernel so far, its launches and seconds, most time
+    /// first (take two and subtract for the kernels of one piece of work).
+    pub fn profile_table(&self) -> Option<Vec<(String, u64, f64)>> {
+        let p = self.profile.as_ref()?.lock().expect("profile lock");
+        let mut rows: Vec<_> = p.iter().map(|(k, v)| (k.clone(), v.0, v.1)).collect();
+        rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Some(rows)
+    }
+
+    fn launch_function(
+        &self,
+        f: &CudaFunction,
+        grid: u32,
+        block: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
         if self.dependent_launch && self.capturing_here() {
-            self.launch_dependent(&f, grid, block, args)?;
+            self.launch_dependent(f, grid, block, args)?;
         } else {
-            let mut b = self.stream.launch_builder(&f);
+            let mut b = self.stream.launch_builder(f);
             for a in args {
                 match a {
                     Arg::Ptr(p) => b.arg(p),
@@ -734,13 +779,6 @@ impl Gpu {
             // SAFETY: every kernel's parameter list matches the wrapper in ops.rs that builds
             // `args`; pointers are live device buffers owned by the caller.
             unsafe { b.launch(cfg) }?;
-        }
-        if let (Some(p), Some(t0)) = (&self.profile, t0) {
-            self.stream.synchronize()?;
-            let mut p = p.lock().expect("profile lock");
-            let e = p.entry(name.to_string()).or_default();
-            e.0 += 1;
-            e.1 += t0.elapsed().as_secs_f64();
         }
         Ok(())
     }

@@ -269,7 +269,6 @@ fn product(
         row0.is_multiple_of(16) || !super::weights::is_tiled(w.format),
         "rows of a tiled weight start at a multiple of 16 (row {row0})"
     );
-    let kdim = w.cols;
     if let Some(blas) = gemm_blas(gpu, w, tokens, gemm_min_t) {
         return gemm(gpu, k, &blas, out, x, w, row0, n);
     }
@@ -280,29 +279,7 @@ fn product(
     if !gpu.exact() && int8_format(w.format) {
         return gemv_q8(gpu, k, (out, 0, n), x.int8(gpu, k)?, w, base, n, tokens);
     }
-    let name = format!("gemv_{}", w.format.kernel_suffix());
-    let (scales, biases, group) = group_args(gpu, w, row0);
-    for (t0, tc) in token_chunks(tokens) {
-        gpu.launch(
-            k,
-            &name,
-            blocks(n, 4),
-            128,
-            &[
-                Arg::Ptr(base),
-                Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(scales),
-                Arg::Ptr(biases),
-                Arg::I32(group),
-                Arg::Ptr(x.x + (t0 * kdim * 4) as u64),
-                Arg::Ptr(out + (t0 * n * 4) as u64),
-                Arg::I32(n as i32),
-                Arg::I32(kdim as i32),
-                Arg::I32(tc as i32),
-            ],
-        )?;
-    }
-    Ok(())
+    gemv_float(gpu, k, (out, 0, n), x.x, w, base, row0, n, tokens)
 }
 
 /// `matmul` for many tokens: the activations and each chunk of weight rows converted to bf16,
@@ -333,6 +310,7 @@ fn gemm(
     if stored_bf16(gpu, w) {
         let wp = super::ptr(gpu, &w.data, row0 * w.row_bytes);
         return gemm_rows(
+            gpu,
             blas,
             out,
             wp,
@@ -373,6 +351,7 @@ fn gemm(
         )?;
         let wp = super::ptr(gpu, &wb, 0);
         gemm_rows(
+            gpu,
             blas,
             out + (r0 * 4) as u64,
             wp,
@@ -392,6 +371,7 @@ fn gemm(
 /// stride `ldw` elements, `out` rows `ldo` apart, by cuBLAS with f32 accumulation.
 #[allow(clippy::too_many_arguments)]
 fn gemm_rows(
+    gpu: &Gpu,
     blas: &cudarc::cublas::CudaBlas,
     out: u64,
     w: u64,
@@ -406,8 +386,9 @@ fn gemm_rows(
     use cudarc::cublas::{result::gemm_ex, sys};
     let (alpha, beta) = (1.0f32, 0.0f32);
     // Column-major view: out^T [rows, tokens] (ld ldo) = W [rows, K]^T-as-stored · X^T.
+    let name = || format!("cublas {rows}x{kdim}, {tokens} rows");
     // SAFETY: all pointers are live device buffers of the sizes the dimensions imply.
-    unsafe {
+    gpu.profiled(name, || unsafe {
         gemm_ex(
             *blas.handle(),
             sys::cublasOperation_t::CUBLAS_OP_T,
@@ -429,9 +410,8 @@ fn gemm_rows(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
-    }
-    .map_err(|e| GpuError::Blas(e.to_string()))?;
-    Ok(())
+        .map_err(|e| GpuError::Blas(e.to_string()))
+    })
 }
 
 /// A bf16 weight that the fast (not exact) path multiplies as stored.
@@ -484,17 +464,18 @@ pub fn matmul_pair(
     );
     x.check(w);
     let (base, tokens) = (super::ptr(gpu, &w.data, 0), x.tokens);
-    if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() {
-        let out = (out.0, out.1, split);
-        if tensor_core(gpu, w) {
-            return gemv_tc(gpu, k, out, x.f16(gpu, k)?, w, base, w.rows, tokens);
-        }
-        if !gpu.exact() && int8_format(w.format) {
-            return gemv_q8(gpu, k, out, x.int8(gpu, k)?, w, base, w.rows, tokens);
-        }
+    if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_some() {
+        matmul_activations(gpu, k, out.0, x, w, 0, split)?;
+        return matmul_activations(gpu, k, out.1, x, w, split, w.rows - split);
     }
-    matmul_activations(gpu, k, out.0, x, w, 0, split)?;
-    matmul_activations(gpu, k, out.1, x, w, split, w.rows - split)
+    let out = (out.0, out.1, split);
+    if tensor_core(gpu, w) {
+        return gemv_tc(gpu, k, out, x.f16(gpu, k)?, w, base, w.rows, tokens);
+    }
+    if !gpu.exact() && int8_format(w.format) {
+        return gemv_q8(gpu, k, out, x.int8(gpu, k)?, w, base, w.rows, tokens);
+    }
+    gemv_float(gpu, k, out, x.x, w, base, 0, w.rows, tokens)
 }
 
 /// `out = W · (silu(g) ⊙ u)` `[tokens, W rows]` for `g`, `u` `[tokens, W cols]`: SwiGLU and the
@@ -945,10 +926,13 @@ fn int8_format(format: super::GpuFormat) -> bool {
 }
 
 /// Whether two weights of `format` stacked at row `split` run in one launch of
-/// [`matmul_pair`]: the tensor-core GEMV (its tiles must not straddle the split) and the int8
-/// GEMV can.
+/// [`matmul_pair`]: the tensor-core GEMV (its tiles must not straddle the split), the int8
+/// GEMV and the f32-decoding GEMV of float weights (the MoE router and shared-expert gate) can.
 pub fn pairs_in_one_launch(format: super::GpuFormat, split: usize) -> bool {
-    (super::weights::is_tiled(format) && split.is_multiple_of(16)) || int8_format(format)
+    use super::GpuFormat::{Bf16, F16, F32};
+    (super::weights::is_tiled(format) && split.is_multiple_of(16))
+        || int8_format(format)
+        || matches!(format, F32 | F16 | Bf16)
 }
 
 /// Row `t` of an f32 output `[tokens, width]` at `y`; 0 (no second output) stays 0.
@@ -980,25 +964,14 @@ fn gemv_q8(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
-    // Warps per row: 4 for matrices of few rows (by shape only, never by token count).
-    let split = if n < 1024 { 4 } else { 1 };
-    let suffix = w.format.kernel_suffix();
-    let group = blocks(n, 4 / split);
-    // The one-token build, a group of blocks per token: few registers for decode, and a matrix
-    // of few rows (read from L2 by every token) as parallel as its tokens. Otherwise up to 16
-    // tokens share each weight read (the same sums per token, see `matmul`).
-    let per_token = tokens == 1 || split == 4;
-    let (name, chunks): (_, Vec<_>) = if per_token {
-        (format!("gemv1_q8_{suffix}"), vec![(0, tokens)])
-    } else {
-        (format!("gemv_q8_{suffix}"), token_chunks(tokens).collect())
-    };
+    let plan = RowGemv::new(n, tokens);
+    let name = plan.kernel(&format!("q8_{}", w.format.kernel_suffix()));
     let (y, y2, rows1) = out;
-    for (t0, tc) in chunks {
+    for (t0, tc) in plan.chunks() {
         gpu.launch(
             k,
             &name,
-            if per_token { group * tc as u32 } else { group },
+            plan.grid(tc),
             128,
             &[
                 Arg::Ptr(base),
@@ -1011,7 +984,101 @@ fn gemv_q8(
                 Arg::I32(n as i32),
                 Arg::I32(kdim as i32),
                 Arg::I32(tc as i32),
-                Arg::I32(split as i32),
+                Arg::I32(plan.split as i32),
+                Arg::I32(rows1 as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// How a warp-per-row GEMV (`gemv_*` and `gemv_q8_*` in kernels.cu, blocks of 4 warps) is
+/// launched over `n` rows and `tokens` tokens.
+struct RowGemv {
+    /// Warps per row: 4 for matrices of few rows (by shape only, never by token count).
+    split: usize,
+    /// The one-token build, a group of blocks per token: few registers for decode, and a
+    /// matrix of few rows (read from L2 by every token) as parallel as its tokens. Otherwise
+    /// up to 16 tokens share each weight read (the same sums per token, see [`matmul`]).
+    per_token: bool,
+    /// Blocks per token (per launch without `per_token`).
+    group: u32,
+    tokens: usize,
+}
+
+impl RowGemv {
+    fn new(n: usize, tokens: usize) -> Self {
+        let split = if n < 1024 { 4 } else { 1 };
+        Self {
+            split,
+            per_token: tokens == 1 || split == 4,
+            group: blocks(n, 4 / split),
+            tokens,
+        }
+    }
+
+    /// The kernel for weights of kernel suffix `suffix`.
+    fn kernel(&self, suffix: &str) -> String {
+        format!("gemv{}_{suffix}", if self.per_token { "1" } else { "" })
+    }
+
+    /// The launches: `(first token, tokens)`.
+    fn chunks(&self) -> Vec<(usize, usize)> {
+        if self.per_token {
+            vec![(0, self.tokens)]
+        } else {
+            token_chunks(self.tokens).collect()
+        }
+    }
+
+    /// Blocks of a launch of `tc` tokens.
+    fn grid(&self, tc: usize) -> u32 {
+        if self.per_token {
+            self.group * tc as u32
+        } else {
+            self.group
+        }
+    }
+}
+
+/// The f32-decoding GEMV (every format; the exact reference) of rows `row0..row0 + n` of `w`
+/// (from `base`) over f32 activations `x`. Rows below `out.2` go to `out.0` `[tokens, out.2]`,
+/// the others to `out.1`.
+#[allow(clippy::too_many_arguments)]
+fn gemv_float(
+    gpu: &Gpu,
+    k: &Kernels,
+    (y, y2, rows1): (u64, u64, usize),
+    x: u64,
+    w: &DeviceWeight,
+    base: u64,
+    row0: usize,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let kdim = w.cols;
+    let plan = RowGemv::new(n, tokens);
+    let name = plan.kernel(w.format.kernel_suffix());
+    let (scales, biases, group) = group_args(gpu, w, row0);
+    for (t0, tc) in plan.chunks() {
+        gpu.launch(
+            k,
+            &name,
+            plan.grid(tc),
+            128,
+            &[
+                Arg::Ptr(base),
+                Arg::I64(w.row_bytes as i64),
+                Arg::Ptr(scales),
+                Arg::Ptr(biases),
+                Arg::I32(group),
+                Arg::Ptr(x + (t0 * kdim * 4) as u64),
+                Arg::Ptr(row_at(y, t0, rows1)),
+                Arg::Ptr(row_at(y2, t0, n - rows1)),
+                Arg::I32(n as i32),
+                Arg::I32(kdim as i32),
+                Arg::I32(tc as i32),
+                Arg::I32(plan.split as i32),
                 Arg::I32(rows1 as i32),
             ],
         )?;

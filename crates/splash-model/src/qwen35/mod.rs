@@ -235,6 +235,16 @@ impl Qwen35 {
         0
     }
 
+    /// With `SPLASH_GPU_PROFILE` on a GPU: every kernel launched so far, its launches and
+    /// seconds (see `Gpu::profile_table`); `None` otherwise.
+    pub fn gpu_profile(&self) -> Option<Vec<(String, u64, f64)>> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.gpu().profile_table();
+        }
+        None
+    }
+
     /// Waits for the work queued on the device (a no-op on the CPU): timings end here.
     pub fn synchronize(&self) -> Result<(), ModelError> {
         #[cfg(feature = "cuda")]

@@ -355,6 +355,15 @@ fn pass_costs(
         std::hint::black_box(drafted.logits);
         drafting.push(t0.elapsed().as_secs_f64() * 1e3);
     }
+    if let Some(before) = model.graph.gpu_profile() {
+        // SPLASH_GPU_PROFILE: where one more draft block's time goes, launch by launch.
+        let t0 = Instant::now();
+        draft.draft_block(&mut ctx, &model.graph, tokens[0], block)?;
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let after = model.graph.gpu_profile().unwrap_or_default();
+        eprintln!("one draft block, every launch synchronised: {wall:.2} ms");
+        eprint!("{}", profile_since(&before, &after));
+    }
     Ok(PassCosts {
         block,
         target_ms: median(&mut target),
@@ -365,6 +374,34 @@ fn pass_costs(
             .collect(),
         draft_ms: median(&mut drafting),
     })
+}
+
+/// The launches between two profile tables (`Model::gpu_profile`) as text, most time first.
+fn profile_since(before: &[(String, u64, f64)], after: &[(String, u64, f64)]) -> String {
+    let mut rows: Vec<(&str, u64, f64)> = after
+        .iter()
+        .filter_map(|(name, n, secs)| {
+            let (n0, s0) = before
+                .iter()
+                .find(|b| &b.0 == name)
+                .map_or((0, 0.0), |b| (b.1, b.2));
+            (*n > n0).then_some((name.as_str(), n - n0, secs - s0))
+        })
+        .collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let total: f64 = rows.iter().map(|r| r.2).sum();
+    let mut out = format!(
+        "{:<40} {:>8} {:>9} {:>9}\n",
+        "kernel", "launches", "ms", "us each"
+    );
+    for (name, n, secs) in &rows {
+        out += &format!(
+            "{name:<40} {n:>8} {:>9.3} {:>9.1}\n",
+            secs * 1e3,
+            secs * 1e6 / *n as f64
+        );
+    }
+    out + &format!("{:<40} {:>8} {:>9.3}\n", "all", "", total * 1e3)
 }
 
 /// Median milliseconds of a one-token pass and of a `rows`-token pass (every row's logits),

@@ -103,11 +103,12 @@ impl WeightPair {
 }
 
 pub(super) struct GpuMoe {
-    router: DeviceWeight,
+    /// The router (experts' logits) and the shared expert's gate (one row), stacked when one
+    /// launch can run both: two small products of the same input.
+    gates: WeightPair,
     experts: Vec<GpuMlp>,
     top_k: usize,
     shared: GpuMlp,
-    shared_gate: DeviceWeight,
     /// The experts' weight addresses, when every expert of each projection has the same
     /// tensor-core format and shape: routing and expert products then stay on the device.
     tables: Option<ExpertTables>,
@@ -237,22 +238,20 @@ impl GpuModel {
     /// does, and each chosen expert runs on its tokens.
     pub(super) fn moe(&self, moe: &GpuMoe, xa: &dev::Activations) -> Result<Buf, ModelError> {
         let GpuMoe {
-            router,
+            gates,
             experts,
             top_k,
             shared,
-            shared_gate,
             tables: _,
         } = moe;
         let (gpu, k) = (&*self.gpu, &*self.k);
-        let (e, h) = (router.rows(), router.cols());
+        let (e, h) = (gates.rows().0, gates.first().cols());
         let (x, t) = (xa.rows(), xa.tokens());
         // One conversion of x for the router, the shared expert and the routed experts.
         let logits = self.scratch(t * e)?;
-        dev::matmul_activations(gpu, k, ptr(gpu, &logits, 0), xa, router, 0, e)?;
-        let out = shared.forward(self, xa)?;
         let sg = self.scratch(t)?;
-        dev::matmul_activations(gpu, k, ptr(gpu, &sg, 0), xa, shared_gate, 0, 1)?;
+        gates.multiply(self, (ptr(gpu, &logits, 0), ptr(gpu, &sg, 0)), xa)?;
+        let out = shared.forward(self, xa)?;
         if let Some(tables) = moe.device_tables(gpu) {
             let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), t, e, *top_k)?;
             let (pairs, first) = (t * top_k, &experts[0]);
@@ -351,12 +350,11 @@ pub(super) fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
         .map(|e| GpuMlp::upload(gpu, e, false))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(GpuFfn::Moe(Box::new(GpuMoe {
-        router: gpu.upload_weight(&m.router)?,
+        gates: WeightPair::upload(gpu, &m.router, &m.shared_gate, true)?,
         tables: ExpertTables::new(gpu, &experts)?,
         experts,
         top_k: m.top_k,
         shared: GpuMlp::upload(gpu, &m.shared, true)?,
-        shared_gate: gpu.upload_weight(&m.shared_gate)?,
     })))
 }
 
