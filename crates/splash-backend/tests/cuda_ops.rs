@@ -204,7 +204,8 @@ fn matmul_every_format_matches_the_cpu() {
             );
             // The draft's product (bf16 weights by cuBLAS from two tokens).
             let out = poisoned(&gpu, t * n);
-            dev::matmul_batched(&gpu, &k, ptr(&gpu, &out, 0), xp, &dw, 0, n, t).unwrap();
+            let xa = dev::Activations::new(xp, t, kd);
+            dev::matmul_batched(&gpu, &k, ptr(&gpu, &out, 0), &xa, &dw, 0, n).unwrap();
             let err = rel_err(&gpu.download(&out, t * n).unwrap(), &want);
             assert!(err < tol, "{name} t={t} exact={exact}: batched {err}");
             // A row range (an expert of a stacked tensor; tiled formats start on a tile).

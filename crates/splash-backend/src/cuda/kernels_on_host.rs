@@ -1921,36 +1921,73 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
 #[test]
 fn the_row_top_k_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    let (rows, v) = (3, 3001);
-    // Values on a coarse grid: many ties.
-    let logits: Vec<f32> = random(rows * v, 91)
-        .iter()
-        .map(|x| (x * 40.0).round() / 4.0)
-        .collect();
-    for (k, mult, cap) in [(16usize, 1.0f32, 0.0f32), (1, 0.5, 0.0), (32, 1.5, 3.0)] {
-        let ids = vec![-1i32; rows * k];
-        let vals = vec![f32::NAN; rows * k];
-        let (la, ia, va) = (Addr::of(&logits), Addr::of(&ids), Addr::of(&vals));
-        // SAFETY: top_k_rows's signature; ops::top_k_rows's grid and block.
-        unsafe {
-            let f: unsafe extern "C" fn(*const f32, i32, i32, f32, f32, *mut i32, *mut f32) =
-                kern.kernel("top_k_rows");
-            kern.launch(rows as u32, 256, &|| {
-                f(la.ptr(), v as i32, k as i32, mult, cap, ia.ptr(), va.ptr())
-            });
-        }
-        for (r, row) in logits.chunks_exact(v).enumerate() {
-            let shaped = row.iter().enumerate().map(|(i, &x)| {
-                let y = x * mult;
-                (i as u32, if cap > 0.0 { (y / cap).tanh() * cap } else { y })
-            });
-            let want = cpu::top_k(shaped, k);
-            let got: Vec<(u32, f32)> = ids[r * k..(r + 1) * k]
-                .iter()
-                .zip(&vals[r * k..(r + 1) * k])
-                .map(|(&i, &x)| (i as u32, x))
-                .collect();
-            assert_eq!(got, want, "k={k} mult={mult} cap={cap} row {r}");
+    // 3,001 values: one first-stage block a row, which writes the result; 9,001: five, merged
+    // by the second stage (ops::top_k_rows's launches).
+    for (rows, v) in [(3usize, 3001usize), (2, 9001)] {
+        // Values on a coarse grid: many ties, within and across the first stage's blocks.
+        let logits: Vec<f32> = random(rows * v, 91)
+            .iter()
+            .map(|x| (x * 40.0).round() / 4.0)
+            .collect();
+        for (k, mult, cap) in [(16usize, 1.0f32, 0.0f32), (1, 0.5, 0.0), (32, 1.5, 3.0)] {
+            let parts = v.div_ceil(2048);
+            let ids = vec![-1i32; rows * k];
+            let vals = vec![f32::NAN; rows * k];
+            let part_ids = vec![-1i32; rows * parts * k];
+            let part_vals = vec![f32::NAN; rows * parts * k];
+            let (first_ids, first_vals) = if parts > 1 {
+                (Addr::of(&part_ids), Addr::of(&part_vals))
+            } else {
+                (Addr::of(&ids), Addr::of(&vals))
+            };
+            let (la, ia, va) = (Addr::of(&logits), Addr::of(&ids), Addr::of(&vals));
+            // SAFETY: the signatures of top_k_part and top_k_merge; ops::top_k_rows's grids,
+            // blocks and buffers.
+            unsafe {
+                type Part =
+                    unsafe extern "C" fn(*const f32, i32, i32, f32, f32, i32, *mut i32, *mut f32);
+                let f: Part = kern.kernel("top_k_part");
+                kern.launch((rows * parts) as u32, 256, &|| {
+                    f(
+                        la.ptr(),
+                        v as i32,
+                        k as i32,
+                        mult,
+                        cap,
+                        parts as i32,
+                        first_ids.ptr(),
+                        first_vals.ptr(),
+                    )
+                });
+                if parts > 1 {
+                    type Merge =
+                        unsafe extern "C" fn(*const i32, *const f32, i32, i32, *mut i32, *mut f32);
+                    let m: Merge = kern.kernel("top_k_merge");
+                    kern.launch(rows as u32, 256, &|| {
+                        m(
+                            first_ids.ptr(),
+                            first_vals.ptr(),
+                            (parts * k) as i32,
+                            k as i32,
+                            ia.ptr(),
+                            va.ptr(),
+                        )
+                    });
+                }
+            }
+            for (r, row) in logits.chunks_exact(v).enumerate() {
+                let shaped = row.iter().enumerate().map(|(i, &x)| {
+                    let y = x * mult;
+                    (i as u32, if cap > 0.0 { (y / cap).tanh() * cap } else { y })
+                });
+                let want = cpu::top_k(shaped, k);
+                let got: Vec<(u32, f32)> = ids[r * k..(r + 1) * k]
+                    .iter()
+                    .zip(&vals[r * k..(r + 1) * k])
+                    .map(|(&i, &x)| (i as u32, x))
+                    .collect();
+                assert_eq!(got, want, "v={v} k={k} mult={mult} cap={cap} row {r}");
+            }
         }
     }
 }

@@ -206,30 +206,19 @@ pub fn matmul_activations(
     product(gpu, k, out, x, w, row0, n, GEMM_MIN_T)
 }
 
-/// [`matmul`] whose rows may depend on the token count: bf16 weights go to cuBLAS from two
-/// tokens on. For passes whose numbers only propose, like a draft block.
-#[allow(clippy::too_many_arguments)]
+/// [`matmul_activations`] whose rows may depend on the token count: bf16 weights go to cuBLAS
+/// from two tokens on. For passes whose numbers only propose, like a draft block.
 pub fn matmul_batched(
     gpu: &Gpu,
     k: &Kernels,
     out: u64,
-    x: u64,
+    x: &Activations,
     w: &DeviceWeight,
     row0: usize,
     n: usize,
-    tokens: usize,
 ) -> Result<(), GpuError> {
     let min_t = if stored_bf16(gpu, w) { 2 } else { GEMM_MIN_T };
-    product(
-        gpu,
-        k,
-        out,
-        &Activations::new(x, tokens, w.cols),
-        w,
-        row0,
-        n,
-        min_t,
-    )
+    product(gpu, k, out, x, w, row0, n, min_t)
 }
 
 /// The cuBLAS handle a product of `tokens` rows by `w` runs on: from `gemm_min_t` tokens on,
@@ -1503,6 +1492,9 @@ pub fn grouped_dynamic_conv(
 /// The most candidates [`top_k_rows`] keeps per row (`TOPK_MAX` in kernels.cu).
 pub const TOP_K_MAX: usize = 32;
 
+/// Values of a row one block of [`top_k_rows`]'s first stage takes (`TOPK_CHUNK`).
+const TOP_K_CHUNK: usize = 256 * 8;
+
 /// The `k` best entries of each of `rows` rows of `logits` `[rows, v]` (`k` ≤ [`TOP_K_MAX`],
 /// ≤ `v`), after `v·mult` and, with a `cap`, `cap·tanh(v/cap)`: ids and values `[rows, k]`,
 /// best first, ties to the lower id (as `cpu::top_k`).
@@ -1524,10 +1516,22 @@ pub fn top_k_rows(
     );
     let ids = gpu.uninit::<i32>(rows * top)?;
     let vals = gpu.uninit::<f32>(rows * top)?;
+    // The first stage's blocks, each over TOP_K_CHUNK values of a row; with one a row it
+    // writes the result, otherwise its candidates, which the second stage merges.
+    let parts = v.div_ceil(TOP_K_CHUNK);
+    let staged = if parts > 1 {
+        Some((
+            gpu.uninit::<i32>(rows * parts * top)?,
+            gpu.uninit::<f32>(rows * parts * top)?,
+        ))
+    } else {
+        None
+    };
+    let (first_ids, first_vals) = staged.as_ref().map_or((&ids, &vals), |(i, v)| (i, v));
     gpu.launch(
         k,
-        "top_k_rows",
-        rows as u32,
+        "top_k_part",
+        (rows * parts) as u32,
         256,
         &[
             Arg::Ptr(logits),
@@ -1535,10 +1539,27 @@ pub fn top_k_rows(
             Arg::I32(top as i32),
             Arg::F32(mult),
             Arg::F32(cap.unwrap_or(0.0)),
-            Arg::Ptr(super::ptr(gpu, &ids, 0)),
-            Arg::Ptr(super::ptr(gpu, &vals, 0)),
+            Arg::I32(parts as i32),
+            Arg::Ptr(super::ptr(gpu, first_ids, 0)),
+            Arg::Ptr(super::ptr(gpu, first_vals, 0)),
         ],
     )?;
+    if let Some((part_ids, part_vals)) = &staged {
+        gpu.launch(
+            k,
+            "top_k_merge",
+            rows as u32,
+            256,
+            &[
+                Arg::Ptr(super::ptr(gpu, part_ids, 0)),
+                Arg::Ptr(super::ptr(gpu, part_vals, 0)),
+                Arg::I32((parts * top) as i32),
+                Arg::I32(top as i32),
+                Arg::Ptr(super::ptr(gpu, &ids, 0)),
+                Arg::Ptr(super::ptr(gpu, &vals, 0)),
+            ],
+        )?;
+    }
     Ok((ids, vals))
 }
 

@@ -89,16 +89,8 @@ impl GpuDynConv {
     fn prepare(&self, d: &GpuDraft, x: u64, t: usize, h: usize) -> Result<(Buf, Buf), ModelError> {
         let dynamic = d.scratch(t * 2 * self.side(h))?;
         let dp = ptr(d.gpu(), &dynamic, 0);
-        dev::matmul_batched(
-            d.gpu(),
-            &d.k,
-            dp,
-            x,
-            &self.projection,
-            0,
-            2 * self.side(h),
-            t,
-        )?;
+        let xa = dev::Activations::new(x, t, h);
+        dev::matmul_batched(d.gpu(), &d.k, dp, &xa, &self.projection, 0, 2 * self.side(h))?;
         Ok((self.convolve(d, 0, x, &dynamic, t, h)?, dynamic))
     }
 
@@ -328,28 +320,26 @@ impl GpuDraft {
 
     /// K (k_proj, k_norm, RoPE) and V of rows `x` `[t, H]` at positions `pos0..`, written to
     /// the layer's cache rows `pos0..`.
-    #[allow(clippy::too_many_arguments)]
     fn write_kv(
         &self,
         c: &DraftConfig,
         layer: &GpuDraftLayer,
         cache: &(Buf, Buf),
-        x: u64,
-        t: usize,
+        x: &dev::Activations,
         pos0: usize,
     ) -> Result<(), ModelError> {
-        let (gpu, k) = (self.gpu(), &*self.k);
+        let (gpu, k, t) = (self.gpu(), &*self.k, x.tokens());
         let (hkv, d) = (c.num_kv_heads, c.head_dim);
         let kb = self.scratch(t * hkv * d)?;
         let kp = ptr(gpu, &kb, 0);
-        dev::matmul_batched(gpu, k, kp, x, &layer.k, 0, hkv * d, t)?;
+        dev::matmul_batched(gpu, k, kp, x, &layer.k, 0, hkv * d)?;
         let k_norm = ptr(gpu, &layer.k_norm, 0);
         dev::rms_norm(gpu, k, kp, kp, k_norm, t * hkv, d, c.rms_norm_eps)?;
         let inv = ptr(gpu, &self.inv_freq, 0);
         dev::rope(gpu, k, kp, inv, t, hkv, d, d, pos0)?;
         let vb = self.scratch(t * hkv * d)?;
         let vp = ptr(gpu, &vb, 0);
-        dev::matmul_batched(gpu, k, vp, x, &layer.v, 0, hkv * d, t)?;
+        dev::matmul_batched(gpu, k, vp, x, &layer.v, 0, hkv * d)?;
         // f32 rows need no scales; the kernel does not touch the pointer.
         let no_scales = ptr(gpu, &self.inv_freq, 0);
         for (src, dst) in [(kp, &cache.0), (vp, &cache.1)] {
@@ -377,11 +367,13 @@ impl GpuDraft {
         let f = gpu.upload(features)?;
         let x = self.scratch(t * h)?;
         let xp = ptr(gpu, &x, 0);
-        dev::matmul_batched(gpu, k, xp, ptr(gpu, &f, 0), &self.fc, 0, h, t)?;
+        let fa = dev::Activations::new(ptr(gpu, &f, 0), t, self.fc.cols());
+        dev::matmul_batched(gpu, k, xp, &fa, &self.fc, 0, h)?;
         let hn = ptr(gpu, &self.hidden_norm, 0);
         dev::rms_norm(gpu, k, xp, xp, hn, t, h, c.rms_norm_eps)?;
+        let xa = dev::Activations::new(xp, t, h);
         for (layer, cache) in self.layers.iter().zip(&ctx.layers) {
-            self.write_kv(c, layer, cache, xp, t, pos0)?;
+            self.write_kv(c, layer, cache, &xa, pos0)?;
         }
         Ok(())
     }
@@ -431,10 +423,15 @@ impl GpuDraft {
                 Some((conv, _)) => Some(conv.prepare(self, np, block, h)?),
                 None => None,
             };
-            let a_in = a_conv.as_ref().map_or(np, |(y, _)| ptr(gpu, y, 0));
+            // One bf16 conversion of the sublayer's input for q, k and v.
+            let a_in = dev::Activations::new(
+                a_conv.as_ref().map_or(np, |(y, _)| ptr(gpu, y, 0)),
+                block,
+                h,
+            );
             let q = self.scratch(block * hq * d)?;
             let qp = ptr(gpu, &q, 0);
-            dev::matmul_batched(gpu, k, qp, a_in, &layer.q, 0, hq * d, block)?;
+            dev::matmul_batched(gpu, k, qp, &a_in, &layer.q, 0, hq * d)?;
             dev::rms_norm(
                 gpu,
                 k,
@@ -446,7 +443,7 @@ impl GpuDraft {
                 eps,
             )?;
             dev::rope(gpu, k, qp, inv, block, hq, d, d, s)?;
-            self.write_kv(c, layer, cache, a_in, block, s)?;
+            self.write_kv(c, layer, cache, &a_in, s)?;
             let att = self.scratch(block * hq * d)?;
             let (kc, vc) = (ptr(gpu, &cache.0, 0), ptr(gpu, &cache.1, 0));
             let mask = KeyMask {
@@ -469,16 +466,8 @@ impl GpuDraft {
                 mask,
             )?;
             let mut o = self.scratch(block * h)?;
-            dev::matmul_batched(
-                gpu,
-                k,
-                ptr(gpu, &o, 0),
-                ptr(gpu, &att, 0),
-                &layer.o,
-                0,
-                h,
-                block,
-            )?;
+            let att_a = dev::Activations::new(ptr(gpu, &att, 0), block, hq * d);
+            dev::matmul_batched(gpu, k, ptr(gpu, &o, 0), &att_a, &layer.o, 0, h)?;
             if let (Some((conv, _)), Some((_, dynamic))) = (&layer.convs, &a_conv) {
                 o = conv.finish(self, ptr(gpu, &o, 0), dynamic, block, h)?;
             }
@@ -488,16 +477,22 @@ impl GpuDraft {
                 Some((_, conv)) => Some(conv.prepare(self, np, block, h)?),
                 None => None,
             };
-            let m_in = m_conv.as_ref().map_or(np, |(y, _)| ptr(gpu, y, 0));
+            // One bf16 conversion of the MLP's input for gate and up.
+            let m_in = dev::Activations::new(
+                m_conv.as_ref().map_or(np, |(y, _)| ptr(gpu, y, 0)),
+                block,
+                h,
+            );
             let inter = layer.gate.rows();
             let g = self.scratch(block * inter)?;
             let u = self.scratch(block * inter)?;
             let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
-            dev::matmul_batched(gpu, k, gp, m_in, &layer.gate, 0, inter, block)?;
-            dev::matmul_batched(gpu, k, up, m_in, &layer.up, 0, inter, block)?;
+            dev::matmul_batched(gpu, k, gp, &m_in, &layer.gate, 0, inter)?;
+            dev::matmul_batched(gpu, k, up, &m_in, &layer.up, 0, inter)?;
             dev::silu_mul(gpu, k, gp, up, block * inter)?;
             let mut m = self.scratch(block * h)?;
-            dev::matmul_batched(gpu, k, ptr(gpu, &m, 0), gp, &layer.down, 0, h, block)?;
+            let g_a = dev::Activations::new(gp, block, inter);
+            dev::matmul_batched(gpu, k, ptr(gpu, &m, 0), &g_a, &layer.down, 0, h)?;
             if let (Some((_, conv)), Some((_, dynamic))) = (&layer.convs, &m_conv) {
                 m = conv.finish(self, ptr(gpu, &m, 0), dynamic, block, h)?;
             }
