@@ -34,6 +34,10 @@ pub trait Drafter: Send + Sync {
     fn memory(&self) -> DraftMemory {
         DraftMemory::default()
     }
+    /// Device memory its captured passes may hold for `lanes` sequences over `context` keys.
+    fn graph_memory(&self, _lanes: usize, _context: usize) -> u64 {
+        0
+    }
     /// A session saved by [`DraftSession::save_image`].
     fn load_session(&self, _image: &[u8]) -> Result<Box<dyn DraftSession>, ModelError> {
         Err(ModelError::StateImage(
@@ -314,6 +318,10 @@ impl Drafter for DFlashDrafter {
     fn memory(&self) -> DraftMemory {
         let (weights, per_token) = self.draft.memory();
         DraftMemory { weights, per_token }
+    }
+
+    fn graph_memory(&self, lanes: usize, context: usize) -> u64 {
+        self.draft.graph_memory(lanes, context)
     }
 
     fn session(&self) -> Box<dyn DraftSession> {

@@ -11,6 +11,11 @@ use splash_model::{load, DFlashDraft, DraftBlock, KvFormat, Logits, Model};
 
 /// The same checkpoint twice: on the CPU and on GPU 0 (None without a GPU).
 fn pair(name: &str) -> Option<(Model, Model)> {
+    pair_on_gpu(name).map(|(cpu, gpu, _)| (cpu, gpu))
+}
+
+/// [`pair`], and the GPU.
+fn pair_on_gpu(name: &str) -> Option<(Model, Model, std::sync::Arc<Gpu>)> {
     let gpu = match Gpu::new(0) {
         Ok(g) => g,
         Err(e) => {
@@ -27,9 +32,9 @@ fn pair(name: &str) -> Option<(Model, Model)> {
     gpu.set_exact(true);
     let cpu = load(&fixture(name)).unwrap();
     let mut on_gpu = load(&fixture(name)).unwrap();
-    on_gpu.graph.to_gpu(gpu).unwrap();
+    on_gpu.graph.to_gpu(gpu.clone()).unwrap();
     assert!(on_gpu.graph.device().starts_with("cuda"));
-    Some((cpu, on_gpu))
+    Some((cpu, on_gpu, gpu))
 }
 
 const CHECKPOINTS: [&str; 6] = [
@@ -145,7 +150,7 @@ const DRAFTED: [(&str, &str); 5] = [
 #[test]
 fn draft_and_taps_match_the_cpu() {
     for (target, draft_dir) in DRAFTED {
-        let Some((cpu, gpu)) = pair(target) else {
+        let Some((cpu, gpu, device)) = pair_on_gpu(target) else {
             return;
         };
         let cpu_draft = DFlashDraft::load(&fixture(draft_dir)).unwrap();
@@ -208,12 +213,22 @@ fn draft_and_taps_match_the_cpu() {
         assert_eq!(top(&got.logits), top(&want.logits));
         let ids = |b: &DraftBlock| b.candidates.iter().map(|c| c.0).collect::<Vec<_>>();
         assert_eq!(ids(&got), ids(&want));
-        // Drafting leaves the context as it was: a second block is the same.
-        let again = gpu_draft
-            .draft_block(&mut gc, &gpu.graph, 7, block)
-            .unwrap();
-        assert_eq!(again.logits, got.logits);
-        assert_eq!(again.candidates, got.candidates);
+        // Drafting leaves the context as it was: a second block is the same, and a third (the
+        // second is captured as a graph, the third replays it; the first ran kernel by kernel).
+        let before = device.replays();
+        for _ in 0..2 {
+            let again = gpu_draft
+                .draft_block(&mut gc, &gpu.graph, 7, block)
+                .unwrap();
+            assert_eq!(again.hidden, got.hidden);
+            assert_eq!(again.logits, got.logits);
+            assert_eq!(again.candidates, got.candidates);
+        }
+        assert_eq!(
+            device.replays() - before,
+            2,
+            "{draft_dir}: draft graph replays"
+        );
     }
 }
 

@@ -35,7 +35,11 @@ pub fn plan(model: &Model, config: &ServerConfig) -> Result<MemoryPlan, Box<Plan
         activations: activation_bytes(model),
         graphs: model
             .graph
-            .graph_memory(config.lanes, block.unwrap_or(1), context),
+            .graph_memory(config.lanes, block.unwrap_or(1), context)
+            + config
+                .drafter
+                .as_ref()
+                .map_or(0, |d| d.graph_memory(config.lanes, context)),
         kv_bytes_per_token: kv_bytes_per_token(model, config.kv_format) as u64 + draft.per_token,
         state_bytes_per_sequence: state_bytes_per_sequence(model, block),
         native_context: c.max_position_embeddings,

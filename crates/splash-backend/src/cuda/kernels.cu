@@ -1910,17 +1910,20 @@ extern "C" __global__ void attention(const float* q, const u8* kc, const float* 
 // gives each row what token-by-token decoding gives. 1-D grid, chunk-major: block = c · rows +
 // row, so the blocks running at once read a few chunks of keys, which stay in L2 for all the
 // rows (row-major, they spanned the whole context: at 32K that no longer fits L2, and every
-// row of a verify block read its keys from memory again).
+// row of a verify block read its keys from memory again). With a window, the chunks start at
+// the one holding the first query's first key (the keys before it are outside every query's
+// window), so a sliding layer's launch covers its window, not the whole context.
 extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
                                           const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
                                           const int* pos_at, float scale, int block, int window, int nchunks) {
     GRID_PROLOGUE();
     int rows = gridDim.x / nchunks, row = blockIdx.x % rows, c = blockIdx.x / rows;
-    int lo, hi;
-    key_range(row / hq, position(pos0, pos_at), block, window, &lo, &hi);
+    int pos = position(pos0, pos_at), lo, hi;
+    key_range(row / hq, pos, block, window, &lo, &hi);
+    int first = window > 0 ? max(0, pos - window + 1) / ATTN_CHUNK : 0, at = (first + c) * ATTN_CHUNK;
     float* dst = part + ((long)row * nchunks + c) * (HEAD_DIM + 2);
-    attend(q, kc, ks, vc, vs, fmt, row, hq, hkv, max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK),
-           scale, dst + 2, false, dst, dst + 1);
+    attend(q, kc, ks, vc, vs, fmt, row, hq, hkv, max(lo, at), min(hi, at + ATTN_CHUNK), scale, dst + 2, false,
+           dst, dst + 1);
 }
 
 // Split attention of every sequence's rows (causal, no window: the target's layers) over its

@@ -1011,6 +1011,7 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
                     (hq, hkv, d),
                     pos0,
                     scale,
+                    None,
                 );
                 out[rows].copy_from_slice(&alone);
                 off += n;
@@ -1712,9 +1713,11 @@ fn split_attention(
     (hq, hkv, d): (usize, usize, usize),
     pos0: usize,
     scale: f32,
+    window: Option<usize>,
 ) -> Vec<f32> {
     let t = q.len() / (hq * d);
-    let chunks = (pos0 + t).div_ceil(super::ops::ATTN_CHUNK);
+    let mask = super::ops::KeyMask { block: 0, window };
+    let chunks = super::ops::split_chunks(pos0.into(), t, mask);
     let rows = t * hq;
     let part = vec![f32::NAN; rows * chunks * (d + 2)];
     let out = vec![f32::NAN; rows * d];
@@ -1755,7 +1758,7 @@ fn split_attention(
                 std::ptr::null(),
                 scale,
                 0,
-                0,
+                window.unwrap_or(0) as i32,
                 chunks as i32,
             )
         });
@@ -1772,23 +1775,30 @@ fn split_attention_case(dims: KernelDims, format: KvFormat) {
     let values = random(s * hkv * d, 72);
     let q = random(t * hq * d, 73);
     let scale = (d as f32).powf(-0.5);
-    let want = cpu_attention(&q, &keys, &values, format, hq, hkv, d, pos0, scale, None);
     let cache = HostCache::new(&kern, format, &keys, &values, hkv, d);
-    let split = |q: &[f32], pos0: usize| {
-        split_attention(&kern, q, &cache, format, (hq, hkv, d), pos0, scale)
-    };
-    let block = split(&q, pos0);
-    let err = rel_err(&block, &want);
-    assert!(err < 1e-4, "d={d} {format:?}: relative error {err}");
-    for ti in 0..t {
-        let alone = split(&q[ti * hq * d..(ti + 1) * hq * d], pos0 + ti);
+    // No window, and a sliding window whose first key (1030 - 299 = 731) is not on a chunk
+    // boundary: its launch covers chunks 2..=4 of 0..=4.
+    for window in [None, Some(300)] {
+        let want = cpu_attention(&q, &keys, &values, format, hq, hkv, d, pos0, scale, window);
+        let split = |q: &[f32], pos0: usize| {
+            split_attention(&kern, q, &cache, format, (hq, hkv, d), pos0, scale, window)
+        };
+        let block = split(&q, pos0);
+        let err = rel_err(&block, &want);
         assert!(
-            alone
-                .iter()
-                .zip(&block[ti * hq * d..])
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "d={d} {format:?}: row {ti} of the block differs from its query alone"
+            err < 1e-4,
+            "d={d} {format:?} {window:?}: relative error {err}"
         );
+        for ti in 0..t {
+            let alone = split(&q[ti * hq * d..(ti + 1) * hq * d], pos0 + ti);
+            assert!(
+                alone
+                    .iter()
+                    .zip(&block[ti * hq * d..])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "d={d} {format:?} {window:?}: row {ti} of the block differs from its query alone"
+            );
+        }
     }
 }
 

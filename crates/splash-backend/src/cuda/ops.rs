@@ -1563,6 +1563,23 @@ pub fn top_k_rows(
     Ok((ids, vals))
 }
 
+/// Chunks of [`ATTN_CHUNK`] keys the split attention (`attention_part`) gives each query row of
+/// a pass of `tokens` at `pos`: up to the furthest key of any query (a draft block sees the
+/// whole block), and with a window at most the chunks the window and the pass's keys span
+/// (the kernel starts at the chunk of the first query's first key).
+pub fn split_chunks(pos: Position, tokens: usize, mask: KeyMask) -> usize {
+    let reach = if mask.block > 0 { mask.block } else { tokens };
+    let span = match pos {
+        Position::Host(p) => p + reach,
+        Position::Device { limit, .. } => limit,
+    };
+    let chunks = span.div_ceil(ATTN_CHUNK).max(1);
+    match mask.window {
+        Some(w) => chunks.min((w + reach).div_ceil(ATTN_CHUNK) + 1),
+        None => chunks,
+    }
+}
+
 /// Which cached keys the queries of an [`attention`] call see.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeyMask {
@@ -1612,12 +1629,7 @@ pub fn attention(
         ]
     };
     if tokens <= SPLIT_ATTENTION_ROWS {
-        // Chunks up to the furthest key of any query (a draft block sees the whole block).
-        let span = match pos {
-            Position::Host(p) => p + if mask.block > 0 { mask.block } else { tokens },
-            Position::Device { limit, .. } => limit,
-        };
-        let chunks = span.div_ceil(ATTN_CHUNK).max(1);
+        let chunks = split_chunks(pos, tokens, mask);
         let rows = tokens * hq;
         let part = gpu.uninit::<f32>(rows * chunks * (k.dims().head_dim + 2))?;
         let pp = super::ptr(gpu, &part, 0);

@@ -5,7 +5,8 @@
 //! The context cache keeps every committed row (row `j` = position `j`); sliding layers
 //! mask by position in the attention kernel instead of dropping rows.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
 use splash_backend::cpu::KvFormat;
@@ -38,6 +39,12 @@ pub(crate) struct GpuDraft {
     layers: Vec<GpuDraftLayer>,
     norm: Buf,
     inv_freq: Buf,
+    /// Captured passes, most recently used first.
+    graphs: Mutex<Vec<DraftGraph>>,
+    /// Keys of passes run once without a graph (captured at the second).
+    seen: Mutex<Vec<Vec<u64>>>,
+    /// Cleared when a capture fails: drafts then stay eager.
+    graphs_work: AtomicBool,
 }
 
 struct GpuDraftLayer {
@@ -90,7 +97,15 @@ impl GpuDynConv {
         let dynamic = d.scratch(t * 2 * self.side(h))?;
         let dp = ptr(d.gpu(), &dynamic, 0);
         let xa = dev::Activations::new(x, t, h);
-        dev::matmul_batched(d.gpu(), &d.k, dp, &xa, &self.projection, 0, 2 * self.side(h))?;
+        dev::matmul_batched(
+            d.gpu(),
+            &d.k,
+            dp,
+            &xa,
+            &self.projection,
+            0,
+            2 * self.side(h),
+        )?;
         Ok((self.convolve(d, 0, x, &dynamic, t, h)?, dynamic))
     }
 
@@ -208,11 +223,49 @@ impl GpuDraft {
             layers,
             k,
             target: tm.clone(),
+            graphs: Mutex::new(Vec::new()),
+            seen: Mutex::new(Vec::new()),
+            graphs_work: AtomicBool::new(true),
         })
     }
 
     fn gpu(&self) -> &Gpu {
         self.target.gpu()
+    }
+
+    /// The keys the queries of a block of `block` rows see in `layer`: the whole block
+    /// (unless the draft is causal), within the layer's window.
+    fn key_mask(c: &DraftConfig, layer: &GpuDraftLayer, block: usize) -> KeyMask {
+        KeyMask {
+            block: if c.causal { 0 } else { block },
+            window: layer.window,
+        }
+    }
+
+    /// Device memory the captured draft passes may hold (0 with graphs off): one per sequence,
+    /// at most [`DRAFT_GRAPHS`], each owning its pass's peak working buffers: hidden-sized
+    /// rows, the MLP's rows, the logits, and the split attention's partial sums over `context`
+    /// keys.
+    pub(crate) fn graph_memory(&self, c: &DraftConfig, lanes: usize, context: usize) -> u64 {
+        if !self.gpu().graphs() {
+            return 0;
+        }
+        let inter = self.layers.first().map_or(0, |l| l.gate.rows());
+        let per_row = self.target.vocab() + 16 * c.hidden_size + 3 * inter;
+        // A sliding layer's split attention covers its window, a full layer the context.
+        let at = dev::Position::Device {
+            at: 0,
+            limit: context,
+        };
+        let block = c.block_size;
+        let chunks = self
+            .layers
+            .iter()
+            .map(|l| dev::split_chunks(at, block, Self::key_mask(c, l, block)))
+            .max()
+            .unwrap_or(0);
+        let partials = c.num_heads * chunks * (c.head_dim + 2);
+        (lanes.clamp(1, DRAFT_GRAPHS) * block * 4 * (per_row + partials)) as u64
     }
 
     fn scratch(&self, len: usize) -> Result<Buf, ModelError> {
@@ -326,7 +379,7 @@ impl GpuDraft {
         layer: &GpuDraftLayer,
         cache: &(Buf, Buf),
         x: &dev::Activations,
-        pos0: usize,
+        pos0: dev::Position,
     ) -> Result<(), ModelError> {
         let (gpu, k, t) = (self.gpu(), &*self.k, x.tokens());
         let (hkv, d) = (c.num_kv_heads, c.head_dim);
@@ -373,7 +426,7 @@ impl GpuDraft {
         dev::rms_norm(gpu, k, xp, xp, hn, t, h, c.rms_norm_eps)?;
         let xa = dev::Activations::new(xp, t, h);
         for (layer, cache) in self.layers.iter().zip(&ctx.layers) {
-            self.write_kv(c, layer, cache, &xa, pos0)?;
+            self.write_kv(c, layer, cache, &xa, pos0.into())?;
         }
         Ok(())
     }
@@ -383,6 +436,7 @@ impl GpuDraft {
     /// target's head `[block-1, V]` (before the draft's multiplier and softcap). With `top`
     /// (a DFlash2 selector's k), the rows' best `top` entries instead, after the multiplier
     /// and softcap, picked on the device (`[block-1, top]`, best first), and no logits.
+    /// Replayed from a graph captured for the context's buffers when graphs are on.
     pub(crate) fn forward(
         &self,
         c: &DraftConfig,
@@ -392,6 +446,31 @@ impl GpuDraft {
         s: usize,
         top: Option<usize>,
     ) -> Result<DraftOutput, ModelError> {
+        let gpu = self.gpu();
+        // The block's own K/V go to rows s.. for this pass; committed rows overwrite them.
+        self.reserve(c, ctx, s + block)?;
+        let top = top
+            .map(|t| t.min(self.target.vocab()))
+            .filter(|&t| t <= dev::TOP_K_MAX);
+        if let Some(out) = self.graphed(c, ctx, embedded, block, s, top)? {
+            return Ok(out);
+        }
+        let mut x = gpu.upload(embedded)?;
+        let out = self.pass(c, ctx, &mut x, block, s.into(), top)?;
+        out.download(gpu, c, block - 1, top)
+    }
+
+    /// The pass of [`forward`](Self::forward) over the block's embedded rows `x` (the residual
+    /// stream, updated in place), at position `pos`; its outputs stay on the device.
+    fn pass(
+        &self,
+        c: &DraftConfig,
+        ctx: &GpuDraftContext,
+        x: &mut Buf,
+        block: usize,
+        pos: dev::Position,
+        top: Option<usize>,
+    ) -> Result<PassOutput, ModelError> {
         let (gpu, k) = (self.gpu(), &*self.k);
         let (h, hq, hkv, d, eps) = (
             c.hidden_size,
@@ -400,10 +479,7 @@ impl GpuDraft {
             c.head_dim,
             c.rms_norm_eps,
         );
-        // The block's own K/V go to rows s.. for this pass; committed rows overwrite them.
-        self.reserve(c, ctx, s + block)?;
-        let x = gpu.upload(embedded)?;
-        let xp = ptr(gpu, &x, 0);
+        let xp = ptr(gpu, x, 0);
         let normed = self.scratch(block * h)?;
         let np = ptr(gpu, &normed, 0);
         let inv = ptr(gpu, &self.inv_freq, 0);
@@ -442,14 +518,11 @@ impl GpuDraft {
                 d,
                 eps,
             )?;
-            dev::rope(gpu, k, qp, inv, block, hq, d, d, s)?;
-            self.write_kv(c, layer, cache, &a_in, s)?;
+            dev::rope(gpu, k, qp, inv, block, hq, d, d, pos)?;
+            self.write_kv(c, layer, cache, &a_in, pos)?;
             let att = self.scratch(block * hq * d)?;
             let (kc, vc) = (ptr(gpu, &cache.0, 0), ptr(gpu, &cache.1, 0));
-            let mask = KeyMask {
-                block: if c.causal { 0 } else { block },
-                window: layer.window,
-            };
+            let mask = Self::key_mask(c, layer, block);
             dev::attention(
                 gpu,
                 k,
@@ -461,7 +534,7 @@ impl GpuDraft {
                 block,
                 hq,
                 hkv,
-                s,
+                pos,
                 (d as f32).powf(-0.5),
                 mask,
             )?;
@@ -512,19 +585,189 @@ impl GpuDraft {
             eps,
         )?;
         let logits = self.target.lm_head(op, rows)?;
-        let v = logits.len() / rows.max(1);
-        let hidden = gpu.download(&out, rows * h)?;
-        match top.map(|t| t.min(v)) {
-            Some(top) if top <= dev::TOP_K_MAX => {
-                let lp = ptr(gpu, &logits, 0);
+        let candidates = match top {
+            Some(top) => {
+                let (v, lp) = (logits.len() / rows.max(1), ptr(gpu, &logits, 0));
                 let mult = c.output_multiplier;
-                let (ids, vals) = dev::top_k_rows(gpu, k, lp, rows, v, top, mult, c.logit_softcap)?;
-                let ids = gpu.download(&ids, rows * top)?;
-                let vals = gpu.download(&vals, rows * top)?;
+                Some(dev::top_k_rows(
+                    gpu,
+                    k,
+                    lp,
+                    rows,
+                    v,
+                    top,
+                    mult,
+                    c.logit_softcap,
+                )?)
+            }
+            None => None,
+        };
+        Ok(PassOutput {
+            hidden: out,
+            logits,
+            candidates,
+        })
+    }
+
+    /// The pass replayed from a graph captured for `ctx`'s buffers (captured when the same
+    /// buffers come a second time); `None` with graphs off or when the capture fails.
+    fn graphed(
+        &self,
+        c: &DraftConfig,
+        ctx: &GpuDraftContext,
+        embedded: &[f32],
+        block: usize,
+        s: usize,
+        top: Option<usize>,
+    ) -> Result<Option<DraftOutput>, ModelError> {
+        let gpu = self.gpu();
+        if !gpu.graphs() || !self.graphs_work.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let mut key = vec![
+            block as u64,
+            top.map_or(0, |t| t as u64 + 1),
+            ctx.cap as u64,
+        ];
+        key.extend(
+            ctx.layers
+                .iter()
+                .flat_map(|(k, v)| [ptr(gpu, k, 0), ptr(gpu, v, 0)]),
+        );
+        let mut graphs = self.graphs.lock().expect("draft graph lock");
+        let mut graph = match graphs.iter().position(|g| g.key == key) {
+            Some(i) => graphs.remove(i),
+            None => {
+                // Captured when the same buffers come a second time.
+                let mut seen = self.seen.lock().expect("draft graph lock");
+                if !seen.contains(&key) {
+                    seen.insert(0, key);
+                    seen.truncate(2 * DRAFT_GRAPHS);
+                    return Ok(None);
+                }
+                match self.capture(c, ctx, block, top, key) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        // A capture runs nothing: the pass is launched instead, and drafts
+                        // stay eager rather than fail every capture the same way.
+                        tracing::warn!("draft graph capture failed, draft graphs off: {e}");
+                        self.graphs_work.store(false, Ordering::Relaxed);
+                        return Ok(None);
+                    }
+                }
+            }
+        };
+        gpu.write(&mut graph.input, embedded)?;
+        gpu.write(&mut graph.pos, &[s as i32])?;
+        gpu.replay(&graph.graph)?;
+        let out = graph.output.download(gpu, c, block - 1, top);
+        graphs.insert(0, graph);
+        graphs.truncate(DRAFT_GRAPHS);
+        out.map(Some)
+    }
+
+    /// Captures the pass over `ctx`'s buffers, reading its rows and position from buffers of
+    /// its own and leaving its outputs in others.
+    fn capture(
+        &self,
+        c: &DraftConfig,
+        ctx: &GpuDraftContext,
+        block: usize,
+        top: Option<usize>,
+        key: Vec<u64>,
+    ) -> Result<DraftGraph, ModelError> {
+        let gpu = self.gpu();
+        let (h, rows, v) = (c.hidden_size, block - 1, self.target.vocab());
+        let mut input = self.scratch(block * h)?;
+        let pos = gpu.zeros::<i32>(1)?;
+        let output = PassOutput {
+            hidden: self.scratch(rows * h)?,
+            logits: self.scratch(if top.is_some() { 0 } else { rows * v })?,
+            candidates: match top {
+                Some(t) => Some((gpu.uninit::<i32>(rows * t)?, self.scratch(rows * t)?)),
+                None => None,
+            },
+        };
+        let at = dev::Position::Device {
+            at: ptr(gpu, &pos, 0),
+            limit: ctx.cap,
+        };
+        let graph = gpu.capture(|| -> Result<(), ModelError> {
+            let o = self.pass(c, ctx, &mut input, block, at, top)?;
+            let copy = |dst: u64, src: u64, bytes: usize| gpu.copy(dst, src, bytes);
+            copy(
+                ptr(gpu, &output.hidden, 0),
+                ptr(gpu, &o.hidden, 0),
+                4 * rows * h,
+            )?;
+            match (&output.candidates, &o.candidates) {
+                (Some((ids, vals)), Some((oi, ov))) => {
+                    let n = 4 * ids.len();
+                    copy(ptr(gpu, ids, 0), ptr(gpu, oi, 0), n)?;
+                    copy(ptr(gpu, vals, 0), ptr(gpu, ov, 0), n)?;
+                }
+                _ => copy(
+                    ptr(gpu, &output.logits, 0),
+                    ptr(gpu, &o.logits, 0),
+                    4 * rows * v,
+                )?,
+            }
+            Ok(())
+        })?;
+        Ok(DraftGraph {
+            key,
+            graph,
+            input,
+            pos,
+            output,
+        })
+    }
+}
+
+/// Draft passes captured per model (most recently used first): one per sequence context
+/// (its buffers are in the kernels' parameters), for up to this many sequences.
+const DRAFT_GRAPHS: usize = 16;
+
+/// A draft pass's outputs on the device: the final-normed hidden rows `[rows, H]`, the
+/// logits `[rows, V]` (empty in a graph with a top), and with a top the rows' best entries.
+struct PassOutput {
+    hidden: Buf,
+    logits: Buf,
+    candidates: Option<(CudaSlice<i32>, Buf)>,
+}
+
+impl PassOutput {
+    /// The outputs of a pass of `rows` scored rows, on the host.
+    fn download(
+        &self,
+        gpu: &Gpu,
+        c: &DraftConfig,
+        rows: usize,
+        top: Option<usize>,
+    ) -> Result<DraftOutput, ModelError> {
+        let hidden = gpu.download(&self.hidden, rows * c.hidden_size)?;
+        match (&self.candidates, top) {
+            (Some((ids, vals)), Some(top)) => {
+                let ids = gpu.download(ids, rows * top)?;
+                let vals = gpu.download(vals, rows * top)?;
                 let candidates = ids.iter().map(|&i| i as u32).zip(vals).collect();
                 Ok((hidden, Vec::new(), candidates))
             }
-            _ => Ok((hidden, gpu.download(&logits, rows * v)?, Vec::new())),
+            _ => {
+                let v = self.logits.len() / rows.max(1);
+                Ok((hidden, gpu.download(&self.logits, rows * v)?, Vec::new()))
+            }
         }
     }
+}
+
+/// A draft pass captured for one context's buffers (`key`: block, top, capacity and the
+/// buffers' addresses). Each replay reads the block's embedded rows from `input` and its
+/// position from `pos`.
+struct DraftGraph {
+    key: Vec<u64>,
+    graph: dev::Graph,
+    input: Buf,
+    pos: CudaSlice<i32>,
+    output: PassOutput,
 }

@@ -325,6 +325,17 @@ impl DFlashDraft {
         (weights, per_token)
     }
 
+    /// Device memory its captured passes may hold for `lanes` sequences over `context` keys
+    /// (0 on the CPU or with graphs off), for the memory plan.
+    pub fn graph_memory(&self, lanes: usize, context: usize) -> u64 {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.graph_memory(&self.config, lanes, context);
+        }
+        let _ = (lanes, context);
+        0
+    }
+
     /// An empty per-sequence context.
     pub fn new_context(&self) -> DraftContext {
         DraftContext {

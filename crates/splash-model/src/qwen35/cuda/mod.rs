@@ -509,6 +509,11 @@ impl GpuModel {
         })
     }
 
+    /// Rows of the LM head (the vocabulary).
+    pub(crate) fn vocab(&self) -> usize {
+        self.lm_head.rows()
+    }
+
     /// Logits `[n, V]` of `n` already-normed hidden rows at device address `x` (the DFlash
     /// draft scores its block with the target's head).
     pub(crate) fn lm_head(&self, x: u64, n: usize) -> Result<Buf, ModelError> {
