@@ -483,17 +483,16 @@ impl GpuDraft {
         let normed = self.scratch(block * h)?;
         let np = ptr(gpu, &normed, 0);
         let inv = ptr(gpu, &self.inv_freq, 0);
+        // The last MLP's output, added to the residual by the next layer's norm (one launch).
+        let mut pending: Option<Buf> = None;
         for (layer, cache) in self.layers.iter().zip(&ctx.layers) {
-            dev::rms_norm(
-                gpu,
-                k,
-                np,
-                xp,
-                ptr(gpu, &layer.input_norm, 0),
-                block,
-                h,
-                eps,
-            )?;
+            let input_norm = ptr(gpu, &layer.input_norm, 0);
+            match pending.take() {
+                Some(m) => {
+                    dev::add_rms_norm(gpu, k, np, xp, ptr(gpu, &m, 0), input_norm, block, h, eps)?
+                }
+                None => dev::rms_norm(gpu, k, np, xp, input_norm, block, h, eps)?,
+            }
             // DFlash2: the sublayer reads the convolved rows (its K/V too).
             let a_conv = match &layer.convs {
                 Some((conv, _)) => Some(conv.prepare(self, np, block, h)?),
@@ -544,8 +543,8 @@ impl GpuDraft {
             if let (Some((conv, _)), Some((_, dynamic))) = (&layer.convs, &a_conv) {
                 o = conv.finish(self, ptr(gpu, &o, 0), dynamic, block, h)?;
             }
-            dev::add_in_place(gpu, k, xp, ptr(gpu, &o, 0), block * h)?;
-            dev::rms_norm(gpu, k, np, xp, ptr(gpu, &layer.post_norm, 0), block, h, eps)?;
+            let post_norm = ptr(gpu, &layer.post_norm, 0);
+            dev::add_rms_norm(gpu, k, np, xp, ptr(gpu, &o, 0), post_norm, block, h, eps)?;
             let m_conv = match &layer.convs {
                 Some((_, conv)) => Some(conv.prepare(self, np, block, h)?),
                 None => None,
@@ -569,6 +568,9 @@ impl GpuDraft {
             if let (Some((_, conv)), Some((_, dynamic))) = (&layer.convs, &m_conv) {
                 m = conv.finish(self, ptr(gpu, &m, 0), dynamic, block, h)?;
             }
+            pending = Some(m);
+        }
+        if let Some(m) = pending {
             dev::add_in_place(gpu, k, xp, ptr(gpu, &m, 0), block * h)?;
         }
         let rows = block - 1;
