@@ -953,32 +953,16 @@ fn gemv_q8(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
-    let plan = RowGemv::new(n, tokens);
-    let name = plan.kernel(&format!("q8_{}", w.format.kernel_suffix()));
-    let (y, y2, rows1) = out;
-    for (t0, tc) in plan.chunks() {
-        gpu.launch(
-            k,
-            &name,
-            plan.grid(tc),
-            128,
-            &[
-                Arg::Ptr(base),
-                Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(super::ptr(gpu, xq, t0 * kdim)),
-                Arg::Ptr(super::ptr(gpu, xd, t0 * kdim / 32)),
-                Arg::Ptr(super::ptr(gpu, xs, t0 * kdim / 32)),
-                Arg::Ptr(row_at(y, t0, rows1)),
-                Arg::Ptr(row_at(y2, t0, n - rows1)),
-                Arg::I32(n as i32),
-                Arg::I32(kdim as i32),
-                Arg::I32(tc as i32),
-                Arg::I32(plan.split as i32),
-                Arg::I32(rows1 as i32),
-            ],
-        )?;
-    }
-    Ok(())
+    let suffix = format!("q8_{}", w.format.kernel_suffix());
+    RowGemv::new(n, tokens).launch(gpu, k, &suffix, out, kdim, |t0| {
+        vec![
+            Arg::Ptr(base),
+            Arg::I64(w.row_bytes as i64),
+            Arg::Ptr(super::ptr(gpu, xq, t0 * kdim)),
+            Arg::Ptr(super::ptr(gpu, xd, t0 * kdim / 32)),
+            Arg::Ptr(super::ptr(gpu, xs, t0 * kdim / 32)),
+        ]
+    })
 }
 
 /// How a warp-per-row GEMV (`gemv_*` and `gemv_q8_*` in kernels.cu, blocks of 4 warps) is
@@ -992,6 +976,7 @@ struct RowGemv {
     per_token: bool,
     /// Blocks per token (per launch without `per_token`).
     group: u32,
+    rows: usize,
     tokens: usize,
 }
 
@@ -1002,31 +987,48 @@ impl RowGemv {
             split,
             per_token: tokens == 1 || split == 4,
             group: blocks(n, 4 / split),
+            rows: n,
             tokens,
         }
     }
 
-    /// The kernel for weights of kernel suffix `suffix`.
-    fn kernel(&self, suffix: &str) -> String {
-        format!("gemv{}_{suffix}", if self.per_token { "1" } else { "" })
-    }
-
-    /// The launches: `(first token, tokens)`.
-    fn chunks(&self) -> Vec<(usize, usize)> {
-        if self.per_token {
+    /// Launches the GEMV of the weights of kernel suffix `suffix` over rows of `kdim`: the
+    /// arguments `inputs(first token)` gives (weights, activations), then the outputs (rows
+    /// below `out.2` into `out.0`, the others into `out.1`) and the shape.
+    fn launch(
+        &self,
+        gpu: &Gpu,
+        k: &Kernels,
+        suffix: &str,
+        (y, y2, rows1): (u64, u64, usize),
+        kdim: usize,
+        inputs: impl Fn(usize) -> Vec<Arg>,
+    ) -> Result<(), GpuError> {
+        let name = format!("gemv{}_{suffix}", if self.per_token { "1" } else { "" });
+        let chunks: Vec<(usize, usize)> = if self.per_token {
             vec![(0, self.tokens)]
         } else {
             token_chunks(self.tokens).collect()
+        };
+        for (t0, tc) in chunks {
+            let mut args = inputs(t0);
+            args.extend([
+                Arg::Ptr(row_at(y, t0, rows1)),
+                Arg::Ptr(row_at(y2, t0, self.rows - rows1)),
+                Arg::I32(self.rows as i32),
+                Arg::I32(kdim as i32),
+                Arg::I32(tc as i32),
+                Arg::I32(self.split as i32),
+                Arg::I32(rows1 as i32),
+            ]);
+            let grid = if self.per_token {
+                self.group * tc as u32
+            } else {
+                self.group
+            };
+            gpu.launch(k, &name, grid, 128, &args)?;
         }
-    }
-
-    /// Blocks of a launch of `tc` tokens.
-    fn grid(&self, tc: usize) -> u32 {
-        if self.per_token {
-            self.group * tc as u32
-        } else {
-            self.group
-        }
+        Ok(())
     }
 }
 
@@ -1037,7 +1039,7 @@ impl RowGemv {
 fn gemv_float(
     gpu: &Gpu,
     k: &Kernels,
-    (y, y2, rows1): (u64, u64, usize),
+    out: (u64, u64, usize),
     x: u64,
     w: &DeviceWeight,
     base: u64,
@@ -1046,33 +1048,18 @@ fn gemv_float(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
-    let plan = RowGemv::new(n, tokens);
-    let name = plan.kernel(w.format.kernel_suffix());
     let (scales, biases, group) = group_args(gpu, w, row0);
-    for (t0, tc) in plan.chunks() {
-        gpu.launch(
-            k,
-            &name,
-            plan.grid(tc),
-            128,
-            &[
-                Arg::Ptr(base),
-                Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(scales),
-                Arg::Ptr(biases),
-                Arg::I32(group),
-                Arg::Ptr(x + (t0 * kdim * 4) as u64),
-                Arg::Ptr(row_at(y, t0, rows1)),
-                Arg::Ptr(row_at(y2, t0, n - rows1)),
-                Arg::I32(n as i32),
-                Arg::I32(kdim as i32),
-                Arg::I32(tc as i32),
-                Arg::I32(plan.split as i32),
-                Arg::I32(rows1 as i32),
-            ],
-        )?;
-    }
-    Ok(())
+    let suffix = w.format.kernel_suffix();
+    RowGemv::new(n, tokens).launch(gpu, k, suffix, out, kdim, |t0| {
+        vec![
+            Arg::Ptr(base),
+            Arg::I64(w.row_bytes as i64),
+            Arg::Ptr(scales),
+            Arg::Ptr(biases),
+            Arg::I32(group),
+            Arg::Ptr(x + (t0 * kdim * 4) as u64),
+        ]
+    })
 }
 
 /// Scale and bias pointers of an affine weight from row `row0` (null for other formats).
