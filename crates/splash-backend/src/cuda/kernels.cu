@@ -421,6 +421,33 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
     }
 }
 
+// The end of a warp-per-row GEMV (`gemv`, `gemv_q8`): each warp's sums `acc` over its lanes,
+// then the `split` warps of row n added in warp order by the first, into y [T, rows1] for rows
+// n < rows1 and y2 [T, N - rows1] for the others. Every thread of the block calls it.
+template <int MAXT>
+__device__ __forceinline__ void store_row_sums(const float* acc, int n, int N, int T, int split, int rows1, float* y, float* y2) {
+    __shared__ float parts[4][MAXT];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % split;
+#pragma unroll
+    for (int t = 0; t < MAXT; t++) {
+        float v = warp_sum(acc[t]);
+        if (lane == 0) parts[warp][t] = v;
+    }
+    __syncthreads();
+    if (n >= N || part != 0 || lane != 0) return;
+#pragma unroll
+    for (int t = 0; t < MAXT; t++) {
+        if (t < T) {
+            float v = parts[warp][t];
+            for (int p = 1; p < split; p++) v += parts[warp + p][t];
+            if (n < rows1)
+                y[(long)t * rows1 + n] = v;
+            else
+                y2[(long)t * (N - rows1) + n - rows1] = v;
+        }
+    }
+}
+
 // y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ MAXT, the f32 decode of every format (the exact
 // reference, and the GEMV of formats no faster kernel reads). `split` warps (1, 2 or 4 of the
 // block's 4) share a row, each taking every split-th run of 32 sub-blocks (lane i of part p:
@@ -431,7 +458,6 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
 template <int F, int MAXT>
 __device__ void gemv(const u8* W, long row_bytes, Affine a, const float* x, float* y, float* y2, int N, int K,
                      int T, int split, int rows1, int bx) {
-    __shared__ float parts[4][MAXT];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n = bx * (4 / split) + warp / split, part = warp % split;
     bool live = n < N;
@@ -469,24 +495,7 @@ __device__ void gemv(const u8* W, long row_bytes, Affine a, const float* x, floa
                 if (t < T) acc[t] += w * x[(long)t * K + e];
         }
     }
-#pragma unroll
-    for (int t = 0; t < MAXT; t++) {
-        float v = warp_sum(acc[t]);
-        if (lane == 0) parts[warp][t] = v;
-    }
-    __syncthreads();
-    if (!live || part != 0 || lane != 0) return;
-#pragma unroll
-    for (int t = 0; t < MAXT; t++) {
-        if (t < T) {
-            float v = parts[warp][t];
-            for (int p = 1; p < split; p++) v += parts[warp + p][t];
-            if (n < rows1)
-                y[(long)t * rows1 + n] = v;
-            else
-                y2[(long)t * (N - rows1) + n - rows1] = v;
-        }
-    }
+    store_row_sums<MAXT>(acc, n, N, T, split, rows1, y, y2);
 }
 
 // W as bf16 (or f32) [N, K] for the cuBLAS prefill GEMM: one thread per sub-block of 32
@@ -634,7 +643,6 @@ __device__ __forceinline__ float dot_codes(const Codes& c, const int* xq, float 
 template <int F, int MAXT>
 __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
                         float* y2, int N, int K, int T, int split, int rows1, int bx) {
-    __shared__ float parts[4][MAXT];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n = bx * (4 / split) + warp / split, part = warp % split;
     bool live = n < N;
@@ -656,24 +664,7 @@ __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* 
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < MAXT; t++) {
-        float v = warp_sum(acc[t]);
-        if (lane == 0) parts[warp][t] = v;
-    }
-    __syncthreads();
-    if (!live || part != 0 || lane != 0) return;
-#pragma unroll
-    for (int t = 0; t < MAXT; t++) {
-        if (t < T) {
-            float v = parts[warp][t];
-            for (int p = 1; p < split; p++) v += parts[warp + p][t];
-            if (n < rows1)
-                y[(long)t * rows1 + n] = v;
-            else
-                y2[(long)t * (N - rows1) + n - rows1] = v;
-        }
-    }
+    store_row_sums<MAXT>(acc, n, N, T, split, rows1, y, y2);
 }
 
 // gemv1_q8_*: one token a group of gridDim.x / T blocks, each group the launch a single token
