@@ -448,6 +448,33 @@ impl Weight {
         }
     }
 
+    /// A copy of this float matrix quantised to Q4_K (rows in parallel), or `None` when it
+    /// is already quantised or its rows are not whole 256-value blocks.
+    pub fn to_q4_k(&self) -> Option<Weight> {
+        use rayon::prelude::*;
+        let floats = matches!(self.dtype, DType::F32 | DType::F16 | DType::BF16);
+        let (rows, cols) = (self.rows(), self.cols());
+        if !floats || !cols.is_multiple_of(256) || self.shape.len() != 2 {
+            return None;
+        }
+        let t = GgmlType::Q4_K;
+        let row_bytes = t.row_bytes(cols);
+        let mut bytes = vec![0u8; rows * row_bytes];
+        bytes.par_chunks_mut(row_bytes).enumerate().for_each_init(
+            || vec![0f32; cols],
+            |x, (r, out)| {
+                self.row_to_f32(r, x);
+                ggml::quantize_row_q4_k(x, out);
+            },
+        );
+        Weight::new(
+            DType::Ggml(t),
+            self.shape.clone(),
+            HostBytes::from_vec(bytes),
+        )
+        .ok()
+    }
+
     /// The blocks of row `r` of a GGML weight, with their type.
     pub fn ggml_row(&self, r: usize) -> Option<(GgmlType, &[u8])> {
         let DType::Ggml(t) = self.dtype else {

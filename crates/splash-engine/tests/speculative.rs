@@ -15,7 +15,7 @@ use splash_engine::{
 use splash_model::{load, DFlashDraft, KvFormat, Logits, Model, ModelError};
 
 mod common;
-use common::{demo, fixture, greedy};
+use common::{demo, demo_draft, fixture, greedy};
 
 fn json(path: PathBuf) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -495,48 +495,58 @@ fn sampled_speculation_follows_the_target_distribution() {
 
 #[test]
 fn trained_demo_draft_is_lossless_and_accepts_several_tokens_per_pass() {
-    // The bundled demo and its trained draft: real acceptance, long accepted spans, EOS
-    // inside them; greedy output must still equal decoding without the draft.
-    let (m, d) = demo();
-    let mut total = SpecStats::default();
-    for (i, question) in [
-        "What is 486 + 275?",
-        "Write a Python function that counts the vowels in a string.",
-        "What is the capital of Kenya?",
-        "Return a JSON object for: Liam is 29 years old and lives in Lima.\nSchema: {\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": \"integer\"}, \"city\": {\"type\": \"string\"}}, \"required\": [\"name\", \"age\", \"city\"]}",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let text = format!("<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n<think>\n");
-        let prompt = m.tokenizer.encode(&text).unwrap();
-        let kv = if i % 2 == 0 { KvFormat::Int8 } else { KvFormat::F32 };
-        let req = Request {
-            ignore_eos: false,
-            ..greedy(prompt, 200)
-        };
-        let plain = run(&m, None, req.clone(), kv);
-        // The default engine: each step drafts or not by speed, and both kinds interleave.
-        let spec = Engine::new(m.clone())
-            .with_kv_format(kv)
-            .with_drafter(d.clone())
-            .generate(req.clone(), |_| {})
-            .unwrap();
-        assert_eq!(spec.tokens, plain.tokens, "question {i}: not lossless");
-        let every = run(&m, Some(d.clone()), req, kv);
-        assert_eq!(every.tokens, plain.tokens, "question {i}: not lossless");
+    // The bundled demo and its trained draft, as stored and quantised to Q4_K on load: real
+    // acceptance, long accepted spans, EOS inside them; greedy output must still equal
+    // decoding without the draft, and the quantised draft must still be accepted as often.
+    let (m, _) = demo();
+    let mut taus = Vec::new();
+    for quantize in [false, true] {
+        let d = demo_draft(quantize);
+        let mut total = SpecStats::default();
+        for (i, question) in [
+            "What is 486 + 275?",
+            "Write a Python function that counts the vowels in a string.",
+            "What is the capital of Kenya?",
+            "Return a JSON object for: Liam is 29 years old and lives in Lima.\nSchema: {\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": \"integer\"}, \"city\": {\"type\": \"string\"}}, \"required\": [\"name\", \"age\", \"city\"]}",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let text = format!("<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n<think>\n");
+            let prompt = m.tokenizer.encode(&text).unwrap();
+            let kv = if i % 2 == 0 { KvFormat::Int8 } else { KvFormat::F32 };
+            let req = Request {
+                ignore_eos: false,
+                ..greedy(prompt, 200)
+            };
+            let plain = run(&m, None, req.clone(), kv);
+            // The default engine: each step drafts or not by speed, and both kinds interleave.
+            let spec = Engine::new(m.clone())
+                .with_kv_format(kv)
+                .with_drafter(d.clone())
+                .generate(req.clone(), |_| {})
+                .unwrap();
+            assert_eq!(spec.tokens, plain.tokens, "question {i}: not lossless");
+            let every = run(&m, Some(d.clone()), req, kv);
+            assert_eq!(every.tokens, plain.tokens, "question {i}: not lossless");
+            assert!(
+                matches!(spec.finish_reason, FinishReason::Eos(_)),
+                "question {i} should end at <|im_end|>: {}",
+                spec.text
+            );
+            total.add(&every.speculation.unwrap());
+        }
+        let tau = total.acceptance_length();
+        println!("demo, quantised draft {quantize}, a block every step: {total:?}, τ = {tau:.3}");
         assert!(
-            matches!(spec.finish_reason, FinishReason::Eos(_)),
-            "question {i} should end at <|im_end|>: {}",
-            spec.text
+            tau > 2.5,
+            "the trained draft should be accepted often: τ = {tau:.3} (quantised: {quantize})"
         );
-        total.add(&every.speculation.unwrap());
+        taus.push(tau);
     }
-    let tau = total.acceptance_length();
-    println!("demo, a block every step: {total:?}, τ = {tau:.3}");
     assert!(
-        tau > 2.5,
-        "the trained draft should be accepted often: τ = {tau:.3}"
+        taus[1] > 0.85 * taus[0],
+        "the Q4_K draft is accepted much less than the stored one: τ {taus:?}"
     );
 }
 

@@ -3,7 +3,8 @@
 //! the draft is identical token for token to output without it (on the same GPU, in its
 //! default fast arithmetic), for dense and MoE fixtures in bf16 and GGUF with random drafts
 //! (frequent partial acceptance) and for the trained demo with its trained draft (long
-//! acceptances).
+//! acceptances), as stored and quantised to Q4_K on load (the tensor-core GEMVs; it must be
+//! accepted about as often as the stored one).
 //! Needs a GPU: skipped without one unless `SPLASH_REQUIRE_GPU` is set.
 #![cfg(feature = "cuda")]
 
@@ -13,7 +14,7 @@ use splash_engine::{Drafter, Engine};
 use splash_model::Model;
 
 mod common;
-use common::{gpu, greedy, on_gpu};
+use common::{gpu, greedy, on_gpu_with};
 
 fn generate(
     m: &Arc<Model>,
@@ -66,8 +67,13 @@ fn greedy_output_with_the_draft_is_the_output_without_it() {
         ),
         ("models/demo", "models/demo/draft"),
     ];
-    for (target, draft) in cases {
-        let (m, d) = on_gpu(&gpu, target, draft);
+    let quantized = ("models/demo", "models/demo/draft");
+    // The demo's mean τ with a block every step: the stored draft's, then the quantised one's.
+    let mut demo_taus = Vec::new();
+    let runs = cases.iter().map(|&c| (c, false)).chain([(quantized, true)]);
+    for ((target, draft), quantize) in runs {
+        let (m, d) = on_gpu_with(&gpu, target, draft, quantize);
+        let mut taus = Vec::new();
         let chat = |q: &str| {
             m.tokenizer
                 .encode(&format!(
@@ -85,14 +91,25 @@ fn greedy_output_with_the_draft_is_the_output_without_it() {
             for every_step in [true, false] {
                 let (spec, tau) = generate(&m, Some((&d, every_step)), prompt, 96);
                 println!(
-                    "{target}: {} tokens, τ = {tau:.2} (draft every step: {every_step})",
+                    "{target}: {} tokens, τ = {tau:.2} (draft every step: {every_step}, Q4_K draft: {quantize})",
                     spec.len()
                 );
+                if every_step {
+                    taus.push(tau);
+                }
                 assert_eq!(
                     spec, plain,
                     "{target}: speculative output differs (draft every step: {every_step})"
                 );
             }
         }
+        if target == quantized.0 {
+            demo_taus.push(taus.iter().sum::<f64>() / taus.len() as f64);
+        }
     }
+    println!("demo τ, stored and Q4_K draft: {demo_taus:?}");
+    assert!(
+        demo_taus[1] > 0.85 * demo_taus[0],
+        "the Q4_K draft is accepted much less than the stored one: τ {demo_taus:?}"
+    );
 }

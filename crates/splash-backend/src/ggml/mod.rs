@@ -7,11 +7,13 @@
 
 mod dequant;
 mod grids;
+mod quantize;
 
 use std::fmt;
 
 pub use dequant::dequantize;
 pub(crate) use dequant::row_dot;
+pub use quantize::quantize_row_q4_k;
 
 /// A GGML tensor type that splash can read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -33,10 +33,20 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
 
 /// The bundled demo model and its draft, on the CPU.
 pub fn demo() -> (Arc<Model>, Arc<dyn Drafter>) {
-    let dir = repo("models/demo");
-    let model = Arc::new(load(&dir).unwrap());
-    let draft = DFlashDraft::load(&dir.join("draft")).unwrap();
-    (model, Arc::new(DFlashDrafter::new(draft.into())))
+    let model = Arc::new(load(&repo("models/demo")).unwrap());
+    (model, demo_draft(false))
+}
+
+/// The demo's draft on the CPU, its matrices quantised to Q4_K on load when `quantize`.
+pub fn demo_draft(quantize: bool) -> Arc<dyn Drafter> {
+    let mut draft = DFlashDraft::load(&repo("models/demo/draft")).unwrap();
+    if quantize {
+        assert!(
+            draft.quantize_weights() > 0,
+            "the demo draft has Q4_K-sized rows"
+        );
+    }
+    Arc::new(DFlashDrafter::new(draft.into()))
 }
 
 /// GPU 0, or `None` (the test is skipped) without one unless `SPLASH_REQUIRE_GPU` is set.
@@ -62,9 +72,23 @@ pub fn on_gpu(
     target: &str,
     draft: &str,
 ) -> (Arc<Model>, Arc<dyn Drafter>) {
+    on_gpu_with(gpu, target, draft, false)
+}
+
+/// [`on_gpu`], the draft's matrices quantised to Q4_K on load when `quantize`.
+#[cfg(feature = "cuda")]
+pub fn on_gpu_with(
+    gpu: &Arc<splash_backend::cuda::Gpu>,
+    target: &str,
+    draft: &str,
+    quantize: bool,
+) -> (Arc<Model>, Arc<dyn Drafter>) {
     let mut m = load(&repo(target)).unwrap();
     m.graph.to_gpu(gpu.clone()).unwrap();
     let mut d = DFlashDraft::load(&repo(draft)).unwrap();
+    if quantize {
+        assert!(d.quantize_weights() > 0, "{draft}: nothing to quantise");
+    }
     d.to_gpu(&m.graph).unwrap();
     (Arc::new(m), Arc::new(DFlashDrafter::new(Arc::new(d))))
 }

@@ -14,7 +14,7 @@ use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, KernelDims, Kern
 
 use super::{DFlashDraft, DraftConfig, DynConv};
 use crate::error::ModelError;
-use crate::qwen35::cuda::GpuModel;
+use crate::qwen35::cuda::{GpuModel, WeightPair};
 use crate::qwen35::Qwen35;
 
 type Buf = CudaSlice<f32>;
@@ -51,13 +51,12 @@ struct GpuDraftLayer {
     input_norm: Buf,
     post_norm: Buf,
     q: DeviceWeight,
-    k: DeviceWeight,
-    v: DeviceWeight,
+    /// `k_proj` and `v_proj`.
+    kv: WeightPair,
     o: DeviceWeight,
     q_norm: Buf,
     k_norm: Buf,
-    gate: DeviceWeight,
-    up: DeviceWeight,
+    gate_up: WeightPair,
     down: DeviceWeight,
     window: Option<usize>,
     /// DFlash2: the convolutions around the attention and the MLP sublayers.
@@ -185,6 +184,12 @@ impl GpuDraft {
         let g = &*gpu;
         let vec = |v: &[f32]| g.upload(v).map_err(ModelError::from);
         let w = |w: &splash_backend::Weight| g.upload_weight(w).map_err(ModelError::from);
+        // Stacked for one launch only in the tensor-core formats (a quantised draft): a BF16
+        // pair would leave cuBLAS for the float GEMV.
+        let pair = |a: &splash_backend::Weight, b: &splash_backend::Weight| {
+            let stack = dev::GpuFormat::of(a.dtype()).is_ok_and(dev::is_tiled);
+            WeightPair::upload(g, a, b, stack)
+        };
         let layers = draft
             .layers
             .iter()
@@ -193,13 +198,11 @@ impl GpuDraft {
                     input_norm: vec(&l.input_norm)?,
                     post_norm: vec(&l.post_norm)?,
                     q: w(&l.q)?,
-                    k: w(&l.k)?,
-                    v: w(&l.v)?,
+                    kv: pair(&l.k, &l.v)?,
                     o: w(&l.o)?,
                     q_norm: vec(&l.q_norm)?,
                     k_norm: vec(&l.k_norm)?,
-                    gate: w(&l.gate)?,
-                    up: w(&l.up)?,
+                    gate_up: pair(&l.gate, &l.up)?,
                     down: w(&l.down)?,
                     window: l.window,
                     convs: match &l.convs {
@@ -250,7 +253,7 @@ impl GpuDraft {
         if !self.gpu().graphs() {
             return 0;
         }
-        let inter = self.layers.first().map_or(0, |l| l.gate.rows());
+        let inter = self.layers.first().map_or(0, |l| l.gate_up.rows().0);
         let per_row = self.target.vocab() + 16 * c.hidden_size + 3 * inter;
         // A sliding layer's split attention covers its window, a full layer the context.
         let at = dev::Position::Device {
@@ -270,6 +273,25 @@ impl GpuDraft {
 
     fn scratch(&self, len: usize) -> Result<Buf, ModelError> {
         Ok(self.gpu().uninit(len)?)
+    }
+
+    /// `(x·Aᵀ, x·Bᵀ)` into `out`: one launch when the pair is stacked, else two products
+    /// (cuBLAS from two tokens on for BF16, see `matmul_batched`).
+    fn pair(
+        &self,
+        p: &WeightPair,
+        out: (u64, u64),
+        x: &dev::Activations,
+    ) -> Result<(), ModelError> {
+        let (gpu, k) = (self.gpu(), &*self.k);
+        match p {
+            WeightPair::Stacked { w, split } => dev::matmul_pair(gpu, k, out, x, w, *split)?,
+            WeightPair::Apart(a, b) => {
+                dev::matmul_batched(gpu, k, out.0, x, a, 0, a.rows())?;
+                dev::matmul_batched(gpu, k, out.1, x, b, 0, b.rows())?;
+            }
+        }
+        Ok(())
     }
 
     /// A sequence's device context, allocated in `slot` at its first use.
@@ -383,16 +405,13 @@ impl GpuDraft {
     ) -> Result<(), ModelError> {
         let (gpu, k, t) = (self.gpu(), &*self.k, x.tokens());
         let (hkv, d) = (c.num_kv_heads, c.head_dim);
-        let kb = self.scratch(t * hkv * d)?;
-        let kp = ptr(gpu, &kb, 0);
-        dev::matmul_batched(gpu, k, kp, x, &layer.k, 0, hkv * d)?;
+        let (kb, vb) = (self.scratch(t * hkv * d)?, self.scratch(t * hkv * d)?);
+        let (kp, vp) = (ptr(gpu, &kb, 0), ptr(gpu, &vb, 0));
+        self.pair(&layer.kv, (kp, vp), x)?;
         let k_norm = ptr(gpu, &layer.k_norm, 0);
         dev::rms_norm(gpu, k, kp, kp, k_norm, t * hkv, d, c.rms_norm_eps)?;
         let inv = ptr(gpu, &self.inv_freq, 0);
         dev::rope(gpu, k, kp, inv, t, hkv, d, d, pos0)?;
-        let vb = self.scratch(t * hkv * d)?;
-        let vp = ptr(gpu, &vb, 0);
-        dev::matmul_batched(gpu, k, vp, x, &layer.v, 0, hkv * d)?;
         // f32 rows need no scales; the kernel does not touch the pointer.
         let no_scales = ptr(gpu, &self.inv_freq, 0);
         for (src, dst) in [(kp, &cache.0), (vp, &cache.1)] {
@@ -555,16 +574,21 @@ impl GpuDraft {
                 block,
                 h,
             );
-            let inter = layer.gate.rows();
+            let inter = layer.gate_up.rows().0;
             let g = self.scratch(block * inter)?;
             let u = self.scratch(block * inter)?;
             let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
-            dev::matmul_batched(gpu, k, gp, &m_in, &layer.gate, 0, inter)?;
-            dev::matmul_batched(gpu, k, up, &m_in, &layer.up, 0, inter)?;
-            dev::silu_mul(gpu, k, gp, up, block * inter)?;
+            self.pair(&layer.gate_up, (gp, up), &m_in)?;
             let mut m = self.scratch(block * h)?;
-            let g_a = dev::Activations::new(gp, block, inter);
-            dev::matmul_batched(gpu, k, ptr(gpu, &m, 0), &g_a, &layer.down, 0, h)?;
+            let mp = ptr(gpu, &m, 0);
+            if dev::reads_f16(gpu, &layer.down, block) {
+                // silu(g)·u converted straight into the tensor-core GEMV's input.
+                dev::matmul_swiglu(gpu, k, mp, gp, up, &layer.down, block)?;
+            } else {
+                dev::silu_mul(gpu, k, gp, up, block * inter)?;
+                let g_a = dev::Activations::new(gp, block, inter);
+                dev::matmul_batched(gpu, k, mp, &g_a, &layer.down, 0, h)?;
+            }
             if let (Some((_, conv)), Some((_, dynamic))) = (&layer.convs, &m_conv) {
                 m = conv.finish(self, ptr(gpu, &m, 0), dynamic, block, h)?;
             }

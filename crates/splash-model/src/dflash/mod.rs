@@ -306,23 +306,74 @@ impl DFlashDraft {
         self.selector.as_ref()
     }
 
-    /// Bytes of the weights (its safetensors files) and of the context cached per committed
-    /// token (f32 keys and values of every layer).
+    /// Quantises the draft's matrices (`fc`, the projections of every layer and of DFlash2's
+    /// convolutions) to Q4_K, as the published drafts (BF16) are quantised on load for
+    /// speed: a draft pass reads every weight once per block. Matrices whose rows are not
+    /// whole 256-value blocks stay as stored. Call before [`to_gpu`](Self::to_gpu). Returns
+    /// how many matrices changed.
+    pub fn quantize_weights(&mut self) -> usize {
+        let mut changed = 0;
+        let mut quantize = |w: &mut Weight| {
+            if let Some(q) = w.to_q4_k() {
+                *w = q;
+                changed += 1;
+            }
+        };
+        quantize(&mut self.fc);
+        for l in &mut self.layers {
+            for w in [
+                &mut l.q,
+                &mut l.k,
+                &mut l.v,
+                &mut l.o,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
+            ] {
+                quantize(w);
+            }
+            if let Some((a, m)) = &mut l.convs {
+                quantize(&mut a.projection);
+                quantize(&mut m.projection);
+            }
+        }
+        changed
+    }
+
+    /// Bytes of the weights as held (after any [`quantize_weights`](Self::quantize_weights))
+    /// and of the context cached per committed token (f32 keys and values of every layer).
     pub fn memory(&self) -> (u64, u64) {
         let c = &self.config;
-        let dir = c.path.parent().unwrap_or(Path::new("."));
-        let weights = std::fs::read_dir(dir)
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len())
-                    .sum()
+        let floats = |v: &[f32]| 4 * v.len();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let convs = l.convs.as_ref().map_or(0, |(a, m)| {
+                    a.projection.raw_bytes().len()
+                        + m.projection.raw_bytes().len()
+                        + floats(&a.base)
+                        + floats(&m.base)
+                });
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|w| w.raw_bytes().len())
+                    .sum::<usize>()
+                    + floats(&l.input_norm)
+                    + floats(&l.post_norm)
+                    + floats(&l.q_norm)
+                    + floats(&l.k_norm)
+                    + convs
             })
-            .unwrap_or(0);
+            .sum();
+        let selector = self.selector.as_ref().map_or(0, Selector::bytes);
+        let weights = self.fc.raw_bytes().len()
+            + floats(&self.hidden_norm)
+            + floats(&self.norm)
+            + layers
+            + selector;
         let per_token = (self.layers.len() * 2 * c.num_kv_heads * c.head_dim * 4) as u64;
-        (weights, per_token)
+        (weights as u64, per_token)
     }
 
     /// Device memory its captured passes may hold for `lanes` sequences over `context` keys

@@ -65,6 +65,14 @@ impl Selector {
         })
     }
 
+    /// Bytes of its weights.
+    pub fn bytes(&self) -> usize {
+        [&self.predecessor, &self.successor, &self.projection]
+            .iter()
+            .map(|w| w.raw_bytes().len())
+            .sum()
+    }
+
     /// Candidates per slot.
     pub fn top_k(&self) -> usize {
         self.top_k

@@ -40,7 +40,7 @@ pub(super) struct GpuMlp {
 /// Two weights that multiply the same input: stacked into one device weight (the rows of the
 /// first, then the second) when one GEMV launch can run both (`dev::pairs_in_one_launch`),
 /// else apart.
-pub(super) enum WeightPair {
+pub(crate) enum WeightPair {
     Stacked { w: DeviceWeight, split: usize },
     Apart(DeviceWeight, DeviceWeight),
 }
@@ -48,7 +48,7 @@ pub(super) enum WeightPair {
 impl WeightPair {
     /// `a` and `b` on the device; stacked when `stack` allows and one GEMV launch can run
     /// both (the tensor-core GEMV with `a`'s rows filling whole 16-row tiles, the int8 GEMV).
-    pub(super) fn upload(
+    pub(crate) fn upload(
         gpu: &Gpu,
         a: &Weight,
         b: &Weight,
@@ -76,7 +76,7 @@ impl WeightPair {
     }
 
     /// Rows of the first and second weight.
-    pub(super) fn rows(&self) -> (usize, usize) {
+    pub(crate) fn rows(&self) -> (usize, usize) {
         match self {
             Self::Stacked { w, split } => (*split, w.rows() - split),
             Self::Apart(a, b) => (a.rows(), b.rows()),

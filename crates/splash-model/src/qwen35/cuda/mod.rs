@@ -25,6 +25,7 @@ use crate::image::ImageWriter;
 use crate::state::LayerImage;
 
 use graph::*;
+pub(crate) use layers::WeightPair;
 use layers::*;
 pub(crate) use state::GpuState;
 use state::*;
