@@ -137,13 +137,17 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
         flag=""
         [ "$kind" = dflash2 ] && flag=--dflash2
         [ -d "$d" ] || python3 bench/make_synthetic_draft.py ".device/cfg-$m" "$d" --layers 5 --block 16 $flag
-        echo "== bench $m, $kind draft"
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/mem-$m-$kind.txt" &
-        smi=$!
-        ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
-          --verify-rows 16 --draft-model "$d" --speculative always 2>&1 | tee "$out/bench-$m-$kind.txt" | tail -16
-        kill $smi
-        echo "peak GPU memory $(sort -n "$out/mem-$m-$kind.txt" | tail -1) MiB"
+        # DRAFT_WEIGHTS: the draft's matrices as held (`--draft-weights`), one run each.
+        for dw in ${DRAFT_WEIGHTS:-auto}; do
+          echo "== bench $m, $kind draft, weights $dw"
+          nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/mem-$m-$kind-$dw.txt" &
+          smi=$!
+          ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
+            --verify-rows 16 --draft-model "$d" --draft-weights "$dw" --speculative always 2>&1 |
+            tee "$out/bench-$m-$kind-$dw.txt" | tail -16
+          kill $smi
+          echo "peak GPU memory $(sort -n "$out/mem-$m-$kind-$dw.txt" | tail -1) MiB"
+        done
       done
     fi
   done
