@@ -1246,12 +1246,19 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
 #define TCS_REGS
 #endif
 
-// The grouped expert GEMV's registers: uncapped (about 230 on sm_90, eight warps an SM) unless
-// EXPERT_REGS caps them (SPLASH_EXPERT_REGS, a measurement switch).
-#if defined(EXPERT_REGS) && !defined(KERNEL_EMULATION)
-#define EXPERT_REGS_ATTR __maxnreg__(EXPERT_REGS)
+// The grouped expert GEMV's registers: Q4_K's at most 128 (sixteen warps an SM instead of
+// eight at its uncapped ~230; measured on the H200, 35B-A3B gate / up at 1 / 4 / 16 tokens:
+// 5.3 / 12.4 / 47.4 µs → 5.2 / 11.4 / 37.1), Q6_K's uncapped (slower capped at 1 and 4 tokens),
+// unless EXPERT_REGS caps both (SPLASH_EXPERT_REGS, a measurement switch).
+#if defined(KERNEL_EMULATION)
+#define EXPERT_REGS_q4_k
+#define EXPERT_REGS_q6_k
+#elif defined(EXPERT_REGS)
+#define EXPERT_REGS_q4_k __maxnreg__(EXPERT_REGS)
+#define EXPERT_REGS_q6_k __maxnreg__(EXPERT_REGS)
 #else
-#define EXPERT_REGS_ATTR
+#define EXPERT_REGS_q4_k __maxnreg__(128)
+#define EXPERT_REGS_q6_k
 #endif
 
 // gemv_tc8_*: up to 8 tokens, gemv_tc16_*: up to 16, a tile per block; gemv_tcs*: stream-K (the
@@ -1277,7 +1284,7 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
                                                 int split, int N, int K, int T) {                 \
         gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
     }                                                                                             \
-    extern "C" __global__ void EXPERT_REGS_ATTR gemv_tc_experts_##NAME(                           \
+    extern "C" __global__ void EXPERT_REGS_##NAME gemv_tc_experts_##NAME(                           \
         const u64* table, float* y, const u64* table_b, float* y_b, const int* active,            \
         const int* offsets, const int* order, long row_bytes, const u16* xh, const float* xscale,  \
         int N, int K, int col_div, int chains) {                                                  \
