@@ -827,7 +827,7 @@ fn launch_experts(
         k,
         &format!("gemv_tc_experts_{}", proto.format.kernel_suffix()),
         blocks as u32,
-        32 * expert_warps(blocks, chains) as u32,
+        32 * expert_warps(blocks, chains, expert_warps_in_flight(proto.format)) as u32,
         &[
             Arg::Ptr(products[0].0),
             Arg::Ptr(products[0].1),
@@ -847,21 +847,27 @@ fn launch_experts(
     )
 }
 
-/// Warps in flight that a grouped expert product aims for: about eight per SM of the H200.
-/// Measured there (`gemv_cuda`, 35B-A3B experts): a launch of 1,024 warps ran fastest at 1, 4
-/// and 16 tokens, with 1 to 8 warps a tile; twice as many ran 15-40% slower.
-const EXPERT_WARPS_IN_FLIGHT: usize = 1024;
+/// Warps in flight that a grouped expert product of `format` aims for: about as many as the
+/// H200's SMs hold of its kernel (`EXPERT_REGS_*` in kernels.cu: Q4_K's at 128 registers, 16 an
+/// SM; Q6_K's at ~230, 8 an SM). Measured there (`gemv_cuda`, 35B-A3B experts), each fastest at
+/// 1, 4 and 16 tokens (1 to 8 warps a tile); twice as many ran 15-40% slower, half as many
+/// (Q4_K at 1,024) up to 55% slower.
+fn expert_warps_in_flight(format: super::GpuFormat) -> usize {
+    match format {
+        super::GpuFormat::Ggml(crate::ggml::GgmlType::Q4_K) => 2048,
+        _ => 1024,
+    }
+}
 
 /// Warps per block of a grouped expert product of `blocks` tiles whose K blocks are summed in
-/// `chains` chains: as many as keep [`EXPERT_WARPS_IN_FLIGHT`] warps busy, a power of two, at
-/// most one a chain. The chains, not the warps, set the bits, so this may follow the number of
-/// tokens.
-fn expert_warps(blocks: usize, chains: usize) -> usize {
+/// `chains` chains: as many as keep `in_flight` warps busy, a power of two, at most one a
+/// chain. The chains, not the warps, set the bits, so this may follow the number of tokens.
+fn expert_warps(blocks: usize, chains: usize, in_flight: usize) -> usize {
     let forced = EXPERT_WARPS.load(std::sync::atomic::Ordering::Relaxed);
     if forced > 0 {
         return forced.min(chains);
     }
-    let fill = (EXPERT_WARPS_IN_FLIGHT / blocks.max(1)).max(1);
+    let fill = (in_flight / blocks.max(1)).max(1);
     (1usize << fill.ilog2()).min(chains)
 }
 
