@@ -448,6 +448,20 @@ __device__ __forceinline__ void store_row_sums(const float* acc, int n, int N, i
     }
 }
 
+// The row a warp of a warp-per-row GEMV (`gemv`, `gemv_floats`, `gemv_q8`) takes: the block's
+// 4 warps cover 4 / split rows of group `bx`, `split` warps a row; part `part` of row `n` (live
+// when n < N; `row` stays in bounds either way).
+struct RowWarp {
+    int lane, n, part;
+    bool live;
+    const u8* row;
+};
+
+__device__ __forceinline__ RowWarp row_warp(const u8* W, long row_bytes, int N, int split, int bx) {
+    int warp = threadIdx.x >> 5, n = bx * (4 / split) + warp / split;
+    return {(int)(threadIdx.x & 31), n, warp % split, n < N, W + (long)min(n, N - 1) * row_bytes};
+}
+
 // Values q·4 .. q·4 + 3 of a float row (f32, f16 or bf16; rows start 8-byte aligned).
 template <int F>
 __device__ __forceinline__ float4 load_quad(const u8* row, int q) {
@@ -467,10 +481,7 @@ __device__ __forceinline__ float4 load_quad(const u8* row, int q) {
 template <int F, int MAXT>
 __device__ void gemv_floats(const u8* W, long row_bytes, const float* x, float* y, float* y2, int N, int K, int T,
                             int split, int rows1, int bx) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = bx * (4 / split) + warp / split, part = warp % split;
-    bool live = n < N;
-    const u8* row = W + (long)min(n, N - 1) * row_bytes;
+    auto [lane, n, part, live, row] = row_warp(W, row_bytes, N, split, bx);
     float acc[MAXT];
 #pragma unroll
     for (int t = 0; t < MAXT; t++) acc[t] = 0.0f;
@@ -516,10 +527,7 @@ __device__ void gemv(const u8* W, long row_bytes, Affine a, const float* x, floa
         gemv_floats<F, MAXT>(W, row_bytes, x, y, y2, N, K, T, split, rows1, bx);
         return;
     }
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = bx * (4 / split) + warp / split, part = warp % split;
-    bool live = n < N;
-    const u8* row = W + (long)min(n, N - 1) * row_bytes;
+    auto [lane, n, part, live, row] = row_warp(W, row_bytes, N, split, bx);
     float acc[MAXT];
 #pragma unroll
     for (int t = 0; t < MAXT; t++) acc[t] = 0.0f;
@@ -689,10 +697,7 @@ __device__ __forceinline__ float dot_codes(const Codes& c, const int* xq, float 
 template <int F, int MAXT>
 __device__ void gemv_q8(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
                         float* y2, int N, int K, int T, int split, int rows1, int bx) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int n = bx * (4 / split) + warp / split, part = warp % split;
-    bool live = n < N;
-    const u8* row = W + (long)min(n, N - 1) * row_bytes;
+    auto [lane, n, part, live, row] = row_warp(W, row_bytes, N, split, bx);
     float acc[MAXT];
 #pragma unroll
     for (int t = 0; t < MAXT; t++) acc[t] = 0.0f;

@@ -275,25 +275,6 @@ impl GpuDraft {
         Ok(self.gpu().uninit(len)?)
     }
 
-    /// `(x·Aᵀ, x·Bᵀ)` into `out`: one launch when the pair is stacked, else two products
-    /// (cuBLAS from two tokens on for BF16, see `matmul_batched`).
-    fn pair(
-        &self,
-        p: &WeightPair,
-        out: (u64, u64),
-        x: &dev::Activations,
-    ) -> Result<(), ModelError> {
-        let (gpu, k) = (self.gpu(), &*self.k);
-        match p {
-            WeightPair::Stacked { w, split } => dev::matmul_pair(gpu, k, out, x, w, *split)?,
-            WeightPair::Apart(a, b) => {
-                dev::matmul_batched(gpu, k, out.0, x, a, 0, a.rows())?;
-                dev::matmul_batched(gpu, k, out.1, x, b, 0, b.rows())?;
-            }
-        }
-        Ok(())
-    }
-
     /// A sequence's device context, allocated in `slot` at its first use.
     pub(crate) fn context<'a>(
         &self,
@@ -407,7 +388,7 @@ impl GpuDraft {
         let (hkv, d) = (c.num_kv_heads, c.head_dim);
         let (kb, vb) = (self.scratch(t * hkv * d)?, self.scratch(t * hkv * d)?);
         let (kp, vp) = (ptr(gpu, &kb, 0), ptr(gpu, &vb, 0));
-        self.pair(&layer.kv, (kp, vp), x)?;
+        layer.kv.multiply_on(gpu, k, (kp, vp), x, true)?;
         let k_norm = ptr(gpu, &layer.k_norm, 0);
         dev::rms_norm(gpu, k, kp, kp, k_norm, t * hkv, d, c.rms_norm_eps)?;
         let inv = ptr(gpu, &self.inv_freq, 0);
@@ -578,7 +559,7 @@ impl GpuDraft {
             let g = self.scratch(block * inter)?;
             let u = self.scratch(block * inter)?;
             let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
-            self.pair(&layer.gate_up, (gp, up), &m_in)?;
+            layer.gate_up.multiply_on(gpu, k, (gp, up), &m_in, true)?;
             let mut m = self.scratch(block * h)?;
             let mp = ptr(gpu, &m, 0);
             if dev::reads_f16(gpu, &layer.down, block) {

@@ -90,12 +90,30 @@ impl WeightPair {
         out: (u64, u64),
         x: &dev::Activations,
     ) -> Result<(), ModelError> {
-        let (gpu, k) = (&*m.gpu, &*m.k);
+        self.multiply_on(&m.gpu, &m.k, out, x, false)
+    }
+
+    /// [`multiply`](Self::multiply) with `gpu`'s kernels `k`; apart, each product by
+    /// `dev::matmul_batched` when `batched` (cuBLAS from two tokens on for BF16: a draft's
+    /// block) or `dev::matmul_activations`.
+    pub(crate) fn multiply_on(
+        &self,
+        gpu: &Gpu,
+        k: &Kernels,
+        out: (u64, u64),
+        x: &dev::Activations,
+        batched: bool,
+    ) -> Result<(), ModelError> {
+        let product = if batched {
+            dev::matmul_batched
+        } else {
+            dev::matmul_activations
+        };
         match self {
             Self::Stacked { w, split } => dev::matmul_pair(gpu, k, out, x, w, *split)?,
             Self::Apart(a, b) => {
-                dev::matmul_activations(gpu, k, out.0, x, a, 0, a.rows())?;
-                dev::matmul_activations(gpu, k, out.1, x, b, 0, b.rows())?;
+                product(gpu, k, out.0, x, a, 0, a.rows())?;
+                product(gpu, k, out.1, x, b, 0, b.rows())?;
             }
         }
         Ok(())
