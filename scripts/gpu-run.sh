@@ -2,12 +2,14 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|peers|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|peers|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `decode`: plain decoding speed with and without CUDA graphs.
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
+# `draft-profile`: one draft block's launches, each synchronised and timed
+# (SPLASH_GPU_PROFILE=1), for each DRAFT_WEIGHTS (the full output is kept under $OUT).
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
 # `sweep`: the same at each warps-per-tile count (GEMV_SWEEP=1); `gemv-ncu`: Nsight
 # Compute on single GEMV launches.
@@ -97,7 +99,8 @@ if [ "$what" = peers ]; then
   done
 fi
 
-if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ]; then
+if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
+  [ "$what" = draft-profile ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
   for m in ${MODELS:-27b 35b}; do
     f=/tmp/synth-$m-Q4_K_M.gguf
@@ -120,6 +123,20 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       echo "== serving $m"
       ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
         --speculative off --replay-tokens "${REPLAY:-32K}" --concurrency 1,4,16 2>&1 | tee "$out/serving-$m.txt" | tail -12
+    elif [ "$what" = draft-profile ]; then
+      for kind in ${DRAFTS:-dflash2}; do
+        d=/tmp/synth-$m-$kind
+        flag=""
+        [ "$kind" = dflash2 ] && flag=--dflash2
+        [ -d "$d" ] || python3 bench/make_synthetic_draft.py ".device/cfg-$m" "$d" --layers 5 --block 16 $flag
+        for dw in ${DRAFT_WEIGHTS:-auto}; do
+          echo "== draft profile $m, $kind draft, weights $dw"
+          SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 256 --decode-tokens 2 \
+            --repeat 1 --draft-model "$d" --draft-weights "$dw" --speculative always > "$out/draft-profile-$m-$kind-$dw.txt" 2>&1
+          # The draft block's table comes before the whole run's.
+          grep -A40 'one draft block' "$out/draft-profile-$m-$kind-$dw.txt" | head -60
+        done
+      done
     elif [ "$what" = profile ]; then
       # GPU time per kernel from Nsight Compute, graphs replayed as in decoding (each graph
       # node is profiled as a kernel): prefill of 16 tokens, then 8 decode steps. The summary

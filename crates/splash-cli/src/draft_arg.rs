@@ -26,7 +26,7 @@ pub struct DraftArgs {
     #[arg(long, default_value = "on", value_parser = ["on", "off", "always"])]
     pub speculative: String,
     /// The draft's matrices as held: q4_k (quantised on load, as the published BF16 drafts
-    /// are: a quarter of the bytes each drafted block reads), stored (as in the checkpoint),
+    /// are: 28 % of the bytes each drafted block reads), stored (as in the checkpoint),
     /// or auto: q4_k when the target runs on a GPU, stored on the CPU.
     #[arg(long, default_value = "auto", value_parser = ["auto", "q4_k", "stored"])]
     pub draft_weights: String,
