@@ -11,6 +11,7 @@ mod config;
 pub mod dflash;
 mod error;
 pub mod gguf;
+mod graph_cache;
 mod image;
 mod qwen35;
 mod state;

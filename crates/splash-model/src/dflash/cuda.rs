@@ -6,7 +6,7 @@
 //! mask by position in the attention kernel instead of dropping rows.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use splash_backend::cpu::KvFormat;
@@ -14,6 +14,7 @@ use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, KernelDims, Kern
 
 use super::{DFlashDraft, DraftConfig, DynConv};
 use crate::error::ModelError;
+use crate::graph_cache::{Found, GraphCache};
 use crate::qwen35::cuda::{GpuModel, WeightPair};
 use crate::qwen35::Qwen35;
 
@@ -39,10 +40,8 @@ pub(crate) struct GpuDraft {
     layers: Vec<GpuDraftLayer>,
     norm: Buf,
     inv_freq: Buf,
-    /// Captured passes, most recently used first.
-    graphs: Mutex<Vec<DraftGraph>>,
-    /// Keys of passes run once without a graph (captured at the second).
-    seen: Mutex<Vec<Vec<u64>>>,
+    /// Captured passes (see [`GpuDraft::graphed`]).
+    graphs: GraphCache<DraftGraph>,
     /// Cleared when a capture fails: drafts then stay eager.
     graphs_work: AtomicBool,
 }
@@ -226,8 +225,7 @@ impl GpuDraft {
             layers,
             k,
             target: tm.clone(),
-            graphs: Mutex::new(Vec::new()),
-            seen: Mutex::new(Vec::new()),
+            graphs: GraphCache::new(DRAFT_GRAPHS),
             graphs_work: AtomicBool::new(true),
         })
     }
@@ -641,35 +639,25 @@ impl GpuDraft {
                 .iter()
                 .flat_map(|(k, v)| [ptr(gpu, k, 0), ptr(gpu, v, 0)]),
         );
-        let mut graphs = self.graphs.lock().expect("draft graph lock");
-        let mut graph = match graphs.iter().position(|g| g.key == key) {
-            Some(i) => graphs.remove(i),
-            None => {
-                // Captured when the same buffers come a second time.
-                let mut seen = self.seen.lock().expect("draft graph lock");
-                if !seen.contains(&key) {
-                    seen.insert(0, key);
-                    seen.truncate(2 * DRAFT_GRAPHS);
+        let mut graph = match self.graphs.take(&key) {
+            Found::Graph(g) => g,
+            Found::FirstSighting => return Ok(None),
+            Found::Capture => match self.capture(c, ctx, block, top) {
+                Ok(g) => g,
+                Err(e) => {
+                    // A capture runs nothing: the pass is launched instead, and drafts stay
+                    // eager rather than fail every capture the same way.
+                    tracing::warn!("draft graph capture failed, draft graphs off: {e}");
+                    self.graphs_work.store(false, Ordering::Relaxed);
                     return Ok(None);
                 }
-                match self.capture(c, ctx, block, top, key) {
-                    Ok(g) => g,
-                    Err(e) => {
-                        // A capture runs nothing: the pass is launched instead, and drafts
-                        // stay eager rather than fail every capture the same way.
-                        tracing::warn!("draft graph capture failed, draft graphs off: {e}");
-                        self.graphs_work.store(false, Ordering::Relaxed);
-                        return Ok(None);
-                    }
-                }
-            }
+            },
         };
         gpu.write(&mut graph.input, embedded)?;
         gpu.write(&mut graph.pos, &[s as i32])?;
         gpu.replay(&graph.graph)?;
         let out = graph.output.download(gpu, c, block - 1, top);
-        graphs.insert(0, graph);
-        graphs.truncate(DRAFT_GRAPHS);
+        self.graphs.keep(key, graph);
         out.map(Some)
     }
 
@@ -681,7 +669,6 @@ impl GpuDraft {
         ctx: &GpuDraftContext,
         block: usize,
         top: Option<usize>,
-        key: Vec<u64>,
     ) -> Result<DraftGraph, ModelError> {
         let gpu = self.gpu();
         let (h, rows, v) = (c.hidden_size, block - 1, self.target.vocab());
@@ -722,7 +709,6 @@ impl GpuDraft {
             Ok(())
         })?;
         Ok(DraftGraph {
-            key,
             graph,
             input,
             pos,
@@ -768,11 +754,10 @@ impl PassOutput {
     }
 }
 
-/// A draft pass captured for one context's buffers (`key`: block, top, capacity and the
-/// buffers' addresses). Each replay reads the block's embedded rows from `input` and its
-/// position from `pos`.
+/// A draft pass captured for one context's buffers (kept under a key: block, top, capacity
+/// and the buffers' addresses). Each replay reads the block's embedded rows from `input` and
+/// its position from `pos`.
 struct DraftGraph {
-    key: Vec<u64>,
     graph: dev::Graph,
     input: Buf,
     pos: CudaSlice<i32>,

@@ -5,33 +5,24 @@ use super::*;
 
 /// Captured passes kept per model (most recently used first): one per kind of pass (decode,
 /// verify) and set of sequences that run together.
-const PASS_GRAPHS: usize = 8;
+pub(super) const PASS_GRAPHS: usize = 8;
 
 /// The most tokens per sequence of a pass replayed from a graph (a verify block; longer
 /// passes are prefill chunks, whose launches cost little beside their work).
 const GRAPH_MAX_TOKENS: usize = 32;
 
-/// A captured pass over some sequences' buffers (`key`: what was scored and tapped, then per
-/// sequence its token count, whether it recorded, and its buffers' addresses and sizes). Each
-/// replay reads the tokens' embeddings from `input` and the first positions from `pos`, and
+/// A captured pass over some sequences' buffers (kept under a key: what was scored and
+/// tapped, then per sequence its token count, whether it recorded, and its buffers' addresses
+/// and sizes). Each replay reads the tokens' embeddings from `input` and the first positions from `pos`, and
 /// leaves the scored rows' logits in `logits` (their argmax ids in `argmax` instead, for
 /// [`Logits::Argmax`]) and the tap outputs in `features`.
 pub(super) struct PassGraph {
-    key: Vec<u64>,
     graph: dev::Graph,
     input: Buf,
     pos: CudaSlice<i32>,
     logits: Buf,
     argmax: CudaSlice<i32>,
     features: Buf,
-}
-
-/// A hash of a pass graph's key.
-fn key_hash(key: &[u64]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish()
 }
 
 impl GpuModel {
@@ -62,7 +53,7 @@ impl GpuModel {
 
     /// The pass replayed from a captured graph: one launch instead of a few thousand, for
     /// passes of up to [`GRAPH_MAX_TOKENS`] tokens per sequence that score rows (decoding, a
-    /// verify block, batched steps of several sequences). The graph is captured at the first
+    /// verify block, batched steps of several sequences). The graph is captured at the second
     /// such pass over the sequences' buffers and replayed while they stay (positions are read
     /// on the device); `None` for other passes. Returns what [`Self::launched`] returns.
     pub(super) fn graphed(
@@ -93,31 +84,19 @@ impl GpuModel {
             key.extend([item.tokens.len() as u64, item.record as u64]);
             key.extend(item.state.graph_key(gpu.exact(), item.record));
         }
-        let mut graphs = self.graphs.lock().expect("graph cache lock");
-        let mut graph = match graphs.iter().position(|g| g.key == key) {
-            Some(i) => graphs.remove(i),
-            None => {
-                // Captured when the same pass comes a second time: a pass that runs once (the
-                // last token of a prompt restored from the cache) would pay the capture for
-                // nothing.
-                let mut seen = self.seen.lock().expect("graph cache lock");
-                let hash = key_hash(&key);
-                if !seen.contains(&hash) {
-                    seen.insert(0, hash);
-                    seen.truncate(4 * PASS_GRAPHS);
+        let mut graph = match self.graphs.take(&key) {
+            Found::Graph(g) => g,
+            Found::FirstSighting => return Ok(None),
+            Found::Capture => match self.capture(cfg, items, pass) {
+                Ok(g) => g,
+                Err(e) => {
+                    // A capture runs nothing, so the pass can still be launched; graphs stay
+                    // off rather than fail every pass the same way.
+                    tracing::warn!("CUDA graph capture failed, graphs turned off: {e}");
+                    gpu.set_graphs(false);
                     return Ok(None);
                 }
-                match self.capture(cfg, items, pass, key) {
-                    Ok(g) => g,
-                    Err(e) => {
-                        // A capture runs nothing, so the pass can still be launched; graphs
-                        // stay off rather than fail every pass the same way.
-                        tracing::warn!("CUDA graph capture failed, graphs turned off: {e}");
-                        gpu.set_graphs(false);
-                        return Ok(None);
-                    }
-                }
-            }
+            },
         };
         let positions: Vec<i32> = items.iter().map(|i| i.pos0 as i32).collect();
         gpu.write(&mut graph.input, &self.embed(cpu, items))?;
@@ -139,8 +118,7 @@ impl GpuModel {
         } else {
             out.logits = gpu.download(&graph.logits, n * v)?;
         }
-        graphs.insert(0, graph);
-        graphs.truncate(PASS_GRAPHS);
+        self.graphs.keep(key, graph);
         Ok(Some(out))
     }
 
@@ -150,7 +128,6 @@ impl GpuModel {
         cfg: &ModelConfig,
         items: &mut [GpuItem<'_>],
         pass: &Pass<'_>,
-        key: Vec<u64>,
     ) -> Result<PassGraph, ModelError> {
         let (gpu, h, t) = (&*self.gpu, cfg.hidden_size, pass.tokens());
         let input = self.scratch(t * h)?;
@@ -195,7 +172,6 @@ impl GpuModel {
             }
         }
         Ok(PassGraph {
-            key,
             graph,
             input,
             pos,

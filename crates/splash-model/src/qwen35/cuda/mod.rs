@@ -21,6 +21,7 @@ use super::gdn::GatedDeltaNet;
 use super::{Logits, Mixer, Qwen35};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::ModelError;
+use crate::graph_cache::{Found, GraphCache};
 use crate::image::ImageWriter;
 use crate::state::LayerImage;
 
@@ -48,9 +49,7 @@ pub(crate) struct GpuModel {
     inv_freq: Buf,
     rotary_dim: usize,
     /// Captured passes (see [`GpuModel::graphed`]).
-    graphs: std::sync::Mutex<Vec<PassGraph>>,
-    /// Hashes of the keys of recent passes not captured yet.
-    seen: std::sync::Mutex<Vec<u64>>,
+    graphs: GraphCache<PassGraph>,
 }
 
 struct GpuLayer {
@@ -184,8 +183,7 @@ impl GpuModel {
             lm_head: g.upload_weight(&cpu.lm_head)?,
             inv_freq: upload_vec(g, &inv_freq)?,
             rotary_dim: cfg.rotary_dim,
-            graphs: std::sync::Mutex::new(Vec::new()),
-            seen: std::sync::Mutex::new(Vec::new()),
+            graphs: GraphCache::new(PASS_GRAPHS),
             layers,
             k,
             gpu,
