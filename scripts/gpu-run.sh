@@ -102,6 +102,14 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
   [ "$what" = draft-profile ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
+  # A random draft of the published shape (5 layers, block 16) for model $1: `dflash` (v1) or
+  # `dflash2` ($2), made once; prints its directory.
+  synthetic_draft() {
+    local d=/tmp/synth-$1-$2 flag=""
+    [ "$2" = dflash2 ] && flag=--dflash2
+    [ -d "$d" ] || python3 bench/make_synthetic_draft.py ".device/cfg-$1" "$d" --layers 5 --block 16 $flag >&2
+    echo "$d"
+  }
   for m in ${MODELS:-27b 35b}; do
     f=/tmp/synth-$m-Q4_K_M.gguf
     if [ ! -f "$f" ]; then
@@ -125,10 +133,7 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
         --speculative off --replay-tokens "${REPLAY:-32K}" --concurrency 1,4,16 2>&1 | tee "$out/serving-$m.txt" | tail -12
     elif [ "$what" = draft-profile ]; then
       for kind in ${DRAFTS:-dflash2}; do
-        d=/tmp/synth-$m-$kind
-        flag=""
-        [ "$kind" = dflash2 ] && flag=--dflash2
-        [ -d "$d" ] || python3 bench/make_synthetic_draft.py ".device/cfg-$m" "$d" --layers 5 --block 16 $flag
+        d=$(synthetic_draft "$m" "$kind")
         for dw in ${DRAFT_WEIGHTS:-auto}; do
           echo "== draft profile $m, $kind draft, weights $dw"
           SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 256 --decode-tokens 2 \
@@ -150,10 +155,7 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       # Random drafts of the published shapes, 5 layers, block 16: DFlash (v1), and DFlash2
       # (dynamic convolutions on the GPU, its selector on the host). DRAFTS picks.
       for kind in ${DRAFTS:-dflash dflash2}; do
-        d=/tmp/synth-$m-$kind
-        flag=""
-        [ "$kind" = dflash2 ] && flag=--dflash2
-        [ -d "$d" ] || python3 bench/make_synthetic_draft.py ".device/cfg-$m" "$d" --layers 5 --block 16 $flag
+        d=$(synthetic_draft "$m" "$kind")
         # DRAFT_WEIGHTS: the draft's matrices as held (`--draft-weights`), one run each.
         for dw in ${DRAFT_WEIGHTS:-auto}; do
           echo "== bench $m, $kind draft, weights $dw"

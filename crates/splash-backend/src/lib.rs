@@ -9,6 +9,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod ggml;
+pub mod profile;
 mod weight;
 
 pub use weight::{DType, HostBytes, Weight, WeightError};

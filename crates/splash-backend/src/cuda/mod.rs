@@ -93,26 +93,8 @@ impl Drop for Gpu {
             "GPU profile (synchronised launches): {:.3} s in kernels",
             total
         );
-        eprint!("{}", profile_text(&rows));
+        eprint!("{}", crate::profile::profile_text(&rows));
     }
-}
-
-/// A profile table (see [`Gpu::profile_table`]) as text: a line per kernel, with its share.
-fn profile_text(rows: &[(String, u64, f64)]) -> String {
-    let total: f64 = rows.iter().map(|r| r.2).sum();
-    let mut out = format!(
-        "{:<28} {:>9} {:>10} {:>9} {:>6}\n",
-        "kernel", "launches", "total ms", "us/launch", "share"
-    );
-    for (name, n, secs) in rows {
-        out += &format!(
-            "{name:<28} {n:>9} {:>10.2} {:>9.1} {:>5.1}%\n",
-            secs * 1e3,
-            secs * 1e6 / *n as f64,
-            100.0 * secs / total
-        );
-    }
-    out
 }
 
 /// Buffers that a pass allocates while it is captured as a graph. Allocated on the captured
@@ -742,7 +724,7 @@ impl Gpu {
 
     /// With `SPLASH_GPU_PROFILE`: every kernel so far, its launches and seconds, most time
     /// first (take two and subtract for the kernels of one piece of work).
-    pub fn profile_table(&self) -> Option<Vec<(String, u64, f64)>> {
+    pub fn profile_table(&self) -> Option<Vec<crate::profile::ProfileRow>> {
         let p = self.profile.as_ref()?.lock().expect("profile lock");
         let mut rows: Vec<_> = p.iter().map(|(k, v)| (k.clone(), v.0, v.1)).collect();
         rows.sort_by(|a, b| b.2.total_cmp(&a.2));

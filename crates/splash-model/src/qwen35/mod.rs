@@ -237,7 +237,7 @@ impl Qwen35 {
 
     /// With `SPLASH_GPU_PROFILE` on a GPU: every kernel launched so far, its launches and
     /// seconds (see `Gpu::profile_table`); `None` otherwise.
-    pub fn gpu_profile(&self) -> Option<Vec<(String, u64, f64)>> {
+    pub fn gpu_profile(&self) -> Option<Vec<splash_backend::profile::ProfileRow>> {
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
             return g.gpu().profile_table();

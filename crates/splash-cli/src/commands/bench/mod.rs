@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
+use splash_backend::profile;
 use splash_engine::{DFlashDrafter, Drafter, Engine, Request, SamplingParams, SpecStats};
 use splash_model::{DFlashDraft, Logits, Model};
 
@@ -361,8 +362,13 @@ fn pass_costs(
         draft.draft_block(&mut ctx, &model.graph, tokens[0], block)?;
         let wall = t0.elapsed().as_secs_f64() * 1e3;
         let after = model.graph.gpu_profile().unwrap_or_default();
-        eprintln!("one draft block, every launch synchronised: {wall:.2} ms");
-        eprint!("{}", profile_since(&before, &after));
+        let rows = profile::profile_since(&before, &after);
+        let in_kernels: f64 = rows.iter().map(|r| r.2).sum();
+        eprintln!(
+            "one draft block, every launch synchronised: {wall:.2} ms, {:.2} ms in kernels",
+            in_kernels * 1e3
+        );
+        eprint!("{}", profile::profile_text(&rows));
     }
     Ok(PassCosts {
         block,
@@ -374,34 +380,6 @@ fn pass_costs(
             .collect(),
         draft_ms: median(&mut drafting),
     })
-}
-
-/// The launches between two profile tables (`Model::gpu_profile`) as text, most time first.
-fn profile_since(before: &[(String, u64, f64)], after: &[(String, u64, f64)]) -> String {
-    let mut rows: Vec<(&str, u64, f64)> = after
-        .iter()
-        .filter_map(|(name, n, secs)| {
-            let (n0, s0) = before
-                .iter()
-                .find(|b| &b.0 == name)
-                .map_or((0, 0.0), |b| (b.1, b.2));
-            (*n > n0).then_some((name.as_str(), n - n0, secs - s0))
-        })
-        .collect();
-    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
-    let total: f64 = rows.iter().map(|r| r.2).sum();
-    let mut out = format!(
-        "{:<40} {:>8} {:>9} {:>9}\n",
-        "kernel", "launches", "ms", "us each"
-    );
-    for (name, n, secs) in &rows {
-        out += &format!(
-            "{name:<40} {n:>8} {:>9.3} {:>9.1}\n",
-            secs * 1e3,
-            secs * 1e6 / *n as f64
-        );
-    }
-    out + &format!("{:<40} {:>8} {:>9.3}\n", "all", "", total * 1e3)
 }
 
 /// Median milliseconds of a one-token pass and of a `rows`-token pass (every row's logits),
