@@ -13,9 +13,9 @@ const GRAPH_MAX_TOKENS: usize = 32;
 
 /// A captured pass over some sequences' buffers (kept under a key: what was scored and
 /// tapped, then per sequence its token count, whether it recorded, and its buffers' addresses
-/// and sizes). Each replay reads the tokens' embeddings from `input` and the first positions from `pos`, and
-/// leaves the scored rows' logits in `logits` (their argmax ids in `argmax` instead, for
-/// [`Logits::Argmax`]) and the tap outputs in `features`.
+/// and sizes). Each replay reads the tokens' embeddings from `input` and the first positions
+/// from `pos`, and leaves the scored rows' logits in `logits` (their argmax ids in `argmax`
+/// instead, for [`Logits::Argmax`]) and the tap outputs in `features`.
 pub(super) struct PassGraph {
     graph: dev::Graph,
     input: Buf,
