@@ -8,6 +8,8 @@
 # `decode`: plain decoding speed with and without CUDA graphs.
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
+# `prefill`: prefill speed at 8K and 32K tokens in the engine's passes (2,048 tokens) and at
+# 8K in one pass, then one 8K prefill with every launch timed (SPLASH_GPU_PROFILE=1).
 # `draft-profile`: one draft block's launches, each synchronised and timed
 # (SPLASH_GPU_PROFILE=1), for each DRAFT_WEIGHTS (the full output is kept under $OUT).
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
@@ -100,7 +102,7 @@ if [ "$what" = peers ]; then
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
-  [ "$what" = draft-profile ]; then
+  [ "$what" = draft-profile ] || [ "$what" = prefill ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
   # A random draft of the published shape (5 layers, block 16) for model $1: `dflash` (v1) or
   # `dflash2` ($2), made once; prints its directory.
@@ -127,6 +129,17 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
         SPLASH_CUDA_GRAPHS=$graphs ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 \
           --decode-tokens 128 --repeat 3 --speculative off 2>&1 | tee "$out/decode-$m-graphs$graphs.txt" | grep -E 'decode|pass cost'
       done
+    elif [ "$what" = prefill ]; then
+      for run in "8192 2048" "32768 2048" "8192 8192"; do
+        set -- $run
+        echo "== prefill $m, $1 tokens in passes of $2"
+        ./.device/splash bench --model "$f" --device cuda --prompt-tokens "$1" --prefill-chunk "$2" --decode-tokens 8 \
+          --repeat 2 --speculative off 2>&1 | tee "$out/prefill-$m-$1-$2.txt" | grep -E '^prefill'
+      done
+      echo "== prefill profile $m (8,192 tokens, every launch synchronised and timed)"
+      SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 8192 --decode-tokens 1 \
+        --repeat 1 --speculative off > "$out/prefill-profile-$m.txt" 2>&1
+      grep -A30 -E '^(kernel|launch)' "$out/prefill-profile-$m.txt" | head -40
     elif [ "$what" = serving ]; then
       echo "== serving $m"
       ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \

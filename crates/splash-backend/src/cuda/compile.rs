@@ -18,6 +18,19 @@ pub struct KernelDims {
     pub gdn_dv: usize,
 }
 
+/// Lanes that share a column of the GDN scan's state (`GDN_SLICES` in kernels.cu): eight for
+/// key dims from 32 on, four below; `SPLASH_GDN_SLICES` (4, 8 or 16, a measurement switch)
+/// overrides it where the key dim splits that far. The scan's grid follows it
+/// (`ops::scan_columns`).
+pub fn gdn_slices(dk: usize) -> usize {
+    let fallback = if dk >= 32 { 8 } else { 4 };
+    std::env::var("SPLASH_GDN_SLICES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|s| [4, 8, 16].contains(s) && dk.is_multiple_of(4 * s))
+        .unwrap_or(fallback)
+}
+
 /// The CUDA source of every kernel.
 fn kernel_source() -> &'static str {
     include_str!("kernels.cu")
@@ -50,6 +63,7 @@ pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuEr
         format!("-DHEAD_DIM={}", dims.head_dim),
         format!("-DGDN_DK={}", dims.gdn_dk),
         format!("-DGDN_DV={}", dims.gdn_dv),
+        format!("-DGDN_SLICES={}", gdn_slices(dims.gdn_dk)),
     ];
     // A measurement switch (see GRID_PROLOGUE in kernels.cu).
     if std::env::var("SPLASH_DEPENDENT_LAUNCH").as_deref() == Ok("late") {

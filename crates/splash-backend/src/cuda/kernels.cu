@@ -2464,21 +2464,27 @@ extern "C" __global__ void gdn_gates(float* b, float* a, const float* dt_bias, c
 
 // The gated delta rule, token by token. `mixed` [T, C] holds q | k | v after the conv (C =
 // 2·hk·GDN_DK + hv·GDN_DV); q and k are L2-normalised here (q also scaled by dk^-0.5). The
-// state [GDN_DK, GDN_DV] of a value head is split over blocks of 32 columns; each column over
-// GDN_SLICES adjacent lanes, each holding GDN_DK / GDN_SLICES of its rows in registers (a
-// thread per whole column made only hv blocks, too few to read the state at speed). `tiled`:
-// value head h reads key head h % hk (GGUF order), else h / (hv/hk). Block: 128 threads.
+// state [GDN_DK, GDN_DV] of a value head is split over blocks of GDN_COLS columns; each column
+// over GDN_SLICES adjacent lanes, each holding GDN_DK / GDN_SLICES of its rows in registers (a
+// thread per whole column made only hv blocks, too few to read the state at speed; eight slices
+// of 128 rows keep twice the warps of four in flight, each with a third of the instructions a
+// token). `tiled`: value head h reads key head h % hk (GGUF order), else h / (hv/hk). Block:
+// 128 threads; the host's grid (ops.rs, `scan_columns`) follows GDN_SLICES.
 //
-// Tokens are staged GDN_STAGE at a time in shared memory (q, k, their norms, the gates and
-// the block's 32 values), so the scan itself runs without block barriers: a prefill of
-// thousands of tokens is a chain of short steps, not of barrier round trips. Each token's
-// norm is one warp's sum in a fixed order, whatever the pass length: a token gets the same
-// bits in a decode step, a verify block or a prefill.
-#define GDN_SLICES 4
+// Tokens are staged GDN_STAGE at a time in shared memory (q and k normalised, the gates and
+// the block's values), so the scan itself runs without block barriers: a prefill of thousands
+// of tokens is a chain of short steps, not of barrier round trips. Each token's norm is one
+// warp's sum in a fixed order, whatever the pass length: a token gets the same bits in a
+// decode step, a verify block or a prefill.
+#ifndef GDN_SLICES
+#define GDN_SLICES (GDN_DK >= 32 ? 8 : 4)
+#endif
+#define GDN_COLS (128 / GDN_SLICES)
 #define GDN_STAGE 16
 static_assert(GDN_DK % (4 * GDN_SLICES) == 0, "the GDN key dim splits over GDN_SLICES lanes, 4 sums each");
-// Slice r's rows sit GDN_SLICES-padded apart, so the four slices read four banks.
-#define GDN_ROW(i) ((i) + (i) / (GDN_DK / GDN_SLICES))
+// Slice r's rows start at r·(R + 4) floats: 16-byte aligned runs for vector loads, and the
+// slices' loads of one step fall in distinct banks.
+#define GDN_ROW(i) ((i) + 4 * ((i) / (GDN_DK / GDN_SLICES)))
 // static: its __shared__ arrays, sized by GDN_DK, must not be merged with another build's when
 // the host emulation loads kernels of several dimensions into one process.
 // The state is read from state_in and left in state (the same buffer but for a rollback replay,
@@ -2487,15 +2493,17 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
                                                     const float* state_in, float* state, float* out, int T, int hk,
                                                     int hv, int tiled, float* save_state = nullptr,
                                                     float* save_g = nullptr, float* save_beta = nullptr) {
-    const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES, ROW = GDN_DK + GDN_SLICES;
-    int groups = (DV + 31) / 32;
+    const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES, ROW = GDN_DK + 4 * GDN_SLICES;
+    int groups = (DV + GDN_COLS - 1) / GDN_COLS;
     int h = blk / groups, r = threadIdx.x % GDN_SLICES;
-    int c0 = (blk % groups) * 32, c = c0 + threadIdx.x / GDN_SLICES;
+    int c0 = (blk % groups) * GDN_COLS, col = threadIdx.x / GDN_SLICES, c = c0 + col;
     bool active = c < DV;
     int kh = tiled ? h % hk : h / (hv / hk);
     int C = 2 * hk * DK + hv * DV;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __shared__ float qs[GDN_STAGE][ROW], ks[GDN_STAGE][ROW], vs[GDN_STAGE][32];
+    __shared__ __align__(16) float qs[GDN_STAGE][ROW];
+    __shared__ __align__(16) float ks[GDN_STAGE][ROW];
+    __shared__ float vs[GDN_STAGE][GDN_COLS];
     __shared__ float qinv[GDN_STAGE], kinv[GDN_STAGE], decay[GDN_STAGE], bt[GDN_STAGE];
     float s[R];
     const float* st_in = state_in + (long)h * DK * DV;
@@ -2516,9 +2524,9 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
             qs[tt][GDN_ROW(i)] = row[kh * DK + i];
             ks[tt][GDN_ROW(i)] = row[hk * DK + kh * DK + i];
         }
-        for (int e = threadIdx.x; e < n * 32; e += blockDim.x) {
-            int tt = e / 32, col = c0 + e % 32;
-            vs[tt][e % 32] = col < DV ? mixed[(long)(t0 + tt) * C + 2 * hk * DK + h * DV + col] : 0.0f;
+        for (int e = threadIdx.x; e < n * GDN_COLS; e += blockDim.x) {
+            int tt = e / GDN_COLS, cc = c0 + e % GDN_COLS;
+            vs[tt][e % GDN_COLS] = cc < DV ? mixed[(long)(t0 + tt) * C + 2 * hk * DK + h * DV + cc] : 0.0f;
         }
         __syncthreads();
         // Warp w: the norms and gates of tokens w, w + 4, ...
@@ -2544,31 +2552,50 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
             }
         }
         __syncthreads();
+        // q and k normalised in place, once a token for all the block's columns.
+        for (int e = threadIdx.x; e < n * DK; e += blockDim.x) {
+            int tt = e / DK, i = GDN_ROW(e % DK);
+            qs[tt][i] *= qinv[tt];
+            ks[tt][i] *= kinv[tt];
+        }
+        __syncthreads();
         for (int tt = 0; tt < n; tt++) {
-            const float* kr = &ks[tt][r * (R + 1)];
-            const float* qr = &qs[tt][r * (R + 1)];
-            float ki = kinv[tt], qi = qinv[tt], dec = decay[tt];
+            const float4* kr = (const float4*)&ks[tt][r * (R + 4)];
+            const float4* qr = (const float4*)&qs[tt][r * (R + 4)];
+            float dec = decay[tt];
             // Four interleaved partial sums: a step is a chain of R/4 dependent adds, not R.
+            float kv4[R];
             float kp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int j = 0; j < R; j++) {
-                s[j] *= dec;
-                kp[j & 3] += s[j] * (kr[j] * ki);
+            for (int m = 0; m < R / 4; m++) {
+                float4 kq = kr[m];
+                kv4[4 * m] = kq.x, kv4[4 * m + 1] = kq.y, kv4[4 * m + 2] = kq.z, kv4[4 * m + 3] = kq.w;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[4 * m + e] *= dec;
+                    kp[e] += s[4 * m + e] * kv4[4 * m + e];
+                }
             }
             float kv = (kp[0] + kp[1]) + (kp[2] + kp[3]);
-            // Sums over the column's slices (adjacent lanes), in the same order in every lane.
-            kv += __shfl_xor_sync(0xffffffffu, kv, 1);
-            kv += __shfl_xor_sync(0xffffffffu, kv, 2);
-            float delta = (vs[tt][threadIdx.x / GDN_SLICES] - kv) * bt[tt];
+            // Sums over the column's slices (adjacent lanes): a butterfly, the same bits in
+            // every lane.
+#pragma unroll
+            for (int o = 1; o < GDN_SLICES; o <<= 1) kv += __shfl_xor_sync(0xffffffffu, kv, o);
+            float delta = (vs[tt][col] - kv) * bt[tt];
             float op[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int j = 0; j < R; j++) {
-                s[j] += (kr[j] * ki) * delta;
-                op[j & 3] += s[j] * (qr[j] * qi);
+            for (int m = 0; m < R / 4; m++) {
+                float4 qq = qr[m];
+                float qv[4] = {qq.x, qq.y, qq.z, qq.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[4 * m + e] += kv4[4 * m + e] * delta;
+                    op[e] += s[4 * m + e] * qv[e];
+                }
             }
             float o = (op[0] + op[1]) + (op[2] + op[3]);
-            o += __shfl_xor_sync(0xffffffffu, o, 1);
-            o += __shfl_xor_sync(0xffffffffu, o, 2);
+#pragma unroll
+            for (int d = 1; d < GDN_SLICES; d <<= 1) o += __shfl_xor_sync(0xffffffffu, o, d);
             if (out && active && r == 0) out[((long)(t0 + tt) * hv + h) * DV + c] = o;
         }
     }
@@ -2584,13 +2611,13 @@ extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, con
     gdn_recurrent_block(blockIdx.x, mixed, g, beta, state, state, out, T, hk, hv, tiled);
 }
 
-// gdn_recurrent over the sequences of a pass in one launch: hv · ceil(GDN_DV / 32) blocks a
+// gdn_recurrent over the sequences of a pass in one launch: hv · ceil(GDN_DV / GDN_COLS) blocks a
 // sequence, each sequence's rows and recurrent state from `seqs`; a recorded sequence saves its
 // recurrent state to save[0] and its gates g, beta to save[1], save[2].
 extern "C" __global__ void gdn_recurrent_seqs(const float* mixed, const float* g, const float* beta, SeqSlots seqs,
                                               float* out, int hk, int hv, int tiled) {
     GRID_PROLOGUE();
-    int per = hv * ((GDN_DV + 31) / 32), i = blockIdx.x / per;
+    int per = hv * ((GDN_DV + GDN_COLS - 1) / GDN_COLS), i = blockIdx.x / per;
     long off = seqs.off[i];
     float* state = (float*)seqs.state[i];
     gdn_recurrent_block(blockIdx.x % per, mixed + off * (2 * hk * GDN_DK + hv * GDN_DV), g + off * hv,
@@ -2620,10 +2647,10 @@ extern "C" __global__ void conv1d_silu_replay(LayerSlots layers, int per, int T,
 
 // The scan of a rollback: layer i from its saved state over the conv outputs buf[0] [T, C]
 // and its recorded gates g = buf[1], beta = buf[2] [T, hv], its live state left past them
-// (the outputs themselves are not needed). hv · ceil(GDN_DV / 32) blocks a layer.
+// (the outputs themselves are not needed). hv · ceil(GDN_DV / GDN_COLS) blocks a layer.
 extern "C" __global__ void gdn_recurrent_replay(LayerSlots layers, int T, int hk, int hv, int tiled) {
     GRID_PROLOGUE();
-    int per = hv * ((GDN_DV + 31) / 32), i = blockIdx.x / per;
+    int per = hv * ((GDN_DV + GDN_COLS - 1) / GDN_COLS), i = blockIdx.x / per;
     gdn_recurrent_block(blockIdx.x % per, (const float*)layers.buf[0][i], (const float*)layers.buf[1][i],
                         (const float*)layers.buf[2][i], (const float*)layers.saved[i], (float*)layers.live[i],
                         nullptr, T, hk, hv, tiled);

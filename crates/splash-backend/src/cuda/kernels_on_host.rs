@@ -67,6 +67,10 @@ impl HostKernels {
             .arg(format!("-DHEAD_DIM={}", dims.head_dim))
             .arg(format!("-DGDN_DK={}", dims.gdn_dk))
             .arg(format!("-DGDN_DV={}", dims.gdn_dv))
+            .arg(format!(
+                "-DGDN_SLICES={}",
+                super::compile::gdn_slices(dims.gdn_dk)
+            ))
             .arg("-include")
             .arg(src.join("kernels_on_host.h"))
             .args(["-x", "c++"])
@@ -1245,7 +1249,7 @@ fn the_gdn_scan_on_the_host_matches_the_cpu_and_is_pass_invariant() {
                     Addr::of(state),
                     Addr::of(&out[tokens.start * dims.hv * dims.dv..]),
                 );
-                let grid = dims.hv * dims.dv.div_ceil(32);
+                let grid = dims.hv * dims.dv.div_ceil(super::ops::scan_columns(dims.dk));
                 kern.launch(grid as u32, 128, &|| {
                     f(
                         ma.ptr(),
@@ -1439,19 +1443,24 @@ fn conv_then_scan(
             )
         });
         let f: Scan = kern.kernel("gdn_recurrent");
-        kern.launch((hv * dv.div_ceil(32)) as u32, 128, &|| {
-            f(
-                ya.ptr(),
-                ga.ptr(),
-                ba.ptr(),
-                ra.ptr(),
-                oa.ptr(),
-                n as i32,
-                hk as i32,
-                hv as i32,
-                0,
-            )
-        });
+        let dk = (c - hv * dv) / (2 * hk);
+        kern.launch(
+            (hv * dv.div_ceil(super::ops::scan_columns(dk))) as u32,
+            128,
+            &|| {
+                f(
+                    ya.ptr(),
+                    ga.ptr(),
+                    ba.ptr(),
+                    ra.ptr(),
+                    oa.ptr(),
+                    n as i32,
+                    hk as i32,
+                    hv as i32,
+                    0,
+                )
+            },
+        );
     }
 }
 
@@ -1462,7 +1471,14 @@ fn conv_then_scan(
 /// its conv inputs and its gates.
 #[test]
 fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
-    let kd = DIMS_32;
+    // Four lanes a column of the scan's state (key dim 16) and eight (128).
+    for kd in [DIMS_32, DIMS_256] {
+        batched_gdn_gives_each_sequence_its_bits(kd);
+    }
+}
+
+/// [`the_batched_gdn_conv_and_scan_give_each_sequence_its_bits`] for the kernels of `kd`.
+fn batched_gdn_gives_each_sequence_its_bits(kd: KernelDims) {
     let Some(kern) = kernels(kd) else { return };
     let (hk, hv, dk, dv) = (2usize, 4usize, kd.gdn_dk, kd.gdn_dv);
     let c = 2 * hk * dk + hv * dv;
@@ -1515,7 +1531,7 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
         i32,
         i32,
     );
-    let scan_blocks = hv * dv.div_ceil(32);
+    let scan_blocks = hv * dv.div_ceil(super::ops::scan_columns(dk));
     // One launch per sequence.
     let (conv1, rec1) = (conv0.clone(), rec0.clone());
     let (mixed1, out1) = (vec![f32::NAN; rows * c], vec![f32::NAN; rows * hv * dv]);
@@ -1604,7 +1620,14 @@ fn the_batched_gdn_conv_and_scan_give_each_sequence_its_bits() {
 /// saved states.
 #[test]
 fn the_rollback_replay_leaves_the_states_of_the_kept_rows() {
-    let kd = DIMS_32;
+    // Four lanes a column of the scan's state (key dim 16) and eight (128).
+    for kd in [DIMS_32, DIMS_256] {
+        rollback_replay_leaves_the_kept_rows(kd);
+    }
+}
+
+/// [`the_rollback_replay_leaves_the_states_of_the_kept_rows`] for the kernels of `kd`.
+fn rollback_replay_leaves_the_kept_rows(kd: KernelDims) {
     let Some(kern) = kernels(kd) else { return };
     let (hk, hv, dk, dv) = (2usize, 4usize, kd.gdn_dk, kd.gdn_dv);
     let c = 2 * hk * dk + hv * dv;
@@ -1630,7 +1653,7 @@ fn the_rollback_replay_leaves_the_states_of_the_kept_rows() {
         .map(|l| random(hv * dk * dv, 105 + l as u64))
         .collect();
     type Replay = unsafe extern "C" fn(super::LayerSlots, i32, i32, i32, i32);
-    let scan_blocks = hv * dv.div_ceil(32);
+    let scan_blocks = hv * dv.div_ceil(super::ops::scan_columns(dk));
     for keep in [0usize, 1, 5, 16] {
         // A pass of its own over the kept rows, from the saved states.
         let (conv1, rec1) = (conv0.clone(), rec0.clone());

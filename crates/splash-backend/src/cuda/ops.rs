@@ -1942,9 +1942,16 @@ fn conv_blocks(c: usize, tokens: usize, kernel: usize) -> Result<u32, GpuError> 
     Ok(blocks(c, 128) * blocks(tokens.max(1), conv_steps(kernel)))
 }
 
-/// Blocks the GDN scan takes for one sequence: a value head's 32 columns each.
+/// Columns of a value head's state that one block of the GDN scan takes (`GDN_COLS` in
+/// kernels.cu: 128 threads over [`super::compile::gdn_slices`] lanes a column).
+pub(crate) fn scan_columns(dk: usize) -> usize {
+    128 / super::compile::gdn_slices(dk)
+}
+
+/// Blocks the GDN scan takes for one sequence.
 fn scan_blocks(k: &Kernels, hv: usize) -> u32 {
-    (hv * k.dims().gdn_dv.div_ceil(32)) as u32
+    let dims = k.dims();
+    (hv * dims.gdn_dv.div_ceil(scan_columns(dims.gdn_dk))) as u32
 }
 
 /// One sequence of a pass for the `*_seqs` kernels: its rows `off .. off + n` of the pass, its
