@@ -331,7 +331,8 @@ fn the_gated_down_product_has_the_bits_of_silu_then_matmul() {
     let (n, kd) = (48, 512);
     for (name, w) in weights(n, kd, 11) {
         let dw = gpu.upload_weight(&w).unwrap();
-        for t in [1, 5, 16, 40] {
+        // 64 tokens: cuBLAS, its input converted to bf16 with the gating (silu_mul_to_bf16).
+        for t in [1, 5, 16, 40, 64] {
             let (g, u) = (random(t * kd, 5 + t as u64), random(t * kd, 6 + t as u64));
             let (gd, ud) = (gpu.upload(&g).unwrap(), gpu.upload(&u).unwrap());
             let out = poisoned(&gpu, t * n);
@@ -348,6 +349,96 @@ fn the_gated_down_product_has_the_bits_of_silu_then_matmul() {
                 "{name} t={t}: the gated product differs from silu_mul then matmul"
             );
         }
+    }
+}
+
+/// The norms that write cuBLAS's bf16 input as they write their rows (prefill passes:
+/// `add_rms_norm_to_bf16`, `rms_norm_gated_to_bf16`) give the products the bits of the norm,
+/// then the product converting its own input.
+#[test]
+fn the_norms_with_their_bf16_conversion_have_the_bits_of_the_separate_kernels() {
+    let Some(gpu) = gpu() else { return };
+    let k = gpu.kernels(FIXTURE_DIMS).unwrap();
+    let (n, kd, t) = (48, 512, 64);
+    for (name, w) in weights(n, kd, 13) {
+        let dw = gpu.upload_weight(&w).unwrap();
+        let (x, y, nw) = (random(t * kd, 1), random(t * kd, 2), random(kd, 3));
+        let (yd, nwd) = (gpu.upload(&y).unwrap(), gpu.upload(&nw).unwrap());
+        let (yp, nwp) = (ptr(&gpu, &yd, 0), ptr(&gpu, &nwd, 0));
+        // The residual add and norm.
+        let (x1, x2) = (gpu.upload(&x).unwrap(), gpu.upload(&x).unwrap());
+        let (n1, n2) = (poisoned(&gpu, t * kd), poisoned(&gpu, t * kd));
+        let (o1, o2) = (poisoned(&gpu, t * n), poisoned(&gpu, t * n));
+        let a = dev::add_rms_norm_activations(
+            &gpu,
+            &k,
+            ptr(&gpu, &n1, 0),
+            ptr(&gpu, &x1, 0),
+            yp,
+            nwp,
+            t,
+            kd,
+            1e-6,
+            &dw,
+        )
+        .unwrap();
+        dev::matmul_activations(&gpu, &k, ptr(&gpu, &o1, 0), &a, &dw, 0, n).unwrap();
+        let (x2p, n2p) = (ptr(&gpu, &x2, 0), ptr(&gpu, &n2, 0));
+        dev::add_rms_norm(&gpu, &k, n2p, x2p, yp, nwp, t, kd, 1e-6).unwrap();
+        dev::matmul(&gpu, &k, ptr(&gpu, &o2, 0), n2p, &dw, 0, n, t).unwrap();
+        for (one, two, what) in [(&x1, &x2, "sum"), (&n1, &n2, "norm")] {
+            let len = t * kd;
+            let (a, b) = (
+                gpu.download(one, len).unwrap(),
+                gpu.download(two, len).unwrap(),
+            );
+            assert_eq!(bits(&a), bits(&b), "{name}: add_rms_norm's {what}");
+        }
+        let (a, b) = (
+            gpu.download(&o1, t * n).unwrap(),
+            gpu.download(&o2, t * n).unwrap(),
+        );
+        assert_eq!(bits(&a), bits(&b), "{name}: the product after add_rms_norm");
+        // The GDN output norm: rows of one head (d = 128) making the product's 512 columns.
+        let (d, rows) = (128, t * kd / 128);
+        let (z, gw) = (random(t * kd, 4), random(d, 5));
+        let (zd, gwd, xd) = (
+            gpu.upload(&z).unwrap(),
+            gpu.upload(&gw).unwrap(),
+            gpu.upload(&x).unwrap(),
+        );
+        let inputs = (ptr(&gpu, &xd, 0), ptr(&gpu, &zd, 0), ptr(&gpu, &gwd, 0));
+        let (g1, g2) = (poisoned(&gpu, t * kd), poisoned(&gpu, t * kd));
+        let a = dev::rms_norm_gated_activations(
+            &gpu,
+            &k,
+            ptr(&gpu, &g1, 0),
+            inputs,
+            rows,
+            d,
+            1e-6,
+            t,
+            &dw,
+        )
+        .unwrap();
+        dev::matmul_activations(&gpu, &k, ptr(&gpu, &o1, 0), &a, &dw, 0, n).unwrap();
+        let g2p = ptr(&gpu, &g2, 0);
+        dev::rms_norm_gated(&gpu, &k, g2p, inputs.0, inputs.1, inputs.2, rows, d, 1e-6).unwrap();
+        dev::matmul(&gpu, &k, ptr(&gpu, &o2, 0), g2p, &dw, 0, n, t).unwrap();
+        let (a, b) = (
+            gpu.download(&g1, t * kd).unwrap(),
+            gpu.download(&g2, t * kd).unwrap(),
+        );
+        assert_eq!(bits(&a), bits(&b), "{name}: rms_norm_gated");
+        let (a, b) = (
+            gpu.download(&o1, t * n).unwrap(),
+            gpu.download(&o2, t * n).unwrap(),
+        );
+        assert_eq!(
+            bits(&a),
+            bits(&b),
+            "{name}: the product after rms_norm_gated"
+        );
     }
 }
 

@@ -1347,11 +1347,37 @@ extern "C" __global__ void silu_mul_to_f16_tc(const float* g, const float* u, u1
     to_f16_tc_block([&](int i) { return silu(gb[i]) * ub[i]; }, xh, xscale, w);
 }
 
-// f32 → bf16, elementwise (activations for the cuBLAS GEMM).
+// out[i..i+4) = bf16 of value(i..i+4) clipped to n, for thread i / 4: one 16-byte load of each
+// f32 input and one 8-byte store when x, out and n allow (a thread a value, with scalar loads,
+// ran at under a third of the copy bandwidth on prefill's activations).
+template <class Value>
+__device__ __forceinline__ void bf16_quad(Value value, const float* x, const float* x2, u16* out, long n) {
+    long i = 4 * ((long)blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n) return;
+    bool vec = i + 4 <= n && (((unsigned long long)x | (unsigned long long)x2) & 15) == 0 &&
+               ((unsigned long long)out & 7) == 0;
+    if (vec) {
+        float4 a = *(const float4*)(x + i), b = x2 ? *(const float4*)(x2 + i) : a;
+        uint2 o;
+        o.x = (u32)f32_to_bf16(value(a.x, b.x)) | ((u32)f32_to_bf16(value(a.y, b.y)) << 16);
+        o.y = (u32)f32_to_bf16(value(a.z, b.z)) | ((u32)f32_to_bf16(value(a.w, b.w)) << 16);
+        *(uint2*)(out + i) = o;
+        return;
+    }
+    for (long j = i; j < n && j < i + 4; j++) out[j] = f32_to_bf16(value(x[j], x2 ? x2[j] : x[j]));
+}
+
+// f32 → bf16 (activations for the cuBLAS GEMM), four values a thread.
 extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {
     GRID_PROLOGUE();
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = f32_to_bf16(x[i]);
+    bf16_quad([](float a, float) { return a; }, x, nullptr, out, n);
+}
+
+// bf16 of silu(g) · u (the values silu_mul writes), the down product's cuBLAS input, four
+// values a thread.
+extern "C" __global__ void silu_mul_to_bf16(const float* g, const float* u, u16* out, long n) {
+    GRID_PROLOGUE();
+    bf16_quad([](float a, float b) { return silu(a) * b; }, g, u, out, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1361,7 +1387,9 @@ extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {
 // a multiple of 4 go by float4 (a hidden-size row in one or two loads per thread: a loop of
 // dependent scalar loads made the one-row norm of decode cost 18 µs). Thread i reads exactly
 // the values a float4 (or scalar) loop of stride blockDim.x gives it.
-__device__ __forceinline__ void rms_norm_row(const float* xr, const float* w, float* o, int d, float eps) {
+// With `ob`, the row's bf16 too (cuBLAS's input: the bits of to_bf16 of o).
+__device__ __forceinline__ void rms_norm_row(const float* xr, const float* w, float* o, int d, float eps,
+                                             u16* ob = nullptr) {
     float ss = 0.0f;
     if ((d & 3) == 0) {
         const float4* x4 = (const float4*)xr;
@@ -1372,13 +1400,20 @@ __device__ __forceinline__ void rms_norm_row(const float* xr, const float* w, fl
         float inv = rsqrtf(block_sum(ss) / (float)d + eps);
         for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
             float4 v = x4[i], g = ((const float4*)w)[i];
-            ((float4*)o)[i] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+            float4 r = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+            ((float4*)o)[i] = r;
+            if (ob)
+                ((uint2*)ob)[i] = make_uint2((u32)f32_to_bf16(r.x) | ((u32)f32_to_bf16(r.y) << 16),
+                                             (u32)f32_to_bf16(r.z) | ((u32)f32_to_bf16(r.w) << 16));
         }
         return;
     }
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
     float inv = rsqrtf(block_sum(ss) / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        o[i] = xr[i] * inv * w[i];
+        if (ob) ob[i] = f32_to_bf16(o[i]);
+    }
 }
 
 // out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, one block per row (out may alias x).
@@ -1427,15 +1462,40 @@ extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, cons
     }
 }
 
-// The GDN output norm: w * rms_norm(x) * silu(z), one block per row of d.
-extern "C" __global__ void rms_norm_gated(const float* x, const float* z, const float* w, float* out, int d,
-                                          float eps) {
+// add_rms_norm, each out row also in bf16 (ob, cuBLAS's input: the bits of to_bf16 of out).
+extern "C" __global__ void add_rms_norm_to_bf16(float* x, const float* y, const float* w, float* out, u16* ob,
+                                                int d, float eps) {
     GRID_PROLOGUE();
+    float* xr = x + (long)blockIdx.x * d;
+    add_row(xr, y + (long)blockIdx.x * d, d);
+    rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps, ob + (long)blockIdx.x * d);
+}
+
+// The GDN output norm: w * rms_norm(x) * silu(z), one block per row of d; with `ob`, also in
+// bf16 (the bits of to_bf16 of out).
+__device__ __forceinline__ void rms_norm_gated_row(const float* x, const float* z, const float* w, float* out,
+                                                   u16* ob, int d, float eps) {
     long base = (long)blockIdx.x * d;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[base + i] * x[base + i];
     float inv = rsqrtf(block_sum(ss) / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) out[base + i] = w[i] * (x[base + i] * inv) * silu(z[base + i]);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float o = w[i] * (x[base + i] * inv) * silu(z[base + i]);
+        out[base + i] = o;
+        if (ob) ob[base + i] = f32_to_bf16(o);
+    }
+}
+
+extern "C" __global__ void rms_norm_gated(const float* x, const float* z, const float* w, float* out, int d,
+                                          float eps) {
+    GRID_PROLOGUE();
+    rms_norm_gated_row(x, z, w, out, nullptr, d, eps);
+}
+
+extern "C" __global__ void rms_norm_gated_to_bf16(const float* x, const float* z, const float* w, float* out,
+                                                  u16* ob, int d, float eps) {
+    GRID_PROLOGUE();
+    rms_norm_gated_row(x, z, w, out, ob, d, eps);
 }
 
 extern "C" __global__ void add_in_place(float* x, const float* y, long n) {

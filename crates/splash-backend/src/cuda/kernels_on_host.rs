@@ -2240,3 +2240,138 @@ fn the_float_gemv_on_the_host_gives_each_token_its_bits_alone() {
         check_row_gemv(&format!("{suffix} {n}x{kd}"), &w, rows1, 1e-5, run);
     }
 }
+
+/// cuBLAS's bf16 input, four values a thread: `to_bf16` rounds as `half::bf16::from_f32` for
+/// every length (a scalar tail, an unaligned start), and the producers that write it with their
+/// rows (`silu_mul_to_bf16`, `add_rms_norm_to_bf16`, `rms_norm_gated_to_bf16`) give the bits of
+/// their f32 kernel then `to_bf16`.
+#[test]
+fn the_bf16_conversions_have_the_bits_of_rounding_the_f32_rows() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    type Convert = unsafe extern "C" fn(*const f32, *mut u16, i64);
+    type Gated = unsafe extern "C" fn(*const f32, *const f32, *mut u16, i64);
+    // SAFETY (the kernels and every launch below): the kernels' signatures, a thread per four
+    // values (ops.rs's grids) and one block a row for the norms.
+    let (to_bf16, silu_to_bf16): (Convert, Gated) =
+        unsafe { (kern.kernel("to_bf16"), kern.kernel("silu_mul_to_bf16")) };
+    let rounded = |v: &[f32]| -> Vec<u16> {
+        v.iter()
+            .map(|x| half::bf16::from_f32(*x).to_bits())
+            .collect()
+    };
+    let convert = |x: &[f32]| -> Vec<u16> {
+        let out = vec![0u16; x.len()];
+        let (xa, oa) = (Addr::of(x), Addr::of(&out));
+        let n = x.len();
+        kern.launch(n.div_ceil(4).div_ceil(256) as u32, 256, &|| unsafe {
+            to_bf16(xa.ptr(), oa.ptr(), n as i64)
+        });
+        out
+    };
+    let x = random(1031, 1);
+    for (start, n) in [(0usize, 1031usize), (1, 1030), (0, 3), (2, 7)] {
+        let part = &x[start..start + n];
+        assert_eq!(convert(part), rounded(part), "to_bf16 of {n} from {start}");
+    }
+    let (g, u) = (random(1030, 2), random(1030, 3));
+    let mut gated = g.clone();
+    cpu::silu_mul(&mut gated, &u);
+    let out = vec![0u16; g.len()];
+    let (ga, ua, oa) = (Addr::of(&g), Addr::of(&u), Addr::of(&out));
+    kern.launch(g.len().div_ceil(4).div_ceil(256) as u32, 256, &|| unsafe {
+        silu_to_bf16(ga.ptr(), ua.ptr(), oa.ptr(), g.len() as i64)
+    });
+    assert_eq!(out, rounded(&gated), "silu_mul_to_bf16");
+
+    type Norm = unsafe extern "C" fn(*mut f32, *const f32, *const f32, *mut f32, i32, f32);
+    type NormBf16 =
+        unsafe extern "C" fn(*mut f32, *const f32, *const f32, *mut f32, *mut u16, i32, f32);
+    type GatedNorm = unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, i32, f32);
+    type GatedNormBf16 =
+        unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, *mut u16, i32, f32);
+    let (norm, norm_bf16, gated_norm, gated_norm_bf16): (Norm, NormBf16, GatedNorm, GatedNormBf16) = unsafe {
+        (
+            kern.kernel("add_rms_norm"),
+            kern.kernel("add_rms_norm_to_bf16"),
+            kern.kernel("rms_norm_gated"),
+            kern.kernel("rms_norm_gated_to_bf16"),
+        )
+    };
+    // Rows of 5,120 (float4 loads) and of 130 (scalar ones).
+    for d in [5120usize, 130] {
+        let rows = 3;
+        let threads = (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        let (x0, y, w) = (random(rows * d, 4), random(rows * d, 5), random(d, 6));
+        let (x1, x2) = (x0.clone(), x0.clone());
+        let (o1, o2, ob) = (
+            vec![0f32; rows * d],
+            vec![0f32; rows * d],
+            vec![0u16; rows * d],
+        );
+        let (x1a, x2a, ya, wa) = (Addr::of(&x1), Addr::of(&x2), Addr::of(&y), Addr::of(&w));
+        let (o1a, o2a, oba) = (Addr::of(&o1), Addr::of(&o2), Addr::of(&ob));
+        kern.launch(rows as u32, threads, &|| unsafe {
+            norm(x1a.ptr(), ya.ptr(), wa.ptr(), o1a.ptr(), d as i32, 1e-6)
+        });
+        kern.launch(rows as u32, threads, &|| unsafe {
+            norm_bf16(
+                x2a.ptr(),
+                ya.ptr(),
+                wa.ptr(),
+                o2a.ptr(),
+                oba.ptr(),
+                d as i32,
+                1e-6,
+            )
+        });
+        assert_eq!(
+            bits(&x1),
+            bits(&x2),
+            "add_rms_norm_to_bf16 d={d}: the residual"
+        );
+        assert_eq!(bits(&o1), bits(&o2), "add_rms_norm_to_bf16 d={d}: the norm");
+        assert_eq!(
+            ob,
+            rounded(&o1),
+            "add_rms_norm_to_bf16 d={d}: the bf16 rows"
+        );
+        let (g1, g2, gb) = (
+            vec![0f32; rows * d],
+            vec![0f32; rows * d],
+            vec![0u16; rows * d],
+        );
+        let (g1a, g2a, gba) = (Addr::of(&g1), Addr::of(&g2), Addr::of(&gb));
+        let threads = (d.div_ceil(32) * 32).clamp(32, 256) as u32;
+        kern.launch(rows as u32, threads, &|| unsafe {
+            gated_norm(
+                x0.as_ptr(),
+                y.as_ptr(),
+                w.as_ptr(),
+                g1a.ptr(),
+                d as i32,
+                1e-6,
+            )
+        });
+        kern.launch(rows as u32, threads, &|| unsafe {
+            gated_norm_bf16(
+                x0.as_ptr(),
+                y.as_ptr(),
+                w.as_ptr(),
+                g2a.ptr(),
+                gba.ptr(),
+                d as i32,
+                1e-6,
+            )
+        });
+        assert_eq!(
+            bits(&g1),
+            bits(&g2),
+            "rms_norm_gated_to_bf16 d={d}: the rows"
+        );
+        assert_eq!(
+            gb,
+            rounded(&g1),
+            "rms_norm_gated_to_bf16 d={d}: the bf16 rows"
+        );
+    }
+}

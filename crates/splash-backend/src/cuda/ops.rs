@@ -89,6 +89,13 @@ impl Activations {
         a
     }
 
+    /// The activations at `x` whose bf16 conversion a kernel has already written.
+    fn with_bf16(x: u64, tokens: usize, kdim: usize, bf16: CudaSlice<u16>) -> Self {
+        let a = Self::new(x, tokens, kdim);
+        let _ = a.bf16.set(bf16);
+        a
+    }
+
     /// The device address of the f32 rows.
     pub fn rows(&self) -> u64 {
         self.x
@@ -139,7 +146,7 @@ impl Activations {
             gpu.launch(
                 k,
                 "to_bf16",
-                blocks(n, 256),
+                blocks(n.div_ceil(4), 256),
                 256,
                 &[
                     Arg::Ptr(self.x),
@@ -492,6 +499,25 @@ pub fn matmul_swiglu(
             w.rows,
             tokens,
         );
+    }
+    if reads_bf16(gpu, w, tokens) {
+        let n = tokens * w.cols;
+        let xb = gpu.uninit::<u16>(n)?;
+        let args = [
+            Arg::Ptr(g),
+            Arg::Ptr(u),
+            Arg::Ptr(super::ptr(gpu, &xb, 0)),
+            Arg::I64(n as i64),
+        ];
+        gpu.launch(
+            k,
+            "silu_mul_to_bf16",
+            blocks(n.div_ceil(4), 256),
+            256,
+            &args,
+        )?;
+        let x = Activations::with_bf16(g, tokens, w.cols, xb);
+        return matmul_activations(gpu, k, out, &x, w, 0, w.rows);
     }
     silu_mul(gpu, k, g, u, tokens * w.cols)?;
     matmul(gpu, k, out, g, w, 0, w.rows, tokens)
@@ -1162,6 +1188,13 @@ pub fn add_rms_norm_activations(
     eps: f32,
     f16_for: &DeviceWeight,
 ) -> Result<Activations, GpuError> {
+    if reads_bf16(gpu, f16_for, rows) {
+        let xb = gpu.uninit::<u16>(rows * d)?;
+        let converted = [Arg::Ptr(super::ptr(gpu, &xb, 0))];
+        let kernel = "add_rms_norm_to_bf16";
+        launch_add_rms_norm(gpu, k, kernel, [out, x, y, w], &converted, rows, d, eps)?;
+        return Ok(Activations::with_bf16(out, rows, d, xb));
+    }
     // The kernel converts whole 256-value blocks (a tiled weight's rows are made of them).
     if !reads_f16(gpu, f16_for, rows) || !d.is_multiple_of(256) {
         add_rms_norm(gpu, k, out, x, y, w, rows, d, eps)?;
@@ -1176,6 +1209,12 @@ pub fn add_rms_norm_activations(
     let kernel = "add_rms_norm_to_f16_tc";
     launch_add_rms_norm(gpu, k, kernel, [out, x, y, w], &converted, rows, d, eps)?;
     Ok(Activations::with_f16(out, rows, d, (xh, xscale)))
+}
+
+/// Whether a product of `tokens` rows by `w` reads its input in bf16 (cuBLAS, outside the
+/// exact mode).
+fn reads_bf16(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
+    !gpu.exact() && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_some()
 }
 
 /// Whether a product of `tokens` rows by `w` reads its input in the tensor-core GEMV's f16
@@ -1203,20 +1242,54 @@ pub fn rms_norm_gated(
     d: usize,
     eps: f32,
 ) -> Result<(), GpuError> {
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(z),
+        Arg::Ptr(w),
+        Arg::Ptr(out),
+        Arg::I32(d as i32),
+        Arg::F32(eps),
+    ];
+    gpu.launch(k, "rms_norm_gated", rows as u32, row_threads(d), &args)
+}
+
+/// [`rms_norm_gated`] whose `[tokens, rows / tokens · d]` output is the input of products by
+/// `next`: when those run on cuBLAS the same launch writes its bf16 conversion too.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_gated_activations(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    (x, z, w): (u64, u64, u64),
+    rows: usize,
+    d: usize,
+    eps: f32,
+    tokens: usize,
+    next: &DeviceWeight,
+) -> Result<Activations, GpuError> {
+    let kdim = rows * d / tokens;
+    if !reads_bf16(gpu, next, tokens) {
+        rms_norm_gated(gpu, k, out, x, z, w, rows, d, eps)?;
+        return Ok(Activations::new(out, tokens, kdim));
+    }
+    let ob = gpu.uninit::<u16>(rows * d)?;
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(z),
+        Arg::Ptr(w),
+        Arg::Ptr(out),
+        Arg::Ptr(super::ptr(gpu, &ob, 0)),
+        Arg::I32(d as i32),
+        Arg::F32(eps),
+    ];
     gpu.launch(
         k,
-        "rms_norm_gated",
+        "rms_norm_gated_to_bf16",
         rows as u32,
         row_threads(d),
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(z),
-            Arg::Ptr(w),
-            Arg::Ptr(out),
-            Arg::I32(d as i32),
-            Arg::F32(eps),
-        ],
-    )
+        &args,
+    )?;
+    Ok(Activations::with_bf16(out, tokens, kdim, ob))
 }
 
 fn elementwise(

@@ -461,28 +461,21 @@ impl GpuGdn {
             self.hv,
             self.tiled,
         )?;
-        dev::rms_norm_gated(
+        let op = ptr(gpu, &o, 0);
+        let normed = dev::rms_norm_gated_activations(
             gpu,
             k,
-            ptr(gpu, &o, 0),
-            ptr(gpu, &o, 0),
-            ptr(gpu, &z, 0),
-            ptr(gpu, &self.norm, 0),
+            op,
+            (op, ptr(gpu, &z, 0), ptr(gpu, &self.norm, 0)),
             t * self.hv,
             self.dv,
             eps,
+            t,
+            &self.out,
         )?;
         let out = m.scratch(t * self.out.rows())?;
-        dev::matmul(
-            gpu,
-            k,
-            ptr(gpu, &out, 0),
-            ptr(gpu, &o, 0),
-            &self.out,
-            0,
-            self.out.rows(),
-            t,
-        )?;
+        let rows = self.out.rows();
+        dev::matmul_activations(gpu, k, ptr(gpu, &out, 0), &normed, &self.out, 0, rows)?;
         Ok(out)
     }
 
