@@ -2619,7 +2619,14 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
             ks[tt][i] *= kinv[tt];
         }
         __syncthreads();
-        for (int tt = 0; tt < n; tt++) {
+        // The recurrence's chain a token is the key product's sum over the slices (the state
+        // waits for it); the output's sum is not in that chain, so each token's partial output
+        // is kept and the stage's are summed together after its last token (fully unrolled, so
+        // that they stay in registers and the next token's loads go ahead of the sums).
+        float opart[GDN_STAGE];
+#pragma unroll
+        for (int tt = 0; tt < GDN_STAGE; tt++) {
+            if (tt >= n) break;
             const float4* kr = (const float4*)&ks[tt][r * (R + 4)];
             const float4* qr = (const float4*)&qs[tt][r * (R + 4)];
             float dec = decay[tt];
@@ -2653,7 +2660,12 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
                     op[e] += s[4 * m + e] * qv[e];
                 }
             }
-            float o = (op[0] + op[1]) + (op[2] + op[3]);
+            opart[tt] = (op[0] + op[1]) + (op[2] + op[3]);
+        }
+#pragma unroll
+        for (int tt = 0; tt < GDN_STAGE; tt++) {
+            if (tt >= n) break;
+            float o = opart[tt];
 #pragma unroll
             for (int d = 1; d < GDN_SLICES; d <<= 1) o += __shfl_xor_sync(0xffffffffu, o, d);
             if (out && active && r == 0) out[((long)(t0 + tt) * hv + h) * DV + c] = o;
