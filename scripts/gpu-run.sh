@@ -9,7 +9,8 @@
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
 # `prefill`: prefill speed at 8K and 32K tokens in the engine's passes (2,048 tokens) and at
-# 8K in one pass, then one 8K prefill with every launch timed (SPLASH_GPU_PROFILE=1).
+# 8K in one pass (PREFILL_RUNS, tokens:passes pairs), then one 8K prefill with every launch
+# timed (SPLASH_GPU_PROFILE=1).
 # `draft-profile`: one draft block's launches, each synchronised and timed
 # (SPLASH_GPU_PROFILE=1), for each DRAFT_WEIGHTS (the full output is kept under $OUT).
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
@@ -130,11 +131,12 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
           --decode-tokens 128 --repeat 3 --speculative off 2>&1 | tee "$out/decode-$m-graphs$graphs.txt" | grep -E 'decode|pass cost'
       done
     elif [ "$what" = prefill ]; then
-      for run in "8192 2048" "32768 2048" "8192 8192"; do
-        set -- $run
-        echo "== prefill $m, $1 tokens in passes of $2"
-        ./.device/splash bench --model "$f" --device cuda --prompt-tokens "$1" --prefill-chunk "$2" --decode-tokens 8 \
-          --repeat 2 --speculative off 2>&1 | tee "$out/prefill-$m-$1-$2.txt" | grep -E '^prefill'
+      # PREFILL_RUNS: tokens:passes pairs.
+      for run in ${PREFILL_RUNS:-8192:2048 32768:2048 8192:8192}; do
+        n=${run%%:*} chunk=${run#*:}
+        echo "== prefill $m, $n tokens in passes of $chunk"
+        ./.device/splash bench --model "$f" --device cuda --prompt-tokens "$n" --prefill-chunk "$chunk" --decode-tokens 8 \
+          --repeat 2 --speculative off 2>&1 | tee "$out/prefill-$m-$n-$chunk.txt" | grep -E '^prefill'
       done
       echo "== prefill profile $m (8,192 tokens, every launch synchronised and timed)"
       SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 8192 --decode-tokens 1 \

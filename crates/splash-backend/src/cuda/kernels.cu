@@ -2117,6 +2117,27 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi) {
     return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
 }
 
+// Four 8×8 f16 matrices from shared memory, lane l giving row l % 8 of matrix l / 8 (16 bytes,
+// 16-byte aligned): r[j] of lane 4g + q holds matrix j's (row g, columns 2q, 2q + 1), or with
+// `trans` its (rows 2q, 2q + 1, column g): an mma's B fragment in one instruction where
+// element loads took two (keys) or four (values) and their shifts.
+#ifndef KERNEL_EMULATION  // kernels_on_host.h defines it on the CPU
+template <bool trans>
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const u16* row) {
+    u32 a = (u32)__cvta_generic_to_shared(row);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
     attention_prefill(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs, float* out,
                       int fmt, int hq, int hkv, int pos0, const int* pos_at, float scale, int block, int window,
@@ -2203,8 +2224,16 @@ extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
 #pragma unroll
         for (int n = 0; n < NK; n++) {
             sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            // Dims 16s .. 16s + 31 of keys 8n .. 8n + 7: the B fragments of mmas s and s + 1.
 #pragma unroll
-            for (int s = 0; s < DK; s++) {
+            for (int s = 0; s + 1 < DK; s += 2) {
+                u32 b[4];
+                ldmatrix_x4<false>(b, &kt[8 * n + (lane & 7)][16 * s + 8 * (lane >> 3)]);
+                mma_f16_16816(sc[n], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b[0], b[1]);
+                mma_f16_16816(sc[n], qf[s + 1][0], qf[s + 1][1], qf[s + 1][2], qf[s + 1][3], b[2], b[3]);
+            }
+            if (DK & 1) {
+                const int s = DK - 1;
                 u32 b0 = *(const u32*)&kt[8 * n + g][16 * s + 2 * qd];
                 u32 b1 = *(const u32*)&kt[8 * n + g][16 * s + 8 + 2 * qd];
                 mma_f16_16816(sc[n], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b0, b1);
@@ -2257,13 +2286,15 @@ extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
             u32 a0 = pack_f16(sc[2 * kk][0], sc[2 * kk][1]), a1 = pack_f16(sc[2 * kk][2], sc[2 * kk][3]);
             u32 a2 = pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
             u32 a3 = pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-            int r0 = 16 * kk + 2 * qd;
+            // Keys 16kk .. 16kk + 15 of dims 8n .. 8n + 15, transposed: the B fragments of
+            // output tiles n and n + 1 (DN is even: HEAD_DIM is a multiple of 16).
+            const u16* vrow = &vt[16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (lane >> 4)];
 #pragma unroll
-            for (int n = 0; n < DN; n++) {
-                int d = 8 * n + g;
-                u32 b0 = (u32)vt[r0][d] | ((u32)vt[r0 + 1][d] << 16);
-                u32 b1 = (u32)vt[r0 + 8][d] | ((u32)vt[r0 + 9][d] << 16);
-                mma_f16_16816(o[n], a0, a1, a2, a3, b0, b1);
+            for (int n = 0; n < DN; n += 2) {
+                u32 b[4];
+                ldmatrix_x4<true>(b, vrow + 8 * n);
+                mma_f16_16816(o[n], a0, a1, a2, a3, b[0], b[1]);
+                mma_f16_16816(o[n + 1], a0, a1, a2, a3, b[2], b[3]);
             }
         }
     }

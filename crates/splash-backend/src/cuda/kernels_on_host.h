@@ -225,6 +225,24 @@ inline void mma_f16_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsig
     for (int i = 0; i < 4; i++) c[i] = d[i];
 }
 
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lane l gives the address of row l % 8 of
+// matrix l / 8; r[j] of lane 4g + q = matrix j's (row g, columns 2q, 2q + 1), or transposed
+// (rows 2q, 2q + 1, column g). Lower half = lower index.
+template <bool trans>
+inline void ldmatrix_x4(unsigned (&r)[4], const unsigned short* row) {
+    unsigned lane = emu::thread_idx.x & 31, g = lane >> 2, q = lane & 3;
+    for (unsigned j = 0; j < 4; j++) {
+        if (trans) {
+            const unsigned short* lo = emu::shuffle(row, 8 * j + 2 * q);
+            const unsigned short* hi = emu::shuffle(row, 8 * j + 2 * q + 1);
+            r[j] = (unsigned)lo[g] | ((unsigned)hi[g] << 16);
+        } else {
+            const unsigned short* p = emu::shuffle(row, 8 * j + g);
+            r[j] = (unsigned)p[2 * q] | ((unsigned)p[2 * q + 1] << 16);
+        }
+    }
+}
+
 // ---- Launches ------------------------------------------------------------------------------
 
 // Runs `body(ctx)` as a kernel launch of `grid` blocks of `block` threads (1-D); the body calls
