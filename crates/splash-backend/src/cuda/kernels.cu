@@ -2572,7 +2572,11 @@ extern "C" __global__ void gdn_gates(float* b, float* a, const float* dt_bias, c
 #endif
 #define GDN_COLS (128 / GDN_SLICES)
 #define GDN_STAGE 16
+// A scan block runs a whole pass, so all of a launch's blocks must be resident at once (a 27B
+// layer's 384 blocks are three an SM): at most 168 registers a thread.
+#define GDN_BOUNDS __launch_bounds__(128, 3)
 static_assert(GDN_DK % (4 * GDN_SLICES) == 0, "the GDN key dim splits over GDN_SLICES lanes, 4 sums each");
+static_assert(GDN_DV % 4 == 0, "the GDN scan loads values four at a time");
 // Slice r's rows start at r·(R + 4) floats: 16-byte aligned runs for vector loads, and the
 // slices' loads of one step fall in distinct banks.
 #define GDN_ROW(i) ((i) + 4 * ((i) / (GDN_DK / GDN_SLICES)))
@@ -2594,7 +2598,7 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     __shared__ __align__(16) float qs[GDN_STAGE][ROW];
     __shared__ __align__(16) float ks[GDN_STAGE][ROW];
-    __shared__ float vs[GDN_STAGE][GDN_COLS];
+    __shared__ __align__(16) float vs[GDN_STAGE][GDN_COLS];
     __shared__ float qinv[GDN_STAGE], kinv[GDN_STAGE], decay[GDN_STAGE], bt[GDN_STAGE];
     float s[R];
     const float* st_in = state_in + (long)h * DK * DV;
@@ -2606,21 +2610,67 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
         for (int j = 0; j < R; j++) save_state[(long)h * DK * DV + (long)(r * R + j) * DV + c] = s[j];
     }
     float qscale = rsqrtf((float)DK);
+    // A stage's inputs, a thread's share in registers: the next stage's loads are in flight
+    // while this one is scanned (loaded at the stage's start, a prefill's scan waited on a
+    // global load every 16 tokens, and on each token's gates in turn).
+    // Four values a load: a token's q, k and block's values are contiguous runs of DK and
+    // GDN_COLS (both multiples of 4, as C is).
+    const int UQK = (GDN_STAGE * DK / 4 + 127) / 128, UV = (GDN_STAGE * GDN_COLS / 4 + 127) / 128;
+    float4 pq[UQK], pk[UQK], pv[UV];
+    float pg = 0.0f, pb = 0.0f;
+    auto fetch = [&](int t0) {
+        int n = min(GDN_STAGE, T - t0);
+#pragma unroll
+        for (int u = 0; u < UQK; u++) {
+            int e = 4 * (threadIdx.x + 128 * u), tt = e / DK, i = e % DK;
+            const float* row = mixed + (long)(t0 + tt) * C;
+            if (tt < n) {
+                pq[u] = *(const float4*)(row + kh * DK + i);
+                pk[u] = *(const float4*)(row + hk * DK + kh * DK + i);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UV; u++) {
+            int e = 4 * (threadIdx.x + 128 * u), tt = e / GDN_COLS, cc = c0 + e % GDN_COLS;
+            if (tt < n)
+                pv[u] = cc < DV ? *(const float4*)(mixed + (long)(t0 + tt) * C + 2 * hk * DK + h * DV + cc)
+                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        if ((int)threadIdx.x < n) {
+            pg = g[(long)(t0 + threadIdx.x) * hv + h];
+            pb = beta[(long)(t0 + threadIdx.x) * hv + h];
+        }
+    };
+    fetch(0);
     for (int t0 = 0; t0 < T; t0 += GDN_STAGE) {
         int n = min(GDN_STAGE, T - t0);
         __syncthreads();  // the previous stage is consumed
-        for (int e = threadIdx.x; e < n * DK; e += blockDim.x) {
-            int tt = e / DK, i = e % DK;
-            const float* row = mixed + (long)(t0 + tt) * C;
-            qs[tt][GDN_ROW(i)] = row[kh * DK + i];
-            ks[tt][GDN_ROW(i)] = row[hk * DK + kh * DK + i];
+#pragma unroll
+        for (int u = 0; u < UQK; u++) {
+            int e = 4 * (threadIdx.x + 128 * u), tt = e / DK, i = e % DK;
+            if (tt < n) {
+                *(float4*)&qs[tt][GDN_ROW(i)] = pq[u];
+                *(float4*)&ks[tt][GDN_ROW(i)] = pk[u];
+            }
         }
-        for (int e = threadIdx.x; e < n * GDN_COLS; e += blockDim.x) {
-            int tt = e / GDN_COLS, cc = c0 + e % GDN_COLS;
-            vs[tt][e % GDN_COLS] = cc < DV ? mixed[(long)(t0 + tt) * C + 2 * hk * DK + h * DV + cc] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < UV; u++) {
+            int e = 4 * (threadIdx.x + 128 * u), tt = e / GDN_COLS;
+            if (tt < n) *(float4*)&vs[tt][e % GDN_COLS] = pv[u];
+        }
+        if ((int)threadIdx.x < n) {
+            int tt = threadIdx.x;
+            decay[tt] = expf(pg);
+            bt[tt] = pb;
+            // The head's first block of columns keeps its gates for a rollback.
+            if (save_g && c0 == 0) {
+                save_g[(long)(t0 + tt) * hv + h] = pg;
+                save_beta[(long)(t0 + tt) * hv + h] = pb;
+            }
         }
         __syncthreads();
-        // Warp w: the norms and gates of tokens w, w + 4, ...
+        if (t0 + GDN_STAGE < T) fetch(t0 + GDN_STAGE);
+        // Warp w: the norms of tokens w, w + 4, ...
         for (int tt = warp; tt < n; tt += blockDim.x >> 5) {
             float qss = 0.0f, kss = 0.0f;
             for (int i = lane; i < DK; i += 32) {
@@ -2633,13 +2683,6 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
             if (lane == 0) {
                 qinv[tt] = rsqrtf(qss + 1e-6f) * qscale;
                 kinv[tt] = rsqrtf(kss + 1e-6f);
-                decay[tt] = expf(g[(long)(t0 + tt) * hv + h]);
-                bt[tt] = beta[(long)(t0 + tt) * hv + h];
-                // The head's first block of columns keeps its gates for a rollback.
-                if (save_g && c0 == 0) {
-                    save_g[(long)(t0 + tt) * hv + h] = g[(long)(t0 + tt) * hv + h];
-                    save_beta[(long)(t0 + tt) * hv + h] = bt[tt];
-                }
             }
         }
         __syncthreads();
@@ -2650,14 +2693,7 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
             ks[tt][i] *= kinv[tt];
         }
         __syncthreads();
-        // The recurrence's chain a token is the key product's sum over the slices (the state
-        // waits for it); the output's sum is not in that chain, so each token's partial output
-        // is kept and the stage's are summed together after its last token (fully unrolled, so
-        // that they stay in registers and the next token's loads go ahead of the sums).
-        float opart[GDN_STAGE];
-#pragma unroll
-        for (int tt = 0; tt < GDN_STAGE; tt++) {
-            if (tt >= n) break;
+        for (int tt = 0; tt < n; tt++) {
             const float4* kr = (const float4*)&ks[tt][r * (R + 4)];
             const float4* qr = (const float4*)&qs[tt][r * (R + 4)];
             float dec = decay[tt];
@@ -2691,12 +2727,7 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
                     op[e] += s[4 * m + e] * qv[e];
                 }
             }
-            opart[tt] = (op[0] + op[1]) + (op[2] + op[3]);
-        }
-#pragma unroll
-        for (int tt = 0; tt < GDN_STAGE; tt++) {
-            if (tt >= n) break;
-            float o = opart[tt];
+            float o = (op[0] + op[1]) + (op[2] + op[3]);
 #pragma unroll
             for (int d = 1; d < GDN_SLICES; d <<= 1) o += __shfl_xor_sync(0xffffffffu, o, d);
             if (out && active && r == 0) out[((long)(t0 + tt) * hv + h) * DV + c] = o;
@@ -2708,7 +2739,7 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
     }
 }
 
-extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
+extern "C" __global__ void GDN_BOUNDS gdn_recurrent(const float* mixed, const float* g, const float* beta, float* state,
                                          float* out, int T, int hk, int hv, int tiled) {
     GRID_PROLOGUE();
     gdn_recurrent_block(blockIdx.x, mixed, g, beta, state, state, out, T, hk, hv, tiled);
@@ -2717,7 +2748,7 @@ extern "C" __global__ void gdn_recurrent(const float* mixed, const float* g, con
 // gdn_recurrent over the sequences of a pass in one launch: hv · ceil(GDN_DV / GDN_COLS) blocks a
 // sequence, each sequence's rows and recurrent state from `seqs`; a recorded sequence saves its
 // recurrent state to save[0] and its gates g, beta to save[1], save[2].
-extern "C" __global__ void gdn_recurrent_seqs(const float* mixed, const float* g, const float* beta, SeqSlots seqs,
+extern "C" __global__ void GDN_BOUNDS gdn_recurrent_seqs(const float* mixed, const float* g, const float* beta, SeqSlots seqs,
                                               float* out, int hk, int hv, int tiled) {
     GRID_PROLOGUE();
     int per = hv * ((GDN_DV + GDN_COLS - 1) / GDN_COLS), i = blockIdx.x / per;
@@ -2751,7 +2782,7 @@ extern "C" __global__ void conv1d_silu_replay(LayerSlots layers, int per, int T,
 // The scan of a rollback: layer i from its saved state over the conv outputs buf[0] [T, C]
 // and its recorded gates g = buf[1], beta = buf[2] [T, hv], its live state left past them
 // (the outputs themselves are not needed). hv · ceil(GDN_DV / GDN_COLS) blocks a layer.
-extern "C" __global__ void gdn_recurrent_replay(LayerSlots layers, int T, int hk, int hv, int tiled) {
+extern "C" __global__ void GDN_BOUNDS gdn_recurrent_replay(LayerSlots layers, int T, int hk, int hv, int tiled) {
     GRID_PROLOGUE();
     int per = hv * ((GDN_DV + GDN_COLS - 1) / GDN_COLS), i = blockIdx.x / per;
     gdn_recurrent_block(blockIdx.x % per, (const float*)layers.buf[0][i], (const float*)layers.buf[1][i],
