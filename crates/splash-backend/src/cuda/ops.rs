@@ -1242,15 +1242,7 @@ pub fn rms_norm_gated(
     d: usize,
     eps: f32,
 ) -> Result<(), GpuError> {
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(z),
-        Arg::Ptr(w),
-        Arg::Ptr(out),
-        Arg::I32(d as i32),
-        Arg::F32(eps),
-    ];
-    gpu.launch(k, "rms_norm_gated", rows as u32, row_threads(d), &args)
+    launch_rms_norm_gated(gpu, k, "rms_norm_gated", [x, z, w, out], None, rows, d, eps)
 }
 
 /// [`rms_norm_gated`] whose `[tokens, rows / tokens · d]` output is the input of products by
@@ -1273,23 +1265,28 @@ pub fn rms_norm_gated_activations(
         return Ok(Activations::new(out, tokens, kdim));
     }
     let ob = gpu.uninit::<u16>(rows * d)?;
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(z),
-        Arg::Ptr(w),
-        Arg::Ptr(out),
-        Arg::Ptr(super::ptr(gpu, &ob, 0)),
-        Arg::I32(d as i32),
-        Arg::F32(eps),
-    ];
-    gpu.launch(
-        k,
-        "rms_norm_gated_to_bf16",
-        rows as u32,
-        row_threads(d),
-        &args,
-    )?;
+    let kernel = "rms_norm_gated_to_bf16";
+    let ob_ptr = Some(super::ptr(gpu, &ob, 0));
+    launch_rms_norm_gated(gpu, k, kernel, [x, z, w, out], ob_ptr, rows, d, eps)?;
     Ok(Activations::with_bf16(out, tokens, kdim, ob))
+}
+
+/// Launches `kernel`, `rms_norm_gated` or its variant that also writes the bf16 rows `ob`.
+#[allow(clippy::too_many_arguments)]
+fn launch_rms_norm_gated(
+    gpu: &Gpu,
+    k: &Kernels,
+    kernel: &str,
+    [x, z, w, out]: [u64; 4],
+    ob: Option<u64>,
+    rows: usize,
+    d: usize,
+    eps: f32,
+) -> Result<(), GpuError> {
+    let mut args = vec![Arg::Ptr(x), Arg::Ptr(z), Arg::Ptr(w), Arg::Ptr(out)];
+    args.extend(ob.map(Arg::Ptr));
+    args.extend([Arg::I32(d as i32), Arg::F32(eps)]);
+    gpu.launch(k, kernel, rows as u32, row_threads(d), &args)
 }
 
 fn elementwise(
