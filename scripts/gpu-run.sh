@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|peers|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|peers|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `decode`: plain decoding speed with and without CUDA graphs.
