@@ -927,33 +927,32 @@ __device__ __forceinline__ void tc_pairs(const TcRaw& r, const TcScales& s, int 
 }
 
 // One 256-value block b of a 16-row tile (its two halves' raw loads r0, r1) times the NT·8
-// token columns: c[i] += xscale · (W x) over the block.
+// token columns: c[i] += xscale · (W x) over the block; x[i] points at token 8i + g's
+// activations (lane (g, q)). Each column's sums are its own, whatever NT.
 template <int F, int NT>
-__device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b, int q, const uint4* x0,
-                                         const uint4* x1, const float* const (&xs)[NT][2], float (&c)[NT][4]) {
+__device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b, int q, const uint4* const (&x)[NT],
+                                         const float* const (&xs)[NT][2], float (&c)[NT][4]) {
     TcScales s0 = tc_scales<F>(r0, q), s1 = tc_scales<F>(r1, q);
     float cb[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; i++) cb[i][0] = cb[i][1] = cb[i][2] = cb[i][3] = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        uint4 xa[2], xb[2];
-        xa[0] = x0[32 * b + 8 * j];
-        xa[1] = x0[32 * b + 8 * j + 4];
-        if (NT == 2) {
-            xb[0] = x1[32 * b + 8 * j];
-            xb[1] = x1[32 * b + 8 * j + 4];
+        uint4 xv[NT][2];
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            xv[i][0] = x[i][32 * b + 8 * j];
+            xv[i][1] = x[i][32 * b + 8 * j + 4];
         }
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             u32 a0, a2, a1, a3;
             tc_pairs<F>(r0, s0, j, m, a0, a2);
             tc_pairs<F>(r1, s1, j, m, a1, a3);
-            uint4 v = xa[m >> 1];
-            mma_f16_16816(cb[0], a0, a1, a2, a3, (m & 1) ? v.z : v.x, (m & 1) ? v.w : v.y);
-            if (NT == 2) {
-                uint4 u = xb[m >> 1];
-                mma_f16_16816(cb[NT - 1], a0, a1, a2, a3, (m & 1) ? u.z : u.x, (m & 1) ? u.w : u.y);
+#pragma unroll
+            for (int i = 0; i < NT; i++) {
+                uint4 v = xv[i][m >> 1];
+                mma_f16_16816(cb[i], a0, a1, a2, a3, (m & 1) ? v.z : v.x, (m & 1) ? v.w : v.y);
             }
         }
     }
@@ -1028,8 +1027,9 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
     const u8* tile = W + (long)n0 * row_bytes;
     // Tokens past T repeat the last one (their columns are not written).
 #define TC_XROW(t) (cols ? cols[t] / col_div : (t))
-    const uint4* x0 = (const uint4*)(xh + (long)TC_XROW(min(g, T - 1)) * K + 8 * q);
-    const uint4* x1 = (const uint4*)(xh + (long)TC_XROW(min(g + 8, T - 1)) * K + 8 * q);
+    const uint4* x[NT];
+#pragma unroll
+    for (int i = 0; i < NT; i++) x[i] = (const uint4*)(xh + (long)TC_XROW(min(8 * i + g, T - 1)) * K + 8 * q);
     float c[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
@@ -1080,7 +1080,7 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
             n0r = tc_load<F>(tile + (long)nbk * seg_bytes, 0, lane);
             n1r = tc_load<F>(tile + (long)nbk * seg_bytes, 1, lane);
         }
-        tc_block<F, NT>(r0, r1, b, q, x0, x1, xs, c);
+        tc_block<F, NT>(r0, r1, b, q, x, xs, c);
         if (nj != j) {
             tc_chain_store<NT>(c, part, j);
 #pragma unroll
@@ -1121,8 +1121,9 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
     // Unit u's segment is at W + u·seg_bytes (a tile's 16 rows are nb segments).
     int u0 = (int)((long)blockIdx.x * units / gridDim.x), u1 = (int)((long)(blockIdx.x + 1) * units / gridDim.x);
     const int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
-    const uint4* x0 = (const uint4*)(xh + (long)min(g, T - 1) * K + 8 * q);
-    const uint4* x1 = (const uint4*)(xh + (long)min(g + 8, T - 1) * K + 8 * q);
+    const uint4* x[NT];
+#pragma unroll
+    for (int i = 0; i < NT; i++) x[i] = (const uint4*)(xh + (long)min(8 * i + g, T - 1) * K + 8 * q);
     const float* xs[NT][2];
 #pragma unroll
     for (int i = 0; i < NT; i++)
@@ -1163,7 +1164,7 @@ __device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float
             settle(nt, nbk);
             TcRaw n0r, n1r;
             load(nt, nbk, n0r, n1r);
-            tc_block<F, NT>(r0, r1, pb, q, x0, x1, xs, c);
+            tc_block<F, NT>(r0, r1, pb, q, x, xs, c);
             r0 = n0r;
             r1 = n1r;
             pt = nt;
@@ -1207,8 +1208,9 @@ extern "C" __global__ void gemv_tc_fixup(const float* partials, float* y, float*
 // it. Pair p reads activation row p / col_div (its token for gate / up, the pair itself for
 // down) and writes row p of y; each pair gets what its token alone would get. With a second
 // table (table_b, y_b: the up products beside the gate ones), the second half of the grid does
-// the same for it.
-template <int F>
+// the same for it. WIDE (prefill: dozens of pairs an expert) takes 32 columns at a time, so each
+// tile's weights are decoded half as often; each column's sums are the same either way.
+template <int F, bool WIDE>
 __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
                                 const int* offsets, const int* order, long row_bytes, const u16* xh,
                                 const float* xscale, int N, int K, int col_div, int chains) {
@@ -1222,14 +1224,16 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
     if (e < 0) return;  // the whole block: fewer experts are active than the grid allows
     const u8* W = (const u8*)table[e];
     int off = offsets[a], cnt = offsets[a + 1] - off;
-    for (int c0 = 0; c0 < cnt; c0 += 16) {
-        int n = min(16, cnt - c0);
+    const int step = WIDE ? 32 : 16;
+    for (int c0 = 0; c0 < cnt; c0 += step) {
+        int n = min(step, cnt - c0);
+        const int* cols = order + off + c0;
         if (n <= 8)
-            gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, order + off + c0, col_div,
-                          chains);
+            gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, cols, col_div, chains);
+        else if (!WIDE || n <= 16)
+            gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, cols, col_div, chains);
         else
-            gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, order + off + c0, col_div,
-                          chains);
+            gemv_tc<F, 4>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, cols, col_div, chains);
         __syncthreads();  // the next chunk reuses the partial sums' shared memory
     }
 }
@@ -1294,8 +1298,16 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
         const int* offsets, const int* order, long row_bytes, const u16* xh, const float* xscale,  \
         int N, int K, int col_div, int chains) {                                                  \
         GRID_PROLOGUE();                                                                          \
-        gemv_tc_experts<F>(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K, col_div, \
-                           chains);                                                               \
+        gemv_tc_experts<F, false>(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K, \
+                                  col_div, chains);                                               \
+    }                                                                                             \
+    extern "C" __global__ void gemv_tc_experts_wide_##NAME(                                       \
+        const u64* table, float* y, const u64* table_b, float* y_b, const int* active,            \
+        const int* offsets, const int* order, long row_bytes, const u16* xh, const float* xscale,  \
+        int N, int K, int col_div, int chains) {                                                  \
+        GRID_PROLOGUE();                                                                          \
+        gemv_tc_experts<F, true>(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K, \
+                                 col_div, chains);                                                \
     }
 
 TC_KERNEL(q4_k, FMT_Q4_K)

@@ -377,6 +377,97 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     assert_eq!(bits(&second), bits(&apart), "the second of two tables");
 }
 
+/// The wide grouped expert GEMV (`gemv_tc_experts_wide_*`, 32 pairs per decoding of a tile)
+/// gives every pair the bits of the 16-pair kernel and of its expert's GEMV on its token alone:
+/// an expert with 40 pairs (a 32-pair chunk, then 8) and one with 20 (a 32-pair chunk of 20).
+#[test]
+fn the_wide_grouped_expert_gemv_has_the_bits_of_the_narrow_one() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (n, kd, chains, tokens) = (40usize, 768usize, 3u32, 60usize);
+    for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
+        let tiled: Vec<Vec<u8>> = (0..2)
+            .map(|e| {
+                let w = kquant(t, n, kd, fields, 31 + e as u64);
+                super::weights::tiled(t, w.raw_bytes(), n, kd / 256)
+            })
+            .collect();
+        // Token i (top 1) chose expert 0 below 40, expert 1 after.
+        let (active, offsets) = (vec![0i32, 1], vec![0i32, 40, 60]);
+        let order: Vec<i32> = (0..tokens as i32).collect();
+        let x = random(tokens * kd, 41);
+        let (xh, xscale) = tc_input(&kern, &x);
+        let table: Vec<u64> = tiled.iter().map(|w| w.as_ptr() as u64).collect();
+        let row_bytes = t.row_bytes(kd) as i64;
+        let run = |name: &str| -> Vec<f32> {
+            type Experts = unsafe extern "C" fn(
+                *const u64,
+                *mut f32,
+                *const u64,
+                *mut f32,
+                *const i32,
+                *const i32,
+                *const i32,
+                i64,
+                *const u16,
+                *const f32,
+                i32,
+                i32,
+                i32,
+                i32,
+            );
+            let y = vec![f32::NAN; tokens * n];
+            let (ta, ya) = (Addr::of(&table), Addr::of(&y));
+            let (ac, of, or) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
+            let (xha, xsa) = (Addr::of(&xh), Addr::of(&xscale));
+            // SAFETY: the grouped expert kernels' signature in kernels.cu, over buffers of the
+            // sizes ops.rs gives them (two slots, one table).
+            unsafe {
+                let f: Experts = kern.kernel(name);
+                kern.launch((2 * n.div_ceil(16)) as u32, 64, &|| {
+                    f(
+                        ta.ptr(),
+                        ya.ptr(),
+                        std::ptr::null(),
+                        std::ptr::null_mut(),
+                        ac.ptr(),
+                        of.ptr(),
+                        or.ptr(),
+                        row_bytes,
+                        xha.ptr(),
+                        xsa.ptr(),
+                        n as i32,
+                        kd as i32,
+                        1,
+                        chains as i32,
+                    )
+                });
+            }
+            y
+        };
+        let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
+        let wide = run(&format!("gemv_tc_experts_wide_{suffix}"));
+        let narrow = run(&format!("gemv_tc_experts_{suffix}"));
+        assert_eq!(bits(&wide), bits(&narrow), "{t}: wide against narrow");
+        for p in [0usize, 17, 31, 32, 39, 40, 59] {
+            let e = usize::from(p >= 40);
+            let gemv = TcGemv {
+                kern: &kern,
+                format: t,
+                tiles: tiled[e].clone(),
+                n,
+                kd,
+                warps: chains,
+            };
+            let alone = gemv.run(&x[p * kd..(p + 1) * kd], TcLaunch::Tiled);
+            assert_eq!(
+                bits(&wide[p * n..(p + 1) * n]),
+                bits(&alone),
+                "{t}: pair {p} against its expert's GEMV alone"
+            );
+        }
+    }
+}
+
 /// Device routing on the host: `moe_route` picks each token's top-k experts by probability
 /// (ties to the lower index, here from equal logits) with renormalised weights, `moe_group`
 /// lists the active experts in order with their pairs in increasing order, and `moe_combine`

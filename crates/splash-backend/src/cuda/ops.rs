@@ -849,9 +849,15 @@ fn launch_experts(
     let tables = if products[1].0 == 0 { 1 } else { 2 };
     let blocks = tables * routing.slots * n.div_ceil(16);
     let chains = tensor_core_warps(n, kdim);
+    // Pairs a slot on average: the wide kernel pays from 17 (prefill passes).
+    let wide = wide_experts() && x.tokens * col_div > 16 * routing.slots;
     gpu.launch(
         k,
-        &format!("gemv_tc_experts_{}", proto.format.kernel_suffix()),
+        &format!(
+            "gemv_tc_experts_{}{}",
+            if wide { "wide_" } else { "" },
+            proto.format.kernel_suffix()
+        ),
         blocks as u32,
         32 * expert_warps(blocks, chains, expert_warps_in_flight(proto.format)) as u32,
         &[
@@ -871,6 +877,15 @@ fn launch_experts(
             Arg::I32(chains as i32),
         ],
     )
+}
+
+/// Whether grouped expert products with more than 16 pairs an expert on average take the wide
+/// kernel (`gemv_tc_experts_wide_*`: 32 pairs per decoding of a tile's weights, where the other
+/// takes 16; the same bits). `SPLASH_WIDE_EXPERTS=1`, a measurement switch: host-tested, not
+/// measured on a GPU yet (it holds 255 registers, with spills).
+fn wide_experts() -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| std::env::var("SPLASH_WIDE_EXPERTS").as_deref() == Ok("1"))
 }
 
 /// Warps in flight that a grouped expert product of `format` aims for: about as many as the
