@@ -2569,9 +2569,9 @@ extern "C" __global__ void gdn_gates(float* b, float* a, const float* dt_bias, c
 // 2·hk·GDN_DK + hv·GDN_DV); q and k are L2-normalised here (q also scaled by dk^-0.5). The
 // state [GDN_DK, GDN_DV] of a value head is split over blocks of GDN_COLS columns; each column
 // over GDN_SLICES adjacent lanes, each holding GDN_DK / GDN_SLICES of its rows in registers (a
-// thread per whole column made only hv blocks, too few to read the state at speed; eight slices
-// of 128 rows keep twice the warps of four in flight, each with a third of the instructions a
-// token). `tiled`: value head h reads key head h % hk (GGUF order), else h / (hv/hk). Block:
+// thread per whole column made only hv blocks, too few to read the state at speed; four, eight
+// or sixteen lanes a column of 128 rows measured the same on the H200, BENCHMARKS.md 2026-12-02
+// sixth session). `tiled`: value head h reads key head h % hk (GGUF order), else h / (hv/hk). Block:
 // 128 threads; the host's grid (ops.rs, `scan_columns`) follows GDN_SLICES.
 //
 // Tokens are staged GDN_STAGE at a time in shared memory (q and k normalised, the gates and
