@@ -209,7 +209,8 @@ fn main() {
 
 /// The grouped expert products of a 35B-A3B MoE layer (256 experts, top 8): gate / up
 /// (Q4_K, 512 x 2048, the tokens' rows) and down (Q6_K, 2048 x 512, the pairs' rows), for
-/// 1, 4 and 16 tokens routed by random router logits, with the warps per block chosen by size
+/// 1, 4 and 16 tokens and a 2,048-token prefill pass (`SPLASH_WIDE_EXPERTS=1` for its wide
+/// kernel) routed by random router logits, with the warps per block chosen by size
 /// ("default") and forced to 1, 2, 4 and 8 (the same bits); the bytes
 /// are those of the distinct experts chosen.
 fn experts(gpu: &Gpu, k: &dev::Kernels) {
@@ -231,7 +232,7 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
             .map(|i| all.device_ptr(gpu) + i * expert_bytes)
             .collect();
         let table = gpu.upload(&table).unwrap();
-        for tokens in [1, 4, 16] {
+        for tokens in [1, 4, 16, 2048] {
             let logits: Vec<f32> = (0..tokens * e)
                 .map(|i| ((i * 2_654_435_761usize) % 10_007) as f32 / 1000.0)
                 .collect();
@@ -249,7 +250,7 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
             let out = gpu.uninit::<f32>(tokens * top_k * n).unwrap();
             let xa = dev::Activations::new(ptr(gpu, &xd, 0), rows, kd);
             let mut line = format!(
-                "{name:<16} {tokens:>2} tokens, {:>3} experts, {:>5.1} MB |",
+                "{name:<16} {tokens:>4} tokens, {:>3} experts, {:>5.1} MB |",
                 ids.len(),
                 bytes / 1e6
             );
@@ -260,7 +261,7 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                     dev::matmul_experts(gpu, k, op, &xa, tp, &proto, &routing, col_div)
                 };
                 run().unwrap();
-                let reps = 200;
+                let reps = if tokens > 16 { 20 } else { 200 };
                 let graph = gpu
                     .capture(|| {
                         for _ in 0..reps {
