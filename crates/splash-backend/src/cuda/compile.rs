@@ -23,10 +23,15 @@ pub struct KernelDims {
 /// overrides it where the key dim splits that far. The scan's grid follows it
 /// (`ops::scan_columns`).
 pub fn gdn_slices(dk: usize) -> usize {
+    // Read once: every scan launch asks for its grid.
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| {
+        std::env::var("SPLASH_GDN_SLICES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    });
     let fallback = if dk >= 32 { 8 } else { 4 };
-    std::env::var("SPLASH_GDN_SLICES")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
+    forced
         .filter(|s| [4, 8, 16].contains(s) && dk.is_multiple_of(4 * s))
         .unwrap_or(fallback)
 }
