@@ -245,6 +245,93 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     }
 }
 
+/// A grouped expert product on the host (`gemv_tc_experts*`) as ops.rs launches it: the pairs'
+/// routing (`active` experts, `offsets` into `order`, one slot an entry of `active`), the
+/// activations converted for the tensor cores, and the experts' shape.
+struct ExpertLaunch<'a> {
+    kern: &'a HostKernels,
+    routing: (&'a [i32], &'a [i32], &'a [i32]),
+    x: (&'a [u16], &'a [f32]),
+    pairs: usize,
+    n: usize,
+    kd: usize,
+    row_bytes: i64,
+    col_div: usize,
+    chains: u32,
+}
+
+impl ExpertLaunch<'_> {
+    /// Kernel `name`, `warps` a block, over the experts of `first`, and with `second` those of
+    /// another table in the same launch: the outputs of each `[pairs, n]`.
+    fn run(
+        &self,
+        name: &str,
+        warps: u32,
+        first: &[u64],
+        second: Option<&[u64]>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        type Experts = unsafe extern "C" fn(
+            *const u64,
+            *mut f32,
+            *const u64,
+            *mut f32,
+            *const i32,
+            *const i32,
+            *const i32,
+            i64,
+            *const u16,
+            *const f32,
+            i32,
+            i32,
+            i32,
+            i32,
+        );
+        let (active, offsets, order) = self.routing;
+        let (y, y_b) = (
+            vec![f32::NAN; self.pairs * self.n],
+            vec![f32::NAN; self.pairs * self.n],
+        );
+        let (a, b) = (Addr::of(first), second.map(Addr::of));
+        let (ac, of, or) = (Addr::of(active), Addr::of(offsets), Addr::of(order));
+        let (xha, xsa, ya, yb) = (
+            Addr::of(self.x.0),
+            Addr::of(self.x.1),
+            Addr::of(&y),
+            Addr::of(&y_b),
+        );
+        let tables = if second.is_some() { 2 } else { 1 };
+        let grid = tables * active.len() * self.n.div_ceil(16);
+        // SAFETY: the grouped expert kernels' signature in kernels.cu, over buffers of the sizes
+        // ops.rs gives them.
+        unsafe {
+            let f: Experts = self.kern.kernel(name);
+            self.kern.launch(grid as u32, 32 * warps, &|| {
+                let (tb, ybp) = match b {
+                    Some(b) => (b.ptr(), yb.ptr()),
+                    None => (std::ptr::null_mut(), std::ptr::null_mut()),
+                };
+                f(
+                    a.ptr(),
+                    ya.ptr(),
+                    tb,
+                    ybp,
+                    ac.ptr(),
+                    of.ptr(),
+                    or.ptr(),
+                    self.row_bytes,
+                    xha.ptr(),
+                    xsa.ptr(),
+                    self.n as i32,
+                    self.kd as i32,
+                    self.col_div as i32,
+                    self.chains as i32,
+                )
+            });
+        }
+        (y, y_b)
+    }
+}
+
 /// The grouped expert GEMV (`gemv_tc_experts_*`) gives each (token, expert) pair the bits of
 /// the tiled GEMV of its expert on its token alone, with 1, 2, 4 or 8 warps a block taking the
 /// 8 chains of K blocks (ops::expert_warps picks the warps by the launch's size).
@@ -281,67 +368,21 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     let (xh, xscale) = tc_input(&kern, &x);
     let table: Vec<u64> = tiled.iter().map(|w| w.as_ptr() as u64).collect();
     let row_bytes = t.row_bytes(kd) as i64;
-    type Experts = unsafe extern "C" fn(
-        *const u64,
-        *mut f32,
-        *const u64,
-        *mut f32,
-        *const i32,
-        *const i32,
-        *const i32,
-        i64,
-        *const u16,
-        *const f32,
-        i32,
-        i32,
-        i32,
-        i32,
-    );
+    let launch = ExpertLaunch {
+        kern: &kern,
+        routing: (&active, &offsets, &order),
+        x: (&xh, &xscale),
+        pairs: ids.len(),
+        n,
+        kd,
+        row_bytes,
+        col_div: top_k,
+        chains,
+    };
     // The products of the experts `first`, and with `second` those of another table in the same
     // launch (the gate and up products of a layer).
-    let run = |warps: u32, first: &[u64], second: Option<&[u64]>| -> (Vec<f32>, Vec<f32>) {
-        let (y, y_b) = (vec![f32::NAN; ids.len() * n], vec![f32::NAN; ids.len() * n]);
-        let (a, b) = (Addr::of(first), second.map(Addr::of));
-        let (ac, of, or) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
-        let (xha, xsa, ya, yb) = (
-            Addr::of(&xh),
-            Addr::of(&xscale),
-            Addr::of(&y),
-            Addr::of(&y_b),
-        );
-        let tables = if second.is_some() { 2 } else { 1 };
-        // SAFETY: gemv_tc_experts_q4_k's signature in kernels.cu, over buffers of the sizes
-        // ops.rs gives it.
-        unsafe {
-            let f: Experts = kern.kernel("gemv_tc_experts_q4_k");
-            kern.launch(
-                (tables * slots * n.div_ceil(16)) as u32,
-                32 * warps,
-                &|| {
-                    let (tb, ybp) = match b {
-                        Some(b) => (b.ptr(), yb.ptr()),
-                        None => (std::ptr::null_mut(), std::ptr::null_mut()),
-                    };
-                    f(
-                        a.ptr(),
-                        ya.ptr(),
-                        tb,
-                        ybp,
-                        ac.ptr(),
-                        of.ptr(),
-                        or.ptr(),
-                        row_bytes,
-                        xha.ptr(),
-                        xsa.ptr(),
-                        n as i32,
-                        kd as i32,
-                        top_k as i32,
-                        chains as i32,
-                    )
-                },
-            );
-        }
-        (y, y_b)
+    let run = |warps: u32, first: &[u64], second: Option<&[u64]>| {
+        launch.run("gemv_tc_experts_q4_k", warps, first, second)
     };
     let (eight, _) = run(8, &table, None);
     for (p, &e) in ids.iter().enumerate() {
@@ -398,52 +439,18 @@ fn the_wide_grouped_expert_gemv_has_the_bits_of_the_narrow_one() {
         let (xh, xscale) = tc_input(&kern, &x);
         let table: Vec<u64> = tiled.iter().map(|w| w.as_ptr() as u64).collect();
         let row_bytes = t.row_bytes(kd) as i64;
-        let run = |name: &str| -> Vec<f32> {
-            type Experts = unsafe extern "C" fn(
-                *const u64,
-                *mut f32,
-                *const u64,
-                *mut f32,
-                *const i32,
-                *const i32,
-                *const i32,
-                i64,
-                *const u16,
-                *const f32,
-                i32,
-                i32,
-                i32,
-                i32,
-            );
-            let y = vec![f32::NAN; tokens * n];
-            let (ta, ya) = (Addr::of(&table), Addr::of(&y));
-            let (ac, of, or) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
-            let (xha, xsa) = (Addr::of(&xh), Addr::of(&xscale));
-            // SAFETY: the grouped expert kernels' signature in kernels.cu, over buffers of the
-            // sizes ops.rs gives them (two slots, one table).
-            unsafe {
-                let f: Experts = kern.kernel(name);
-                kern.launch((2 * n.div_ceil(16)) as u32, 64, &|| {
-                    f(
-                        ta.ptr(),
-                        ya.ptr(),
-                        std::ptr::null(),
-                        std::ptr::null_mut(),
-                        ac.ptr(),
-                        of.ptr(),
-                        or.ptr(),
-                        row_bytes,
-                        xha.ptr(),
-                        xsa.ptr(),
-                        n as i32,
-                        kd as i32,
-                        1,
-                        chains as i32,
-                    )
-                });
-            }
-            y
+        let launch = ExpertLaunch {
+            kern: &kern,
+            routing: (&active, &offsets, &order),
+            x: (&xh, &xscale),
+            pairs: tokens,
+            n,
+            kd,
+            row_bytes,
+            col_div: 1,
+            chains,
         };
+        let run = |name: &str| launch.run(name, 2, &table, None).0;
         let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
         let wide = run(&format!("gemv_tc_experts_wide_{suffix}"));
         let narrow = run(&format!("gemv_tc_experts_{suffix}"));
