@@ -249,6 +249,11 @@ impl Sequence {
             None => (None, None),
         };
         let greedy = req.sampling.temperature == 0.0;
+        // A seeded sampled sequence draws from its generator once per verified row, so its
+        // output depends on the verify lengths; lengths chosen by measured speed would make
+        // the same seed give different text under different load. It verifies the full block
+        // every step, which depends on nothing but its own text.
+        let seeded = !greedy && req.sampling.seed.is_some();
         let eos = if req.ignore_eos {
             Vec::new()
         } else {
@@ -276,10 +281,9 @@ impl Sequence {
                 drafter: d.clone(),
                 session: d.session(),
                 stats: SpecStats::default(),
-                // A sampled sequence draws from its seeded generator once per verified row, so
-                // its output depends on the lengths chosen, which follow measured speeds: it
-                // keeps to the anchor alone or the full block, as before lengths were chosen.
-                rows: VerifyRows::new(d.block_size(), draft_every_step, greedy),
+                // An unseeded sampled sequence keeps to the anchor alone or the full block, as
+                // before shorter lengths were chosen.
+                rows: VerifyRows::new(d.block_size(), draft_every_step || seeded, greedy),
             }),
             cached: 0,
             checkpoints: Vec::new(),
