@@ -209,10 +209,10 @@ fn main() {
 
 /// The grouped expert products of a 35B-A3B MoE layer (256 experts, top 8): gate / up
 /// (Q4_K, 512 x 2048, the tokens' rows) and down (Q6_K, 2048 x 512, the pairs' rows), for
-/// 1, 4 and 16 tokens and a 2,048-token prefill pass (`SPLASH_WIDE_EXPERTS=1` for its wide
-/// kernel) routed by random router logits, with the warps per block chosen by size
-/// ("default") and forced to 1, 2, 4 and 8 (the same bits); the bytes
-/// are those of the distinct experts chosen.
+/// 1, 4 and 16 tokens and a 2,048-token prefill pass (there by each of the prefill kernels,
+/// [`dev::PrefillExperts`]) routed by random router logits, with the warps per block chosen
+/// by size ("default") and forced to 1, 2, 4 and 8 (the same bits); the bytes are those of
+/// the distinct experts chosen.
 fn experts(gpu: &Gpu, k: &dev::Kernels) {
     let (e, top_k) = (256, 8);
     println!("35B-A3B experts ({e}, top {top_k}): time per grouped product (µs) and share of the bandwidth");
@@ -249,46 +249,56 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
             let xd = gpu.upload(&x).unwrap();
             let out = gpu.uninit::<f32>(tokens * top_k * n).unwrap();
             let xa = dev::Activations::new(ptr(gpu, &xd, 0), rows, kd);
-            let mut line = format!(
-                "{name:<16} {tokens:>4} tokens, {:>3} experts, {:>5.1} MB |",
-                ids.len(),
-                bytes / 1e6
-            );
-            for warps in [0, 1, 2, 4, 8] {
-                dev::force_expert_warps(warps);
-                let run = || {
-                    let (tp, op) = (ptr(gpu, &table, 0), ptr(gpu, &out, 0));
-                    dev::matmul_experts(gpu, k, op, &xa, tp, &proto, &routing, col_div)
-                };
-                run().unwrap();
-                let reps = if tokens > 16 { 20 } else { 200 };
-                let graph = gpu
-                    .capture(|| {
-                        for _ in 0..reps {
-                            run()?;
-                        }
-                        Ok::<(), dev::GpuError>(())
-                    })
-                    .unwrap();
-                gpu.replay(&graph).unwrap();
-                gpu.synchronize().unwrap();
-                let t0 = Instant::now();
-                gpu.replay(&graph).unwrap();
-                gpu.synchronize().unwrap();
-                let secs = t0.elapsed().as_secs_f64() / reps as f64;
-                let label = if warps == 0 {
-                    "default".to_string()
-                } else {
-                    format!("{warps}w")
-                };
-                line += &format!(
-                    " {label}: {:.1} ({:.0}%)",
-                    secs * 1e6,
-                    bytes / secs / COPY_BANDWIDTH * 100.0
+            let kernels: &[_] = if tokens > 16 {
+                &dev::PrefillExperts::ALL
+            } else {
+                &[dev::PrefillExperts::Gemv]
+            };
+            for &kernel in kernels {
+                dev::force_prefill_experts(Some(kernel));
+                let mut line = format!(
+                    "{name:<16} {tokens:>4} tokens, {:>3} experts, {:>5.1} MB, {:<4} |",
+                    ids.len(),
+                    bytes / 1e6,
+                    kernel.name()
                 );
+                for warps in [0, 1, 2, 4, 8] {
+                    dev::force_expert_warps(warps);
+                    let run = || {
+                        let (tp, op) = (ptr(gpu, &table, 0), ptr(gpu, &out, 0));
+                        dev::matmul_experts(gpu, k, op, &xa, tp, &proto, &routing, col_div)
+                    };
+                    run().unwrap();
+                    let reps = if tokens > 16 { 20 } else { 200 };
+                    let graph = gpu
+                        .capture(|| {
+                            for _ in 0..reps {
+                                run()?;
+                            }
+                            Ok::<(), dev::GpuError>(())
+                        })
+                        .unwrap();
+                    gpu.replay(&graph).unwrap();
+                    gpu.synchronize().unwrap();
+                    let t0 = Instant::now();
+                    gpu.replay(&graph).unwrap();
+                    gpu.synchronize().unwrap();
+                    let secs = t0.elapsed().as_secs_f64() / reps as f64;
+                    let label = if warps == 0 {
+                        "default".to_string()
+                    } else {
+                        format!("{warps}w")
+                    };
+                    line += &format!(
+                        " {label}: {:.1} ({:.0}%)",
+                        secs * 1e6,
+                        bytes / secs / COPY_BANDWIDTH * 100.0
+                    );
+                }
+                dev::force_expert_warps(0);
+                println!("{line}");
             }
-            dev::force_expert_warps(0);
-            println!("{line}");
+            dev::force_prefill_experts(None);
         }
     }
 }

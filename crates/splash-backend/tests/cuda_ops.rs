@@ -444,7 +444,8 @@ fn the_norms_with_their_bf16_conversion_have_the_bits_of_the_separate_kernels() 
 
 /// The device MoE path: routing as the CPU routes (softmax, the top k by probability with ties
 /// to the lower index, renormalised), grouped expert products bit-identical to each pair's
-/// token multiplied alone by its expert, and the weighted sum in slot order.
+/// token multiplied alone by its expert (by each of the prefill passes' kernels too), and the
+/// weighted sum in slot order.
 #[test]
 fn experts_route_and_multiply_on_the_device() {
     let Some(gpu) = gpu() else { return };
@@ -460,7 +461,8 @@ fn experts_route_and_multiply_on_the_device() {
     assert!(dev::has_expert_kernel(&dws[0]));
     let table: Vec<u64> = dws.iter().map(|w| w.device_ptr(&gpu)).collect();
     let table = gpu.upload(&table).unwrap();
-    for t in [1, 5, 16, 40] {
+    // 100 tokens: 25 pairs an expert on average, a prefill pass's kernels.
+    for t in [1, 5, 16, 40, 100] {
         let mut logits = random(t * experts, 7 + t as u64);
         logits[1] = logits[0]; // a tie: expert 0 goes first
         let ld = gpu.upload(&logits).unwrap();
@@ -502,6 +504,19 @@ fn experts_route_and_multiply_on_the_device() {
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "t={t} pair {p}: differs from its token alone");
         }
+        for kernel in dev::PrefillExperts::ALL {
+            dev::force_prefill_experts(Some(kernel));
+            let again = poisoned(&gpu, pairs * n);
+            let ap = ptr(&gpu, &again, 0);
+            dev::matmul_experts(&gpu, &k, ap, &xa, tp, &dws[0], &routing, top_k).unwrap();
+            assert_eq!(
+                bits(&gpu.download(&again, pairs * n).unwrap()),
+                bits(&got),
+                "t={t}: the {} kernel",
+                kernel.name()
+            );
+        }
+        dev::force_prefill_experts(None);
         // The weighted sum into a residual.
         let base = random(t * n, 60 + t as u64);
         let bd = gpu.upload(&base).unwrap();

@@ -1238,6 +1238,110 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
     }
 }
 
+// Pairs of one expert that gemm_tc_experts multiplies per decoding of a 256-value block.
+#define EXPERT_SPAN 64
+
+// The grouped expert products of a prefill pass (dozens of pairs an expert): the blocks of
+// gemv_tc_experts, but a warp decodes each 256-value block of its chains into registers once
+// (the 16 mmas' A fragments) and multiplies it by up to EXPERT_SPAN pairs, 16 at a time, where
+// gemv_tc_experts decodes it again for every 16. The chains' sums wait in shared memory and are
+// added in chain order, so every pair gets the bits gemv_tc_experts (and its token alone) gives.
+template <int F>
+__device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
+                                const int* offsets, const int* order, long row_bytes, const u16* xh,
+                                const float* xscale, int N, int K, int col_div, int chains) {
+    // [chain][8-pair group][lane][c0..c3]: the C fragments of tc_block, one per group.
+    __shared__ float part[TC_WARPS_MAX][EXPERT_SPAN / 8][32][4];
+    int per = table_b ? gridDim.x / 2 : gridDim.x;
+    if (blockIdx.x >= per) {
+        table = table_b;
+        y = y_b;
+    }
+    int blk = blockIdx.x % per, tiles = (N + 15) / 16, a = blk / tiles;
+    int e = active[a];
+    if (e < 0) return;  // the whole block: fewer experts are active than the grid allows
+    int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, q = lane & 3;
+    int n0 = (blk % tiles) * 16, nb = K >> 8;
+    constexpr int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
+    const u8* tile = (const u8*)table[e] + (long)n0 * row_bytes;
+    int off = offsets[a], cnt = offsets[a + 1] - off;
+    for (int c0 = 0; c0 < cnt; c0 += EXPERT_SPAN) {
+        int n = min(EXPERT_SPAN, cnt - c0), groups = (n + 7) / 8;
+        const int* cols = order + off + c0;
+        // Activation row of the span's pair t (pairs past n repeat the last; not written).
+        auto xrow = [&](int t) { return (long)(cols[min(t, n - 1)] / col_div); };
+        for (int j = warp; j < chains; j += warps) {
+            for (int i = 0; i < groups; i++) part[j][i][lane][0] = part[j][i][lane][1] = part[j][i][lane][2] = part[j][i][lane][3] = 0.0f;
+            for (int b = j; b < nb; b += chains) {
+                // The block's A fragments: mma 4jj+m takes a[jj][m] (tc_block's a0, a1, a2, a3).
+                u32 frag[4][4][4];
+                {
+                    TcRaw r0 = tc_load<F>(tile + (long)b * seg_bytes, 0, lane);
+                    TcRaw r1 = tc_load<F>(tile + (long)b * seg_bytes, 1, lane);
+                    TcScales s0 = tc_scales<F>(r0, q), s1 = tc_scales<F>(r1, q);
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+                        for (int m = 0; m < 4; m++) {
+                            tc_pairs<F>(r0, s0, jj, m, frag[jj][m][0], frag[jj][m][2]);
+                            tc_pairs<F>(r1, s1, jj, m, frag[jj][m][1], frag[jj][m][3]);
+                        }
+                }
+                // Two groups of 8 pairs at a time (two independent mma chains); a second group
+                // past the span's last is computed on repeated pairs and dropped.
+                for (int i = 0; i < groups; i += 2) {
+                    const uint4* x[2];
+                    float cb[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        x[h] = (const uint4*)(xh + xrow(8 * (i + h) + g) * K + 8 * q);
+                        cb[h][0] = cb[h][1] = cb[h][2] = cb[h][3] = 0.0f;
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++) {
+                        uint4 xv[2][2];
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            xv[h][0] = x[h][32 * b + 8 * jj];
+                            xv[h][1] = x[h][32 * b + 8 * jj + 4];
+                        }
+#pragma unroll
+                        for (int m = 0; m < 4; m++)
+#pragma unroll
+                            for (int h = 0; h < 2; h++) {
+                                uint4 v = xv[h][m >> 1];
+                                const u32* f = frag[jj][m];
+                                mma_f16_16816(cb[h], f[0], f[1], f[2], f[3], (m & 1) ? v.z : v.x, (m & 1) ? v.w : v.y);
+                            }
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        if (i + h >= groups) break;
+                        float sa = xscale[xrow(8 * (i + h) + 2 * q) * nb + b];
+                        float sb = xscale[xrow(8 * (i + h) + 2 * q + 1) * nb + b];
+                        float* c = part[j][i + h][lane];
+                        c[0] += sa * cb[h][0];
+                        c[1] += sb * cb[h][1];
+                        c[2] += sa * cb[h][2];
+                        c[3] += sb * cb[h][3];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        // The chains added in chain order (tc_tile_sum), one C value a thread.
+        for (int v = threadIdx.x; v < groups * 128; v += blockDim.x) {
+            int i = v >> 7, l = (v >> 2) & 31, c = v & 3;
+            float sum = 0.0f;
+            for (int w = 0; w < chains; w++) sum += part[w][i][l][c];
+            int t = 8 * i + 2 * (l & 3) + (c & 1), row = n0 + (l >> 2) + 8 * (c >> 1);
+            if (t < n && row < N) y[(long)cols[t] * N + row] = sum;
+        }
+        __syncthreads();  // the next span reuses the sums' shared memory
+    }
+}
+
 // At most 96 registers for the 1..8-token Q4_K kernel: five 4-warp blocks per SM instead of four
 // (106 uncapped, no spills at 96). Measured on the H200: 27B gate / up 26.0 → 24.5 µs, GDN qkv
 // 17.6 → 14.8 µs. The Q6_K kernel spills at 96 and got slower, so it stays uncapped.
@@ -1268,6 +1372,14 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
 #else
 #define EXPERT_REGS_q4_k __maxnreg__(128)
 #define EXPERT_REGS_q6_k
+#endif
+
+// gemm_tc_experts: 64 registers of A fragments; 128 keeps four 4-warp blocks an SM (their
+// shared sums, 32 KB a block, allow seven).
+#ifndef KERNEL_EMULATION
+#define GEMM_EXPERT_REGS __maxnreg__(128)
+#else
+#define GEMM_EXPERT_REGS
 #endif
 
 // gemv_tc8_*: up to 8 tokens, gemv_tc16_*: up to 16, a tile per block; gemv_tcs*: stream-K (the
@@ -1308,6 +1420,14 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
         GRID_PROLOGUE();                                                                          \
         gemv_tc_experts<F, true>(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K, \
                                  col_div, chains);                                                \
+    }                                                                                             \
+    extern "C" __global__ void GEMM_EXPERT_REGS gemm_tc_experts_##NAME(                           \
+        const u64* table, float* y, const u64* table_b, float* y_b, const int* active,            \
+        const int* offsets, const int* order, long row_bytes, const u16* xh, const float* xscale,  \
+        int N, int K, int col_div, int chains) {                                                  \
+        GRID_PROLOGUE();                                                                          \
+        gemm_tc_experts<F>(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K, col_div, \
+                           chains);                                                               \
     }
 
 TC_KERNEL(q4_k, FMT_Q4_K)

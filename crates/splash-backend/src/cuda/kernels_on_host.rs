@@ -418,13 +418,15 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     assert_eq!(bits(&second), bits(&apart), "the second of two tables");
 }
 
-/// The wide grouped expert GEMV (`gemv_tc_experts_wide_*`, 32 pairs per decoding of a tile)
-/// gives every pair the bits of the 16-pair kernel and of its expert's GEMV on its token alone:
-/// an expert with 40 pairs (a 32-pair chunk, then 8) and one with 20 (a 32-pair chunk of 20).
+/// The prefill passes' grouped expert kernels (`gemv_tc_experts_wide_*`, 32 pairs per decoding
+/// of a tile; `gemm_tc_experts_*`, up to 64 pairs per decoding, at 1 to 4 warps a block) give
+/// every pair the bits of the 16-pair kernel and of its expert's GEMV on its token alone: an
+/// expert with 70 pairs (two 32-pair chunks and 6; a 64-pair span and 6) and one with 30, with
+/// one K block a chain and with chain 0 taking two.
 #[test]
-fn the_wide_grouped_expert_gemv_has_the_bits_of_the_narrow_one() {
+fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    let (n, kd, chains, tokens) = (40usize, 768usize, 3u32, 60usize);
+    let (n, kd, tokens) = (40usize, 768usize, 100usize);
     for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
         let tiled: Vec<Vec<u8>> = (0..2)
             .map(|e| {
@@ -432,45 +434,55 @@ fn the_wide_grouped_expert_gemv_has_the_bits_of_the_narrow_one() {
                 super::weights::tiled(t, w.raw_bytes(), n, kd / 256)
             })
             .collect();
-        // Token i (top 1) chose expert 0 below 40, expert 1 after.
-        let (active, offsets) = (vec![0i32, 1], vec![0i32, 40, 60]);
+        // Token i (top 1) chose expert 0 below 70, expert 1 after.
+        let (active, offsets) = (vec![0i32, 1], vec![0i32, 70, 100]);
         let order: Vec<i32> = (0..tokens as i32).collect();
         let x = random(tokens * kd, 41);
         let (xh, xscale) = tc_input(&kern, &x);
         let table: Vec<u64> = tiled.iter().map(|w| w.as_ptr() as u64).collect();
         let row_bytes = t.row_bytes(kd) as i64;
-        let launch = ExpertLaunch {
-            kern: &kern,
-            routing: (&active, &offsets, &order),
-            x: (&xh, &xscale),
-            pairs: tokens,
-            n,
-            kd,
-            row_bytes,
-            col_div: 1,
-            chains,
-        };
-        let run = |name: &str| launch.run(name, 2, &table, None).0;
         let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
-        let wide = run(&format!("gemv_tc_experts_wide_{suffix}"));
-        let narrow = run(&format!("gemv_tc_experts_{suffix}"));
-        assert_eq!(bits(&wide), bits(&narrow), "{t}: wide against narrow");
-        for p in [0usize, 17, 31, 32, 39, 40, 59] {
-            let e = usize::from(p >= 40);
-            let gemv = TcGemv {
+        for chains in [3u32, 2] {
+            let launch = ExpertLaunch {
                 kern: &kern,
-                format: t,
-                tiles: tiled[e].clone(),
+                routing: (&active, &offsets, &order),
+                x: (&xh, &xscale),
+                pairs: tokens,
                 n,
                 kd,
-                warps: chains,
+                row_bytes,
+                col_div: 1,
+                chains,
             };
-            let alone = gemv.run(&x[p * kd..(p + 1) * kd], TcLaunch::Tiled);
-            assert_eq!(
-                bits(&wide[p * n..(p + 1) * n]),
-                bits(&alone),
-                "{t}: pair {p} against its expert's GEMV alone"
-            );
+            let run = |name: &str, warps: u32| launch.run(name, warps, &table, None).0;
+            let narrow = run(&format!("gemv_tc_experts_{suffix}"), 2);
+            for (kernel, warps) in [("gemv_tc_experts_wide", 2), ("gemm_tc_experts", 1)]
+                .into_iter()
+                .chain((2..=chains).map(|w| ("gemm_tc_experts", w)))
+            {
+                assert_eq!(
+                    bits(&run(&format!("{kernel}_{suffix}"), warps)),
+                    bits(&narrow),
+                    "{t}, {chains} chains: {kernel} at {warps} warps against the narrow kernel"
+                );
+            }
+            for p in [0usize, 17, 31, 32, 63, 64, 69, 70, 99] {
+                let e = usize::from(p >= 70);
+                let gemv = TcGemv {
+                    kern: &kern,
+                    format: t,
+                    tiles: tiled[e].clone(),
+                    n,
+                    kd,
+                    warps: chains,
+                };
+                let alone = gemv.run(&x[p * kd..(p + 1) * kd], TcLaunch::Tiled);
+                assert_eq!(
+                    bits(&narrow[p * n..(p + 1) * n]),
+                    bits(&alone),
+                    "{t}, {chains} chains: pair {p} against its expert's GEMV alone"
+                );
+            }
         }
     }
 }

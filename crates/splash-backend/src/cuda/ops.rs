@@ -849,17 +849,27 @@ fn launch_experts(
     let tables = if products[1].0 == 0 { 1 } else { 2 };
     let blocks = tables * routing.slots * n.div_ceil(16);
     let chains = tensor_core_warps(n, kdim);
-    // Pairs a slot on average: the wide kernel pays from 17 (prefill passes).
-    let wide = wide_experts() && x.tokens * col_div > 16 * routing.slots;
+    // More than 16 pairs a slot on average (prefill passes): the kernels that decode a tile's
+    // weights for more pairs at a time may pay.
+    let many = x.tokens * col_div > 16 * routing.slots;
+    let (kernel, warps) = match prefill_experts() {
+        PrefillExperts::Wide if many => ("gemv_tc_experts_wide_", 0),
+        PrefillExperts::Gemm if many => ("gemm_tc_experts_", 4),
+        _ => ("gemv_tc_experts_", 0),
+    };
+    let warps = match (
+        EXPERT_WARPS.load(std::sync::atomic::Ordering::Relaxed),
+        warps,
+    ) {
+        (0, 0) => expert_warps(blocks, chains, expert_warps_in_flight(proto.format)),
+        (0, w) => w.min(chains),
+        (forced, _) => forced.min(chains),
+    };
     gpu.launch(
         k,
-        &format!(
-            "gemv_tc_experts_{}{}",
-            if wide { "wide_" } else { "" },
-            proto.format.kernel_suffix()
-        ),
+        &format!("{kernel}{}", proto.format.kernel_suffix()),
         blocks as u32,
-        32 * expert_warps(blocks, chains, expert_warps_in_flight(proto.format)) as u32,
+        32 * warps as u32,
         &[
             Arg::Ptr(products[0].0),
             Arg::Ptr(products[0].1),
@@ -879,13 +889,60 @@ fn launch_experts(
     )
 }
 
-/// Whether grouped expert products with more than 16 pairs an expert on average take the wide
-/// kernel (`gemv_tc_experts_wide_*`: 32 pairs per decoding of a tile's weights, where the other
-/// takes 16; the same bits). `SPLASH_WIDE_EXPERTS=1`, a measurement switch: host-tested, not
-/// measured on a GPU yet (it holds 255 registers, with spills).
-fn wide_experts() -> bool {
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDE.get_or_init(|| std::env::var("SPLASH_WIDE_EXPERTS").as_deref() == Ok("1"))
+/// The kernel of the grouped expert products with more than 16 pairs an expert on average (a
+/// prefill pass's); every one gives each pair the same bits. A measurement switch until the
+/// choice is measured on a GPU: `SPLASH_PREFILL_EXPERTS=gemv|wide|gemm`, or
+/// [`force_prefill_experts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillExperts {
+    /// `gemv_tc_experts_*`: a tile's weights decoded for every 16 pairs (the default).
+    Gemv,
+    /// `gemv_tc_experts_wide_*`: decoded for every 32 pairs (255 registers, with spills).
+    Wide,
+    /// `gemm_tc_experts_*`: decoded into registers once for up to 64 pairs, sums in shared
+    /// memory.
+    Gemm,
+}
+
+impl PrefillExperts {
+    /// All kernels, in the order of the switch's values.
+    pub const ALL: [PrefillExperts; 3] = [Self::Gemv, Self::Wide, Self::Gemm];
+
+    /// The switch's value for this kernel.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gemv => "gemv",
+            Self::Wide => "wide",
+            Self::Gemm => "gemm",
+        }
+    }
+}
+
+/// The kernel forced by [`force_prefill_experts`] (its index in [`PrefillExperts::ALL`] + 1; 0:
+/// `SPLASH_PREFILL_EXPERTS` decides).
+static PREFILL_EXPERTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Forces the prefill passes' grouped expert kernel (`None`: the environment's choice again);
+/// for the kernel bench's comparison.
+pub fn force_prefill_experts(kernel: Option<PrefillExperts>) {
+    let i = kernel.map_or(0, |k| {
+        PrefillExperts::ALL.iter().position(|&a| a == k).unwrap() + 1
+    });
+    PREFILL_EXPERTS.store(i, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn prefill_experts() -> PrefillExperts {
+    static FROM_ENV: std::sync::OnceLock<PrefillExperts> = std::sync::OnceLock::new();
+    match PREFILL_EXPERTS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => *FROM_ENV.get_or_init(|| {
+            let v = std::env::var("SPLASH_PREFILL_EXPERTS").unwrap_or_default();
+            PrefillExperts::ALL
+                .into_iter()
+                .find(|k| k.name() == v)
+                .unwrap_or(PrefillExperts::Gemv)
+        }),
+        i => PrefillExperts::ALL[i - 1],
+    }
 }
 
 /// Warps in flight that a grouped expert product of `format` aims for: about as many as the
@@ -904,10 +961,6 @@ fn expert_warps_in_flight(format: super::GpuFormat) -> usize {
 /// `chains` chains: as many as keep `in_flight` warps busy, a power of two, at most one a
 /// chain. The chains, not the warps, set the bits, so this may follow the number of tokens.
 fn expert_warps(blocks: usize, chains: usize, in_flight: usize) -> usize {
-    let forced = EXPERT_WARPS.load(std::sync::atomic::Ordering::Relaxed);
-    if forced > 0 {
-        return forced.min(chains);
-    }
     let fill = (in_flight / blocks.max(1)).max(1);
     (1usize << fill.ilog2()).min(chains)
 }
