@@ -461,8 +461,9 @@ fn experts_route_and_multiply_on_the_device() {
     assert!(dev::has_expert_kernel(&dws[0]));
     let table: Vec<u64> = dws.iter().map(|w| w.device_ptr(&gpu)).collect();
     let table = gpu.upload(&table).unwrap();
-    // 100 tokens: 25 pairs an expert on average, a prefill pass's kernels.
-    for t in [1, 5, 16, 40, 100] {
+    // 400 tokens: 1,200 pairs, 100 an expert on average: a prefill pass's grouping (in chunks)
+    // and kernels.
+    for t in [1, 5, 16, 40, 400] {
         let mut logits = random(t * experts, 7 + t as u64);
         logits[1] = logits[0]; // a tie: expert 0 goes first
         let ld = gpu.upload(&logits).unwrap();

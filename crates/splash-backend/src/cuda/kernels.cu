@@ -1772,21 +1772,16 @@ extern "C" __global__ void moe_route(const float* logits, int* ids, float* weigh
     }
 }
 
-// The pairs of a MoE layer grouped by expert for gemv_tc_experts: the active experts in
-// increasing order (active[a]; -1 after the last, up to `slots`), offsets[a], offsets[a + 1]
-// bounding their pairs in `order`, each expert's pairs in increasing order. One block, E ≤ 1024.
-extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
-                                     int* order) {
-    GRID_PROLOGUE();
-    __shared__ int count[1024], warp_pairs[32], warp_active[32], total[2];
+// The slots of a MoE layer's active experts, from thread e's count c of expert e's pairs (one
+// block, a thread an expert, E ≤ 1024): the active experts in increasing order (active[a]; -1
+// after the last, up to `slots`), offsets[a], offsets[a + 1] bounding their pairs in `order`.
+// Returns where expert e's pairs start.
+__device__ int group_slots(int c, int E, int slots, int* active, int* offsets) {
+    __shared__ int warp_pairs[32], warp_active[32], total[2];
     int e = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (e < E) count[e] = 0;
-    __syncthreads();
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
-    __syncthreads();
-    // Exclusive scans over the experts (blockDim ≥ E, one a thread) of the pair counts (where
-    // an expert's pairs start) and of the active flags (its slot).
-    int c = e < E ? count[e] : 0, on = c > 0, cs = c, os = on;
+    // Exclusive scans over the experts of the pair counts (where an expert's pairs start) and of
+    // the active flags (its slot).
+    int on = c > 0, cs = c, os = on;
     for (int o = 1; o < 32; o <<= 1) {
         int uc = __shfl_up_sync(0xffffffffu, cs, o), uo = __shfl_up_sync(0xffffffffu, os, o);
         if (lane >= o) {
@@ -1832,6 +1827,24 @@ extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots
         active[i] = -1;
         offsets[i + 1] = all;
     }
+    return before_p;
+}
+
+// The pairs of a MoE layer grouped by expert for gemv_tc_experts: the slots (group_slots) and
+// in `order` each expert's pairs in increasing order. One block of 1,024 threads, E ≤ 1024; for
+// up to a few thousand pairs (decode and verify steps; prefill passes take moe_group_counts,
+// moe_group_slots and moe_group_scatter).
+extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
+                                     int* order) {
+    GRID_PROLOGUE();
+    __shared__ int count[1024];
+    int e = threadIdx.x;
+    if (e < E) count[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
+    __syncthreads();
+    int c = e < E ? count[e] : 0, on = c > 0;
+    int before_p = group_slots(c, E, slots, active, offsets);
     // Each active expert's thread lists its pairs in order, over the pairs staged a block at a
     // time in shared memory: O(pairs) a thread (counting each pair's earlier ones was
     // O(pairs²) over the block, a 2,048-token prefill chunk's 16,384 pairs included).
@@ -1846,6 +1859,52 @@ extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots
             for (int i = 0; i < n; i++)
                 if (stage[i] == e) order[next++] = p0 + i;
     }
+}
+
+// A prefill pass's grouping (moe_group's result for thousands of pairs, over many blocks), in
+// three launches: each chunk of MOE_GROUP_CHUNK pairs counts its pairs per expert into
+// counts [chunks, E]; one block sums them, writes the slots and turns counts into each chunk's
+// first position per expert; each chunk writes its pairs there in order.
+#define MOE_GROUP_CHUNK 256
+
+extern "C" __global__ void moe_group_counts(const int* ids, int pairs, int E, int* counts) {
+    GRID_PROLOGUE();
+    __shared__ int hist[1024];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    int p = blockIdx.x * MOE_GROUP_CHUNK + threadIdx.x;
+    if (threadIdx.x < MOE_GROUP_CHUNK && p < pairs) atomicAdd(&hist[ids[p]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) counts[(long)blockIdx.x * E + e] = hist[e];
+}
+
+// One block of 1,024 threads, a thread an expert.
+extern "C" __global__ void moe_group_slots(int* counts, int chunks, int E, int slots, int* active, int* offsets) {
+    GRID_PROLOGUE();
+    int e = threadIdx.x, c = 0;
+    if (e < E)
+        for (int i = 0; i < chunks; i++) {
+            int n = counts[(long)i * E + e];
+            counts[(long)i * E + e] = c;
+            c += n;
+        }
+    int start = group_slots(c, E, slots, active, offsets);
+    if (e < E)
+        for (int i = 0; i < chunks; i++) counts[(long)i * E + e] += start;
+}
+
+// A block a chunk, MOE_GROUP_CHUNK threads: a pair's place is its chunk's first for its expert
+// plus the chunk's earlier pairs of that expert.
+extern "C" __global__ void moe_group_scatter(const int* ids, int pairs, int E, const int* counts, int* order) {
+    GRID_PROLOGUE();
+    __shared__ int stage[MOE_GROUP_CHUNK];
+    int p0 = blockIdx.x * MOE_GROUP_CHUNK, t = threadIdx.x, n = min(MOE_GROUP_CHUNK, pairs - p0);
+    if (t < n) stage[t] = ids[p0 + t];
+    __syncthreads();
+    if (t >= n) return;
+    int id = stage[t], rank = 0;
+    for (int i = 0; i < t; i++) rank += stage[i] == id;
+    order[counts[(long)blockIdx.x * E + id] + rank] = p0 + t;
 }
 
 // out[t, :] = out[t, :] · sigmoid(gate[t]) (without a gate: as it is) + Σ_j w[t, j] · y[t·k + j, :],

@@ -489,23 +489,29 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
 
 /// Device routing on the host: `moe_route` picks each token's top-k experts by probability
 /// (ties to the lower index, here from equal logits) with renormalised weights, `moe_group`
-/// lists the active experts in order with their pairs in increasing order, and `moe_combine`
-/// adds the weighted products to the gated residual with the bits of the formula, value by
-/// value. Expert counts below, at and above a thread each (12, 256, 1,000), and more pairs than
-/// threads.
+/// lists the active experts in order with their pairs in increasing order (as do
+/// `moe_group_counts`, `moe_group_slots` and `moe_group_scatter`, a prefill pass's grouping),
+/// and `moe_combine` adds the weighted products to the gated residual with the bits of the
+/// formula, value by value. Expert counts below, at and above a thread each (12, 256, 1,000),
+/// and more pairs than threads.
 #[test]
 fn the_moe_routing_kernels_on_the_host_match_the_reference() {
     let Some(kern) = kernels(DIMS_32) else { return };
     type Route = unsafe extern "C" fn(*const f32, *mut i32, *mut f32, i32, i32);
     type Group = unsafe extern "C" fn(*const i32, i32, i32, i32, *mut i32, *mut i32, *mut i32);
+    type Counts = unsafe extern "C" fn(*const i32, i32, i32, *mut i32);
+    type Slots = unsafe extern "C" fn(*mut i32, i32, i32, i32, *mut i32, *mut i32);
+    type Scatter = unsafe extern "C" fn(*const i32, i32, i32, *const i32, *mut i32);
     type Combine = unsafe extern "C" fn(*const f32, *const f32, *mut f32, *const f32, i32, i32);
-    // (256, 8, 200): 1,600 pairs, grouped over two stagings of 1,024.
+    // (256, 8, 200): 1,600 pairs, grouped over two stagings of 1,024 (and 7 chunks of 256);
+    // (1000, 10, 110): 1,100 pairs of up to 1,000 experts.
     for (experts, top_k, tokens) in [
         (12usize, 3usize, 5usize),
         (256, 8, 1),
         (256, 8, 40),
         (1000, 10, 3),
         (256, 8, 200),
+        (1000, 10, 110),
     ] {
         let mut logits = random(tokens * experts, (experts + tokens) as u64);
         // Ties among the chosen, to go to the lower index: across lanes (0, 1), within a lane's
@@ -520,33 +526,50 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         let pairs = tokens * top_k;
         let (ids, weights) = (vec![-1i32; pairs], vec![f32::NAN; pairs]);
         let slots = experts.min(pairs);
-        let (active, offsets, order) = (
-            vec![-7i32; slots],
-            vec![-7i32; slots + 1],
-            vec![-7i32; pairs],
-        );
         let (la, ia, wa) = (Addr::of(&logits), Addr::of(&ids), Addr::of(&weights));
-        let (aa, oa, ra) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
-        // SAFETY: the signatures of moe_route and moe_group in kernels.cu, over buffers of the
-        // sizes ops::moe_route gives them.
+        // SAFETY: moe_route's signature in kernels.cu, over buffers of the sizes ops::moe_route
+        // gives them.
         unsafe {
             let route: Route = kern.kernel("moe_route");
             kern.launch(tokens as u32, 256, &|| {
                 route(la.ptr(), ia.ptr(), wa.ptr(), experts as i32, top_k as i32)
             });
-            let group: Group = kern.kernel("moe_group");
-            kern.launch(1, 1024, &|| {
-                group(
-                    ia.ptr(),
-                    pairs as i32,
-                    experts as i32,
-                    slots as i32,
-                    aa.ptr(),
-                    oa.ptr(),
-                    ra.ptr(),
-                )
-            });
         }
+        // The grouping by one block, then by chunks: (active, offsets, order) of each.
+        let grouped = |chunked: bool| {
+            let (active, offsets, order) = (
+                vec![-7i32; slots],
+                vec![-7i32; slots + 1],
+                vec![-7i32; pairs],
+            );
+            let chunks = pairs.div_ceil(256);
+            let counts = vec![-7i32; chunks * experts];
+            let (aa, oa, ra) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
+            let ca = Addr::of(&counts);
+            let (p, e, s) = (pairs as i32, experts as i32, slots as i32);
+            // SAFETY: the signatures of the grouping kernels in kernels.cu, over buffers of the
+            // sizes ops::moe_route gives them.
+            unsafe {
+                if chunked {
+                    let f: Counts = kern.kernel("moe_group_counts");
+                    kern.launch(chunks as u32, 256, &|| f(ia.ptr(), p, e, ca.ptr()));
+                    let f: Slots = kern.kernel("moe_group_slots");
+                    kern.launch(1, 1024, &|| {
+                        f(ca.ptr(), chunks as i32, e, s, aa.ptr(), oa.ptr())
+                    });
+                    let f: Scatter = kern.kernel("moe_group_scatter");
+                    kern.launch(chunks as u32, 256, &|| {
+                        f(ia.ptr(), p, e, ca.ptr(), ra.ptr())
+                    });
+                } else {
+                    let f: Group = kern.kernel("moe_group");
+                    kern.launch(1, 1024, &|| {
+                        f(ia.ptr(), p, e, s, aa.ptr(), oa.ptr(), ra.ptr())
+                    });
+                }
+            }
+            (active, offsets, order)
+        };
         for (ti, row) in logits.chunks_exact(experts).enumerate() {
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
             let p: Vec<f32> = row.iter().map(|&v| (v - max).exp()).collect();
@@ -574,12 +597,19 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         }
         want_offsets.resize(slots + 1, pairs as i32);
         want_active.resize(slots, -1);
-        assert_eq!(
-            active, want_active,
-            "E={experts} T={tokens}: active experts"
-        );
-        assert_eq!(offsets, want_offsets, "E={experts} T={tokens}: offsets");
-        assert_eq!(order, want_order, "E={experts} T={tokens}: order");
+        for chunked in [false, true] {
+            let (active, offsets, order) = grouped(chunked);
+            let how = if chunked { "chunks" } else { "one block" };
+            assert_eq!(
+                active, want_active,
+                "E={experts} T={tokens}, {how}: active experts"
+            );
+            assert_eq!(
+                offsets, want_offsets,
+                "E={experts} T={tokens}, {how}: offsets"
+            );
+            assert_eq!(order, want_order, "E={experts} T={tokens}, {how}: order");
+        }
         // The weighted sum into a gated residual of 300 values a row (two blocks and a part).
         let d = 300;
         let y = random(pairs * d, 5);

@@ -710,7 +710,16 @@ pub struct ExpertRouting {
     offsets: CudaSlice<i32>,
     order: CudaSlice<i32>,
     slots: usize,
+    /// A prefill pass's per-chunk counts (`moe_group_counts`), kept until the products ran.
+    chunk_counts: Option<CudaSlice<i32>>,
 }
+
+/// Pairs above which the grouping takes its three-launch form over many blocks (`moe_group`,
+/// one block, scans every pair once per active expert).
+const MOE_GROUP_ONE_BLOCK: usize = 1024;
+
+/// Pairs a block of `moe_group_counts` and `moe_group_scatter` takes (`MOE_GROUP_CHUNK`).
+const MOE_GROUP_CHUNK: usize = 256;
 
 /// The most experts a token may keep for device routing (`MOE_TOP_K_MAX` in kernels.cu).
 const MOE_TOP_K_MAX: usize = 32;
@@ -732,6 +741,7 @@ pub fn moe_route(
     }
     let pairs = tokens * top_k;
     let slots = experts.min(pairs);
+    let chunks = pairs.div_ceil(MOE_GROUP_CHUNK);
     let r = ExpertRouting {
         ids: gpu.uninit::<i32>(pairs)?,
         weights: gpu.uninit::<f32>(pairs)?,
@@ -739,6 +749,11 @@ pub fn moe_route(
         offsets: gpu.uninit::<i32>(slots + 1)?,
         order: gpu.uninit::<i32>(pairs)?,
         slots,
+        chunk_counts: if pairs > MOE_GROUP_ONE_BLOCK {
+            Some(gpu.uninit::<i32>(chunks * experts)?)
+        } else {
+            None
+        },
     };
     let p = |b: &CudaSlice<i32>| super::ptr(gpu, b, 0);
     gpu.launch(
@@ -754,21 +769,44 @@ pub fn moe_route(
             Arg::I32(top_k as i32),
         ],
     )?;
-    gpu.launch(
-        k,
-        "moe_group",
-        1,
-        1024,
-        &[
-            Arg::Ptr(p(&r.ids)),
+    let (ids, e, slots) = (
+        Arg::Ptr(p(&r.ids)),
+        Arg::I32(experts as i32),
+        Arg::I32(slots as i32),
+    );
+    let (active, offsets, order) = (
+        Arg::Ptr(p(&r.active)),
+        Arg::Ptr(p(&r.offsets)),
+        Arg::Ptr(p(&r.order)),
+    );
+    let Some(counts) = &r.chunk_counts else {
+        let args = [
+            ids,
             Arg::I32(pairs as i32),
-            Arg::I32(experts as i32),
-            Arg::I32(slots as i32),
-            Arg::Ptr(p(&r.active)),
-            Arg::Ptr(p(&r.offsets)),
-            Arg::Ptr(p(&r.order)),
-        ],
-    )?;
+            e,
+            slots,
+            active,
+            offsets,
+            order,
+        ];
+        gpu.launch(k, "moe_group", 1, 1024, &args)?;
+        return Ok(r);
+    };
+    let (counts, pairs) = (Arg::Ptr(p(counts)), Arg::I32(pairs as i32));
+    let chunk = MOE_GROUP_CHUNK as u32;
+    let args = [ids.clone(), pairs.clone(), e.clone(), counts.clone()];
+    gpu.launch(k, "moe_group_counts", chunks as u32, chunk, &args)?;
+    let args = [
+        counts.clone(),
+        Arg::I32(chunks as i32),
+        e.clone(),
+        slots,
+        active,
+        offsets,
+    ];
+    gpu.launch(k, "moe_group_slots", 1, 1024, &args)?;
+    let args = [ids, pairs, e, counts, order];
+    gpu.launch(k, "moe_group_scatter", chunks as u32, chunk, &args)?;
     Ok(r)
 }
 
