@@ -78,6 +78,7 @@ fn every_kernel_compiles_for_the_served_shapes() {
                 "rms_norm_gated",
                 "attention",
                 "attention_prefill",
+                "attention_prefill_async",
                 "grouped_dynamic_conv",
                 "kv_append",
                 "rope",

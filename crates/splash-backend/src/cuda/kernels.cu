@@ -1776,7 +1776,7 @@ extern "C" __global__ void moe_route(const float* logits, int* ids, float* weigh
 // block, a thread an expert, E ≤ 1024): the active experts in increasing order (active[a]; -1
 // after the last, up to `slots`), offsets[a], offsets[a + 1] bounding their pairs in `order`.
 // Returns where expert e's pairs start.
-__device__ int group_slots(int c, int E, int slots, int* active, int* offsets) {
+static __device__ int group_slots(int c, int E, int slots, int* active, int* offsets) {
     __shared__ int warp_pairs[32], warp_active[32], total[2];
     int e = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // Exclusive scans over the experts of the pair counts (where an expert's pairs start) and of
@@ -2329,13 +2329,103 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const u16* row) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
-    attention_prefill(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs, float* out,
-                      int fmt, int hq, int hkv, int pos0, const int* pos_at, float scale, int block, int window,
-                      int T, int chunk, int nchunks, float* part) {
-    GRID_PROLOGUE();
+// Copies `bytes` (16, or 4 for cp_async4) from global to shared memory without registers,
+// zero-filling what is past `src_bytes` (0: nothing is read); cp_async_wait_all waits for this
+// thread's copies, which a barrier then shows to the block.
+#ifndef KERNEL_EMULATION  // kernels_on_host.h defines them on the CPU
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+#endif
+
+// Keys and values j0 .. j0 + FA_KEYS of head kvh as f16 in the tiles, four values per thread
+// and step; keys past `end` are zero (never read unmasked).
+static __device__ __forceinline__ void fa_load(u16 (*kt)[FA_STRIDE], u16 (*vt)[FA_STRIDE], const u8* kc, const float* ks,
+                                        const u8* vc, const float* vs, int fmt, int j0, int end, int kvh, int hkv) {
+    for (int u = threadIdx.x; u < FA_KEYS * (HEAD_DIM / 4); u += blockDim.x) {
+        int jj = u / (HEAD_DIM / 4), d = 4 * (u % (HEAD_DIM / 4)), j = j0 + jj;
+        float kv4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vv4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (j < end) {
+            long r = (long)j * hkv + kvh, e = r * HEAD_DIM + d;
+            if (fmt == KV_INT8) {
+                u32 kw = *(const u32*)(kc + e), vw = *(const u32*)(vc + e);
+                float ksc = ks[r], vsc = vs[r];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    kv4[i] = (float)(i8)(kw >> (8 * i)) * ksc;
+                    vv4[i] = (float)(i8)(vw >> (8 * i)) * vsc;
+                }
+            } else if (fmt == KV_BF16) {
+                uint2 kw = *(const uint2*)((const u16*)kc + e), vw = *(const uint2*)((const u16*)vc + e);
+                kv4[0] = bf16_to_f32(kw.x & 0xffffu), kv4[1] = bf16_to_f32(kw.x >> 16);
+                kv4[2] = bf16_to_f32(kw.y & 0xffffu), kv4[3] = bf16_to_f32(kw.y >> 16);
+                vv4[0] = bf16_to_f32(vw.x & 0xffffu), vv4[1] = bf16_to_f32(vw.x >> 16);
+                vv4[2] = bf16_to_f32(vw.y & 0xffffu), vv4[3] = bf16_to_f32(vw.y >> 16);
+            } else {
+                float4 kw = *(const float4*)((const float*)kc + e), vw = *(const float4*)((const float*)vc + e);
+                kv4[0] = kw.x, kv4[1] = kw.y, kv4[2] = kw.z, kv4[3] = kw.w;
+                vv4[0] = vw.x, vv4[1] = vw.y, vv4[2] = vw.z, vv4[3] = vw.w;
+            }
+        }
+        *(uint2*)&kt[jj][d] = uint2{pack_f16(kv4[0], kv4[1]), pack_f16(kv4[2], kv4[3])};
+        *(uint2*)&vt[jj][d] = uint2{pack_f16(vv4[0], vv4[1]), pack_f16(vv4[2], vv4[3])};
+    }
+}
+
+// The int8 keys or values j0 .. j0 + FA_KEYS of head kvh, as stored (rows past `end` zero, scales
+// too), copied into raw / raw_scale in flight (cp.async): nothing waits for them until
+// fa_convert.
+static __device__ __forceinline__ void fa_fetch(u8 (*raw)[HEAD_DIM], float* raw_scale, const u8* cache,
+                                         const float* scales, int j0, int end, int kvh, int hkv) {
+    for (int c = threadIdx.x; c < FA_KEYS * (HEAD_DIM / 16); c += blockDim.x) {
+        int jj = c / (HEAD_DIM / 16), d = 16 * (c % (HEAD_DIM / 16)), j = j0 + jj;
+        // A row past the end reads nothing; its address stays inside the cache.
+        long r = (long)min(j, end - 1) * hkv + kvh;
+        cp_async16(&raw[jj][d], cache + r * HEAD_DIM + d, j < end ? 16 : 0);
+    }
+    for (int jj = threadIdx.x; jj < FA_KEYS; jj += blockDim.x) {
+        int j = j0 + jj;
+        cp_async4(&raw_scale[jj], scales + (long)min(j, end - 1) * hkv + kvh, j < end ? 4 : 0);
+    }
+}
+
+// The fetched int8 rows as f16 in the tile (the values attention_prefill's own loads give: the
+// f32 product with the row's scale, rounded once).
+static __device__ __forceinline__ void fa_convert(u16 (*tile)[FA_STRIDE], const u8 (*raw)[HEAD_DIM], const float* raw_scale) {
+    for (int u = threadIdx.x; u < FA_KEYS * (HEAD_DIM / 4); u += blockDim.x) {
+        int jj = u / (HEAD_DIM / 4), d = 4 * (u % (HEAD_DIM / 4));
+        u32 w = *(const u32*)&raw[jj][d];
+        float sc = raw_scale[jj], v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = (float)(i8)(w >> (8 * i)) * sc;
+        *(uint2*)&tile[jj][d] = uint2{pack_f16(v[0], v[1]), pack_f16(v[2], v[3])};
+    }
+}
+
+// The body of attention_prefill (ASYNC false) and attention_prefill_async (ASYNC true, int8
+// caches): the async one copies each tile's raw keys while the block multiplies the previous
+// tile's probabilities by its values, and the raw values while it scores the keys, then
+// converts them from shared memory; the other loads and converts each tile from global memory
+// between two barriers, the block waiting on the loads. The same tiles and products: the same
+// bits. Static, as every function with dims-sized shared memory: on the host, where several dims'
+// builds share a process, an inline function's statics would be one copy for all of them.
+template <bool ASYNC>
+static __device__ __forceinline__ void flash_prefill(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                              const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
+                                              const int* pos_at, float scale, int block, int window, int T,
+                                              int chunk, int nchunks, float* part) {
     __shared__ __align__(16) u16 kt[FA_KEYS][FA_STRIDE];
     __shared__ __align__(16) u16 vt[FA_KEYS][FA_STRIDE];
+    __shared__ __align__(16) u8 raw[ASYNC ? FA_KEYS : 1][HEAD_DIM];
+    __shared__ float raw_scale[FA_KEYS];
     const int DK = HEAD_DIM / 16, DN = HEAD_DIM / 8, NK = FA_KEYS / 8;
     int split = blockIdx.x % nchunks, h = (blockIdx.x / nchunks) % hq, kvh = h / (hq / hkv);
     int t0 = (blockIdx.x / nchunks / hq) * 16 * FA_WARPS;
@@ -2375,61 +2465,52 @@ extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
     for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = NEG_INF, mb = NEG_INF, sa = 0.0f, sb = 0.0f;  // running max; this lane's share of the sum
 
-    for (int j0 = blo / FA_KEYS * FA_KEYS; j0 < bhi; j0 += FA_KEYS) {
-        __syncthreads();  // the previous tile is consumed
-        // Keys and values j0.. of head kvh as f16, four values per thread and step; keys past
-        // the block's range are zero (never read unmasked).
-        for (int u = threadIdx.x; u < FA_KEYS * (HEAD_DIM / 4); u += blockDim.x) {
-            int jj = u / (HEAD_DIM / 4), d = 4 * (u % (HEAD_DIM / 4)), j = j0 + jj;
-            float kv4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vv4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (j < bhi) {
-                long r = (long)j * hkv + kvh, e = r * HEAD_DIM + d;
-                if (fmt == KV_INT8) {
-                    u32 kw = *(const u32*)(kc + e), vw = *(const u32*)(vc + e);
-                    float ksc = ks[r], vsc = vs[r];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        kv4[i] = (float)(i8)(kw >> (8 * i)) * ksc;
-                        vv4[i] = (float)(i8)(vw >> (8 * i)) * vsc;
-                    }
-                } else if (fmt == KV_BF16) {
-                    uint2 kw = *(const uint2*)((const u16*)kc + e), vw = *(const uint2*)((const u16*)vc + e);
-                    kv4[0] = bf16_to_f32(kw.x & 0xffffu), kv4[1] = bf16_to_f32(kw.x >> 16);
-                    kv4[2] = bf16_to_f32(kw.y & 0xffffu), kv4[3] = bf16_to_f32(kw.y >> 16);
-                    vv4[0] = bf16_to_f32(vw.x & 0xffffu), vv4[1] = bf16_to_f32(vw.x >> 16);
-                    vv4[2] = bf16_to_f32(vw.y & 0xffffu), vv4[3] = bf16_to_f32(vw.y >> 16);
-                } else {
-                    float4 kw = *(const float4*)((const float*)kc + e), vw = *(const float4*)((const float*)vc + e);
-                    kv4[0] = kw.x, kv4[1] = kw.y, kv4[2] = kw.z, kv4[3] = kw.w;
-                    vv4[0] = vw.x, vv4[1] = vw.y, vv4[2] = vw.z, vv4[3] = vw.w;
-                }
-            }
-            *(uint2*)&kt[jj][d] = uint2{pack_f16(kv4[0], kv4[1]), pack_f16(kv4[2], kv4[3])};
-            *(uint2*)&vt[jj][d] = uint2{pack_f16(vv4[0], vv4[1]), pack_f16(vv4[2], vv4[3])};
+    int first = blo / FA_KEYS * FA_KEYS;
+    if (ASYNC && first < bhi) fa_fetch(raw, raw_scale, kc, ks, first, bhi, kvh, hkv);
+    for (int j0 = first; j0 < bhi; j0 += FA_KEYS) {
+        bool mine = j0 < whi && j0 + FA_KEYS > wlo;  // a key of this tile for this warp
+        if (ASYNC) {
+            cp_async_wait_all();
+            __syncthreads();  // the raw keys are in; the previous tile's scores are done
+            fa_convert(kt, raw, raw_scale);
+            __syncthreads();
+            fa_fetch(raw, raw_scale, vc, vs, j0, bhi, kvh, hkv);
+        } else {
+            __syncthreads();  // the previous tile is consumed
+            fa_load(kt, vt, kc, ks, vc, vs, fmt, j0, bhi, kvh, hkv);
+            __syncthreads();
         }
-        __syncthreads();
-        if (j0 >= whi || j0 + FA_KEYS <= wlo) continue;  // no key of this tile for this warp
 
         // Scores of rows a, b against keys j0 + 8n + 2qd + {0, 1}.
         float sc[NK][4];
+        if (mine) {
 #pragma unroll
-        for (int n = 0; n < NK; n++) {
-            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-            // Dims 16s .. 16s + 31 of keys 8n .. 8n + 7: the B fragments of mmas s and s + 1.
+            for (int n = 0; n < NK; n++) {
+                sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+                // Dims 16s .. 16s + 31 of keys 8n .. 8n + 7: the B fragments of mmas s and s + 1.
 #pragma unroll
-            for (int s = 0; s + 1 < DK; s += 2) {
-                u32 b[4];
-                ldmatrix_x4<false>(b, &kt[8 * n + (lane & 7)][16 * s + 8 * (lane >> 3)]);
-                mma_f16_16816(sc[n], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b[0], b[1]);
-                mma_f16_16816(sc[n], qf[s + 1][0], qf[s + 1][1], qf[s + 1][2], qf[s + 1][3], b[2], b[3]);
-            }
-            if (DK & 1) {
-                const int s = DK - 1;
-                u32 b0 = *(const u32*)&kt[8 * n + g][16 * s + 2 * qd];
-                u32 b1 = *(const u32*)&kt[8 * n + g][16 * s + 8 + 2 * qd];
-                mma_f16_16816(sc[n], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b0, b1);
+                for (int s = 0; s + 1 < DK; s += 2) {
+                    u32 b[4];
+                    ldmatrix_x4<false>(b, &kt[8 * n + (lane & 7)][16 * s + 8 * (lane >> 3)]);
+                    mma_f16_16816(sc[n], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b[0], b[1]);
+                    mma_f16_16816(sc[n], qf[s + 1][0], qf[s + 1][1], qf[s + 1][2], qf[s + 1][3], b[2], b[3]);
+                }
+                if (DK & 1) {
+                    const int s = DK - 1;
+                    u32 b0 = *(const u32*)&kt[8 * n + g][16 * s + 2 * qd];
+                    u32 b1 = *(const u32*)&kt[8 * n + g][16 * s + 8 + 2 * qd];
+                    mma_f16_16816(sc[n], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b0, b1);
+                }
             }
         }
+        if (ASYNC) {
+            cp_async_wait_all();
+            __syncthreads();  // the raw values are in; the previous tile's products are done
+            fa_convert(vt, raw, raw_scale);
+            __syncthreads();
+            if (j0 + FA_KEYS < bhi) fa_fetch(raw, raw_scale, kc, ks, j0 + FA_KEYS, bhi, kvh, hkv);
+        }
+        if (!mine) continue;
         float mxa = NEG_INF, mxb = NEG_INF;
 #pragma unroll
         for (int n = 0; n < NK; n++) {
@@ -2528,6 +2609,18 @@ extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)
         }
     }
 }
+
+#define FLASH_PREFILL_KERNEL(NAME, ASYNC)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)                                                 \
+        NAME(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs, float* out, int fmt, \
+             int hq, int hkv, int pos0, const int* pos_at, float scale, int block, int window, int T, int chunk, \
+             int nchunks, float* part) {                                                                        \
+        GRID_PROLOGUE();                                                                                        \
+        flash_prefill<ASYNC>(q, kc, ks, vc, vs, out, fmt, hq, hkv, pos0, pos_at, scale, block, window, T, chunk, \
+                             nchunks, part);                                                                    \
+    }
+FLASH_PREFILL_KERNEL(attention_prefill, false)
+FLASH_PREFILL_KERNEL(attention_prefill_async, true)
 #endif
 
 // DFlash2's grouped dynamic causal conv inside one block (CPU twin: cpu::grouped_dynamic_conv):

@@ -243,6 +243,18 @@ inline void ldmatrix_x4(unsigned (&r)[4], const unsigned short* row) {
     }
 }
 
+// cp.async (.cg 16 bytes, .ca 4) with a source size: the first src_bytes copied, the rest zero.
+// Synchronous here, so waiting for them is nothing.
+inline void cp_async_n(void* dst, const void* src, int bytes, int src_bytes) {
+    // Misaligned addresses are an error on the device.
+    if ((uintptr_t)dst % bytes != 0 || (uintptr_t)src % bytes != 0) std::abort();
+    std::memset(dst, 0, bytes);
+    if (src_bytes > 0) std::memcpy(dst, src, src_bytes);
+}
+inline void cp_async16(void* dst, const void* src, int src_bytes) { cp_async_n(dst, src, 16, src_bytes); }
+inline void cp_async4(void* dst, const void* src, int src_bytes) { cp_async_n(dst, src, 4, src_bytes); }
+inline void cp_async_wait_all() {}
+
 // ---- Launches ------------------------------------------------------------------------------
 
 // Runs `body(ctx)` as a kernel launch of `grid` blocks of `block` threads (1-D); the body calls

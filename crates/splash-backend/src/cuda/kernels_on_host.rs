@@ -924,7 +924,8 @@ impl HostCache {
 
 /// The flash-attention prefill kernel gives the CPU's attention for every KV format, at the
 /// fixture's head dim and the real one, over passes that start mid-cache, end in a partial
-/// tile, and with a sliding window.
+/// tile, and with a sliding window; its int8 twin that copies rows a tile ahead
+/// (`attention_prefill_async`) gives the same bits.
 #[test]
 fn the_flash_attention_prefill_on_the_host_matches_the_cpu() {
     for dims in [DIMS_32, DIMS_256] {
@@ -950,34 +951,48 @@ fn the_flash_attention_prefill_on_the_host_matches_the_cpu() {
                 // long context gets), merged by attention_combine.
                 for chunk in [s.div_ceil(32) * 32, 32] {
                     let nchunks = s.div_ceil(chunk);
-                    let out = attention_prefill(
-                        &kern,
-                        &q,
-                        &cache,
-                        fmt,
-                        (hq, hkv, d),
-                        (pos0, t),
-                        scale,
-                        window,
-                        (chunk, nchunks),
-                    );
+                    let run = |kernel: &str| {
+                        attention_prefill(
+                            &kern,
+                            kernel,
+                            &q,
+                            &cache,
+                            fmt,
+                            (hq, hkv, d),
+                            (pos0, t),
+                            scale,
+                            window,
+                            (chunk, nchunks),
+                        )
+                    };
+                    let out = run("attention_prefill");
                     let err = rel_err(&out, &want);
                     // f16 queries, keys, values and probabilities, f32 sums.
                     assert!(
                         err < 4e-3,
                         "d={d} pos0={pos0} t={t} window={window:?} {format:?} chunks of {chunk}: relative error {err}"
                     );
+                    // Int8 rows copied a tile ahead: the same tiles, the same bits.
+                    if format == KvFormat::Int8 {
+                        assert_eq!(
+                            bits(&run("attention_prefill_async")),
+                            bits(&out),
+                            "d={d} pos0={pos0} t={t} window={window:?} chunks of {chunk}: the async kernel"
+                        );
+                    }
                 }
             }
         }
     }
 }
 
-/// `attention_prefill` (and `attention_combine` when the keys are split) as ops::attention
-/// launches them: `dims` (hq, hkv, d), `at` (pos0, tokens), `split` (keys per chunk, chunks).
+/// `attention_prefill` or its `kernel` twin (and `attention_combine` when the keys are split) as
+/// ops::attention launches them: `dims` (hq, hkv, d), `at` (pos0, tokens), `split` (keys per
+/// chunk, chunks).
 #[allow(clippy::too_many_arguments)]
 fn attention_prefill(
     kern: &HostKernels,
+    kernel: &str,
     q: &[f32],
     cache: &HostCache,
     fmt: i32,
@@ -1013,7 +1028,7 @@ fn attention_prefill(
             i32,
             *mut f32,
         );
-        let prefill: Prefill = kern.kernel("attention_prefill");
+        let prefill: Prefill = kern.kernel(kernel);
         let grid = t.div_ceil(64) * hq * nchunks;
         kern.launch(grid as u32, 128, &|| {
             prefill(

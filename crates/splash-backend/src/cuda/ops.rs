@@ -1835,13 +1835,14 @@ pub fn attention(
             Arg::I32(nchunks as i32),
             Arg::Ptr(pp),
         ]);
-        gpu.launch(
-            k,
-            "attention_prefill",
-            (tiles * hq * nchunks) as u32,
-            128,
-            &a,
-        )?;
+        // The int8 rows copied a tile ahead (16-byte copies: the caches' rows must be aligned).
+        let aligned = (keys.0 | values.0).is_multiple_of(16);
+        let kernel = if format == KvFormat::Int8 && aligned && flash_async() {
+            "attention_prefill_async"
+        } else {
+            "attention_prefill"
+        };
+        gpu.launch(k, kernel, (tiles * hq * nchunks) as u32, 128, &a)?;
         if nchunks > 1 {
             gpu.launch(
                 k,
@@ -1854,6 +1855,15 @@ pub fn attention(
         return Ok(());
     }
     gpu.launch(k, "attention", (tokens * hq) as u32, 128, &args(out))
+}
+
+/// Whether a long pass over an int8 cache takes `attention_prefill_async` (each tile's rows copied
+/// into shared memory while the block computes on the one before; the same bits as
+/// `attention_prefill`, which waits on its loads). `SPLASH_FLASH_ASYNC=1`, a measurement switch:
+/// host-tested, not measured on a GPU yet.
+fn flash_async() -> bool {
+    static ASYNC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ASYNC.get_or_init(|| std::env::var("SPLASH_FLASH_ASYNC").as_deref() == Ok("1"))
 }
 
 /// Query tokens per block of `attention_prefill` (16 per warp, `FA_WARPS` = 4 warps).
