@@ -1279,6 +1279,9 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
                 {
                     TcRaw r0 = tc_load<F>(tile + (long)b * seg_bytes, 0, lane);
                     TcRaw r1 = tc_load<F>(tile + (long)b * seg_bytes, 1, lane);
+                    // This warp's next block asked of the L2 while this one is multiplied.
+                    int next = b + chains < nb ? b + chains : j + warps < chains ? j + warps : -1;
+                    if (next >= 0) l2_prefetch(tile + (long)next * seg_bytes, seg_bytes, lane);
                     TcScales s0 = tc_scales<F>(r0, q), s1 = tc_scales<F>(r1, q);
 #pragma unroll
                     for (int jj = 0; jj < 4; jj++)
