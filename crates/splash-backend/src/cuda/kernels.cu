@@ -1210,30 +1210,45 @@ extern "C" __global__ void gemv_tc_fixup(const float* partials, float* y, float*
 // table (table_b, y_b: the up products beside the gate ones), the second half of the grid does
 // the same for it. WIDE (prefill: dozens of pairs an expert) takes 32 columns at a time, so each
 // tile's weights are decoded half as often; each column's sums are the same either way.
-template <int F, bool WIDE>
-__device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
-                                const int* offsets, const int* order, long row_bytes, const u16* xh,
-                                const float* xscale, int N, int K, int col_div, int chains) {
+// This block's share of a grouped expert product: its table and that table's output, its
+// slot `a` among the active experts and its 16-row tile. The expert is active[a] (−1: none,
+// fewer are active than the grid allows), its pairs order[offsets[a] .. offsets[a + 1]].
+struct ExpertBlock {
+    const u64* table;
+    float* y;
+    int a, tile;
+};
+
+__device__ __forceinline__ ExpertBlock expert_block(const u64* table, float* y, const u64* table_b, float* y_b,
+                                                    int N) {
     int per = table_b ? gridDim.x / 2 : gridDim.x;
     if (blockIdx.x >= per) {
         table = table_b;
         y = y_b;
     }
-    int blk = blockIdx.x % per, tiles = (N + 15) / 16, a = blk / tiles;
-    int e = active[a];
-    if (e < 0) return;  // the whole block: fewer experts are active than the grid allows
-    const u8* W = (const u8*)table[e];
-    int off = offsets[a], cnt = offsets[a + 1] - off;
+    int blk = blockIdx.x % per, tiles = (N + 15) / 16;
+    return {table, y, blk / tiles, blk % tiles};
+}
+
+template <int F, bool WIDE>
+__device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
+                                const int* offsets, const int* order, long row_bytes, const u16* xh,
+                                const float* xscale, int N, int K, int col_div, int chains) {
+    ExpertBlock eb = expert_block(table, y, table_b, y_b, N);
+    int e = active[eb.a];
+    if (e < 0) return;  // the whole block
+    const u8* W = (const u8*)eb.table[e];
+    int off = offsets[eb.a], cnt = offsets[eb.a + 1] - off;
     const int step = WIDE ? 32 : 16;
     for (int c0 = 0; c0 < cnt; c0 += step) {
         int n = min(step, cnt - c0);
         const int* cols = order + off + c0;
         if (n <= 8)
-            gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, cols, col_div, chains);
+            gemv_tc<F, 1>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
         else if (!WIDE || n <= 16)
-            gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, cols, col_div, chains);
+            gemv_tc<F, 2>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
         else
-            gemv_tc<F, 4>(W, row_bytes, xh, xscale, y, nullptr, N, N, K, n, blk % tiles, cols, col_div, chains);
+            gemv_tc<F, 4>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
         __syncthreads();  // the next chunk reuses the partial sums' shared memory
     }
 }
@@ -1252,20 +1267,15 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
                                 const float* xscale, int N, int K, int col_div, int chains) {
     // [chain][8-pair group][lane][c0..c3]: the C fragments of tc_block, one per group.
     __shared__ float part[TC_WARPS_MAX][EXPERT_SPAN / 8][32][4];
-    int per = table_b ? gridDim.x / 2 : gridDim.x;
-    if (blockIdx.x >= per) {
-        table = table_b;
-        y = y_b;
-    }
-    int blk = blockIdx.x % per, tiles = (N + 15) / 16, a = blk / tiles;
-    int e = active[a];
-    if (e < 0) return;  // the whole block: fewer experts are active than the grid allows
+    ExpertBlock eb = expert_block(table, y, table_b, y_b, N);
+    int e = active[eb.a];
+    if (e < 0) return;  // the whole block
     int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, q = lane & 3;
-    int n0 = (blk % tiles) * 16, nb = K >> 8;
+    int n0 = eb.tile * 16, nb = K >> 8;
     constexpr int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
-    const u8* tile = (const u8*)table[e] + (long)n0 * row_bytes;
-    int off = offsets[a], cnt = offsets[a + 1] - off;
+    const u8* tile = (const u8*)eb.table[e] + (long)n0 * row_bytes;
+    int off = offsets[eb.a], cnt = offsets[eb.a + 1] - off;
     for (int c0 = 0; c0 < cnt; c0 += EXPERT_SPAN) {
         int n = min(EXPERT_SPAN, cnt - c0), groups = (n + 7) / 8;
         const int* cols = order + off + c0;
@@ -1339,7 +1349,7 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
             float sum = 0.0f;
             for (int w = 0; w < chains; w++) sum += part[w][i][l][c];
             int t = 8 * i + 2 * (l & 3) + (c & 1), row = n0 + (l >> 2) + 8 * (c >> 1);
-            if (t < n && row < N) y[(long)cols[t] * N + row] = sum;
+            if (t < n && row < N) eb.y[(long)cols[t] * N + row] = sum;
         }
         __syncthreads();  // the next span reuses the sums' shared memory
     }
