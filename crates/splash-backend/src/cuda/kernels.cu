@@ -2516,6 +2516,59 @@ static __device__ __forceinline__ void flash_prefill(const float* q, const u8* k
                 }
             }
         }
+        // P in f16, the A fragments of O += P·V (the scores die here: fewer registers live
+        // while the async kernel converts the values).
+        u32 pa[FA_KEYS / 16][4];
+        if (mine) {
+            float mxa = NEG_INF, mxb = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < NK; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int j = j0 + 8 * n + 2 * qd + e;
+                    if (j < la || j >= ha) sc[n][e] = NEG_INF;
+                    if (j < lb || j >= hb) sc[n][2 + e] = NEG_INF;
+                    mxa = fmaxf(mxa, sc[n][e]);
+                    mxb = fmaxf(mxb, sc[n][2 + e]);
+                }
+            }
+            // The row's max over its quad (the four lanes holding its keys).
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+            float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
+            // A row with no key yet keeps max −inf: its factors are 0, not NaN.
+            float ca = na == NEG_INF ? 1.0f : expf(ma - na), cb = nb == NEG_INF ? 1.0f : expf(mb - nb);
+            ma = na;
+            mb = nb;
+            sa *= ca;
+            sb *= cb;
+#pragma unroll
+            for (int n = 0; n < NK; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    sc[n][e] = sc[n][e] == NEG_INF ? 0.0f : expf(sc[n][e] - ma);
+                    sc[n][2 + e] = sc[n][2 + e] == NEG_INF ? 0.0f : expf(sc[n][2 + e] - mb);
+                    sa += sc[n][e];
+                    sb += sc[n][2 + e];
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < DN; n++) {
+                o[n][0] *= ca;
+                o[n][1] *= ca;
+                o[n][2] *= cb;
+                o[n][3] *= cb;
+            }
+#pragma unroll
+            for (int kk = 0; kk < FA_KEYS / 16; kk++) {
+                pa[kk][0] = pack_f16(sc[2 * kk][0], sc[2 * kk][1]);
+                pa[kk][1] = pack_f16(sc[2 * kk][2], sc[2 * kk][3]);
+                pa[kk][2] = pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+                pa[kk][3] = pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            }
+        }
         if (ASYNC) {
             cp_async_wait_all();
             __syncthreads();  // the raw values are in; the previous tile's products are done
@@ -2524,53 +2577,10 @@ static __device__ __forceinline__ void flash_prefill(const float* q, const u8* k
             if (j0 + FA_KEYS < bhi) fa_fetch(raw, raw_scale, kc, ks, j0 + FA_KEYS, bhi, kvh, hkv);
         }
         if (!mine) continue;
-        float mxa = NEG_INF, mxb = NEG_INF;
-#pragma unroll
-        for (int n = 0; n < NK; n++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int j = j0 + 8 * n + 2 * qd + e;
-                if (j < la || j >= ha) sc[n][e] = NEG_INF;
-                if (j < lb || j >= hb) sc[n][2 + e] = NEG_INF;
-                mxa = fmaxf(mxa, sc[n][e]);
-                mxb = fmaxf(mxb, sc[n][2 + e]);
-            }
-        }
-        // The row's max over its quad (the four lanes holding its keys).
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
-        float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-        // A row with no key yet keeps max −inf: its factors are 0, not NaN.
-        float ca = na == NEG_INF ? 1.0f : expf(ma - na), cb = nb == NEG_INF ? 1.0f : expf(mb - nb);
-        ma = na;
-        mb = nb;
-        sa *= ca;
-        sb *= cb;
-#pragma unroll
-        for (int n = 0; n < NK; n++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                sc[n][e] = sc[n][e] == NEG_INF ? 0.0f : expf(sc[n][e] - ma);
-                sc[n][2 + e] = sc[n][2 + e] == NEG_INF ? 0.0f : expf(sc[n][2 + e] - mb);
-                sa += sc[n][e];
-                sb += sc[n][2 + e];
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < DN; n++) {
-            o[n][0] *= ca;
-            o[n][1] *= ca;
-            o[n][2] *= cb;
-            o[n][3] *= cb;
-        }
         // O += P·V, 16 keys per mma: P's A fragment is two adjacent score tiles.
 #pragma unroll
         for (int kk = 0; kk < FA_KEYS / 16; kk++) {
-            u32 a0 = pack_f16(sc[2 * kk][0], sc[2 * kk][1]), a1 = pack_f16(sc[2 * kk][2], sc[2 * kk][3]);
-            u32 a2 = pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-            u32 a3 = pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            const u32 a0 = pa[kk][0], a1 = pa[kk][1], a2 = pa[kk][2], a3 = pa[kk][3];
             // Keys 16kk .. 16kk + 15 of dims 8n .. 8n + 15, transposed: the B fragments of
             // output tiles n and n + 1 (DN is even: HEAD_DIM is a multiple of 16).
             const u16* vrow = &vt[16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (lane >> 4)];
