@@ -739,8 +739,10 @@ impl DeviceCache {
 }
 
 /// 5 tokens: the split attention of decode and verify passes; 100: a prefill pass, on the
-/// tensor cores (`attention_prefill`) for the bf16 and int8 caches; 40 after 3,000: a short
-/// pass over a long context, whose keys the prefill kernel splits into chunks.
+/// tensor cores (`attention_prefill`) for the bf16 and int8 caches, with the bits of
+/// `attention_prefill_async` for int8 (every other case takes the same kernel either way); 40
+/// after 3,000: a short pass over a long context, whose keys the prefill kernel splits into
+/// chunks.
 #[test]
 fn rope_and_attention_match_the_cpu_for_every_kv_format() {
     let Some(gpu) = gpu() else { return };
@@ -800,24 +802,29 @@ fn rope_and_attention_match_the_cpu_for_every_kv_format() {
             // Two appends (a prefill, then the new rows), as the model does.
             let cache = DeviceCache::new(&gpu, &k, format, &keys, &values, hkv, d, &[pos0, t]);
             let qd = gpu.upload(&q).unwrap();
-            let out = poisoned(&gpu, t * hq * d);
-            dev::attention(
-                &gpu,
-                &k,
-                ptr(&gpu, &out, 0),
-                ptr(&gpu, &qd, 0),
-                cache.keys(&gpu),
-                cache.values(&gpu),
-                format,
-                t,
-                hq,
-                hkv,
-                pos0,
-                (d as f32).powf(-0.5),
-                dev::KeyMask::default(),
-            )
-            .unwrap();
-            let err = rel_err(&gpu.download(&out, t * hq * d).unwrap(), &want);
+            let attend = || {
+                let out = poisoned(&gpu, t * hq * d);
+                dev::attention(
+                    &gpu,
+                    &k,
+                    ptr(&gpu, &out, 0),
+                    ptr(&gpu, &qd, 0),
+                    cache.keys(&gpu),
+                    cache.values(&gpu),
+                    format,
+                    t,
+                    hq,
+                    hkv,
+                    pos0,
+                    (d as f32).powf(-0.5),
+                    dev::KeyMask::default(),
+                )
+                .unwrap();
+                gpu.download(&out, t * hq * d).unwrap()
+            };
+            dev::force_flash_async(Some(false));
+            let out = attend();
+            let err = rel_err(&out, &want);
             // The tensor-core prefill multiplies in f16.
             let tol = if t > 32 && format != KvFormat::F32 {
                 4e-3
@@ -825,6 +832,14 @@ fn rope_and_attention_match_the_cpu_for_every_kv_format() {
                 1e-4
             };
             assert!(err < tol, "attention d={d} t={t} {format:?}: {err}");
+            // Int8 rows copied ahead by cp.async: the same bits.
+            dev::force_flash_async(Some(true));
+            assert_eq!(
+                bits(&attend()),
+                bits(&out),
+                "attention d={d} t={t} {format:?}: attention_prefill_async"
+            );
+            dev::force_flash_async(None);
         }
     }
 }

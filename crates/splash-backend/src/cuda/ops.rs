@@ -1859,11 +1859,24 @@ pub fn attention(
 
 /// Whether a long pass over an int8 cache takes `attention_prefill_async` (each tile's rows copied
 /// into shared memory while the block computes on the one before; the same bits as
-/// `attention_prefill`, which waits on its loads). `SPLASH_FLASH_ASYNC=1`, a measurement switch:
-/// host-tested, not measured on a GPU yet.
+/// `attention_prefill`, which waits on its loads). `SPLASH_FLASH_ASYNC=1` or
+/// [`force_flash_async`], a measurement switch: host-tested, not measured on a GPU yet.
 fn flash_async() -> bool {
-    static ASYNC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ASYNC.get_or_init(|| std::env::var("SPLASH_FLASH_ASYNC").as_deref() == Ok("1"))
+    static FROM_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match FLASH_ASYNC.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => *FROM_ENV.get_or_init(|| std::env::var("SPLASH_FLASH_ASYNC").as_deref() == Ok("1")),
+        v => v == 2,
+    }
+}
+
+/// The choice forced by [`force_flash_async`]: 0 the environment's, 1 off, 2 on.
+static FLASH_ASYNC: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Forces the prefill attention over int8 caches to `attention_prefill_async` or not (`None`:
+/// the environment's choice again); for tests and benches that compare the two.
+pub fn force_flash_async(on: Option<bool>) {
+    let v = on.map_or(0, |on| if on { 2 } else { 1 });
+    FLASH_ASYNC.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Query tokens per block of `attention_prefill` (16 per warp, `FA_WARPS` = 4 warps).
