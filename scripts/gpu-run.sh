@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|peers|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `decode`: plain decoding speed with and without CUDA graphs.
@@ -11,6 +11,8 @@
 # `prefill`: prefill speed at 8K and 32K tokens in the engine's passes (2,048 tokens) and at
 # 8K in one pass (PREFILL_RUNS, tokens:passes pairs), then one 8K prefill with every launch
 # timed (SPLASH_GPU_PROFILE=1).
+# `prefill-ab`: the prefill runs (PREFILL_RUNS, default 8K in 2,048-token passes) under each of
+# the settings in AB, one machine, no profile: e.g. AB="- SPLASH_PREFILL_EXPERTS=gemm" ("-": none).
 # `draft-profile`: one draft block's launches, each synchronised and timed
 # (SPLASH_GPU_PROFILE=1), for each DRAFT_WEIGHTS (the full output is kept under $OUT).
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
@@ -103,7 +105,7 @@ if [ "$what" = peers ]; then
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
-  [ "$what" = draft-profile ] || [ "$what" = prefill ]; then
+  [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
   # A random draft of the published shape (5 layers, block 16) for model $1: `dflash` (v1) or
   # `dflash2` ($2), made once; prints its directory.
@@ -142,6 +144,17 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       SPLASH_GPU_PROFILE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens 8192 --decode-tokens 1 \
         --repeat 1 --speculative off > "$out/prefill-profile-$m.txt" 2>&1
       grep -A30 -E '^(kernel|launch)' "$out/prefill-profile-$m.txt" | head -40
+    elif [ "$what" = prefill-ab ]; then
+      for setting in ${AB:--}; do
+        [ "$setting" = - ] && setting=""
+        for run in ${PREFILL_RUNS:-8192:2048}; do
+          n=${run%%:*} chunk=${run#*:}
+          echo "== prefill $m, $n tokens in passes of $chunk, ${setting:-default}"
+          env $setting ./.device/splash bench --model "$f" --device cuda --prompt-tokens "$n" --prefill-chunk "$chunk" \
+            --decode-tokens 8 --repeat 2 --speculative off 2>&1 |
+            tee "$out/prefill-ab-$m-$n-$chunk-${setting//[^A-Za-z0-9]/_}.txt" | grep -E '^prefill'
+        done
+      done
     elif [ "$what" = serving ]; then
       echo "== serving $m"
       ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
