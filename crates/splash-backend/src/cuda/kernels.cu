@@ -1258,8 +1258,8 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
 
 // The grouped expert products of a prefill pass (dozens of pairs an expert): the blocks of
 // gemv_tc_experts, but a warp decodes each 256-value block of its chains into registers once
-// (the 16 mmas' A fragments) and multiplies it by up to EXPERT_SPAN pairs, 16 at a time, where
-// gemv_tc_experts decodes it again for every 16. The chains' sums wait in shared memory and are
+// (the 16 mmas' A fragments) and multiplies it by up to EXPERT_SPAN pairs, two 8-pair groups at
+// a time, where gemv_tc_experts decodes it again for every 16 pairs. The chains' sums wait in shared memory and are
 // added in chain order, so every pair gets the bits gemv_tc_experts (and its token alone) gives.
 template <int F>
 __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
@@ -1282,9 +1282,11 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
         // Activation row of the span's pair t (pairs past n repeat the last; not written).
         auto xrow = [&](int t) { return (long)(cols[min(t, n - 1)] / col_div); };
         for (int j = warp; j < chains; j += warps) {
-            for (int i = 0; i < groups; i++) part[j][i][lane][0] = part[j][i][lane][1] = part[j][i][lane][2] = part[j][i][lane][3] = 0.0f;
+            for (int i = 0; i < groups; i++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) part[j][i][lane][c] = 0.0f;
             for (int b = j; b < nb; b += chains) {
-                // The block's A fragments: mma 4jj+m takes a[jj][m] (tc_block's a0, a1, a2, a3).
+                // The block's A fragments: mma 4jj+m takes frag[jj][m] (tc_block's a0, a1, a2, a3).
                 u32 frag[4][4][4];
                 {
                     TcRaw r0 = tc_load<F>(tile + (long)b * seg_bytes, 0, lane);
