@@ -1847,8 +1847,8 @@ static __device__ int group_slots(int c, int E, int slots, int* active, int* off
 
 // The pairs of a MoE layer grouped by expert for gemv_tc_experts: the slots (group_slots) and
 // in `order` each expert's pairs in increasing order. One block of 1,024 threads, E ≤ 1024; for
-// up to a few thousand pairs (decode and verify steps; prefill passes take moe_group_counts,
-// moe_group_slots and moe_group_scatter).
+// up to 1,024 pairs (decode steps, verify blocks, short passes: ops::moe_route gives longer
+// passes moe_group_counts, moe_group_slots and moe_group_scatter).
 extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
                                      int* order) {
     GRID_PROLOGUE();
