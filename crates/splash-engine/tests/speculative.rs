@@ -2,8 +2,8 @@
 //! with a draft is identical token for token to output without it (random DFlash / DFlash2
 //! drafts that reject often, oracle drafts that propose the target's own tokens, and oracle
 //! drafts with injected errors for every partial acceptance length), stop tokens and stop
-//! strings inside an accepted span, and sampled output that follows the target's
-//! distribution (chi-square).
+//! strings inside an accepted span, sampled output that follows the target's distribution
+//! (chi-square), and seeded sampled output that does not depend on step times.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -608,4 +608,32 @@ fn concurrent_speculative_sequences_match_their_solo_runs() {
             );
         }
     }
+}
+
+/// A seeded sampled request gives the same tokens whatever the step times: the engine that
+/// chooses each step's verify length by measured speed against one that drafts a full block
+/// every step (a seeded sequence draws once per verified row, so lengths chosen by speed would
+/// make its text depend on the machine's load).
+#[test]
+fn a_seeded_sampled_request_does_not_depend_on_step_times() {
+    let (m, d) = demo();
+    let text =
+        "<|im_start|>user\nWrite a short poem about rivers.<|im_end|>\n<|im_start|>assistant\n";
+    let req = Request {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            seed: Some(11),
+            ..Default::default()
+        },
+        ..greedy(m.tokenizer.encode(text).unwrap(), 40)
+    };
+    let run = |every_step: bool| {
+        Engine::new(m.clone())
+            .with_drafter(d.clone())
+            .with_draft_every_step(every_step)
+            .generate(req.clone(), |_| {})
+            .unwrap()
+            .tokens
+    };
+    assert_eq!(run(false), run(true));
 }
