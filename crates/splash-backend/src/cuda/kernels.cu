@@ -1202,14 +1202,6 @@ extern "C" __global__ void gemv_tc_fixup(const float* partials, float* y, float*
         y2[(long)t * (N - split) + n - split] = v;
 }
 
-// The expert products of a MoE layer, grouped by expert (moe_group): block (a, tile) multiplies
-// tile `tile` of the a-th active expert's weight (its pointer in `table`) by every pair routed
-// to it, 16 columns at a time, so each expert's weights are read once however many tokens chose
-// it. Pair p reads activation row p / col_div (its token for gate / up, the pair itself for
-// down) and writes row p of y; each pair gets what its token alone would get. With a second
-// table (table_b, y_b: the up products beside the gate ones), the second half of the grid does
-// the same for it. WIDE (prefill: dozens of pairs an expert) takes 32 columns at a time, so each
-// tile's weights are decoded half as often; each column's sums are the same either way.
 // This block's share of a grouped expert product: its table and that table's output, its
 // slot `a` among the active experts and its 16-row tile. The expert is active[a] (−1: none,
 // fewer are active than the grid allows), its pairs order[offsets[a] .. offsets[a + 1]].
@@ -1230,6 +1222,14 @@ __device__ __forceinline__ ExpertBlock expert_block(const u64* table, float* y, 
     return {table, y, blk / tiles, blk % tiles};
 }
 
+// The expert products of a MoE layer, grouped by expert (moe_group): block (a, tile) multiplies
+// tile `tile` of the a-th active expert's weight (its pointer in `table`) by every pair routed
+// to it, 16 columns at a time, so each expert's weights are read once however many tokens chose
+// it. Pair p reads activation row p / col_div (its token for gate / up, the pair itself for
+// down) and writes row p of y; each pair gets what its token alone would get. With a second
+// table (table_b, y_b: the up products beside the gate ones), the second half of the grid does
+// the same for it. WIDE (prefill: dozens of pairs an expert) takes 32 columns at a time, so each
+// tile's weights are decoded half as often; each column's sums are the same either way.
 template <int F, bool WIDE>
 __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
                                 const int* offsets, const int* order, long row_bytes, const u16* xh,
@@ -1259,8 +1259,9 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
 // The grouped expert products of a prefill pass (dozens of pairs an expert): the blocks of
 // gemv_tc_experts, but a warp decodes each 256-value block of its chains into registers once
 // (the 16 mmas' A fragments) and multiplies it by up to EXPERT_SPAN pairs, two 8-pair groups at
-// a time, where gemv_tc_experts decodes it again for every 16 pairs. The chains' sums wait in shared memory and are
-// added in chain order, so every pair gets the bits gemv_tc_experts (and its token alone) gives.
+// a time, where gemv_tc_experts decodes it again for every 16 pairs. The chains' sums wait in
+// shared memory and are added in chain order, so every pair gets the bits gemv_tc_experts (and
+// its token alone) gives.
 template <int F>
 __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
                                 const int* offsets, const int* order, long row_bytes, const u16* xh,
@@ -1397,6 +1398,18 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
 #define GEMM_EXPERT_REGS
 #endif
 
+// A grouped expert kernel NAME (registers capped by REGS) running the device function given
+// after them: the signature ops::launch_experts passes.
+#define EXPERT_KERNEL(REGS, NAME, ...)                                                              \
+    extern "C" __global__ void REGS NAME(const u64* table, float* y, const u64* table_b, float* y_b, \
+                                         const int* active, const int* offsets, const int* order,    \
+                                         long row_bytes, const u16* xh, const float* xscale, int N,  \
+                                         int K, int col_div, int chains) {                           \
+        GRID_PROLOGUE();                                                                            \
+        __VA_ARGS__(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K,    \
+                    col_div, chains);                                                               \
+    }
+
 // gemv_tc8_*: up to 8 tokens, gemv_tc16_*: up to 16, a tile per block; gemv_tcs*: stream-K (the
 // kernel bench's comparison).
 #define TC_KERNEL(NAME, F)                                                                        \
@@ -1420,30 +1433,9 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
                                                 int split, int N, int K, int T) {                 \
         gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
     }                                                                                             \
-    extern "C" __global__ void EXPERT_REGS_##NAME gemv_tc_experts_##NAME(                           \
-        const u64* table, float* y, const u64* table_b, float* y_b, const int* active,            \
-        const int* offsets, const int* order, long row_bytes, const u16* xh, const float* xscale,  \
-        int N, int K, int col_div, int chains) {                                                  \
-        GRID_PROLOGUE();                                                                          \
-        gemv_tc_experts<F, false>(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K, \
-                                  col_div, chains);                                               \
-    }                                                                                             \
-    extern "C" __global__ void gemv_tc_experts_wide_##NAME(                                       \
-        const u64* table, float* y, const u64* table_b, float* y_b, const int* active,            \
-        const int* offsets, const int* order, long row_bytes, const u16* xh, const float* xscale,  \
-        int N, int K, int col_div, int chains) {                                                  \
-        GRID_PROLOGUE();                                                                          \
-        gemv_tc_experts<F, true>(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K, \
-                                 col_div, chains);                                                \
-    }                                                                                             \
-    extern "C" __global__ void GEMM_EXPERT_REGS gemm_tc_experts_##NAME(                           \
-        const u64* table, float* y, const u64* table_b, float* y_b, const int* active,            \
-        const int* offsets, const int* order, long row_bytes, const u16* xh, const float* xscale,  \
-        int N, int K, int col_div, int chains) {                                                  \
-        GRID_PROLOGUE();                                                                          \
-        gemm_tc_experts<F>(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K, col_div, \
-                           chains);                                                               \
-    }
+    EXPERT_KERNEL(EXPERT_REGS_##NAME, gemv_tc_experts_##NAME, gemv_tc_experts<F, false>)        \
+    EXPERT_KERNEL(, gemv_tc_experts_wide_##NAME, gemv_tc_experts<F, true>)                        \
+    EXPERT_KERNEL(GEMM_EXPERT_REGS, gemm_tc_experts_##NAME, gemm_tc_experts<F>)
 
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)
@@ -2361,23 +2353,25 @@ __device__ __forceinline__ void cp_async_wait_all() {
 }
 #endif
 
+// The four int8 values of `w` times their row's scale, in f32 (the tiles round them to f16).
+__device__ __forceinline__ void int8_quad(u32 w, float scale, float (&v)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = (float)(i8)(w >> (8 * i)) * scale;
+}
+
 // Keys and values j0 .. j0 + FA_KEYS of head kvh as f16 in the tiles, four values per thread
 // and step; keys past `end` are zero (never read unmasked).
-static __device__ __forceinline__ void fa_load(u16 (*kt)[FA_STRIDE], u16 (*vt)[FA_STRIDE], const u8* kc, const float* ks,
-                                        const u8* vc, const float* vs, int fmt, int j0, int end, int kvh, int hkv) {
+static __device__ __forceinline__ void fa_load(u16 (*kt)[FA_STRIDE], u16 (*vt)[FA_STRIDE], const u8* kc,
+                                               const float* ks, const u8* vc, const float* vs, int fmt, int j0,
+                                               int end, int kvh, int hkv) {
     for (int u = threadIdx.x; u < FA_KEYS * (HEAD_DIM / 4); u += blockDim.x) {
         int jj = u / (HEAD_DIM / 4), d = 4 * (u % (HEAD_DIM / 4)), j = j0 + jj;
         float kv4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vv4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (j < end) {
             long r = (long)j * hkv + kvh, e = r * HEAD_DIM + d;
             if (fmt == KV_INT8) {
-                u32 kw = *(const u32*)(kc + e), vw = *(const u32*)(vc + e);
-                float ksc = ks[r], vsc = vs[r];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    kv4[i] = (float)(i8)(kw >> (8 * i)) * ksc;
-                    vv4[i] = (float)(i8)(vw >> (8 * i)) * vsc;
-                }
+                int8_quad(*(const u32*)(kc + e), ks[r], kv4);
+                int8_quad(*(const u32*)(vc + e), vs[r], vv4);
             } else if (fmt == KV_BF16) {
                 uint2 kw = *(const uint2*)((const u16*)kc + e), vw = *(const uint2*)((const u16*)vc + e);
                 kv4[0] = bf16_to_f32(kw.x & 0xffffu), kv4[1] = bf16_to_f32(kw.x >> 16);
@@ -2399,7 +2393,7 @@ static __device__ __forceinline__ void fa_load(u16 (*kt)[FA_STRIDE], u16 (*vt)[F
 // too), copied into raw / raw_scale in flight (cp.async): nothing waits for them until
 // fa_convert.
 static __device__ __forceinline__ void fa_fetch(u8 (*raw)[HEAD_DIM], float* raw_scale, const u8* cache,
-                                         const float* scales, int j0, int end, int kvh, int hkv) {
+                                                const float* scales, int j0, int end, int kvh, int hkv) {
     for (int c = threadIdx.x; c < FA_KEYS * (HEAD_DIM / 16); c += blockDim.x) {
         int jj = c / (HEAD_DIM / 16), d = 16 * (c % (HEAD_DIM / 16)), j = j0 + jj;
         // A row past the end reads nothing; its address stays inside the cache.
@@ -2414,13 +2408,12 @@ static __device__ __forceinline__ void fa_fetch(u8 (*raw)[HEAD_DIM], float* raw_
 
 // The fetched int8 rows as f16 in the tile (the values attention_prefill's own loads give: the
 // f32 product with the row's scale, rounded once).
-static __device__ __forceinline__ void fa_convert(u16 (*tile)[FA_STRIDE], const u8 (*raw)[HEAD_DIM], const float* raw_scale) {
+static __device__ __forceinline__ void fa_convert(u16 (*tile)[FA_STRIDE], const u8 (*raw)[HEAD_DIM],
+                                                  const float* raw_scale) {
     for (int u = threadIdx.x; u < FA_KEYS * (HEAD_DIM / 4); u += blockDim.x) {
         int jj = u / (HEAD_DIM / 4), d = 4 * (u % (HEAD_DIM / 4));
-        u32 w = *(const u32*)&raw[jj][d];
-        float sc = raw_scale[jj], v[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = (float)(i8)(w >> (8 * i)) * sc;
+        float v[4];
+        int8_quad(*(const u32*)&raw[jj][d], raw_scale[jj], v);
         *(uint2*)&tile[jj][d] = uint2{pack_f16(v[0], v[1]), pack_f16(v[2], v[3])};
     }
 }
@@ -2434,9 +2427,9 @@ static __device__ __forceinline__ void fa_convert(u16 (*tile)[FA_STRIDE], const 
 // builds share a process, an inline function's statics would be one copy for all of them.
 template <bool ASYNC>
 static __device__ __forceinline__ void flash_prefill(const float* q, const u8* kc, const float* ks, const u8* vc,
-                                              const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
-                                              const int* pos_at, float scale, int block, int window, int T,
-                                              int chunk, int nchunks, float* part) {
+                                                     const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
+                                                     const int* pos_at, float scale, int block, int window, int T,
+                                                     int chunk, int nchunks, float* part) {
     __shared__ __align__(16) u16 kt[FA_KEYS][FA_STRIDE];
     __shared__ __align__(16) u16 vt[FA_KEYS][FA_STRIDE];
     __shared__ __align__(16) u8 raw[ASYNC ? FA_KEYS : 1][HEAD_DIM];
