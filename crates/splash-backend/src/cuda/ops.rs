@@ -604,8 +604,48 @@ fn gemv_tc(
     Ok(())
 }
 
-/// Whether tensor-core GEMVs run stream-K (see [`force_stream_k`]).
-static STREAM_K: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// A measurement switch: what its environment variable says, read once, unless a test or bench
+/// forces another value ([`Switch::force`]).
+struct Switch {
+    var: &'static str,
+    /// The forced value + 1; 0: none.
+    forced: std::sync::atomic::AtomicUsize,
+    from_env: std::sync::OnceLock<usize>,
+}
+
+impl Switch {
+    const fn new(var: &'static str) -> Self {
+        Self {
+            var,
+            forced: std::sync::atomic::AtomicUsize::new(0),
+            from_env: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The forced value, else `parse` of the variable's value ("" when unset).
+    fn get(&self, parse: impl FnOnce(&str) -> usize) -> usize {
+        match self.forced.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => *self
+                .from_env
+                .get_or_init(|| parse(&std::env::var(self.var).unwrap_or_default())),
+            v => v - 1,
+        }
+    }
+
+    /// Forces `value` (`None`: the variable's again).
+    fn force(&self, value: Option<usize>) {
+        let v = value.map_or(0, |v| v + 1);
+        self.forced.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// An on / off switch: on when forced so, else when the variable is "1".
+    fn on(&self) -> bool {
+        self.get(|v| usize::from(v == "1")) == 1
+    }
+}
+
+/// Whether tensor-core GEMVs run stream-K (`SPLASH_STREAM_K=1`, or [`force_stream_k`]).
+static STREAM_K: Switch = Switch::new("SPLASH_STREAM_K");
 /// Blocks per SM of a stream-K launch (128 registers a thread: four fit), and warps per block.
 const STREAM_K_BLOCKS_PER_SM: usize = 4;
 const STREAM_K_WARPS: u32 = 4;
@@ -623,12 +663,7 @@ fn stream_k_blocks_per_sm() -> usize {
 /// and the 16-token Q6_K one, BENCHMARKS.md 2026-12-02). For the bench's comparison; results
 /// then depend on this process-wide setting.
 pub fn force_stream_k(on: Option<bool>) {
-    let v = match on {
-        None => 0,
-        Some(false) => 1,
-        Some(true) => 2,
-    };
-    STREAM_K.store(v, std::sync::atomic::Ordering::Relaxed);
+    STREAM_K.force(on.map(usize::from));
 }
 
 /// How a stream-K launch cuts a matrix (`gemv_tcs` in kernels.cu).
@@ -662,11 +697,7 @@ impl StreamK {
 /// is on: by [`force_stream_k`], else by `SPLASH_STREAM_K=1`. It depends on the shape and the
 /// GPU only, never on the token count, so tokens keep their bits in any batch.
 fn stream_k(gpu: &Gpu, n: usize, kdim: usize) -> Option<StreamK> {
-    let on = match STREAM_K.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => std::env::var("SPLASH_STREAM_K").as_deref() == Ok("1"),
-        v => v == 2,
-    };
-    on.then(|| StreamK::new(n, kdim, gpu.sms()))
+    STREAM_K.on().then(|| StreamK::new(n, kdim, gpu.sms()))
 }
 
 /// `rows` rows of `kdim` activations as the tensor-core GEMV reads them (f16 in its k order,
@@ -943,7 +974,7 @@ pub enum PrefillExperts {
 }
 
 impl PrefillExperts {
-    /// All kernels, in the order of the switch's values.
+    /// All kernels, in declaration order (a kernel's index is `kernel as usize`).
     pub const ALL: [PrefillExperts; 3] = [Self::Gemv, Self::Wide, Self::Gemm];
 
     /// The switch's value for this kernel.
@@ -956,31 +987,18 @@ impl PrefillExperts {
     }
 }
 
-/// The kernel forced by [`force_prefill_experts`] (its index in [`PrefillExperts::ALL`] + 1; 0:
-/// `SPLASH_PREFILL_EXPERTS` decides).
-static PREFILL_EXPERTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The prefill expert kernel, as its index in [`PrefillExperts::ALL`].
+static PREFILL_EXPERTS: Switch = Switch::new("SPLASH_PREFILL_EXPERTS");
 
 /// Forces the prefill passes' grouped expert kernel (`None`: the environment's choice again);
 /// for the kernel bench's comparison.
 pub fn force_prefill_experts(kernel: Option<PrefillExperts>) {
-    let i = kernel.map_or(0, |k| {
-        PrefillExperts::ALL.iter().position(|&a| a == k).unwrap() + 1
-    });
-    PREFILL_EXPERTS.store(i, std::sync::atomic::Ordering::Relaxed);
+    PREFILL_EXPERTS.force(kernel.map(|k| k as usize));
 }
 
 fn prefill_experts() -> PrefillExperts {
-    static FROM_ENV: std::sync::OnceLock<PrefillExperts> = std::sync::OnceLock::new();
-    match PREFILL_EXPERTS.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => *FROM_ENV.get_or_init(|| {
-            let v = std::env::var("SPLASH_PREFILL_EXPERTS").unwrap_or_default();
-            PrefillExperts::ALL
-                .into_iter()
-                .find(|k| k.name() == v)
-                .unwrap_or(PrefillExperts::Gemv)
-        }),
-        i => PrefillExperts::ALL[i - 1],
-    }
+    let kernel = |v: &str| PrefillExperts::ALL.iter().position(|k| k.name() == v);
+    PrefillExperts::ALL[PREFILL_EXPERTS.get(|v| kernel(v).unwrap_or(0))]
 }
 
 /// Warps in flight that a grouped expert product of `format` aims for: about as many as the
@@ -1837,7 +1855,7 @@ pub fn attention(
         ]);
         // The int8 rows copied a tile ahead (16-byte copies: the caches' rows must be aligned).
         let aligned = (keys.0 | values.0).is_multiple_of(16);
-        let kernel = if format == KvFormat::Int8 && aligned && flash_async() {
+        let kernel = if format == KvFormat::Int8 && aligned && FLASH_ASYNC.on() {
             "attention_prefill_async"
         } else {
             "attention_prefill"
@@ -1861,22 +1879,12 @@ pub fn attention(
 /// into shared memory while the block computes on the one before; the same bits as
 /// `attention_prefill`, which waits on its loads). `SPLASH_FLASH_ASYNC=1` or
 /// [`force_flash_async`], a measurement switch: host-tested, not measured on a GPU yet.
-fn flash_async() -> bool {
-    static FROM_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    match FLASH_ASYNC.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => *FROM_ENV.get_or_init(|| std::env::var("SPLASH_FLASH_ASYNC").as_deref() == Ok("1")),
-        v => v == 2,
-    }
-}
-
-/// The choice forced by [`force_flash_async`]: 0 the environment's, 1 off, 2 on.
-static FLASH_ASYNC: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static FLASH_ASYNC: Switch = Switch::new("SPLASH_FLASH_ASYNC");
 
 /// Forces the prefill attention over int8 caches to `attention_prefill_async` or not (`None`:
 /// the environment's choice again); for tests and benches that compare the two.
 pub fn force_flash_async(on: Option<bool>) {
-    let v = on.map_or(0, |on| if on { 2 } else { 1 });
-    FLASH_ASYNC.store(v, std::sync::atomic::Ordering::Relaxed);
+    FLASH_ASYNC.force(on.map(usize::from));
 }
 
 /// Query tokens per block of `attention_prefill` (16 per warp, `FA_WARPS` = 4 warps).
