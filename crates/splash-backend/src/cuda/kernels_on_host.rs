@@ -330,6 +330,20 @@ impl ExpertLaunch<'_> {
         }
         (y, y_b)
     }
+
+    /// The product of one token's activations `x` by an expert alone (`tiles`, of `format`):
+    /// its tiled GEMV with one warp a chain, the bits every pair of that token must have.
+    fn alone(&self, format: GgmlType, tiles: &[u8], x: &[f32]) -> Vec<f32> {
+        let gemv = TcGemv {
+            kern: self.kern,
+            format,
+            tiles: tiles.to_vec(),
+            n: self.n,
+            kd: self.kd,
+            warps: self.chains,
+        };
+        gemv.run(x, TcLaunch::Tiled)
+    }
 }
 
 /// The grouped expert GEMV (`gemv_tc_experts_*`) gives each (token, expert) pair the bits of
@@ -386,16 +400,8 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     };
     let (eight, _) = run(8, &table, None);
     for (p, &e) in ids.iter().enumerate() {
-        let gemv = TcGemv {
-            kern: &kern,
-            format: t,
-            tiles: tiled[e].clone(),
-            n,
-            kd,
-            warps: chains,
-        };
         let token = p / top_k;
-        let alone = gemv.run(&x[token * kd..(token + 1) * kd], TcLaunch::Tiled);
+        let alone = launch.alone(t, &tiled[e], &x[token * kd..(token + 1) * kd]);
         assert_eq!(
             bits(&eight[p * n..(p + 1) * n]),
             bits(&alone),
@@ -468,15 +474,7 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
             }
             for p in [0usize, 17, 31, 32, 63, 64, 69, 70, 99] {
                 let e = usize::from(p >= 70);
-                let gemv = TcGemv {
-                    kern: &kern,
-                    format: t,
-                    tiles: tiled[e].clone(),
-                    n,
-                    kd,
-                    warps: chains,
-                };
-                let alone = gemv.run(&x[p * kd..(p + 1) * kd], TcLaunch::Tiled);
+                let alone = launch.alone(t, &tiled[e], &x[p * kd..(p + 1) * kd]);
                 assert_eq!(
                     bits(&narrow[p * n..(p + 1) * n]),
                     bits(&alone),
