@@ -1228,9 +1228,8 @@ __device__ __forceinline__ ExpertBlock expert_block(const u64* table, float* y, 
 // it. Pair p reads activation row p / col_div (its token for gate / up, the pair itself for
 // down) and writes row p of y; each pair gets what its token alone would get. With a second
 // table (table_b, y_b: the up products beside the gate ones), the second half of the grid does
-// the same for it. WIDE (prefill: dozens of pairs an expert) takes 32 columns at a time, so each
-// tile's weights are decoded half as often; each column's sums are the same either way.
-template <int F, bool WIDE>
+// the same for it. A prefill pass's products (dozens of pairs an expert) take gemm_tc_experts.
+template <int F>
 __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
                                 const int* offsets, const int* order, long row_bytes, const u16* xh,
                                 const float* xscale, int N, int K, int col_div, int chains) {
@@ -1239,16 +1238,13 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
     if (e < 0) return;  // the whole block
     const u8* W = (const u8*)eb.table[e];
     int off = offsets[eb.a], cnt = offsets[eb.a + 1] - off;
-    const int step = WIDE ? 32 : 16;
-    for (int c0 = 0; c0 < cnt; c0 += step) {
-        int n = min(step, cnt - c0);
+    for (int c0 = 0; c0 < cnt; c0 += 16) {
+        int n = min(16, cnt - c0);
         const int* cols = order + off + c0;
         if (n <= 8)
             gemv_tc<F, 1>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
-        else if (!WIDE || n <= 16)
-            gemv_tc<F, 2>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
         else
-            gemv_tc<F, 4>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
+            gemv_tc<F, 2>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
         __syncthreads();  // the next chunk reuses the partial sums' shared memory
     }
 }
@@ -1433,8 +1429,7 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
                                                 int split, int N, int K, int T) {                 \
         gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
     }                                                                                             \
-    EXPERT_KERNEL(EXPERT_REGS_##NAME, gemv_tc_experts_##NAME, gemv_tc_experts<F, false>)        \
-    EXPERT_KERNEL(, gemv_tc_experts_wide_##NAME, gemv_tc_experts<F, true>)                        \
+    EXPERT_KERNEL(EXPERT_REGS_##NAME, gemv_tc_experts_##NAME, gemv_tc_experts<F>)               \
     EXPERT_KERNEL(GEMM_EXPERT_REGS, gemm_tc_experts_##NAME, gemm_tc_experts<F>)
 
 TC_KERNEL(q4_k, FMT_Q4_K)

@@ -638,9 +638,9 @@ impl Switch {
         self.forced.store(v, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// An on / off switch: on when forced so, else when the variable is "1".
-    fn on(&self) -> bool {
-        self.get(|v| usize::from(v == "1")) == 1
+    /// An on / off switch: as forced, else "1" on and "0" off, else `default`.
+    fn on(&self, default: bool) -> bool {
+        self.get(|v| usize::from(v == "1" || (default && v != "0"))) == 1
     }
 }
 
@@ -697,7 +697,7 @@ impl StreamK {
 /// is on: by [`force_stream_k`], else by `SPLASH_STREAM_K=1`. It depends on the shape and the
 /// GPU only, never on the token count, so tokens keep their bits in any batch.
 fn stream_k(gpu: &Gpu, n: usize, kdim: usize) -> Option<StreamK> {
-    STREAM_K.on().then(|| StreamK::new(n, kdim, gpu.sms()))
+    STREAM_K.on(false).then(|| StreamK::new(n, kdim, gpu.sms()))
 }
 
 /// `rows` rows of `kdim` activations as the tensor-core GEMV reads them (f16 in its k order,
@@ -922,7 +922,6 @@ fn launch_experts(
     // weights for more pairs at a time may pay.
     let many = x.tokens * col_div > 16 * routing.slots;
     let (kernel, warps) = match prefill_experts() {
-        PrefillExperts::Wide if many => ("gemv_tc_experts_wide_", 0),
         PrefillExperts::Gemm if many => ("gemm_tc_experts_", 4),
         _ => ("gemv_tc_experts_", 0),
     };
@@ -959,30 +958,27 @@ fn launch_experts(
 }
 
 /// The kernel of the grouped expert products with more than 16 pairs an expert on average (a
-/// prefill pass's); every one gives each pair the same bits. A measurement switch until the
-/// choice is measured on a GPU: `SPLASH_PREFILL_EXPERTS=gemv|wide|gemm`, or
-/// [`force_prefill_experts`].
+/// prefill pass's); both give each pair the same bits. `gemm` by default: on the H200 the
+/// 35B-A3B's 8K prefill ran at 13,241 tok/s with it against 11,440 (BENCHMARKS.md, eighth
+/// session). `SPLASH_PREFILL_EXPERTS=gemv|gemm` or [`force_prefill_experts`] to compare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillExperts {
-    /// `gemv_tc_experts_*`: a tile's weights decoded for every 16 pairs (the default).
-    Gemv,
-    /// `gemv_tc_experts_wide_*`: decoded for every 32 pairs (255 registers, with spills).
-    Wide,
-    /// `gemm_tc_experts_*`: decoded into registers once for up to 64 pairs, sums in shared
-    /// memory.
+    /// `gemm_tc_experts_*`: a 256-value block decoded into registers once for up to 64 pairs,
+    /// sums in shared memory (the default).
     Gemm,
+    /// `gemv_tc_experts_*`: a tile's weights decoded again for every 16 pairs (decode's kernel).
+    Gemv,
 }
 
 impl PrefillExperts {
     /// All kernels, in declaration order (a kernel's index is `kernel as usize`).
-    pub const ALL: [PrefillExperts; 3] = [Self::Gemv, Self::Wide, Self::Gemm];
+    pub const ALL: [PrefillExperts; 2] = [Self::Gemm, Self::Gemv];
 
     /// The switch's value for this kernel.
     pub fn name(self) -> &'static str {
         match self {
-            Self::Gemv => "gemv",
-            Self::Wide => "wide",
             Self::Gemm => "gemm",
+            Self::Gemv => "gemv",
         }
     }
 }
@@ -1855,7 +1851,7 @@ pub fn attention(
         ]);
         // The int8 rows copied a tile ahead (16-byte copies: the caches' rows must be aligned).
         let aligned = (keys.0 | values.0).is_multiple_of(16);
-        let kernel = if format == KvFormat::Int8 && aligned && FLASH_ASYNC.on() {
+        let kernel = if format == KvFormat::Int8 && aligned && FLASH_ASYNC.on(true) {
             "attention_prefill_async"
         } else {
             "attention_prefill"
@@ -1877,8 +1873,9 @@ pub fn attention(
 
 /// Whether a long pass over an int8 cache takes `attention_prefill_async` (each tile's rows copied
 /// into shared memory while the block computes on the one before; the same bits as
-/// `attention_prefill`, which waits on its loads). `SPLASH_FLASH_ASYNC=1` or
-/// [`force_flash_async`], a measurement switch: host-tested, not measured on a GPU yet.
+/// `attention_prefill`, which waits on its loads). On by default: the 27B's prefill on the H200
+/// 6,496 → 6,890 tok/s at 8K and 4,110 → 5,166 at 32K (BENCHMARKS.md, eighth session);
+/// `SPLASH_FLASH_ASYNC=0` or [`force_flash_async`] to compare.
 static FLASH_ASYNC: Switch = Switch::new("SPLASH_FLASH_ASYNC");
 
 /// Forces the prefill attention over int8 caches to `attention_prefill_async` or not (`None`:
