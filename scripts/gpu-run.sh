@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `decode`: plain decoding speed with and without CUDA graphs.
@@ -18,6 +18,9 @@
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
 # `sweep`: the same at each warps-per-tile count (GEMV_SWEEP=1); `gemv-ncu`: Nsight
 # Compute on single GEMV launches.
+# `table`: issue 6's table for each model: decode with the 1- and 16-row pass costs at 1K and
+# 32K of context, prefill at 2K, 8K and 32K (passes of 2,048), peak GPU memory, and beside them
+# transformers in bf16 (prefill 2K, decode after it) on the same machine.
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
 set -uo pipefail
@@ -105,7 +108,7 @@ if [ "$what" = peers ]; then
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
-  [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ]; then
+  [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
   # A random draft of the published shape (5 layers, block 16) for model $1: `dflash` (v1) or
   # `dflash2` ($2), made once; prints its directory.
@@ -154,6 +157,21 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
             --decode-tokens 8 --repeat 2 --speculative off 2>&1 |
             tee "$out/prefill-ab-$m-$n-$chunk-${setting//[^A-Za-z0-9]/_}.txt" | grep -E '^prefill'
         done
+      done
+    elif [ "$what" = table ]; then
+      echo "== table $m: transformers bf16, prefill 2,048 tokens, decode 64 after it"
+      python3 bench/peers/transformers_bench.py ".device/cfg-$m" --prompt-tokens 2048 --decode-tokens 64 --repeat 3 2>&1 |
+        tee "$out/table-$m-transformers.txt" | grep -E '^(prefill|decode|peak)'
+      for run in 1024:1024:128:3 2048:2048:8:3 8192:2048:8:2 32768:2048:64:2; do
+        IFS=: read -r n chunk dec rep <<<"$run"
+        echo "== table $m: splash, prompt $n in passes of $chunk, decode $dec, 1- and 16-row passes"
+        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/table-$m-$n-mem.txt" &
+        smi=$!
+        ./.device/splash bench --model "$f" --device cuda --prompt-tokens "$n" --prefill-chunk "$chunk" \
+          --decode-tokens "$dec" --repeat "$rep" --speculative off --verify-rows 16 2>&1 |
+          tee "$out/table-$m-$n.txt" | grep -E '^(prefill|decode|pass)'
+        kill $smi
+        echo "peak GPU memory $(sort -n "$out/table-$m-$n-mem.txt" | tail -1) MiB"
       done
     elif [ "$what" = serving ]; then
       echo "== serving $m"

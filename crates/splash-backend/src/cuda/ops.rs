@@ -38,6 +38,8 @@ const GEMM_MIN_T: usize = 48;
 
 /// Weight rows decoded to bf16 at a time for the GEMM (bounds the scratch buffer).
 const GEMM_ROW_CHUNK: usize = 8192;
+/// Warps a block of `dequant_tiled_bf16_*` (`DEQUANT_WARPS` in kernels.cu).
+pub(super) const DEQUANT_WARPS: usize = 4;
 
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
@@ -328,24 +330,53 @@ fn gemm(
     );
     for r0 in (0..n).step_by(chunk) {
         let rows = chunk.min(n - r0);
-        let (scales, biases, group) = group_args(gpu, w, row0 + r0);
-        gpu.launch(
-            k,
-            &dequant,
-            blocks(rows * kdim / 32, 128),
-            128,
-            &[
-                Arg::Ptr(super::ptr(gpu, &w.data, (row0 + r0) * w.row_bytes)),
-                Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(scales),
-                Arg::Ptr(biases),
-                Arg::I32(group),
-                Arg::Ptr(super::ptr(gpu, &wb, 0)),
-                Arg::I32(rows as i32),
-                Arg::I32(kdim as i32),
-            ],
-        )?;
         let wp = super::ptr(gpu, &wb, 0);
+        let src = super::ptr(gpu, &w.data, (row0 + r0) * w.row_bytes);
+        if !exact && super::weights::is_tiled(w.format) {
+            // A warp a 16-row, 256-value segment (dequant_tiled in kernels.cu).
+            let segments = rows.div_ceil(16) * (kdim / 256);
+            gpu.launch(
+                k,
+                &format!("dequant_tiled_bf16_{}", w.format.kernel_suffix()),
+                segments.div_ceil(DEQUANT_WARPS) as u32,
+                32 * DEQUANT_WARPS as u32,
+                &[
+                    Arg::Ptr(src),
+                    Arg::I64(w.row_bytes as i64),
+                    Arg::Ptr(wp),
+                    Arg::I32(rows as i32),
+                    Arg::I32(kdim as i32),
+                ],
+            )?;
+        } else if !exact && w.format == super::GpuFormat::F32 && w.row_bytes == 4 * kdim {
+            // Contiguous f32 rows: the activations' coalesced conversion, the same bits.
+            let values = rows * kdim;
+            gpu.launch(
+                k,
+                "to_bf16",
+                blocks(values.div_ceil(4), 256),
+                256,
+                &[Arg::Ptr(src), Arg::Ptr(wp), Arg::I64(values as i64)],
+            )?;
+        } else {
+            let (scales, biases, group) = group_args(gpu, w, row0 + r0);
+            gpu.launch(
+                k,
+                &dequant,
+                blocks(rows * kdim / 32, 128),
+                128,
+                &[
+                    Arg::Ptr(super::ptr(gpu, &w.data, (row0 + r0) * w.row_bytes)),
+                    Arg::I64(w.row_bytes as i64),
+                    Arg::Ptr(scales),
+                    Arg::Ptr(biases),
+                    Arg::I32(group),
+                    Arg::Ptr(super::ptr(gpu, &wb, 0)),
+                    Arg::I32(rows as i32),
+                    Arg::I32(kdim as i32),
+                ],
+            )?;
+        }
         gemm_rows(
             gpu,
             blas,
@@ -1405,9 +1436,13 @@ fn launch_rms_norm_gated(
 ) -> Result<(), GpuError> {
     let mut args = vec![Arg::Ptr(x), Arg::Ptr(z), Arg::Ptr(w), Arg::Ptr(out)];
     args.extend(ob.map(Arg::Ptr));
-    args.extend([Arg::I32(d as i32), Arg::F32(eps)]);
-    gpu.launch(k, kernel, rows as u32, row_threads(d), &args)
+    args.extend([Arg::I32(rows as i32), Arg::I32(d as i32), Arg::F32(eps)]);
+    let blocks = rows.div_ceil(GATED_NORM_ROWS) as u32;
+    gpu.launch(k, kernel, blocks, 32 * GATED_NORM_ROWS as u32, &args)
 }
+
+/// Rows (a warp each) a block of `rms_norm_gated*`.
+pub(super) const GATED_NORM_ROWS: usize = 8;
 
 fn elementwise(
     gpu: &Gpu,
