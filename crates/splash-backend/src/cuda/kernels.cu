@@ -613,15 +613,16 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 
 // Q4_K / Q6_K rows N (padded to whole tiles) × K → bf16 [N, K] for cuBLAS, one warp per
 // segment (16 rows × 256 values): the segment staged in shared memory by contiguous 16-byte
-// loads, then each lane decodes four sub-blocks from there and writes each as 64 contiguous
-// bytes (eight lanes a row's 512). dequant_rows gave each thread a sub-block of one row, whose
-// bytes lie in 16-byte pieces across four segments: scattered loads, at about a quarter of the
-// bandwidth. The values are deq32's (block_codes, code_value).
+// loads, each lane decoding sub-blocks from there into a second stage of four rows, which the
+// warp writes as four 512-byte runs. dequant_rows gives each thread a sub-block of one row,
+// whose bytes lie in 16-byte pieces across four segments. The values are deq32's (block_codes,
+// code_value).
 #define DEQUANT_WARPS 4
 template <int F>
 __device__ void dequant_tiled(const u8* W, long row_bytes, u16* out, int N, int K) {
     constexpr int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
     __shared__ uint4 stage[DEQUANT_WARPS][seg_bytes / 16];
+    __shared__ uint4 rows4[DEQUANT_WARPS][4 * 512 / 16];  // four rows' 256 bf16 values
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = K >> 8;
     long seg = (long)blockIdx.x * DEQUANT_WARPS + warp;
     if (seg >= (long)((N + 15) / 16) * nb) return;  // the whole warp
@@ -630,18 +631,23 @@ __device__ void dequant_tiled(const u8* W, long row_bytes, u16* out, int N, int 
     for (int i = lane; i < seg_bytes / 16; i += 32) stage[warp][i] = ld_stream(src + i);
     __syncwarp();
     const u8* b = (const u8*)stage[warp];
-#pragma unroll
     for (int p = 0; p < 4; p++) {
-        int r = (32 * p + lane) >> 3, j = lane & 7, n = 16 * tile + r;
-        if (n >= N) continue;
-        Codes c = block_codes<F>(b, r, j);
+        // Lane (r, j): sub-block j of row 4p + r.
+        int r = lane >> 3, j = lane & 7;
+        Codes c = block_codes<F>(b, 4 * p + r, j);
         u32 h[16];
 #pragma unroll
         for (int l = 0; l < 16; l++)
             h[l] = (u32)f32_to_bf16(code_value<F>(c, 2 * l)) | ((u32)f32_to_bf16(code_value<F>(c, 2 * l + 1)) << 16);
-        uint4* dst = (uint4*)(out + (long)n * K + 256 * blk + 32 * j);
 #pragma unroll
-        for (int v = 0; v < 4; v++) dst[v] = make_uint4(h[4 * v], h[4 * v + 1], h[4 * v + 2], h[4 * v + 3]);
+        for (int v = 0; v < 4; v++) rows4[warp][4 * lane + v] = make_uint4(h[4 * v], h[4 * v + 1], h[4 * v + 2], h[4 * v + 3]);
+        __syncwarp();
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int n = 16 * tile + 4 * p + q;
+            if (n < N) ((uint4*)(out + (long)n * K + 256 * blk))[lane] = rows4[warp][32 * q + lane];
+        }
+        __syncwarp();
     }
 }
 

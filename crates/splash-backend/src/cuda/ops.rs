@@ -38,6 +38,10 @@ const GEMM_MIN_T: usize = 48;
 
 /// Weight rows decoded to bf16 at a time for the GEMM (bounds the scratch buffer).
 const GEMM_ROW_CHUNK: usize = 8192;
+/// Whether Q4_K / Q6_K weights are decoded for cuBLAS by `dequant_tiled_bf16_*` (a warp a
+/// segment) rather than `dequant_bf16_*` (a thread a sub-block): the same bits.
+/// `SPLASH_TILED_DEQUANT=0` to compare, a measurement switch.
+static TILED_DEQUANT: Switch = Switch::new("SPLASH_TILED_DEQUANT");
 /// Warps a block of `dequant_tiled_bf16_*` (`DEQUANT_WARPS` in kernels.cu).
 pub(super) const DEQUANT_WARPS: usize = 4;
 
@@ -332,7 +336,7 @@ fn gemm(
         let rows = chunk.min(n - r0);
         let wp = super::ptr(gpu, &wb, 0);
         let src = super::ptr(gpu, &w.data, (row0 + r0) * w.row_bytes);
-        if !exact && super::weights::is_tiled(w.format) {
+        if !exact && super::weights::is_tiled(w.format) && TILED_DEQUANT.on(true) {
             // A warp a 16-row, 256-value segment (dequant_tiled in kernels.cu).
             let segments = rows.div_ceil(16) * (kdim / 256);
             gpu.launch(
