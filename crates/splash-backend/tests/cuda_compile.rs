@@ -73,8 +73,6 @@ fn every_kernel_compiles_for_the_served_shapes() {
                 "gemv1_f32",
                 "gemv_bf16",
                 "dequant_bf16_q8_0",
-                "dequant_tiled_bf16_q4_k",
-                "dequant_tiled_bf16_q6_k",
                 "rms_norm",
                 "add_rms_norm",
                 "rms_norm_gated",

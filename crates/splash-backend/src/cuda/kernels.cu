@@ -227,12 +227,12 @@ __device__ __forceinline__ const u8* q6k_codes(const u8* seg, int r, int o, bool
     return seg + 512 * (3 * (r >> 3) + k) + 16 * (4 * (r & 7) + q);
 }
 
-// Sub-block j of row r of a Q4_K segment (or of a Q5_K block b, r unused) or a Q6_K segment:
-// load_codes once the block is found, and what dequant_tiled_bf16 reads from a staged segment.
 template <int F>
-__device__ __forceinline__ Codes block_codes(const u8* b, int r, int j) {
+__device__ __forceinline__ Codes load_codes(const u8* row, int s, int K, int n) {
     Codes c;
     if (F == FMT_Q4_K || F == FMT_Q5_K) {
+        int j = s & 7, r = n & 15;
+        const u8* b = F == FMT_Q4_K ? tile_segment(row, n, s >> 3, K, 144) : row + 176 * (s >> 3);
         uint4 hv = *(const uint4*)(F == FMT_Q4_K ? b + 16 * r : b);
         u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
         float d = f16_to_f32((u16)(hw[0] & 0xffff)), dmin = f16_to_f32((u16)(hw[0] >> 16)), sc, m;
@@ -264,9 +264,9 @@ __device__ __forceinline__ Codes block_codes(const u8* b, int r, int j) {
             if (F == FMT_Q5_K) v |= ((hq[i] >> j) & 0x01010101u) << 4;
             c.v[i] = v;
         }
-    } else {  // FMT_Q6_K
-        const u8* seg = b;
-        int h = j >> 2, m = j & 3;
+    } else if (F == FMT_Q6_K) {
+        const u8* seg = tile_segment(row, n, s >> 3, K, 210);
+        int j = s & 7, h = j >> 2, m = j & 3, r = n & 15;
         u16 scw = *(const u16*)(seg + 3072 + 16 * r + 8 * h + 2 * m);
         float d = f16_to_f32(*(const u16*)(seg + 3328 + 2 * r));
         c.scale = d * (float)(i8)(scw & 0xff);
@@ -281,28 +281,13 @@ __device__ __forceinline__ Codes block_codes(const u8* b, int r, int j) {
             u32 lo = m < 2 ? (lw[i] & 0x0f0f0f0fu) : ((lw[i] >> 4) & 0x0f0f0f0fu);
             c.v[i] = lo | (((hw[i] >> (2 * m)) & 0x03030303u) << 4);
         }
+    } else {  // FMT_Q8_0
+        const u8* b = row + 34 * s;
+        c.scale = f16_to_f32(((const u16*)b)[0]);
+#pragma unroll
+        for (int i = 0; i < 8; i++) c.v[i] = ld_u32_2(b + 2 + 4 * i);
     }
     return c;
-}
-
-template <int F>
-__device__ __forceinline__ Codes load_codes(const u8* row, int s, int K, int n) {
-    if (F == FMT_Q4_K) return block_codes<F>(tile_segment(row, n, s >> 3, K, 144), n & 15, s & 7);
-    if (F == FMT_Q5_K) return block_codes<F>(row + 176 * (s >> 3), 0, s & 7);
-    if (F == FMT_Q6_K) return block_codes<F>(tile_segment(row, n, s >> 3, K, 210), n & 15, s & 7);
-    Codes c;  // FMT_Q8_0
-    const u8* b = row + 34 * s;
-    c.scale = f16_to_f32(((const u16*)b)[0]);
-#pragma unroll
-    for (int i = 0; i < 8; i++) c.v[i] = ld_u32_2(b + 2 + 4 * i);
-    return c;
-}
-
-// Value l of a Q4_K / Q5_K / Q6_K sub-block's codes (deq32's and dequant_tiled_bf16's bits).
-template <int F>
-__device__ __forceinline__ float code_value(const Codes& c, int l) {
-    if (F == FMT_Q6_K) return (l < 16 ? c.scale : c.scale2) * (float)((int)WBYTE(c.v, l) - 32);
-    return c.scale * (float)WBYTE(c.v, l) - c.minus;
 }
 
 // Decodes values 32s..32s+31 of `row` into w.
@@ -398,10 +383,14 @@ __device__ __forceinline__ void deq32(const u8* row, int s, float* w, const Affi
             int q = (int)((qs[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4);
             w[l] = dl * (float)q;
         }
-    } else if (F == FMT_Q4_K || F == FMT_Q5_K || F == FMT_Q6_K) {
+    } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
         Codes c = load_codes<F>(row, s, k, n);
 #pragma unroll
-        for (int l = 0; l < 32; l++) w[l] = code_value<F>(c, l);
+        for (int l = 0; l < 32; l++) w[l] = c.scale * (float)WBYTE(c.v, l) - c.minus;
+    } else if (F == FMT_Q6_K) {
+        Codes c = load_codes<F>(row, s, k, n);
+#pragma unroll
+        for (int l = 0; l < 32; l++) w[l] = (l < 16 ? c.scale : c.scale2) * (float)((int)WBYTE(c.v, l) - 32);
     } else if (F == FMT_IQ4_XS) {
         const u8* b = row + 136 * (s >> 3);
         int j = s & 7;
@@ -597,68 +586,6 @@ __device__ void dequant_rows(const u8* W, long row_bytes, Affine a, void* out, i
     const uint4* src = (const uint4*)stage[warp];
     uint4* dst = (uint4*)((u8*)out + first * sub_bytes);
     for (int v = lane; v < vectors; v += 32) dst[v] = src[v];
-}
-
-// Weights are read once per launch: loads that do not allocate in L1 leave it to the
-// activations, which every tile reads again.
-#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
-#endif
-
-// Q4_K / Q6_K rows N (padded to whole tiles) × K → bf16 [N, K] for cuBLAS, one warp per
-// segment (16 rows × 256 values): the segment staged in shared memory by contiguous 16-byte
-// loads, each lane decoding sub-blocks from there into a second stage of four rows, which the
-// warp writes as four 512-byte runs. dequant_rows gives each thread a sub-block of one row,
-// whose bytes lie in 16-byte pieces across four segments. The values are deq32's (block_codes,
-// code_value).
-#define DEQUANT_WARPS 4
-template <int F>
-__device__ void dequant_tiled(const u8* W, long row_bytes, u16* out, int N, int K) {
-    constexpr int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
-    __shared__ uint4 stage[DEQUANT_WARPS][seg_bytes / 16];
-    __shared__ uint4 rows4[DEQUANT_WARPS][4 * 512 / 16];  // four rows' 256 bf16 values
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = K >> 8;
-    long seg = (long)blockIdx.x * DEQUANT_WARPS + warp;
-    if (seg >= (long)((N + 15) / 16) * nb) return;  // the whole warp
-    int tile = (int)(seg / nb), blk = (int)(seg % nb);
-    const uint4* src = (const uint4*)(W + (long)tile * 16 * row_bytes + (long)blk * seg_bytes);
-    for (int i = lane; i < seg_bytes / 16; i += 32) stage[warp][i] = ld_stream(src + i);
-    __syncwarp();
-    const u8* b = (const u8*)stage[warp];
-    for (int p = 0; p < 4; p++) {
-        // Lane (r, j): sub-block j of row 4p + r.
-        int r = lane >> 3, j = lane & 7;
-        Codes c = block_codes<F>(b, 4 * p + r, j);
-        u32 h[16];
-#pragma unroll
-        for (int l = 0; l < 16; l++)
-            h[l] = (u32)f32_to_bf16(code_value<F>(c, 2 * l)) | ((u32)f32_to_bf16(code_value<F>(c, 2 * l + 1)) << 16);
-#pragma unroll
-        for (int v = 0; v < 4; v++) rows4[warp][4 * lane + v] = make_uint4(h[4 * v], h[4 * v + 1], h[4 * v + 2], h[4 * v + 3]);
-        __syncwarp();
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            int n = 16 * tile + 4 * p + q;
-            if (n < N) ((uint4*)(out + (long)n * K + 256 * blk))[lane] = rows4[warp][32 * q + lane];
-        }
-        __syncwarp();
-    }
-}
-
-extern "C" __global__ void dequant_tiled_bf16_q4_k(const u8* W, long row_bytes, u16* out, int N, int K) {
-    GRID_PROLOGUE();
-    dequant_tiled<FMT_Q4_K>(W, row_bytes, out, N, K);
-}
-
-extern "C" __global__ void dequant_tiled_bf16_q6_k(const u8* W, long row_bytes, u16* out, int N, int K) {
-    GRID_PROLOGUE();
-    dequant_tiled<FMT_Q6_K>(W, row_bytes, out, N, K);
 }
 
 // gemv_*: up to GEMV_MAX_T tokens share each weight read; gemv1_*: one token a group of
@@ -895,6 +822,18 @@ struct TcRaw {
     uint2 s;
     u32 d;
 };
+
+// Weights are read once per launch: loads that do not allocate in L1 leave it to the
+// activations, which every tile reads again.
+#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+#endif
 
 // Row g + 8·half of block `seg` (a tile segment, see tile_segment): every load is one warp-wide
 // run of contiguous bytes.

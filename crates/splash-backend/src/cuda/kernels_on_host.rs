@@ -191,60 +191,6 @@ fn kquant(t: GgmlType, n: usize, k: usize, fp16_fields: &[usize], seed: u64) -> 
     Weight::new(DType::Ggml(t), vec![n, k], HostBytes::from_vec(raw)).unwrap()
 }
 
-/// `dequant_tiled_bf16_*` (a warp a staged segment) writes the bits of `dequant_bf16_*` (a
-/// thread a sub-block, which has run on the GPU) for Q4_K and Q6_K, 40 rows (the last tile
-/// partly padding) of 3 blocks, and values within bf16 rounding of the CPU's decoding.
-#[test]
-fn the_tiled_dequantisation_has_the_bits_of_the_per_thread_one() {
-    let Some(kern) = kernels(DIMS_32) else { return };
-    type Old =
-        unsafe extern "C" fn(*const u8, i64, *const f32, *const f32, i32, *mut u16, i32, i32);
-    type New = unsafe extern "C" fn(*const u8, i64, *mut u16, i32, i32);
-    let (n, kd) = (40usize, 768usize);
-    for (t, fields, suffix) in [
-        (GgmlType::Q4_K, &[0usize, 2][..], "q4_k"),
-        (GgmlType::Q6_K, &[208][..], "q6_k"),
-    ] {
-        let w = kquant(t, n, kd, fields, 7);
-        let tiled = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
-        let row_bytes = t.row_bytes(kd) as i64;
-        let (old, new) = (vec![0xffffu16; n * kd], vec![0xffffu16; n * kd]);
-        let (wa, oa, na) = (Addr::of(&tiled), Addr::of(&old), Addr::of(&new));
-        let segments = n.div_ceil(16) * (kd / 256);
-        // SAFETY: the kernels' signatures, over buffers of the sizes ops.rs gives them.
-        unsafe {
-            let f: Old = kern.kernel(&format!("dequant_bf16_{suffix}"));
-            let blocks = (n * kd / 32).div_ceil(128) as u32;
-            kern.launch(blocks, 128, &|| {
-                let null = std::ptr::null();
-                f(
-                    wa.ptr(),
-                    row_bytes,
-                    null,
-                    null,
-                    0,
-                    oa.ptr(),
-                    n as i32,
-                    kd as i32,
-                )
-            });
-            let f: New = kern.kernel(&format!("dequant_tiled_bf16_{suffix}"));
-            let blocks = segments.div_ceil(super::ops::DEQUANT_WARPS) as u32;
-            let threads = 32 * super::ops::DEQUANT_WARPS as u32;
-            kern.launch(blocks, threads, &|| {
-                f(wa.ptr(), row_bytes, na.ptr(), n as i32, kd as i32)
-            });
-        }
-        assert_eq!(new, old, "{t}: the tiled dequantisation's bits");
-        let got: Vec<f32> = new
-            .iter()
-            .map(|&h| f32::from_bits(u32::from(h) << 16))
-            .collect();
-        let err = rel_err(&got, &w.to_f32_vec());
-        assert!(err < 4e-3, "{t}: {err} from the CPU's values");
-    }
-}
-
 /// The tensor-core GEMV (validated on the H200) gives the CPU's product here too: the
 /// emulated mma.sync has the hardware's fragment layout, which the kernels below rely on. And
 /// each token of a 16-token launch gets the bits it gets alone. Stream-K (`gemv_tcs*` and

@@ -38,12 +38,6 @@ const GEMM_MIN_T: usize = 48;
 
 /// Weight rows decoded to bf16 at a time for the GEMM (bounds the scratch buffer).
 const GEMM_ROW_CHUNK: usize = 8192;
-/// Whether Q4_K / Q6_K weights are decoded for cuBLAS by `dequant_tiled_bf16_*` (a warp a
-/// segment) rather than `dequant_bf16_*` (a thread a sub-block): the same bits.
-/// `SPLASH_TILED_DEQUANT=0` to compare, a measurement switch.
-static TILED_DEQUANT: Switch = Switch::new("SPLASH_TILED_DEQUANT");
-/// Warps a block of `dequant_tiled_bf16_*` (`DEQUANT_WARPS` in kernels.cu).
-pub(super) const DEQUANT_WARPS: usize = 4;
 
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per) as u32
@@ -336,23 +330,7 @@ fn gemm(
         let rows = chunk.min(n - r0);
         let wp = super::ptr(gpu, &wb, 0);
         let src = super::ptr(gpu, &w.data, (row0 + r0) * w.row_bytes);
-        if !exact && super::weights::is_tiled(w.format) && TILED_DEQUANT.on(true) {
-            // A warp a 16-row, 256-value segment (dequant_tiled in kernels.cu).
-            let segments = rows.div_ceil(16) * (kdim / 256);
-            gpu.launch(
-                k,
-                &format!("dequant_tiled_bf16_{}", w.format.kernel_suffix()),
-                segments.div_ceil(DEQUANT_WARPS) as u32,
-                32 * DEQUANT_WARPS as u32,
-                &[
-                    Arg::Ptr(src),
-                    Arg::I64(w.row_bytes as i64),
-                    Arg::Ptr(wp),
-                    Arg::I32(rows as i32),
-                    Arg::I32(kdim as i32),
-                ],
-            )?;
-        } else if !exact && w.format == super::GpuFormat::F32 && w.row_bytes == 4 * kdim {
+        if !exact && w.format == super::GpuFormat::F32 && w.row_bytes == 4 * kdim {
             // Contiguous f32 rows: the activations' coalesced conversion, the same bits.
             let values = rows * kdim;
             gpu.launch(
@@ -370,12 +348,12 @@ fn gemm(
                 blocks(rows * kdim / 32, 128),
                 128,
                 &[
-                    Arg::Ptr(super::ptr(gpu, &w.data, (row0 + r0) * w.row_bytes)),
+                    Arg::Ptr(src),
                     Arg::I64(w.row_bytes as i64),
                     Arg::Ptr(scales),
                     Arg::Ptr(biases),
                     Arg::I32(group),
-                    Arg::Ptr(super::ptr(gpu, &wb, 0)),
+                    Arg::Ptr(wp),
                     Arg::I32(rows as i32),
                     Arg::I32(kdim as i32),
                 ],
@@ -1446,7 +1424,7 @@ fn launch_rms_norm_gated(
 }
 
 /// Rows (a warp each) a block of `rms_norm_gated*`.
-pub(super) const GATED_NORM_ROWS: usize = 8;
+const GATED_NORM_ROWS: usize = 8;
 
 fn elementwise(
     gpu: &Gpu,
