@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `decode`: plain decoding speed with and without CUDA graphs.
@@ -21,6 +21,8 @@
 # `table`: issue 6's table for each model: decode with the 1- and 16-row pass costs at 1K and
 # 32K of context, prefill at 2K, 8K and 32K (passes of 2,048), peak GPU memory, and beside them
 # transformers in bf16 (prefill 2K, decode after it) on the same machine.
+# `serve`: `splash serve --device cuda` on each model's synthetic GGUF (and the demo), one chat
+# completion, one streamed Anthropic message and one tool call each through curl on loopback.
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
 set -uo pipefail
@@ -108,7 +110,33 @@ if [ "$what" = peers ]; then
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
-  [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ]; then
+  [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ] || [ "$what" = serve ]; then
+  # The server on `$1` (a model), `$2` a name for its files: /ready, a chat completion, a
+  # streamed Anthropic message and a tool call, each printed.
+  serve_once() {
+    local port=8199 log="$out/serve-$2.log"
+    ./.device/splash serve --model "$1" --device cuda --port $port --served-model-name m > "$log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 300); do curl -sf localhost:$port/ready > /dev/null && break; sleep 1; done
+    grep -iE 'device|memory|listening' "$log" | head -8
+    local chat='{"model":"m","messages":[{"role":"user","content":"What is 47 + 38?"}],"max_tokens":64,"temperature":0}'
+    echo "-- POST /v1/chat/completions"
+    curl -s -w '\nHTTP %{http_code} in %{time_total} s\n' localhost:$port/v1/chat/completions \
+      -H 'content-type: application/json' -d "$chat" | tee "$out/serve-$2-chat.json"
+    echo "-- POST /v1/messages (stream)"
+    curl -sN localhost:$port/v1/messages -H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' \
+      -d '{"model":"m","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"Hello"}]}' |
+      tee "$out/serve-$2-messages.txt" | grep -E '^event' | sort | uniq -c
+    echo "-- POST /v1/chat/completions with a tool (tool_choice required)"
+    curl -s localhost:$port/v1/chat/completions -H 'content-type: application/json' -d '{"model":"m","max_tokens":64,
+      "messages":[{"role":"user","content":"Weather in Paris?"}],"tool_choice":"required","tools":[{"type":"function",
+      "function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},
+      "required":["city"]}}}]}' | tee "$out/serve-$2-tool.json"
+    echo
+    kill $pid
+    wait $pid
+  }
+  [ "$what" = serve ] && { echo "== serve demo"; serve_once models/demo demo; }
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
   # A random draft of the published shape (5 layers, block 16) for model $1: `dflash` (v1) or
   # `dflash2` ($2), made once; prints its directory.
@@ -158,6 +186,9 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
             tee "$out/prefill-ab-$m-$n-$chunk-${setting//[^A-Za-z0-9]/_}.txt" | grep -E '^prefill'
         done
       done
+    elif [ "$what" = serve ]; then
+      echo "== serve $m"
+      serve_once "$f" "$m"
     elif [ "$what" = table ]; then
       echo "== table $m: transformers bf16, prefill 2,048 tokens, decode 64 after it"
       python3 bench/peers/transformers_bench.py ".device/cfg-$m" --prompt-tokens 2048 --decode-tokens 64 --repeat 3 2>&1 |
