@@ -30,7 +30,9 @@ pub struct Args {
     /// chunk for the device, 2,048 on a GPU).
     #[arg(long)]
     prefill_chunk: Option<usize>,
-    /// Tokens to decode for the decode measurement.
+    /// Tokens to decode for the decode measurement, after the prompt's first 16 tokens (as
+    /// llama.cpp's tg starts from an empty context); --verify-rows's 1-token pass cost is the
+    /// decode step at the whole prompt's context.
     #[arg(long, default_value_t = 32)]
     decode_tokens: usize,
     /// Repetitions of each measurement (the median is reported).
@@ -197,11 +199,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("{v}");
     } else {
         println!(
-            "{}: {} parameters, {threads} threads\nprefill {:>5} tokens: {p:>9.1} tok/s (passes of {chunk})\ndecode  {:>5} tokens: {d:>9.2} tok/s (speculation off)",
+            "{}: {} parameters, {threads} threads\nprefill {:>5} tokens: {p:>9.1} tok/s (passes of {chunk})\ndecode  {:>5} tokens: {d:>9.2} tok/s (speculation off, after {} prompt tokens)",
             model.dir.display(),
             model.graph.num_parameters(),
             a.prompt_tokens,
             a.decode_tokens,
+            decode_prompt.len(),
         );
         if let Some((one, many)) = rows {
             println!(
