@@ -137,6 +137,15 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
     wait $pid
   }
   [ "$what" = serve ] && { echo "== serve demo"; serve_once models/demo demo; }
+  # GPU memory in use sampled every 200 ms into file $1 until memory_peak prints its peak.
+  memory_watch() {
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$1" &
+    smi=$!
+  }
+  memory_peak() {
+    kill $smi
+    echo "peak GPU memory $(sort -n "$1" | tail -1) MiB"
+  }
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/*.whl && export PYTHONPATH=/tmp/site
   # A random draft of the published shape (5 layers, block 16) for model $1: `dflash` (v1) or
   # `dflash2` ($2), made once; prints its directory.
@@ -196,13 +205,11 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       for run in 1024:1024:128:3 2048:2048:8:3 8192:2048:8:2 32768:2048:64:2; do
         IFS=: read -r n chunk dec rep <<<"$run"
         echo "== table $m: splash, prompt $n in passes of $chunk, decode $dec, 1- and 16-row passes"
-        nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/table-$m-$n-mem.txt" &
-        smi=$!
+        memory_watch "$out/table-$m-$n-mem.txt"
         ./.device/splash bench --model "$f" --device cuda --prompt-tokens "$n" --prefill-chunk "$chunk" \
           --decode-tokens "$dec" --repeat "$rep" --speculative off --verify-rows 16 2>&1 |
           tee "$out/table-$m-$n.txt" | grep -E '^(prefill|decode|pass)'
-        kill $smi
-        echo "peak GPU memory $(sort -n "$out/table-$m-$n-mem.txt" | tail -1) MiB"
+        memory_peak "$out/table-$m-$n-mem.txt"
       done
     elif [ "$what" = serving ]; then
       echo "== serving $m"
@@ -236,13 +243,11 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
         # DRAFT_WEIGHTS: the draft's matrices as held (`--draft-weights`), one run each.
         for dw in ${DRAFT_WEIGHTS:-auto}; do
           echo "== bench $m, $kind draft, weights $dw"
-          nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$out/mem-$m-$kind-$dw.txt" &
-          smi=$!
+          memory_watch "$out/mem-$m-$kind-$dw.txt"
           ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
             --verify-rows 16 --draft-model "$d" --draft-weights "$dw" --speculative always 2>&1 |
             tee "$out/bench-$m-$kind-$dw.txt" | tail -16
-          kill $smi
-          echo "peak GPU memory $(sort -n "$out/mem-$m-$kind-$dw.txt" | tail -1) MiB"
+          memory_peak "$out/mem-$m-$kind-$dw.txt"
         done
       done
     fi
