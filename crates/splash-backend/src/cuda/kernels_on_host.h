@@ -225,6 +225,46 @@ inline void mma_f16_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsig
     for (int i = 0; i < 4; i++) c[i] = d[i];
 }
 
+// cvt.rna.tf32.f32: the f32 rounded to 10 mantissa bits, to nearest with ties away from zero
+// (on the magnitude: sign and magnitude are separate bits), low 13 bits zero.
+inline unsigned f32_to_tf32(float x) {
+    unsigned u;
+    std::memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return u;  // inf / NaN as they are
+    return (u + 0x1000u) & 0xffffe000u;
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, lane = 4g + q (PTX ISA fragment layout):
+// A (16×8) a0 = A[g][q], a1 = A[g+8][q], a2 = A[g][q+4], a3 = A[g+8][q+4]; B (8×8) b0 = B[q][g],
+// b1 = B[q+4][g]; C as m16n8k16's. tf32 products are exact in double.
+inline void mma_tf32_1688(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                          unsigned b1) {
+    emu::Launch& l = *emu::current;
+    unsigned t = emu::thread_idx.x, base = t & ~31u;
+    float* mine = &l.frag[t * 10];
+    unsigned regs[6] = {a0, a1, a2, a3, b0, b1};
+    std::memcpy(mine, regs, sizeof regs);
+    for (int i = 0; i < 4; i++) mine[6 + i] = c[i];
+    emu::warp_barrier().arrive_and_wait();
+    auto val = [&](int lane, int i) {
+        float r;
+        std::memcpy(&r, &l.frag[(base + lane) * 10 + i], 4);
+        return (double)r;
+    };
+    auto A = [&](int row, int k) { return val(4 * (row & 7) + (k & 3), (row >> 3) + 2 * (k >> 2)); };
+    auto B = [&](int k, int col) { return val(4 * col + (k & 3), 4 + (k >> 2)); };
+    int g = (t & 31) >> 2, q = t & 3;
+    float d[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
+        double acc = l.frag[t * 10 + 6 + i];
+        for (int k = 0; k < 8; k++) acc += A(row, k) * B(k, col);
+        d[i] = (float)acc;
+    }
+    emu::warp_barrier().arrive_and_wait();
+    for (int i = 0; i < 4; i++) c[i] = d[i];
+}
+
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lane l gives the address of row l % 8 of
 // matrix l / 8; r[j] of lane 4g + q = matrix j's (row g, columns 2q, 2q + 1), or transposed
 // (rows 2q, 2q + 1, column g). Lower half = lower index.

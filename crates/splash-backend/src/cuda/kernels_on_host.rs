@@ -1353,28 +1353,14 @@ fn the_gdn_scan_on_the_host_matches_the_cpu_and_is_pass_invariant() {
             };
             let c = 2 * dims.hk * dims.dk + dims.hv * dims.dv;
             let t = 37;
-            let mixed = random(t * c, 31);
-            let g: Vec<f32> = random(t * dims.hv, 32)
-                .iter()
-                .map(|v| -0.5 * v.abs())
-                .collect();
-            let beta: Vec<f32> = random(t * dims.hv, 33).iter().map(|v| v.abs()).collect();
-            let state0 = random(dims.state_len(), 34);
-            // CPU: q and k normalised as the model does before its scan.
-            let kdim = dims.hk * dims.dk;
-            let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
-            for row in mixed.chunks_exact(c) {
-                q.extend_from_slice(&row[..kdim]);
-                k.extend_from_slice(&row[kdim..2 * kdim]);
-                v.extend_from_slice(&row[2 * kdim..]);
-            }
-            cpu::l2_norm_rows(&mut q, dims.dk, 1e-6);
-            cpu::l2_norm_rows(&mut k, dims.dk, 1e-6);
-            let scale = (dims.dk as f32).powf(-0.5);
-            q.iter_mut().for_each(|x| *x *= scale);
-            let mut want_state = state0.clone();
-            let mut want = vec![0.0; t * dims.hv * dims.dv];
-            cpu::gdn_recurrent(&mut want, &q, &k, &v, &g, &beta, &mut want_state, dims);
+            let GdnCase {
+                mixed,
+                g,
+                beta,
+                state0,
+                want,
+                want_state,
+            } = GdnCase::new(dims, t);
 
             // SAFETY: gdn_recurrent's signature; ops::gdn_recurrent's grid and block.
             let scan = |tokens: std::ops::Range<usize>, state: &[f32], out: &[f32]| unsafe {
@@ -1437,6 +1423,130 @@ fn the_gdn_scan_on_the_host_matches_the_cpu_and_is_pass_invariant() {
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{kd:?} {v_order:?}: the state depends on how the tokens were split"
             );
+        }
+    }
+}
+
+/// A GDN scan's inputs (random, gates in range) and the CPU's per-token outputs and state.
+struct GdnCase {
+    mixed: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    state0: Vec<f32>,
+    want: Vec<f32>,
+    want_state: Vec<f32>,
+}
+
+impl GdnCase {
+    fn new(dims: GdnDims, t: usize) -> Self {
+        let c = 2 * dims.hk * dims.dk + dims.hv * dims.dv;
+        let mixed = random(t * c, 31);
+        let g: Vec<f32> = random(t * dims.hv, 32)
+            .iter()
+            .map(|v| -0.5 * v.abs())
+            .collect();
+        let beta: Vec<f32> = random(t * dims.hv, 33).iter().map(|v| v.abs()).collect();
+        let state0 = random(dims.state_len(), 34);
+        // CPU: q and k normalised as the model does before its scan.
+        let kdim = dims.hk * dims.dk;
+        let (mut q, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+        for row in mixed.chunks_exact(c) {
+            q.extend_from_slice(&row[..kdim]);
+            k.extend_from_slice(&row[kdim..2 * kdim]);
+            v.extend_from_slice(&row[2 * kdim..]);
+        }
+        cpu::l2_norm_rows(&mut q, dims.dk, 1e-6);
+        cpu::l2_norm_rows(&mut k, dims.dk, 1e-6);
+        let scale = (dims.dk as f32).powf(-0.5);
+        q.iter_mut().for_each(|x| *x *= scale);
+        let mut want_state = state0.clone();
+        let mut want = vec![0.0; t * dims.hv * dims.dv];
+        cpu::gdn_recurrent(&mut want, &q, &k, &v, &g, &beta, &mut want_state, dims);
+        Self {
+            mixed,
+            g,
+            beta,
+            state0,
+            want,
+            want_state,
+        }
+    }
+}
+
+/// The chunked GDN prefill (`gdn_chunk_prep`, then `gdn_chunk_scan` on split-tf32 mma) gives
+/// the CPU's per-token outputs and state in both head orders (3e-7 measured: the split tf32
+/// keeps f32's precision), for a pass of part of a chunk and one of several with a partial
+/// last. Outputs and scratch start as NaN, so an unwritten element fails.
+#[test]
+fn the_chunked_gdn_prefill_on_the_host_matches_the_cpu() {
+    for kd in [DIMS_32, DIMS_256] {
+        let Some(kern) = kernels(kd) else { return };
+        for v_order in [VHeadOrder::Grouped, VHeadOrder::Tiled] {
+            let dims = GdnDims {
+                hk: 2,
+                hv: 4,
+                dk: kd.gdn_dk,
+                dv: kd.gdn_dv,
+                v_order,
+            };
+            // Part of a chunk; two whole chunks and a partial one.
+            for t in [37, 150] {
+                let case = GdnCase::new(dims, t);
+                let state = case.state0.clone();
+                let out = vec![f32::NAN; case.want.len()];
+                let scratch =
+                    vec![f32::NAN; super::ops::gdn_chunk_scratch_len(t, dims.hv, dims.dk, dims.dv)];
+                let (ma, ga, ba, sa, oa, xa) = (
+                    Addr::of(&case.mixed),
+                    Addr::of(&case.g),
+                    Addr::of(&case.beta),
+                    Addr::of(&state),
+                    Addr::of(&out),
+                    Addr::of(&scratch),
+                );
+                let (hk, hv, tiled) = (
+                    dims.hk as i32,
+                    dims.hv as i32,
+                    (v_order == VHeadOrder::Tiled) as i32,
+                );
+                // SAFETY: the signatures of gdn_chunk_prep and gdn_chunk_scan, ops::gdn_chunked's grids.
+                unsafe {
+                    type Prep = unsafe extern "C" fn(
+                        *const f32,
+                        *const f32,
+                        *const f32,
+                        *mut f32,
+                        i32,
+                        i32,
+                        i32,
+                        i32,
+                    );
+                    type ChunkScan = unsafe extern "C" fn(
+                        *const f32,
+                        *const f32,
+                        *mut f32,
+                        *mut f32,
+                        i32,
+                        i32,
+                        i32,
+                        i32,
+                    );
+                    let prep: Prep = kern.kernel("gdn_chunk_prep");
+                    let scan: ChunkScan = kern.kernel("gdn_chunk_scan");
+                    let chunks = t.div_ceil(super::ops::GDN_CHUNK);
+                    kern.launch((chunks * dims.hv) as u32, 256, &|| {
+                        prep(ma.ptr(), ga.ptr(), ba.ptr(), xa.ptr(), t as i32, hk, hv, tiled)
+                    });
+                    let blocks = dims.hv * dims.dv / dims.dv.min(32);
+                    kern.launch(blocks as u32, 256, &|| {
+                        scan(ma.ptr(), xa.ptr(), sa.ptr(), oa.ptr(), t as i32, hk, hv, tiled)
+                    });
+                }
+                let err = rel_err(&out, &case.want);
+                assert!(err < 1e-5, "{kd:?} {v_order:?} {t} tokens: output {err}");
+                let err = rel_err(&state, &case.want_state);
+                assert!(err < 1e-5, "{kd:?} {v_order:?} {t} tokens: state {err}");
+            }
         }
     }
 }

@@ -2279,6 +2279,80 @@ pub fn gdn_recurrent_seqs(
     Ok(())
 }
 
+/// Tokens of a chunk of the chunked GDN prefill (`GDN_CHUNK` in kernels.cu).
+pub const GDN_CHUNK: usize = 64;
+
+/// Floats of the chunked GDN prefill's scratch for a pass of `tokens` tokens over `hv` value
+/// heads of `dk` × `dv` states (`GDN_CHUNK_SCRATCH` in kernels.cu, per chunk and head).
+pub fn gdn_chunk_scratch_len(tokens: usize, hv: usize, dk: usize, dv: usize) -> usize {
+    tokens.div_ceil(GDN_CHUNK) * hv * (GDN_CHUNK * (dv + dk + GDN_CHUNK + 2) + 4)
+}
+
+/// Blocks of `gdn_chunk_scan`: a block per `GDN_CHUNK_COLS` (≤ 32) state columns of a head.
+fn chunk_scan_blocks(k: &Kernels, hv: usize) -> u32 {
+    let dv = k.dims().gdn_dv;
+    (hv * dv / dv.min(32)) as u32
+}
+
+/// The gated delta rule over a prefill of `tokens` tokens in chunks of [`GDN_CHUNK`] (the
+/// chunked form, on tensor cores): what [`gdn_recurrent`] computes, to rounding. `scratch`
+/// holds [`gdn_chunk_scratch_len`] floats.
+#[allow(clippy::too_many_arguments)]
+pub fn gdn_chunked(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    mixed: u64,
+    g: u64,
+    beta: u64,
+    state: u64,
+    scratch: u64,
+    tokens: usize,
+    hk: usize,
+    hv: usize,
+    tiled: bool,
+) -> Result<(), GpuError> {
+    let dims = k.dims();
+    if dims.gdn_dk % 16 != 0 || dims.gdn_dv % 8 != 0 {
+        return Err(GpuError::Unsupported(format!(
+            "chunked GDN scan of {}×{} states (needs dk a multiple of 16, dv of 8)",
+            dims.gdn_dk, dims.gdn_dv
+        )));
+    }
+    gpu.launch(
+        k,
+        "gdn_chunk_prep",
+        (tokens.div_ceil(GDN_CHUNK) * hv) as u32,
+        256,
+        &[
+            Arg::Ptr(mixed),
+            Arg::Ptr(g),
+            Arg::Ptr(beta),
+            Arg::Ptr(scratch),
+            Arg::I32(tokens as i32),
+            Arg::I32(hk as i32),
+            Arg::I32(hv as i32),
+            Arg::I32(tiled as i32),
+        ],
+    )?;
+    gpu.launch(
+        k,
+        "gdn_chunk_scan",
+        chunk_scan_blocks(k, hv),
+        256,
+        &[
+            Arg::Ptr(mixed),
+            Arg::Ptr(scratch),
+            Arg::Ptr(state),
+            Arg::Ptr(out),
+            Arg::I32(tokens as i32),
+            Arg::I32(hk as i32),
+            Arg::I32(hv as i32),
+            Arg::I32(tiled as i32),
+        ],
+    )
+}
+
 /// One GDN layer of a rollback ([`gdn_replay`]): its conv and recurrent states as saved before
 /// the recorded pass and live, its recorded input rows and gates, its conv weights.
 #[derive(Clone, Copy, Debug)]
