@@ -915,8 +915,9 @@ fn gated_delta_net_matches_the_cpu_in_both_head_orders() {
                 dv: kd.gdn_dv,
                 v_order,
             };
-            // 40 tokens: two whole stages of the scan (GDN_STAGE) and a partial one.
-            let (t, kernel) = (40, 4);
+            // 150 tokens: whole stages of the per-token scan (GDN_STAGE) and a partial one, two
+            // whole chunks of the chunked scan (GDN_CHUNK) and a partial one.
+            let (t, kernel) = (150, 4);
             let c = 2 * dims.hk * dims.dk + dims.hv * dims.dv;
             let x = random(t * c, 21);
             let w = random(c * kernel, 22);
@@ -1013,6 +1014,33 @@ fn gated_delta_net_matches_the_cpu_in_both_head_orders() {
             assert!(err < 1e-4, "gdn {kd:?} {v_order:?}: output {err}");
             let err = rel_err(&gpu.download(&stated, state.len()).unwrap(), &state);
             assert!(err < 1e-4, "gdn {kd:?} {v_order:?}: state {err}");
+            // The chunked form (a prefill's) from the same state: the same outputs and state to
+            // rounding.
+            let stated = gpu.upload(&state0).unwrap();
+            let out = poisoned(&gpu, want.len());
+            let scratch = poisoned(
+                &gpu,
+                dev::gdn_chunk_scratch_len(t, dims.hv, dims.dk, dims.dv),
+            );
+            dev::gdn_chunked(
+                &gpu,
+                &k,
+                ptr(&gpu, &out, 0),
+                ptr(&gpu, &mixedd, 0),
+                ptr(&gpu, &ad, 0),
+                ptr(&gpu, &bd, 0),
+                ptr(&gpu, &stated, 0),
+                ptr(&gpu, &scratch, 0),
+                t,
+                dims.hk,
+                dims.hv,
+                v_order == VHeadOrder::Tiled,
+            )
+            .unwrap();
+            let err = rel_err(&gpu.download(&out, want.len()).unwrap(), &want);
+            assert!(err < 1e-4, "chunked gdn {kd:?} {v_order:?}: output {err}");
+            let err = rel_err(&gpu.download(&stated, state.len()).unwrap(), &state);
+            assert!(err < 1e-4, "chunked gdn {kd:?} {v_order:?}: state {err}");
         }
     }
 }

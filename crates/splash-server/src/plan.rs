@@ -80,14 +80,18 @@ fn state_bytes_per_sequence(model: &Model, block: Option<usize>) -> u64 {
 }
 
 /// Working buffers of the largest pass (a prefill chunk), estimated: a dozen hidden-sized
-/// rows, the MLP's (or the active experts') rows and the logits, in f32.
+/// rows, the MLP's (or the active experts') rows, the logits and the chunked GDN scan's
+/// prepared operands (per token and value head: a row of each of U, W and P), in f32.
 fn activation_bytes(model: &Model) -> u64 {
     let c = &model.config;
     let ffn = match &c.moe {
         Some(m) => m.expert_intermediate * m.experts_per_token + m.shared_intermediate,
         None => c.intermediate_size,
     };
-    (prefill_chunk_for(model) * 4 * (12 * c.hidden_size + 3 * ffn + c.vocab_size)) as u64
+    let g = &c.gdn;
+    let gdn_chunked = g.hv * (g.dk + g.dv + 66);
+    (prefill_chunk_for(model) * 4 * (12 * c.hidden_size + 3 * ffn + c.vocab_size + gdn_chunked))
+        as u64
 }
 
 /// `MemAvailable` of /proc/meminfo: what new allocations can take without swapping.

@@ -3108,6 +3108,7 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_replay(LayerSlots layers, in
 // State columns a gdn_chunk_scan block advances (ops.rs `chunk_scan_blocks` follows).
 #define GDN_CHUNK_COLS (GDN_DV < 32 ? GDN_DV : 32)
 static_assert(GDN_DK % 16 == 0, "the chunked scan's state rows come in 16-row mma tiles");
+static_assert(GDN_DK + GDN_DV <= 256, "gdn_chunk_prep solves a column of [U | W] a thread");
 static_assert(GDN_CHUNK_COLS % 8 == 0 && GDN_DV % GDN_CHUNK_COLS == 0,
               "the chunked scan's state columns come in 8-column mma tiles");
 
@@ -3239,8 +3240,9 @@ extern "C" __global__ void __launch_bounds__(256)
             P[i * C + j] = qinv[i] * kinv[j] * gq[a][b] * dec;
         }
     __syncthreads();
-    // (I + A) [U | W] = [βv | βk e^Γ] by forward substitution, a column a thread in registers.
-    for (int col = tid; col < DV + DK; col += 256) {
+    // (I + A) [U | W] = [βv | βk e^Γ] by forward substitution, a column a thread in registers
+    // (one column each: in a loop over columns the compiler hoists A's 2,016 loads out of it).
+    if (int col = tid; col < DV + DK) {
         float x[C];
 #pragma unroll
         for (int i = 0; i < C; i++) {

@@ -1535,11 +1535,29 @@ fn the_chunked_gdn_prefill_on_the_host_matches_the_cpu() {
                     let scan: ChunkScan = kern.kernel("gdn_chunk_scan");
                     let chunks = t.div_ceil(super::ops::GDN_CHUNK);
                     kern.launch((chunks * dims.hv) as u32, 256, &|| {
-                        prep(ma.ptr(), ga.ptr(), ba.ptr(), xa.ptr(), t as i32, hk, hv, tiled)
+                        prep(
+                            ma.ptr(),
+                            ga.ptr(),
+                            ba.ptr(),
+                            xa.ptr(),
+                            t as i32,
+                            hk,
+                            hv,
+                            tiled,
+                        )
                     });
                     let blocks = dims.hv * dims.dv / dims.dv.min(32);
                     kern.launch(blocks as u32, 256, &|| {
-                        scan(ma.ptr(), xa.ptr(), sa.ptr(), oa.ptr(), t as i32, hk, hv, tiled)
+                        scan(
+                            ma.ptr(),
+                            xa.ptr(),
+                            sa.ptr(),
+                            oa.ptr(),
+                            t as i32,
+                            hk,
+                            hv,
+                            tiled,
+                        )
                     });
                 }
                 let err = rel_err(&out, &case.want);

@@ -2279,6 +2279,15 @@ pub fn gdn_recurrent_seqs(
     Ok(())
 }
 
+/// Whether prefill chunks of more than 16 tokens scan in the chunked form (`SPLASH_GDN_CHUNKED=0`:
+/// the per-token scan, a measurement switch).
+static GDN_CHUNKED: Switch = Switch::new("SPLASH_GDN_CHUNKED");
+
+/// Whether a prefill's GDN scan runs chunked ([`gdn_chunked`]); on unless `SPLASH_GDN_CHUNKED=0`.
+pub fn gdn_chunked_prefill() -> bool {
+    GDN_CHUNKED.on(true)
+}
+
 /// Tokens of a chunk of the chunked GDN prefill (`GDN_CHUNK` in kernels.cu).
 pub const GDN_CHUNK: usize = 64;
 

@@ -449,6 +449,12 @@ impl GpuGdn {
             c,
             self.conv_kernel,
         )?;
+        // Prefill chunks scan in the chunked form; decode rows and verify blocks (which record)
+        // token by token, so that a verified token gets the bits decoding it alone gives.
+        let chunked = dev::gdn_chunked_prefill();
+        let (long, short): (Vec<_>, Vec<_>) = seqs(true).into_iter().partition(|p| {
+            chunked && p.save == [0; 3] && p.n > splash_backend::cpu::ROW_BY_ROW_TOKENS
+        });
         dev::gdn_recurrent_seqs(
             gpu,
             k,
@@ -456,11 +462,34 @@ impl GpuGdn {
             ptr(gpu, &mixed, 0),
             ptr(gpu, &a, 0),
             ptr(gpu, &b, 0),
-            &seqs(true),
+            &short,
             self.hk,
             self.hv,
             self.tiled,
         )?;
+        let dims = k.dims();
+        for p in &long {
+            let scratch = m.scratch(dev::gdn_chunk_scratch_len(
+                p.n,
+                self.hv,
+                dims.gdn_dk,
+                dims.gdn_dv,
+            ))?;
+            dev::gdn_chunked(
+                gpu,
+                k,
+                ptr(gpu, &o, p.off * vd),
+                ptr(gpu, &mixed, p.off * c),
+                ptr(gpu, &a, p.off * self.hv),
+                ptr(gpu, &b, p.off * self.hv),
+                p.state,
+                ptr(gpu, &scratch, 0),
+                p.n,
+                self.hk,
+                self.hv,
+                self.tiled,
+            )?;
+        }
         let op = ptr(gpu, &o, 0);
         let normed = dev::rms_norm_gated_activations(
             gpu,
