@@ -3098,8 +3098,11 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_replay(LayerSlots layers, in
 // (I + A)[U | W] = [βv | βk e^Γ] and the decayed q kᵀ products P. gdn_chunk_scan then walks the
 // chunks of each head in order on tensor cores: Vn = U − W S, O = (q e^Γ) S + P Vn and
 // S = e^{Γ_L} S + (k e^{Γ_L−Γ})ᵀ Vn. The per-token scan does as many multiply-adds a token
-// (≈ 4·dk·dv) on the CUDA cores, which is why only the tensor-core form pays. Decode rows and
-// verify blocks keep the per-token scan, so a verified token gets its decode bits.
+// (≈ 4·dk·dv) on the CUDA cores, so only a tensor-core form can pay; this one does not yet
+// (opt-in, SPLASH_GDN_CHUNKED=1): on the H200 a 27B 2,048-token layer took 984 µs in the scan
+// (30 µs a chunk, latency-bound: one block per 32 columns of a head, its k steps' loads from
+// L2) and 412 µs in the prep, where the per-token scan takes about 900 µs. Decode rows and
+// verify blocks always take the per-token scan, so a verified token gets its decode bits.
 
 #define GDN_CHUNK 64
 // Floats of one (chunk, value head) in the prepared scratch: U [C, DV], W [C, DK], P [C, C],
@@ -3107,10 +3110,10 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent_replay(LayerSlots layers, in
 #define GDN_CHUNK_SCRATCH (GDN_CHUNK * (GDN_DV + GDN_DK + GDN_CHUNK + 2) + 4)
 // State columns a gdn_chunk_scan block advances (ops.rs `chunk_scan_blocks` follows).
 #define GDN_CHUNK_COLS (GDN_DV < 32 ? GDN_DV : 32)
-static_assert(GDN_DK % 16 == 0, "the chunked scan's state rows come in 16-row mma tiles");
-static_assert(GDN_DK + GDN_DV <= 256, "gdn_chunk_prep solves a column of [U | W] a thread");
-static_assert(GDN_CHUNK_COLS % 8 == 0 && GDN_DV % GDN_CHUNK_COLS == 0,
-              "the chunked scan's state columns come in 8-column mma tiles");
+// The shapes the chunked kernels take (others build without them; ops.rs `gdn_chunked` says
+// so): state rows in 16-row mma tiles, columns in 8-column ones, a column of [U | W] a thread.
+#define GDN_CHUNKED_FITS \
+    (GDN_DK % 16 == 0 && GDN_DV % 8 == 0 && GDN_DV % GDN_CHUNK_COLS == 0 && GDN_DK + GDN_DV <= 256)
 
 #ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
 // f32 → tf32 (round to nearest, ties away), as a b32 register.
@@ -3149,6 +3152,7 @@ __device__ __forceinline__ void mma_tf32x3(float* c, const Tf32x2 (&a)[4], const
     mma_tf32_1688(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].hi, b[1].hi);
 }
 
+#if GDN_CHUNKED_FITS
 // What the scan of one (chunk, value head) needs beside the state: block chunk · hv + h, 256
 // threads, of T tokens of `mixed` [T, 2·hk·DK + hv·DV] (q, k, v after the conv) and the gates
 // g, beta [T, hv]; into scratch + block · GDN_CHUNK_SCRATCH. Rows past the pass are zeros.
@@ -3309,6 +3313,8 @@ extern "C" __global__ void __launch_bounds__(256)
             auto A = [&](int rr, float f, int k) {
                 return isq ? (f != 0.0f ? qrow[rr * width + k] * f : 0.0f) : Wm[rr * DK + k];
             };
+            // Unrolled, so that every k step's loads are in flight at once.
+#pragma unroll
             for (int k0 = 0; k0 < DK; k0 += 8) {
                 Tf32x2 a[4] = {tf32_split(A(r, f0, k0 + q)), tf32_split(A(r + 8, f8, k0 + q)),
                                tf32_split(A(r, f0, k0 + q + 4)), tf32_split(A(r + 8, f8, k0 + q + 4))};
@@ -3333,7 +3339,10 @@ extern "C" __global__ void __launch_bounds__(256)
         if (warp >= 4) {
             // O = (q e^Γ) S + P Vn; P is zero past the diagonal, so k stops at the tile's last row.
             int r = 16 * (warp - 4) + g;
-            for (int k0 = 0; k0 < 16 * (warp - 3); k0 += 8) {
+            int k_end = 16 * (warp - 3);
+#pragma unroll
+            for (int k0 = 0; k0 < C; k0 += 8) {
+                if (k0 >= k_end) break;
                 Tf32x2 a[4] = {tf32_split(P[r * C + k0 + q]), tf32_split(P[(r + 8) * C + k0 + q]),
                                tf32_split(P[r * C + k0 + q + 4]), tf32_split(P[(r + 8) * C + k0 + q + 4])};
 #pragma unroll
@@ -3358,6 +3367,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int n = 0; n < NT; n++) s4[n][0] = s4[n][1] = s4[n][2] = s4[n][3] = 0.0f;
                 auto A = [&](int j, int mm) { return j < L ? krow[j * width + mm] * fk[j] : 0.0f; };
+#pragma unroll
                 for (int k0 = 0; k0 < C; k0 += 8) {
                     Tf32x2 a[4] = {tf32_split(A(k0 + q, m)), tf32_split(A(k0 + q, m + 8)),
                                    tf32_split(A(k0 + q + 4, m)), tf32_split(A(k0 + q + 4, m + 8))};
@@ -3380,3 +3390,4 @@ extern "C" __global__ void __launch_bounds__(256)
     __syncthreads();
     for (int e = tid; e < DK * SC; e += 256) st[(long)(e / SC) * DV + e % SC] = S[e / SC][e % SC];
 }
+#endif  // GDN_CHUNKED_FITS

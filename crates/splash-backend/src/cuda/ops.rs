@@ -2279,13 +2279,16 @@ pub fn gdn_recurrent_seqs(
     Ok(())
 }
 
-/// Whether prefill chunks of more than 16 tokens scan in the chunked form (`SPLASH_GDN_CHUNKED=0`:
-/// the per-token scan, a measurement switch).
+/// Whether prefill chunks of more than 16 tokens scan in the chunked form (`SPLASH_GDN_CHUNKED=1`,
+/// a measurement switch).
 static GDN_CHUNKED: Switch = Switch::new("SPLASH_GDN_CHUNKED");
 
-/// Whether a prefill's GDN scan runs chunked ([`gdn_chunked`]); on unless `SPLASH_GDN_CHUNKED=0`.
+/// Whether a prefill's GDN scan runs chunked ([`gdn_chunked`]): off unless
+/// `SPLASH_GDN_CHUNKED=1`. On the H200 the chunked kernels took 1.4 ms a 2,048-token 27B layer
+/// (scan 984 µs, prep 412 µs) where the per-token scan takes about 0.9 ms: 8K prefill 6,661
+/// against 6,865 tok/s (27B), 13,059 against 14,040 (35B-A3B; BENCHMARKS.md, 2026-12-03).
 pub fn gdn_chunked_prefill() -> bool {
-    GDN_CHUNKED.on(true)
+    GDN_CHUNKED.on(false)
 }
 
 /// Tokens of a chunk of the chunked GDN prefill (`GDN_CHUNK` in kernels.cu).
@@ -2322,10 +2325,16 @@ pub fn gdn_chunked(
     tiled: bool,
 ) -> Result<(), GpuError> {
     let dims = k.dims();
-    if dims.gdn_dk % 16 != 0 || dims.gdn_dv % 8 != 0 {
+    let (dk, dv) = (dims.gdn_dk, dims.gdn_dv);
+    // GDN_CHUNKED_FITS in kernels.cu.
+    let fits = dk.is_multiple_of(16)
+        && dv.is_multiple_of(8)
+        && dv.is_multiple_of(dv.min(32))
+        && dk + dv <= 256;
+    if !fits {
         return Err(GpuError::Unsupported(format!(
-            "chunked GDN scan of {}×{} states (needs dk a multiple of 16, dv of 8)",
-            dims.gdn_dk, dims.gdn_dv
+            "the chunked GDN scan of {dk}×{dv} states (it needs dk a multiple of 16, dv of 8 \
+             up to 32 and of 32 above, dk + dv ≤ 256); unset SPLASH_GDN_CHUNKED"
         )));
     }
     gpu.launch(
