@@ -185,16 +185,14 @@ inline uint4 ld_stream(const void* p) {
     return v;
 }
 
-// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, lane = 4g + q (PTX ISA fragment layout):
-// A (16×16) a0 = A[g][2q, 2q+1], a1 = A[g+8][2q, 2q+1], a2 = A[g][2q+8, 2q+9], a3 = A[g+8][2q+8, 2q+9];
-// B (16×8)  b0 = B[2q, 2q+1][g], b1 = B[2q+8, 2q+9][g];
-// C (16×8)  c0, c1 = C[g][2q, 2q+1], c2, c3 = C[g+8][2q, 2q+1]. Lower half = lower index.
-inline void mma_f16_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                          unsigned b1) {
+// One warp-wide mma: each lane's six fragment registers and four accumulators go through the
+// launch's scratch, and lane (g, q)'s C elements (rows g, g + 8, columns 2q, 2q + 1) become
+// dot(reg, row, col, c) over the lanes' registers (reg(lane, i): lane's register i as loaded).
+template <class Dot>
+inline void warp_mma(float* c, const unsigned (&regs)[6], Dot dot) {
     emu::Launch& l = *emu::current;
     unsigned t = emu::thread_idx.x, base = t & ~31u;
     float* mine = &l.frag[t * 10];
-    unsigned regs[6] = {a0, a1, a2, a3, b0, b1};
     std::memcpy(mine, regs, sizeof regs);
     for (int i = 0; i < 4; i++) mine[6 + i] = c[i];
     emu::warp_barrier().arrive_and_wait();
@@ -203,26 +201,27 @@ inline void mma_f16_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsig
         std::memcpy(&r, &l.frag[(base + lane) * 10 + i], 4);
         return r;
     };
-    auto half_of = [](unsigned r, int which) { return which ? emu::hi(r) : emu::lo(r); };
-    // A[row][k] and B[k][col] read back from the lanes that hold them.
-    auto A = [&](int row, int k) {
-        int g = row & 7, q = (k & 7) >> 1, i = (row >> 3) + 2 * (k >> 3);
-        return half_of(reg(4 * g + q, i), k & 1);
-    };
-    auto B = [&](int k, int col) {
-        int q = (k & 7) >> 1;
-        return half_of(reg(4 * col + q, 4 + (k >> 3)), k & 1);
-    };
     int g = (t & 31) >> 2, q = t & 3;
     float d[4];
-    for (int i = 0; i < 4; i++) {
-        int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
-        float acc = l.frag[t * 10 + 6 + i];
-        for (int k = 0; k < 16; k++) acc += A(row, k) * B(k, col);
-        d[i] = acc;
-    }
+    for (int i = 0; i < 4; i++) d[i] = dot(reg, g + 8 * (i >> 1), 2 * q + (i & 1), l.frag[t * 10 + 6 + i]);
     emu::warp_barrier().arrive_and_wait();
     for (int i = 0; i < 4; i++) c[i] = d[i];
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, lane = 4g + q (PTX ISA fragment layout):
+// A (16×16) a0 = A[g][2q, 2q+1], a1 = A[g+8][2q, 2q+1], a2 = A[g][2q+8, 2q+9], a3 = A[g+8][2q+8, 2q+9];
+// B (16×8)  b0 = B[2q, 2q+1][g], b1 = B[2q+8, 2q+9][g];
+// C (16×8)  c0, c1 = C[g][2q, 2q+1], c2, c3 = C[g+8][2q, 2q+1]. Lower half = lower index.
+inline void mma_f16_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                          unsigned b1) {
+    warp_mma(c, {a0, a1, a2, a3, b0, b1}, [](auto reg, int row, int col, float acc) {
+        auto half_of = [](unsigned r, int which) { return which ? emu::hi(r) : emu::lo(r); };
+        // A[row][k] and B[k][col] read back from the lanes that hold them.
+        auto A = [&](int k) { return half_of(reg(4 * (row & 7) + ((k & 7) >> 1), (row >> 3) + 2 * (k >> 3)), k & 1); };
+        auto B = [&](int k) { return half_of(reg(4 * col + ((k & 7) >> 1), 4 + (k >> 3)), k & 1); };
+        for (int k = 0; k < 16; k++) acc += A(k) * B(k);
+        return acc;
+    });
 }
 
 // cvt.rna.tf32.f32: the f32 rounded to 10 mantissa bits, to nearest with ties away from zero
@@ -239,30 +238,18 @@ inline unsigned f32_to_tf32(float x) {
 // b1 = B[q+4][g]; C as m16n8k16's. tf32 products are exact in double.
 inline void mma_tf32_1688(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                           unsigned b1) {
-    emu::Launch& l = *emu::current;
-    unsigned t = emu::thread_idx.x, base = t & ~31u;
-    float* mine = &l.frag[t * 10];
-    unsigned regs[6] = {a0, a1, a2, a3, b0, b1};
-    std::memcpy(mine, regs, sizeof regs);
-    for (int i = 0; i < 4; i++) mine[6 + i] = c[i];
-    emu::warp_barrier().arrive_and_wait();
-    auto val = [&](int lane, int i) {
-        float r;
-        std::memcpy(&r, &l.frag[(base + lane) * 10 + i], 4);
-        return (double)r;
-    };
-    auto A = [&](int row, int k) { return val(4 * (row & 7) + (k & 3), (row >> 3) + 2 * (k >> 2)); };
-    auto B = [&](int k, int col) { return val(4 * col + (k & 3), 4 + (k >> 2)); };
-    int g = (t & 31) >> 2, q = t & 3;
-    float d[4];
-    for (int i = 0; i < 4; i++) {
-        int row = g + 8 * (i >> 1), col = 2 * q + (i & 1);
-        double acc = l.frag[t * 10 + 6 + i];
-        for (int k = 0; k < 8; k++) acc += A(row, k) * B(k, col);
-        d[i] = (float)acc;
-    }
-    emu::warp_barrier().arrive_and_wait();
-    for (int i = 0; i < 4; i++) c[i] = d[i];
+    warp_mma(c, {a0, a1, a2, a3, b0, b1}, [](auto reg, int row, int col, float acc) {
+        auto val = [&](int lane, int i) {
+            unsigned r = reg(lane, i);
+            float f;
+            std::memcpy(&f, &r, 4);
+            return (double)f;
+        };
+        double sum = acc;
+        for (int k = 0; k < 8; k++)
+            sum += val(4 * (row & 7) + (k & 3), (row >> 3) + 2 * (k >> 2)) * val(4 * col + (k & 3), 4 + (k >> 2));
+        return (float)sum;
+    });
 }
 
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lane l gives the address of row l % 8 of
