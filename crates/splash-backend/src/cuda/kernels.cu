@@ -3276,6 +3276,25 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+// acc += A B over k < k_end for one 16-row tile in split tf32, lane (g, q): a(i, k) is the tile's
+// row i at k, B [K][8·NT] in shared memory (rows padded by 8). Unrolled, so that every k step's
+// loads are in flight at once.
+template <int K, int NT, class Rows>
+__device__ __forceinline__ void mma_tile_tf32x3(float (&acc)[NT][4], Rows a, const float (*B)[8 * NT + 8],
+                                                int k_end, int g, int q) {
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        if (k0 >= k_end) break;
+        Tf32x2 af[4] = {tf32_split(a(g, k0 + q)), tf32_split(a(g + 8, k0 + q)), tf32_split(a(g, k0 + q + 4)),
+                        tf32_split(a(g + 8, k0 + q + 4))};
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            Tf32x2 b[2] = {tf32_split(B[k0 + q][8 * n + g]), tf32_split(B[k0 + q + 4][8 * n + g])};
+            mma_tf32x3(acc[n], af, b);
+        }
+    }
+}
+
 // The chunks of T tokens in order, on the prepared scratch (gdn_chunk_prep): block
 // h · (DV / GDN_CHUNK_COLS) + group advances columns group · GDN_CHUNK_COLS.. of value head h's
 // state [DK, DV] (in shared memory) and writes those columns of out [T, hv, DV]. 256 threads:
@@ -3306,24 +3325,15 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
         {
-            // Rows r, r + 8 of W (warps 0-3) or of q e^Γ (warps 4-7) times S.
-            int r = 16 * (warp & 3) + g;
+            // Rows r0.. of W (warps 0-3) or of q e^Γ (warps 4-7) times S.
+            int r0 = 16 * (warp & 3);
             bool isq = warp >= 4;
-            float f0 = isq && r < L ? fq[r] : 0.0f, f8 = isq && r + 8 < L ? fq[r + 8] : 0.0f;
-            auto A = [&](int rr, float f, int k) {
-                return isq ? (f != 0.0f ? qrow[rr * width + k] * f : 0.0f) : Wm[rr * DK + k];
+            float f0 = isq && r0 + g < L ? fq[r0 + g] : 0.0f, f8 = isq && r0 + g + 8 < L ? fq[r0 + g + 8] : 0.0f;
+            auto rows = [&](int i, int k) {
+                float f = i < 8 ? f0 : f8;
+                return isq ? (f != 0.0f ? qrow[(r0 + i) * width + k] * f : 0.0f) : Wm[(r0 + i) * DK + k];
             };
-            // Unrolled, so that every k step's loads are in flight at once.
-#pragma unroll
-            for (int k0 = 0; k0 < DK; k0 += 8) {
-                Tf32x2 a[4] = {tf32_split(A(r, f0, k0 + q)), tf32_split(A(r + 8, f8, k0 + q)),
-                               tf32_split(A(r, f0, k0 + q + 4)), tf32_split(A(r + 8, f8, k0 + q + 4))};
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    Tf32x2 b[2] = {tf32_split(S[k0 + q][8 * n + g]), tf32_split(S[k0 + q + 4][8 * n + g])};
-                    mma_tf32x3(acc[n], a, b);
-                }
-            }
+            mma_tile_tf32x3<DK>(acc, rows, S, DK, g, q);
         }
         if (warp < 4) {
             // Vn = U − W S.
@@ -3338,24 +3348,13 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();  // Vn is complete; every read of S is done
         if (warp >= 4) {
             // O = (q e^Γ) S + P Vn; P is zero past the diagonal, so k stops at the tile's last row.
-            int r = 16 * (warp - 4) + g;
-            int k_end = 16 * (warp - 3);
-#pragma unroll
-            for (int k0 = 0; k0 < C; k0 += 8) {
-                if (k0 >= k_end) break;
-                Tf32x2 a[4] = {tf32_split(P[r * C + k0 + q]), tf32_split(P[(r + 8) * C + k0 + q]),
-                               tf32_split(P[r * C + k0 + q + 4]), tf32_split(P[(r + 8) * C + k0 + q + 4])};
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    Tf32x2 b[2] = {tf32_split(vn[k0 + q][8 * n + g]), tf32_split(vn[k0 + q + 4][8 * n + g])};
-                    mma_tf32x3(acc[n], a, b);
-                }
-            }
+            int r0 = 16 * (warp - 4);
+            mma_tile_tf32x3<C>(acc, [&](int i, int k) { return P[(r0 + i) * C + k]; }, vn, r0 + 16, g, q);
 #pragma unroll
             for (int n = 0; n < NT; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int row = r + 8 * (e >> 1), col = 8 * n + 2 * q + (e & 1);
+                    int row = r0 + g + 8 * (e >> 1), col = 8 * n + 2 * q + (e & 1);
                     if (row < L) out[((long)(t0 + row) * hv + h) * DV + c0 + col] = acc[n][e];
                 }
         } else {
@@ -3366,17 +3365,9 @@ extern "C" __global__ void __launch_bounds__(256)
                 float s4[NT][4];
 #pragma unroll
                 for (int n = 0; n < NT; n++) s4[n][0] = s4[n][1] = s4[n][2] = s4[n][3] = 0.0f;
-                auto A = [&](int j, int mm) { return j < L ? krow[j * width + mm] * fk[j] : 0.0f; };
-#pragma unroll
-                for (int k0 = 0; k0 < C; k0 += 8) {
-                    Tf32x2 a[4] = {tf32_split(A(k0 + q, m)), tf32_split(A(k0 + q, m + 8)),
-                                   tf32_split(A(k0 + q + 4, m)), tf32_split(A(k0 + q + 4, m + 8))};
-#pragma unroll
-                    for (int n = 0; n < NT; n++) {
-                        Tf32x2 b[2] = {tf32_split(vn[k0 + q][8 * n + g]), tf32_split(vn[k0 + q + 4][8 * n + g])};
-                        mma_tf32x3(s4[n], a, b);
-                    }
-                }
+                // Row i of the tile, token j: (k e^{Γ_L−Γ})[j][16·mt + i].
+                auto rows = [&](int i, int j) { return j < L ? krow[j * width + 16 * mt + i] * fk[j] : 0.0f; };
+                mma_tile_tf32x3<C>(s4, rows, vn, C, g, q);
 #pragma unroll
                 for (int n = 0; n < NT; n++)
 #pragma unroll

@@ -1546,8 +1546,8 @@ fn the_chunked_gdn_prefill_on_the_host_matches_the_cpu() {
                             tiled,
                         )
                     });
-                    let blocks = dims.hv * dims.dv / dims.dv.min(32);
-                    kern.launch(blocks as u32, 256, &|| {
+                    let blocks = super::ops::chunk_scan_blocks(dims.hv, dims.dv);
+                    kern.launch(blocks, 256, &|| {
                         scan(
                             ma.ptr(),
                             xa.ptr(),

@@ -2300,9 +2300,9 @@ pub fn gdn_chunk_scratch_len(tokens: usize, hv: usize, dk: usize, dv: usize) -> 
     tokens.div_ceil(GDN_CHUNK) * hv * (GDN_CHUNK * (dv + dk + GDN_CHUNK + 2) + 4)
 }
 
-/// Blocks of `gdn_chunk_scan`: a block per `GDN_CHUNK_COLS` (≤ 32) state columns of a head.
-fn chunk_scan_blocks(k: &Kernels, hv: usize) -> u32 {
-    let dv = k.dims().gdn_dv;
+/// Blocks of `gdn_chunk_scan` over `hv` heads of `dv` state columns: a block per
+/// `GDN_CHUNK_COLS` (≤ 32) columns of a head.
+pub(crate) fn chunk_scan_blocks(hv: usize, dv: usize) -> u32 {
     (hv * dv / dv.min(32)) as u32
 }
 
@@ -2356,7 +2356,7 @@ pub fn gdn_chunked(
     gpu.launch(
         k,
         "gdn_chunk_scan",
-        chunk_scan_blocks(k, hv),
+        chunk_scan_blocks(hv, dv),
         256,
         &[
             Arg::Ptr(mixed),
