@@ -107,15 +107,12 @@ impl ModelConfig {
         let root_obj = f.object(root)?;
         let model_type = f.str(root_obj, "model_type")?.to_string();
         let (text, is_moe) = match model_type.as_str() {
-            "qwen3_5" | "qwen3_5_moe" => {
-                let text = root_obj.get("text_config").ok_or_else(|| {
-                    ModelError::config(
-                        path,
-                        format!("model_type {model_type} needs a `text_config` object"),
-                    )
-                })?;
-                (f.object(text)?, model_type == "qwen3_5_moe")
-            }
+            // mlx_lm.convert writes text-only conversions flat (the text fields at the top
+            // level, as mlx-lm's own loader reads them when `text_config` is absent).
+            "qwen3_5" | "qwen3_5_moe" => match root_obj.get("text_config") {
+                Some(text) => (f.object(text)?, model_type == "qwen3_5_moe"),
+                None => (root_obj, model_type == "qwen3_5_moe"),
+            },
             "qwen3_5_text" | "qwen3_5_moe_text" => (root_obj, model_type == "qwen3_5_moe_text"),
             other => {
                 return Err(ModelError::config(
@@ -231,9 +228,11 @@ impl ModelConfig {
                 return Err(t.err("num_experts_per_tok must be between 1 and num_experts"));
             }
         }
-        let tie = text
+        // The top level decides, as in transformers: a VL checkpoint saved with tied
+        // embeddings says `true` there and `false` in its `text_config`, and has no lm_head.
+        let tie = root_obj
             .get("tie_word_embeddings")
-            .or_else(|| root_obj.get("tie_word_embeddings"))
+            .or_else(|| text.get("tie_word_embeddings"))
             .and_then(Value::as_bool)
             .unwrap_or(false);
         let mut eos_token_ids = token_ids(root_obj.get("eos_token_id"));
@@ -437,6 +436,43 @@ mod tests {
         let c = ModelConfig::from_value(Path::new("config.json"), &root).unwrap();
         assert_eq!(c.moe.as_ref().unwrap().num_experts, 8);
         assert_eq!(c.eos_token_ids, vec![9, 7]);
+    }
+
+    #[test]
+    fn flat_config_under_the_vision_language_model_type() {
+        // What mlx_lm.convert writes for a text-only conversion.
+        for (model_type, moe) in [("qwen3_5", false), ("qwen3_5_moe", true)] {
+            let mut v = text_config();
+            let t = v.as_object_mut().unwrap();
+            t.insert("model_type".into(), json!(model_type));
+            t.insert("architectures".into(), json!(["Qwen3_5ForCausalLM"]));
+            if moe {
+                t.insert("num_experts".into(), json!(8));
+                t.insert("num_experts_per_tok".into(), json!(2));
+                t.insert("moe_intermediate_size".into(), json!(16));
+                t.insert("shared_expert_intermediate_size".into(), json!(16));
+            }
+            let c = ModelConfig::from_value(Path::new("config.json"), &v).unwrap();
+            assert_eq!((c.hidden_size, c.moe.is_some()), (32, moe), "{model_type}");
+        }
+    }
+
+    #[test]
+    fn the_top_level_decides_whether_embeddings_are_tied() {
+        let mut text = text_config();
+        text.as_object_mut()
+            .unwrap()
+            .insert("tie_word_embeddings".into(), json!(false));
+        let root = json!({"model_type": "qwen3_5", "text_config": text.clone(), "tie_word_embeddings": true});
+        let c = ModelConfig::from_value(Path::new("config.json"), &root).unwrap();
+        assert!(c.tie_word_embeddings);
+        // Without a top-level flag the text config's counts.
+        text.as_object_mut()
+            .unwrap()
+            .insert("tie_word_embeddings".into(), json!(true));
+        let root = json!({"model_type": "qwen3_5", "text_config": text});
+        let c = ModelConfig::from_value(Path::new("config.json"), &root).unwrap();
+        assert!(c.tie_word_embeddings);
     }
 
     #[test]
