@@ -482,38 +482,88 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// The header of an entry, read field by field (only its bytes, not the state): identity check,
-/// draft flag and tokens.
-fn read_header(r: &mut impl Read, identity: &[u8]) -> Result<(bool, Vec<u32>), String> {
-    fn take(r: &mut impl Read, n: usize, what: &str) -> Result<Vec<u8>, String> {
-        let mut b = vec![0u8; n];
-        r.read_exact(&mut b)
+/// A reader over a file's fields that knows how many bytes the file has left: a length read
+/// from disk is checked against them before anything is allocated for it (a damaged length
+/// must not ask for terabytes).
+struct Bounded<R> {
+    r: R,
+    left: u64,
+}
+
+impl<R: Read> Bounded<R> {
+    fn take(&mut self, n: u64, what: &str) -> Result<Vec<u8>, String> {
+        if n > self.left {
+            return Err(format!(
+                "{what}: {n} bytes claimed, the file has {} left",
+                self.left
+            ));
+        }
+        let mut b = vec![0u8; n as usize];
+        self.r
+            .read_exact(&mut b)
             .map_err(|_| format!("truncated in {what}"))?;
+        self.left -= n;
         Ok(b)
     }
-    fn u64_field(r: &mut impl Read, what: &str) -> Result<u64, String> {
+
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
         Ok(u64::from_le_bytes(
-            take(r, 8, what)?.try_into().expect("8 bytes"),
+            self.take(8, what)?.try_into().expect("8 bytes"),
         ))
     }
-    if u64_field(r, "the magic")?.to_le_bytes() != *MAGIC {
+}
+
+impl<R: Read + io::Seek> Bounded<io::BufReader<R>> {
+    /// Checks that the state and draft lengths after the header add up to the file's size,
+    /// without reading the images.
+    fn check_body(&mut self) -> Result<(), String> {
+        let state = self.u64("the state image length")?;
+        // The draft length and the checksum follow the state image.
+        if state > self.left.saturating_sub(12) {
+            return Err(format!(
+                "the state image: {state} bytes claimed, the file has {} left",
+                self.left
+            ));
+        }
+        self.r
+            .seek_relative(state as i64)
+            .map_err(|e| e.to_string())?;
+        self.left -= state;
+        let draft = self.u64("the draft image length")?;
+        if draft.checked_add(4) != Some(self.left) {
+            return Err(format!(
+                "the draft image: {draft} bytes claimed, the file has {} left",
+                self.left
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The header of an entry, read field by field (only its bytes, not the state): identity check,
+/// draft flag and tokens.
+fn read_header(r: &mut Bounded<impl Read>, identity: &[u8]) -> Result<(bool, Vec<u32>), String> {
+    if r.u64("the magic")?.to_le_bytes() != *MAGIC {
         return Err("not a splash cache file".into());
     }
-    let version = u64_field(r, "the version")?;
+    let version = r.u64("the version")?;
     if version != VERSION {
         return Err(format!(
             "format version {version}, this splash reads {VERSION}"
         ));
     }
     let foreign = || "written for another model or format".to_string();
-    if u64_field(r, "the identity")? != identity.len() as u64
-        || take(r, identity.len(), "the identity")? != identity
+    if r.u64("the identity")? != identity.len() as u64
+        || r.take(identity.len() as u64, "the identity")? != identity
     {
         return Err(foreign());
     }
-    let with_draft = u64_field(r, "the draft flag")? != 0;
-    let n = usize::try_from(u64_field(r, "the token count")?).map_err(|_| "bad token count")?;
-    let raw = take(r, n.checked_mul(4).ok_or("bad token count")?, "the tokens")?;
+    let with_draft = r.u64("the draft flag")? != 0;
+    let n = r.u64("the token count")?;
+    let raw = r.take(
+        n.checked_mul(4).ok_or("the token count is damaged")?,
+        "the tokens",
+    )?;
     let tokens = raw
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
@@ -553,7 +603,13 @@ fn parse(
         return Err("checksum mismatch (the file is damaged)".into());
     }
     let mut rest = body;
-    let (with_draft, found) = read_header(&mut rest, identity)?;
+    let (with_draft, found) = read_header(
+        &mut Bounded {
+            r: &mut rest,
+            left: body.len() as u64,
+        },
+        identity,
+    )?;
     let mut f = Fields(rest);
     if tokens.is_some_and(|t| t != found) {
         return Err("holds another prefix".into());
@@ -584,7 +640,12 @@ fn scan(dir: &Path, identity: &[u8]) -> Index {
         let head = (|| -> Result<_, String> {
             let file = fs::File::open(&path).map_err(|e| e.to_string())?;
             let bytes = file.metadata().map_err(|e| e.to_string())?.len();
-            let (with_draft, tokens) = read_header(&mut io::BufReader::new(file), identity)?;
+            let mut r = Bounded {
+                r: io::BufReader::new(file),
+                left: bytes,
+            };
+            let (with_draft, tokens) = read_header(&mut r, identity)?;
+            r.check_body()?;
             let modified = e
                 .metadata()
                 .and_then(|m| m.modified())
@@ -780,6 +841,60 @@ mod tests {
         assert_eq!(tier.stats().errors, 1);
         assert!(!survivor.exists());
         drop(tier);
+        let _ = fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn damaged_lengths_are_refused_at_start_without_allocating_them() {
+        let root = temp_root("lengths");
+        let tier = DiskTier::open(config(&root, true, 1 << 20)).unwrap();
+        let dir = tier.dir().to_path_buf();
+        drop(tier);
+        let id = b"model A".len();
+        let tokens = [3u32, 1, 4];
+        let good = encode(b"model A", &spill(&tokens, 100));
+        // Field offsets: the token count, then the state and draft image lengths.
+        let count_at = 32 + id;
+        let state_at = count_at + 8 + tokens.len() * 4;
+        let draft_at = state_at + 8 + 100;
+        let set = |at: usize, v: u64| {
+            let mut b = good.clone();
+            b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            b
+        };
+        let damaged = [
+            // Bit 40 of the token count (the field report): 4 TiB of tokens.
+            set(count_at, 3 | 1 << 40),
+            set(count_at, u64::MAX),
+            set(count_at, 1000),
+            set(state_at, 100 | 1 << 40),
+            set(state_at, u64::MAX),
+            set(draft_at, 1 << 50),
+            set(draft_at, 5),
+        ];
+        for (i, b) in damaged.iter().enumerate() {
+            fs::write(dir.join(format!("damaged{i}.{EXTENSION}")), b).unwrap();
+        }
+        fs::write(dir.join(format!("good.{EXTENSION}")), &good).unwrap();
+        let tier = DiskTier::open(config(&root, true, 1 << 20)).unwrap();
+        assert_eq!(tier.stats().entries, 1, "only the intact file is kept");
+        assert_eq!(tier.stats().errors, damaged.len() as u64);
+        for i in 0..damaged.len() {
+            assert!(!dir.join(format!("damaged{i}.{EXTENSION}")).exists());
+        }
+        assert_eq!(tier.best(&[3, 1, 4, 1], false), Some(3));
+        assert_eq!(
+            tier.read(&[3, 1, 4, 1], 3, false).unwrap().state,
+            vec![7; 100]
+        );
+        drop(tier);
+        // A file read whole, with the damage under a valid checksum: refused, not allocated.
+        let mut b = set(count_at, 3 | 1 << 40);
+        let n = b.len();
+        let crc = crc32fast::hash(&b[..n - 4]);
+        b[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        let e = parse(&b, b"model A", None).err().unwrap();
+        assert!(e.contains("the tokens"), "{e}");
         let _ = fs::remove_dir_all(&root);
     }
 
