@@ -106,6 +106,31 @@ fn perplexity_json_on_both_fixtures_and_the_demo() {
             "{name}: {got}"
         );
         assert_eq!(got["tokens"], r["perplexity"]["tokens"]);
+        assert_eq!(got["kv_format"], "f32");
+
+        // The int8 KV cache scored against the exact one, in one command.
+        let out = splash(&[
+            "perplexity",
+            "--model",
+            dir.to_str().unwrap(),
+            "--file",
+            dir.join("ppl.txt").to_str().unwrap(),
+            "--kv-format",
+            "int8",
+            "--kv-baseline",
+            "f32",
+            "--json",
+        ]);
+        assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+        let q: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            (&q["kv_format"], &q["baseline"]["kv_format"]),
+            (&"int8".into(), &"f32".into())
+        );
+        assert_eq!(q["baseline"]["perplexity"], got["perplexity"], "{name}");
+        assert_ne!(q["perplexity"], got["perplexity"], "{name}");
+        let same = q["baseline"]["same_top1"].as_f64().unwrap();
+        assert!(same > 0.9 && same <= 1.0, "{name}: {q}");
     }
     let out = splash(&[
         "perplexity",
@@ -178,5 +203,42 @@ fn bench_reports_both_speeds() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(
         v["prefill_tok_s"].as_f64().unwrap() > 0.0 && v["decode_tok_s"].as_f64().unwrap() > 0.0
+    );
+}
+
+#[test]
+fn serve_refuses_an_empty_api_key() {
+    let check = |out: Output| {
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("empty") && err.contains("leave out --api-key"),
+            "{err}"
+        );
+    };
+    check(splash(&[
+        "serve",
+        "--model",
+        "demo",
+        "--port",
+        "0",
+        "--api-key",
+        "",
+    ]));
+    check(splash(&[
+        "serve",
+        "--model",
+        "demo",
+        "--port",
+        "0",
+        "--api-key",
+        "  ",
+    ]));
+    check(
+        Command::new(env!("CARGO_BIN_EXE_splash"))
+            .args(["serve", "--model", "demo", "--port", "0"])
+            .env("SPLASH_API_KEY", "")
+            .output()
+            .expect("splash runs"),
     );
 }

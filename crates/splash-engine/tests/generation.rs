@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use splash_engine::{perplexity, Engine, EngineError, FinishReason, Request, SamplingParams};
+use splash_engine::{
+    perplexity, Engine, EngineError, FinishReason, PerplexityOptions, Request, SamplingParams,
+};
 use splash_model::{load, KvFormat, Model};
 
 mod common;
@@ -47,13 +49,45 @@ fn greedy_matches_transformers(name: &str) {
     }
 }
 
+#[test]
+fn perplexity_beside_a_baseline_kv_format() {
+    let (m, _) = model("qwen35-dense");
+    let text = std::fs::read_to_string(fixture("qwen35-dense").join("ppl.txt")).unwrap();
+    let tokens = m.tokenizer.encode(&text).unwrap();
+    let run = |kv, baseline| {
+        let opts = PerplexityOptions {
+            kv,
+            baseline,
+            ..PerplexityOptions::new(4096, 64)
+        };
+        perplexity(&m, &tokens, &opts).unwrap()
+    };
+    let exact = run(KvFormat::F32, None);
+    assert!(exact.baseline.is_none() && exact.top1 > 0.0 && exact.top1 <= 1.0);
+    // Against itself: the same numbers, nothing between them.
+    let same = run(KvFormat::F32, Some(KvFormat::F32)).baseline.unwrap();
+    assert_eq!(same.perplexity, exact.perplexity);
+    assert!(
+        same.mean_kl.abs() < 1e-12 && same.same_top1 == 1.0,
+        "{same:?}"
+    );
+    // int8 against f32: the int8 run is what is scored, f32 the baseline.
+    let int8 = run(KvFormat::Int8, Some(KvFormat::F32));
+    let b = int8.baseline.unwrap();
+    assert_eq!(b.perplexity, exact.perplexity);
+    assert_eq!(int8.perplexity, run(KvFormat::Int8, None).perplexity);
+    assert_ne!(int8.perplexity, exact.perplexity);
+    assert!(b.mean_kl > 0.0 && b.mean_kl < 0.05, "{b:?}");
+    assert!(b.same_top1 > 0.9, "{b:?}");
+}
+
 fn perplexity_matches_transformers(name: &str) {
     let (m, r) = model(name);
     let p = &r["perplexity"];
     let text = std::fs::read_to_string(fixture(name).join(p["file"].as_str().unwrap())).unwrap();
     let tokens = m.tokenizer.encode(&text).unwrap();
     assert_eq!(tokens.len() as u64, p["tokens"].as_u64().unwrap());
-    let got = perplexity(&m, &tokens, 4096, 64).unwrap();
+    let got = perplexity(&m, &tokens, &PerplexityOptions::new(4096, 64)).unwrap();
     let want = p["perplexity"].as_f64().unwrap();
     let rel = (got.perplexity - want).abs() / want;
     println!(

@@ -31,6 +31,23 @@ impl KvFormat {
     }
 }
 
+impl KvFormat {
+    /// The name `--kv-format` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
+        }
+    }
+}
+
+impl std::fmt::Display for KvFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for KvFormat {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
