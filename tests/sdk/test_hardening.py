@@ -239,3 +239,22 @@ def test_memory_plan_lowers_the_context_and_preempts_the_newest_request_past_the
         assert "splash_preemptions_total" in h.get("/metrics").text
     finally:
         s.stop()
+
+
+# --- Engine: tiny temperatures, idle gauges (issue 30, items 11 and 12) ---
+
+
+def test_tiny_temperatures_give_the_greedy_text(server):
+    h = server.client()
+    body = {"messages": [{"role": "user", "content": "Tell me about the sea"}], "max_tokens": 24}
+
+    def text(t):
+        r = h.post(CHAT, json={**body, "temperature": t})
+        assert r.status_code == 200, r.text
+        m = r.json()["choices"][0]["message"]
+        return (m.get("reasoning_content"), m.get("content"))
+
+    greedy = text(0)
+    # Below 1e-5 is greedy (as vLLM); dividing logits by these used to overflow into noise.
+    for t in (5e-6, 1e-30, 1e-38, 1e-40, 1e-45):
+        assert text(t) == greedy, t

@@ -3,8 +3,13 @@
 pub(crate) use splash_backend::cpu::argmax;
 use splash_backend::cpu::top_k;
 
+/// Temperatures below this are greedy (argmax), as in vLLM (`_SAMPLING_EPS`): dividing
+/// logits by a tinier one overflows them, and its distribution is the argmax's anyway.
+pub const GREEDY_TEMPERATURE: f32 = 1e-5;
+
 /// How the next token is chosen. The defaults sample nothing away: temperature 1, no
-/// truncation, no penalties. Temperature 0 means greedy (argmax).
+/// truncation, no penalties. Temperatures below [`GREEDY_TEMPERATURE`] (0 included) mean
+/// greedy (argmax).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingParams {
     pub temperature: f32,
@@ -47,6 +52,11 @@ impl SamplingParams {
             temperature: 0.0,
             ..Self::default()
         }
+    }
+
+    /// True when the next token is the argmax (temperature below [`GREEDY_TEMPERATURE`]).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < GREEDY_TEMPERATURE
     }
 
     /// Checks ranges; the message names the parameter and its valid range.
@@ -102,7 +112,7 @@ impl Sampler {
     /// penalties): a forward pass then need not return rows, only their argmax.
     pub fn argmax_suffices(&self) -> bool {
         let p = &self.params;
-        p.temperature == 0.0
+        p.is_greedy()
             && p.repetition_penalty == 1.0
             && p.presence_penalty == 0.0
             && p.frequency_penalty == 0.0
@@ -112,7 +122,7 @@ impl Sampler {
     /// tokens the penalties look at.
     pub fn sample(&mut self, logits: &mut [f32], prompt: &[u32], output: &[u32]) -> u32 {
         let dist = self.distribution(logits, prompt, output);
-        if self.params.temperature == 0.0 {
+        if self.params.is_greedy() {
             return dist.entries[0].0;
         }
         self.draw(&dist)
@@ -130,16 +140,18 @@ impl Sampler {
     /// draft's proposal distribution).
     pub fn truncated(&self, logits: &[f32]) -> Distribution {
         let p = &self.params;
-        if p.temperature == 0.0 {
+        if p.is_greedy() {
             return Distribution::point(argmax(logits));
         }
         // Candidates sorted by logit, best first; ties keep the lower id first. With top-k,
-        // one pass keeps the k best (a real vocabulary row has 248,320 entries).
+        // one pass keeps the k best (a real vocabulary row has 248,320 entries). Ranked by the
+        // raw logit (a positive temperature keeps the order); the temperature divides the
+        // differences to the best in f64 below, which cannot overflow.
         let finite = logits
             .iter()
             .enumerate()
             .filter(|(_, l)| l.is_finite())
-            .map(|(i, &l)| (i as u32, l / p.temperature));
+            .map(|(i, &l)| (i as u32, l));
         let cand = if p.top_k > 0 {
             top_k(finite, p.top_k)
         } else {
@@ -148,9 +160,13 @@ impl Sampler {
         if cand.is_empty() {
             return Distribution::point(argmax(logits));
         }
-        // Softmax over the survivors, in f64 so long tails do not lose mass.
-        let max = cand[0].1 as f64;
-        let mut probs: Vec<f64> = cand.iter().map(|c| (c.1 as f64 - max).exp()).collect();
+        // Softmax over the survivors, in f64 so long tails do not lose mass. Every exponent is
+        // ≤ 0 and the best's is 0: the sum is in [1, n], never infinite or NaN.
+        let (max, t) = (cand[0].1 as f64, p.temperature as f64);
+        let mut probs: Vec<f64> = cand
+            .iter()
+            .map(|c| ((c.1 as f64 - max) / t).exp())
+            .collect();
         let sum: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= sum);
         let mut keep = probs.len();
@@ -474,6 +490,36 @@ mod tests {
         reference_penalties(&params, &mut want, &prompt, &output);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want));
+    }
+
+    #[test]
+    fn tiny_temperatures_are_greedy_and_logits_never_overflow() {
+        let logits = [1.0f32, 5.0, 4.9, -3.0];
+        for temperature in [0.0, 1e-45, 1e-40, 1e-38, 1e-30, 1e-6] {
+            let p = SamplingParams {
+                temperature,
+                seed: Some(1),
+                ..Default::default()
+            };
+            assert!(p.is_greedy(), "temperature {temperature}");
+            assert_eq!(
+                draw(p, &logits, 50),
+                vec![1; 50],
+                "temperature {temperature}"
+            );
+        }
+        // Just above the threshold, logits near f32's limit: the scaled differences would
+        // overflow f32, not f64; the best token keeps all the mass.
+        let huge = [3e38f32, -3e38, 2.9e38, 0.0];
+        let p = SamplingParams {
+            temperature: 2e-5,
+            seed: Some(1),
+            ..Default::default()
+        };
+        assert!(!p.is_greedy());
+        let d = Sampler::new(p.clone()).truncated(&huge);
+        assert!(d.entries.iter().all(|e| e.1.is_finite()), "{d:?}");
+        assert_eq!(draw(p, &huge, 50), vec![0; 50]);
     }
 
     #[test]

@@ -248,7 +248,7 @@ impl Sequence {
             Some((g, after)) => (Some(g), after),
             None => (None, None),
         };
-        let greedy = req.sampling.temperature == 0.0;
+        let greedy = req.sampling.is_greedy();
         // A seeded sampled sequence draws from its generator once per verified row, so its
         // output depends on the verify lengths; lengths chosen by measured speed would make
         // the same seed give different text under different load. It verifies the full block

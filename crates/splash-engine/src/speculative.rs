@@ -269,7 +269,7 @@ pub(crate) fn accept(
         out.extend_from_slice(accepted);
         shaper.distribution(&mut row, prompt, &out)
     };
-    if sampler.params().temperature == 0.0 {
+    if sampler.params().is_greedy() {
         accept_greedy(&proposal.tokens, |i, acc| target(i, acc).entries[0].0)
     } else {
         accept_sampled(&proposal.tokens, &proposal.q, target, sampler)
@@ -386,7 +386,7 @@ impl DraftSession for DFlashSession {
         } = self
             .draft
             .draft_block(&mut self.ctx, &target.graph, anchor, len + 1)?;
-        let greedy = sampler.params().temperature == 0.0;
+        let greedy = sampler.params().is_greedy();
         let mut proposal = Proposal::default();
         match self.draft.selector() {
             None => {
