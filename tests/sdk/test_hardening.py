@@ -258,3 +258,29 @@ def test_tiny_temperatures_give_the_greedy_text(server):
     # Below 1e-5 is greedy (as vLLM); dividing logits by these used to overflow into noise.
     for t in (5e-6, 1e-30, 1e-38, 1e-40, 1e-45):
         assert text(t) == greedy, t
+
+
+def test_running_gauge_is_zero_once_requests_end(server):
+    h = server.client()
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        # A stream the client drops...
+        body = {**HELLO, "max_tokens": 100000, "stream": True, "ignore_eos": True}
+        with c.stream("POST", CHAT, json=body) as r:
+            lines = r.iter_lines()
+            assert [next(lines) for _ in range(3)]
+        # ...then streams and a plain request that run to their end.
+        for _ in range(2):
+            with c.stream("POST", CHAT, json={**HELLO, "stream": True}) as r:
+                assert [l for l in r.iter_lines() if l][-1] == "data: [DONE]"
+        assert c.post(CHAT, json=HELLO).status_code == 200
+
+    def idle():
+        queue = h.get("/status").json()["queue"]
+        gauges = h.get("/metrics").text.splitlines()
+        return (queue["in_flight"], queue["running"], queue["waiting"]) == (0, 0, 0) and {
+            "splash_running_requests 0",
+            "splash_queue_depth 0",
+            "splash_prefill_pending_tokens 0",
+        } <= set(gauges)
+
+    assert wait_until(idle, timeout=10), (h.get("/status").json()["queue"], h.get("/metrics").text)

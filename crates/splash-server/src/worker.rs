@@ -155,7 +155,13 @@ fn run(
     };
     let mut stopping = false;
     loop {
+        // Published at every turn, not only before a step: the step that finishes the last
+        // sequences is followed by the wait below, and `/status` must not read 1 meanwhile.
+        load.waiting.store(waiting.len(), Ordering::SeqCst);
+        load.running.store(active.len(), Ordering::SeqCst);
         if active.is_empty() && waiting.is_empty() {
+            // Idle: what the last step or a cancellation left (pending prefill included).
+            metrics.set_engine(engine.prefix_cache_stats(), engine.batch_stats());
             if stopping {
                 break;
             }
