@@ -284,3 +284,18 @@ def test_running_gauge_is_zero_once_requests_end(server):
         } <= set(gauges)
 
     assert wait_until(idle, timeout=10), (h.get("/status").json()["queue"], h.get("/metrics").text)
+
+
+# ---- HTTP hardening: read timeouts, declared sizes, origins (helper "http") ----
+
+
+def test_same_origin_needs_the_same_scheme(server):
+    h = server.client()
+    host = f"127.0.0.1:{server.port}"
+    for other in [f"https://{host}", f"evil://{host}", host, f"http://127.0.0.1:{server.port + 1}"]:
+        r = h.get("/v1/models", headers={"Origin": other})
+        assert r.status_code == 403, (other, r.status_code)
+        assert "access-control-allow-origin" not in r.headers
+        assert "--allowed-origin" in error_of(r)["message"]
+    ok = h.get("/v1/models", headers={"Origin": f"http://{host}"})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == f"http://{host}"

@@ -114,12 +114,13 @@ fn origin_allowed(origin: &str, host: Option<&str>, allowed: &[String]) -> bool 
     if allowed.iter().any(|a| a == "*" || a == origin) {
         return true;
     }
-    // Same origin: the Origin's authority is the Host the request was sent to.
-    let authority = origin
-        .split_once("://")
-        .map(|(_, rest)| rest)
-        .unwrap_or(origin);
-    host.is_some_and(|h| authority.eq_ignore_ascii_case(h))
+    // Same origin: scheme, host and port all match. This server speaks plain HTTP, so its own
+    // pages have an `http` origin; `https://` or `evil://` on the same host and port is another
+    // origin (RFC 6454).
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return false;
+    };
+    scheme.eq_ignore_ascii_case("http") && host.is_some_and(|h| authority.eq_ignore_ascii_case(h))
 }
 
 fn key_matches(headers: &HeaderMap, key: &str) -> bool {
@@ -181,6 +182,23 @@ mod tests {
         assert!(!origin_allowed(
             "http://evil.example",
             Some("127.0.0.1:8000"),
+            &[]
+        ));
+        // Same host and port under another scheme is another origin.
+        for other in [
+            "https://127.0.0.1:8000",
+            "evil://127.0.0.1:8000",
+            "127.0.0.1:8000",
+            "http://127.0.0.1:8001",
+        ] {
+            assert!(
+                !origin_allowed(other, Some("127.0.0.1:8000"), &[]),
+                "{other}"
+            );
+        }
+        assert!(origin_allowed(
+            "HTTP://LOCALHOST:8000",
+            Some("localhost:8000"),
             &[]
         ));
         assert!(origin_allowed(

@@ -86,10 +86,17 @@ fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    // An empty key (`--api-key ""`, or SPLASH_API_KEY set to nothing by a script whose variable
+    // was unset) would otherwise mean "no key" without a word.
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        anyhow::bail!(
+            "--api-key (or SPLASH_API_KEY) is empty: give the key clients must send, or to serve without a key leave out --api-key and unset SPLASH_API_KEY"
+        );
+    }
     let mut config = ServerConfig {
         host: a.host,
         port: a.port,
-        api_key: a.api_key.filter(|k| !k.is_empty()),
+        api_key: a.api_key,
         allowed_hosts: a.allowed_hosts,
         allowed_origins: a.allowed_origins,
         max_context: a.max_context,
