@@ -389,9 +389,9 @@ fn agents_through_their_launchers() {
             if listed("SPLASH_REQUIRE_AGENTS", c.agent) == Some(true) {
                 failures.push(format!("{}: required by SPLASH_REQUIRE_AGENTS but not installed (scripts/test-agents installs it)", c.agent));
             } else {
-                println!(
-                    "{}: SKIPPED (not installed; scripts/test-agents installs it)",
-                    c.agent
+                common::record_skip(
+                    &format!("agents_through_their_launchers.{}", c.agent),
+                    "not installed (scripts/test-agents installs it)",
                 );
             }
             continue;

@@ -3,8 +3,8 @@
 //! `tests/webui/chat.spec.mjs` (playwright-core from `tests/webui/node_modules`; `npm ci` there).
 //!
 //! The browser test needs Node, Chromium (`/usr/bin/chromium`, or `CHROMIUM`) and the
-//! node_modules; without them it is skipped with a message, unless `SPLASH_REQUIRE_BROWSER` is
-//! set (CI sets it), in which case it fails. The screenshot goes to
+//! node_modules; without them it is skipped (listed at the end of `scripts/test`), unless
+//! `SPLASH_REQUIRE_BROWSER` or `CI` is set, in which case it fails. The screenshot goes to
 //! `target/webui-screenshot.png` (and `target/webui-screenshot-markdown.png`).
 
 mod common;
@@ -196,10 +196,10 @@ fn chat_page_in_headless_chromium() {
     if let Some(why) = browser_missing(&chromium, &specs) {
         let required = std::env::var_os("SPLASH_REQUIRE_BROWSER").is_some_and(|v| !v.is_empty());
         assert!(
-            !required,
-            "SPLASH_REQUIRE_BROWSER is set but the browser test cannot run: {why}"
+            !required && !common::in_ci(),
+            "the browser test cannot run under CI or SPLASH_REQUIRE_BROWSER: {why}"
         );
-        println!("SKIPPED: the chat page browser test: {why}");
+        common::record_skip("chat_page_in_headless_chromium", &why);
         return;
     }
     // The real-vocabulary model never stops early, so the page's streaming and stop button
@@ -225,4 +225,48 @@ fn chat_page_in_headless_chromium() {
     println!("{text}");
     assert!(out.status.success(), "the browser test failed:\n{text}");
     assert!(shot.exists(), "no screenshot at {}", shot.display());
+}
+
+#[test]
+fn a_missing_browser_fails_under_ci_and_is_listed_as_skipped_outside() {
+    if std::env::var_os("SPLASH_WEBUI_SELF_TEST").is_some() {
+        return; // the inner run below: only the browser test is meant to run there
+    }
+    let skips = std::env::temp_dir().join(format!("splash-skips-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&skips);
+    let run = |ci: Option<&str>| {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["chat_page_in_headless_chromium", "--exact", "--nocapture"])
+            .env("CHROMIUM", "/nonexistent/chromium")
+            .env("SPLASH_WEBUI_SELF_TEST", "1")
+            .env("SPLASH_TEST_SKIPS_DIR", &skips)
+            .env_remove("SPLASH_REQUIRE_BROWSER")
+            .env_remove("CI");
+        if let Some(v) = ci {
+            cmd.env("CI", v);
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(Some("true"));
+    assert!(
+        !out.status.success(),
+        "a missing browser passed under CI=true:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!skips.exists(), "a failure is not a skip");
+    for ci in [None, Some("false")] {
+        let out = run(ci);
+        assert!(
+            out.status.success(),
+            "{ci:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let listed =
+            std::fs::read_to_string(skips.join("chat_page_in_headless_chromium.txt")).unwrap();
+        assert!(
+            listed.contains("/nonexistent/chromium not found"),
+            "{listed}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&skips);
 }

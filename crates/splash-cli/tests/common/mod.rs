@@ -27,3 +27,24 @@ pub fn http(port: u16, method: &str, path: &str, headers: &str, body: &str) -> S
         .map(|(_, b)| b.to_string())
         .unwrap_or_default()
 }
+
+/// Where tests record what they skipped: `scripts/test` empties it first and lists it at the
+/// end, so that a skip shows in the run's summary rather than inside a passing test's output.
+pub const SKIPS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/test-skips");
+
+/// Whether the run is under CI (`CI` set to anything but empty, `0` or `false`), where a test
+/// whose tools are missing fails instead of skipping.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+/// Records that `test` was skipped and why (printed too), in `SPLASH_TEST_SKIPS_DIR` if set,
+/// else [`SKIPS_DIR`].
+pub fn record_skip(test: &str, why: &str) {
+    println!("SKIPPED: {test}: {why}");
+    let dir = std::env::var_os("SPLASH_TEST_SKIPS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| SKIPS_DIR.into());
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(format!("{test}.txt")), format!("{test}: {why}\n"));
+}
