@@ -288,6 +288,72 @@ def test_running_gauge_is_zero_once_requests_end(server):
 
 # ---- HTTP hardening: read timeouts, declared sizes, origins (helper "http") ----
 
+import socket  # noqa: E402
+
+
+def raw_exchange(port, data, wait=20.0, dribble=None):
+    """Sends `data` on a fresh connection (a byte every `dribble` seconds if given), then reads
+    until the server closes. Returns (seconds until the close or the first reply, reply)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(wait)
+    t0 = time.time()
+    reply = b""
+    try:
+        if dribble is None:
+            sock.sendall(data)
+        else:
+            for b in data:
+                sock.sendall(bytes([b]))
+                time.sleep(dribble)
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        sock.close()
+    return time.time() - t0, reply
+
+
+@pytest.fixture(scope="module")
+def impatient_server():
+    s = Server("--header-read-timeout", "1", "--body-read-timeout", "2", "--max-request-size", "1M")
+    yield s
+    s.stop()
+
+
+def test_slow_headers_and_unfinished_bodies_are_cut_off(impatient_server):
+    port = impatient_server.port
+    # Headers dribbled a byte every 0.2 s (never finished within the 1 s header timeout).
+    head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 100 + b"\r\n\r\n"
+    took, reply = raw_exchange(port, head, dribble=0.2)
+    assert took < 8 and b"200 OK" not in reply, (took, reply[:200])
+    # A connection that sends nothing is closed too.
+    took, reply = raw_exchange(port, b"")
+    assert took < 8 and reply == b"", (took, reply)
+    # A body shorter than its Content-Length, and a chunked body never finished: 408.
+    for body in [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 500\r\n\r\n{\"messages\"",
+        b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"mes\r\n",
+    ]:
+        took, reply = raw_exchange(port, body)
+        assert took < 12 and reply.startswith(b"HTTP/1.1 408"), (took, reply[:300])
+        assert b"--body-read-timeout" in reply, reply
+    assert b'"type":"error"' in reply  # the Messages API's own error shape
+    # A declared length over --max-request-size: 413 at once, before any body byte is sent.
+    for path, shape in [(b"/v1/chat/completions", b'"code":"request_too_large"'),
+                        (b"/v1/messages", b'"type":"request_too_large"')]:
+        head = b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2000000\r\n\r\n"
+        took, reply = raw_exchange(port, head)
+        assert took < 5 and reply.startswith(b"HTTP/1.1 413"), (took, reply[:300])
+        assert shape in reply and b"--max-request-size" in reply, reply
+    # The server is unharmed, and an ordinary request on a kept-alive connection still works.
+    with impatient_server.client() as h:
+        assert h.get("/health").status_code == 200
+        assert h.post(CHAT, json=HELLO).status_code == 200
+
 
 def test_same_origin_needs_the_same_scheme(server):
     h = server.client()

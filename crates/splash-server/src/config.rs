@@ -21,6 +21,11 @@ pub struct ServerConfig {
     pub default_reasoning_effort: Option<String>,
     /// Largest accepted request body in bytes.
     pub max_request_size: usize,
+    /// Time a client has to send a request's headers (and that an idle keep-alive connection
+    /// stays open); the connection is closed after it.
+    pub header_read_timeout: std::time::Duration,
+    /// Time a client has to send a request's whole body; 408 after it.
+    pub body_read_timeout: std::time::Duration,
     /// Requests that may wait for a free decode lane before new ones get 503.
     pub queue_size: usize,
     /// Sequences decoded at once.
@@ -89,6 +94,8 @@ impl Default for ServerConfig {
             model_name: None,
             default_reasoning_effort: None,
             max_request_size: 128 << 20,
+            header_read_timeout: std::time::Duration::from_secs(10),
+            body_read_timeout: std::time::Duration::from_secs(60),
             queue_size: 32,
             lanes: 4,
             webui: true,
@@ -121,6 +128,30 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
     Ok((n * mult as f64) as usize)
 }
 
+/// Parses a duration in seconds (`10`, `0.5`, or with a unit: `500ms`, `30s`, `2m`).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    let n: f64 = num.trim().parse().map_err(|_| {
+        format!("`{s}` is not a duration: use seconds (e.g. 30 or 0.5) or a unit (500ms, 30s, 2m)")
+    })?;
+    let secs = n * scale;
+    if !(secs.is_finite() && secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!(
+            "`{s}` must be a duration above 0 and at most a day"
+        ));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,5 +164,18 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert!(parse_size("lots").unwrap_err().contains("K = 1024"));
         assert!(parse_size("0").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("soon").unwrap_err().contains("500ms"));
+        for bad in ["0", "-1", "inf", "NaN", "2d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -106,6 +106,21 @@ impl ApiError {
         }
     }
 
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(timeout: std::time::Duration) -> Self {
+        Self {
+            code: Some("request_timeout"),
+            ..Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "the request body did not arrive within {:.1} s; send the whole body at once, or raise the limit with --body-read-timeout",
+                    timeout.as_secs_f64()
+                ),
+            )
+        }
+    }
+
     /// 503 with `Retry-After`.
     pub fn overloaded(message: impl Into<String>) -> Self {
         Self {
@@ -158,6 +173,7 @@ impl AnthropicError {
             401 => "authentication_error",
             403 => "permission_error",
             404 => "not_found_error",
+            408 => "timeout_error",
             413 => "request_too_large",
             429 => "rate_limit_error",
             503 | 529 => "overloaded_error",

@@ -17,19 +17,35 @@ impl FromRequest<AppState> for JsonObject {
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         let limit = state.config.max_request_size;
+        // A declared length over the limit is refused before a byte of the body is read.
+        let declared = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(ApiError::too_large(limit));
+        }
         let body: Body = req.into_body();
-        let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-            // The only error with a cause chain that mentions the limit is the length limit.
-            let msg = format!("{e:#}");
-            if msg.contains("length limit")
-                || std::error::Error::source(&e)
-                    .is_some_and(|s| s.to_string().contains("length limit"))
-            {
-                ApiError::too_large(limit)
-            } else {
-                ApiError::bad_request(format!("could not read the request body: {msg}"))
-            }
-        })?;
+        // A body that never ends (a chunked body never finished, a Content-Length longer than
+        // what is sent) would hold the connection forever.
+        let timeout = state.config.body_read_timeout;
+        let read = tokio::time::timeout(timeout, axum::body::to_bytes(body, limit));
+        let bytes = read
+            .await
+            .map_err(|_| ApiError::body_timeout(timeout))?
+            .map_err(|e| {
+                // The only error with a cause chain that mentions the limit is the length limit.
+                let msg = format!("{e:#}");
+                if msg.contains("length limit")
+                    || std::error::Error::source(&e)
+                        .is_some_and(|s| s.to_string().contains("length limit"))
+                {
+                    ApiError::too_large(limit)
+                } else {
+                    ApiError::bad_request(format!("could not read the request body: {msg}"))
+                }
+            })?;
         if bytes.is_empty() {
             return Err(ApiError::bad_request(
                 "the request body is empty: send a JSON object",

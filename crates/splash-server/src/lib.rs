@@ -24,7 +24,7 @@ mod tool_calls;
 mod webui;
 mod worker;
 
-pub use config::{parse_size, DiskCacheSettings, ServerConfig};
+pub use config::{parse_duration, parse_size, DiskCacheSettings, ServerConfig};
 pub use state::AppState;
 
 use std::net::SocketAddr;
@@ -146,6 +146,7 @@ pub async fn serve(
             }
         ));
     }
+    let state_header_timeout = config.header_read_timeout;
     let state = AppState::new(model, engine, config);
     state.print_summary(local);
     if let Some(line) = disk_line {
@@ -166,25 +167,83 @@ pub async fn serve(
         ip => ip.to_string(),
     };
     eprintln!("Ready: http://{host}:{}", local.port());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            // Ctrl+C, or SIGTERM (systemd, docker stop): the same orderly shutdown.
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-            eprintln!("shutting down: finishing open responses (Ctrl+C again to exit at once)");
-            let _ = shutdown.send(true);
-            tokio::spawn(async {
-                let _ = tokio::signal::ctrl_c().await;
-                std::process::exit(130);
-            });
-        })
-        .await
-        .map_err(|e| StartError(format!("server error: {e}")))?;
+    let header_timeout = state_header_timeout;
+    let stop = async move {
+        // Ctrl+C, or SIGTERM (systemd, docker stop): the same orderly shutdown.
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        eprintln!("shutting down: finishing open responses (Ctrl+C again to exit at once)");
+        let _ = shutdown.send(true);
+        tokio::spawn(async {
+            let _ = tokio::signal::ctrl_c().await;
+            std::process::exit(130);
+        });
+    };
+    serve_http(listener, app, header_timeout, stop).await;
     // The engine's drop writes (persistent) or removes the disk tier's files.
     tokio::task::spawn_blocking(move || worker.stop())
         .await
         .map_err(|e| StartError(format!("stopping the engine: {e}")))
+}
+
+/// Serves HTTP/1.1 connections until `stop` completes, then lets open requests finish.
+///
+/// Like `axum::serve`, plus a header read timeout (hyper applies it only with a timer, which
+/// `axum::serve` does not set): a client that dribbles its headers, or a keep-alive connection
+/// left idle, is closed after `header_timeout` instead of held forever.
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_timeout: std::time::Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    // Dropped when `stop` completes: every connection then shuts down gracefully.
+    let (stopping_tx, stopping_rx) = tokio::sync::watch::channel(());
+    // Each connection holds a receiver; `closed()` resolves once all are gone.
+    let (open_tx, open_rx) = tokio::sync::watch::channel(());
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait instead of spinning.
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let conn =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let mut stopping = stopping_rx.clone();
+        let open = open_rx.clone();
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stopping.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(listener);
+    drop(stopping_tx);
+    drop(open_rx);
+    open_tx.closed().await;
 }

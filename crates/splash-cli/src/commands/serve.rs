@@ -1,7 +1,7 @@
 //! `splash serve`: the OpenAI-compatible HTTP server.
 
 use anyhow::Context;
-use splash_server::{parse_size, DiskCacheSettings, ServerConfig};
+use splash_server::{parse_duration, parse_size, DiskCacheSettings, ServerConfig};
 
 use crate::{draft_arg, model_arg};
 
@@ -43,6 +43,13 @@ pub struct Args {
     /// Largest request body, e.g. 128M.
     #[arg(long, value_parser = parse_size, default_value = "128M")]
     max_request_size: usize,
+    /// Time a client has to send a request's headers, e.g. 10 or 500ms; also how long an idle
+    /// keep-alive connection stays open.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    header_read_timeout: std::time::Duration,
+    /// Time a client has to send a request's whole body (408 after it), e.g. 60 or 2m.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    body_read_timeout: std::time::Duration,
     /// Requests that may wait for a decode lane; more get 503 with Retry-After.
     #[arg(long, default_value_t = 32)]
     queue_size: usize,
@@ -112,6 +119,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
         default_reasoning_effort: a.default_reasoning_effort,
         max_request_size: a.max_request_size,
+        header_read_timeout: a.header_read_timeout,
+        body_read_timeout: a.body_read_timeout,
         queue_size: a.queue_size,
         lanes: a.lanes as usize,
         webui: !a.no_webui,
