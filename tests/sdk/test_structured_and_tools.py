@@ -153,3 +153,33 @@ def test_strict_tools_constrain_calls_the_model_chooses(server):
         for call in r.choices[0].message.tool_calls or []:
             jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
         assert "<tool_call>" not in (r.choices[0].message.content or "")
+
+
+def test_undeclared_keys_are_refused_in_tool_arguments_and_strict_formats(server):
+    """Where a schema leaves `additionalProperties` out, tool arguments and `strict` formats take only the
+    declared keys (as OpenAI's strict mode reads it). The non-strict format is the control: left to JSON
+    Schema's default, the model adds keys of its own."""
+    c = sdk(server)
+    place = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}
+    locate = {"type": "function", "function": {"name": "locate", "parameters": {
+        "type": "object", "properties": {"place": place}, "required": ["place"]}}}
+    ask = [{"role": "user", "content": "Where is Paris?"}]
+
+    def fmt(strict):
+        return {"type": "json_schema", "json_schema": {"name": "place", "schema": place, "strict": strict}}
+
+    def keys(text):
+        try:
+            return set(json.loads(text))
+        except ValueError:
+            return {"<cut by max_tokens>"}
+
+    loose_extra = 0
+    for seed in range(6):
+        kw = dict(model="demo", messages=ask, max_tokens=80, reasoning_effort="none", temperature=1.0, seed=seed)
+        call = c.chat.completions.create(tools=[locate], tool_choice="required", **kw).choices[0].message.tool_calls[0]
+        assert set(json.loads(call.function.arguments)) == {"place"}
+        assert set(json.loads(call.function.arguments)["place"]) == {"city"}
+        assert keys(c.chat.completions.create(response_format=fmt(True), **kw).choices[0].message.content) == {"city"}
+        loose_extra += keys(c.chat.completions.create(response_format=fmt(False), **kw).choices[0].message.content) != {"city"}
+    assert loose_extra > 0

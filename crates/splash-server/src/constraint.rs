@@ -104,7 +104,7 @@ pub fn call_grammar(
             .or_else(|| f.get("input_schema"))
             .cloned()
             .unwrap_or_else(|| serde_json::json!({"type": "object"}));
-        selected.push((name, params));
+        selected.push((name, close_objects(params)));
     }
     if selected.is_empty() {
         return Err(match only {
@@ -247,6 +247,172 @@ fn xml_value(schema: &Value) -> XmlValue {
     }
 }
 
+/// The strict reading of a JSON schema, for tool arguments and `strict` formats: an object
+/// schema that declares `properties` and says nothing about other keys gets
+/// `additionalProperties: false`, as OpenAI's strict mode and xgrammar's strict mode read it.
+/// llguidance follows JSON Schema (absent means any key), which lets a constrained model invent
+/// keys until `max_tokens`. `additionalProperties` `true` or a schema, `unevaluatedProperties`,
+/// and objects without `properties` (free-form maps) keep their meaning.
+///
+/// Composition needs care, since llguidance intersects an object with its `allOf` branches
+/// (and with `anyOf`/`oneOf` branches next to its own `properties`): a closed branch would
+/// forbid its siblings' keys. Such branches, and the `$defs` they reference, stay open; the
+/// object that composes them is closed over the union of their keys instead (declared as `{}`
+/// in its own `properties`), or left open when a branch's keys cannot be known (a non-local
+/// `$ref`, a branch that allows other keys).
+pub fn close_objects(mut schema: Value) -> Value {
+    let root = schema.clone();
+    let mut open_refs = Vec::new();
+    collect_open_refs(&root, &mut open_refs, 0);
+    close_node(&mut schema, &root, &open_refs, false, 0);
+    schema
+}
+
+/// Deeper than this, the schema is left as it is (llguidance bounds nesting as well).
+const MAX_SCHEMA_DEPTH: usize = 64;
+
+/// The subschema arrays whose members an object may be intersected with.
+const COMPOSITION: [&str; 3] = ["allOf", "anyOf", "oneOf"];
+
+/// True when llguidance intersects `node` with subschemas: several `allOf` branches, or its
+/// own `properties` next to a `$ref` or `allOf`/`anyOf`/`oneOf` branches.
+fn is_composed(node: &serde_json::Map<String, Value>) -> bool {
+    let several = node
+        .get("allOf")
+        .and_then(Value::as_array)
+        .is_some_and(|a| a.len() > 1);
+    let own = node.contains_key("properties");
+    several
+        || (own && (node.contains_key("$ref") || COMPOSITION.iter().any(|k| node.contains_key(*k))))
+}
+
+/// The `$ref`s that composed objects intersect with (their targets must stay open).
+fn collect_open_refs(v: &Value, out: &mut Vec<String>, depth: usize) {
+    if depth > MAX_SCHEMA_DEPTH {
+        return;
+    }
+    match v {
+        Value::Object(o) => {
+            if is_composed(o) {
+                let branches = COMPOSITION
+                    .iter()
+                    .filter_map(|k| o.get(*k)?.as_array())
+                    .flatten();
+                let refs = branches
+                    .chain(std::iter::once(v))
+                    .filter_map(|b| b.get("$ref")?.as_str());
+                out.extend(refs.map(str::to_string));
+            }
+            for child in o.values() {
+                collect_open_refs(child, out, depth + 1);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|c| collect_open_refs(c, out, depth + 1)),
+        _ => {}
+    }
+}
+
+/// The keys a composed branch declares; `None` when they cannot be known or it allows others.
+fn branch_keys(branch: &Value, root: &Value, depth: usize) -> Option<Vec<String>> {
+    if depth > 8 {
+        return None;
+    }
+    let o = branch.as_object()?;
+    if o.get("additionalProperties")
+        .is_some_and(|a| a != &Value::Bool(false))
+        || o.contains_key("unevaluatedProperties")
+    {
+        return None;
+    }
+    let mut keys: Vec<String> = o
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    if let Some(r) = o.get("$ref") {
+        let target = r
+            .as_str()?
+            .strip_prefix('#')
+            .and_then(|p| root.pointer(p))?;
+        keys.extend(branch_keys(target, root, depth + 1)?);
+    }
+    for k in COMPOSITION {
+        for b in o.get(k).and_then(Value::as_array).into_iter().flatten() {
+            keys.extend(branch_keys(b, root, depth + 1)?);
+        }
+    }
+    Some(keys)
+}
+
+/// Closes `v` (unless `open`: it is a composed branch) and the schemas below it.
+fn close_node(v: &mut Value, root: &Value, open_refs: &[String], open: bool, depth: usize) {
+    if depth > MAX_SCHEMA_DEPTH {
+        return;
+    }
+    let keys = match v.as_object() {
+        Some(o) if is_composed(o) => branch_keys(v, root, 0),
+        _ => Some(Vec::new()),
+    };
+    let Some(o) = v.as_object_mut() else {
+        return;
+    };
+    let undecided =
+        !o.contains_key("additionalProperties") && !o.contains_key("unevaluatedProperties");
+    let composed = is_composed(o);
+    if undecided && !open && (composed || o.get("properties").is_some_and(Value::is_object)) {
+        // A composed object is closed over its branches' keys, when they are all known.
+        if let Some(keys) = keys {
+            let props = o
+                .entry("properties")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(props) = props.as_object_mut() {
+                for k in keys {
+                    props.entry(k).or_insert_with(|| serde_json::json!({}));
+                }
+                o.insert("additionalProperties".into(), Value::Bool(false));
+            }
+        }
+    }
+    let own = o.contains_key("properties");
+    for (key, child) in o.iter_mut() {
+        let d = depth + 1;
+        match key.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" => {
+                let defs = key == "$defs" || key == "definitions";
+                for (name, s) in child.as_object_mut().into_iter().flatten() {
+                    // A definition that a composed object references stays open.
+                    let open = defs && open_refs.iter().any(|r| *r == format!("#/{key}/{name}"));
+                    close_node(s, root, open_refs, open, d);
+                }
+            }
+            "additionalProperties" | "items" | "contains" | "propertyNames" => match child {
+                Value::Array(items) => {
+                    for s in items {
+                        close_node(s, root, open_refs, false, d);
+                    }
+                }
+                s => close_node(s, root, open_refs, false, d),
+            },
+            "prefixItems" => {
+                for s in child.as_array_mut().into_iter().flatten() {
+                    close_node(s, root, open_refs, false, d);
+                }
+            }
+            "allOf" | "anyOf" | "oneOf" => {
+                let alts = child.as_array_mut();
+                let several = alts.as_ref().is_some_and(|a| a.len() > 1);
+                let branch = own || (key == "allOf" && several);
+                for s in alts.into_iter().flatten() {
+                    close_node(s, root, open_refs, branch, d);
+                }
+            }
+            // `not`, `if`/`then`/`else` and the rest are left as they are: closing inside a
+            // negation or a condition would change what they mean.
+            _ => {}
+        }
+    }
+}
+
 /// True when any tool asks for strict arguments (`strict: true`, OpenAI or Anthropic form).
 pub fn any_strict(tools: &[Value]) -> bool {
     tools.iter().any(|t| {
@@ -336,6 +502,139 @@ mod tests {
         assert!(!accepts(&forced, &xml_call(&[("x", "1"), ("y", "2")])));
         assert!(accepts(&forced, &xml_call(&[("x", "1"), ("unit", "c")])));
         assert!(!accepts(&forced, &xml_call(&[("x", "1"), ("unit", "k")])));
+    }
+
+    #[test]
+    fn undeclared_keys_are_closed_recursively() {
+        let got = close_objects(json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "list": {"type": "array", "items": {"type": "object", "properties": {"a": {}}}},
+                "either": {"anyOf": [{"type": "object", "properties": {"b": {}}}, {"type": "null"}]},
+                "free": {"type": "object"},
+                "open": {"type": "object", "properties": {"c": {}}, "additionalProperties": true},
+                "typed": {"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}},
+                "ref": {"$ref": "#/$defs/D"},
+            },
+            "$defs": {"D": {"type": "object", "properties": {"d": {}}}},
+        }));
+        assert_eq!(got["additionalProperties"], false);
+        assert_eq!(
+            got.pointer("/properties/list/items/additionalProperties"),
+            Some(&json!(false))
+        );
+        assert_eq!(
+            got.pointer("/properties/either/anyOf/0/additionalProperties"),
+            Some(&json!(false))
+        );
+        assert_eq!(
+            got.pointer("/properties/either/anyOf/1"),
+            Some(&json!({"type": "null"}))
+        );
+        // A free-form map and explicit choices keep their meaning.
+        assert_eq!(
+            got.pointer("/properties/free"),
+            Some(&json!({"type": "object"}))
+        );
+        assert_eq!(
+            got.pointer("/properties/open/additionalProperties"),
+            Some(&json!(true))
+        );
+        assert_eq!(
+            got.pointer("/properties/typed/additionalProperties"),
+            Some(&json!({"type": "integer"}))
+        );
+        assert_eq!(
+            got.pointer("/$defs/D/additionalProperties"),
+            Some(&json!(false))
+        );
+    }
+
+    #[test]
+    fn composed_objects_are_closed_over_their_branches_keys() {
+        let got = close_objects(json!({
+            "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"extra": {"type": "integer"}}}],
+            "$defs": {"Base": {"type": "object", "properties": {"id": {"type": "string"}}}},
+        }));
+        // The branches stay open (closing one would forbid the other's keys); the whole is
+        // closed over both.
+        assert_eq!(got.pointer("/$defs/Base/additionalProperties"), None);
+        assert_eq!(got.pointer("/allOf/1/additionalProperties"), None);
+        assert_eq!(got["additionalProperties"], false);
+        assert_eq!(got["properties"], json!({"id": {}, "extra": {}}));
+        // A branch whose keys cannot be known leaves the whole open.
+        let unknown = json!({"allOf": [{"$ref": "other.json"}, {"properties": {"x": {}}}]});
+        assert_eq!(close_objects(unknown.clone()), unknown);
+        // Properties next to a condition-only anyOf are closed as usual.
+        let got = close_objects(json!({"properties": {"a": {}, "b": {}},
+            "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}));
+        assert_eq!(got["additionalProperties"], false);
+        assert_eq!(
+            got["anyOf"],
+            json!([{"required": ["a"]}, {"required": ["b"]}])
+        );
+    }
+
+    /// The grammars reject a key the schema never declared: in a forced call's arguments (JSON
+    /// form, and a nested object in the XML form) and in a strict JSON format.
+    #[test]
+    fn constrained_output_has_only_declared_keys() {
+        use splash_engine::{Constraint, GrammarFactory};
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+        let model = splash_model::load(&dir).unwrap();
+        let tok = &model.tokenizer;
+        let factory = GrammarFactory::new(&model).unwrap();
+        let accepts = |c: Constraint, text: &str| {
+            let mut g = factory.start(&c).unwrap();
+            tok.encode(text).unwrap().iter().all(|&t| {
+                let mut logits = vec![0.0f32; model.config.vocab_size];
+                g.mask(&mut logits).unwrap();
+                logits[t as usize].is_finite() && g.consume(t).is_ok()
+            })
+        };
+        let tools = [
+            json!({"type": "function", "function": {"name": "read_file", "parameters": {
+            "type": "object", "properties": {"path": {"type": "string"},
+                "range": {"type": "object", "properties": {"start": {"type": "integer"}}}}}}}),
+        ];
+        let json_form = CallForm {
+            special_tags: false,
+            xml: false,
+        };
+        let forced = call_grammar(&tools, None, CallGrammar::Forced, json_form).unwrap();
+        let call = |args: &str| {
+            format!("<tool_call>\n{{\"name\": \"read_file\", \"arguments\": {args}}}\n</tool_call>")
+        };
+        let lark = |g: &String| Constraint::Lark(g.clone());
+        assert!(accepts(lark(&forced), &call("{\"path\": \"src/main.rs\"}")));
+        assert!(!accepts(
+            lark(&forced),
+            &call("{\"path\": \"src/main.rs\", \"../x\": 1}")
+        ));
+        assert!(!accepts(
+            lark(&forced),
+            &call("{\"range\": {\"start\": 1, \"end\": 2}}")
+        ));
+        let xml_form = CallForm {
+            special_tags: false,
+            xml: true,
+        };
+        let forced = call_grammar(&tools, None, CallGrammar::Forced, xml_form).unwrap();
+        let xml = |range: &str| {
+            format!("<tool_call>\n<function=read_file>\n<parameter=range>\n{range}\n</parameter>\n</function>\n</tool_call>")
+        };
+        assert!(accepts(lark(&forced), &xml("{\"start\": 1}")));
+        assert!(!accepts(lark(&forced), &xml("{\"start\": 1, \"end\": 2}")));
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let strict = Constraint::JsonSchema(close_objects(schema.clone()));
+        assert!(accepts(strict.clone(), "{\"a\": 1}"));
+        assert!(!accepts(strict, "{\"a\": 1, \"b\": 2}"));
+        // Without `strict`, a format follows JSON Schema: other keys are allowed.
+        assert!(accepts(
+            Constraint::JsonSchema(schema),
+            "{\"a\": 1, \"b\": 2}"
+        ));
     }
 
     #[test]

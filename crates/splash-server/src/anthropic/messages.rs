@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use splash_engine::{Constraint, FinishReason};
 
 use super::convert::Conversation;
-use crate::constraint::{grammar_request, output_constraint};
+use crate::constraint::{close_objects, grammar_request, output_constraint};
 use crate::error::{AnthropicError, ApiError};
 use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
@@ -133,11 +133,12 @@ pub async fn handle(
     let format = match format {
         None => None,
         Some(fmt) => match fmt.get("type").and_then(Value::as_str) {
-            Some("json_schema") => Some(Constraint::JsonSchema(
+            // Anthropic's structured outputs are always strict: no undeclared keys.
+            Some("json_schema") => Some(Constraint::JsonSchema(close_objects(
                 fmt.get("schema")
                     .cloned()
                     .unwrap_or_else(|| json!({"type": "object"})),
-            )),
+            ))),
             _ => {
                 return Err(ApiError::invalid(
                     "output_config.format.type",

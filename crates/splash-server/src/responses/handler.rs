@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use splash_engine::{Constraint, FinishReason};
 
 use super::convert;
-use crate::constraint::{grammar_request, output_constraint};
+use crate::constraint::{close_objects, grammar_request, output_constraint};
 use crate::error::ApiError;
 use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
@@ -159,15 +159,24 @@ pub async fn handle(
     {
         None | Some("text") => None,
         Some("json_object") => Some(Constraint::JsonSchema(json!({"type": "object"}))),
-        Some("json_schema") => Some(Constraint::JsonSchema(
-            format
+        Some("json_schema") => {
+            let schema = format
                 .as_ref()
                 .and_then(|v| v.get("schema"))
                 .cloned()
                 .ok_or_else(|| {
                     ApiError::invalid("text.format.schema", "a json_schema format needs `schema`")
-                })?,
-        )),
+                })?;
+            // Strict: no keys beyond the declared ones (see `close_objects`).
+            let strict = format.as_ref().and_then(|v| v.get("strict"));
+            Some(Constraint::JsonSchema(
+                if strict == Some(&Value::Bool(true)) {
+                    close_objects(schema)
+                } else {
+                    schema
+                },
+            ))
+        }
         Some(other) => {
             return Err(ApiError::invalid(
                 "text.format.type",
