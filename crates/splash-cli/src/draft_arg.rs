@@ -92,7 +92,7 @@ pub fn load_dflash(
         Some(d) => (d.clone(), true),
         None => {
             let bundled = model.dir.join(BUNDLED_DRAFT);
-            let target_name = format!("{} {}", target.model, model.dir.display());
+            let target_name = format!("{} {}", target.name(), model.dir.display());
             if bundled.join("config.json").is_file() {
                 (bundled.display().to_string(), false)
             } else if let Some(d) = known_draft(&target_name) {

@@ -9,22 +9,56 @@ use anyhow::{bail, Context};
 use splash_hub::{HubConfig, HubSpec, Probe, Snapshot};
 use splash_model::Model;
 
-/// The flags that choose a model, shared by every command that loads one.
+/// The model a command names, as `--model MODEL` or as its first argument (`splash pull
+/// Qwen/Qwen3.6-27B`, as Ollama and `hf download` users type it).
 #[derive(clap::Args, Clone, Debug)]
-pub struct ModelArgs {
+pub struct ModelRef {
     /// `demo`, a checkpoint directory, a .gguf file, or a Hugging Face repo OWNER/REPO
     /// (safetensors) or OWNER/REPO:VARIANT (a GGUF quantisation such as UD-Q4_K_M).
-    #[arg(long)]
-    pub model: String,
+    #[arg(
+        long = "model",
+        value_name = "MODEL",
+        required_unless_present = "model_arg",
+        conflicts_with = "model_arg"
+    )]
+    model_flag: Option<String>,
+    /// The model, as --model takes it.
+    #[arg(value_name = "MODEL", id = "model_arg")]
+    model_arg: Option<String>,
     /// Hub revision: branch, tag or commit.
     #[arg(long, default_value = splash_hub::DEFAULT_REVISION)]
     pub revision: String,
     /// Use only what is in the Hugging Face cache (also HF_HUB_OFFLINE=1).
     #[arg(long)]
     pub offline: bool,
+}
+
+impl ModelRef {
+    /// The model as the user named it.
+    pub fn name(&self) -> &str {
+        // clap requires exactly one of the two.
+        self.model_flag
+            .as_deref()
+            .or(self.model_arg.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+/// The flags of every command that loads a model: which one, and where it runs.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    #[command(flatten)]
+    pub model: ModelRef,
     /// Where the model runs: cuda (GPU 0), cpu, or auto (cuda when a usable GPU is found).
     #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
     pub device: String,
+}
+
+impl std::ops::Deref for ModelArgs {
+    type Target = ModelRef;
+    fn deref(&self) -> &ModelRef {
+        &self.model
+    }
 }
 
 /// Where a `--model` value points.
@@ -34,8 +68,8 @@ pub enum Source {
 }
 
 /// Tells a local path from a Hub repository name.
-pub fn source(args: &ModelArgs) -> anyhow::Result<Source> {
-    let arg = args.model.as_str();
+pub fn source(args: &ModelRef) -> anyhow::Result<Source> {
+    let arg = args.name();
     if arg == "demo" {
         if let Some(dir) = std::env::var_os("SPLASH_DEMO_DIR") {
             return Ok(Source::Local(PathBuf::from(dir)));
@@ -63,7 +97,7 @@ pub fn source(args: &ModelArgs) -> anyhow::Result<Source> {
 }
 
 /// The cache settings from the environment, with `--offline`.
-pub fn hub_config(args: &ModelArgs) -> HubConfig {
+pub fn hub_config(args: &ModelRef) -> HubConfig {
     let mut config = HubConfig::from_env();
     config.offline |= args.offline;
     config
@@ -111,7 +145,7 @@ pub fn fetch(spec: &HubSpec, config: &HubConfig) -> anyhow::Result<Snapshot> {
 }
 
 /// The local checkpoint `args` names, downloading a Hub model first if needed.
-pub fn resolve(args: &ModelArgs) -> anyhow::Result<PathBuf> {
+pub fn resolve(args: &ModelRef) -> anyhow::Result<PathBuf> {
     match source(args)? {
         Source::Local(path) => Ok(path),
         Source::Hub(spec) => {
@@ -131,8 +165,13 @@ pub fn resolve(args: &ModelArgs) -> anyhow::Result<PathBuf> {
 pub fn load(args: &ModelArgs) -> anyhow::Result<Arc<Model>> {
     let path = resolve(args)?;
     let t0 = Instant::now();
-    let mut model = splash_model::load(&path)
-        .with_context(|| format!("cannot load model `{}` from {}", args.model, path.display()))?;
+    let mut model = splash_model::load(&path).with_context(|| {
+        format!(
+            "cannot load model `{}` from {}",
+            args.name(),
+            path.display()
+        )
+    })?;
     place(&mut model, &args.device)?;
     tracing::info!(
         "loaded {} ({} parameters, {} layers) in {:.2}s",

@@ -242,3 +242,64 @@ fn serve_refuses_an_empty_api_key() {
             .expect("splash runs"),
     );
 }
+
+#[test]
+fn the_model_can_be_the_first_argument() {
+    // As Ollama and `hf download` users type it; `--model` still works, both at once is refused.
+    let out = splash(&["generate", "demo", "--prompt", "Hello", "--max-tokens", "2"]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let out = splash(&["generate", "demo", "--model", "demo", "--prompt", "Hello"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let out = splash(&["pull", "/nonexistent/dir"]);
+    assert!(
+        text(&out.stderr).contains("does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = splash(&["pull", "--help"]);
+    let help = text(&out.stdout);
+    assert!(
+        help.contains("[MODEL]") && !help.contains("--device"),
+        "{help}"
+    );
+}
+
+#[test]
+fn errors_say_their_cause_once_without_colour_codes() {
+    let empty = std::env::temp_dir().join(format!("splash-empty-model-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_splash"))
+        .args([
+            "generate",
+            "--model",
+            empty.to_str().unwrap(),
+            "--prompt",
+            "hi",
+        ])
+        .env("SPLASH_LOG", "info")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&empty);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+    assert!(!err.contains('\x1b'), "colour codes in a pipe: {err:?}");
+}
+
+#[test]
+fn chat_output_shows_the_reasoning_block_whole() {
+    let out = splash(&[
+        "generate",
+        "demo",
+        "--chat",
+        "--prompt",
+        "What is 47 + 38?",
+        "--temperature",
+        "0",
+    ]);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let answer = text(&out.stdout);
+    assert!(answer.starts_with("<think>\n"), "{answer}");
+    assert_eq!(answer.matches("</think>").count(), 1, "{answer}");
+    assert!(answer.contains("85"), "{answer}");
+}

@@ -111,6 +111,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         engine = engine.with_drafter(d);
     }
     let mut out = std::io::stdout().lock();
+    // The chat template opens the reasoning block in the prompt (`<think>\n`): echo it, so
+    // the output shows the block whole rather than a bare `</think>`.
+    if a.chat && text.ends_with("<think>\n") {
+        let _ = out.write_all(b"<think>\n");
+    }
     let completion = engine.generate(
         Request {
             prompt,

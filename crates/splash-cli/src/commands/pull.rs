@@ -2,19 +2,19 @@
 
 use anyhow::bail;
 
-use crate::model_arg::{self, ModelArgs, Source};
+use crate::model_arg::{self, ModelRef, Source};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    model: ModelArgs,
+    model: ModelRef,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let Source::Hub(spec) = model_arg::source(&a.model)? else {
         bail!(
             "`{}` is a local path; `splash pull` takes a Hugging Face repo OWNER/REPO or OWNER/REPO:VARIANT",
-            a.model.model
+            a.model.name()
         );
     };
     let snapshot = model_arg::fetch(&spec, &model_arg::hub_config(&a.model))?;
