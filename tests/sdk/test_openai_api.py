@@ -24,7 +24,7 @@ def test_models_lists_id_then_alias(server):
     ids = [m.id for m in models.data]
     assert ids == ["demo", "splash-alias"]
     card = models.data[0].model_dump()
-    assert card["max_model_len"] == card["context_length"] == 262144
+    assert card["max_model_len"] == card["context_length"] == 65536
     assert sdk(server).models.retrieve("splash-alias").id == "splash-alias"
     with pytest.raises(openai.NotFoundError) as e:
         sdk(server).models.retrieve("gpt-4o")
@@ -148,7 +148,7 @@ def test_context_overflow(server, small_server):
     with pytest.raises(openai.BadRequestError) as e:
         chat(sdk(server), "hi", max_tokens=10**7)
     assert e.value.body["code"] == "context_length_exceeded"
-    assert "262144" in e.value.body["message"]
+    assert "65536" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         chat(sdk(small_server), "word " * 100, max_tokens=4)
     assert e.value.body["code"] == "context_length_exceeded"
@@ -166,7 +166,7 @@ def test_utility_endpoints(server):
     assert h.get("/health").json() == {"status": "ok"}
     assert h.get("/ready").status_code == 200
     status = h.get("/status").json()
-    assert status["model"] == "demo" and status["maximum_context_tokens"] == 262144
+    assert status["model"] == "demo" and status["maximum_context_tokens"] == 65536
     assert {"waiting", "running", "lanes"} <= set(status["queue"])
     metrics = h.get("/metrics").text
     assert "splash_requests_total" in metrics and "splash_time_to_first_token_seconds_bucket" in metrics

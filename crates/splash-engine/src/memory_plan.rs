@@ -54,6 +54,9 @@ pub struct MemoryPlan {
     /// Per-request context limit.
     pub context: usize,
     pub lanes: usize,
+    /// True when the KV cache is sized by `lanes × context` (what the workload can use)
+    /// rather than by the memory left.
+    pub sized_by_workload: bool,
 }
 
 /// A configuration that cannot serve one full request, with its breakdown.
@@ -104,10 +107,16 @@ impl PlanInputs {
             lanes -= 1;
         }
         let for_kv = free - lanes as u64 * self.state_bytes_per_sequence;
+        // No more than the workload can use: every lane holding a request of the full
+        // context, and a prefix cache no larger than that KV. A small model then takes what it
+        // needs rather than all the memory (a second server plans on what is left).
+        let demand = lanes as u64 * wanted as u64;
         let prefix_cache_bytes = (for_kv / 4)
             .min(16 << 30)
-            .min(for_kv - min_context * per_token);
-        let kv_tokens = (for_kv - prefix_cache_bytes) / per_token;
+            .min(for_kv - min_context * per_token)
+            .min(demand * per_token);
+        let fits = (for_kv - prefix_cache_bytes) / per_token;
+        let kv_tokens = fits.min(demand);
         let context = (wanted as u64).min(kv_tokens) as usize;
         Ok(MemoryPlan {
             inputs: self,
@@ -117,6 +126,7 @@ impl PlanInputs {
             prefix_cache_bytes,
             context,
             lanes,
+            sized_by_workload: fits > demand,
         })
     }
 }
@@ -151,7 +161,11 @@ impl MemoryPlan {
                 ""
             },
             self.lanes
-        )
+        ) + if self.sized_by_workload {
+            " (KV sized for lanes × context, not all the memory: raise with --lanes or --max-context)"
+        } else {
+            ""
+        }
     }
 
     /// The plan as JSON for `/status`.
@@ -173,6 +187,7 @@ impl MemoryPlan {
             "prefix_cache_bytes": self.prefix_cache_bytes,
             "context_tokens": self.context,
             "lanes": self.lanes,
+            "sized_by_workload": self.sized_by_workload,
         })
     }
 }
@@ -275,6 +290,26 @@ mod tests {
         assert_eq!(p.budget, 8 << 30);
         assert_eq!(p.context, 32_768);
         assert!(p.kv_tokens > 32_768);
+    }
+
+    #[test]
+    fn a_small_model_plans_what_its_lanes_can_use_not_all_the_memory() {
+        let p = PlanInputs {
+            weights: 16 << 20,
+            kv_bytes_per_token: 2592,
+            state_bytes_per_sequence: 1 << 20,
+            native_context: 32_768,
+            ..inputs()
+        }
+        .plan()
+        .unwrap();
+        assert_eq!((p.kv_tokens, p.context), (4 * 32_768, 32_768));
+        assert!(p.prefix_cache_bytes <= 4 * 32_768 * 2592, "{p:?}");
+        assert!(p.sized_by_workload);
+        assert!(p.summary().contains("raise with --lanes or --max-context"));
+        assert_eq!(p.to_json()["sized_by_workload"], true);
+        // A big model fills the memory as before.
+        assert!(!inputs().plan().unwrap().sized_by_workload);
     }
 
     #[test]
