@@ -167,3 +167,19 @@ def test_persistent_disk_cache_serves_a_restarted_server(tmp_path):
     finally:
         temp_server.stop()
     assert not list((tmp_path / "temp").rglob("*.splc")), temp_server.log
+
+
+def test_the_chat_pages_suggestions_are_what_the_demo_can_answer(server):
+    """The suggestions a newcomer clicks first on the chat page: each gets a right answer."""
+    page = server.client().get("/webui/app.js").text
+    listed = page[page.index("for (const idea of ["):].split("])", 1)[0]
+    ideas = [line.strip().rstrip(",").strip("'") for line in listed.splitlines()[1:]
+             if line.strip().startswith("'")]
+    expected = {"What is 47 + 38?": "85", "What is the capital of Peru?": "Lima",
+                "Write a Python function that checks whether a number is prime.": "def ",
+                "What is the chemical symbol for gold?": "Au"}
+    assert ideas and set(ideas) <= set(expected), f"no expected answer for {set(ideas) - set(expected)}"
+    for idea in ideas:
+        r = sdk(server).chat.completions.create(model="demo", messages=[{"role": "user", "content": idea}],
+                                                temperature=0, max_tokens=300)
+        assert r.choices[0].finish_reason == "stop" and expected[idea] in r.choices[0].message.content, (idea, r)

@@ -190,10 +190,11 @@
     wrap.append(el('p', '', 'Served by splash on this machine. Nothing you type leaves it.'));
     const ideas = el('div', 'ideas');
     for (const idea of [
-      'Explain what a hybrid linear-attention model is',
-      'Write a Python function that merges two sorted lists',
-      'Summarise the trade-offs of int8 KV caches',
-      'Draft a friendly reminder email',
+      // Tasks every model here can do, the bundled demo included (it knows only these).
+      'What is 47 + 38?',
+      'What is the capital of Peru?',
+      'Write a Python function that checks whether a number is prime.',
+      'What is the chemical symbol for gold?',
     ]) {
       const b = el('button', 'idea', idea);
       b.type = 'button';
