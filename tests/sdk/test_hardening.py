@@ -365,3 +365,40 @@ def test_same_origin_needs_the_same_scheme(server):
         assert "--allowed-origin" in error_of(r)["message"]
     ok = h.get("/v1/models", headers={"Origin": f"http://{host}"})
     assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == f"http://{host}"
+
+
+def test_schemas_that_admit_nothing_are_refused_with_400(server):
+    h = server.client()
+    me = {"$ref": "#"}
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        (CHAT, {"messages": msgs, "max_tokens": 8, "reasoning_effort": "none",
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": me}}}, "response_format"),
+        (CHAT, {"messages": msgs, "max_tokens": 8, "stream": True,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": me}}}, "response_format"),
+        ("/v1/responses", {"input": "hi", "max_output_tokens": 8,
+                           "text": {"format": {"type": "json_schema", "name": "x", "schema": me}}}, "text.format"),
+        ("/v1/messages", {"model": "demo", "max_tokens": 8, "messages": msgs,
+                          "output_config": {"format": {"type": "json_schema", "schema": me}}}, "output_config.format"),
+    ]
+    for path, body, field in cases:
+        r = h.post(path, json=body)
+        assert r.status_code == 400, (path, r.status_code, r.text[:500])
+        if path == "/v1/messages":
+            err = r.json()
+            assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
+            message = err["error"]["message"]
+        else:
+            e = error_of(r)
+            assert e["type"] == "invalid_request_error" and e["param"] == field, e
+            message = e["message"]
+        assert field in message and "$ref" in message and "<state>" not in message and len(message) < 400, message
+    # A schema llguidance cannot compile: 400 with the reason, without the grammar's text.
+    r = h.post(CHAT, json={"messages": msgs, "max_tokens": 8, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}})
+    assert r.status_code == 400 and "not" in error_of(r)["message"] and "document:" not in error_of(r)["message"]
+    # A forced tool call whose parameters refer to themselves is never a 500.
+    for params in [me, {"type": "object", "properties": {"x": me}, "required": ["x"]}]:
+        r = h.post(CHAT, json={"messages": msgs, "max_tokens": 40, "reasoning_effort": "none", "tool_choice": "required",
+                               "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}]})
+        assert r.status_code in (200, 400), (r.status_code, r.text[:500])

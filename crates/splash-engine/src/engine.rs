@@ -190,6 +190,12 @@ impl Engine {
         self
     }
 
+    /// The constrained-decoding tables' slot, shared with this engine: a server checks request
+    /// grammars with the same tables instead of building a second copy (hundreds of MB).
+    pub fn grammar_tables(&self) -> Arc<OnceLock<Result<Arc<GrammarFactory>, String>>> {
+        self.grammar.clone()
+    }
+
     /// Decodes with `drafter`: every sequence without an output constraint advances by a
     /// drafted block verified in one target pass (constrained ones decode a token a step).
     pub fn with_drafter(mut self, drafter: Arc<dyn Drafter>) -> Self {

@@ -9,6 +9,7 @@ mod anthropic;
 mod config;
 mod constraint;
 mod error;
+mod grammar_check;
 mod guard;
 mod ids;
 mod json;
@@ -146,6 +147,7 @@ pub async fn serve(
             }
         ));
     }
+    grammar_check::share_tables(&model, engine.grammar_tables());
     let state_header_timeout = config.header_read_timeout;
     let state = AppState::new(model, engine, config);
     state.print_summary(local);

@@ -175,6 +175,7 @@ pub async fn handle(
         ..CommonFields::default()
     };
     let grammar = grammar_request(&s, constraint, in_reasoning);
+    crate::grammar_check::check(&s, grammar.as_ref(), "output_config.format").await?;
     let input_tokens = prompt.len();
     let request = common.engine_request(
         &s,

@@ -106,6 +106,7 @@ pub async fn handle(
     let prompt_text = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
     let grammar = grammar_request(&s, constraint, in_reasoning);
+    crate::grammar_check::check(&s, grammar.as_ref(), "response_format").await?;
     let prompt = s
         .model
         .tokenizer

@@ -269,10 +269,11 @@ pub async fn collect(
             Some(WorkerEvent::Done(u)) => return Ok((text, u)),
             Some(WorkerEvent::Failed { message, invalid }) => {
                 return Err(if invalid {
-                    ApiError::bad_request(message)
+                    // The first line: a grammar error goes on with the grammar's text.
+                    ApiError::bad_request(message.lines().next().unwrap_or_default())
                 } else {
-                    ApiError::engine(message)
-                })
+                    crate::grammar_check::engine_failure(&message)
+                });
             }
             None => {
                 return Err(ApiError::engine(
@@ -345,7 +346,7 @@ pub fn stream(
                         v.extend(done());
                         (v, true)
                     }
-                    Some(WorkerEvent::Failed { message, .. }) => (std::iter::once(error(ApiError::engine(message))).chain(done()).collect(), true),
+                    Some(WorkerEvent::Failed { message, .. }) => (std::iter::once(error(crate::grammar_check::engine_failure(&message))).chain(done()).collect(), true),
                     None => (std::iter::once(error(ApiError::engine("the engine stopped before the answer was complete"))).chain(done()).collect(), true),
                 },
                 stopping = async { shutdown.wait_for(|stop| *stop).await.is_ok() } => {

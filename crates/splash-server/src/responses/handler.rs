@@ -210,6 +210,7 @@ pub async fn handle(
         forced,
     )?;
     let grammar = grammar_request(&s, constraint, in_reasoning);
+    crate::grammar_check::check(&s, grammar.as_ref(), "text.format").await?;
     let common = CommonFields {
         temperature: f.temperature,
         ignore_eos: f.ignore_eos,

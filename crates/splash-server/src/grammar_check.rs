@@ -1,0 +1,160 @@
+//! Output constraints are checked before a request is queued: a schema or tool grammar that
+//! cannot be compiled, or that admits no document at all (`{"$ref": "#"}` refers only to
+//! itself), is a 400 that names the field, instead of an engine failure after the answer began.
+
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use splash_engine::{with_json_layout, Constraint, GrammarFactory, GrammarRequest};
+use splash_model::Model;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The engine's token-table slot for a model (shared, so the tables exist once).
+type Slot = Arc<OnceLock<Result<Arc<GrammarFactory>, String>>>;
+
+/// The slots of the models served in this process, by model.
+static SLOTS: Mutex<Vec<(Weak<Model>, Slot)>> = Mutex::new(Vec::new());
+
+/// Checks requests for `model` with the engine's tables (`Engine::grammar_tables`).
+pub fn share_tables(model: &Arc<Model>, slot: Slot) {
+    let mut all = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|(m, _)| m.strong_count() > 0 && !std::ptr::eq(m.as_ptr(), Arc::as_ptr(model)));
+    all.push((Arc::downgrade(model), slot));
+}
+
+/// The tables for `model`: the engine's when shared, else a slot of their own (built once).
+fn tables(model: &Arc<Model>) -> Result<Arc<GrammarFactory>, String> {
+    let slot = {
+        let mut all = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+        match all
+            .iter()
+            .find(|(m, _)| std::ptr::eq(m.as_ptr(), Arc::as_ptr(model)))
+        {
+            Some((_, slot)) => slot.clone(),
+            None => {
+                let slot = Slot::default();
+                all.push((Arc::downgrade(model), slot.clone()));
+                slot
+            }
+        }
+    };
+    // Waits for a build in progress (the engine's warm-up) instead of starting another.
+    slot.get_or_init(|| GrammarFactory::new(model).map(Arc::new))
+        .clone()
+}
+
+/// Compiles `grammar` and computes its first mask, off the async threads. `format_param` names
+/// the request's JSON-format field (a schema constraint); a grammar comes from `tools`.
+pub async fn check(
+    s: &AppState,
+    grammar: Option<&GrammarRequest>,
+    format_param: &str,
+) -> Result<(), ApiError> {
+    let Some(g) = grammar else {
+        return Ok(());
+    };
+    let (param, what, constraint) = match &g.constraint {
+        // The document alone, without the blank lines the engine's grammar allows first: a
+        // schema without any document then has no first token.
+        Constraint::JsonSchema(schema) => (
+            format_param.to_string(),
+            "the JSON schema",
+            Constraint::Lark(format!(
+                "start: %json {}\n",
+                with_json_layout(schema.clone())
+            )),
+        ),
+        Constraint::Lark(src) => (
+            "tools".to_string(),
+            "the tools' parameter schemas",
+            Constraint::Lark(src.clone()),
+        ),
+    };
+    let model = s.model.clone();
+    let checked = tokio::task::spawn_blocking(move || -> Result<(), Option<String>> {
+        // Tables that cannot be built are the engine's to report (constrained decoding is
+        // unavailable for this model); the request goes on to get that answer.
+        let Ok(factory) = tables(&model) else {
+            return Ok(());
+        };
+        let mut state = factory.start(&constraint).map_err(Some)?;
+        let mut logits = vec![0.0f32; model.config.vocab_size];
+        state.mask(&mut logits).map_err(|_| None)
+    })
+    .await
+    .map_err(|e| ApiError::engine(format!("checking the output constraint failed: {e}")))?;
+    checked.map_err(|e| {
+        let msg = match e {
+            Some(compile) => format!(
+                "{what} in `{param}` cannot be used as an output constraint: {}",
+                short(&compile)
+            ),
+            None => format!(
+                "{what} in `{param}` admits no JSON value (a schema that only refers to itself, such as {{\"$ref\": \"#\"}}, has none): give it a type or properties"
+            ),
+        };
+        ApiError::invalid(&param, msg)
+    })
+}
+
+/// The first line of a grammar error, without the position in the grammar splash wrote
+/// (`at 3(11): `) and without parser internals; at most 300 characters.
+pub fn short(error: &str) -> String {
+    let line = error.lines().next().unwrap_or_default().trim();
+    let line = match line.split_once("): ") {
+        Some((at, rest))
+            if at
+                .strip_prefix("at ")
+                .is_some_and(|p| p.chars().all(|c| c.is_ascii_digit() || c == '(')) =>
+        {
+            rest
+        }
+        _ => line,
+    };
+    let mut out: String = line.chars().take(300).collect();
+    if out.len() < line.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// The answer to an engine failure: a constraint with no way forward (its schema admits
+/// nothing at this point) is the request's fault, 400; anything else is 500. Either way the
+/// message leaves out the grammar parser's internal state.
+pub fn engine_failure(message: &str) -> ApiError {
+    let first = message.lines().next().unwrap_or_default();
+    if first.starts_with("the output constraint failed") && first.contains("NoExtensionBias") {
+        ApiError::bad_request(
+            "the output constraint admits nothing more at this point of the answer (a schema part that only refers to itself, such as {\"$ref\": \"#\"}, has no value): fix the schema",
+        )
+    } else if first.starts_with("the output constraint") {
+        ApiError::engine(short(message))
+    } else {
+        ApiError::engine(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grammar_errors_are_short() {
+        let e = "at 3(11): failed to compile JSON schema: Unimplemented keys: [\"not\"]\n   1 | start: LEAD? document";
+        assert_eq!(
+            short(e),
+            "failed to compile JSON schema: Unimplemented keys: [\"not\"]"
+        );
+        let long = "x".repeat(1000);
+        assert_eq!(short(&long).chars().count(), 301);
+        let lazy = "the output constraint failed: NoExtensionBias\n<state>\nTokens: ⟦\\n\\n⟧";
+        let e = engine_failure(lazy);
+        assert_eq!(e.status.as_u16(), 400);
+        assert!(!e.message.contains("<state>") && e.message.contains("$ref"));
+        let other = engine_failure("the output constraint failed: lexer error\n<state>\nx");
+        assert_eq!(other.status.as_u16(), 500);
+        assert!(!other.message.contains("<state>"));
+        assert_eq!(engine_failure("out of memory").message, "out of memory");
+    }
+}
