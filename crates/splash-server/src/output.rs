@@ -38,6 +38,8 @@ pub struct OutputParser {
     /// Most calls to return (`parallel_tool_calls: false` → 1).
     max_calls: usize,
     returned: usize,
+    /// The returned call the text ended inside of (see [`OutputParser::cut_call`]).
+    cut: Option<usize>,
 }
 
 impl OutputParser {
@@ -51,6 +53,7 @@ impl OutputParser {
             index: HashMap::new(),
             max_calls: usize::MAX,
             returned: 0,
+            cut: None,
         }
     }
 
@@ -75,6 +78,13 @@ impl OutputParser {
     /// Number of tool calls returned.
     pub fn num_calls(&self) -> usize {
         self.returned
+    }
+
+    /// The returned call (its index) that the text ended inside of, before its closing markup:
+    /// when generation stopped for `max_tokens`, that call is incomplete and its arguments are
+    /// what was generated of them (possibly unfinished JSON, in the JSON form).
+    pub fn cut_call(&self) -> Option<usize> {
+        self.cut
     }
 
     fn route(&mut self, reasoning: String, content: String, last: bool) -> Vec<Part> {
@@ -111,7 +121,12 @@ impl OutputParser {
                         Some(index) => Part::CallArgs { index, delta },
                         None => continue,
                     },
-                    ToolEvent::End { .. } => continue,
+                    ToolEvent::End { index, closed } => {
+                        if let (false, Some(n)) = (closed, self.index[&(channel, index)]) {
+                            self.cut = Some(n);
+                        }
+                        continue;
+                    }
                 };
                 out.push(part);
             }
@@ -189,6 +204,24 @@ mod tests {
         m.extend(p.finish());
         assert_eq!(m.calls.len(), 1);
         assert_eq!(p.num_calls(), 1);
+    }
+
+    #[test]
+    fn the_call_cut_short_is_known() {
+        let tools = [json!({"name": "f", "parameters": {"properties": {"x": {"type": "string"}}}})];
+        let call = "<tool_call>\n<function=f>\n<parameter=x>\nab\n</parameter>\n</function>\n</tool_call>\n";
+        let mut p = OutputParser::new(false, &tools);
+        let mut m = Message::default();
+        m.extend(p.push(call));
+        m.extend(p.push("<tool_call>\n<function=f>\n<parameter=x>\nc"));
+        m.extend(p.finish());
+        assert_eq!(m.calls.len(), 2);
+        assert_eq!(m.calls[1].2, "{\"x\": \"c\"}");
+        assert_eq!(p.cut_call(), Some(1));
+        let mut p = OutputParser::new(false, &tools);
+        p.push(call);
+        p.finish();
+        assert_eq!(p.cut_call(), None);
     }
 
     #[test]

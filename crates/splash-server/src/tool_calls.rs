@@ -9,7 +9,10 @@
 //! `<tool_call>` before `<function=` (only for a declared tool), missing `</parameter>`,
 //! `</function>` or `</tool_call>`, damaged closing tags (`</parameter/>`), Python booleans,
 //! and a `</parameter>` that is part of a string value (it ends the value only when the next
-//! tag follows). Markup never reaches the text.
+//! tag follows). Markup never reaches the text, also when the output is cut short inside a
+//! call: an XML call is closed with what it has, a JSON-form call keeps its name and the
+//! arguments generated so far ([`ToolEvent::End`] says the call was not closed), and a call
+//! cut before its name is complete is dropped.
 
 use std::collections::HashMap;
 
@@ -37,8 +40,9 @@ pub enum ToolEvent {
     },
     /// The next piece of the call's arguments (the pieces concatenate to a JSON object).
     Args { index: usize, delta: String },
-    /// The call is complete.
-    End { index: usize },
+    /// The call ends; `closed`: its closing markup (or, in the JSON form, the whole object)
+    /// was there, false when the text ended inside the call (cut by `max_tokens`).
+    End { index: usize, closed: bool },
 }
 
 #[derive(Debug)]
@@ -142,6 +146,9 @@ impl ToolCallParser {
                 } else if !last && (rest.is_empty() || FUNCTION.starts_with(rest)) {
                     self.mode = Mode::Open;
                     return false;
+                } else if last && FUNCTION.starts_with(rest) {
+                    // Cut inside `<function=`: the markup is dropped.
+                    self.buf.clear();
                 } else {
                     // Not a call after all: carry on with the text.
                     self.buf.drain(..skipped);
@@ -158,8 +165,9 @@ impl ToolCallParser {
                     return false;
                 };
                 let body: String = self.buf.drain(..end).collect();
+                let closed = self.buf.starts_with(TOOL_CALL_END);
                 self.consume_prefix(TOOL_CALL_END);
-                self.json_call(body.trim(), out);
+                self.json_call(body.trim(), closed, out);
                 true
             }
             Mode::Header => match self.buf.find('>') {
@@ -170,8 +178,8 @@ impl ToolCallParser {
                     true
                 }
                 None if last => {
-                    let name = std::mem::take(&mut self.buf).trim().to_string();
-                    self.start_call(name, out);
+                    // Cut inside the name: without a name there is no call to return.
+                    self.buf.clear();
                     true
                 }
                 None => {
@@ -195,6 +203,9 @@ impl ToolCallParser {
                 } else if !last && (rest.is_empty() || TOOL_CALL_END.starts_with(rest)) {
                     self.mode = Mode::After;
                     return false;
+                } else if last && TOOL_CALL_END.starts_with(rest) {
+                    // Cut inside `</tool_call>`.
+                    self.buf.clear();
                 } else {
                     self.buf.drain(..skipped);
                 }
@@ -285,12 +296,12 @@ impl ToolCallParser {
             self.buf.clear();
         } else if rest.starts_with(FUNCTION_END) {
             self.buf.drain(..skipped + FUNCTION_END.len());
-            self.end_call(call, out);
+            self.end_call(call, true, out);
             self.mode = Mode::After;
             return true;
         } else if rest.starts_with(TOOL_CALL_END) {
             self.buf.drain(..skipped + TOOL_CALL_END.len());
-            self.end_call(call, out);
+            self.end_call(call, true, out);
             return true;
         } else if !last
             && [PARAMETER, FUNCTION_END, TOOL_CALL_END]
@@ -308,7 +319,7 @@ impl ToolCallParser {
         }
         if last {
             self.buf.clear();
-            self.end_call(call, out);
+            self.end_call(call, false, out);
             return false;
         }
         self.mode = Mode::Params(call);
@@ -410,16 +421,20 @@ impl ToolCallParser {
         });
     }
 
-    fn end_call(&mut self, call: Call, out: &mut Vec<ToolEvent>) {
+    fn end_call(&mut self, call: Call, closed: bool, out: &mut Vec<ToolEvent>) {
         let close = if call.params == 0 { "{}" } else { "}" };
         out.push(ToolEvent::Args {
             index: call.index,
             delta: close.into(),
         });
-        out.push(ToolEvent::End { index: call.index });
+        out.push(ToolEvent::End {
+            index: call.index,
+            closed,
+        });
     }
 
-    fn json_call(&mut self, body: &str, out: &mut Vec<ToolEvent>) {
+    /// A JSON-form call; `closed`: `</tool_call>` followed (else the text ended first).
+    fn json_call(&mut self, body: &str, closed: bool, out: &mut Vec<ToolEvent>) {
         let parsed: Option<(String, Value)> =
             serde_json::from_str::<Value>(body).ok().and_then(|v| {
                 let name = v.get("name")?.as_str()?.to_string();
@@ -432,24 +447,31 @@ impl ToolCallParser {
                 };
                 Some((name, args))
             });
-        match parsed {
-            Some((name, args)) => {
-                let index = self.next_index;
-                self.next_index += 1;
-                out.push(ToolEvent::Start {
-                    index,
-                    id: new_id("call_"),
-                    name,
-                });
-                out.push(ToolEvent::Args {
-                    index,
-                    delta: args.to_string(),
-                });
-                out.push(ToolEvent::End { index });
-            }
+        let (name, args, complete) = match parsed {
+            Some((name, args)) => (name, args.to_string(), true),
+            // Cut short: the name and the arguments generated so far.
+            None if !closed => match partial_json_call(body) {
+                Some((name, args)) => (name, args, false),
+                // Cut before the name was complete: nothing to return, and no markup.
+                None => return,
+            },
             // Not a call we can read: keep the words, drop the markup.
-            None => self.emit_text(body, out),
+            None => return self.emit_text(body, out),
+        };
+        let index = self.next_index;
+        self.next_index += 1;
+        out.push(ToolEvent::Start {
+            index,
+            id: new_id("call_"),
+            name,
+        });
+        if !args.is_empty() {
+            out.push(ToolEvent::Args { index, delta: args });
         }
+        out.push(ToolEvent::End {
+            index,
+            closed: complete,
+        });
     }
 
     fn emit_text(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
@@ -556,7 +578,8 @@ fn scan_value(text: &str, fresh: bool, last: bool) -> (Option<(usize, usize)>, u
                     let after = text[close..].trim_start();
                     let boundary = BOUNDARIES.iter().any(|b| after.starts_with(b));
                     let maybe = BOUNDARIES.iter().any(|b| b.starts_with(after));
-                    if boundary || (after.is_empty() && last) {
+                    // At the end, a cut closing tag after it counts as one.
+                    if boundary || (last && (after.is_empty() || maybe)) {
                         return (Some((i, close)), hold(i));
                     }
                     if maybe && !last {
@@ -582,10 +605,136 @@ fn scan_value(text: &str, fresh: bool, last: bool) -> (Option<(usize, usize)>, u
         }
     }
     if last {
-        (Some((text.len(), text.len())), hold(text.len()))
+        // Cut inside a closing tag: the partial tag is not part of the value.
+        let tag = text.rfind('<').filter(|&i| {
+            let rest = &text[i..];
+            PARAMETER_END.starts_with(rest)
+                || (line_start(i) && BOUNDARIES.iter().any(|b| b.starts_with(rest)))
+        });
+        let end = tag.unwrap_or(text.len());
+        (Some((end, text.len())), hold(end))
     } else {
         (None, hold(text.len()))
     }
+}
+
+/// The name and the arguments so far of a JSON-form call cut short, `{"name": "NAME",
+/// "arguments": ...`; `None` unless the name is complete. Arguments written as a JSON string
+/// are decoded; the arguments text is empty when the cut came before it.
+fn partial_json_call(body: &str) -> Option<(String, String)> {
+    let rest = body.trim_start().strip_prefix('{')?.trim_start();
+    let (key, rest) = string_prefix(rest)?;
+    if key != "name" {
+        return None;
+    }
+    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+    let (name, rest) = string_prefix(rest)?;
+    let args = (|| {
+        let rest = rest.trim_start().strip_prefix(',')?.trim_start();
+        let (key, rest) = string_prefix(rest)?;
+        if key != "arguments" && key != "parameters" {
+            return None;
+        }
+        let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+        if rest.starts_with('"') {
+            return Some(partial_string(rest));
+        }
+        // The whole value when it is complete (the object around it was cut), else the text.
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        Some(match values.next() {
+            Some(Ok(v)) => v.to_string(),
+            _ => rest.to_string(),
+        })
+    })();
+    Some((name, args.unwrap_or_default()))
+}
+
+/// A complete JSON string at the start of `text`, and the text after it.
+fn string_prefix(text: &str) -> Option<(String, &str)> {
+    if !text.starts_with('"') {
+        return None;
+    }
+    let mut strings = serde_json::Deserializer::from_str(text).into_iter::<String>();
+    let s = strings.next()?.ok()?;
+    Some((s, &text[strings.byte_offset()..]))
+}
+
+/// The content of a JSON string that may be cut short (an unfinished escape is dropped).
+fn partial_string(text: &str) -> String {
+    if let Some((s, _)) = string_prefix(text) {
+        return s;
+    }
+    let (_, escape) = scan_json(text);
+    let mut closed = text[..escape.unwrap_or(text.len())].to_string();
+    closed.push('"');
+    serde_json::from_str(&closed).unwrap_or_default()
+}
+
+/// Walks JSON text: the points where it can be cut and closed, `(cut, closers)` (after an
+/// opening bracket, before a comma), and, when the text ends inside a string, where the
+/// string's unfinished escape begins (`Some(len)` when none), else `None`.
+fn scan_json(text: &str) -> (Vec<(usize, String)>, Option<usize>) {
+    let closers = |stack: &[char]| stack.iter().rev().collect::<String>();
+    let mut cuts = Vec::new();
+    let mut stack = Vec::new();
+    let mut in_string = false;
+    let mut escape: Option<usize> = None;
+    for (i, c) in text.char_indices() {
+        if in_string {
+            match escape {
+                // `\uXXXX` ends at its fourth digit, other escapes at their letter.
+                Some(e) if text[e + 1..].starts_with('u') && i < e + 5 => {}
+                Some(_) => escape = None,
+                None if c == '\\' => escape = Some(i),
+                None if c == '"' => in_string = false,
+                None => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' | '[' => {
+                stack.push(if c == '{' { '}' } else { ']' });
+                cuts.push((i + 1, closers(&stack)));
+            }
+            '}' | ']' => {
+                stack.pop();
+            }
+            ',' => cuts.push((i, closers(&stack))),
+            _ => {}
+        }
+    }
+    let open_string = in_string.then(|| escape.unwrap_or(text.len()));
+    cuts.push((text.len(), closers(&stack)));
+    (cuts, open_string)
+}
+
+/// Arguments JSON → a value for APIs that need one (Anthropic's `input`): the parsed text, or
+/// for arguments cut short, what can be read of them: an open string is closed where it was cut
+/// (less an unfinished escape), open brackets are closed, and a member cut before its value is
+/// complete (a half key, a number or literal cut short) is left out; `{}` when nothing is left.
+pub fn arguments_value(args: &str) -> Value {
+    if let Ok(v) = serde_json::from_str::<Value>(args) {
+        return v;
+    }
+    let (mut cuts, open_string) = scan_json(args);
+    // The whole text first (the last cut point is its end), then back to earlier cuts.
+    let (end, closers) = cuts.pop().unwrap_or_default();
+    let mut whole = args[..open_string.unwrap_or(end)].to_string();
+    if open_string.is_some() {
+        whole.push('"');
+    }
+    whole.push_str(&closers);
+    let candidates = std::iter::once(whole).chain(
+        cuts.iter()
+            .rev()
+            .take(8)
+            .map(|(cut, closers)| format!("{}{closers}", &args[..*cut])),
+    );
+    candidates
+        .filter_map(|c| serde_json::from_str::<Value>(&c).ok())
+        .find(Value::is_object)
+        .unwrap_or_else(|| Value::Object(Map::new()))
 }
 
 fn json_string(s: &str) -> String {

@@ -19,6 +19,7 @@ use crate::openai::{collect, stream, submit, CommonFields, Item, Stop, StreamEnd
 use crate::output::{Message, OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
 use crate::state::AppState;
+use crate::tool_calls::arguments_value;
 use crate::worker::Usage;
 
 #[derive(Deserialize)]
@@ -208,7 +209,8 @@ pub async fn handle(
             content.push(json!({"type": "text", "text": m.text}));
         }
         for (cid, name, args) in &m.calls {
-            let input: Value = serde_json::from_str(args).unwrap_or_else(|_| json!({}));
+            // A call cut by max_tokens keeps what can be read of its arguments.
+            let input = arguments_value(args);
             content.push(
                 json!({"type": "tool_use", "id": tool_use_id(cid), "name": name, "input": input}),
             );
@@ -344,16 +346,15 @@ fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// `stop_reason` and `stop_sequence`.
+/// `stop_reason` and `stop_sequence`. A cut wins over `tool_use`, as in Anthropic's API: a
+/// `tool_use` block cut by `max_tokens` comes with `stop_reason: max_tokens`.
 fn stop_reason(u: &Usage, called: bool, clamped: bool) -> (&'static str, Option<String>) {
-    if called {
-        return ("tool_use", None);
-    }
     match &u.finish {
-        FinishReason::StopString(s) => ("stop_sequence", Some(s.clone())),
         FinishReason::Length if clamped => ("model_context_window_exceeded", None),
         FinishReason::ContextFull => ("model_context_window_exceeded", None),
         FinishReason::Length => ("max_tokens", None),
+        _ if called => ("tool_use", None),
+        FinishReason::StopString(s) => ("stop_sequence", Some(s.clone())),
         FinishReason::Eos(_) | FinishReason::GrammarEnd | FinishReason::Failed(_) => {
             ("end_turn", None)
         }

@@ -21,7 +21,7 @@ use crate::output::{Message, OutputParser, Part};
 use crate::reasoning::ReasoningSplitter;
 use crate::routes::unix_now;
 use crate::state::AppState;
-use splash_engine::Constraint;
+use splash_engine::{Constraint, FinishReason};
 
 /// Chat-only fields (the conversation itself is [`ChatInput`]).
 #[derive(Deserialize)]
@@ -140,11 +140,7 @@ pub async fn handle(
         if !m.reasoning.is_empty() {
             message["reasoning_content"] = m.reasoning.into();
         }
-        let finish = if m.calls.is_empty() {
-            finish_reason(&usage.finish)
-        } else {
-            "tool_calls"
-        };
+        let finish = chat_finish(&usage.finish, !m.calls.is_empty());
         if !m.calls.is_empty() {
             if message["content"] == "" {
                 message["content"] = Value::Null;
@@ -213,11 +209,7 @@ pub async fn handle(
                     .into_iter()
                     .map(|p| event(chunk(delta(p), None)))
                     .collect();
-                let finish = if parser.num_calls() > 0 {
-                    "tool_calls"
-                } else {
-                    finish_reason(&u.finish)
-                };
+                let finish = chat_finish(&u.finish, parser.num_calls() > 0);
                 let mut last = chunk(json!({}), Some(finish));
                 last["timings"] = timings_json(&u);
                 events.push(event(last));
@@ -231,4 +223,15 @@ pub async fn handle(
             }
         },
     ))
+}
+
+/// `finish_reason`: `tool_calls` when the answer calls tools, unless the output was cut short
+/// (`length`, as OpenAI reports a call cut by `max_tokens`: its arguments are what was
+/// generated of them).
+fn chat_finish(finish: &FinishReason, called: bool) -> &'static str {
+    match finish_reason(finish) {
+        "length" => "length",
+        _ if called => "tool_calls",
+        other => other,
+    }
 }

@@ -266,6 +266,7 @@ pub async fn handle(
         for p in parser.push(&text).into_iter().chain(parser.finish()) {
             items.add(p, &mut sink);
         }
+        items.cut = cut_call(&parser, &usage);
         items.close(&mut sink);
         return Ok(Json(finish.response(items.done, &usage)).into_response());
     }
@@ -302,6 +303,7 @@ pub async fn handle(
             items.add(p, &mut out);
         }
         if let Item::Done(u) = item {
+            items.cut = cut_call(&parser, &u);
             items.close(&mut out);
             let response = finish.response(std::mem::take(&mut items.done), &u);
             out.push(("response.completed".into(), json!({"response": response})));
@@ -331,7 +333,7 @@ struct Finisher {
 impl Finisher {
     fn response(&self, output: Vec<Value>, u: &Usage) -> Value {
         let mut r = self.base.clone();
-        let incomplete = matches!(u.finish, FinishReason::Length | FinishReason::ContextFull);
+        let incomplete = cut_short(u);
         r["status"] = if incomplete {
             "incomplete"
         } else {
@@ -365,11 +367,25 @@ impl Finisher {
     }
 }
 
+/// True when generation stopped at the output limit (the response is `incomplete`).
+fn cut_short(u: &Usage) -> bool {
+    matches!(u.finish, FinishReason::Length | FinishReason::ContextFull)
+}
+
+/// The call that the output limit cut (its `function_call` item is `incomplete`).
+fn cut_call(parser: &OutputParser, u: &Usage) -> Option<usize> {
+    parser.cut_call().filter(|_| cut_short(u))
+}
+
 /// Output items as they are built from parts; `open` is the item being streamed.
 #[derive(Default)]
 struct Items {
     done: Vec<Value>,
     open: Option<Value>,
+    /// The call (by its index among calls) cut by the output limit, once known.
+    cut: Option<usize>,
+    /// The index among calls of the open item, when it is a call.
+    open_call: Option<usize>,
 }
 
 impl Items {
@@ -393,7 +409,12 @@ impl Items {
                 Part::Reasoning(_) => {
                     json!({"type": "reasoning", "id": new_id("rs_"), "summary": [], "content": []})
                 }
-                Part::CallStart { id, name, .. } => {
+                Part::CallStart {
+                    index: call,
+                    id,
+                    name,
+                } => {
+                    self.open_call = Some(*call);
                     json!({"type": "function_call", "id": new_id("fc_"), "call_id": id, "name": name, "arguments": "", "status": "in_progress"})
                 }
                 _ => {
@@ -455,8 +476,11 @@ impl Items {
                 item["status"] = "completed".into();
             }
             _ => {
+                let call = self.open_call.take();
+                let cut = call.is_some() && call == self.cut;
                 out.push(("response.function_call_arguments.done".into(), json!({"item_id": item["id"], "output_index": index, "arguments": item["arguments"]})));
-                item["status"] = "completed".into();
+                // A call cut by the output limit: its arguments are what was generated.
+                item["status"] = if cut { "incomplete" } else { "completed" }.into();
             }
         }
         out.push((

@@ -239,3 +239,119 @@ fn string_arguments_stream_before_the_value_ends() {
         .collect();
     assert_eq!(args, "{\"content\": \"line one\\nline two");
 }
+
+/// Parses `text` whole and in pieces: both give the same text, calls and `closed` flags.
+fn parse_cut(text: &str) -> (String, Vec<(String, String)>, Vec<bool>) {
+    let tools = tools();
+    let run = |size: usize| {
+        let mut p = ToolCallParser::new(&tools);
+        let mut events = Vec::new();
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(size) {
+            events.extend(p.push(&piece.iter().collect::<String>()));
+        }
+        events.extend(p.finish());
+        let closed = events
+            .iter()
+            .filter_map(|e| match e {
+                ToolEvent::End { closed, .. } => Some(*closed),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        let (text, calls) = collect(events);
+        (text, calls, closed)
+    };
+    let whole = run(text.len().max(1));
+    for size in [1, 2, 5] {
+        assert_eq!(run(size), whole, "in pieces of {size}: {text:?}");
+    }
+    whole
+}
+
+#[test]
+fn json_form_call_cut_short_keeps_name_and_partial_arguments() {
+    // A forced call in the JSON form, cut by max_tokens inside a string value.
+    let (text, calls, closed) = parse_cut(
+        "<tool_call>\n{\"name\": \"write_file\", \"arguments\": {\"path\": \"src/main.rs\", \"content\": \"fn ma",
+    );
+    assert_eq!(text, "");
+    assert_eq!(
+        calls,
+        [(
+            "write_file".to_string(),
+            "{\"path\": \"src/main.rs\", \"content\": \"fn ma".to_string()
+        )]
+    );
+    assert_eq!(closed, [false]);
+    // Arguments complete, the object around them cut; arguments given as a JSON string.
+    let (_, calls, _) = parse_cut(
+        "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}\n</tool_",
+    );
+    assert_eq!(calls[0].1, "{\"command\":\"ls\"}");
+    let (_, calls, _) =
+        parse_cut("<tool_call>{\"name\": \"bash\", \"arguments\": \"{\\\"command\\\": \\\"l");
+    assert_eq!(calls[0].1, "{\"command\": \"l");
+    // Cut right after the name: a call without arguments yet.
+    let (text, calls, closed) =
+        parse_cut("Checking.\n<tool_call>\n{\"name\": \"list_files\", \"argu");
+    assert_eq!(text, "Checking.");
+    assert_eq!(calls, [("list_files".to_string(), String::new())]);
+    assert_eq!(closed, [false]);
+    // A complete call is closed.
+    let (_, _, closed) = parse_cut(
+        "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>",
+    );
+    assert_eq!(closed, [true]);
+}
+
+#[test]
+fn markup_cut_short_never_becomes_text() {
+    for text in [
+        "<tool_call>\n{\"name\": \"write_fi",
+        "<tool_call>\n{\"na",
+        "<tool_call>\n",
+        "<tool_call>\n<func",
+        "<tool_call>\n<function=write_fi",
+    ] {
+        let (got, calls, _) = parse_cut(&format!("Let me look.\n{text}"));
+        assert_eq!((got.as_str(), calls.len()), ("Let me look.", 0), "{text:?}");
+    }
+    // Cut inside a closing tag: the call is there, the partial tag is not in its value or text.
+    for tail in [
+        "\n</param",
+        "\n</parameter>\n</func",
+        "\n</parameter>\n</function>\n</tool_c",
+    ] {
+        let (got, calls, closed) = parse_cut(&format!(
+            "<tool_call>\n<function=bash>\n<parameter=command>\nls -l{tail}"
+        ));
+        assert_eq!(got, "", "{tail:?}");
+        assert_eq!(
+            calls,
+            [("bash".to_string(), "{\"command\": \"ls -l\"}".to_string())]
+        );
+        // Only `</function>` closes the call.
+        assert_eq!(closed, [tail.contains("</function>")], "{tail:?}");
+    }
+}
+
+#[test]
+fn arguments_cut_short_read_as_an_object() {
+    let cases = [
+        ("{\"path\": \"src/ma", json!({"path": "src/ma"})),
+        ("{\"path\": \"a\\\"b\\u00e", json!({"path": "a\"b"})),
+        ("{\"path\": \"a\\", json!({"path": "a"})),
+        ("{\"a\": 1, \"b\": [1, 2", json!({"a": 1, "b": [1, 2]})),
+        ("{\"a\": 1, \"b\": tru", json!({"a": 1})),
+        ("{\"a\": 1, \"b\": 12.", json!({"a": 1})),
+        ("{\"a\": 1, \"pa", json!({"a": 1})),
+        ("{\"a\": {\"b\": ", json!({"a": {}})),
+        ("{\"a\": \"x, {y\"", json!({"a": "x, {y"})),
+        ("{", json!({})),
+        ("", json!({})),
+        ("{\"done\": true}", json!({"done": true})),
+    ];
+    for (args, want) in cases {
+        assert_eq!(arguments_value(args), want, "{args:?}");
+    }
+}
