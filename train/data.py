@@ -12,8 +12,10 @@ import ast
 import json
 import os
 import random
+import re
 import sysconfig
 import textwrap
+import unicodedata
 
 # ---------------------------------------------------------------------------------------------
 # Small fact tables (well-known facts only: the model should not learn anything false).
@@ -282,181 +284,501 @@ def n(desc, kind="number"):
     return {"type": kind, "description": desc}
 
 
+# Argument values. Each pool has a held-out part that training never uses (HELDOUT_*): the
+# held-out evaluation (evaluate.py --tool-rate) asks with those values, with phrasings from
+# HELDOUT_TEMPLATES and for the tools of HELDOUT_TOOLS, so it measures generalisation rather
+# than recall. `split` ("train" or "heldout") selects the side everywhere below.
+
+TRAIN_CITIES = CITIES + [
+    "New York", "Los Angeles", "San Francisco", "Seattle", "Miami", "Houston", "Dallas", "Atlanta", "Phoenix",
+    "Portland", "Austin", "Detroit", "Philadelphia", "Las Vegas", "Minneapolis", "Calgary", "Ottawa",
+    "Quebec City", "Mexico City", "Guadalajara", "Bogota", "Medellín", "Caracas", "Buenos Aires", "São Paulo",
+    "Rio de Janeiro", "Brasília", "Manchester", "Liverpool", "Glasgow", "Bristol", "Cardiff", "Belfast", "Cork",
+    "Amsterdam", "Rotterdam", "Antwerp", "Brussels", "Lyon", "Toulouse", "Bordeaux", "Nantes", "Strasbourg",
+    "Hamburg", "Frankfurt", "Stuttgart", "Düsseldorf", "Leipzig", "Dresden", "Munich", "Cologne", "Zurich",
+    "Basel", "Bern", "Geneva", "Milan", "Turin", "Venice", "Bologna", "Barcelona", "Valencia", "Bilbao",
+    "Málaga", "Budapest", "Bucharest", "Istanbul", "Ankara", "Izmir", "Beirut", "Amman", "Tel Aviv", "Dubai",
+    "Abu Dhabi", "Doha", "Riyadh", "Tehran", "Karachi", "Lahore", "Delhi", "New Delhi", "Bangalore", "Chennai",
+    "Kolkata", "Hyderabad", "Pune", "Shanghai", "Beijing", "Shenzhen", "Guangzhou", "Hong Kong", "Taipei",
+    "Singapore", "Jakarta", "Ho Chi Minh City", "Manila", "Perth", "Brisbane", "Adelaide", "Wellington",
+    "Christchurch", "Cape Town", "Johannesburg", "Durban", "Kinshasa", "Kampala", "Kigali", "Dar es Salaam",
+    "Marrakesh", "Rabat", "Algiers", "Stockholm", "Copenhagen", "Bergen", "Tampere", "Reykjavik", "Kyiv",
+    "Lviv", "Minsk", "Moscow", "Saint Petersburg", "Novosibirsk", "Vladivostok", "Anchorage", "Honolulu",
+    "Havana", "San Juan", "Kingston", "Panama City", "San José", "Nice", "Hobart", "Yokohama", "Kobe",
+    "Hiroshima", "Fukuoka", "Incheon", "Daegu", "Chengdu", "Wuhan", "Xi'an", "Lagos", "Abuja", "Addis Ababa",
+    "Khartoum", "Tunis", "Tripoli", "Baghdad", "Kabul", "Tashkent", "Ulaanbaatar", "Yangon", "Phnom Penh",
+    "Kuala Lumpur", "Dhaka", "Lima", "Arequipa", "Asunción", "Sucre", "Salt Lake City", "Nashville",
+    "New Orleans", "Pittsburgh", "Cleveland", "Toledo", "Orlando", "Tampa", "San Diego", "Sacramento",
+    "Winnipeg", "Halifax", "Edmonton",
+    # as their own speakers write them
+    "München", "Wien", "Roma", "Lisboa", "Zürich", "Kraków", "Tōkyō", "東京", "北京", "上海", "서울", "Köln",
+    "Genève", "Praha", "Warszawa", "Moskva", "Москва", "Athína", "Αθήνα", "Bruxelles", "Den Haag", "København",
+    "Göteborg", "Malmö", "Milano", "Torino", "Venezia", "Firenze", "Napoli", "Nürnberg", "Bogotá", "Ciudad de México",
+    "Québec", "Montréal", "İstanbul", "Kyïv", "Beograd", "Bucureşti", "Delhi", "Al-Qāhira", "القاهرة", "Mumbai",
+    "Łódź", "Wrocław", "Brno", "Plzeň", "Tartu", "Århus", "Jyväskylä",
+]
+HELDOUT_CITIES = [
+    "Osaka", "大阪", "Kyoto", "京都", "Sapporo", "Nagoya", "Busan", "부산", "Marseille", "Porto", "Edinburgh",
+    "Seville", "Sevilla", "Tbilisi", "Tallinn", "Vilnius", "Ljubljana", "Zagreb", "Salzburg", "Innsbruck",
+    "Bratislava", "Gdańsk", "Poznań", "Tromsø", "Thessaloniki", "Θεσσαλονίκη", "Valparaíso", "Cusco",
+    "Cartagena", "Oaxaca", "Mombasa", "Zanzibar", "Montevideo", "Quito", "Accra", "Dakar", "Kathmandu",
+    "Colombo", "Almaty", "Auckland", "Vancouver", "Luxembourg", "Ghent", "Brugge", "Lausanne", "Lucerne",
+    "Bergamo", "Palermo", "Granada", "Córdoba",
+]
+TRAIN_CITIES = sorted(set(TRAIN_CITIES), key=TRAIN_CITIES.index)
+
+_SYLLABLES = ["ka", "lo", "mar", "ven", "to", "ri", "sa", "bel", "dor", "na", "vik", "ul", "ber", "gen", "sto",
+              "ra", "mi", "len", "zan", "or", "pol", "te", "ash", "fen", "hol", "ter", "sel", "mon", "tri", "eva",
+              "quin", "bra", "del", "kor", "us", "ith", "wal", "nor", "pe", "gra", "lin", "dun", "ves", "cal"]
+_ENDINGS = ["", "", "", "burg", "ville", "ton", "ford", "polis", "grad", "stad", "heim", "port", "a", "ia", "o"]
+
+
+def _key(text):
+    """Lower case without accents: what makes two spellings of one name collide."""
+    return "".join(c for c in unicodedata.normalize("NFKD", text.lower()) if not unicodedata.combining(c))
+
+
+_HELDOUT_KEYS = None
+
+
+def leaks_heldout(text):
+    """Whether a training value contains a held-out city (any spelling, any case)."""
+    global _HELDOUT_KEYS
+    if _HELDOUT_KEYS is None:
+        _HELDOUT_KEYS = [_key(c) for c in HELDOUT_CITIES]
+    k = _key(text)
+    return any(h in k for h in _HELDOUT_KEYS)
+
+
+def invented_city(rng):
+    """A made-up place name: arguments the model can only copy from the request."""
+    while True:
+        name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randrange(2, 4))) + rng.choice(_ENDINGS)
+        name = name[0].upper() + name[1:]
+        if rng.random() < 0.1:
+            name = rng.choice(["Port ", "San ", "New ", "Saint ", "Bad ", "Nova "]) + name
+        if not leaks_heldout(name) and name not in TRAIN_CITIES:
+            return name
+
+
+def city(rng, split):
+    if split == "heldout":
+        return rng.choice(HELDOUT_CITIES)
+    return rng.choice(TRAIN_CITIES) if rng.random() < 0.75 else invented_city(rng)
+
+
+def cities(rng, split, k):
+    out = []
+    while len(out) < k:
+        c = city(rng, split)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def pool(rng, split, train, heldout):
+    return rng.choice(heldout if split == "heldout" else train)
+
+
 FILES = ["src/main.rs", "README.md", "setup.py", "app/models.py", "docs/index.md", "Cargo.toml",
-         "tests/test_api.py", "config.yaml", "lib/utils.js", "notes.txt", "src/server/routes.rs"]
-WORDS = ["TODO", "fixme", "deprecated", "unwrap()", "import os", "def main", "async fn", "error", "timeout"]
-CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "SEK"]
-LANGS = ["French", "German", "Spanish", "Italian", "Japanese", "Portuguese"]
-CONDITIONS = ["sunny", "cloudy", "light rain", "snow", "windy", "foggy", "clear"]
-STOCKS = ["AAPL", "MSFT", "NVDA", "GOOG", "AMZN", "TSLA", "IBM", "ORCL"]
+         "tests/test_api.py", "config.yaml", "lib/utils.js", "notes.txt", "src/server/routes.rs",
+         "package.json", "Makefile", "src/lib.rs", "index.html", "styles/main.css", "scripts/deploy.sh",
+         "data/users.csv", "pyproject.toml", ".gitignore", "docs/setup.md", "src/app.ts", "go.mod", "main.go",
+         "CHANGELOG.md", "LICENSE", "src/db/schema.sql", "config/settings.json", "Dockerfile", "app/views.py"]
+HELDOUT_FILES = ["src/parser/lexer.rs", "web/public/robots.txt", "backend/handlers/auth.go", "infra/terraform.tfvars",
+                 "notebooks/analysis.ipynb", "src/components/Navbar.tsx"]
+_DIRS = ["src", "app", "lib", "docs", "tests", "scripts", "config", "data", "crates/core/src", "web", "tools"]
+_STEMS = ["main", "utils", "config", "server", "client", "models", "routes", "api", "helpers", "index", "report",
+          "todo", "notes", "build", "cache", "logger", "parser", "schema", "users", "orders"]
+_EXTS = [".py", ".rs", ".js", ".ts", ".md", ".txt", ".json", ".yaml", ".toml", ".go", ".c", ".sh", ".csv"]
 
 
-def req_weather(rng):
-    city = rng.choice(CITIES)
+def file_path(rng, split):
+    if split == "heldout":
+        return rng.choice(HELDOUT_FILES)
+    if rng.random() < 0.5:
+        return rng.choice(FILES)
+    while True:
+        p = rng.choice(_STEMS) + rng.choice(_EXTS)
+        if rng.random() < 0.7:
+            p = rng.choice(_DIRS) + "/" + p
+        if p not in HELDOUT_FILES:
+            return p
+
+
+WORDS = ["TODO", "fixme", "deprecated", "unwrap()", "import os", "def main", "async fn", "error", "timeout",
+         "panic!", "console.log", "password", "http://", "XXX", "print(", "unsafe", "retry", "SELECT *"]
+HELDOUT_WORDS = ["NotImplementedError", "localhost:8080", "@deprecated"]
+COMMANDS = ["cargo test", "ls -la", "git status", "pytest -q", "npm run build", "make", "cargo build --release",
+            "python3 main.py", "git log --oneline -5", "df -h", "npm install", "docker ps", "go test ./...",
+            "cargo clippy", "git diff --stat", "uname -a", "du -sh .", "make clean", "pip list", "whoami"]
+HELDOUT_COMMANDS = ["kubectl get pods", "terraform plan", "ruff check ."]
+CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CHF", "CAD", "AUD", "SEK", "NOK", "DKK", "PLN", "INR", "CNY", "BRL",
+              "MXN", "KRW", "ZAR", "NZD", "SGD", "HKD", "TRY"]
+HELDOUT_CURRENCIES = ["CZK", "HUF", "THB", "ILS"]
+LANGS = ["French", "German", "Spanish", "Italian", "Japanese", "Portuguese", "Dutch", "Polish", "Korean",
+         "Chinese", "Russian", "Turkish", "Swedish", "Greek"]
+HELDOUT_LANGS = ["Finnish", "Vietnamese", "Swahili"]
+PHRASES = ["Good morning", "Thank you very much", "Where is the station?", "I like coffee", "See you tomorrow",
+           "How much does it cost?", "The meeting is at noon", "Happy birthday", "I am lost", "Two tickets, please",
+           "Where is the bathroom?", "The food was great"]
+HELDOUT_PHRASES = ["My luggage did not arrive", "Is this seat taken?"]
+CONDITIONS = ["sunny", "cloudy", "light rain", "snow", "windy", "foggy", "clear", "thunderstorms", "drizzle"]
+STOCKS = ["AAPL", "MSFT", "NVDA", "GOOG", "AMZN", "TSLA", "IBM", "ORCL", "META", "INTC", "AMD", "CSCO", "KO",
+          "PEP", "DIS", "V", "JPM", "BA", "NKE", "UBER"]
+HELDOUT_STOCKS = ["NFLX", "ADBE", "SHOP"]
+TASKS = ["buy milk", "fix the login bug", "call the plumber", "write the report", "book flights", "review PR 42",
+         "water the plants", "renew my passport", "pay the electricity bill", "clean the garage", "send the invoice",
+         "update the slides", "walk the dog", "back up the laptop"]
+HELDOUT_TASKS = ["return the library books", "schedule a vet appointment"]
+TOPICS = ["Rust (programming language)", "Alan Turing", "Photosynthesis", "The Moon", "Volcanoes", "Ada Lovelace",
+          "Linux", "Jazz", "Honey bees", "Black holes", "The Roman Empire", "Marie Curie", "Climate change",
+          "The printing press", "Mount Everest", "Penguins"]
+HELDOUT_TOPICS = ["Plate tectonics", "Grace Hopper", "The Silk Road"]
+EVENTS = ["Team sync", "Dentist", "Project review", "Gym", "Call mom", "Haircut", "Board meeting", "Yoga class",
+          "Parent-teacher meeting", "Car service"]
+HELDOUT_EVENTS = ["Piano lesson", "Quarterly planning"]
+SUBJECTS = ["Meeting notes", "Invoice", "Quick question", "Weekend plans", "Release 1.2", "Holiday schedule",
+            "Budget draft", "Welcome aboard"]
+HELDOUT_SUBJECTS = ["Server outage", "Lunch on Friday"]
+COMMITS = ["Fix typo in README", "Add tests for the parser", "Bump version to 1.2.0", "Refactor routes",
+           "Remove dead code", "Update dependencies", "Handle empty input", "Improve error messages"]
+HELDOUT_COMMITS = ["Add dark mode toggle", "Cache DNS lookups"]
+CUISINES = ["italian", "japanese", "mexican", "indian", "vegan", "thai", "chinese", "french", "korean", "greek",
+            "lebanese", "sushi", "pizza", "vegetarian"]
+HELDOUT_CUISINES = ["ethiopian", "peruvian", "georgian"]
+
+
+# Phrasings: TEMPLATES[key] for training, HELDOUT_TEMPLATES[key] never used in training (the
+# first held-out weather phrasing is issue 30's). Questions, commands, indirect requests,
+# polite forms, terse forms and a few in other languages.
+TEMPLATES = {
+    "weather": [
+        "What's the weather like in {city}?", "What's the weather in {city}?", "How's the weather in {city}?",
+        "What is the weather like in {city} today?", "Is it raining in {city}?", "Is it cold in {city} right now?",
+        "How warm is it in {city} today?", "What's the temperature in {city}?",
+        "What is the current temperature in {city}?", "Is it sunny in {city} at the moment?",
+        "Do I need a jacket in {city} today?", "What are the weather conditions in {city} currently?",
+        "Any rain in {city} today?", "How hot is it in {city}?", "Weather in {city} today?", "{city} weather?",
+        "What's it like outside in {city} right now?", "Get the weather for {city}.", "Check the weather in {city}.",
+        "Tell me the weather in {city}.", "Show me the current weather in {city}.",
+        "Look up the weather in {city} for me.", "weather {city}", "Give me the weather report for {city}.",
+        "Fetch the current conditions in {city}.", "I'm heading to {city} later, will I need an umbrella?",
+        "I'm flying to {city} tonight. What's the weather there?",
+        "Going for a walk in {city}, should I bring a coat?", "My sister lives in {city}. Is it snowing there today?",
+        "I want to know the weather in {city}.", "I'd like to know how the weather is in {city}.",
+        "Could you check the weather in {city}?", "Can you tell me the weather in {city} right now?",
+        "Please get me the current weather for {city}.", "Would you look up today's weather in {city}?",
+        "Is it windy in {city} today?", "What's the weather doing in {city}?", "How cold is it in {city} currently?",
+        "current weather {city}", "Is it nice out in {city} today?", "What's the forecast for {city} today?",
+        "Wie ist das Wetter in {city}?", "Quel temps fait-il à {city} ?", "¿Qué tiempo hace en {city}?",
+    ],
+    "weather_unit": [
+        "What's the weather in {city} in {unit}?", "Weather for {city}, please, in {unit}.",
+        "Temperature in {city} in {unit}?", "How warm is it in {city}? Give it in {unit}.",
+        "Check the weather in {city} and use {unit}.", "Can you get the current weather in {city} in {unit}?",
+        "I'm going to {city} today. What's the temperature there in {unit}?",
+    ],
+    "time": [
+        "What time is it in {city}?", "Current time in {city}?", "What's the local time in {city}?",
+        "Tell me the time in {city}.", "What's the time in {city} right now?", "Is it night in {city} now?",
+        "I need to call a friend in {city}. What time is it there?", "time in {city}",
+        "Can you check the current time in {city}?", "Get the local time for {city}.",
+        "Is it too late to phone someone in {city} now?", "Could you tell me what time it is in {city}?",
+        "Wie spät ist es in {city}?", "Quelle heure est-il à {city} ?",
+    ],
+    "restaurant": [
+        "Find a {cuisine} restaurant in {city}.", "Where can I eat {cuisine} food in {city}?",
+        "Any good {cuisine} places in {city}?", "I'm in {city} and hungry. Find me some {cuisine} food.",
+        "Can you recommend a {cuisine} restaurant in {city}?", "Search for {cuisine} restaurants in {city}.",
+    ],
+    "flights": [
+        "Find flights from {a} to {b} on {day}.", "Any flights {a} to {b} on {day}?",
+        "I need to fly from {a} to {b} on {day}. What's available?", "Search flights {a} -> {b}, {day}.",
+        "Can you look for flights from {a} to {b} on {day}?", "Show me flights between {a} and {b} on {day}.",
+    ],
+    "read_file": ["Show me {path}.", "Read the file {path}.", "What's in {path}?", "Open {path} for me.",
+                  "Can you read {path}?", "cat {path}", "Print the contents of {path}.",
+                  "I need to see what {path} contains."],
+    "search": ["Find every \"{pat}\" in {d}.", "Search for {pat} under {d}.", "Where do we use {pat} in {d}?",
+               "grep {pat} in {d}", "Look for \"{pat}\" in the {d} folder.", "Can you search {d} for {pat}?"],
+    "run": ["Run `{cmd}`.", "Please run {cmd}.", "Can you execute {cmd} for me?", "Execute `{cmd}`.",
+            "run {cmd}", "I need the output of `{cmd}`.", "Could you run `{cmd}` in the workspace?"],
+    "currency": ["Convert {amount} {a} to {b}.", "How much is {amount} {a} in {b}?", "{amount} {a} in {b}?",
+                 "What's {amount} {a} worth in {b}?", "Change {amount} {a} into {b}.",
+                 "I have {amount} {a}. How many {b} is that?"],
+    "translate": ["Translate \"{text}\" into {lang}.", "How do you say \"{text}\" in {lang}?",
+                  "What is \"{text}\" in {lang}?", "Can you translate \"{text}\" to {lang}?",
+                  "{lang} for \"{text}\"?"],
+    "event": ["Add \"{title}\" to my calendar on {date} at {time}.", "Schedule {title} for {date}, {time}.",
+              "Put {title} in my calendar on {date} at {time}.", "Create an event \"{title}\" on {date} at {time}.",
+              "Can you book {title} on {date} at {time} in my calendar?"],
+    "email": ["Send an email to {to} with the subject \"{subject}\" saying I'll be late.",
+              "Email {to}: subject \"{subject}\", body: I'll be late.",
+              "Write to {to} with subject \"{subject}\" and tell them I'll be late.",
+              "Please mail {to} (subject: \"{subject}\") that I'll be late."],
+    "stock": ["What's the price of {sym}?", "{sym} stock price?", "How is {sym} trading?",
+              "Get me a quote for {sym}.", "How much is {sym} stock right now?", "Check {sym} for me."],
+    "todo_prio": ["Add \"{task}\" to my todo list with {prio} priority.", "New {prio} priority task: {task}."],
+    "todo": ["Remind me to {task}.", "Add {task} to my todos.", "Put \"{task}\" on my list.",
+             "I must not forget to {task}. Add it to my tasks."],
+    "calc": ["Use the calculator: {expr}", "Calculate {expr} precisely.", "Evaluate {expr} with the calculator.",
+             "What is {expr} exactly? Use the calculator.", "Compute {expr} with the tool."],
+    "wiki": ["Look up {topic} on Wikipedia.", "Search Wikipedia for {topic}.", "Find a summary of {topic}.",
+             "What does Wikipedia say about {topic}?", "Get me the Wikipedia article on {topic}."],
+    "list_dir": ["List the files in {d}.", "What's inside the {d} directory?", "ls {d}",
+                 "Show me what is in the {d} folder.", "Which files are in {d}?"],
+    "write_file": ["Write \"{content}\" to {path}.", "Save \"{content}\" into {path}.",
+                   "Put the text \"{content}\" in {path}."],
+    "commit": ["Commit everything with the message \"{msg}\".", "git commit -am \"{msg}\" please",
+               "Commit my changes: \"{msg}\".", "Make a commit with message \"{msg}\"."],
+    "timer": ["Set a timer for {mins} minutes.", "Timer {mins} min please.", "Start a {mins}-minute timer.",
+              "Can you time {mins} minutes for me?", "Remind me in {mins} minutes with a timer."],
+    "unit": ["Convert {v} {a} to {b}.", "How many {b} is {v} {a}?", "{v} {a} in {b}?",
+             "What is {v} {a} in {b}?"],
+}
+HELDOUT_TEMPLATES = {
+    "weather": [
+        "What is the weather in {city} right now?",
+        "Could you tell me what the weather is doing in {city} at the moment?",
+        "I'm visiting {city} this afternoon. Should I pack sunglasses?",
+        "Report the current weather conditions for {city}.", "How cold does it feel in {city} now?",
+        "Is there a storm in {city} today?", "Please find out the temperature in {city}.",
+        "Che tempo fa a {city}?", "Weather check: {city}, please.", "is it warm in {city} currently",
+        "Need the weather for {city}, right now.", "Tell me whether it's raining in {city} today.",
+    ],
+    "weather_unit": ["Give me the current temperature in {city}, in {unit}."],
+    "time": ["What hour is it currently in {city}?", "Do you know what time it is over in {city}?",
+             "I have a meeting with someone in {city}; what's their local time right now?"],
+    "restaurant": ["Recommend somewhere to eat {cuisine} in {city} tonight."],
+    "flights": ["Book-search: flights departing {a} for {b} on {day}, please."],
+    "read_file": ["Display the file {path}."], "search": ["Scan {d} for occurrences of {pat}."],
+    "run": ["Kick off `{cmd}` and tell me what it prints."],
+    "currency": ["If I exchange {amount} {a}, how many {b} do I get?"],
+    "translate": ["Render \"{text}\" in {lang}, please."],
+    "stock": ["Tell me today's share price of {sym}."], "todo": ["Note down a task: {task}."],
+    "wiki": ["Pull up the encyclopedia entry about {topic}."], "timer": ["Count down {mins} minutes for me."],
+    "unit": ["Express {v} {a} in {b}."],
+}
+# Context before and after a request.
+PREFIXES = ["Quick question: ", "Hi! ", "Hey, ", "Hello. ", "I'm planning my day. ", "Sorry to bother you. ",
+            "One more thing: ", "Okay. ", "I have a question. ", "Good morning! ", "Thanks for earlier. ",
+            "I'm on my phone, so short: ", "For a trip I'm planning: ", "hi ", "Hello there, "]
+SUFFIXES = [" Thanks!", " Thank you.", " please", " Thanks in advance.", " Cheers.", " Thx"]
+HELDOUT_PREFIXES = ["Good evening! ", "Before I forget: ", "Need some help. "]
+HELDOUT_SUFFIXES = [" Much appreciated.", " Ta."]
+
+def typo(rng, template):
+    """One slip of the keyboard in a word of the template (never in a {slot})."""
+    spots = [m for m in re.finditer(r"\{[^}]*\}|[A-Za-z]{4,}", template) if not m.group().startswith("{")]
+    if not spots:
+        return template
+    m = rng.choice(spots)
+    w, i = m.group(), rng.randrange(1, len(m.group()) - 1)
+    kind = rng.randrange(3)
+    if kind == 0:
+        w = w[:i] + w[i + 1] + w[i] + w[i + 2:]   # swap
+    elif kind == 1:
+        w = w[:i] + w[i + 1:]                     # drop
+    else:
+        w = w[:i] + w[i] + w[i:]                  # double
+    return template[:m.start()] + w + template[m.end():]
+
+
+def phrase(rng, split, key, **slots):
+    """A request: a template of `key` from the split, carelessly typed, with its slots filled."""
+    t = rng.choice(HELDOUT_TEMPLATES[key] if split == "heldout" and key in HELDOUT_TEMPLATES else TEMPLATES[key])
+    if rng.random() < 0.12:
+        t = typo(rng, t)
+    if rng.random() < 0.12:
+        t = "".join(p if p.startswith("{") else p.lower() for p in _slot_split(t))
+    elif rng.random() < 0.1:
+        t = t[0].lower() + t[1:]
+    if rng.random() < 0.15 and t[-1] in ".?!":
+        t = t[:-1]
+    return t.format(**slots)
+
+
+def _slot_split(t):
+    return re.split(r"(\{[^}]*\})", t)
+
+
+def with_context(rng, split, q):
+    """Sometimes a greeting or context before the request, or thanks after it."""
+    pre, suf = (HELDOUT_PREFIXES, HELDOUT_SUFFIXES) if split == "heldout" else (PREFIXES, SUFFIXES)
+    if rng.random() < 0.25:
+        p = rng.choice(pre)
+        q = p + (q[0].lower() + q[1:] if p.endswith(": ") and not q[1:2].isupper() else q)
+    if rng.random() < 0.08:
+        q = q + rng.choice(suf)
+    return q
+
+
+def req_weather(rng, split="train"):
+    c = city(rng, split)
     unit = rng.choice(["celsius", "fahrenheit"])
     temp = rng.randrange(-5, 35) if unit == "celsius" else rng.randrange(25, 95)
     cond = rng.choice(CONDITIONS)
-    args = {"city": city}
-    if rng.random() < 0.5:
+    args = {"city": c}
+    if rng.random() < 0.25:
         args["unit"] = unit
-        q = rng.choice([f"What's the weather in {city} in {unit}?", f"Weather for {city}, please, in {unit}."])
+        q = phrase(rng, split, "weather_unit", city=c, unit=unit)
     else:
         unit = "celsius"
-        q = rng.choice([f"What's the weather like in {city}?", f"Is it cold in {city} right now?",
-                        f"weather {city}", f"How warm is it in {city} today?"])
-    result = {"city": city, "temperature": temp, "unit": unit, "condition": cond}
+        q = phrase(rng, split, "weather", city=c)
+    result = {"city": c, "temperature": temp, "unit": unit, "condition": cond}
     deg = "°C" if unit == "celsius" else "°F"
-    return q, args, result, f"It is {temp}{deg} and {cond} in {city}."
+    return q, args, result, f"It is {temp}{deg} and {cond} in {c}."
 
 
-def req_read_file(rng):
-    path = rng.choice(FILES)
-    q = rng.choice([f"Show me {path}.", f"Read the file {path}.", f"What's in {path}?", f"Open {path} for me."])
+def req_read_file(rng, split="train"):
+    path = file_path(rng, split)
+    q = phrase(rng, split, "read_file", path=path)
     lines = rng.randrange(3, 400)
     return q, {"path": path}, {"path": path, "lines": lines, "content": "..."}, f"{path} has {lines} lines; its content is above."
 
 
-def req_search(rng):
-    pat, d = rng.choice(WORDS), rng.choice(["src", ".", "app", "tests", "lib"])
-    q = rng.choice([f"Find every \"{pat}\" in {d}.", f"Search for {pat} under {d}.", f"Where do we use {pat} in {d}?"])
+def req_search(rng, split="train"):
+    pat = pool(rng, split, WORDS, HELDOUT_WORDS)
+    d = rng.choice(["src", ".", "app", "tests", "lib", "docs", "scripts"])
+    q = phrase(rng, split, "search", pat=pat, d=d)
     hits = rng.randrange(0, 9)
     files = rng.sample(FILES, min(hits, 3))
     ans = (f"\"{pat}\" appears {hits} times in {d}" + (", in " + ", ".join(files) + "." if files else ".")) if hits else f"No matches for \"{pat}\" in {d}."
     return q, {"pattern": pat, "path": d}, {"matches": hits, "files": files}, ans
 
 
-def req_run(rng):
-    cmd = rng.choice(["cargo test", "ls -la", "git status", "pytest -q", "npm run build", "make", "cargo build --release",
-                      "python3 main.py", "git log --oneline -5"])
-    q = rng.choice([f"Run `{cmd}`.", f"Please run {cmd}.", f"Can you execute {cmd} for me?"])
+def req_run(rng, split="train"):
+    cmd = pool(rng, split, COMMANDS, HELDOUT_COMMANDS)
+    q = phrase(rng, split, "run", cmd=cmd)
     code = rng.choice([0, 0, 0, 1, 2])
     ans = f"`{cmd}` finished successfully." if code == 0 else f"`{cmd}` failed with exit code {code}."
     return q, {"command": cmd}, {"exit_code": code, "stdout": "...", "stderr": "" if code == 0 else "error"}, ans
 
 
-def req_currency(rng):
-    a, b = rng.sample(CURRENCIES, 2)
+def req_currency(rng, split="train"):
+    if split == "heldout":
+        a, b = rng.choice(HELDOUT_CURRENCIES), rng.choice(CURRENCIES)
+    else:
+        a, b = rng.sample(CURRENCIES, 2)
+    if rng.random() < 0.5:
+        a, b = b, a
     amount = rng.choice([rng.randrange(1, 1000), rng.randrange(1, 100) * 10])
     rate = round(rng.uniform(0.5, 1.6), 4) if "JPY" not in (a, b) else round(rng.uniform(0.006, 160), 3)
     out = round(amount * rate, 2)
-    q = rng.choice([f"Convert {amount} {a} to {b}.", f"How much is {amount} {a} in {b}?", f"{amount} {a} in {b}?"])
+    q = phrase(rng, split, "currency", amount=amount, a=a, b=b)
     return q, {"amount": amount, "from": a, "to": b}, {"amount": amount, "from": a, "to": b, "result": out}, f"{amount} {a} is {out} {b}."
 
 
-def req_translate(rng):
-    text = rng.choice(["Good morning", "Thank you very much", "Where is the station?", "I like coffee",
-                       "See you tomorrow", "How much does it cost?"])
-    lang = rng.choice(LANGS)
-    q = rng.choice([f"Translate \"{text}\" into {lang}.", f"How do you say \"{text}\" in {lang}?"])
+def req_translate(rng, split="train"):
+    text = pool(rng, split, PHRASES, HELDOUT_PHRASES)
+    lang = pool(rng, split, LANGS, HELDOUT_LANGS)
+    q = phrase(rng, split, "translate", text=text, lang=lang)
     return q, {"text": text, "target_language": lang}, {"translation": "<translated text>"}, f"In {lang}: <translated text>."
 
 
-def req_event(rng):
-    title = rng.choice(["Team sync", "Dentist", "Lunch with " + rng.choice(NAMES), "Project review", "Gym", "Call mom"])
-    day = rng.randrange(1, 29)
-    month = rng.randrange(1, 13)
-    hour = rng.randrange(8, 19)
+def req_event(rng, split="train"):
+    title = pool(rng, split, EVENTS + ["Lunch with " + rng.choice(NAMES)], HELDOUT_EVENTS)
+    day, month, hour = rng.randrange(1, 29), rng.randrange(1, 13), rng.randrange(8, 19)
     date = f"2026-{month:02d}-{day:02d}"
-    q = rng.choice([f"Add \"{title}\" to my calendar on {date} at {hour}:00.", f"Schedule {title} for {date}, {hour}:00."])
+    q = phrase(rng, split, "event", title=title, date=date, time=f"{hour}:00")
     args = {"title": title, "date": date, "time": f"{hour:02d}:00"}
     return q, args, {"status": "created", "id": rng.randrange(1000, 9999)}, f"Done: \"{title}\" is on your calendar for {date} at {hour:02d}:00."
 
 
-def req_email(rng):
-    to = rng.choice(NAMES).lower() + "@example.com"
-    subject = rng.choice(["Meeting notes", "Invoice", "Quick question", "Weekend plans", "Release 1.2"])
-    q = rng.choice([f"Send an email to {to} with the subject \"{subject}\" saying I'll be late.",
-                    f"Email {to}: subject \"{subject}\", body: I'll be late."])
+def req_email(rng, split="train"):
+    to = rng.choice(NAMES).lower() + rng.choice(["@example.com", "@example.org", "@mail.example"])
+    subject = pool(rng, split, SUBJECTS, HELDOUT_SUBJECTS)
+    q = phrase(rng, split, "email", to=to, subject=subject)
     args = {"to": to, "subject": subject, "body": "I'll be late."}
     return q, args, {"status": "sent"}, f"Your email \"{subject}\" was sent to {to}."
 
 
-def req_stock(rng):
-    sym = rng.choice(STOCKS)
+def req_stock(rng, split="train"):
+    sym = pool(rng, split, STOCKS, HELDOUT_STOCKS)
     price = round(rng.uniform(20, 900), 2)
-    q = rng.choice([f"What's the price of {sym}?", f"{sym} stock price?", f"How is {sym} trading?"])
+    q = phrase(rng, split, "stock", sym=sym)
     return q, {"symbol": sym}, {"symbol": sym, "price": price, "currency": "USD"}, f"{sym} is trading at ${price}."
 
 
-def req_timezone(rng):
-    city = rng.choice(CITIES)
+def req_timezone(rng, split="train"):
+    c = city(rng, split)
     h, m = rng.randrange(24), rng.randrange(60)
-    q = rng.choice([f"What time is it in {city}?", f"Current time in {city}?"])
-    return q, {"city": city}, {"city": city, "time": f"{h:02d}:{m:02d}"}, f"It is {h:02d}:{m:02d} in {city}."
+    q = phrase(rng, split, "time", city=c)
+    return q, {"city": c}, {"city": c, "time": f"{h:02d}:{m:02d}"}, f"It is {h:02d}:{m:02d} in {c}."
 
 
-def req_todo(rng):
-    task = rng.choice(["buy milk", "fix the login bug", "call the plumber", "write the report", "book flights",
-                       "review PR 42", "water the plants"])
+def req_todo(rng, split="train"):
+    task = pool(rng, split, TASKS, HELDOUT_TASKS)
     prio = rng.choice(["low", "medium", "high"])
-    if rng.random() < 0.5:
-        q, args = f"Add \"{task}\" to my todo list with {prio} priority.", {"task": task, "priority": prio}
+    if rng.random() < 0.4:
+        q, args = phrase(rng, split, "todo_prio", task=task, prio=prio), {"task": task, "priority": prio}
     else:
-        q, args = rng.choice([f"Remind me to {task}.", f"Add {task} to my todos."]), {"task": task}
+        q, args = phrase(rng, split, "todo", task=task), {"task": task}
     return q, args, {"status": "added", "count": rng.randrange(1, 20)}, f"Added \"{task}\" to your todo list."
 
 
-def req_calc(rng):
+def req_calc(rng, split="train"):
     a, b = rng.randrange(100, 10000), rng.randrange(2, 500)
     op = rng.choice(["*", "/", "+", "-"])
     expr = f"{a} {op} {b}"
     val = {"*": a * b, "/": round(a / b, 4), "+": a + b, "-": a - b}[op]
-    q = rng.choice([f"Use the calculator: {expr}", f"Calculate {expr} precisely.", f"Evaluate {expr} with the calculator."])
+    q = phrase(rng, split, "calc", expr=expr)
     return q, {"expression": expr}, {"result": val}, f"{expr} = {val}."
 
 
-def req_wiki(rng):
-    topic = rng.choice(["Rust (programming language)", "Alan Turing", "Photosynthesis", "The Moon", "Volcanoes",
-                        "Ada Lovelace", "Linux", "Jazz", "Honey bees"])
-    q = rng.choice([f"Look up {topic} on Wikipedia.", f"Search Wikipedia for {topic}.", f"Find a summary of {topic}."])
+def req_wiki(rng, split="train"):
+    topic = pool(rng, split, TOPICS, HELDOUT_TOPICS)
+    q = phrase(rng, split, "wiki", topic=topic)
     return q, {"query": topic}, {"title": topic, "summary": "<summary text>"}, f"Here is what Wikipedia says about {topic}: <summary text>."
 
 
-def req_list_dir(rng):
-    d = rng.choice(["src", ".", "tests", "docs", "crates", "app"])
+def req_list_dir(rng, split="train"):
+    d = rng.choice(["src", ".", "tests", "docs", "crates", "app", "scripts", "config", "data", "src/bin"])
     names = rng.sample(["main.rs", "lib.rs", "mod.rs", "README.md", "utils.py", "index.md", "config.toml", "api.rs"], 3)
-    q = rng.choice([f"List the files in {d}.", f"What's inside the {d} directory?", f"ls {d}"])
+    q = phrase(rng, split, "list_dir", d=d)
     return q, {"path": d}, {"entries": names}, f"{d} contains " + ", ".join(names) + "."
 
 
-def req_write_file(rng):
-    path = rng.choice(["notes.txt", "hello.py", "TODO.md", "out/result.json", "src/lib.rs"])
-    content = rng.choice(["hello world", "print('hi')", "- [ ] ship it", "{\"ok\": true}", "pub fn answer() -> u32 { 42 }"])
-    q = f"Write \"{content}\" to {path}."
+def req_write_file(rng, split="train"):
+    path = file_path(rng, split)
+    content = rng.choice(["hello world", "print('hi')", "- [ ] ship it", "{\"ok\": true}", "pub fn answer() -> u32 { 42 }",
+                          "TODO: tests", "version = 2"])
+    q = phrase(rng, split, "write_file", content=content, path=path)
     return q, {"path": path, "content": content}, {"status": "written", "bytes": len(content)}, f"Wrote {len(content)} bytes to {path}."
 
 
-def req_flights(rng):
-    a, b = rng.sample(CITIES, 2)
+def req_flights(rng, split="train"):
+    a, b = cities(rng, split, 2)
     day = f"2026-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}"
-    q = rng.choice([f"Find flights from {a} to {b} on {day}.", f"Any flights {a} to {b} on {day}?"])
+    q = phrase(rng, split, "flights", a=a, b=b, day=day)
     price = rng.randrange(80, 1200)
     return q, {"origin": a, "destination": b, "date": day}, {"flights": [{"price": price, "currency": "EUR"}]}, f"The cheapest flight from {a} to {b} on {day} costs {price} EUR."
 
 
-def req_git_commit(rng):
-    msg = rng.choice(["Fix typo in README", "Add tests for the parser", "Bump version to 1.2.0", "Refactor routes"])
-    q = rng.choice([f"Commit everything with the message \"{msg}\".", f"git commit -am \"{msg}\" please"])
+def req_git_commit(rng, split="train"):
+    msg = pool(rng, split, COMMITS, HELDOUT_COMMITS)
+    q = phrase(rng, split, "commit", msg=msg)
     return q, {"message": msg}, {"commit": "%07x" % rng.randrange(16 ** 7)}, f"Committed: \"{msg}\"."
 
 
-def req_restaurant(rng):
-    city, cuisine = rng.choice(CITIES), rng.choice(["italian", "japanese", "mexican", "indian", "vegan", "thai"])
-    q = rng.choice([f"Find a {cuisine} restaurant in {city}.", f"Where can I eat {cuisine} food in {city}?"])
+def req_restaurant(rng, split="train"):
+    c, cuisine = city(rng, split), pool(rng, split, CUISINES, HELDOUT_CUISINES)
+    q = phrase(rng, split, "restaurant", cuisine=cuisine, city=c)
     name = rng.choice(["Luna", "Sakura", "El Sol", "Masala House", "Green Leaf", "Bangkok Garden"])
-    return q, {"city": city, "cuisine": cuisine}, {"results": [{"name": name, "rating": round(rng.uniform(3.5, 5), 1)}]}, f"Try {name} in {city}."
+    return q, {"city": c, "cuisine": cuisine}, {"results": [{"name": name, "rating": round(rng.uniform(3.5, 5), 1)}]}, f"Try {name} in {c}."
 
 
-def req_timer(rng):
+def req_timer(rng, split="train"):
     mins = rng.randrange(1, 90)
-    q = rng.choice([f"Set a timer for {mins} minutes.", f"Timer {mins} min please."])
+    q = phrase(rng, split, "timer", mins=mins)
     return q, {"minutes": mins}, {"status": "started"}, f"Timer set for {mins} minutes."
 
 
-def req_unit(rng):
+def req_unit(rng, split="train"):
     v = rng.randrange(1, 500)
     a, b = rng.choice([("miles", "kilometers"), ("pounds", "kilograms"), ("inches", "centimeters"), ("liters", "gallons")])
-    q = f"Convert {v} {a} to {b}."
+    q = phrase(rng, split, "unit", v=v, a=a, b=b)
     factor = {"miles": 1.609344, "pounds": 0.45359237, "inches": 2.54, "liters": 0.264172}[a]
     out = round(v * factor, 2)
     return q, {"value": v, "from_unit": a, "to_unit": b}, {"result": out}, f"{v} {a} is {out} {b}."
@@ -533,17 +855,38 @@ PARAM_ALIASES = {
 }
 
 
+def styled(rng, name):
+    """A name as another API might spell it: prefixed, suffixed, camelCase or kebab-case."""
+    name = rng.choice(["", "", "", "my_", "api_", "tool_", "svc_", "do_"]) + name + rng.choice(["", "", "", "_v2", "_tool", "_api"])
+    style = rng.randrange(5)
+    if style == 0:
+        parts = name.split("_")
+        name = parts[0] + "".join(w[:1].upper() + w[1:] for w in parts[1:])
+    elif style == 1:
+        name = name.replace("_", "-")
+    return name
+
+
 def variant(rng, schema, args_list):
-    """The schema under another tool name and parameter names (half the time), and the
-    arguments renamed to match."""
-    if rng.random() < 0.5:
+    """The schema under another tool name and other parameter names (two times in three), and
+    the arguments renamed to match. Many of the names are made up here, so the model has to
+    copy the names from the offered list rather than recall one name per kind of request."""
+    if rng.random() < 0.35:
         return schema, args_list
     f = schema["function"]
-    name = rng.choice(NAME_ALIASES.get(f["name"], [f["name"]]))
+    base = rng.choice(NAME_ALIASES.get(f["name"], []) + [f["name"]])
+    r = rng.random()
+    name = base if r < 0.4 else styled(rng, base) if r < 0.9 else f"{rng.choice(['tool', 'fn', 'action', 'op'])}_{rng.randrange(1, 100)}"
+    if name in _HELDOUT_NAMES:
+        name = f["name"]
     props = f["parameters"]["properties"]
     rename = {}
     for p in props:
         alias = rng.choice(PARAM_ALIASES.get(p, []) + [p])
+        if rng.random() < 0.3:  # camelCase or a prefix: spellings no table here holds
+            parts = alias.split("_")
+            alias = parts[0] + "".join(w[:1].upper() + w[1:] for w in parts[1:]) if rng.random() < 0.5 \
+                else rng.choice(["in_", "arg_", "the_"]) + alias
         if alias != p and (alias in props or alias in rename.values()):
             alias = p
         rename[p] = alias
@@ -554,12 +897,7 @@ def variant(rng, schema, args_list):
     return new, [{rename[k]: v for k, v in a.items()} for a in args_list]
 
 
-def offered_tools(rng, k, schema):
-    """The right tool among 0..4 others (each possibly renamed), shuffled."""
-    others = rng.sample([i for i in range(len(TOOLS)) if i != k], rng.randrange(0, 5))
-    tools = [variant(rng, TOOLS[i][0], [])[0] for i in others] + [schema]
-    rng.shuffle(tools)
-    return tools
+_HELDOUT_NAMES = {"get_air_quality", "track_package", "get_sunrise", "play_music", "train_times"}
 
 
 def noisy(rng, text):
@@ -571,12 +909,227 @@ def noisy(rng, text):
     return text
 
 
+# Whole tools that training never offers (name and schema): the held-out set asks for them.
+def req_air_quality(rng, split="heldout"):
+    c = city(rng, split)
+    aqi = rng.randrange(5, 180)
+    q = rng.choice([f"How clean is the air in {c} today?", f"What's the air quality in {c} right now?",
+                    f"Is the air polluted in {c} at the moment?", f"Check the AQI for {c}."])
+    return q, {"city": c}, {"city": c, "aqi": aqi}, f"The air quality index in {c} is {aqi}."
+
+
+def req_package(rng, split="heldout"):
+    number = "1Z" + "".join(rng.choice("0123456789ABCDEF") for _ in range(10))
+    q = rng.choice([f"Where is my package {number}?", f"Track parcel {number}.",
+                    f"Has shipment {number} been delivered yet?"])
+    return q, {"tracking_number": number}, {"status": "in transit"}, f"Package {number} is in transit."
+
+
+def req_sunrise(rng, split="heldout"):
+    c = city(rng, split)
+    q = rng.choice([f"When does the sun rise in {c} tomorrow?", f"What time is sunrise in {c}?",
+                    f"Sunrise in {c}?"])
+    return q, {"city": c}, {"city": c, "sunrise": "06:12"}, f"The sun rises at 06:12 in {c}."
+
+
+def req_song(rng, split="heldout"):
+    title, artist = rng.choice([("Yesterday", "The Beatles"), ("Clair de Lune", "Debussy"), ("Hallelujah", "Leonard Cohen"),
+                                ("Dancing Queen", "ABBA")])
+    q = rng.choice([f"Play {title} by {artist}.", f"Put on \"{title}\" from {artist}, please.",
+                    f"I want to hear {title} by {artist}."])
+    return q, {"title": title, "artist": artist}, {"status": "playing"}, f"Now playing {title} by {artist}."
+
+
+def req_train(rng, split="heldout"):
+    a, b = cities(rng, split, 2)
+    q = rng.choice([f"When is the next train from {a} to {b}?", f"Train times {a} to {b}?",
+                    f"I need a train from {a} to {b} this evening. What's available?"])
+    return q, {"origin": a, "destination": b}, {"departures": ["18:05", "18:40"]}, f"The next trains from {a} to {b} leave at 18:05 and 18:40."
+
+
+HELDOUT_TOOLS = [
+    (tool("get_air_quality", "Get the current air quality index (AQI) for a city.", {"city": s("City name")}, ["city"]),
+     req_air_quality),
+    (tool("track_package", "Track a parcel by its tracking number.", {"tracking_number": s("Carrier tracking number")},
+          ["tracking_number"]), req_package),
+    (tool("get_sunrise", "Get the time of sunrise in a city.", {"city": s("City name")}, ["city"]), req_sunrise),
+    (tool("play_music", "Play a song on the user's speakers.", {"title": s("Song title"), "artist": s("Artist")},
+          ["title"]), req_song),
+    (tool("train_times", "Find the next train departures between two stations.",
+          {"origin": s("Departure station or city"), "destination": s("Arrival station or city")},
+          ["origin", "destination"]), req_train),
+]
+
+
+def _check_split():
+    """Training never sees a held-out city, phrasing or tool (the held-out rate depends on it)."""
+    assert not set(TRAIN_CITIES) & set(HELDOUT_CITIES)
+    assert not [c for c in TRAIN_CITIES + CITIES + list(CAPITALS.values()) + list(CAPITALS) if leaks_heldout(c)]
+    for key, held in HELDOUT_TEMPLATES.items():
+        assert not set(held) & set(TEMPLATES[key]), key
+    for train, held in ((FILES, HELDOUT_FILES), (WORDS, HELDOUT_WORDS), (COMMANDS, HELDOUT_COMMANDS),
+                        (CURRENCIES, HELDOUT_CURRENCIES), (LANGS, HELDOUT_LANGS), (PHRASES, HELDOUT_PHRASES),
+                        (STOCKS, HELDOUT_STOCKS), (TASKS, HELDOUT_TASKS), (TOPICS, HELDOUT_TOPICS),
+                        (EVENTS, HELDOUT_EVENTS), (SUBJECTS, HELDOUT_SUBJECTS), (COMMITS, HELDOUT_COMMITS),
+                        (CUISINES, HELDOUT_CUISINES), (PREFIXES, HELDOUT_PREFIXES), (SUFFIXES, HELDOUT_SUFFIXES)):
+        assert not set(train) & set(held), set(train) & set(held)
+    names = {t["function"]["name"] for t, _ in TOOLS} | {a for v in NAME_ALIASES.values() for a in v}
+    assert _HELDOUT_NAMES == {t["function"]["name"] for t, _ in HELDOUT_TOOLS}
+    assert not names & _HELDOUT_NAMES
+
+
+_check_split()
+
+
+def heldout_leak(text):
+    """The first held-out city or held-out tool name in a training text, or None (train.py
+    refuses data where this is not None)."""
+    global _HELDOUT_RE
+    if _HELDOUT_RE is None:
+        names = HELDOUT_CITIES + [t["function"]["name"] for t, _ in HELDOUT_TOOLS]
+        _HELDOUT_RE = re.compile("|".join(re.escape(x) for x in sorted(names, key=len, reverse=True)))
+    m = _HELDOUT_RE.search(text)
+    return m.group() if m else None
+
+
+_HELDOUT_RE = None
+
+
+def offered_tools(rng, k, schema, split="train"):
+    """The right tool among 0..5 others (each possibly renamed in training), shuffled. Held out:
+    the others come from training's tools and the held-out ones, under their own names."""
+    if split == "heldout":
+        everything = [t for t, _ in TOOLS + HELDOUT_TOOLS if t["function"]["name"] != schema["function"]["name"]]
+        tools = rng.sample(everything, rng.randrange(0, 5)) + [schema]
+    else:
+        others = rng.sample([i for i in range(len(TOOLS)) if i != k], rng.choice([0, 1, 1, 2, 2, 3, 3, 4, 5]))
+        tools = [variant(rng, TOOLS[i][0], [])[0] for i in others] + [schema]
+    rng.shuffle(tools)
+    return tools
+
+
+# Held-out requests for training's tools: only the kinds with held-out phrasings.
+_HELDOUT_KINDS = {"get_weather": 4, "get_time": 2, "find_restaurant": 1, "search_flights": 1, "read_file": 1,
+                  "search_files": 1, "run_command": 1, "convert_currency": 1, "translate": 1, "get_stock_price": 1,
+                  "add_todo": 1, "search_wikipedia": 1, "set_timer": 1, "convert_units": 1}
+
+
+def heldout_tool_request(rng):
+    """One held-out request: (user text, offered tools, expected (name, arguments)). Training's
+    tools asked in held-out phrasings with held-out values (weather most often), or a tool of
+    HELDOUT_TOOLS; the right tool alone or among up to 4 others."""
+    if rng.random() < 0.35:
+        schema, req = rng.choice(HELDOUT_TOOLS)
+        q, args, _, _ = req(rng, "heldout")
+    else:
+        by_name = {t["function"]["name"]: (t, r) for t, r in TOOLS}
+        name = rng.choices(list(_HELDOUT_KINDS), list(_HELDOUT_KINDS.values()))[0]
+        schema, req = by_name[name]
+        while True:
+            q, args, _, _ = req(rng, "heldout")
+            if name != "add_todo" or "priority" not in args:
+                break
+    q = with_context(rng, "heldout", q)
+    tools = [schema] if rng.random() < 0.5 else offered_tools(rng, -1, schema, "heldout")
+    return q, tools, (schema["function"]["name"], args)
+
+
+# Invented tools, made here per conversation: a lookup of some property of a city or of an
+# identifier. No name to recall: the model has to match the request to an offered tool and copy
+# its name and parameter. (None of them is a held-out tool's kind: no air quality, sunrise,
+# parcels, music or trains.)
+SYNTH_CITY_NOUNS = [
+    "humidity", "pollen count", "UV index", "traffic", "tide times", "population", "ski conditions", "wind speed",
+    "parking availability", "fuel prices", "hotel prices", "public holidays", "water temperature", "snow depth",
+    "noise level", "rent prices", "cinema listings", "museum opening hours", "ferry schedule", "bike stations",
+    "local news", "weekend events", "hospital wait times", "power outages", "earthquake reports", "visa rules",
+    "sales tax", "plug type", "tipping customs", "emergency numbers", "road closures", "metro status",
+    "pharmacy hours", "library hours", "bus schedule", "beach conditions", "crime rate", "median salary",
+    "coffee prices", "dialling code",
+]
+SYNTH_ID_TOOLS = [  # (noun, parameter, description of the parameter, value maker)
+    ("order status", "order_id", "Order number", lambda r: f"A-{r.randrange(10000, 99999)}"),
+    ("flight status", "flight_number", "Flight number", lambda r: f"{r.choice(['LH', 'BA', 'AF', 'UA', 'QF'])} {r.randrange(10, 999)}"),
+    ("invoice", "invoice_id", "Invoice identifier", lambda r: f"INV-2026-{r.randrange(1, 9999):04d}"),
+    ("user profile", "username", "User name", lambda r: r.choice(NAMES).lower() + str(r.randrange(1, 99))),
+    ("support ticket", "ticket_id", "Ticket number", lambda r: f"#{r.randrange(1000, 9999)}"),
+    ("book details", "isbn", "ISBN of the book", lambda r: f"978-{r.randrange(0, 10)}-{r.randrange(100, 999)}-{r.randrange(10000, 99999)}-{r.randrange(0, 10)}"),
+    ("word definition", "word", "The word", lambda r: r.choice(["serendipity", "ephemeral", "laconic", "ubiquitous", "quixotic"])),
+    ("IP location", "ip", "IPv4 address", lambda r: ".".join(str(r.randrange(1, 255)) for _ in range(4))),
+    ("domain owner", "domain", "Domain name", lambda r: r.choice(["example", "acme", "widgets", "splash"]) + r.choice([".com", ".org", ".io"])),
+    ("recipe", "dish", "Name of the dish", lambda r: r.choice(["lasagne", "pad thai", "ramen", "paella", "goulash"])),
+]
+SYNTH_TEMPLATES = [
+    "What's the {noun} in {x}?", "Check the {noun} for {x}.", "How is the {noun} in {x} today?", "{Noun} in {x}?",
+    "Tell me the {noun} in {x} right now.", "I'm going to {x}. What's the {noun} there?",
+    "Can you look up the {noun} for {x}?", "Get the {noun} for {x}, please.", "I need the current {noun} in {x}.",
+]
+SYNTH_ID_TEMPLATES = [
+    "What's the {noun} for {x}?", "Check the {noun} of {x}.", "Look up {x}: I need the {noun}.",
+    "Can you get the {noun} for {x}?", "{Noun} for {x}?", "Show me the {noun} of {x}, please.",
+]
+
+assert not [n for n in SYNTH_CITY_NOUNS + [t[0] for t in SYNTH_ID_TOOLS]
+            if any(w in n.lower() for w in ("air", "sun", "parcel", "package", "music", "song", "train"))]
+
+
+def synth_tool(rng, split="train"):
+    """An invented tool, the request for it and its arguments: (schema, user text, args)."""
+    slug = lambda noun: noun.lower().replace(" ", "_")  # noqa: E731
+    if rng.random() < 0.65:
+        noun = rng.choice(SYNTH_CITY_NOUNS)
+        param = rng.choice(["city", "city", "location", "place", "city_name", "town"])
+        value, desc, templates = city(rng, split), "City name", SYNTH_TEMPLATES
+        what = f"Get the {noun} for a city."
+    else:
+        noun, param, desc, make = rng.choice(SYNTH_ID_TOOLS)
+        value, templates = make(rng), SYNTH_ID_TEMPLATES
+        what = f"Look up the {noun} for a given {desc[0].lower() + desc[1:]}."
+    name = rng.choice([f"get_{slug(noun)}", f"{slug(noun)}_lookup", f"check_{slug(noun)}", f"fetch_{slug(noun)}",
+                       slug(noun)])
+    if rng.random() < 0.3:
+        name = styled(rng, name)
+    schema = tool(name, what, {param: s(desc)}, [param])
+    t = rng.choice(templates)
+    if rng.random() < 0.12:
+        t = typo(rng, t)
+    q = t.format(noun=noun, Noun=noun[0].upper() + noun[1:], x=value)
+    return schema, q, {param: value}, noun
+
+
+def gen_tool_synth(rng):
+    schema, q, args, noun = synth_tool(rng)
+    others = [variant(rng, t, [])[0] for t, _ in rng.sample(TOOLS, rng.randrange(0, 4))]
+    seen = {schema["function"]["name"]}
+    for _ in range(rng.randrange(0, 3)):
+        other = synth_tool(rng)[0]
+        if other["function"]["name"] not in seen:
+            seen.add(other["function"]["name"])
+            others.append(other)
+    tools = others + [schema]
+    rng.shuffle(tools)
+    name = schema["function"]["name"]
+    reasoning = rng.choice([f"The {name} tool gives the {noun}. I'll call it.", f"I should call {name}.", ""])
+    messages = [{"role": "user", "content": with_context(rng, "train", q)}, assistant("", reasoning, [(name, args)])]
+    if rng.random() < 0.6:
+        value = json.dumps(list(args.values())[0], ensure_ascii=False)
+        messages.append({"role": "tool", "content": json.dumps({slug_key(noun): "<value>"}, ensure_ascii=False)})
+        messages.append(assistant(f"The {noun} for {value[1:-1]}: <value>.", ""))
+    return conv("tool", maybe_system(rng, messages, 0.3), tools)
+
+
+def slug_key(noun):
+    return noun.lower().replace(" ", "_")
+
+
 def gen_tool(rng):
     k = rng.randrange(len(TOOLS))
     q, args, result, final = TOOLS[k][1](rng)
     schema, (args,) = variant(rng, TOOLS[k][0], [args])
     tools = offered_tools(rng, k, schema)
-    q = noisy(rng, q)
+    if rng.random() < 0.3:  # an invented tool beside it, which it must not be confused with
+        tools.insert(rng.randrange(len(tools) + 1), synth_tool(rng)[0])
+    q = with_context(rng, "train", q)
     name = schema["function"]["name"]
     reasoning = rng.choice([
         f"The user wants something that the {name} tool can do. I'll call it with the right arguments.",
@@ -825,8 +1378,8 @@ def gen_multiturn(rng):
 
 
 GENERATORS = [
-    (gen_smalltalk, 4), (gen_fact, 14), (gen_arith, 18), (gen_tool, 22), (gen_tool_parallel, 4),
-    (gen_tool_unneeded, 4), (gen_json, 12), (gen_code, 7), (gen_code_task, 9), (gen_multiturn, 8),
+    (gen_smalltalk, 4), (gen_fact, 13), (gen_arith, 16), (gen_tool, 21), (gen_tool_synth, 7), (gen_tool_parallel, 4),
+    (gen_tool_unneeded, 5), (gen_json, 11), (gen_code, 6), (gen_code_task, 8), (gen_multiturn, 7),
 ]
 
 

@@ -5,12 +5,20 @@ of transformers next to `splash perplexity`.
 
     cargo build --release
     python3 train/evaluate.py [--splash target/release/splash] [--perplexity]   # writes train/results/eval.json
+    python3 train/evaluate.py --tool-rate [--url http://127.0.0.1:8311] [--label NAME]
+        # writes train/results/tool_rate[_NAME].json
 
 The held-out prompts come from train/data.py with a seed the training data did not use (the
 generators are templated, so a held-out prompt can still equal a training one). Requests
 are greedy (temperature 0) and sent one at a time through the OpenAI-compatible HTTP API, so
 the server's own tool-call parser and grammar engine are what is measured.
 --perplexity needs torch and transformers (any CPU build).
+
+--tool-rate measures how often the model calls the right tool (offered, `tool_choice: auto`)
+with JSON arguments that satisfy its schema, on prompts that training never saw (held-out
+phrasings, argument values and whole tools: data.HELDOUT_*), beside the same rate on
+prompts of the training distribution, and how often it calls no tool when none is needed.
+It talks to a running server (--url) or starts `splash serve --model demo` itself.
 """
 import argparse
 import json
@@ -37,8 +45,12 @@ def free_port():
 
 
 class Server:
-    def __init__(self, splash, *flags):
+    def __init__(self, splash, *flags, url=None):
+        if url:  # a server that is already running
+            self.base, self.proc = url.rstrip("/"), None
+            return
         self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([splash, "serve", "--model", "demo", "--port", str(self.port), *flags],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for line in self.proc.stderr:
@@ -48,18 +60,19 @@ class Server:
             raise RuntimeError("splash serve did not start")
 
     def post(self, path, body):
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
+        req = urllib.request.Request(f"{self.base}{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as r:
             return json.load(r)
 
     def status(self):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/status", timeout=10) as r:
+        with urllib.request.urlopen(f"{self.base}/status", timeout=10) as r:
             return json.load(r)["metrics"]
 
     def close(self):
-        self.proc.terminate()
-        self.proc.wait()
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
 
 
 def prompt_of(conv):
@@ -159,6 +172,121 @@ def check_answer(reply, expected, body):
     return bool(text), text == expected["content"].strip()
 
 
+# ---------------------------------------------------------------------------------------------
+# Tool-call rate: held out vs in distribution.
+
+ISSUE_PROMPT = "What is the weather in Osaka right now?"  # issue 30's example, held out
+
+
+def schema_errors(args, params):
+    """What is wrong with call arguments for a JSON schema of the tools' kind (object of
+    string / number / integer properties, enums, required), or [] when they satisfy it."""
+    if not isinstance(args, dict):
+        return ["arguments are not an object"]
+    errors = [f"missing {k}" for k in params.get("required", []) if k not in args]
+    types = {"string": str, "number": (int, float), "integer": int, "boolean": bool, "array": list, "object": dict}
+    for k, v in args.items():
+        spec = params["properties"].get(k)
+        if spec is None:
+            errors.append(f"unknown {k}")
+        elif not isinstance(v, types[spec["type"]]) or (spec["type"] in ("number", "integer") and isinstance(v, bool)):
+            errors.append(f"{k} is not a {spec['type']}")
+        elif "enum" in spec and v not in spec["enum"]:
+            errors.append(f"{k} not in {spec['enum']}")
+    return errors
+
+
+def tool_rate_sets(n_heldout, n_train, n_none):
+    """(held out, in distribution, no tool needed): lists of (user text, tools, expected call or None)."""
+    weather = next(t for t, _ in data.TOOLS if t["function"]["name"] == "get_weather")
+    rng = random.Random(SEED + 30)
+    heldout = [(ISSUE_PROMPT, [weather], ("get_weather", {"city": "Osaka"}))]
+    while len(heldout) < n_heldout:
+        heldout.append(data.heldout_tool_request(rng))
+    train = []
+    while len(train) < n_train:
+        c = (data.gen_tool if rng.random() < 0.75 else data.gen_tool_synth)(rng)
+        msgs, first = prompt_of(c)
+        call = first["tool_calls"][0]["function"]
+        train.append((msgs[-1]["content"], c["tools"], (call["name"], call["arguments"])))
+    none = []
+    while len(none) < n_none:
+        c = data.gen_tool_unneeded(rng)
+        msgs, _ = prompt_of(c)
+        none.append((msgs[-1]["content"], c["tools"], None))
+    return heldout, train, none
+
+
+def tool_rate(server, name, prompts):
+    """Greedy requests one at a time; per prompt: the right tool called with schema-valid
+    arguments (or, with nothing expected, no call), and the arguments exactly as expected."""
+    right = exact = 0
+    alone = [0, 0]  # right calls and prompts where the right tool was the only one offered
+    rows = []
+    for text, tools, want in prompts:
+        reply = server.post("/v1/chat/completions", {
+            "model": "demo", "temperature": 0, "max_tokens": 200, "tool_choice": "auto", "tools": tools,
+            "messages": [{"role": "user", "content": text}]})
+        msg = reply["choices"][0]["message"]
+        calls = msg.get("tool_calls") or []
+        ok, ex, why = False, False, ""
+        if want is None:
+            ok = ex = not calls
+            why = "" if ok else "called " + calls[0]["function"]["name"]
+        elif not calls:
+            why = "no call: " + (msg.get("content") or "")[:120]
+        else:
+            c = calls[0]["function"]
+            params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}.get(want[0])
+            try:
+                args = json.loads(c["arguments"])
+            except json.JSONDecodeError:
+                args, why = None, "arguments are not JSON"
+            if c["name"] != want[0]:
+                why = f"called {c['name']}"
+            elif args is not None:
+                errors = schema_errors(args, params)
+                ok, why = not errors, "; ".join(errors)
+                ex = ok and {k: str(v) for k, v in args.items()} == {k: str(v) for k, v in want[1].items()}
+                if ok and not ex:
+                    why = "arguments " + json.dumps(args, ensure_ascii=False)
+        right += ok
+        exact += ex
+        if want is not None and len(tools) == 1:
+            alone[0] += ok
+            alone[1] += 1
+        rows.append({"prompt": text, "tools": [t["function"]["name"] for t in tools],
+                     "expected": list(want) if want else None, "right": ok, "exact": ex, "why": why})
+    n = len(prompts)
+    out = {"set": name, "prompts": n, "right_tool_valid_args": right, "rate": right / n, "exact_args": exact,
+           "exact_rate": exact / n}
+    if alone[1]:
+        out["tool_alone"] = {"prompts": alone[1], "right": alone[0], "rate": alone[0] / alone[1]}
+    print(f"{name:16} right tool, valid arguments {right}/{n} ({100 * right / n:.0f}%), exact arguments {exact}/{n}"
+          + (f"; offered alone {alone[0]}/{alone[1]}" if alone[1] else ""), flush=True)
+    return out, rows
+
+
+def tool_rate_main(args):
+    heldout, train, none = tool_rate_sets(args.heldout, args.in_dist, args.no_tool)
+    server = Server(args.splash, url=args.url)
+    results = {"seed": SEED + 30, "server": args.url or f"{args.splash} serve --model demo", "sets": {}}
+    examples = {}
+    try:
+        for name, prompts in (("held out", heldout), ("in distribution", train), ("no tool needed", none)):
+            r, rows = tool_rate(server, name, prompts)
+            results["sets"][name] = r
+            examples[name] = rows
+    finally:
+        server.close()
+    results["issue_prompt"] = examples["held out"][0]
+    results["failures"] = {k: [r for r in v if not r["right"]][:12] for k, v in examples.items()}
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    path = os.path.join(HERE, "results", "tool_rate" + (f"_{args.label}" if args.label else "") + ".json")
+    json.dump(results, open(path, "w"), indent=1, ensure_ascii=False)
+    print(f"wrote {path}")
+
+
 def perplexity_pair(splash, window=512):
     """Held-out perplexity from transformers (f32 on the CPU) and from `splash perplexity`."""
     import torch
@@ -190,8 +318,16 @@ def main():
     ap.add_argument("--json", type=int, default=100)
     ap.add_argument("--chat", type=int, default=100)
     ap.add_argument("--code", type=int, default=60)
+    ap.add_argument("--tool-rate", action="store_true", help="only the held-out / in-distribution tool-call rate")
+    ap.add_argument("--url", help="with --tool-rate: a running server, e.g. http://127.0.0.1:8311")
+    ap.add_argument("--label", default="", help="with --tool-rate: suffix of the result file (before, after...)")
+    ap.add_argument("--heldout", type=int, default=100)
+    ap.add_argument("--in-dist", type=int, default=100)
+    ap.add_argument("--no-tool", type=int, default=50)
     args = ap.parse_args()
     os.chdir(ROOT)
+    if args.tool_rate:
+        return tool_rate_main(args)
     tools, jsons, chats, codes = request_sets(args.tools, args.json, args.chat, args.code)
     results = {"seed": SEED, "sets": {}}
     for mode, flags in (("speculative", []), ("plain", ["--speculative", "off"])):
