@@ -402,3 +402,55 @@ def test_schemas_that_admit_nothing_are_refused_with_400(server):
         r = h.post(CHAT, json={"messages": msgs, "max_tokens": 40, "reasoning_effort": "none", "tool_choice": "required",
                                "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}]})
         assert r.status_code in (200, 400), (r.status_code, r.text[:500])
+
+
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) // 1024 for l in f if l.startswith("VmHWM"))
+
+
+def test_huge_prompts_are_refused_without_stalling_the_server_or_its_memory():
+    s = Server()
+    try:
+        h = s.client()
+        limit = h.get("/status").json()["maximum_context_tokens"]
+        text = "Lorem ipsum dolor sit amet, consectetur adipiscing elit.\n" * ((16 << 20) // 57)
+        chat = json.dumps({"messages": [{"role": "user", "content": text}], "max_tokens": 4}).encode()
+        messages = json.dumps({"model": "demo", "messages": [{"role": "user", "content": text}], "max_tokens": 4}).encode()
+        answers = []
+
+        def post(path, body):
+            with httpx.Client(base_url=s.url, timeout=300) as c:
+                answers.append(c.post(path, content=body, headers={"content-type": "application/json"}))
+
+        # Two 16 MiB chat bodies at once: /health keeps answering while they are tokenized.
+        posts = [threading.Thread(target=post, args=a) for a in ((CHAT, chat), ("/v1/messages", messages))]
+        for t in posts:
+            t.start()
+        slowest = 0.0
+        while any(t.is_alive() for t in posts):
+            t0 = time.time()
+            assert h.get("/health").status_code == 200
+            slowest = max(slowest, time.time() - t0)
+            time.sleep(0.02)
+        assert slowest < 1.0, slowest
+        for r in answers:
+            assert r.status_code == 400, r.text[:300]
+            message = r.json()["error"]["message"]
+            assert f"context limit is {limit} tokens" in message, message
+        openai_answer, anthropic_answer = sorted(answers, key=lambda r: r.url.path)
+        assert error_of(openai_answer)["code"] == "context_length_exceeded"
+        assert anthropic_answer.json()["error"]["type"] == "invalid_request_error"
+        # /tokenize of a 100 MiB text: refused past the context, without gigabytes of memory
+        # (it peaked at 10.9 GB for 127 MiB when every token was kept with its bookkeeping).
+        big = json.dumps({"content": text * 6}).encode()
+        r = h.post("/tokenize", content=big, headers={"content-type": "application/json"}, timeout=300)
+        assert r.status_code == 400 and error_of(r)["code"] == "context_length_exceeded", r.text[:300]
+        assert "/tokenize" in error_of(r)["message"]
+        assert peak_rss_mib(s.proc.pid) < 2048, peak_rss_mib(s.proc.pid)
+        # Texts within the limit are tokenized as before.
+        ids = h.post("/tokenize", json={"content": "hello\nworld"}).json()["tokens"]
+        assert ids and h.post("/detokenize", json={"tokens": ids}).json()["content"] == "hello\nworld"
+        assert h.post(CHAT, json=HELLO).status_code == 200
+    finally:
+        s.stop()

@@ -17,6 +17,7 @@ mod metrics;
 mod openai;
 mod output;
 mod plan;
+mod prompt;
 mod reasoning;
 mod responses;
 mod routes;

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::json::{typed, JsonObject};
 use crate::openai::{self, ChatInput};
+use crate::prompt::{self, Tokens};
 use crate::state::AppState;
 use crate::{anthropic, guard, metrics, responses, webui};
 
@@ -156,18 +157,26 @@ struct TokenizeBody {
 
 async fn tokenize(
     State(s): State<AppState>,
-    JsonObject(v): JsonObject,
+    JsonObject(mut v): JsonObject,
 ) -> Result<Json<Value>, ApiError> {
+    // The text is moved out of the body, not copied (it may be many megabytes).
+    let content = match v.get_mut("content") {
+        Some(Value::String(c)) => std::mem::take(c),
+        _ => String::new(),
+    };
     let b: TokenizeBody = typed(&v)?;
     // Qwen checkpoints add no BOS/EOS, so add_special changes nothing; it is accepted for
     // compatibility with llama-server and vLLM clients.
-    let _ = b.add_special;
-    let tokens = s
-        .model
-        .tokenizer
-        .encode(&b.content)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok(Json(json!({"tokens": tokens})))
+    let _ = (b.content, b.add_special);
+    // Like a prompt, a text is tokenized up to the context limit: past it, its tokens could
+    // not be sent to the model anyway, and a huge text would cost gigabytes to tokenize.
+    let limit = s.max_context;
+    match prompt::tokenize(&s, content, limit).await? {
+        Tokens::Ids(tokens) => Ok(Json(json!({"tokens": tokens}))),
+        Tokens::Over(n) => Err(ApiError::context_length(format!(
+            "the text has more than {n} tokens; /tokenize takes at most the context limit, {limit} tokens: split the text"
+        ))),
+    }
 }
 
 #[derive(Deserialize)]

@@ -77,12 +77,7 @@ pub async fn count_tokens(
         resolve(&s, m)?;
     }
     let prompt = render(&s, &conv, true)?;
-    let n = s
-        .model
-        .tokenizer
-        .encode(&prompt)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?
-        .len();
+    let n = crate::prompt::prompt_ids(&s, prompt).await?.len();
     Ok(Json(json!({"input_tokens": n})))
 }
 
@@ -159,11 +154,7 @@ pub async fn handle(
     )?;
     let prompt_text = render(&s, &conv, choice != "none")?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let prompt = s
-        .model
-        .tokenizer
-        .encode(&prompt_text)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let prompt = crate::prompt::prompt_ids(&s, prompt_text).await?;
     // Messages clamps max_tokens to the context instead of refusing the request.
     let room = s.max_context.saturating_sub(prompt.len());
     let clamped = f.max_tokens > room as u64;

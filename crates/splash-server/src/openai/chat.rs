@@ -107,11 +107,7 @@ pub async fn handle(
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
     let grammar = grammar_request(&s, constraint, in_reasoning);
     crate::grammar_check::check(&s, grammar.as_ref(), "response_format").await?;
-    let prompt = s
-        .model
-        .tokenizer
-        .encode(&prompt_text)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let prompt = crate::prompt::prompt_ids(&s, prompt_text).await?;
     let request = common.engine_request(
         &s,
         prompt,

@@ -77,11 +77,11 @@ pub async fn handle(
         }
     };
     let prompt = match fields.prompt {
-        Prompt::Text(t) => encode(&s, &t)?,
+        Prompt::Text(t) => crate::prompt::prompt_ids(&s, t).await?,
         Prompt::Tokens(ids) => ids,
-        Prompt::Texts(v) => {
+        Prompt::Texts(mut v) => {
             one(v.len())?;
-            encode(&s, &v[0])?
+            crate::prompt::prompt_ids(&s, v.swap_remove(0)).await?
         }
         Prompt::TokenLists(mut v) => {
             one(v.len())?;
@@ -155,11 +155,4 @@ pub async fn handle(
             }
         },
     ))
-}
-
-fn encode(s: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
-    s.model
-        .tokenizer
-        .encode(text)
-        .map_err(|e| ApiError::bad_request(e.to_string()))
 }

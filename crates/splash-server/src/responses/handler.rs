@@ -141,11 +141,7 @@ pub async fn handle(
     let input: ChatInput = typed(&Value::Object(chat))?;
     let prompt_text = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let prompt = s
-        .model
-        .tokenizer
-        .encode(&prompt_text)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let prompt = crate::prompt::prompt_ids(&s, prompt_text).await?;
 
     let format = f
         .text
