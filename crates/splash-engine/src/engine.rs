@@ -403,15 +403,16 @@ impl Engine {
     }
 
     /// Advances every decoding sequence by one token or one speculative block, and prefills
-    /// at most one chunk's worth of prompt tokens (the oldest prompts first): however many
-    /// long prompts arrive, running streams get a token per chunk. The decoding sequences
-    /// share one batched forward pass: their plain next tokens and their drafted blocks (each
-    /// from its own state checkpoint) together.
+    /// at most one chunk's worth of prompt tokens (the fewest left first, the oldest always
+    /// with a share): however many long prompts arrive, running streams get a token per chunk
+    /// and a short prompt is not queued behind a long one. The decoding sequences share one
+    /// batched forward pass: their plain next tokens and their drafted blocks (each from its
+    /// own state checkpoint) together.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
         self.fit_kv_budget();
         let mut events = Vec::new();
         let mut batch: Vec<(usize, Pending)> = Vec::new();
-        let mut prefill_budget = self.prefill_chunk;
+        let mut prefilling = Vec::new();
         for (i, seq) in self.running.iter_mut().enumerate() {
             if seq.parked().is_some() {
                 continue;
@@ -427,12 +428,10 @@ impl Engine {
                     batch.push((i, Pending::Block(block)));
                 }
             } else {
-                prefill_budget -= seq.prefill_step(&self.model, prefill_budget)?;
-                for (tokens, r) in seq.take_snapshots() {
-                    self.prefix_cache.insert(tokens, r.state, r.draft);
-                }
+                prefilling.push(i);
             }
         }
+        self.prefill(&prefilling)?;
         self.decode_batch(batch, &mut events)?;
         let (done, running): (Vec<_>, Vec<_>) = self
             .running
@@ -446,6 +445,49 @@ impl Engine {
         }
         self.finished.extend(done);
         Ok(events)
+    }
+
+    /// Shares one chunk of prompt tokens between the sequences being prefilled (`prefilling`:
+    /// indices in admission order). The fewest tokens left go first, so a short prompt that
+    /// arrives behind a long one is in after a step instead of after the whole long prefill;
+    /// the oldest is always left a quarter of the chunk, so short prompts arriving at every
+    /// step cannot starve it (and every prompt becomes the oldest in turn). A prompt that
+    /// stops at a prefix-cache checkpoint goes on within its share.
+    fn prefill(&mut self, prefilling: &[usize]) -> Result<(), EngineError> {
+        let Some(&oldest) = prefilling.first() else {
+            return Ok(());
+        };
+        let mut order = prefilling.to_vec();
+        order.sort_by_key(|&i| (self.running[i].prefill_left(), i));
+        let mut budget = self.prefill_chunk;
+        let mut reserved = if order.len() > 1 {
+            (budget / 4).max(1)
+        } else {
+            0
+        };
+        for i in order {
+            let mut share = if i == oldest {
+                budget
+            } else {
+                budget.saturating_sub(reserved)
+            };
+            while share > 0 {
+                let seq = &mut self.running[i];
+                let ran = seq.prefill_step(&self.model, share)?;
+                for (tokens, r) in seq.take_snapshots() {
+                    self.prefix_cache.insert(tokens, r.state, r.draft);
+                }
+                if ran == 0 {
+                    break;
+                }
+                share -= ran;
+                budget -= ran;
+            }
+            if i == oldest {
+                reserved = 0;
+            }
+        }
+        Ok(())
     }
 
     /// One forward pass for the pending rows of the decoding sequences (`(index, rows)`,
