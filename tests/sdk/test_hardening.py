@@ -264,7 +264,7 @@ def test_running_gauge_is_zero_once_requests_end(server):
     h = server.client()
     with httpx.Client(base_url=server.url, timeout=30) as c:
         # A stream the client drops...
-        body = {**HELLO, "max_tokens": 100000, "stream": True, "ignore_eos": True}
+        body = {**HELLO, "max_tokens": 30000, "stream": True, "ignore_eos": True}
         with c.stream("POST", CHAT, json=body) as r:
             lines = r.iter_lines()
             assert [next(lines) for _ in range(3)]
