@@ -21,7 +21,7 @@ pub use engine::{
 };
 pub use grammar::{with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState};
 pub use memory_plan::{MemoryPlan, PlanError, PlanInputs};
-pub use perplexity::{perplexity, Perplexity};
+pub use perplexity::{perplexity, Baseline, Perplexity, PerplexityOptions};
 pub use prefix_cache::{free_disk_bytes, DiskCacheConfig, DiskCacheStats, PrefixCacheStats};
 pub use sampling::{random_seed, Distribution, Sampler, SamplingParams, GREEDY_TEMPERATURE};
 pub use sequence::{FinishReason, Sequence};
