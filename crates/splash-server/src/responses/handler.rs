@@ -302,7 +302,13 @@ pub async fn handle(
             items.cut = cut_call(&parser, &u);
             items.close(&mut out);
             let response = finish.response(std::mem::take(&mut items.done), &u);
-            out.push(("response.completed".into(), json!({"response": response})));
+            // As the API ends a stream: `response.incomplete` when the output limit cut it.
+            let last = if cut_short(&u) {
+                "response.incomplete"
+            } else {
+                "response.completed"
+            };
+            out.push((last.into(), json!({"response": response})));
         }
         out.into_iter()
             .map(|(name, data)| ev(&mut seq, &name, data))
