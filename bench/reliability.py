@@ -26,9 +26,7 @@ import json
 import os
 import random
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,49 +35,9 @@ import time
 import httpx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "sdk"))
+from splash_server import Server  # noqa: E402
 TIMEOUT = 120.0  # a request unanswered for this long is a hang
-
-
-class Server:
-    """A `splash serve --model demo --port 0` process; `url` once it printed Ready."""
-
-    def __init__(self, bin_, *args, env=None):
-        self.proc = subprocess.Popen([bin_, "serve", "--model", "demo", "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(env or {})})
-        self.log, self.url = [], None
-        ready = threading.Event()
-
-        def pump():
-            for line in self.proc.stdout:
-                self.log.append(line)
-                m = re.search(r"Ready: (http://\S+)", line)
-                if m:
-                    self.url = m.group(1)
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(120) or self.url is None:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + "".join(self.log[-30:]))
-
-    def rss_mib(self):
-        with open(f"/proc/{self.proc.pid}/status") as fh:
-            kb = next(int(l.split()[1]) for l in fh if l.startswith("VmRSS:"))
-        return kb / 1024
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def stop(self, sig=signal.SIGINT):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def pct(xs, p):
@@ -337,12 +295,12 @@ def part_kills(bin_, rounds):
         return r.json()["choices"][0]["message"]["content"]
 
     repeat = "What is 47 + 38?"
-    first = Server(bin_, *flags)
+    first = Server(*flags, binary=bin_, ready_timeout=120)
     want = ask(first.url, repeat)
     first.stop()
     results = []
     for k in range(rounds):
-        s = Server(bin_, *flags)
+        s = Server(*flags, binary=bin_, ready_timeout=120)
         stop = threading.Event()
 
         def load():
@@ -365,9 +323,9 @@ def part_kills(bin_, rounds):
         for t in threads:
             t.join()
         try:
-            again = Server(bin_, *flags)
+            again = Server(*flags, binary=bin_, ready_timeout=120)
             got = ask(again.url, repeat)
-            warnings = [l.strip() for l in again.log if "WARN" in l or "warn" in l][:5]
+            warnings = [line.strip() for line in again.lines if "WARN" in line][:5]
             again.stop()
             results.append({"round": k, "cache_files_at_kill": files_before, "restarted": True,
                             "same_answer": got == want, "warnings": warnings})
@@ -392,7 +350,7 @@ def main():
     out = {}
     if {"load", "fuzz", "disconnects"} & set(a.parts):
         # A queue deep enough for the load's clients: overload answers are checked by the tests.
-        s = Server(a.bin, "--queue-size", str(max(32, a.clients)))
+        s = Server("--queue-size", str(max(32, a.clients)), binary=a.bin, ready_timeout=120)
         try:
             if "load" in a.parts:
                 out["load"] = asyncio.run(part_load(s, a.clients, a.minutes))

@@ -2,8 +2,9 @@
 """Time to first token of a short chat request sent while a long prompt is being prefilled.
 
     .venv/bin/python bench/ttft_behind_prefill.py [--bin target/release/splash] [--tokens 32000]
+        [--model demo]
 
-Starts `splash serve --model demo` on a loopback port (context raised to fit the long
+Starts `splash serve` (the demo, or `--model`) on a loopback port (context raised to fit the long
 prompt), sends one chat request of about `--tokens` prompt tokens, `--delay` seconds later a
 streamed "Hello friend", and reports each one's time to its first streamed content or
 reasoning token; then the short request's alone, on the idle server (another wording, so the
@@ -12,9 +13,7 @@ prefix cache does not serve it). Every request and the whole run are bounded by 
 
 import argparse
 import json
-import re
-import signal
-import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,31 +21,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "sdk"))
+from splash_server import Server  # noqa: E402
 WORDS = ("river stone cloud lantern harbor meadow copper violet signal orchard anchor "
          "thunder pebble canyon willow ember glacier falcon velvet compass").split()
-
-
-def start(binary, context):
-    proc = subprocess.Popen(
-        [binary, "serve", "--model", "demo", "--port", "0", "--max-context", str(context)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url, lines = [], []
-
-    def pump():
-        for line in proc.stdout:
-            lines.append(line)
-            m = re.search(r"Ready: (http://\S+)", line)
-            if m:
-                url.append(m.group(1))
-
-    threading.Thread(target=pump, daemon=True).start()
-    end = time.time() + 60
-    while not url and time.time() < end and proc.poll() is None:
-        time.sleep(0.05)
-    if not url:
-        proc.kill()
-        raise SystemExit("splash did not become ready:\n" + "".join(lines))
-    return proc, url[0]
 
 
 def ttft(url, content, max_tokens, timeout, out, key):
@@ -76,12 +54,17 @@ def main():
     ap.add_argument("--tokens", type=int, default=32000, help="approximate long prompt tokens")
     ap.add_argument("--delay", type=float, default=1.0, help="seconds between the two requests")
     ap.add_argument("--timeout", type=float, default=480.0)
+    ap.add_argument("--model", default="demo", help="what `splash serve --model` takes")
     a = ap.parse_args()
-    proc, url = start(a.bin, a.tokens + 8000)
+    server = Server("--max-context", str(a.tokens + 8000), binary=a.bin, model=a.model,
+                    ready_timeout=600)
+    url = server.url
     try:
-        # About 3.1 tokens a word with the demo's 8K vocabulary; the reported size is exact.
-        n = int(a.tokens / 3.1)
-        long = "Summarise: " + " ".join(WORDS[(i * 7 + i // 20) % len(WORDS)] for i in range(n))
+        # Words for about --tokens tokens, from the model's own count of a sample (the
+        # reported size is exact).
+        words = lambda n: " ".join(WORDS[(i * 7 + i // 20) % len(WORDS)] for i in range(n))  # noqa: E731
+        sample = httpx.post(f"{url}/tokenize", json={"content": words(1000)}, timeout=60).json()
+        long = "Summarise: " + words(int(a.tokens * 1000 / len(sample["tokens"])))
         res = {}
         t_long = threading.Thread(target=ttft, args=(url, long, 4, a.timeout, res, "long"))
         t_long.start()
@@ -96,11 +79,7 @@ def main():
         print(f"short request sent {a.delay:.1f} s later: first token after {fmt('short')}")
         print(f"short request alone: first token after {fmt('alone')}")
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
 
 
 if __name__ == "__main__":
