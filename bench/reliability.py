@@ -11,8 +11,9 @@ Loopback only, every part bounded in time. Parts (all by default, or name some w
   disconnects  D streams closed after their first chunk: afterwards /status and /metrics
                must show no running request
   kills        R times: a server with the persistent disk cache under memory pressure is
-               killed with SIGKILL while it writes cache files, then restarted on the same
-               directory: it must start, and a prompt answered before must be answered the same
+               killed with SIGKILL while it writes a cache file (its temporary name exists),
+               then restarted on the same directory: it must start, leave no partial file, and
+               answer a prompt it answered before the same way
 
     .venv/bin/python bench/reliability.py [--bin target/release/splash] [--parts load fuzz]
         [--clients 64] [--minutes 10] [--fuzz 10000] [--disconnects 200] [--kills 5]
@@ -315,7 +316,13 @@ def part_kills(bin_, rounds):
         threads = [threading.Thread(target=load) for _ in range(3)]
         for t in threads:
             t.start()
-        time.sleep(rng.uniform(4, 12))
+        # Kill the moment a cache file is being written (its temporary name exists), or after
+        # a random 4-12 s when none is seen.
+        deadline = time.monotonic() + rng.uniform(4, 12)
+        writing = False
+        while time.monotonic() < deadline and not writing:
+            writing = any(f.endswith(".tmp") for _, _, fs in os.walk(cache) for f in fs)
+            time.sleep(0.001)
         files_before = sum(len(f) for _, _, f in os.walk(cache))
         s.proc.kill()
         s.proc.wait()
@@ -327,11 +334,14 @@ def part_kills(bin_, rounds):
             got = ask(again.url, repeat)
             warnings = [line.strip() for line in again.lines if "WARN" in line][:5]
             again.stop()
-            results.append({"round": k, "cache_files_at_kill": files_before, "restarted": True,
-                            "same_answer": got == want, "warnings": warnings})
+            leftovers = [f for _, _, fs in os.walk(cache) for f in fs if f.endswith(".tmp")]
+            results.append({"round": k, "cache_files_at_kill": files_before, "killed_mid_write": writing,
+                            "restarted": True, "same_answer": got == want, "tmp_left": leftovers,
+                            "warnings": warnings})
         except Exception as e:  # noqa: BLE001
             results.append({"round": k, "cache_files_at_kill": files_before, "restarted": False, "error": str(e)[-500:]})
-    return {"rounds": results, "pass": all(r.get("restarted") and r.get("same_answer") for r in results)}
+    return {"rounds": results,
+            "pass": all(r.get("restarted") and r.get("same_answer") and not r.get("tmp_left") for r in results)}
 
 
 # ------------------------------------------------------------------------------------------
