@@ -106,6 +106,7 @@ async def part_load(s, clients, minutes):
         await asyncio.gather(*(client(i, c) for i in range(clients)))
         await asyncio.sleep(1)
         running = await running_now(c)
+        cache = (await c.get("/status")).json()["metrics"]["prefix_cache"]
     ok = stats["statuses"].get("200", 0)
     return {
         "clients": clients, "minutes": minutes, "requests": stats["requests"],
@@ -113,6 +114,8 @@ async def part_load(s, clients, minutes):
         "ttft_p99_s": pct(stats["ttft_s"], 99), "request_p50_s": pct(stats["total_s"], 50),
         "request_p99_s": pct(stats["total_s"], 99), "rss_start_mib": round(rss_start, 1),
         "rss_end_mib": round(s.rss_mib(), 1), "running_after": running,
+        "prefix_cache_mib": round(cache["bytes"] / 2**20, 1),
+        "prefix_cache_budget_mib": round(cache["budget_bytes"] / 2**20, 1),
         "errors": stats["errors"][:10],
         "pass": ok > 0 and all(k in ("200", "429", "503") for k in stats["statuses"])
         and running == (0, 0) and s.alive(),
