@@ -120,6 +120,9 @@ fn vision_language_checkpoint_with_tied_embeddings_matches_transformers() {
             .forward(&mut m.graph.new_state(), &ids, Logits::All)
             .unwrap();
         let err = max_rel(&got, &want);
-        assert!(err < 1e-4, "prompt {i}: logits differ from transformers by {err}");
+        assert!(
+            err < 1e-4,
+            "prompt {i}: logits differ from transformers by {err}"
+        );
     }
 }
