@@ -1,11 +1,11 @@
 //! The engine: admits requests as sequences and steps them.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use splash_model::{BatchItem, KvFormat, Logits, Model, ModelError};
 
-use crate::grammar::{GrammarFactory, GrammarRequest, GrammarState};
+use crate::grammar::{GrammarRequest, GrammarState, GrammarTables};
 use crate::prefix_cache::{checkpoint_positions, DiskCacheConfig, PrefixCache, PrefixCacheStats};
 use crate::sampling::SamplingParams;
 use crate::sequence::{FinishReason, PendingBlock, Sequence, StepCosts};
@@ -134,7 +134,7 @@ pub struct Engine {
     max_context: usize,
     /// Built on the first constrained request, or ahead of it in the background
     /// ([`Engine::with_grammar_warmup`]): token tables of the whole vocabulary.
-    grammar: Arc<OnceLock<Result<Arc<GrammarFactory>, String>>>,
+    grammar: GrammarTables,
     kv_format: KvFormat,
     /// The draft every unconstrained sequence speculates with.
     drafter: Option<Arc<dyn Drafter>>,
@@ -162,7 +162,7 @@ impl Engine {
             finished: Vec::new(),
             next_id: 0,
             max_context,
-            grammar: Arc::new(OnceLock::new()),
+            grammar: GrammarTables::default(),
             kv_format: KvFormat::default(),
             drafter: None,
             draft_every_step: false,
@@ -183,7 +183,7 @@ impl Engine {
         let spawned = std::thread::Builder::new()
             .name("splash-grammar".into())
             .spawn(move || {
-                slot.get_or_init(|| GrammarFactory::new(&model).map(Arc::new));
+                let _ = slot.get(&model);
             });
         // Without the thread, the first constrained request builds the tables itself.
         drop(spawned);
@@ -192,7 +192,7 @@ impl Engine {
 
     /// The constrained-decoding tables' slot, shared with this engine: a server checks request
     /// grammars with the same tables instead of building a second copy (hundreds of MB).
-    pub fn grammar_tables(&self) -> Arc<OnceLock<Result<Arc<GrammarFactory>, String>>> {
+    pub fn grammar_tables(&self) -> GrammarTables {
         self.grammar.clone()
     }
 
@@ -382,16 +382,11 @@ impl Engine {
     }
 
     fn start_grammar(&mut self, g: &GrammarRequest) -> Result<GrammarState, EngineError> {
-        let model = &self.model;
-        let factory = self
-            .grammar
-            .get_or_init(|| GrammarFactory::new(model).map(Arc::new))
-            .as_ref()
-            .map_err(|e| {
-                EngineError::Unavailable(format!(
-                    "constrained decoding is unavailable for this model: {e}"
-                ))
-            })?;
+        let factory = self.grammar.get(&self.model).map_err(|e| {
+            EngineError::Unavailable(format!(
+                "constrained decoding is unavailable for this model: {e}"
+            ))
+        })?;
         factory.start(&g.constraint).map_err(|e| {
             EngineError::InvalidRequest(format!("the output constraint is invalid: {e}"))
         })

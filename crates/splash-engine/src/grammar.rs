@@ -1,7 +1,7 @@
 //! Constrained decoding with llguidance: a token mask per step so the output follows a JSON
 //! schema or a Lark grammar.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use llguidance::api::TopLevelGrammar;
@@ -25,6 +25,23 @@ pub struct GrammarRequest {
     /// Apply the constraint only after this token was generated (e.g. `</think>`, so the
     /// reasoning stays free); `None`: from the first token.
     pub after_token: Option<u32>,
+}
+
+/// A model's [`GrammarFactory`], built by its first user and shared by clones: the engine, its
+/// warm-up thread and the server's request checks hold one copy of the tables (hundreds of MB
+/// for a 248K vocabulary).
+#[derive(Clone, Default)]
+pub struct GrammarTables(Arc<OnceLock<Result<Arc<GrammarFactory>, String>>>);
+
+impl GrammarTables {
+    /// The tables for `model`, built now unless built already (a build in progress is waited
+    /// for, not repeated).
+    pub fn get(&self, model: &Model) -> Result<&Arc<GrammarFactory>, &str> {
+        self.0
+            .get_or_init(|| GrammarFactory::new(model).map(Arc::new))
+            .as_ref()
+            .map_err(String::as_str)
+    }
 }
 
 /// Token tables and compiled-lexer caches shared by every constrained request of a model.

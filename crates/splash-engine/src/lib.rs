@@ -19,7 +19,9 @@ mod stop;
 pub use engine::{
     prefill_chunk_for, BatchStats, Completion, Engine, EngineError, Event, Request, SeqId,
 };
-pub use grammar::{with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState};
+pub use grammar::{
+    with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState, GrammarTables,
+};
 pub use memory_plan::{MemoryPlan, PlanError, PlanInputs};
 pub use perplexity::{perplexity, Baseline, Perplexity, PerplexityOptions};
 pub use prefix_cache::{free_disk_bytes, DiskCacheConfig, DiskCacheStats, PrefixCacheStats};

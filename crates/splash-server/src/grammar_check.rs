@@ -2,47 +2,10 @@
 //! cannot be compiled, or that admits no document at all (`{"$ref": "#"}` refers only to
 //! itself), is a 400 that names the field, instead of an engine failure after the answer began.
 
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-
-use splash_engine::{with_json_layout, Constraint, GrammarFactory, GrammarRequest};
-use splash_model::Model;
+use splash_engine::{with_json_layout, Constraint, GrammarRequest};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-
-/// The engine's token-table slot for a model (shared, so the tables exist once).
-type Slot = Arc<OnceLock<Result<Arc<GrammarFactory>, String>>>;
-
-/// The slots of the models served in this process, by model.
-static SLOTS: Mutex<Vec<(Weak<Model>, Slot)>> = Mutex::new(Vec::new());
-
-/// Checks requests for `model` with the engine's tables (`Engine::grammar_tables`).
-pub fn share_tables(model: &Arc<Model>, slot: Slot) {
-    let mut all = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
-    all.retain(|(m, _)| m.strong_count() > 0 && !std::ptr::eq(m.as_ptr(), Arc::as_ptr(model)));
-    all.push((Arc::downgrade(model), slot));
-}
-
-/// The tables for `model`: the engine's when shared, else a slot of their own (built once).
-fn tables(model: &Arc<Model>) -> Result<Arc<GrammarFactory>, String> {
-    let slot = {
-        let mut all = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
-        match all
-            .iter()
-            .find(|(m, _)| std::ptr::eq(m.as_ptr(), Arc::as_ptr(model)))
-        {
-            Some((_, slot)) => slot.clone(),
-            None => {
-                let slot = Slot::default();
-                all.push((Arc::downgrade(model), slot.clone()));
-                slot
-            }
-        }
-    };
-    // Waits for a build in progress (the engine's warm-up) instead of starting another.
-    slot.get_or_init(|| GrammarFactory::new(model).map(Arc::new))
-        .clone()
-}
 
 /// Compiles `grammar` and computes its first mask, off the async threads. `format_param` names
 /// the request's JSON-format field (a schema constraint); a grammar comes from `tools`.
@@ -71,11 +34,11 @@ pub async fn check(
             Constraint::Lark(src.clone()),
         ),
     };
-    let model = s.model.clone();
+    let (model, tables) = (s.model.clone(), s.grammar_tables.clone());
     let checked = tokio::task::spawn_blocking(move || -> Result<(), Option<String>> {
         // Tables that cannot be built are the engine's to report (constrained decoding is
         // unavailable for this model); the request goes on to get that answer.
-        let Ok(factory) = tables(&model) else {
+        let Ok(factory) = tables.get(&model) else {
             return Ok(());
         };
         let mut state = factory.start(&constraint).map_err(Some)?;

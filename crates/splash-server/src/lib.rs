@@ -148,7 +148,6 @@ pub async fn serve(
             }
         ));
     }
-    grammar_check::share_tables(&model, engine.grammar_tables());
     let state_header_timeout = config.header_read_timeout;
     let state = AppState::new(model, engine, config);
     state.print_summary(local);

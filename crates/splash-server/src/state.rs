@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use splash_engine::Engine;
+use splash_engine::{Engine, GrammarTables};
 use splash_model::Model;
 use tokio::sync::watch;
 
@@ -33,6 +33,9 @@ pub struct AppState {
     /// Stored Responses-API responses (for `previous_response_id`).
     pub responses: Arc<ResponseStore>,
     pub started: Instant,
+    /// The engine's constrained-decoding tables (built once, shared): requests' grammars are
+    /// checked with them before they are queued.
+    pub grammar_tables: GrammarTables,
 }
 
 impl AppState {
@@ -40,6 +43,7 @@ impl AppState {
     pub fn new(model: Arc<Model>, engine: Engine, config: ServerConfig) -> Self {
         let metrics = Arc::new(Metrics::default());
         let max_context = engine.max_context();
+        let grammar_tables = engine.grammar_tables();
         let worker = Worker::spawn(engine, config.lanes, config.queue_size, metrics.clone());
         let id = config.model_name.clone().unwrap_or_else(|| {
             model
@@ -66,6 +70,7 @@ impl AppState {
             responses: Arc::new(ResponseStore::new(RESPONSE_STORE_BYTES)),
             model,
             started: Instant::now(),
+            grammar_tables,
         }
     }
 
