@@ -44,6 +44,16 @@ pub fn output_constraint(
         .map_err(|e| ApiError::invalid("tool_choice", e))
 }
 
+/// A JSON-schema output format; `strict` (as OpenAI's `strict: true`, and every Anthropic
+/// format) allows no keys beyond the declared ones (see [`close_objects`]).
+pub fn json_format(schema: Value, strict: bool) -> Constraint {
+    Constraint::JsonSchema(if strict {
+        close_objects(schema)
+    } else {
+        schema
+    })
+}
+
 /// The engine's grammar request: the constraint starts after `</think>` when the prompt leaves
 /// the model reasoning, so the reasoning stays free.
 pub fn grammar_request(

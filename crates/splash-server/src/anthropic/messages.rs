@@ -8,10 +8,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use splash_engine::{Constraint, FinishReason};
+use splash_engine::FinishReason;
 
 use super::convert::Conversation;
-use crate::constraint::{close_objects, grammar_request, output_constraint};
+use crate::constraint::{grammar_request, json_format, output_constraint};
 use crate::error::{AnthropicError, ApiError};
 use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
@@ -130,11 +130,12 @@ pub async fn handle(
         None => None,
         Some(fmt) => match fmt.get("type").and_then(Value::as_str) {
             // Anthropic's structured outputs are always strict: no undeclared keys.
-            Some("json_schema") => Some(Constraint::JsonSchema(close_objects(
+            Some("json_schema") => Some(json_format(
                 fmt.get("schema")
                     .cloned()
                     .unwrap_or_else(|| json!({"type": "object"})),
-            ))),
+                true,
+            )),
             _ => {
                 return Err(ApiError::invalid(
                     "output_config.format.type",

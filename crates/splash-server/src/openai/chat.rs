@@ -13,7 +13,7 @@ use super::{
     collect, finish_reason, stream, submit, timings_json, usage_json, ChatInput, CommonFields,
     Item, StreamEnd,
 };
-use crate::constraint::{close_objects, grammar_request, output_constraint};
+use crate::constraint::{grammar_request, json_format, output_constraint};
 use crate::error::ApiError;
 use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
@@ -54,13 +54,8 @@ fn constraint(
                         "a json_schema response format needs `json_schema.schema`",
                     )
                 })?;
-                // Strict: no keys beyond the declared ones (see `close_objects`).
-                let strict = rf.pointer("/json_schema/strict").and_then(Value::as_bool);
-                Some(Constraint::JsonSchema(if strict == Some(true) {
-                    close_objects(schema)
-                } else {
-                    schema
-                }))
+                let strict = rf.pointer("/json_schema/strict") == Some(&Value::Bool(true));
+                Some(json_format(schema, strict))
             }
             _ => {
                 return Err(ApiError::invalid(

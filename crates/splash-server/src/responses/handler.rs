@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use splash_engine::{Constraint, FinishReason};
 
 use super::convert;
-use crate::constraint::{close_objects, grammar_request, output_constraint};
+use crate::constraint::{grammar_request, json_format, output_constraint};
 use crate::error::ApiError;
 use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
@@ -163,15 +163,8 @@ pub async fn handle(
                 .ok_or_else(|| {
                     ApiError::invalid("text.format.schema", "a json_schema format needs `schema`")
                 })?;
-            // Strict: no keys beyond the declared ones (see `close_objects`).
-            let strict = format.as_ref().and_then(|v| v.get("strict"));
-            Some(Constraint::JsonSchema(
-                if strict == Some(&Value::Bool(true)) {
-                    close_objects(schema)
-                } else {
-                    schema
-                },
-            ))
+            let strict = format.as_ref().and_then(|v| v.get("strict")) == Some(&Value::Bool(true));
+            Some(json_format(schema, strict))
         }
         Some(other) => {
             return Err(ApiError::invalid(
