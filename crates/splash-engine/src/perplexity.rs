@@ -1,5 +1,6 @@
 //! Teacher-forced perplexity of a token stream, optionally beside a baseline KV format.
 
+use splash_backend::cpu::argmax;
 use splash_model::{KvFormat, Logits, Model, ModelError};
 
 /// How [`perplexity`] scores.
@@ -68,17 +69,8 @@ struct Row {
 
 impl Row {
     fn of(row: &[f32]) -> Self {
-        let (argmax, max) =
-            row.iter()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |(bi, bx), (i, &x)| {
-                    if x > bx {
-                        (i, x)
-                    } else {
-                        (bi, bx)
-                    }
-                });
-        let max = max as f64;
+        let argmax = argmax(row) as usize;
+        let max = row[argmax] as f64;
         let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
         Self {
             lse: max + sum.ln(),
