@@ -10,6 +10,13 @@ fn splash(args: &[&str]) -> Output {
         .expect("splash runs")
 }
 
+/// Runs `splash` with `args` (which ask for JSON), checks it succeeded, parses its stdout.
+fn splash_json(args: &[&str]) -> serde_json::Value {
+    let out = splash(args);
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures")
@@ -90,7 +97,7 @@ fn perplexity_json_on_both_fixtures_and_the_demo() {
         let r: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
                 .unwrap();
-        let out = splash(&[
+        let got = splash_json(&[
             "perplexity",
             "--model",
             dir.to_str().unwrap(),
@@ -98,8 +105,6 @@ fn perplexity_json_on_both_fixtures_and_the_demo() {
             dir.join("ppl.txt").to_str().unwrap(),
             "--json",
         ]);
-        assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let want = r["perplexity"]["perplexity"].as_f64().unwrap();
         assert!(
             (got["perplexity"].as_f64().unwrap() - want).abs() / want < 1e-4,
@@ -109,7 +114,7 @@ fn perplexity_json_on_both_fixtures_and_the_demo() {
         assert_eq!(got["kv_format"], "f32");
 
         // The int8 KV cache scored against the exact one, in one command.
-        let out = splash(&[
+        let q = splash_json(&[
             "perplexity",
             "--model",
             dir.to_str().unwrap(),
@@ -121,8 +126,6 @@ fn perplexity_json_on_both_fixtures_and_the_demo() {
             "f32",
             "--json",
         ]);
-        assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-        let q: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(
             (&q["kv_format"], &q["baseline"]["kv_format"]),
             (&"int8".into(), &"f32".into())
@@ -187,7 +190,7 @@ fn errors_exit_nonzero_with_a_reason() {
 #[test]
 fn bench_reports_both_speeds() {
     let dir = fixture("qwen35-moe");
-    let out = splash(&[
+    let v = splash_json(&[
         "bench",
         "--model",
         dir.to_str().unwrap(),
@@ -199,8 +202,6 @@ fn bench_reports_both_speeds() {
         "1",
         "--json",
     ]);
-    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(
         v["prefill_tok_s"].as_f64().unwrap() > 0.0 && v["decode_tok_s"].as_f64().unwrap() > 0.0
     );

@@ -14,6 +14,18 @@ fn parse_all(tools: &[Value], text: &str) -> (String, Vec<(String, String)>) {
     collect(events)
 }
 
+/// The events of `text` fed to the parser `size` characters at a time.
+fn parse_in_pieces(tools: &[Value], text: &str, size: usize) -> Vec<ToolEvent> {
+    let mut p = ToolCallParser::new(tools);
+    let chars: Vec<char> = text.chars().collect();
+    let mut events: Vec<ToolEvent> = chars
+        .chunks(size)
+        .flat_map(|piece| p.push(&piece.iter().collect::<String>()))
+        .collect();
+    events.extend(p.finish());
+    events
+}
+
 /// Folds events into text and `(name, arguments)` pairs.
 fn collect(events: Vec<ToolEvent>) -> (String, Vec<(String, String)>) {
     let mut text = String::new();
@@ -64,15 +76,8 @@ fn check(text: &str, want_text: &str, want_calls: &[(&str, Value)]) {
         .collect();
     assert_eq!(parsed, want, "calls of {text:?}");
     for size in [1, 2, 3, 7, 16] {
-        let mut p = ToolCallParser::new(&tools);
-        let mut events = Vec::new();
-        let chars: Vec<char> = text.chars().collect();
-        for piece in chars.chunks(size) {
-            events.extend(p.push(&piece.iter().collect::<String>()));
-        }
-        events.extend(p.finish());
         assert_eq!(
-            collect(events),
+            collect(parse_in_pieces(&tools, text, size)),
             (got_text.clone(), got_calls.clone()),
             "streamed in pieces of {size}: {text:?}"
         );
@@ -244,13 +249,7 @@ fn string_arguments_stream_before_the_value_ends() {
 fn parse_cut(text: &str) -> (String, Vec<(String, String)>, Vec<bool>) {
     let tools = tools();
     let run = |size: usize| {
-        let mut p = ToolCallParser::new(&tools);
-        let mut events = Vec::new();
-        let chars: Vec<char> = text.chars().collect();
-        for piece in chars.chunks(size) {
-            events.extend(p.push(&piece.iter().collect::<String>()));
-        }
-        events.extend(p.finish());
+        let events = parse_in_pieces(&tools, text, size);
         let closed = events
             .iter()
             .filter_map(|e| match e {
