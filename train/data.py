@@ -364,7 +364,7 @@ def invented_city(rng):
 def city(rng, split):
     if split == "heldout":
         return rng.choice(HELDOUT_CITIES)
-    return rng.choice(TRAIN_CITIES) if rng.random() < 0.75 else invented_city(rng)
+    return rng.choice(TRAIN_CITIES) if rng.random() < 0.55 else invented_place(rng)
 
 
 def cities(rng, split, k):
@@ -588,15 +588,7 @@ def typo(rng, template):
 def phrase(rng, split, key, **slots):
     """A request: a template of `key` from the split, carelessly typed, with its slots filled."""
     t = rng.choice(HELDOUT_TEMPLATES[key] if split == "heldout" and key in HELDOUT_TEMPLATES else TEMPLATES[key])
-    if rng.random() < 0.12:
-        t = typo(rng, t)
-    if rng.random() < 0.12:
-        t = "".join(p if p.startswith("{") else p.lower() for p in _slot_split(t))
-    elif rng.random() < 0.1:
-        t = t[0].lower() + t[1:]
-    if rng.random() < 0.15 and t[-1] in ".?!":
-        t = t[:-1]
-    return t.format(**slots)
+    return sloppy(rng, t).format(**slots)
 
 
 def _slot_split(t):
@@ -1034,87 +1026,538 @@ def heldout_tool_request(rng):
     return q, tools, (schema["function"]["name"], args)
 
 
-# Invented tools, made here per conversation: a lookup of some property of a city or of an
-# identifier. No name to recall: the model has to match the request to an offered tool and copy
-# its name and parameter. (None of them is a held-out tool's kind: no air quality, sunrise,
-# parcels, music or trains.)
-SYNTH_CITY_NOUNS = [
+# Invented tools, made here per conversation. Copying from the prompt is the skill these teach:
+# the tool's name, its parameter names and the argument values exist only in this one
+# conversation (names styled in many ways, places in several scripts, codes, titles, people,
+# e-mail addresses...), so nothing can be recalled; the right tool is often offered beside
+# invented distractors that share words with it or with the request, so the name and the
+# description have to be read. None of them is a held-out tool's kind (no air quality,
+# sunrise, parcels, music or trains).
+_BANNED_WORDS = ("air", "sun", "parcel", "package", "music", "song", "train", "track", "deliver", "shipment",
+                 "artist", "album", "playlist", "rail", "station")
+_RUDE = ("rape", "nazi", "anus", "cunt", "fuck", "sex", "kill", "slut", "porn", "dick", "shit", "piss")
+_ACCENTS = {"a": "áäåâ", "e": "éèë", "i": "íî", "o": "óöøô", "u": "úüů", "c": "čç", "s": "šş", "z": "žż",
+            "n": "ñň", "l": "ł", "r": "ř", "g": "ğ"}
+_CJK = "山川田中島松本新東西南北原野村井石林森木水海浜崎橋岡宮沢平長高小谷口竹花月星風雪湖泉港"
+_HANGUL = "가나다라마바사아자차카타파하강남동서산천성주수원진해광포"
+_SCRIPTS = [dict(zip("abvgdezijklmnoprstufhc", "абвгдезийклмнопрстуфхц")),
+            dict(zip("abgdezhiklmnxoprstufy", "αβγδεζηικλμνξοπρστυφυ"))]
+_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+_ALNUM = "0123456789" + _LETTERS
+
+
+def _clean(value):
+    return not leaks_heldout(value) and heldout_leak(value) is None
+
+
+def invented_word(rng, k=None):
+    """A made-up lower-case word of 2-3 syllables."""
+    while True:
+        w = "".join(rng.choice(_SYLLABLES) for _ in range(k or rng.randrange(2, 4)))
+        if _clean(w) and not any(b in w for b in _BANNED_WORDS + _RUDE):
+            return w
+
+
+def invented_place(rng):
+    """A made-up place: Latin letters (some accented), or Chinese/Japanese, Korean, Cyrillic, Greek."""
+    while True:
+        r = rng.random()
+        if r < 0.08:
+            name = "".join(rng.choice(_CJK) for _ in range(rng.randrange(2, 4)))
+        elif r < 0.13:
+            name = "".join(rng.choice(_HANGUL) for _ in range(rng.randrange(2, 4)))
+        else:
+            name = invented_city(rng)
+            if r < 0.2:
+                m = rng.choice(_SCRIPTS)
+                name = "".join(m.get(ch, "") for ch in name.lower())
+                name = name[:1].upper() + name[1:]
+            elif r < 0.45:
+                chars = list(name)
+                spots = [i for i, ch in enumerate(chars) if ch in _ACCENTS]
+                for i in rng.sample(spots, min(len(spots), rng.randrange(1, 3))):
+                    chars[i] = rng.choice(_ACCENTS[chars[i]])
+                name = "".join(chars)
+        if len(name) >= 2 and name not in TRAIN_CITIES and _clean(name) and not any(b in _key(name) for b in _RUDE):
+            return name
+
+
+def train_place(rng):
+    return rng.choice(TRAIN_CITIES) if rng.random() < 0.3 else invented_place(rng)
+
+
+def invented_person(rng):
+    first = invented_word(rng, 2).capitalize() if rng.random() < 0.6 else rng.choice(NAMES)
+    last = invented_word(rng).capitalize() + rng.choice(["", "", "", "son", "ova", "ez", "i", "en", "ski"])
+    return f"{first} {last}"
+
+
+def invented_username(rng):
+    return rng.choice([invented_word(rng), rng.choice(NAMES).lower()]) + rng.choice(["", "_", "."]) + \
+        rng.choice([str(rng.randrange(1, 999)), invented_word(rng, 1), ""])
+
+
+def invented_email(rng):
+    local = rng.choice([invented_word(rng, 2), rng.choice(NAMES).lower() + "." + invented_word(rng, 2)])
+    return f"{local}@{invented_word(rng, 2)}.{rng.choice(['com', 'org', 'io', 'net', 'dev', 'example'])}"
+
+
+def invented_code(rng):
+    """An identifier in one of many formats: order numbers, tickets, serials, hashes..."""
+    digits = lambda k: "".join(rng.choice("0123456789") for _ in range(k))  # noqa: E731
+    alnum = lambda k: "".join(rng.choice(_ALNUM) for _ in range(k))  # noqa: E731
+    pre = "".join(rng.choice(_LETTERS) for _ in range(rng.randrange(1, 4)))
+    f = rng.randrange(7)
+    if f == 0:
+        return f"{pre}-{digits(rng.randrange(3, 7))}"
+    if f == 1:
+        return pre + alnum(rng.randrange(6, 12))
+    if f == 2:
+        return f"#{digits(rng.randrange(3, 6))}"
+    if f == 3:
+        return f"{pre}-{rng.randrange(2019, 2027)}-{digits(4)}"
+    if f == 4:
+        return "".join(rng.choice("0123456789abcdef") for _ in range(rng.randrange(6, 13)))
+    if f == 5:
+        return f"{alnum(3)}-{alnum(3)}-{alnum(3)}"
+    return digits(rng.randrange(5, 11))
+
+
+_TITLE_ADJ = ["Silent", "Golden", "Hidden", "Last", "Broken", "Quiet", "Red", "Distant", "Little", "Endless", "Paper",
+              "Glass", "Winter", "Velvet", "Hollow", "Crooked", "Bright", "Lost", "Northern", "Salt", "Seventh", "Iron"]
+_TITLE_NOUN = ["River", "Garden", "Lantern", "Harbor", "Orchard", "Machine", "Letters", "Compass", "Island", "Mirror",
+               "Tower", "Ladder", "Door", "Forest", "Engine", "Map", "Bridge", "Kingdom", "Clock", "Feather", "Orbit"]
+
+
+def invented_title(rng):
+    f = rng.randrange(5)
+    a, n = rng.choice(_TITLE_ADJ), rng.choice(_TITLE_NOUN)
+    if f == 0:
+        t = f"The {a} {n}"
+    elif f == 1:
+        t = f"{n} of {invented_place(rng)}"
+    elif f == 2:
+        t = f"{invented_word(rng).capitalize()} {n}"
+    elif f == 3:
+        t = f"A {n} for {invented_word(rng, 2).capitalize()}"
+    else:
+        t = f"{a} {invented_word(rng).capitalize()}"
+    return t if _clean(t) else invented_title(rng)
+
+
+def invented_path(rng):
+    stem = rng.choice([invented_word(rng), rng.choice(_STEMS), invented_word(rng, 1) + "_" + rng.choice(_STEMS)])
+    p = stem + rng.choice(_EXTS)
+    if rng.random() < 0.7:
+        p = rng.choice(_DIRS + [invented_word(rng, 2)]) + "/" + p
+    return p if p not in HELDOUT_FILES and _clean(p) else invented_path(rng)
+
+
+def _date(rng):
+    return f"2026-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}"
+
+
+def _task(rng):
+    return rng.choice([f"call {invented_person(rng)}", f"pick up the {invented_word(rng)}",
+                       f"check the {invented_word(rng)} report", f"email {invented_username(rng)}",
+                       f"renew the {invented_word(rng)} licence", f"water the {invented_word(rng)}"])
+
+
+def _ticket_title(rng):
+    return invented_word(rng).capitalize() + " " + rng.choice(
+        ["crashes on start", "shows the wrong date", "is slow", "fails to sync", "loses settings", "returns 500",
+         "needs a new logo", "times out", "ignores the config"])
+
+
+VALUES = {  # value kind -> maker
+    "place": train_place, "person": invented_person, "user": invented_username, "email": invented_email,
+    "code": invented_code, "title": invented_title, "path": invented_path, "date": _date,
+    "time": lambda r: f"{r.randrange(6, 23):02d}:{r.choice(['00', '15', '30', '45'])}",
+    "word": invented_word, "task": _task, "ticket": _ticket_title,
+    "venue": lambda r: r.choice(["Trattoria", "Café", "Bistro", "Casa", "The", "Chez", "Taverna", "Kitchen"]) + " "
+    + invented_word(r).capitalize(),
+    "item": lambda r: rng_item(r),
+    "listname": lambda r: r.choice(["groceries", "packing", "reading", "gift ideas", "hardware store", "party",
+                                    invented_word(r)]),
+    "iban": lambda r: "".join(r.choice(_LETTERS) for _ in range(2)) + f"{r.randrange(10, 99)}"
+    + "".join(r.choice("0123456789") for _ in range(r.randrange(12, 19))),
+    "project": lambda r: r.choice([invented_word(r).capitalize(), "project-" + invented_word(r), invented_word(r, 2)]),
+    "room": lambda r: r.choice(["living room", "kitchen", "bedroom", "office", "bathroom", "hallway", "nursery",
+                                "attic", "garage", "study", invented_word(r) + " room"]),
+    "product": lambda r: invented_word(r).capitalize() + " " + r.choice(
+        ["kettle", "blender", "lamp", "backpack", "drill", "router", "chair", "toaster", "tent", "desk"]),
+    "role": lambda r: r.choice(["data analyst", "nurse", "welder", "barista", "backend developer", "electrician",
+                                "teacher", "accountant", "graphic designer", "pilot", "chef", "lab technician",
+                                invented_word(r) + " specialist"]),
+    "activity": lambda r: r.choice(["running", "swimming", "cycling", "yoga", "rowing", "climbing", "boxing",
+                                    "pilates", "hiking", "skating", invented_word(r)]),
+    "lang": lambda r: r.choice(LANGS),
+    "msg": lambda r: r.choice(["I'm running late", f"see you at {invented_place(r)}", f"the {invented_word(r)} is ready",
+                               "call me back", f"meeting moved to {r.randrange(8, 19)}:30",
+                               f"bring the {invented_word(r)}", f"ask {invented_person(r)} about it"]),
+    "address": lambda r: f"{r.randrange(1, 240)} {invented_word(r).capitalize()} "
+    + r.choice(["Street", "Road", "Lane", "Avenue", "Way", "Straße", "Gasse"]),
+}
+
+
+def rng_item(r):
+    return r.choice(["oat milk", "batteries", "tape", "rice", "a phone charger", "socks", "coffee beans",
+                     f"{invented_word(r)} sauce", f"a {invented_word(r)}", f"{invented_word(r)} tea"])
+
+
+# Lookups: (noun, value kind, parameter names, parameter descriptions, what the value is).
+_PLACE = (["city", "city", "location", "place", "town", "city_name", "where", "locality"],
+          ["City name", "Name of the city or town", "Place", "Town or city"], "a city")
+LOOKUPS = [(noun, "place") + _PLACE for noun in [
     "humidity", "pollen count", "UV index", "traffic", "tide times", "population", "ski conditions", "wind speed",
     "parking availability", "fuel prices", "hotel prices", "public holidays", "water temperature", "snow depth",
-    "noise level", "rent prices", "cinema listings", "museum opening hours", "ferry schedule", "bike stations",
+    "noise level", "rent prices", "cinema listings", "museum opening hours", "ferry schedule", "bike rentals",
     "local news", "weekend events", "hospital wait times", "power outages", "earthquake reports", "visa rules",
     "sales tax", "plug type", "tipping customs", "emergency numbers", "road closures", "metro status",
     "pharmacy hours", "library hours", "bus schedule", "beach conditions", "crime rate", "median salary",
-    "coffee prices", "dialling code",
+    "coffee prices", "dialling code", "average rent", "recycling days", "farmers markets", "school holidays",
+    "cycling lanes", "elevation", "area code", "postal codes", "mayor", "founding year", "taxi fares", "parking fees",
+    "zoo opening hours", "tram status", "flood warnings", "water quality", "ice rink hours", "theatre shows"]] + [
+    ("order status", "code", ["order_id", "order", "order_number"], ["Order number"], "an order number"),
+    ("invoice", "code", ["invoice_id", "invoice", "invoice_no"], ["Invoice identifier"], "an invoice id"),
+    ("support ticket", "code", ["ticket_id", "ticket", "case_id"], ["Ticket number"], "a ticket number"),
+    ("booking", "code", ["booking_ref", "reference", "booking_id"], ["Booking reference"], "a booking reference"),
+    ("refund status", "code", ["refund_id", "claim", "request_id"], ["Refund request id"], "a refund id"),
+    ("warranty status", "code", ["serial_number", "serial", "sn"], ["Serial number"], "a serial number"),
+    ("build status", "code", ["build_id", "build", "run_id"], ["CI build id"], "a build id"),
+    ("incident report", "code", ["incident_id", "incident", "ref"], ["Incident identifier"], "an incident id"),
+    ("insurance claim", "code", ["claim_number", "claim_id"], ["Claim number"], "a claim number"),
+    ("licence status", "code", ["license_key", "key", "licence"], ["Licence key"], "a licence key"),
+    ("device status", "code", ["device_id", "device", "mac"], ["Device identifier"], "a device id"),
+    ("product details", "code", ["sku", "product_id", "item_code"], ["Product code"], "a product code"),
+    ("lab result", "code", ["sample_id", "sample", "specimen"], ["Sample id"], "a sample id"),
+    ("container logs", "code", ["container_id", "container"], ["Container id"], "a container id"),
+    ("vehicle record", "code", ["plate", "registration", "vin"], ["Registration"], "a registration"),
+    ("flight status", "code", ["flight_number", "flight", "flight_no"], ["Flight number"], "a flight number"),
+    ("IP location", "code", ["ip", "address", "ip_address"], ["Address"], "an IP address"),
+    ("phone number", "person", ["name", "person", "contact", "full_name"], ["Full name"], "a person"),
+    ("email address", "person", ["name", "person", "contact"], ["Full name of the contact"], "a person"),
+    ("birthday", "person", ["name", "person", "friend"], ["Person's name"], "a person"),
+    ("office location", "person", ["employee", "name", "colleague"], ["Employee name"], "an employee"),
+    ("work schedule", "person", ["employee", "staff_member", "name"], ["Employee name"], "an employee"),
+    ("vacation days", "person", ["employee", "name"], ["Employee name"], "an employee"),
+    ("user profile", "user", ["username", "user", "handle", "login"], ["User name"], "a user"),
+    ("account balance", "user", ["account", "username", "customer"], ["Account name"], "an account"),
+    ("permissions", "user", ["username", "user", "principal"], ["User name"], "a user"),
+    ("book details", "title", ["title", "book", "book_title"], ["Title of the book"], "a book title"),
+    ("film rating", "title", ["title", "film", "movie"], ["Film title"], "a film"),
+    ("reviews", "title", ["title", "name", "product"], ["Exact title"], "a title"),
+    ("release date", "title", ["title", "name", "work"], ["Title"], "a title"),
+    ("episode list", "title", ["show", "series", "title"], ["Name of the series"], "a series"),
+    ("board game rules", "title", ["game", "title", "name"], ["Name of the game"], "a board game"),
+    ("library availability", "title", ["title", "book"], ["Book title"], "a book"),
+    ("word definition", "word", ["word", "term", "headword"], ["The word"], "a word"),
+    ("file history", "path", ["path", "file", "filename"], ["Path of the file"], "a file"),
+    ("file owner", "path", ["path", "file"], ["File path"], "a file"),
 ]
-SYNTH_ID_TOOLS = [  # (noun, parameter, description of the parameter, value maker)
-    ("order status", "order_id", "Order number", lambda r: f"A-{r.randrange(10000, 99999)}"),
-    ("flight status", "flight_number", "Flight number", lambda r: f"{r.choice(['LH', 'BA', 'AF', 'UA', 'QF'])} {r.randrange(10, 999)}"),
-    ("invoice", "invoice_id", "Invoice identifier", lambda r: f"INV-2026-{r.randrange(1, 9999):04d}"),
-    ("user profile", "username", "User name", lambda r: r.choice(NAMES).lower() + str(r.randrange(1, 99))),
-    ("support ticket", "ticket_id", "Ticket number", lambda r: f"#{r.randrange(1000, 9999)}"),
-    ("book details", "isbn", "ISBN of the book", lambda r: f"978-{r.randrange(0, 10)}-{r.randrange(100, 999)}-{r.randrange(10000, 99999)}-{r.randrange(0, 10)}"),
-    ("word definition", "word", "The word", lambda r: r.choice(["serendipity", "ephemeral", "laconic", "ubiquitous", "quixotic"])),
-    ("IP location", "ip", "IPv4 address", lambda r: ".".join(str(r.randrange(1, 255)) for _ in range(4))),
-    ("domain owner", "domain", "Domain name", lambda r: r.choice(["example", "acme", "widgets", "splash"]) + r.choice([".com", ".org", ".io"])),
-    ("recipe", "dish", "Name of the dish", lambda r: r.choice(["lasagne", "pad thai", "ramen", "paella", "goulash"])),
-]
-SYNTH_TEMPLATES = [
+assert not [x for x in LOOKUPS if any(b in x[0].lower() for b in _BANNED_WORDS)]
+_PLACE_TEMPLATES = [
     "What's the {noun} in {x}?", "Check the {noun} for {x}.", "How is the {noun} in {x} today?", "{Noun} in {x}?",
     "Tell me the {noun} in {x} right now.", "I'm going to {x}. What's the {noun} there?",
     "Can you look up the {noun} for {x}?", "Get the {noun} for {x}, please.", "I need the current {noun} in {x}.",
+    "{x}: {noun}?", "Do you know the {noun} in {x}?", "Find out the {noun} in {x} for me.",
+    "I'm visiting {x} soon. Can you check the {noun}?", "What are the {noun} like in {x} this week?",
+    "{noun} {x}", "My friend lives in {x}. What's the {noun} there?", "Show me the {noun} for {x}.",
 ]
-SYNTH_ID_TEMPLATES = [
+_OTHER_TEMPLATES = [
     "What's the {noun} for {x}?", "Check the {noun} of {x}.", "Look up {x}: I need the {noun}.",
     "Can you get the {noun} for {x}?", "{Noun} for {x}?", "Show me the {noun} of {x}, please.",
+    "I need the {noun} for {x}.", "Please fetch the {noun} of {x}.", "{x}: what's the {noun}?",
+    "Find the {noun} for \"{x}\".", "Could you pull up the {noun} for {x}?", "{noun} {x}",
+    "What is the {noun} of {x}?", "Get me the {noun} for {x}.",
 ]
+# Actions: (name verbs, name objects, descriptions, parameters [(names, value kind, description, json type)],
+# requests ({p0}, {p1}, ... are the parameters in order), the confirmation).
+ACTIONS = [
+    (["book", "reserve"], ["table", "table_booking"], ["Reserve a table at a restaurant."],
+     [(["restaurant", "venue", "place_name"], "venue", "Restaurant name", "string"),
+      (["party_size", "guests", "people", "seats"], "int:1:12", "Number of guests", "integer"),
+      (["date", "day", "on_date"], "date", "Date, YYYY-MM-DD", "string")],
+     ["Book a table at {p0} for {p1} people on {p2}.", "Reserve {p1} seats at {p0} on {p2}, please.",
+      "Can you get us a table for {p1} at {p0} on {p2}?", "Table for {p1} at {p0}, {p2}."],
+     "Your table for {p1} at {p0} on {p2} is booked."),
+    (["send", "post"], ["message", "chat_message", "sms", "text"], ["Send a short text message to a contact."],
+     [(["recipient", "to", "contact", "name"], "person", "Who receives the message", "string"),
+      (["text", "message", "body", "content"], "msg", "Message text", "string")],
+     ["Send {p0} a message saying \"{p1}\".", "Text {p0}: \"{p1}\"", "Message {p0} that {p1}.",
+      "Tell {p0} \"{p1}\" by text."], "Sent to {p0}."),
+    (["rename", "move"], ["file", "path"], ["Rename or move a file in the workspace."],
+     [(["source", "src", "old_path", "from_path"], "path", "Current path", "string"),
+      (["destination", "dst", "new_path", "to_path"], "path", "New path", "string")],
+     ["Rename {p0} to {p1}.", "Move {p0} to {p1}.", "mv {p0} {p1}", "Please rename the file {p0} as {p1}."],
+     "Moved {p0} to {p1}."),
+    (["add"], ["list_item", "to_list", "shopping_item"], ["Add an item to one of the user's lists."],
+     [(["item", "entry", "what"], "item", "The item", "string"),
+      (["list", "list_name", "collection"], "listname", "Name of the list", "string")],
+     ["Add {p0} to my {p1} list.", "Put {p0} on the {p1} list.", "{p1} list: add {p0}.",
+      "Please add \"{p0}\" to the list called {p1}."], "Added {p0} to {p1}."),
+    (["transfer", "send", "pay"], ["money", "funds", "payment"], ["Transfer money to a bank account."],
+     [(["amount", "sum", "value"], "int:5:5000", "Amount in euros", "number"),
+      (["account", "iban", "to_account", "recipient_account"], "iban", "Target account (IBAN)", "string")],
+     ["Transfer {p0} euros to account {p1}.", "Send {p0} EUR to {p1}.", "Pay {p0} to the account {p1}, please."],
+     "Transferred {p0} EUR to {p1}."),
+    (["create", "open", "file"], ["ticket", "issue", "bug_report"], ["Open a ticket in the issue tracker."],
+     [(["title", "summary", "subject"], "ticket", "Short title", "string"),
+      (["priority", "severity", "level"], "enum:low|medium|high|urgent", "Priority", "string")],
+     ["Open a ticket \"{p0}\" with {p1} priority.", "File a {p1} priority issue: {p0}.",
+      "Create a ticket titled \"{p0}\", priority {p1}."], "Ticket \"{p0}\" created with {p1} priority."),
+    (["invite", "add"], ["member", "user", "collaborator"], ["Invite someone to a project by email."],
+     [(["email", "address", "invitee"], "email", "E-mail address", "string"),
+      (["project", "workspace", "team"], "project", "Project name", "string")],
+     ["Invite {p0} to the {p1} project.", "Add {p0} as a member of {p1}.", "Please give {p0} access to {p1}."],
+     "Invited {p0} to {p1}."),
+    (["set"], ["thermostat", "temperature", "heating"], ["Set the target temperature of a room's thermostat."],
+     [(["room", "zone", "area"], "room", "Room", "string"),
+      (["temperature", "degrees", "target", "celsius"], "int:15:28", "Target temperature in °C", "integer")],
+     ["Set the {p0} to {p1} degrees.", "Make the {p0} {p1} degrees, please.", "Heat the {p0} to {p1}°C.",
+      "Thermostat in the {p0}: {p1}."], "The {p0} is set to {p1} degrees."),
+    (["book", "reserve"], ["hotel", "room", "stay"], ["Book a hotel room in a city."],
+     [(_PLACE[0], "place", "City", "string"), (["check_in", "arrival", "from_date"], "date", "Arrival date", "string"),
+      (["nights", "length", "num_nights"], "int:1:14", "Number of nights", "integer")],
+     ["Book a hotel in {p0} from {p1} for {p2} nights.", "I need a room in {p0}, arriving {p1}, {p2} nights.",
+      "Reserve {p2} nights in {p0} starting {p1}."], "Booked {p2} nights in {p0} from {p1}."),
+    (["get", "compute"], ["distance", "driving_distance", "route"], ["Driving distance and time between two places."],
+     [(["origin", "start", "from_place"], "place", "Start", "string"),
+      (["destination", "end", "to_place"], "place", "End", "string")],
+     ["How far is it from {p0} to {p1} by car?", "Driving distance {p0} to {p1}?",
+      "How long does it take to drive from {p0} to {p1}?", "Route from {p0} to {p1}, please."],
+     "From {p0} to {p1} it is {r} km by road."),
+    (["define", "lookup"], ["word", "term"], ["Dictionary definition of a word in a language."],
+     [(["word", "term", "headword"], "word", "The word", "string"),
+      (["language", "lang", "dictionary"], "lang", "Language of the dictionary", "string")],
+     ["What does \"{p0}\" mean in {p1}?", "Define the {p1} word {p0}.", "Look up {p0} in the {p1} dictionary."],
+     "\"{p0}\" ({p1}) means <definition>."),
+    (["set", "create"], ["reminder", "alarm"], ["Remind the user of something at a given time."],
+     [(["text", "what", "note", "label"], "task", "What to remind of", "string"),
+      (["time", "at", "when"], "time", "Time, HH:MM", "string")],
+     ["Remind me to {p0} at {p1}.", "Set a reminder at {p1}: {p0}.", "At {p1}, remind me to {p0}."],
+     "I'll remind you to {p0} at {p1}."),
+    (["check", "get"], ["stock_level", "inventory"], ["Units in stock of a product in a warehouse."],
+     [(["sku", "product_code", "item_id"], "code", "Product code", "string"),
+      (["warehouse", "site", "location"], "place", "Warehouse city", "string")],
+     ["How many units of {p0} are in the {p1} warehouse?", "Stock level of {p0} in {p1}?",
+      "Check inventory for {p0} at {p1}."], "{p1} has {r} units of {p0}."),
+    (["rate", "review"], ["product", "item"], ["Leave a star rating for a product."],
+     [(["product", "product_name", "item"], "product", "Product name", "string"),
+      (["stars", "rating", "score"], "int:1:5", "Stars, 1 to 5", "integer")],
+     ["Give {p0} {p1} stars.", "Rate the {p0} {p1} out of 5.", "I'd like to leave a {p1}-star rating for {p0}."],
+     "Rated {p0} with {p1} stars."),
+    (["search", "find"], ["jobs", "job_listings", "vacancies"], ["Search job listings by role and city."],
+     [(["role", "job_title", "position"], "role", "Job title", "string"), (_PLACE[0], "place", "City", "string")],
+     ["Find {p0} jobs in {p1}.", "Any {p0} openings in {p1}?", "Search vacancies for a {p0} in {p1}."],
+     "Found {r} {p0} jobs in {p1}."),
+    (["log", "record"], ["workout", "exercise", "activity"], ["Log a workout in the fitness diary."],
+     [(["activity", "sport", "exercise"], "activity", "Kind of exercise", "string"),
+      (["minutes", "duration", "duration_min"], "int:5:180", "Duration in minutes", "integer")],
+     ["Log {p1} minutes of {p0}.", "I did {p0} for {p1} minutes, please record it.", "Add a {p1}-minute {p0} workout."],
+     "Logged {p1} minutes of {p0}."),
+    (["assign"], ["task", "issue", "ticket"], ["Assign a task to a team member."],
+     [(["task", "task_title", "item"], "ticket", "Task title", "string"),
+      (["assignee", "owner", "person"], "person", "Who takes it", "string")],
+     ["Assign \"{p0}\" to {p1}.", "Give the task {p0} to {p1}.", "{p1} should take \"{p0}\". Assign it."],
+     "Assigned \"{p0}\" to {p1}."),
+    (["order"], ["food", "meal", "takeaway"], ["Order a dish from a restaurant to an address."],
+     [(["dish", "meal", "item"], "title", "Name of the dish", "string"),
+      (["address", "to_address", "destination"], "address", "Street address", "string")],
+     ["Order {p0} to {p1}.", "I'd like {p0} sent to {p1}.", "Get {p0} brought to {p1}, please."],
+     "Ordered {p0} to {p1}."),
+]
+assert not [a for a in ACTIONS for w in a[0] + a[1] if any(b in w for b in _BANNED_WORDS)]
+_OTHER_VERBS = {  # verbs of sibling tools that share an object with the right one
+    "cancel": "Cancel a pending {obj} request.", "delete": "Delete stored {obj} entries.",
+    "archive": "Archive old {obj} entries.", "subscribe": "Subscribe to {obj} alerts.",
+    "report": "Report a problem with {obj} data.", "export": "Export {obj} data to a file.",
+    "history": "Past {obj} records for a date.", "share": "Share {obj} data with a colleague.",
+}
 
-assert not [n for n in SYNTH_CITY_NOUNS + [t[0] for t in SYNTH_ID_TOOLS]
-            if any(w in n.lower() for w in ("air", "sun", "parcel", "package", "music", "song", "train"))]
+
+def _slug(words):
+    return re.sub(r"[^a-z0-9_]", "", words.lower().replace(" ", "_").replace("-", "_"))
 
 
-def synth_tool(rng, split="train"):
-    """An invented tool, the request for it and its arguments: (schema, user text, args)."""
-    slug = lambda noun: noun.lower().replace(" ", "_")  # noqa: E731
-    if rng.random() < 0.65:
-        noun = rng.choice(SYNTH_CITY_NOUNS)
-        param = rng.choice(["city", "city", "location", "place", "city_name", "town"])
-        value, desc, templates = city(rng, split), "City name", SYNTH_TEMPLATES
-        what = f"Get the {noun} for a city."
+def _tool_name(rng, verb, obj):
+    """A tool name from a verb and an object, in one of many styles (sometimes opaque)."""
+    r = rng.random()
+    if r < 0.05:
+        name = f"{rng.choice(['tool', 'fn', 'api', 'svc', 'op', 'action'])}_{rng.randrange(1, 1000)}"
+    elif r < 0.09:
+        name = invented_word(rng)
     else:
-        noun, param, desc, make = rng.choice(SYNTH_ID_TOOLS)
-        value, templates = make(rng), SYNTH_ID_TEMPLATES
-        what = f"Look up the {noun} for a given {desc[0].lower() + desc[1:]}."
-    name = rng.choice([f"get_{slug(noun)}", f"{slug(noun)}_lookup", f"check_{slug(noun)}", f"fetch_{slug(noun)}",
-                       slug(noun)])
-    if rng.random() < 0.3:
-        name = styled(rng, name)
-    schema = tool(name, what, {param: s(desc)}, [param])
-    t = rng.choice(templates)
+        name = rng.choice([f"{verb}_{obj}", f"{verb}_{obj}", f"{obj}_{verb}", obj, f"{obj}_{rng.choice(['info', 'api', 'service', 'tool'])}"]) \
+            if verb else obj
+        if rng.random() < 0.45:
+            name = styled(rng, name)
+    return name if name not in _HELDOUT_NAMES and heldout_leak(name) is None else f"{verb}_{obj}".strip("_")
+
+
+def _param_name(rng, names, taken):
+    p = rng.choice(names)
+    r = rng.random()
+    if r < 0.15:
+        parts = p.split("_")
+        p = parts[0] + "".join(w[:1].upper() + w[1:] for w in parts[1:])
+    elif r < 0.27:
+        p = rng.choice(["in_", "p_", "arg_", "the_", "x_"]) + p
+    elif r < 0.33:
+        p = p + rng.choice(["_name", "_value", "_str", "_id", "Value"])
+    elif r < 0.38:
+        p = rng.choice(["value", "input", "key", "arg0", "q", "param", invented_word(rng)])
+    return p if p not in taken else p + str(len(taken) + 1)
+
+
+def _value(rng, kind):
+    if kind.startswith("int:"):
+        lo, hi = map(int, kind[4:].split(":"))
+        return rng.randrange(lo, hi + 1)
+    if kind.startswith("enum:"):
+        return rng.choice(kind[5:].split("|"))
+    return VALUES[kind](rng)
+
+
+def invented_lookup(rng, entry=None):
+    """A made-up lookup tool: (schema, ask) where ask(rng) gives (request, arguments, result, answer)."""
+    noun, kind, pnames, pdescs, what = entry or rng.choice(LOOKUPS)
+    slug = _slug(noun)
+    name = _tool_name(rng, rng.choice(["get", "get", "fetch", "check", "lookup", "query", "find", "show", ""]), slug)
+    param = _param_name(rng, pnames, ())
+    desc = rng.choice([f"Get the {noun} for {what}.", f"Returns the current {noun} for {what}.",
+                       f"Look up the {noun} of {what}.", f"{noun[0].upper() + noun[1:]} for {what}.",
+                       f"Fetches {noun} data for {what}.", f"{noun[0].upper() + noun[1:]} lookup."])
+    props = {param: s(rng.choice(pdescs))}
+    if rng.random() < 0.2:  # an optional parameter the request does not fill
+        extra = rng.choice(["language", "limit", "verbose", "format", "date"])
+        props[extra] = {"language": s("Answer language"), "limit": n("Maximum number of results", "integer"),
+                        "verbose": {"type": "boolean", "description": "More detail"},
+                        "format": s("Output format", enum=["text", "json"]), "date": s("Date, YYYY-MM-DD")}[extra]
+    schema = tool(name, desc, props, [param])
+    templates = _PLACE_TEMPLATES if kind == "place" else _OTHER_TEMPLATES
+
+    def ask(rng):
+        x = _value(rng, kind)
+        t = sloppy(rng, rng.choice(templates))
+        q = t.format(noun=noun, Noun=noun[0].upper() + noun[1:], x=x)
+        v = rng.choice([str(rng.randrange(0, 1000)), invented_word(rng), f"{rng.randrange(1, 100)}%", "<value>",
+                        rng.choice(["high", "low", "moderate", "open", "closed", "none"])])
+        return q, {param: x}, {slug: v}, rng.choice([f"The {noun} for {x} is {v}.", f"{x}: {v}.",
+                                                      f"The {noun} in {x}: {v}."]), f"the {noun} for {x}"
+    return schema, ask, noun
+
+
+def invented_action(rng, entry=None):
+    """A made-up action tool with 2-3 parameters: (schema, ask)."""
+    verbs, objs, descs, params, templates, confirm = entry or rng.choice(ACTIONS)
+    verb, obj = rng.choice(verbs), rng.choice(objs)
+    name = _tool_name(rng, verb, obj)
+    names, props = [], {}
+    for pn, kind, pdesc, jtype in params:
+        p = _param_name(rng, pn, names)
+        names.append(p)
+        d = {"type": jtype, "description": pdesc}
+        if kind.startswith("enum:"):
+            d["enum"] = kind[5:].split("|")
+        props[p] = d
+    schema = tool(name, rng.choice(descs), props, list(names))
+
+    def ask(rng):
+        vals = [_value(rng, kind) for _, kind, _, _ in params]
+        t = sloppy(rng, rng.choice(templates))
+        q = t.format(**{f"p{i}": v for i, v in enumerate(vals)})
+        r = rng.randrange(2, 900)
+        return q, dict(zip(names, vals)), {"status": "ok", "id": invented_code(rng), "value": r}, \
+            confirm.format(r=r, **{f"p{i}": v for i, v in enumerate(vals)}), f"to {verb} a {obj.replace('_', ' ')}"
+    return schema, ask, obj.replace("_", " ")
+
+
+_AFFIXES = re.compile(r"^(?:(?:get|fetch|check|lookup|query|find|show|read|search|run|convert|create|send|add|set|list|"
+                      r"write|git|my|api|tool|svc|do|current|start|view|open|file|dir|the)(?:[_-]|(?=[A-Z])))+|"
+                      r"(?:[_-](?:info|api|service|tool|v2|lookup|search|add|convert|write|read|send|list|get))+$")
+
+
+def sibling_tools(rng, schema, words=None):
+    """Distractors sharing words with a tool's name: another verb on the same object
+    (get_humidity beside subscribe_humidity and humidity_history)."""
+    name = schema["function"]["name"]
+    if words is None:
+        core = _AFFIXES.sub("", name) or name
+        words = re.sub(r"([a-z])([A-Z])", r"\1 \2", core).replace("_", " ").replace("-", " ").lower().strip()
+    core = _slug(words)
+    param = next(iter(schema["function"]["parameters"]["properties"]))
+    out = []
+    for verb in rng.sample(list(_OTHER_VERBS), rng.randrange(1, 3)):
+        sib = rng.choice([f"{verb}_{core}", f"{core}_{verb}", styled(rng, f"{verb}_{core}")])
+        if sib == name or heldout_leak(sib) is not None or sib in _HELDOUT_NAMES:
+            continue
+        props = {param: s("Which one")} if verb != "history" else {param: s("Which one"), "date": s("Date, YYYY-MM-DD")}
+        if verb in ("cancel", "delete", "archive"):
+            props = {"id": s("Identifier of the entry")}
+        out.append(tool(sib, _OTHER_VERBS[verb].format(obj=words), props, list(props)))
+    return out
+
+
+def invented_tool(rng):
+    return invented_lookup(rng) if rng.random() < 0.55 else invented_action(rng)
+
+
+def sloppy(rng, t):
+    """A template as users type it: a typo, lower case or no final punctuation (never in a {slot})."""
     if rng.random() < 0.12:
         t = typo(rng, t)
-    q = t.format(noun=noun, Noun=noun[0].upper() + noun[1:], x=value)
-    return schema, q, {param: value}, noun
+    if rng.random() < 0.12:
+        t = "".join(p if p.startswith("{") else p.lower() for p in _slot_split(t))
+    elif rng.random() < 0.1:
+        t = t[0].lower() + t[1:]
+    if rng.random() < 0.15 and t[-1] in ".?!":
+        t = t[:-1]
+    return t
+
+
+def _call_reasoning(rng, name, args, what):
+    vals = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
+    return rng.choice(["", "", f"I should call {name}.", f"The user wants {what}; {name} does that.",
+                       f"{name} fits. Arguments: {vals}.", f"I'll call {name} with {vals}."])
 
 
 def gen_tool_synth(rng):
-    schema, q, args, noun = synth_tool(rng)
-    others = [variant(rng, t, [])[0] for t, _ in rng.sample(TOOLS, rng.randrange(0, 4))]
-    seen = {schema["function"]["name"]}
-    for _ in range(rng.randrange(0, 3)):
-        other = synth_tool(rng)[0]
-        if other["function"]["name"] not in seen:
-            seen.add(other["function"]["name"])
-            others.append(other)
-    tools = others + [schema]
+    """The right tool invented for this conversation, among invented distractors (some sharing
+    its words), renamed tools of the fixed set, or nothing; sometimes a second request for
+    another offered tool follows."""
+    schema, ask, words = invented_tool(rng)
+    k = rng.choice([0, 0, 1, 2, 2, 3, 3, 4, 5, 6])
+    asks, others = [], []
+    if k:
+        if rng.random() < 0.4:
+            others += sibling_tools(rng, schema, words)
+        for _ in range(rng.randrange(0, k + 1)):
+            o_schema, o_ask, _ = invented_tool(rng)
+            others.append(o_schema)
+            asks.append((o_schema, o_ask))
+        others += [variant(rng, t, [])[0] for t, _ in rng.sample(TOOLS, rng.randrange(0, 3))]
+    names, tools = set(), []
+    for t in [schema] + others[:max(k, 1)]:
+        if t["function"]["name"] not in names:
+            names.add(t["function"]["name"])
+            tools.append(t)
     rng.shuffle(tools)
-    name = schema["function"]["name"]
-    reasoning = rng.choice([f"The {name} tool gives the {noun}. I'll call it.", f"I should call {name}.", ""])
-    messages = [{"role": "user", "content": with_context(rng, "train", q)}, assistant("", reasoning, [(name, args)])]
-    if rng.random() < 0.6:
-        value = json.dumps(list(args.values())[0], ensure_ascii=False)
-        messages.append({"role": "tool", "content": json.dumps({slug_key(noun): "<value>"}, ensure_ascii=False)})
-        messages.append(assistant(f"The {noun} for {value[1:-1]}: <value>.", ""))
+    messages = []
+    rounds = [(schema, ask)]
+    asks = [(t, a) for t, a in asks if t in tools]
+    if asks and rng.random() < 0.2:
+        rounds.append(rng.choice(asks))
+    for i, (sch, a) in enumerate(rounds):
+        q, args, result, answer, what = a(rng)
+        name = sch["function"]["name"]
+        messages += [{"role": "user", "content": with_context(rng, "train", q) if i == 0 else q},
+                     assistant("", _call_reasoning(rng, name, args, what), [(name, args)])]
+        if i + 1 < len(rounds) or rng.random() < 0.7:
+            messages.append({"role": "tool", "content": json.dumps(result, ensure_ascii=False)})
+            messages.append(assistant(answer, rng.choice(["", "", "The tool answered; I'll report its result."])))
+        else:
+            break
     return conv("tool", maybe_system(rng, messages, 0.3), tools)
 
 
@@ -1123,12 +1566,17 @@ def slug_key(noun):
 
 
 def gen_tool(rng):
-    k = rng.randrange(len(TOOLS))
+    k = 0 if rng.random() < 0.1 else rng.randrange(len(TOOLS))  # weather a little more often
     q, args, result, final = TOOLS[k][1](rng)
     schema, (args,) = variant(rng, TOOLS[k][0], [args])
     tools = offered_tools(rng, k, schema)
-    if rng.random() < 0.3:  # an invented tool beside it, which it must not be confused with
-        tools.insert(rng.randrange(len(tools) + 1), synth_tool(rng)[0])
+    r = rng.random()
+    if r < 0.35:  # an invented tool beside it, which it must not be confused with
+        tools.insert(rng.randrange(len(tools) + 1), invented_tool(rng)[0])
+    elif r < 0.55:  # tools whose names share its words (get_weather beside weather_alerts_subscribe)
+        for sib in sibling_tools(rng, schema, _AFFIXES.sub("", TOOLS[k][0]["function"]["name"]).replace("_", " ")):
+            if sib["function"]["name"] not in {t["function"]["name"] for t in tools}:
+                tools.insert(rng.randrange(len(tools) + 1), sib)
     q = with_context(rng, "train", q)
     name = schema["function"]["name"]
     reasoning = rng.choice([
@@ -1167,7 +1615,11 @@ def gen_tool_parallel(rng):
 
 def gen_tool_unneeded(rng):
     """Tools are offered but the question needs none: answer normally."""
-    tools = [variant(rng, t, [])[0] for t, _ in rng.sample(TOOLS, rng.randrange(1, 4))]
+    if rng.random() < 0.5:
+        tools = [variant(rng, t, [])[0] for t, _ in rng.sample(TOOLS, rng.randrange(1, 4))]
+    else:
+        tools = [invented_tool(rng)[0] for _ in range(rng.randrange(1, 4))]
+        tools = [t for i, t in enumerate(tools) if t["function"]["name"] not in {u["function"]["name"] for u in tools[:i]}]
     inner = rng.choice([gen_fact, gen_arith, gen_smalltalk])(rng)
     msgs = [m for m in inner["messages"] if m["role"] != "system"]
     return conv("tool_none", msgs, tools)
@@ -1378,8 +1830,8 @@ def gen_multiturn(rng):
 
 
 GENERATORS = [
-    (gen_smalltalk, 4), (gen_fact, 13), (gen_arith, 16), (gen_tool, 21), (gen_tool_synth, 7), (gen_tool_parallel, 4),
-    (gen_tool_unneeded, 5), (gen_json, 11), (gen_code, 6), (gen_code_task, 8), (gen_multiturn, 7),
+    (gen_smalltalk, 3), (gen_fact, 10), (gen_arith, 12), (gen_tool, 11), (gen_tool_synth, 24), (gen_tool_parallel, 3),
+    (gen_tool_unneeded, 5), (gen_json, 9), (gen_code, 3), (gen_code_task, 7), (gen_multiturn, 6),
 ]
 
 

@@ -6,7 +6,8 @@ Runs on one GPU (the H200: about 8 minutes in all) or, with --smoke, on a CPU in
     python3 train/train.py --out OUT [--target-minutes 5] [--draft-minutes 2] [--dflash-ref model.py]
 
 Steps: generate the conversations (train/data.py, seeded, in parallel), tokenize them with
-models/demo/tokenizer.json, pack them into 1,024-token rows, train the target, then train the
+models/demo/tokenizer.json, mask everything but the assistant turns out of the loss (checked
+against the rendered text), pack them into 1,024-token rows, train the target, then train the
 DFlash draft on the frozen target's tap features (block diffusion: each block is the last
 accepted token plus mask tokens, attending to the taps of everything before it), and
 evaluate both. OUT receives model.safetensors + config.json (the target), draft/ (the
@@ -60,38 +61,114 @@ LOSS_DECAY = 4.0  # weight of block position k (1-based): exp(-(k-1)/decay), as 
 # ---------------------------------------------------------------------------------------------
 # Data
 
+def assistant_mask(ids, im_start, im_end, assistant, newline):
+    """True on the tokens an assistant turn generates, the ones the loss is on: from the first
+    token after `<|im_start|>assistant\n` through the `<|im_end|>` that ends the turn, so the
+    think block, the text, the tool-call markup and the end of the turn; False on system, user
+    and tool-result turns and on each turn's scaffolding. (The tokenizer sometimes merges the
+    head's newline with the first characters of the turn, `\nS` of "\nSee you": that token is
+    the turn's first and is trained.)"""
+    mask = np.zeros(len(ids), dtype=bool)
+    ends = np.flatnonzero(ids == im_end)
+    for p in np.flatnonzero(ids[:-2] == im_start):
+        if ids[p + 1] == assistant:
+            s = p + 2 + (ids[p + 2] == newline)
+            mask[s:ends[np.searchsorted(ends, s)] + 1] = True
+    return mask
+
+
+def special_ids(tok):
+    """<|im_start|>, <|im_end|>, and the ids of "assistant" and of the newline after it."""
+    im_start, im_end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
+    head = tok.encode("<|im_start|>assistant\n").ids
+    assert len(head) == 3 and head[0] == im_start, head
+    return im_start, im_end, head[1], head[2]
+
+
+def check_assistant_mask(tok, texts, ids, masks):
+    """The self-check of the loss mask, on rendered conversations: the trained tokens must be
+    exactly those that overlap the characters of an assistant turn (after each
+    `<|im_start|>assistant\n`, up to and with its `<|im_end|>`), found in the text rather than
+    in the token ids; a token may cross a turn's boundary only by carrying the head's newline
+    into the turn; the trained tokens decode to exactly the turns (plus such newlines).
+    Returns (conversations, assistant turns, trained tokens, tokens)."""
+    head, end = "<|im_start|>assistant\n", "<|im_end|>"
+    turns = trained = total = 0
+    for text, i, m in zip(texts, ids, masks):
+        spans, pos = [], 0
+        while (a := text.find(head, pos)) >= 0:
+            b = text.index(end, a) + len(end)
+            spans.append((a + len(head), b))
+            pos = b
+        assert spans, "a conversation without an assistant turn"
+        enc = tok.encode(text)
+        assert enc.ids == i.tolist()
+        want = np.zeros(len(i), dtype=bool)
+        starts = {}
+        for k, (s, e) in enumerate(enc.offsets):
+            for lo, hi in spans:
+                if s < hi and e > lo:  # the token has characters of the turn
+                    assert e <= hi and (s >= lo or (s == lo - 1 and text[s] == "\n")), \
+                        f"token {k} {text[s:e]!r} crosses a turn boundary"
+                    want[k] = True
+                    starts.setdefault(lo, s)
+        assert (want == m).all(), f"mask differs from the assistant turns at {np.flatnonzero(want != m)[:5]}"
+        got = tok.decode([t for t, k in zip(i.tolist(), m) if k], skip_special_tokens=False)
+        assert got == "".join(text[starts[lo]:hi] for lo, hi in spans)
+        assert "<|im_start|>" not in got and got.count(end) == len(spans) == len(starts)
+        turns += len(spans)
+        trained += int(m.sum())
+        total += len(i)
+    return len(texts), turns, trained, total
+
+
 def _chunk(args):
     seed, count, template_path, tokenizer_path = args
     from tokenizers import Tokenizer
     template = open(template_path).read()
     tok = Tokenizer.from_file(tokenizer_path)
     rng = random.Random(seed)
-    convs = [data.generate(rng) for _ in range(count)]
-    texts = [data.render(c, template) for c in convs]
-    # Nothing of the held-out tool-call set (evaluate.py --tool-rate) may occur in the data.
-    leaks = {data.heldout_leak(t) for t in texts} - {None}
-    assert not leaks, f"held-out names in the generated data: {sorted(leaks)}"
+    convs, texts, dropped = [], [], []
+    while len(convs) < count:
+        c = data.generate(rng)
+        t = data.render(c, template)
+        # Nothing of the held-out tool-call set (evaluate.py --tool-rate) may occur in the data:
+        # made-up values are drawn apart from it, and a conversation that still shows a held-out
+        # city or tool name (two made-up pieces side by side) is left out and counted.
+        leak = data.heldout_leak(t)
+        if leak is not None:
+            dropped.append(leak)
+            continue
+        convs.append(c)
+        texts.append(t)
+    assert not {data.heldout_leak(t) for t in texts} - {None}
     ids = [np.array(e.ids, dtype=np.int16) for e in tok.encode_batch(texts)]  # vocab < 32768
-    return [c["kind"] for c in convs], texts, ids
+    special = special_ids(tok)
+    masks = [assistant_mask(i, *special) for i in ids]
+    return [c["kind"] for c in convs], texts, ids, masks, dropped
 
 
 def make_conversations(seed, n, workers, chunk=2000):
-    """n conversations: (kinds, texts, token arrays), the same for the same seed and n."""
+    """n conversations: (kinds, texts, token arrays, loss masks), the same for the same seed and n."""
     jobs = [(seed * 1_000_003 + i, min(chunk, n - i * chunk), os.path.join(DEMO, "chat_template.jinja"),
              os.path.join(DEMO, "tokenizer.json")) for i in range((n + chunk - 1) // chunk)]
-    kinds, texts, ids = [], [], []
+    kinds, texts, ids, masks, dropped = [], [], [], [], []
     data.stdlib_functions()  # parsed once, shared by the forked workers
     with mp.get_context("fork").Pool(workers) as pool:
-        for k, t, i in pool.imap(_chunk, jobs):
+        for k, t, i, m, d in pool.imap(_chunk, jobs):
             kinds += k
             texts += t
             ids += i
-    return kinds, texts, ids
+            masks += m
+            dropped += d
+    # A rare coincidence is left out; more than that would be a leak in the generators.
+    assert len(dropped) <= max(3, n // 20000), f"held-out names in the generated data: {sorted(set(dropped))}"
+    return kinds, texts, ids, masks, dropped
 
 
-def pack(ids, eot, rng):
+def pack(ids, masks, eot, rng):
     """Rows of SEQ tokens, each starting at a conversation; conversations joined by <|endoftext|>,
-    the tail padded (labels -100)."""
+    the tail padded. Labels only on the assistant turns (masks), -100 elsewhere."""
     order = [i for i in range(len(ids)) if len(ids[i]) < SEQ]
     rng.shuffle(order)
     placed, row, fill = [], 0, 0  # (conversation, row, offset)
@@ -106,7 +183,7 @@ def pack(ids, eot, rng):
     for i, r, o in placed:
         n = len(ids[i])
         rows[r, o:o + n] = ids[i]
-        labels[r, o:o + n + 1] = rows[r, o:o + n + 1]
+        labels[r, o:o + n] = np.where(masks[i], ids[i], -100)
     return torch.from_numpy(rows), torch.from_numpy(labels)
 
 
@@ -317,7 +394,10 @@ def draft_batch(target, x, y, anchors_per_row, rng_t):
     dev = x.device
     taps = tap_features(target, x)
     K = anchors_per_row
-    a = torch.randint(1, T - BLOCK, (B, K), generator=rng_t, device="cpu").to(dev)          # anchor positions
+    # K distinct anchors per row, at random among those whose next token has a label (inside an
+    # assistant turn), others only where a row has fewer than K of them.
+    score = torch.rand((B, T - BLOCK - 1), generator=rng_t, device="cpu").to(dev) + (y[:, 2:T - BLOCK + 1] != -100)
+    a = score.topk(K, dim=1).indices + 1                                                        # anchor positions
     offs = torch.arange(BLOCK, device=dev)
     pos = (a[:, :, None] + offs).reshape(B, K * BLOCK)                                         # block positions
     ids = torch.where(offs == 0, x.gather(1, a)[:, :, None].expand(B, K, BLOCK), torch.full_like(pos.view(B, K, BLOCK), MASK))
@@ -467,14 +547,20 @@ def main():
         args.conversations, args.batch = 400, 4
     t0 = time.time()
     workers = max(1, min(16, os.cpu_count() or 1))
-    kinds, texts, ids = make_conversations(SEED, args.conversations, workers)
-    hk, htexts, hids = make_conversations(SEED + 1, 2000, workers)  # held out: another seed
+    kinds, texts, ids, masks, dropped = make_conversations(SEED, args.conversations, workers)
+    hk, htexts, hids, hmasks, _ = make_conversations(SEED + 1, 2000, workers)  # held out: another seed
     ntok = sum(len(i) for i in ids)
-    log(f"data: {len(ids)} conversations, {ntok / 1e6:.1f}M tokens, {time.time() - t0:.0f}s; kinds "
+    ntrained = sum(int(m.sum()) for m in masks)
+    log(f"data: {len(ids)} conversations, {ntok / 1e6:.1f}M tokens ({ntrained / 1e6:.1f}M in assistant turns, "
+        f"the loss's), {time.time() - t0:.0f}s; {len(dropped)} left out for a held-out name; kinds "
         + json.dumps({k: kinds.count(k) for k in sorted(set(kinds))}))
+    nconv, nturns, mt, mn = check_assistant_mask(tok, htexts[:300] + texts[:300], hids[:300] + ids[:300],
+                                                 hmasks[:300] + masks[:300])
+    log(f"loss mask: exactly the {nturns} assistant turns of {nconv} rendered conversations ({mt}/{mn} tokens trained)")
     rng = random.Random(SEED)
-    rows, labels = pack(ids, EOT, rng)
-    log(f"packed: {rows.shape[0]} rows of {SEQ}, {(labels != -100).float().mean():.3f} of positions are tokens")
+    rows, labels = pack(ids, masks, EOT, rng)
+    log(f"packed: {rows.shape[0]} rows of {SEQ}, {(rows != EOT).float().mean():.3f} of positions are text, "
+        f"{(labels != -100).float().mean():.3f} carry a label")
     heldout = "".join(htexts[:300])
     open(os.path.join(args.out, "heldout.txt"), "w").write(heldout)
 
