@@ -3,6 +3,8 @@
 //! LD_LIBRARY_PATH) but no GPU; skipped without it unless `SPLASH_REQUIRE_NVRTC` is set (CI).
 #![cfg(feature = "cuda")]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use splash_backend::cuda::{compile_ptx, KernelDims};
 
 fn nvrtc_present() -> bool {
@@ -25,77 +27,79 @@ fn every_kernel_compiles_for_the_served_shapes() {
     let tmp = std::env::temp_dir().join(format!("splash-kcache-{}", std::process::id()));
     std::env::set_var("SPLASH_KERNEL_CACHE", &tmp);
     // Qwen3.5/3.6 (head dim 256, GDN 128/128), their DFlash drafts (head dim 128), the test
-    // fixtures (32, 16/16) and the fixture drafts (16).
-    for dims in [
-        KernelDims {
-            head_dim: 256,
-            gdn_dk: 128,
-            gdn_dv: 128,
-        },
-        KernelDims {
-            head_dim: 128,
-            gdn_dk: 128,
-            gdn_dv: 128,
-        },
-        KernelDims {
-            head_dim: 32,
-            gdn_dk: 16,
-            gdn_dv: 16,
-        },
-        KernelDims {
-            head_dim: 16,
-            gdn_dk: 16,
-            gdn_dv: 16,
-        },
-    ] {
-        for arch in ["compute_80", "compute_90"] {
-            let ptx = compile_ptx(dims, arch).unwrap_or_else(|e| panic!("{dims:?} {arch}: {e}"));
-            for kernel in [
-                "gemv_q4_k",
-                "gemv_q8_q8_0",
-                "gemv1_q8_q5_k",
-                "gemv_tc8_q4_k",
-                "gemv_tc16_q6_k",
-                "gemv_tcs8_q4_k",
-                "gemv_tcs16_q6_k",
-                "gemv_tc_fixup",
-                "to_f16_tc",
-                "gemv_tc_experts_q4_k",
-                "gemm_tc_experts_q6_k",
-                "moe_route",
-                "moe_group",
-                "moe_group_scatter",
-                "moe_combine",
-                "quantize_q8",
-                "gemv_q6_k",
-                "gemv_iq4_xs",
-                "gemv_affine4",
-                "gemv1_f32",
-                "gemv_bf16",
-                "dequant_bf16_q8_0",
-                "rms_norm",
-                "add_rms_norm",
-                "rms_norm_gated",
-                "attention",
-                "attention_prefill",
-                "attention_prefill_async",
-                "grouped_dynamic_conv",
-                "kv_append",
-                "rope",
-                "conv1d_silu",
-                "gdn_recurrent",
-                "gdn_gates",
-                "scatter_add_rows",
-            ] {
-                assert!(
-                    ptx.contains(&format!(".entry {kernel}(")),
-                    "{kernel} missing from the PTX"
-                );
-            }
+    // fixtures (32, 16/16) and the fixture drafts (16), for Ampere and Hopper.
+    let jobs: Vec<(KernelDims, &str)> = [(256, 128), (128, 128), (32, 16), (16, 16)]
+        .into_iter()
+        .flat_map(|(head_dim, gdn)| {
+            let dims = KernelDims {
+                head_dim,
+                gdn_dk: gdn,
+                gdn_dv: gdn,
+            };
+            ["compute_80", "compute_90"].map(|arch| (dims, arch))
+        })
+        .collect();
+    // NVRTC compiles independent programs concurrently; one compile takes ~20 s of a core.
+    let next = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(jobs.len()) {
+            scope.spawn(|| {
+                while let Some(&(dims, arch)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    check_kernels(dims, arch);
+                }
+            });
         }
-    }
-    // The second compile of the same dims comes from the disk cache.
+    });
+    // Each compile left its PTX in the disk cache.
     let n = std::fs::read_dir(&tmp).unwrap().count();
     assert_eq!(n, 8, "one cached PTX per (dims, arch)");
     std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+/// Compiles the kernels for `dims` and `arch` and checks that every kernel is in the PTX.
+fn check_kernels(dims: KernelDims, arch: &'static str) {
+    let ptx = compile_ptx(dims, arch).unwrap_or_else(|e| panic!("{dims:?} {arch}: {e}"));
+    for kernel in [
+        "gemv_q4_k",
+        "gemv_q8_q8_0",
+        "gemv1_q8_q5_k",
+        "gemv_tc8_q4_k",
+        "gemv_tc16_q6_k",
+        "gemv_tcs8_q4_k",
+        "gemv_tcs16_q6_k",
+        "gemv_tc_fixup",
+        "to_f16_tc",
+        "gemv_tc_experts_q4_k",
+        "gemm_tc_experts_q6_k",
+        "moe_route",
+        "moe_group",
+        "moe_group_scatter",
+        "moe_combine",
+        "quantize_q8",
+        "gemv_q6_k",
+        "gemv_iq4_xs",
+        "gemv_affine4",
+        "gemv1_f32",
+        "gemv_bf16",
+        "dequant_bf16_q8_0",
+        "rms_norm",
+        "add_rms_norm",
+        "rms_norm_gated",
+        "attention",
+        "attention_prefill",
+        "attention_prefill_async",
+        "grouped_dynamic_conv",
+        "kv_append",
+        "rope",
+        "conv1d_silu",
+        "gdn_recurrent",
+        "gdn_gates",
+        "scatter_add_rows",
+    ] {
+        assert!(
+            ptx.contains(&format!(".entry {kernel}(")),
+            "{kernel} missing from the PTX"
+        );
+    }
 }

@@ -2,22 +2,25 @@
 // compiled as C++ (g++ -std=c++20 -include cuda_host.h -DKERNEL_EMULATION) into a shared
 // library that `tests/kernels_on_host.rs` loads and compares with the CPU ops.
 //
-// A launch runs its blocks one after another; a block runs as blockDim.x OS threads, so
-// __syncthreads, warp shuffles and the warp-wide mma.sync behave as on the device (the threads
-// meet at barriers). `__shared__` variables become function statics: one copy, reused by each
-// block in turn. A thread that returns leaves its block's and its warp's barriers, as exited
-// threads do on the GPU. The PTX helpers of kernels.cu (f16 conversions and arithmetic,
-// mma.sync m16n8k16, streaming loads) are guarded by KERNEL_EMULATION there and defined here
-// with the semantics the PTX ISA gives them.
+// A launch runs its blocks one after another; a block runs as blockDim.x cooperative threads
+// (ucontext fibers on the calling thread), so __syncthreads, warp shuffles and the warp-wide
+// mma.sync behave as on the device: a thread that reaches a barrier yields until the others
+// arrive. One OS thread per CUDA thread made every barrier a round of futex wake-ups, which on
+// a 2-core machine cost more than the arithmetic. `__shared__` variables become function
+// statics: one copy, reused by each block in turn. A thread that returns leaves its block's
+// and its warp's barriers, as exited threads do on the GPU. The PTX helpers of kernels.cu (f16
+// conversions and arithmetic, mma.sync m16n8k16, streaming loads) are guarded by
+// KERNEL_EMULATION there and defined here with the semantics the PTX ISA gives them.
 #pragma once
 
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
+#include <cstdlib>
 #include <vector>
 
 #define __global__
@@ -46,25 +49,131 @@ inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z,
 
 namespace emu {
 
-// One launch: its barriers and the lanes' exchange slots for shuffles and mma.
+// A cooperative thread's saved context. On x86-64 a switch saves the callee-saved registers
+// on the stack and swaps stack pointers (swapcontext also saves the signal mask: a system call
+// per switch, half of the emulation's time); elsewhere ucontext does it.
+#if defined(__x86_64__)
+struct Context {
+    void* sp = nullptr;
+};
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .p2align 4
+    .type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch, .-emu_switch
+)");
+inline void switch_context(Context& from, Context& to) { emu_switch(&from.sp, to.sp); }
+// A fresh context on `stack` that starts in `entry`, which must never return.
+inline void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+    auto* top = (uint64_t*)(((uintptr_t)(stack + bytes) & ~(uintptr_t)15) - 16);
+    top[0] = (uint64_t)entry;  // at a 16-byte boundary, so `entry` starts as if called
+    top[1] = 0;
+    uint64_t* sp = top - 7;    // rbp, rbx, r12-r15 (zero), then mxcsr and the x87 control word
+    for (int i = 1; i < 7; i++) sp[i] = 0;
+    uint32_t mxcsr;
+    uint16_t fpcw;
+    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(fpcw));
+    std::memcpy(sp, &mxcsr, 4);
+    std::memcpy((char*)sp + 4, &fpcw, 2);
+    c.sp = sp;
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+inline void make_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = bytes;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+
+// A barrier of the cooperative threads of one block (or warp): the waiting ones yield to the
+// scheduler until the last one arrives and opens the next phase.
+struct Barrier {
+    unsigned expected = 0, arrived = 0, phase = 0;
+    void reset(unsigned n) {
+        expected = n;
+        arrived = 0;
+    }
+    void arrive_and_wait();
+    // A thread that exits: it no longer takes part, and may be the one the others wait for.
+    void arrive_and_drop() {
+        if (--expected > 0 && arrived == expected) open();
+    }
+    void open() {
+        arrived = 0;
+        phase++;
+    }
+};
+
+// One launch: the threads of the block that runs, its barriers, and the lanes' exchange
+// slots for shuffles and mma.
 struct Launch {
     unsigned threads;
-    std::unique_ptr<std::barrier<>> block;
-    std::vector<std::unique_ptr<std::barrier<>>> warps;
-    std::barrier<> step;  // every thread, between blocks; nobody leaves it
+    Barrier block;
+    std::vector<Barrier> warps;
     std::vector<uint64_t> slot;
     std::vector<float> frag;  // 10 values per lane: a0..a3, b0, b1 (as bits), c0..c3
-    explicit Launch(unsigned n) : threads(n), step(n), slot(n), frag(n * 10) {}
+    std::vector<Context> fiber;
+    std::vector<char> done;
+    Context scheduler;
+    unsigned running = 0;
+    void (*body)(void*) = nullptr;
+    void* ctx = nullptr;
+    explicit Launch(unsigned n)
+        : threads(n), warps((n + 31) / 32), slot(n), frag(n * 10), fiber(n), done(n) {}
 };
 
 inline Launch* current = nullptr;
-inline thread_local uint3 thread_idx{0, 0, 0};
-inline thread_local uint3 block_idx{0, 0, 0};
+inline uint3 thread_idx{0, 0, 0};
+inline uint3 block_idx{0, 0, 0};
 inline uint3 block_dim{1, 1, 1};
 inline uint3 grid_dim{1, 1, 1};
 
+// The running thread gives the CPU back to the block's scheduler.
+inline void yield() {
+    Launch& l = *current;
+    switch_context(l.fiber[l.running], l.scheduler);
+}
+
+inline void Barrier::arrive_and_wait() {
+    unsigned mine = phase;
+    if (++arrived == expected) {
+        open();
+        return;
+    }
+    while (phase == mine) yield();
+}
+
 inline unsigned warp_of() { return thread_idx.x / 32; }
-inline std::barrier<>& warp_barrier() { return *current->warps[warp_of()]; }
+inline Barrier& warp_barrier() { return current->warps[warp_of()]; }
 
 template <class T>
 T shuffle(T v, unsigned src_lane) {
@@ -86,7 +195,7 @@ T shuffle(T v, unsigned src_lane) {
 #define blockDim (emu::block_dim)
 #define gridDim (emu::grid_dim)
 
-inline void __syncthreads() { emu::current->block->arrive_and_wait(); }
+inline void __syncthreads() { emu::current->block.arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier().arrive_and_wait(); }
 
 template <class T>
@@ -286,33 +395,50 @@ inline void cp_async_wait_all() {}
 
 // Runs `body(ctx)` as a kernel launch of `grid` blocks of `block` threads (1-D); the body calls
 // one kernel with its arguments. Returns when every block has run.
+namespace emu {
+// A thread's life: the kernel, then it leaves the barriers and hands the CPU back for good.
+inline void thread_main() {
+    Launch& l = *current;
+    l.body(l.ctx);
+    l.block.arrive_and_drop();
+    l.warps[l.running / 32].arrive_and_drop();
+    l.done[l.running] = 1;
+    yield();
+    std::abort();  // a finished thread is never resumed
+}
+}  // namespace emu
+
 extern "C" void host_launch(unsigned grid, unsigned block, void (*body)(void*), void* ctx) {
+    // Kernels keep small arrays on their stacks; pages are only committed where touched.
+    constexpr size_t stack_bytes = 256 << 10;
+    size_t all = stack_bytes * block;
+    void* stacks = mmap(nullptr, all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stacks == MAP_FAILED) std::abort();
     emu::Launch l(block);
+    l.body = body;
+    l.ctx = ctx;
     emu::current = &l;
     emu::grid_dim = {grid, 1, 1};
     emu::block_dim = {block, 1, 1};
-    auto fresh_barriers = [&] {
-        l.block = std::make_unique<std::barrier<>>(block);
-        l.warps.clear();
-        for (unsigned w = 0; w < (block + 31) / 32; w++)
-            l.warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, block - 32 * w)));
-    };
-    fresh_barriers();
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < block; t++) {
-        threads.emplace_back([&, t] {
-            emu::thread_idx = {t, 0, 0};
-            for (unsigned b = 0; b < grid; b++) {
-                emu::block_idx = {b, 0, 0};
-                body(ctx);
-                l.block->arrive_and_drop();
-                l.warps[t / 32]->arrive_and_drop();
-                l.step.arrive_and_wait();
-                if (t == 0) fresh_barriers();
-                l.step.arrive_and_wait();
+    for (unsigned b = 0; b < grid; b++) {
+        emu::block_idx = {b, 0, 0};
+        l.block.reset(block);
+        for (unsigned w = 0; w < l.warps.size(); w++) l.warps[w].reset(std::min(32u, block - 32 * w));
+        for (unsigned t = 0; t < block; t++) {
+            emu::make_context(l.fiber[t], (char*)stacks + t * stack_bytes, stack_bytes, emu::thread_main);
+            l.done[t] = 0;
+        }
+        // Round robin: each thread runs until it waits at a barrier or returns.
+        for (unsigned live = block; live > 0;) {
+            for (unsigned t = 0; t < block; t++) {
+                if (l.done[t]) continue;
+                l.running = t;
+                emu::thread_idx = {t, 0, 0};
+                emu::switch_context(l.scheduler, l.fiber[t]);
+                live -= l.done[t];
             }
-        });
+        }
     }
-    for (auto& th : threads) th.join();
     emu::current = nullptr;
+    munmap(stacks, all);
 }
