@@ -2,7 +2,7 @@
 """Time to first token of a short chat request sent while a long prompt is being prefilled.
 
     .venv/bin/python bench/ttft_behind_prefill.py [--bin target/release/splash] [--tokens 32000]
-        [--model demo]
+        [--model demo] [--device cuda]
 
 Starts `splash serve` (the demo, or `--model`) on a loopback port (context raised to fit the long
 prompt), sends one chat request of about `--tokens` prompt tokens, `--delay` seconds later a
@@ -55,8 +55,10 @@ def main():
     ap.add_argument("--delay", type=float, default=1.0, help="seconds between the two requests")
     ap.add_argument("--timeout", type=float, default=480.0)
     ap.add_argument("--model", default="demo", help="what `splash serve --model` takes")
+    ap.add_argument("--device", help="what `splash serve --device` takes (default: its own)")
     a = ap.parse_args()
-    server = Server("--max-context", str(a.tokens + 8000), binary=a.bin, model=a.model,
+    device = ["--device", a.device] if a.device else []
+    server = Server("--max-context", str(a.tokens + 8000), *device, binary=a.bin, model=a.model,
                     ready_timeout=600)
     url = server.url
     try:

@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
 # staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
 # checkpoints of the real sizes (made there: they are too large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|ttft|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `decode`: plain decoding speed with and without CUDA graphs.
@@ -23,6 +23,8 @@
 # transformers in bf16 (prefill 2K, decode after it) on the same machine.
 # `serve`: `splash serve --device cuda` on each model's synthetic GGUF (and the demo), one chat
 # completion, one streamed Anthropic message and one tool call each through curl on loopback.
+# `ttft`: a short request's time to first token sent 1 s after a 32K-token prompt, with
+# .device/splash and, when staged, .device/splash-before (an earlier build to compare with).
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
 set -uo pipefail
@@ -110,7 +112,7 @@ if [ "$what" = peers ]; then
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
-  [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ] || [ "$what" = serve ]; then
+  [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ] || [ "$what" = serve ] || [ "$what" = ttft ]; then
   # The server on `$1` (a model), `$2` a name for its files: /ready, a chat completion, a
   # streamed Anthropic message and a tool call, each printed.
   serve_once() {
@@ -194,6 +196,13 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
             --decode-tokens 8 --repeat 2 --speculative off 2>&1 |
             tee "$out/prefill-ab-$m-$n-$chunk-${setting//[^A-Za-z0-9]/_}.txt" | grep -E '^prefill'
         done
+      done
+    elif [ "$what" = ttft ]; then
+      for bin in splash splash-before; do
+        [ -x ".device/$bin" ] || continue
+        echo "== ttft $m, $bin"
+        timeout 300 python3 bench/ttft_behind_prefill.py --bin ".device/$bin" --model "$f" --device cuda \
+          --tokens 32000 --timeout 240 2>&1 | tee "$out/ttft-$m-$bin.txt" | tail -3
       done
     elif [ "$what" = serve ]; then
       echo "== serve $m"
