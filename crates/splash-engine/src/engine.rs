@@ -1,18 +1,15 @@
 //! The engine: admits requests as sequences and steps them.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use splash_model::{BatchItem, KvFormat, Logits, Model, ModelError};
+use splash_model::{BatchItem, KvFormat, Logits, Model};
 
 use crate::grammar::{GrammarRequest, GrammarState, GrammarTables};
 use crate::prefix_cache::{checkpoint_positions, DiskCacheConfig, PrefixCache, PrefixCacheStats};
-use crate::sampling::SamplingParams;
-use crate::sequence::{FinishReason, PendingBlock, Sequence, StepCosts};
-use crate::speculative::{Drafter, SpecStats};
-
-/// Identifies a sequence inside one engine.
-pub type SeqId = u64;
+use crate::request::{Completion, EngineError, Event, Request, SeqId};
+use crate::sequence::{PendingBlock, Sequence};
+use crate::speculative::{Drafter, SpecStats, StepCosts};
 
 /// Prompt tokens prefilled per engine step (all sequences together) on the CPU: long prompts
 /// are prefilled in pieces so other sequences keep decoding in between.
@@ -72,56 +69,6 @@ pub struct BatchStats {
     pub resumed_recomputed: u64,
     /// Sequences preempted now.
     pub parked: usize,
-}
-
-/// A generation request in token space.
-#[derive(Clone, Debug)]
-pub struct Request {
-    pub prompt: Vec<u32>,
-    pub sampling: SamplingParams,
-    /// Upper bound on generated tokens.
-    pub max_tokens: usize,
-    /// Stop strings (the output ends before the first one).
-    pub stop: Vec<String>,
-    /// Keep generating through end-of-sequence tokens (benchmarks, tests).
-    pub ignore_eos: bool,
-    /// Constrain the output to a JSON schema or grammar.
-    pub grammar: Option<GrammarRequest>,
-}
-
-/// What a step produced.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Event {
-    /// New text of a sequence.
-    Text { id: SeqId, text: String },
-    /// The sequence ended; see [`Engine::take_finished`] for the result.
-    Finished { id: SeqId },
-}
-
-/// A request rejected or a model failure.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error("invalid request: {0}")]
-    InvalidRequest(String),
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    #[error("{0}")]
-    Unavailable(String),
-}
-
-/// The result of a finished request.
-#[derive(Clone, Debug)]
-pub struct Completion {
-    pub text: String,
-    pub tokens: Vec<u32>,
-    pub finish_reason: FinishReason,
-    pub prompt_tokens: usize,
-    /// Prompt tokens restored from the prefix cache instead of prefilled.
-    pub cached_tokens: usize,
-    pub prefill_time: Duration,
-    pub decode_time: Duration,
-    /// Speculation counters, when the request decoded with a draft.
-    pub speculation: Option<SpecStats>,
 }
 
 /// Runs sequences of one model.

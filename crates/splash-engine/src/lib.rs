@@ -11,22 +11,22 @@ mod grammar;
 mod memory_plan;
 mod perplexity;
 mod prefix_cache;
+mod request;
 mod sampling;
 mod sequence;
 mod speculative;
 mod stop;
 
-pub use engine::{
-    prefill_chunk_for, BatchStats, Completion, Engine, EngineError, Event, Request, SeqId,
-};
+pub use engine::{prefill_chunk_for, BatchStats, Engine};
 pub use grammar::{
     with_json_layout, Constraint, GrammarFactory, GrammarRequest, GrammarState, GrammarTables,
 };
 pub use memory_plan::{MemoryPlan, PlanError, PlanInputs};
 pub use perplexity::{perplexity, Baseline, Perplexity, PerplexityOptions};
 pub use prefix_cache::{free_disk_bytes, DiskCacheConfig, DiskCacheStats, PrefixCacheStats};
+pub use request::{Completion, EngineError, Event, FinishReason, Request, SeqId};
 pub use sampling::{random_seed, Distribution, Sampler, SamplingParams, GREEDY_TEMPERATURE};
-pub use sequence::{FinishReason, Sequence};
+pub use sequence::Sequence;
 pub use speculative::{
     accept_greedy, accept_sampled, verify_lengths, Accepted, DFlashDrafter, DraftMemory,
     DraftSession, Drafter, Proposal, SpecStats,

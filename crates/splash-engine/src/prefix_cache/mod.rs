@@ -20,7 +20,7 @@ pub use disk::{free_disk_bytes, DiskCacheConfig, DiskCacheStats};
 use disk::{DiskTier, Spill};
 use trie::TokenTrie;
 
-use crate::engine::SeqId;
+use crate::request::SeqId;
 use crate::speculative::{DraftSession, Drafter};
 
 /// A restored prefix: its length, the target state and the draft's context after it.

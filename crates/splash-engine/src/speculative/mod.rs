@@ -13,6 +13,8 @@
 //! - [`commit`]: the target state is rolled back to the kept rows (KV truncated, GDN state
 //!   replayed) and their taps go to the draft's context.
 
+mod cost_model;
+
 use std::sync::Arc;
 
 use splash_model::{
@@ -20,6 +22,8 @@ use splash_model::{
 };
 
 use crate::sampling::{argmax, Distribution, Sampler};
+
+pub(crate) use cost_model::{StepCosts, VerifyRows};
 
 /// Proposes blocks for speculative decoding. Implemented by the DFlash drafts
 /// ([`DFlashDrafter`]); tests add oracle drafters.

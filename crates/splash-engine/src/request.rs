@@ -1,0 +1,80 @@
+//! What goes into the engine and what comes out of it: a request, the events of a step, the
+//! result of a finished sequence and why it ended.
+
+use std::time::Duration;
+
+use splash_model::ModelError;
+
+use crate::grammar::GrammarRequest;
+use crate::sampling::SamplingParams;
+use crate::speculative::SpecStats;
+
+/// Identifies a sequence inside one engine.
+pub type SeqId = u64;
+
+/// A generation request in token space.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Upper bound on generated tokens.
+    pub max_tokens: usize,
+    /// Stop strings (the output ends before the first one).
+    pub stop: Vec<String>,
+    /// Keep generating through end-of-sequence tokens (benchmarks, tests).
+    pub ignore_eos: bool,
+    /// Constrain the output to a JSON schema or grammar.
+    pub grammar: Option<GrammarRequest>,
+}
+
+/// What a step produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// New text of a sequence.
+    Text { id: SeqId, text: String },
+    /// The sequence ended; see [`Engine::take_finished`] for the result.
+    Finished { id: SeqId },
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model produced an end-of-sequence token.
+    Eos(u32),
+    /// A stop string appeared in the text (it is not part of the output).
+    StopString(String),
+    /// `max_tokens` were generated.
+    Length,
+    /// The context limit was reached.
+    ContextFull,
+    /// The output constraint (JSON schema, grammar) is complete.
+    GrammarEnd,
+    /// The sequence could not continue (its constraint failed); the message says why.
+    Failed(String),
+}
+
+/// A request rejected or a model failure.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// The result of a finished request.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens restored from the prefix cache instead of prefilled.
+    pub cached_tokens: usize,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+    /// Speculation counters, when the request decoded with a draft.
+    pub speculation: Option<SpecStats>,
+}
