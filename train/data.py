@@ -114,30 +114,75 @@ def conv(kind, messages, tools=None):
 # ---------------------------------------------------------------------------------------------
 # Small talk and facts.
 
+_GREETINGS = ["Hello!", "Hi!", "Hey there", "Hello", "hello", "hi", "hey", "Hey!", "Good morning!", "Good afternoon.",
+              "Good evening!", "Hi, how are you?", "hello there", "Hi there!", "Howdy", "Greetings!", "yo", "hiya",
+              "Hello, is anyone there?", "Morning!", "hey, how's it going?", "Hallo!", "Bonjour!", "Hola"]
+_GREETING_REPLIES = [
+    "Hello! How can I help you today?", "Hi! What can I do for you?", "Hello! I'm ready to help. What do you need?",
+    "Hey! What would you like to know?", "Hi there! Ask me anything: a sum, a fact, a tool call or some JSON.",
+    "Hello! What are we working on today?", "Hi! Nice to hear from you. How can I help?",
+    "Good to see you! What can I do for you?", "Hello there! Do you have a question for me?",
+    "Hi! I'm splash's demo model. What do you need?", "Hey there! How can I be useful?",
+    "Hello! Tell me what you need and I'll do my best.", "Hi! I'm doing well, thanks. What can I help you with?",
+    "Greetings! What would you like me to do?", "Hello! Need a calculation, a fact or a function?",
+    "Hi! Happy to help. What's on your mind?", "Hey! Ready when you are.", "Hello! How is your day going?",
+    "Hi! Ask away.", "Hello, I'm here. What can I do?", "Good day! How may I help you?",
+    "Hi! Let me know what you'd like to do.",
+]
+_SMALLTALK = [
+    (["Who are you?", "What are you?", "Introduce yourself.", "What is your name?", "who are you", "What's your name?",
+      "Are you a bot?", "Tell me about yourself."],
+     ["I'm the demo model of splash, a tiny language model trained to show how the server works. "
+      "I can answer simple questions, do arithmetic, call tools, reply in JSON and write a little Python.",
+      "I'm splash's demo model: a very small assistant. I can do simple arithmetic, call the tools you give me, "
+      "answer in JSON and write short Python functions.",
+      "I'm a small demo model that ships with splash. I know a few facts, add and multiply, call tools and write JSON.",
+      "My name is splash demo. I'm a tiny model, so keep questions simple: sums, capitals, tools, JSON, short code."]),
+    (["What can you do?", "How can you help me?", "What are you good at?", "what can you do", "Help",
+      "What kind of questions can I ask?"],
+     ["I can answer simple questions, do arithmetic step by step, call tools you give me, "
+      "produce JSON that follows a schema and write short Python functions.",
+      "Ask me for a sum or a product, a capital city, a chemical symbol, a small Python function, JSON that follows "
+      "a schema, or give me tools and I'll call them.",
+      "Simple things: arithmetic, short facts, tool calls, JSON answers and small functions in Python or Rust."]),
+    (["Thanks!", "Thank you.", "Thanks a lot", "Great, thanks!", "thx", "thank you so much", "Cheers!",
+      "Perfect, thank you."],
+     ["You're welcome!", "Glad I could help!", "You're welcome. Anything else?", "No problem!", "Any time!",
+      "Happy to help. Let me know if you need anything else.", "My pleasure!", "You're welcome, have a good day!"]),
+    (["Bye!", "Goodbye.", "See you later", "bye", "Good night!", "That's all for now.", "Talk to you later."],
+     ["Goodbye!", "See you later!", "Bye! Have a nice day.", "Take care!", "Good night!", "Bye for now!",
+      "See you! Come back any time."]),
+    (["How are you?", "How are you doing?", "how's it going", "How do you feel today?", "Are you okay?"],
+     ["I'm fine, thanks for asking! How can I help?", "All good here. What can I do for you?",
+      "I'm doing well. What would you like to know?", "Great, thank you! And you?",
+      "I'm a small model, so every day is a good day. What do you need?"]),
+    (["Tell me a joke.", "Say something funny.", "Do you know a joke?", "Make me laugh."],
+     ["Why do programmers prefer dark mode? Because light attracts bugs.",
+      "I would tell you a UDP joke, but you might not get it.",
+      "There are 10 kinds of people: those who understand binary and those who don't.",
+      "Why did the developer go broke? Because he used up all his cache.",
+      "A SQL query walks into a bar, goes up to two tables and asks: may I join you?"]),
+    (["Say hello", "Say hi", "Greet me.", "Say something."],
+     ["Hello!", "Hi there!", "Hello, nice to meet you!", "Hey! How are you today?", "Hello! I'm splash's demo model.",
+      "Hi! What shall we do?"]),
+    (["Nice to meet you.", "I'm new here.", "First time using this."],
+     ["Nice to meet you too! Ask me anything simple.", "Welcome! Try a sum, a capital city or a tool call.",
+      "Hello and welcome! How can I help?"]),
+    (["ok", "Okay.", "Cool", "I see.", "Got it."],
+     ["Great! Anything else?", "Let me know if you need anything.", "Okay! What next?", "Sounds good."]),
+]
+
+
 def gen_smalltalk(rng):
-    pairs = [
-        (["Hello!", "Hi!", "Hey there", "Hello", "hi", "Good morning!", "Hi, how are you?"],
-         ["Hello! How can I help you today?", "Hi! What can I do for you?",
-          "Hello! I'm ready to help. What do you need?"]),
-        (["Who are you?", "What are you?", "Introduce yourself.", "What is your name?"],
-         ["I'm the demo model of splash, a tiny language model trained to show how the server works. "
-          "I can answer simple questions, do arithmetic, call tools, reply in JSON and write a little Python.",
-          "I'm splash's demo model: a very small assistant. I can do simple arithmetic, call the tools you give me, "
-          "answer in JSON and write short Python functions."]),
-        (["What can you do?", "How can you help me?", "What are you good at?"],
-         ["I can answer simple questions, do arithmetic step by step, call tools you give me, "
-          "produce JSON that follows a schema and write short Python functions."]),
-        (["Thanks!", "Thank you.", "Thanks a lot", "Great, thanks!"],
-         ["You're welcome!", "Glad I could help!", "You're welcome. Anything else?"]),
-        (["Bye!", "Goodbye.", "See you later"], ["Goodbye!", "See you later!", "Bye! Have a nice day."]),
-        (["Tell me a joke.", "Say something funny."],
-         ["Why do programmers prefer dark mode? Because light attracts bugs.",
-          "I would tell you a UDP joke, but you might not get it."]),
-    ]
-    q, a = rng.choice(pairs)
-    reasoning = rng.choice(["", "", "The user is greeting me or making small talk. I'll answer politely."])
-    return conv("smalltalk", maybe_system(rng, [{"role": "user", "content": rng.choice(q)},
-                                                  assistant(rng.choice(a), reasoning)]))
+    if rng.random() < 0.4:
+        q, a = rng.choice(_GREETINGS), rng.choice(_GREETING_REPLIES)
+    else:
+        qs, answers = rng.choice(_SMALLTALK)
+        q, a = rng.choice(qs), rng.choice(answers)
+    reasoning = rng.choice(["", "", "", "The user is greeting me or making small talk. I'll answer politely.",
+                            "Small talk: a short, friendly reply is enough."])
+    return conv("smalltalk", maybe_system(rng, [{"role": "user", "content": noisy(rng, q)},
+                                                  assistant(a, reasoning)]))
 
 
 def gen_fact(rng):
@@ -362,9 +407,11 @@ def invented_city(rng):
 
 
 def city(rng, split):
+    """Held out: a held-out city. Training: a known city one time in three, else a place made up
+    here (the value can only be copied from the request, never recalled from the schema)."""
     if split == "heldout":
         return rng.choice(HELDOUT_CITIES)
-    return rng.choice(TRAIN_CITIES) if rng.random() < 0.55 else invented_place(rng)
+    return rng.choice(TRAIN_CITIES) if rng.random() < 0.35 else invented_place(rng)
 
 
 def cities(rng, split, k):
@@ -376,7 +423,11 @@ def cities(rng, split, k):
     return out
 
 
-def pool(rng, split, train, heldout):
+def pool(rng, split, train, heldout, invent=None, p=0.5):
+    """A value from the split's list; in training, with `invent`, a made-up value with probability p
+    (the held-out side draws exactly as before, so the held-out prompt set does not change)."""
+    if split != "heldout" and invent is not None and rng.random() < p:
+        return invent(rng)
     return rng.choice(heldout if split == "heldout" else train)
 
 
@@ -396,8 +447,11 @@ _EXTS = [".py", ".rs", ".js", ".ts", ".md", ".txt", ".json", ".yaml", ".toml", "
 def file_path(rng, split):
     if split == "heldout":
         return rng.choice(HELDOUT_FILES)
-    if rng.random() < 0.5:
+    r = rng.random()
+    if r < 0.35:
         return rng.choice(FILES)
+    if r < 0.6:
+        return invented_path(rng)
     while True:
         p = rng.choice(_STEMS) + rng.choice(_EXTS)
         if rng.random() < 0.7:
@@ -631,8 +685,9 @@ def req_read_file(rng, split="train"):
 
 
 def req_search(rng, split="train"):
-    pat = pool(rng, split, WORDS, HELDOUT_WORDS)
-    d = rng.choice(["src", ".", "app", "tests", "lib", "docs", "scripts"])
+    pat = pool(rng, split, WORDS, HELDOUT_WORDS, invented_pattern)
+    d = rng.choice(["src", ".", "app", "tests", "lib", "docs", "scripts"]) if split == "heldout" or rng.random() < 0.5 \
+        else invented_dir(rng)
     q = phrase(rng, split, "search", pat=pat, d=d)
     hits = rng.randrange(0, 9)
     files = rng.sample(FILES, min(hits, 3))
@@ -641,7 +696,7 @@ def req_search(rng, split="train"):
 
 
 def req_run(rng, split="train"):
-    cmd = pool(rng, split, COMMANDS, HELDOUT_COMMANDS)
+    cmd = pool(rng, split, COMMANDS, HELDOUT_COMMANDS, invented_command)
     q = phrase(rng, split, "run", cmd=cmd)
     code = rng.choice([0, 0, 0, 1, 2])
     ans = f"`{cmd}` finished successfully." if code == 0 else f"`{cmd}` failed with exit code {code}."
@@ -653,6 +708,8 @@ def req_currency(rng, split="train"):
         a, b = rng.choice(HELDOUT_CURRENCIES), rng.choice(CURRENCIES)
     else:
         a, b = rng.sample(CURRENCIES, 2)
+        if rng.random() < 0.3:
+            a = invented_currency(rng, (a, b))
     if rng.random() < 0.5:
         a, b = b, a
     amount = rng.choice([rng.randrange(1, 1000), rng.randrange(1, 100) * 10])
@@ -663,14 +720,14 @@ def req_currency(rng, split="train"):
 
 
 def req_translate(rng, split="train"):
-    text = pool(rng, split, PHRASES, HELDOUT_PHRASES)
-    lang = pool(rng, split, LANGS, HELDOUT_LANGS)
+    text = pool(rng, split, PHRASES, HELDOUT_PHRASES, invented_phrase, 0.6)
+    lang = pool(rng, split, LANGS, HELDOUT_LANGS, lambda r: r.choice(MORE_LANGS), 0.4)
     q = phrase(rng, split, "translate", text=text, lang=lang)
     return q, {"text": text, "target_language": lang}, {"translation": "<translated text>"}, f"In {lang}: <translated text>."
 
 
 def req_event(rng, split="train"):
-    title = pool(rng, split, EVENTS + ["Lunch with " + rng.choice(NAMES)], HELDOUT_EVENTS)
+    title = pool(rng, split, EVENTS + ["Lunch with " + rng.choice(NAMES)], HELDOUT_EVENTS, invented_event)
     day, month, hour = rng.randrange(1, 29), rng.randrange(1, 13), rng.randrange(8, 19)
     date = f"2026-{month:02d}-{day:02d}"
     q = phrase(rng, split, "event", title=title, date=date, time=f"{hour}:00")
@@ -680,14 +737,16 @@ def req_event(rng, split="train"):
 
 def req_email(rng, split="train"):
     to = rng.choice(NAMES).lower() + rng.choice(["@example.com", "@example.org", "@mail.example"])
-    subject = pool(rng, split, SUBJECTS, HELDOUT_SUBJECTS)
+    if split != "heldout" and rng.random() < 0.5:
+        to = invented_email(rng)
+    subject = pool(rng, split, SUBJECTS, HELDOUT_SUBJECTS, invented_subject)
     q = phrase(rng, split, "email", to=to, subject=subject)
     args = {"to": to, "subject": subject, "body": "I'll be late."}
     return q, args, {"status": "sent"}, f"Your email \"{subject}\" was sent to {to}."
 
 
 def req_stock(rng, split="train"):
-    sym = pool(rng, split, STOCKS, HELDOUT_STOCKS)
+    sym = pool(rng, split, STOCKS, HELDOUT_STOCKS, invented_ticker)
     price = round(rng.uniform(20, 900), 2)
     q = phrase(rng, split, "stock", sym=sym)
     return q, {"symbol": sym}, {"symbol": sym, "price": price, "currency": "USD"}, f"{sym} is trading at ${price}."
@@ -701,7 +760,7 @@ def req_timezone(rng, split="train"):
 
 
 def req_todo(rng, split="train"):
-    task = pool(rng, split, TASKS, HELDOUT_TASKS)
+    task = pool(rng, split, TASKS, HELDOUT_TASKS, _task)
     prio = rng.choice(["low", "medium", "high"])
     if rng.random() < 0.4:
         q, args = phrase(rng, split, "todo_prio", task=task, prio=prio), {"task": task, "priority": prio}
@@ -720,13 +779,14 @@ def req_calc(rng, split="train"):
 
 
 def req_wiki(rng, split="train"):
-    topic = pool(rng, split, TOPICS, HELDOUT_TOPICS)
+    topic = pool(rng, split, TOPICS, HELDOUT_TOPICS, invented_topic)
     q = phrase(rng, split, "wiki", topic=topic)
     return q, {"query": topic}, {"title": topic, "summary": "<summary text>"}, f"Here is what Wikipedia says about {topic}: <summary text>."
 
 
 def req_list_dir(rng, split="train"):
-    d = rng.choice(["src", ".", "tests", "docs", "crates", "app", "scripts", "config", "data", "src/bin"])
+    d = rng.choice(["src", ".", "tests", "docs", "crates", "app", "scripts", "config", "data", "src/bin"]) \
+        if split == "heldout" or rng.random() < 0.5 else invented_dir(rng)
     names = rng.sample(["main.rs", "lib.rs", "mod.rs", "README.md", "utils.py", "index.md", "config.toml", "api.rs"], 3)
     q = phrase(rng, split, "list_dir", d=d)
     return q, {"path": d}, {"entries": names}, f"{d} contains " + ", ".join(names) + "."
@@ -735,7 +795,7 @@ def req_list_dir(rng, split="train"):
 def req_write_file(rng, split="train"):
     path = file_path(rng, split)
     content = rng.choice(["hello world", "print('hi')", "- [ ] ship it", "{\"ok\": true}", "pub fn answer() -> u32 { 42 }",
-                          "TODO: tests", "version = 2"])
+                          "TODO: tests", "version = 2"]) if split == "heldout" or rng.random() < 0.5 else invented_content(rng)
     q = phrase(rng, split, "write_file", content=content, path=path)
     return q, {"path": path, "content": content}, {"status": "written", "bytes": len(content)}, f"Wrote {len(content)} bytes to {path}."
 
@@ -749,13 +809,13 @@ def req_flights(rng, split="train"):
 
 
 def req_git_commit(rng, split="train"):
-    msg = pool(rng, split, COMMITS, HELDOUT_COMMITS)
+    msg = pool(rng, split, COMMITS, HELDOUT_COMMITS, invented_commit)
     q = phrase(rng, split, "commit", msg=msg)
     return q, {"message": msg}, {"commit": "%07x" % rng.randrange(16 ** 7)}, f"Committed: \"{msg}\"."
 
 
 def req_restaurant(rng, split="train"):
-    c, cuisine = city(rng, split), pool(rng, split, CUISINES, HELDOUT_CUISINES)
+    c, cuisine = city(rng, split), pool(rng, split, CUISINES, HELDOUT_CUISINES, lambda r: r.choice(MORE_CUISINES), 0.3)
     q = phrase(rng, split, "restaurant", cuisine=cuisine, city=c)
     name = rng.choice(["Luna", "Sakura", "El Sol", "Masala House", "Green Leaf", "Bangkok Garden"])
     return q, {"city": c, "cuisine": cuisine}, {"results": [{"name": name, "rating": round(rng.uniform(3.5, 5), 1)}]}, f"Try {name} in {c}."
@@ -839,11 +899,22 @@ NAME_ALIASES = {
     "convert_units": ["unit_convert", "convert"],
 }
 PARAM_ALIASES = {
-    "city": ["location", "place", "city_name"], "path": ["file_path", "filename", "target"],
-    "pattern": ["query", "regex", "needle"], "command": ["cmd", "script"], "text": ["input", "source_text"],
-    "query": ["q", "search", "terms"], "task": ["title", "item"], "expression": ["expr", "formula"],
-    "symbol": ["ticker"], "message": ["msg", "commit_message"], "minutes": ["duration", "mins"],
-    "to": ["recipient", "address"], "content": ["text", "data"],
+    "city": ["location", "place", "city_name", "town", "where", "locality"],
+    "path": ["file_path", "filename", "target", "file", "filepath"],
+    "pattern": ["query", "regex", "needle", "search_term", "text"], "command": ["cmd", "script", "cmdline", "shell_command"],
+    "text": ["input", "source_text", "sentence", "content"], "query": ["q", "search", "terms", "topic", "title"],
+    "task": ["title", "item", "todo", "description"], "expression": ["expr", "formula", "input", "math"],
+    "symbol": ["ticker", "stock", "code"], "message": ["msg", "commit_message", "text", "summary"],
+    "minutes": ["duration", "mins", "length", "time_minutes"], "to": ["recipient", "address", "email", "to_address"],
+    "content": ["text", "data", "body", "contents"], "subject": ["title", "topic", "subject_line", "heading"],
+    "body": ["text", "message", "content", "email_body"], "date": ["day", "on_date", "when", "event_date"],
+    "time": ["at", "start", "start_time", "hour"], "title": ["name", "summary", "event", "label"],
+    "unit": ["units", "scale", "temp_unit"], "amount": ["value", "sum", "quantity"],
+    "from": ["source", "from_currency", "base", "src"], "target_language": ["language", "lang", "to_language", "target"],
+    "priority": ["prio", "importance", "level"], "origin": ["from_city", "departure", "source", "start"],
+    "destination": ["to_city", "arrival", "dest", "end"], "cuisine": ["food", "kind", "style", "category"],
+    "value": ["amount", "quantity", "number", "x"], "from_unit": ["source_unit", "unit_from", "src_unit"],
+    "to_unit": ["target_unit", "unit_to", "dst_unit"],
 }
 
 
@@ -859,34 +930,143 @@ def styled(rng, name):
     return name
 
 
-def variant(rng, schema, args_list):
-    """The schema under another tool name and other parameter names (two times in three), and
-    the arguments renamed to match. Many of the names are made up here, so the model has to
-    copy the names from the offered list rather than recall one name per kind of request."""
-    if rng.random() < 0.35:
-        return schema, args_list
-    f = schema["function"]
-    base = rng.choice(NAME_ALIASES.get(f["name"], []) + [f["name"]])
+# Other descriptions of the same tools (the first of TOOLS' is one more); the SDK tests' own
+# schemas are among the variants ("Weather forecast", "Read a file", get_time without one).
+ALT_DESCRIPTIONS = {
+    "get_weather": ["Weather forecast", "Current weather conditions.", "Returns temperature and conditions for a place.",
+                    "Look up the weather.", "Weather lookup by city"],
+    "read_file": ["Read a file", "Returns the contents of a file.", "Open a file and return its text."],
+    "search_files": ["Grep the project.", "Find text in files", "Search files for a pattern."],
+    "run_command": ["Execute a shell command.", "Run a command", "Runs a command line and returns stdout and stderr."],
+    "convert_currency": ["Currency conversion", "Convert money from one currency to another.", "Exchange rates."],
+    "translate": ["Translate text", "Machine translation into a target language.", "Translates a sentence."],
+    "create_event": ["Add an event to the calendar.", "Calendar: new event", "Schedule something."],
+    "send_email": ["Send an email.", "Send a message by e-mail.", "Email someone", "Compose and send an email."],
+    "get_stock_price": ["Stock quote", "Current share price for a ticker.", "Returns the last trade price."],
+    "get_time": ["Current time in a place.", "World clock", "Returns the local time."],
+    "add_todo": ["Add a todo item.", "Todo list: add", "Create a task."],
+    "calculator": ["Calculator", "Exact arithmetic.", "Evaluates math expressions."],
+    "search_wikipedia": ["Wikipedia search", "Look something up in the encyclopedia.", "Returns a Wikipedia summary."],
+    "list_directory": ["List files", "Directory listing.", "Shows what a folder contains."],
+    "write_file": ["Write a file", "Save text to a file.", "Overwrite a file with new content."],
+    "search_flights": ["Flight search", "Find flights for a date.", "Search for flights."],
+    "git_commit": ["Create a git commit.", "Commit changes", "git commit -a"],
+    "find_restaurant": ["Restaurant search", "Search places to eat.", "Find somewhere to eat."],
+    "set_timer": ["Timer", "Set a countdown.", "Starts a timer."],
+    "convert_units": ["Unit conversion", "Convert between units.", "Converts a quantity to another unit."],
+}
+ALT_PARAM_DESCRIPTIONS = {
+    "city": ["City name", "The city", "Name of the city or town", "Where", "City, e.g. Berlin", "Location"],
+    "unit": ["celsius or fahrenheit", "Unit", "Units for the temperature"],
+    "path": ["File path", "Path", "Relative path of the file", "Where"], "pattern": ["Search text", "What to find"],
+    "command": ["Command to run", "Shell command"], "amount": ["How much", "Amount"],
+    "from": ["Source currency", "Currency code to convert from"], "convert_currency.to": ["Target currency", "Currency code"],
+    "send_email.to": ["Recipient", "Email address of the recipient", "Who gets it"],
+    "text": ["The text", "What to translate"], "target_language": ["Target language", "Language"],
+    "title": ["Title", "Name of the event"], "date": ["Date", "The day (YYYY-MM-DD)"], "time": ["Time", "Start time"],
+    "subject": ["Subject", "Email subject"], "body": ["Body text", "Content of the email"],
+    "symbol": ["Ticker", "Stock symbol"], "task": ["Task", "The todo item"], "priority": ["Priority level"],
+    "expression": ["Math expression", "Expression"], "query": ["Query", "What to look up"],
+    "content": ["Content", "New text of the file"], "origin": ["From", "Departure"], "destination": ["To", "Arrival"],
+    "message": ["Message", "The commit message"], "cuisine": ["Cuisine", "Food type"],
+    "minutes": ["Minutes", "How long"], "value": ["Number", "Quantity"], "from_unit": ["From unit", "Source unit"],
+    "to_unit": ["To unit", "Target unit"],
+}
+# Optional parameters a variant may add (never filled by the request).
+EXTRA_PARAMS = {
+    "get_weather": [("days", {"type": "integer", "description": "Number of days", "minimum": 1, "maximum": 7}),
+                    ("days", {"type": "integer"}), ("lang", {"type": "string", "description": "Language of the report"})],
+    "get_time": [("zone", {"type": "string", "description": "Time zone"}), ("format", {"type": "string", "enum": ["12h", "24h"]})],
+    "send_email": [("cc", {"type": "string", "description": "Copy to"}), ("html", {"type": "boolean"})],
+    "read_file": [("encoding", {"type": "string"}), ("max_lines", {"type": "integer", "description": "Lines to read at most"})],
+}
+_GENERIC_EXTRAS = [("language", {"type": "string", "description": "Answer language"}),
+                   ("limit", {"type": "integer", "description": "Maximum number of results"}),
+                   ("verbose", {"type": "boolean", "description": "More detail"}),
+                   ("format", {"type": "string", "enum": ["text", "json"]}), ("timeout", {"type": "integer"})]
+
+
+def _rename(rng, p, taken):
+    """A parameter name for the canonical one: itself, an alias, or a spelling no table holds."""
     r = rng.random()
-    name = base if r < 0.4 else styled(rng, base) if r < 0.9 else f"{rng.choice(['tool', 'fn', 'action', 'op'])}_{rng.randrange(1, 100)}"
-    if name in _HELDOUT_NAMES:
-        name = f["name"]
-    props = f["parameters"]["properties"]
-    rename = {}
-    for p in props:
-        alias = rng.choice(PARAM_ALIASES.get(p, []) + [p])
-        if rng.random() < 0.3:  # camelCase or a prefix: spellings no table here holds
+    alias = p if r < 0.3 else rng.choice(PARAM_ALIASES.get(p, []) + [p])
+    if rng.random() < 0.3:
+        r2 = rng.random()
+        if r2 < 0.35:
             parts = alias.split("_")
-            alias = parts[0] + "".join(w[:1].upper() + w[1:] for w in parts[1:]) if rng.random() < 0.5 \
-                else rng.choice(["in_", "arg_", "the_"]) + alias
-        if alias != p and (alias in props or alias in rename.values()):
-            alias = p
+            alias = parts[0] + "".join(w[:1].upper() + w[1:] for w in parts[1:])
+        elif r2 < 0.7:
+            alias = rng.choice(["in_", "arg_", "the_", "p_", "x_"]) + alias
+        elif r2 < 0.9:
+            alias = alias + rng.choice(["_name", "_value", "_str", "Value", "_in"])
+        else:
+            alias = rng.choice(["value", "input", "arg0", "param", invented_word(rng)])
+    return alias if alias not in taken else p if p not in taken else p + str(len(taken) + 1)
+
+
+def variant(rng, schema, args_list):
+    """The schema as another API might write it, and the arguments renamed to match: another
+    tool name two times in three; the description kept, replaced or left out; each parameter
+    under its name, an alias or another spelling, its description kept, replaced or left out;
+    optional parameters the request does not fill present or not, others added; the properties
+    in any order. Nothing can be keyed on one schema text: names and values have to be copied
+    from the offered schema and the request."""
+    f = schema["function"]
+    if rng.random() < 0.35:
+        name = f["name"]
+    else:
+        base = rng.choice(NAME_ALIASES.get(f["name"], []) + [f["name"]])
+        r = rng.random()
+        name = base if r < 0.4 else styled(rng, base) if r < 0.9 else f"{rng.choice(['tool', 'fn', 'action', 'op'])}_{rng.randrange(1, 100)}"
+        if name in _HELDOUT_NAMES:
+            name = f["name"]
+    r = rng.random()
+    desc = f["description"] if r < 0.3 else rng.choice(ALT_DESCRIPTIONS.get(f["name"], [f["description"]])) if r < 0.8 else None
+    props, required = f["parameters"]["properties"], f["parameters"]["required"]
+    used = {k for a in args_list for k in a}
+    rename, new_props = {}, {}
+    keep_optional = rng.random() < 0.5
+    for p, spec in props.items():
+        if p not in required and p not in used and not keep_optional:
+            continue
+        alias = _rename(rng, p, set(rename.values()) | set(props) - {p})
         rename[p] = alias
-    new = {"type": "function", "function": {
-        "name": name, "description": f["description"],
-        "parameters": {"type": "object", "properties": {rename[p]: v for p, v in props.items()},
-                       "required": [rename[p] for p in f["parameters"]["required"]]}}}
-    return new, [{rename[k]: v for k, v in a.items()} for a in args_list]
+        spec = dict(spec)
+        r = rng.random()
+        if r < 0.35:
+            pass
+        elif r < 0.7:
+            alts = ALT_PARAM_DESCRIPTIONS.get(f"{f['name']}.{p}") or ALT_PARAM_DESCRIPTIONS.get(p) \
+                or [spec[k] for k in ("description",) if k in spec]
+            if alts:
+                spec["description"] = rng.choice(alts)
+        else:
+            spec.pop("description", None)
+        if spec["type"] == "string" and "enum" not in spec and rng.random() < 0.08:
+            longest = max((len(str(a[p])) for a in args_list if p in a), default=0)
+            spec["maxLength"] = max(longest, rng.choice([12, 20, 32, 64]))
+        new_props[alias] = {k: spec[k] for k in ("type", "description", "enum", "maxLength", "minimum", "maximum")
+                            if k in spec}
+    new_required = [rename[p] for p in required]
+    if rng.random() < 0.25:
+        extra, spec = rng.choice(EXTRA_PARAMS.get(f["name"], []) + _GENERIC_EXTRAS)
+        if extra not in new_props:
+            new_props[extra] = dict(spec)
+            if rng.random() < 0.1 and not args_list:
+                new_required.append(extra)
+    items = list(new_props.items())
+    if rng.random() < 0.5:
+        rng.shuffle(items)
+    params = {"type": "object", "properties": dict(items), "required": new_required}
+    if rng.random() < 0.15:
+        params["additionalProperties"] = False
+    fn = {"name": name}
+    if desc is not None:
+        fn["description"] = desc
+    if rng.random() < 0.05:
+        fn["strict"] = True
+    fn["parameters"] = params
+    return {"type": "function", "function": fn}, [{rename[k]: v for k, v in a.items()} for a in args_list]
 
 
 _HELDOUT_NAMES = {"get_air_quality", "track_package", "get_sunrise", "play_music", "train_times"}
@@ -963,14 +1143,13 @@ def _check_split():
                         (CURRENCIES, HELDOUT_CURRENCIES), (LANGS, HELDOUT_LANGS), (PHRASES, HELDOUT_PHRASES),
                         (STOCKS, HELDOUT_STOCKS), (TASKS, HELDOUT_TASKS), (TOPICS, HELDOUT_TOPICS),
                         (EVENTS, HELDOUT_EVENTS), (SUBJECTS, HELDOUT_SUBJECTS), (COMMITS, HELDOUT_COMMITS),
-                        (CUISINES, HELDOUT_CUISINES), (PREFIXES, HELDOUT_PREFIXES), (SUFFIXES, HELDOUT_SUFFIXES)):
+                        (CUISINES, HELDOUT_CUISINES), (PREFIXES, HELDOUT_PREFIXES), (SUFFIXES, HELDOUT_SUFFIXES),
+                        (LANGS + MORE_LANGS, HELDOUT_LANGS), (CUISINES + MORE_CUISINES, HELDOUT_CUISINES)):
         assert not set(train) & set(held), set(train) & set(held)
     names = {t["function"]["name"] for t, _ in TOOLS} | {a for v in NAME_ALIASES.values() for a in v}
     assert _HELDOUT_NAMES == {t["function"]["name"] for t, _ in HELDOUT_TOOLS}
     assert not names & _HELDOUT_NAMES
 
-
-_check_split()
 
 
 def heldout_leak(text):
@@ -1066,6 +1245,8 @@ def invented_place(rng):
             name = "".join(rng.choice(_CJK) for _ in range(rng.randrange(2, 4)))
         elif r < 0.13:
             name = "".join(rng.choice(_HANGUL) for _ in range(rng.randrange(2, 4)))
+        elif r < 0.4:
+            name = letters_name(rng)
         else:
             name = invented_city(rng)
             if r < 0.2:
@@ -1080,6 +1261,27 @@ def invented_place(rng):
                 name = "".join(chars)
         if len(name) >= 2 and name not in TRAIN_CITIES and _clean(name) and not any(b in _key(name) for b in _RUDE):
             return name
+
+
+_CONS = ["b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z", "ch", "sh", "th",
+         "br", "tr", "kr", "st", "gl", "pl", "x", "q", "y"]
+_VOWELS = ["a", "e", "i", "o", "u", "a", "o", "ai", "ou", "ea", "y", "ø", "ü", "é"]
+
+
+def letters_name(rng):
+    """A made-up name from letters rather than syllables (Osaka-like, Brevnø-like, Tlaquemba-like),
+    sometimes two words or hyphenated."""
+    def word():
+        w = "" if rng.random() < 0.4 else rng.choice(_CONS)
+        for _ in range(rng.randrange(2, 5)):
+            w += rng.choice(_VOWELS) + rng.choice(_CONS + ["", "n", "r", "l"])
+        return w[:1].upper() + w[1:]
+    r = rng.random()
+    if r < 0.12:
+        return word() + " " + word()
+    if r < 0.18:
+        return word() + "-" + rng.choice(["sur-", "on-", "am-", "de-", "la-"]) + word()
+    return word()
 
 
 def train_place(rng):
@@ -1198,6 +1400,91 @@ VALUES = {  # value kind -> maker
     "address": lambda r: f"{r.randrange(1, 240)} {invented_word(r).capitalize()} "
     + r.choice(["Street", "Road", "Lane", "Avenue", "Way", "Straße", "Gasse"]),
 }
+
+
+MORE_LANGS = ["Hindi", "Arabic", "Czech", "Hungarian", "Norwegian", "Danish", "Indonesian", "Hebrew", "Ukrainian",
+              "Romanian", "Catalan", "Welsh", "Irish", "Icelandic", "Estonian", "Latvian", "Tagalog", "Bengali",
+              "Urdu", "Persian", "Malay", "Serbian", "Croatian", "Bulgarian", "Slovak", "Basque", "Galician", "Zulu",
+              "Yoruba", "Amharic", "Latin", "Esperanto", "Mongolian", "Nepali", "Tamil", "Thai"]
+MORE_CUISINES = ["turkish", "vietnamese", "spanish", "moroccan", "brazilian", "nepalese", "polish", "persian",
+                 "ramen", "burger", "seafood", "tapas", "dumplings", "bbq", "falafel", "german", "filipino"]
+_COMMON = ["coffee", "train", "window", "garden", "ticket", "letter", "kitchen", "bridge", "river", "market", "doctor",
+           "meeting", "bicycle", "blanket", "museum", "shop", "key", "bag", "umbrella", "dinner", "map", "phone",
+           "bus", "hotel", "room", "friend", "sister", "car", "dog", "book", "song", "door", "street", "weekend"]
+_ADJ = ["closed", "late", "broken", "cold", "expensive", "ready", "far away", "too small", "delicious", "empty",
+        "very old", "new", "lost", "free", "full", "beautiful", "open", "cheap", "quiet"]
+
+
+def invented_phrase(rng):
+    """A short everyday sentence made here: what a translate request carries."""
+    a, b = rng.choice(_COMMON), rng.choice(_COMMON)
+    return rng.choice([f"The {a} is {rng.choice(_ADJ)}", f"Where is the {a}?", f"I need a {a} and a {b}",
+                       f"My {a} is {rng.choice(_ADJ)}", f"Can I have the {a}, please?", f"We meet at the {a} at {rng.randrange(1, 12)}",
+                       f"How far is the {a}?", f"I left my {a} in the {b}", f"Is the {a} {rng.choice(_ADJ)}?",
+                       f"{invented_person(rng)} is my {rng.choice(['friend', 'sister', 'doctor', 'neighbour', 'boss'])}",
+                       f"Please call {invented_person(rng).split()[0]} tomorrow"])
+
+
+def invented_pattern(rng):
+    w = invented_word(rng)
+    return rng.choice([w, f"{w}()", f"{w}_{invented_word(rng, 1)}", w.upper(), f"{w}:{rng.randrange(1000, 9999)}",
+                       f"{w}.{invented_word(rng, 1)}", "TODO(" + w + ")", f"@{w}", w.capitalize() + "Error",
+                       f"fn {w}", f"import {w}"])
+
+
+def invented_dir(rng):
+    return rng.choice([invented_word(rng), rng.choice(_DIRS) + "/" + invented_word(rng), invented_word(rng, 2) + "s"])
+
+
+def invented_command(rng):
+    w = invented_word(rng)
+    return rng.choice([f"python3 {w}.py", f"./{w}.sh", f"make {w}", f"npm run {w}", f"cargo run --bin {w}",
+                       f"go run ./cmd/{w}", f"cat {invented_path(rng)}", f"git checkout {w}", f"ls {invented_dir(rng)}",
+                       f"docker logs {w}", f"{w} --version", f"grep -rn {w} ."])
+
+
+def invented_currency(rng, avoid):
+    while True:
+        c = "".join(rng.choice(_LETTERS) for _ in range(3))
+        if c not in avoid and c not in HELDOUT_CURRENCIES and c not in CURRENCIES:
+            return c
+
+
+def invented_ticker(rng):
+    while True:
+        t = "".join(rng.choice(_LETTERS) for _ in range(rng.randrange(2, 6)))
+        if t not in HELDOUT_STOCKS and _clean(t):
+            return t
+
+
+def invented_event(rng):
+    return rng.choice([f"Lunch with {invented_person(rng)}", f"{invented_word(rng).capitalize()} review",
+                       f"Call {invented_person(rng).split()[0]}", f"{rng.choice(_TITLE_ADJ)} {rng.choice(_COMMON)} meetup",
+                       f"{invented_word(rng).capitalize()} workshop", f"Dinner at {invented_place(rng)}",
+                       f"{rng.choice(['Tennis', 'Swimming', 'Chess', 'Guitar', 'French'])} with {invented_person(rng).split()[0]}"])
+
+
+def invented_subject(rng):
+    return rng.choice([f"{invented_word(rng).capitalize()} update", f"Re: {invented_title(rng)}",
+                       f"Question about {invented_word(rng)}", f"{rng.choice(_TITLE_ADJ)} {rng.choice(_COMMON)}",
+                       f"Trip to {invented_place(rng)}", f"Invoice {invented_code(rng)}", f"Draft v{rng.randrange(2, 9)}"])
+
+
+def invented_topic(rng):
+    return rng.choice([invented_person(rng), invented_title(rng), invented_place(rng), invented_word(rng).capitalize()
+                       + rng.choice([" (band)", " (river)", " theorem", " effect", " dynasty", ""])])
+
+
+def invented_commit(rng):
+    w = invented_word(rng)
+    return rng.choice([f"Fix {w} parsing", f"Add {w} support", f"Remove unused {w}", f"Rename {w} to {invented_word(rng)}",
+                       f"Update {invented_path(rng)}", f"Handle empty {w}", f"Speed up {w} lookup"])
+
+
+def invented_content(rng):
+    w = invented_word(rng)
+    return rng.choice([f"{w} = {rng.randrange(0, 100)}", f"# {invented_title(rng)}", f"TODO: {w}",
+                       f"print('{w}')", f"{{\"{w}\": {rng.randrange(0, 9)}}}", invented_phrase(rng), f"name: {w}"])
 
 
 def rng_item(r):
@@ -1500,7 +1787,14 @@ def sibling_tools(rng, schema, words=None):
 
 
 def invented_tool(rng):
-    return invented_lookup(rng) if rng.random() < 0.55 else invented_action(rng)
+    schema, ask, words = invented_lookup(rng) if rng.random() < 0.55 else invented_action(rng)
+    fn = schema["function"]
+    if rng.random() < 0.15:  # as some APIs write them: no description, or none on the parameters
+        del fn["description"]
+    if rng.random() < 0.2:
+        for spec in fn["parameters"]["properties"].values():
+            spec.pop("description", None)
+    return schema, ask, words
 
 
 def sloppy(rng, t):
@@ -1551,7 +1845,11 @@ def gen_tool_synth(rng):
     for i, (sch, a) in enumerate(rounds):
         q, args, result, answer, what = a(rng)
         name = sch["function"]["name"]
-        messages += [{"role": "user", "content": with_context(rng, "train", q) if i == 0 else q},
+        if i == 0:
+            q = with_context(rng, "train", q)
+            if rng.random() < 0.05:
+                q = named_request(rng, name, args, q)
+        messages += [{"role": "user", "content": q},
                      assistant("", _call_reasoning(rng, name, args, what), [(name, args)])]
         if i + 1 < len(rounds) or rng.random() < 0.7:
             messages.append({"role": "tool", "content": json.dumps(result, ensure_ascii=False)})
@@ -1565,10 +1863,43 @@ def slug_key(noun):
     return noun.lower().replace(" ", "_")
 
 
+WEATHER_DAYS = ["Weather in {city} for {days} days?", "{days}-day forecast for {city}, please.",
+                "What's the weather in {city} over the next {days} days?", "Forecast for {city}, {days} days.",
+                "How will the weather be in {city} for the next {days} days?"]
+
+
+def named_request(rng, name, args, q):
+    """The request names the tool to use ("Use get_weather for Oslo.")."""
+    forms = [f"Use {name}: {q}", f"{q} Use {name}.", f"Use the {name} tool. {q}", f"{q} (call {name})"]
+    if len(args) == 1:
+        v = next(iter(args.values()))
+        forms += [f"Use {name} for {v}.", f"Call {name} with {v}.", f"use {name} for {v}", f"Run {name} on {v}."]
+    return rng.choice(forms)
+
+
+def _with_days(rng, schema, q, args, result):
+    """get_weather with a number of days (the SDK tests' schema has `days`)."""
+    c, d = args["city"], rng.randrange(1, 8)
+    f = schema["function"]
+    props = dict(f["parameters"]["properties"])
+    props["days"] = rng.choice([{"type": "integer", "description": "Number of days", "minimum": 1, "maximum": 7},
+                                {"type": "integer"}, {"type": "integer", "description": "Days of forecast"}])
+    req = ["city", "days"] if rng.random() < 0.5 else ["city"]
+    schema = tool(f["name"], rng.choice([f["description"], "Weather forecast"]), props, req)
+    q = sloppy(rng, rng.choice(WEATHER_DAYS)).format(city=c, days=d)
+    lo = rng.randrange(-5, 20)
+    return schema, q, {"city": c, "days": d}, {"city": c, "days": d, "min": lo, "max": lo + rng.randrange(2, 12)}, \
+        f"Over the next {d} days {c} will see between {lo} and {lo + 5}°C."
+
+
 def gen_tool(rng):
     k = 0 if rng.random() < 0.1 else rng.randrange(len(TOOLS))  # weather a little more often
     q, args, result, final = TOOLS[k][1](rng)
-    schema, (args,) = variant(rng, TOOLS[k][0], [args])
+    base = TOOLS[k][0]
+    if k == 0 and rng.random() < 0.12:
+        base, q, args, result, final = _with_days(rng, base, q, args, result)
+        final = final.replace(str(result["min"] + 5), str(result["max"]))
+    schema, (args,) = variant(rng, base, [args])
     tools = offered_tools(rng, k, schema)
     r = rng.random()
     if r < 0.35:  # an invented tool beside it, which it must not be confused with
@@ -1579,9 +1910,12 @@ def gen_tool(rng):
                 tools.insert(rng.randrange(len(tools) + 1), sib)
     q = with_context(rng, "train", q)
     name = schema["function"]["name"]
+    if rng.random() < 0.07:
+        q = named_request(rng, name, args, q)
+    vals = ", ".join(f"{a}={json.dumps(v, ensure_ascii=False)}" for a, v in args.items())
     reasoning = rng.choice([
         f"The user wants something that the {name} tool can do. I'll call it with the right arguments.",
-        f"I should call {name}.", "",
+        f"I should call {name}.", "", "", f"I'll call {name} with {vals}.", f"{name} fits. Arguments: {vals}.",
     ])
     pre = "" if rng.random() < 0.85 else rng.choice(["Let me check.", "I'll look that up.", "On it."])
     messages = [{"role": "user", "content": q}, assistant(pre, reasoning, [(name, args)])]
@@ -1830,7 +2164,7 @@ def gen_multiturn(rng):
 
 
 GENERATORS = [
-    (gen_smalltalk, 3), (gen_fact, 10), (gen_arith, 12), (gen_tool, 11), (gen_tool_synth, 24), (gen_tool_parallel, 3),
+    (gen_smalltalk, 7), (gen_fact, 9), (gen_arith, 11), (gen_tool, 11), (gen_tool_synth, 23), (gen_tool_parallel, 3),
     (gen_tool_unneeded, 5), (gen_json, 9), (gen_code, 3), (gen_code_task, 7), (gen_multiturn, 6),
 ]
 
@@ -1847,3 +2181,6 @@ def render(conversation, template):
     text, _ = render_jinja_template(
         conversations=[conversation["messages"]], tools=conversation["tools"], chat_template=template)
     return text[0]
+
+
+_check_split()  # at the end: the value lists it checks are defined above

@@ -6,8 +6,8 @@ Runs on one GPU (the H200: about 8 minutes in all) or, with --smoke, on a CPU in
     python3 train/train.py --out OUT [--target-minutes 5] [--draft-minutes 2] [--dflash-ref model.py]
 
 Steps: generate the conversations (train/data.py, seeded, in parallel), tokenize them with
-models/demo/tokenizer.json, mask everything but the assistant turns out of the loss (checked
-against the rendered text), pack them into 1,024-token rows, train the target, then train the
+models/demo/tokenizer.json, find the assistant turns (checked against the rendered text): full
+loss weight there, OTHER_WEIGHT on the other text; pack them into 1,024-token rows, train the target, then train the
 DFlash draft on the frozen target's tap features (block diffusion: each block is the last
 accepted token plus mask tokens, attending to the taps of everything before it), and
 evaluate both. OUT receives model.safetensors + config.json (the target), draft/ (the
@@ -56,6 +56,7 @@ DRAFT_LAYERS = 2
 TAPS = [1, 3, 5]
 BLOCK = 8
 LOSS_DECAY = 4.0  # weight of block position k (1-based): exp(-(k-1)/decay), as in DFlash
+OTHER_WEIGHT = 0.15  # loss weight of the text outside assistant turns (assistant tokens weigh 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +169,10 @@ def make_conversations(seed, n, workers, chunk=2000):
 
 def pack(ids, masks, eot, rng):
     """Rows of SEQ tokens, each starting at a conversation; conversations joined by <|endoftext|>,
-    the tail padded. Labels only on the assistant turns (masks), -100 elsewhere."""
+    the tail padded. Labels on every token of a conversation, -100 on the separators and the
+    padding; the class of each position: 2 in an assistant turn (masks: full loss weight), 1 for
+    the other text of a conversation (system, user and tool turns, turn heads: OTHER_WEIGHT),
+    0 for separators and padding (no loss)."""
     order = [i for i in range(len(ids)) if len(ids[i]) < SEQ]
     rng.shuffle(order)
     placed, row, fill = [], 0, 0  # (conversation, row, offset)
@@ -180,11 +184,16 @@ def pack(ids, masks, eot, rng):
         fill += n
     rows = np.full((row + 1, SEQ), eot, dtype=np.int64)
     labels = np.full((row + 1, SEQ), -100, dtype=np.int64)
+    cls = np.zeros((row + 1, SEQ), dtype=np.uint8)
     for i, r, o in placed:
         n = len(ids[i])
         rows[r, o:o + n] = ids[i]
-        labels[r, o:o + n] = np.where(masks[i], ids[i], -100)
-    return torch.from_numpy(rows), torch.from_numpy(labels)
+        labels[r, o:o + n] = ids[i]
+        cls[r, o:o + n] = np.where(masks[i], 2, 1)
+    # The weights follow the checked masks exactly: as many full-weight positions as masked tokens.
+    assert int((cls == 2).sum()) == sum(int(masks[i].sum()) for i, _, _ in placed)
+    assert ((labels == -100) == (cls == 0)).all()
+    return torch.from_numpy(rows), torch.from_numpy(labels), torch.from_numpy(cls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,27 +244,44 @@ def timed_training(name, params, loss_fn, batches, minutes, peak_lr, log, smoke)
             total = int((minutes * 60 - (time.time() - t0)) / per_step) + 30
             log(f"{name}: {per_step * 1000:.1f} ms/step, {total} steps in {minutes} min")
         if step % 200 == 0 or step == total or smoke:
-            log(f"{name} step {step}/{total} loss {loss.item():.4f} lr {lr_at(step, total, peak_lr, warmup):.2e} "
-                f"t {time.time() - t0:.0f}s")
+            note = getattr(loss_fn, "note", None)
+            log(f"{name} step {step}/{total} loss {loss.item():.4f}"
+                + (f" (assistant tokens {note.item():.4f})" if note is not None else "")
+                + f" lr {lr_at(step, total, peak_lr, warmup):.2e} t {time.time() - t0:.0f}s")
     return step
 
 
-def batches_of(rows, labels, batch, device, rng):
+def batches_of(rows, labels, cls, batch, device, rng):
     g = torch.Generator().manual_seed(rng.randrange(2**31))
     while True:
         perm = torch.randperm(len(rows), generator=g)
         for i in range(0, len(perm) - batch + 1, batch):
             idx = perm[i:i + batch]
-            yield rows[idx].to(device, non_blocking=True), labels[idx].to(device, non_blocking=True)
+            yield (rows[idx].to(device, non_blocking=True), labels[idx].to(device, non_blocking=True),
+                   cls[idx].to(device, non_blocking=True))
+
+
+def token_weights(c, other=None):
+    """Loss weight per position from its class (pack): 1 in assistant turns, OTHER_WEIGHT on the
+    other text, 0 on separators and padding."""
+    other = OTHER_WEIGHT if other is None else other
+    return (c == 2).float() + other * (c == 1).float()
 
 
 def target_loss(model):
+    """Cross-entropy weighted per token (token_weights), normalised by the weights' sum; the mean
+    over the assistant tokens alone is kept in fn.note for the log."""
     def fn(b):
-        x, y = b
+        x, y, c = b
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             logits = model(input_ids=x).logits
-        return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1),
-                               ignore_index=-100)
+        ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1),
+                             ignore_index=-100, reduction="none")
+        w = token_weights(c[:, 1:]).reshape(-1)
+        asst = (c[:, 1:] == 2).reshape(-1).float()
+        fn.note = (ce.detach() * asst).sum() / asst.sum().clamp(min=1)
+        return (ce * w).sum() / w.sum()
+    fn.note = None
     return fn
 
 
@@ -273,17 +299,23 @@ def save_target(model, out):
 
 
 @torch.no_grad()
-def perplexity(model, ids, window, device):
-    """Mean NLL over windows of `window` tokens, each from an empty context (as `splash perplexity`)."""
-    nll, n = 0.0, 0
+def perplexity(model, ids, window, device, mask):
+    """Mean NLL over windows of `window` tokens, each from an empty context (as `splash perplexity`):
+    over all predicted tokens, and over those in assistant turns (mask, per token id).
+    Returns ((ppl, mean nll, tokens) for all, the same for the assistant tokens)."""
+    nll, n, anll, an = 0.0, 0, 0.0, 0
     for s in range(0, len(ids), window):
         w = torch.tensor(ids[s:s + window], device=device)[None]
         if w.shape[1] < 2:
             continue
         logits = model(input_ids=w).logits.double()
-        nll += F.cross_entropy(logits[0, :-1], w[0, 1:], reduction="sum").item()
+        per = F.cross_entropy(logits[0, :-1], w[0, 1:], reduction="none")
+        m = torch.tensor(mask[s + 1:s + w.shape[1]], device=device)
+        nll += per.sum().item()
         n += w.shape[1] - 1
-    return math.exp(nll / n), nll / n, n
+        anll += per[m].sum().item()
+        an += int(m.sum())
+    return (math.exp(nll / n), nll / n, n), (math.exp(anll / max(an, 1)), anll / max(an, 1), an)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +466,8 @@ def draft_loss(draft, target, anchors, rng_t):
     w = torch.cat([torch.zeros(1), w[:-1]])  # position 0 is the anchor; position k weighs exp(-(k-1)/decay)
 
     def fn(b):
-        x, y = b
+        x, y, c = b
+        y = y.masked_fill(c != 2, -100)  # the draft learns the assistant turns only, as before
         taps, ctx_pos, ids, pos, mask, labels = draft_batch(target, x, y, anchors, rng_t)
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             hidden = draft(taps, ctx_pos, emb(ids).detach(), pos, mask)
@@ -517,7 +550,7 @@ def check_against_reference(draft, cfg, ref_path, out, target, prompt, device):
 # ---------------------------------------------------------------------------------------------
 
 def main():
-    global EOS, EOT, MASK, TAPS
+    global EOS, EOT, MASK, TAPS, OTHER_WEIGHT
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--conversations", type=int, default=600_000)
@@ -527,7 +560,10 @@ def main():
     ap.add_argument("--target", help="a trained target (config.json + model.safetensors): train the draft only")
     ap.add_argument("--dflash-ref", help="z-lab/dflash dflash/model.py, for the parity check")
     ap.add_argument("--smoke", action="store_true", help="a few steps on a small model (CPU test of the script)")
+    ap.add_argument("--other-weight", type=float, default=OTHER_WEIGHT,
+                    help="loss weight of the tokens outside assistant turns (assistant tokens weigh 1)")
     args = ap.parse_args()
+    OTHER_WEIGHT = args.other_weight
     os.makedirs(args.out, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     logf = open(os.path.join(args.out, "train.log"), "w")
@@ -552,15 +588,17 @@ def main():
     ntok = sum(len(i) for i in ids)
     ntrained = sum(int(m.sum()) for m in masks)
     log(f"data: {len(ids)} conversations, {ntok / 1e6:.1f}M tokens ({ntrained / 1e6:.1f}M in assistant turns, "
-        f"the loss's), {time.time() - t0:.0f}s; {len(dropped)} left out for a held-out name; kinds "
+        f"full loss weight), {time.time() - t0:.0f}s; {len(dropped)} left out for a held-out name; kinds "
         + json.dumps({k: kinds.count(k) for k in sorted(set(kinds))}))
     nconv, nturns, mt, mn = check_assistant_mask(tok, htexts[:300] + texts[:300], hids[:300] + ids[:300],
                                                  hmasks[:300] + masks[:300])
-    log(f"loss mask: exactly the {nturns} assistant turns of {nconv} rendered conversations ({mt}/{mn} tokens trained)")
+    log(f"loss mask: exactly the {nturns} assistant turns of {nconv} rendered conversations ({mt}/{mn} tokens at full weight)")
     rng = random.Random(SEED)
-    rows, labels = pack(ids, masks, EOT, rng)
+    rows, labels, cls = pack(ids, masks, EOT, rng)
     log(f"packed: {rows.shape[0]} rows of {SEQ}, {(rows != EOT).float().mean():.3f} of positions are text, "
-        f"{(labels != -100).float().mean():.3f} carry a label")
+        f"{(cls == 2).float().mean():.3f} in assistant turns (loss weight 1), {(cls == 1).float().mean():.3f} "
+        f"other text (weight {OTHER_WEIGHT}); the assistant turns carry "
+        f"{(cls == 2).float().sum() / token_weights(cls).sum():.2f} of the loss weight")
     heldout = "".join(htexts[:300])
     open(os.path.join(args.out, "heldout.txt"), "w").write(heldout)
 
@@ -580,16 +618,21 @@ def main():
     else:
         model.train()
         steps = timed_training("target", list(model.parameters()), target_loss(model),
-                               batches_of(rows, labels, args.batch, device, rng), args.target_minutes, 3e-3, log,
+                               batches_of(rows, labels, cls, args.batch, device, rng), args.target_minutes, 3e-3, log,
                                args.smoke)
     model.eval()
     saved = save_target(model, args.out)
     # Evaluate in the shipped precision.
     model = model.to(torch.bfloat16).float()
-    ppl, nll, n = perplexity(model, tok.encode(heldout).ids, 512, device)
-    log(f"target: {steps} steps, held-out perplexity {ppl:.4f} over {n} predicted tokens (windows of 512)")
+    hold_ids = np.array(tok.encode(heldout).ids)
+    hold_mask = assistant_mask(hold_ids, *special_ids(tok))
+    (ppl, nll, n), (appl, anll, an) = perplexity(model, hold_ids.tolist(), 512, device, hold_mask)
+    log(f"target: {steps} steps, held-out perplexity {ppl:.4f} over all {n} predicted tokens, {appl:.4f} over the "
+        f"{an} in assistant turns (windows of 512)")
     metrics = {"target": {"parameters": saved, "steps": steps, "heldout_ppl": ppl, "heldout_mean_nll": nll,
-                          "heldout_predicted": n, "tokens_trained": steps * args.batch * SEQ,
+                          "heldout_predicted": n, "heldout_ppl_assistant": appl, "heldout_mean_nll_assistant": anll,
+                          "heldout_predicted_assistant": an, "other_text_weight": OTHER_WEIGHT,
+                          "tokens_trained": steps * args.batch * SEQ,
                           "train_conversations": len(ids), "train_tokens": ntok}}
     json.dump(metrics, open(os.path.join(args.out, "metrics.json"), "w"), indent=1)
 
@@ -600,12 +643,12 @@ def main():
     torch.manual_seed(SEED + 1)
     draft = Draft(cfg).to(device)
     rng_t = torch.Generator().manual_seed(SEED + 2)
-    x0, y0 = rows[:1].to(device), labels[:1].to(device)
+    x0, y0 = rows[:1].to(device), labels[:1].masked_fill(cls[:1] != 2, -100).to(device)
     torch.backends.cuda.matmul.allow_tf32 = False  # the check compares in full f32
     log(f"draft: batched blocks vs single blocks, max rel error {check_batched_blocks(draft, model, x0, y0, rng_t):.1e}")
     torch.backends.cuda.matmul.allow_tf32 = True
     dsteps = timed_training("draft", list(draft.parameters()), draft_loss(draft, model, 32, rng_t),
-                            batches_of(rows, labels, args.batch, device, rng), args.draft_minutes, 2e-3, log, args.smoke)
+                            batches_of(rows, labels, cls, args.batch, device, rng), args.draft_minutes, 2e-3, log, args.smoke)
     draft.eval()
     dsaved = save_draft(draft, cfg, os.path.join(args.out, "draft"))
     draft = draft.to(torch.bfloat16).float()
