@@ -20,22 +20,58 @@ enum NextScores {
     Argmax(u32),
 }
 
+/// Where a sequence is in its life.
+enum Phase {
+    /// Running the prompt through the model: `done` of its tokens are in.
+    Prefill {
+        done: usize,
+    },
+    /// Prompt in: each step emits tokens. `next` is what the next token is chosen from when
+    /// the last pass left it (a speculative step's tokens come out of its verify pass).
+    Decode {
+        next: Option<NextScores>,
+    },
+    /// Preempted: the state went to the prefix cache under `key` (the tokens it covered) and
+    /// the sequence holds an empty one until it is brought back.
+    Parked {
+        key: Vec<u32>,
+        resume: Resume,
+    },
+    /// Bringing the state back after a preemption in decode: `tokens` (prompt, then output)
+    /// are prefilled again where the parked state did not survive in the cache; `done` of
+    /// them are in. Decode goes on with `next`, kept from before.
+    Replay {
+        tokens: Vec<u32>,
+        done: usize,
+        next: Option<NextScores>,
+    },
+    Finished(FinishReason),
+}
+
+/// What a parked sequence goes back to.
+enum Resume {
+    /// Its prompt's prefill.
+    Prefill,
+    /// Decoding, once `tokens` are in again.
+    Replay {
+        tokens: Vec<u32>,
+        next: Option<NextScores>,
+    },
+}
+
 /// A request being prefilled or decoded.
 pub struct Sequence {
     id: SeqId,
     prompt: Vec<u32>,
     output: Vec<u32>,
     state: SequenceState,
-    prefilled: usize,
-    /// What the next token is chosen from, once the prompt is in.
-    next: Option<NextScores>,
+    phase: Phase,
     sampler: Sampler,
     stop: StopMatcher,
     decoder: StreamDecoder,
     max_tokens: usize,
     max_context: usize,
     eos: Vec<u32>,
-    finish: Option<FinishReason>,
     grammar: Option<GrammarState>,
     /// The grammar applies once this token was generated (`None`: it applies now).
     grammar_after: Option<u32>,
@@ -49,12 +85,6 @@ pub struct Sequence {
     checkpoints: Vec<usize>,
     /// States reached at those positions, for the engine to store.
     snapshots: Vec<Restored>,
-    /// Set while preempted: the tokens its state covered when it was parked (the prefix
-    /// cache key it was stored under). The sequence holds an empty state meanwhile.
-    parked: Option<Vec<u32>>,
-    /// After a preemption in decode: the tokens (prompt, then output) to bring the state
-    /// back to, prefilled again when the parked state did not survive in the cache.
-    replay: Option<Vec<u32>>,
 }
 
 /// A drafted block (or the anchor alone) waiting for its verify pass.
@@ -105,15 +135,13 @@ impl Sequence {
             prompt: req.prompt,
             output: Vec::new(),
             state: model.graph.new_state_with(kv),
-            prefilled: 0,
-            next: None,
+            phase: Phase::Prefill { done: 0 },
             sampler: Sampler::new(req.sampling),
             stop: StopMatcher::new(req.stop),
             decoder: StreamDecoder::new(),
             max_tokens: req.max_tokens,
             max_context,
             eos,
-            finish: None,
             grammar,
             grammar_after,
             prefill_time: Duration::ZERO,
@@ -129,15 +157,13 @@ impl Sequence {
             cached: 0,
             checkpoints: Vec::new(),
             snapshots: Vec::new(),
-            parked: None,
-            replay: None,
         }
     }
 
     /// Starts from a cached prefix of the prompt instead of prefilling it.
     pub(crate) fn resume_from(&mut self, r: Restored) {
         self.state = r.state;
-        self.prefilled = r.len;
+        self.phase = Phase::Prefill { done: r.len };
         self.cached = r.len;
         if let (Some(spec), Some(draft)) = (&mut self.spec, r.draft) {
             spec.session = draft;
@@ -176,7 +202,10 @@ impl Sequence {
 
     /// Why it ended, once it has.
     pub fn finish_reason(&self) -> Option<&FinishReason> {
-        self.finish.as_ref()
+        match &self.phase {
+            Phase::Finished(reason) => Some(reason),
+            _ => None,
+        }
     }
 
     /// Time spent in prefill and in decode.
@@ -204,29 +233,24 @@ impl Sequence {
         model: &Model,
         chunk: usize,
     ) -> Result<usize, ModelError> {
-        // `prefill_target`, borrowing only the fields it reads (the state is mutated below).
-        let tokens = self.replay.as_deref().unwrap_or(&self.prompt);
-        if self.finish.is_some()
-            || self.parked.is_some()
-            || self.prefilled == tokens.len()
-            || chunk == 0
-        {
+        let (tokens, start) = match &self.phase {
+            Phase::Prefill { done } => (&self.prompt, *done),
+            Phase::Replay { tokens, done, .. } => (tokens, *done),
+            _ => return Ok(0),
+        };
+        if start == tokens.len() || chunk == 0 {
             return Ok(0);
         }
-        let start = self.prefilled;
         let t0 = Instant::now();
-        let mut end = (self.prefilled + chunk).min(tokens.len());
+        let mut end = (start + chunk).min(tokens.len());
         // Stop at a checkpoint so the state there can be kept.
-        if let Some(&cp) = self
-            .checkpoints
-            .iter()
-            .find(|&&c| c > self.prefilled && c < end)
-        {
+        if let Some(&cp) = self.checkpoints.iter().find(|&&c| c > start && c < end) {
             end = cp;
         }
         let last = end == tokens.len();
+        let replay = matches!(self.phase, Phase::Replay { .. });
         // A replay keeps the logits it had when it was parked.
-        let want = if last && self.replay.is_none() {
+        let want = if last && !replay {
             Logits::Last
         } else {
             Logits::None
@@ -242,16 +266,22 @@ impl Sequence {
         if let Some(spec) = &mut self.spec {
             spec.session.commit(&out.features)?;
         }
-        self.prefilled = end;
+        self.phase = match std::mem::replace(&mut self.phase, Phase::Prefill { done: 0 }) {
+            Phase::Replay { next, .. } if last => Phase::Decode { next },
+            Phase::Replay { tokens, next, .. } => Phase::Replay {
+                tokens,
+                done: end,
+                next,
+            },
+            _ if last => Phase::Decode {
+                next: Some(NextScores::Logits(out.logits)),
+            },
+            _ => Phase::Prefill { done: end },
+        };
         if self.checkpoints.contains(&end) {
             self.snapshot(end);
         }
         if last {
-            if self.replay.take().is_some() {
-                self.prefilled = self.prompt.len();
-            } else {
-                self.next = Some(NextScores::Logits(out.logits));
-            }
             // Kept already: a replay after a preemption need not copy them again.
             self.checkpoints.clear();
         }
@@ -277,39 +307,62 @@ impl Sequence {
             .spec
             .as_mut()
             .map(|s| std::mem::replace(&mut s.session, s.drafter.session()));
-        if self.replay.is_none() && self.prefilled == self.prompt.len() {
-            self.replay = Some(key.clone());
-        }
-        self.prefilled = 0;
-        self.parked = Some(key.clone());
+        let resume = match std::mem::replace(&mut self.phase, Phase::Prefill { done: 0 }) {
+            Phase::Decode { next } => Resume::Replay {
+                tokens: key.clone(),
+                next,
+            },
+            Phase::Replay { tokens, next, .. } => Resume::Replay { tokens, next },
+            Phase::Prefill { .. } => Resume::Prefill,
+            // The engine parks only sequences that hold or will hold KV rows.
+            other @ (Phase::Parked { .. } | Phase::Finished(_)) => {
+                self.phase = other;
+                return (key, Restored { len, state, draft });
+            }
+        };
+        self.phase = Phase::Parked {
+            key: key.clone(),
+            resume,
+        };
         (key, Restored { len, state, draft })
     }
 
     /// The cache key a parked sequence's state went under, and the tokens to bring it back to.
     pub(crate) fn parked(&self) -> Option<(&[u32], &[u32])> {
-        let key = self.parked.as_deref()?;
-        Some((key, self.prefill_target()))
+        match &self.phase {
+            Phase::Parked {
+                key,
+                resume: Resume::Prefill,
+            } => Some((key, &self.prompt)),
+            Phase::Parked {
+                key,
+                resume: Resume::Replay { tokens, .. },
+            } => Some((key, tokens)),
+            _ => None,
+        }
     }
 
     /// Ends a preemption: from `restored` (its parked state, or a cached prefix of it), or
     /// from nothing (prefilled again).
     pub(crate) fn unpark(&mut self, restored: Option<Restored>) {
-        self.parked = None;
+        let Phase::Parked { resume, .. } =
+            std::mem::replace(&mut self.phase, Phase::Prefill { done: 0 })
+        else {
+            return;
+        };
+        let mut done = 0;
         if let Some(r) = restored {
             self.state = r.state;
-            self.prefilled = r.len;
+            done = r.len;
             if let (Some(spec), Some(draft)) = (&mut self.spec, r.draft) {
                 spec.session = draft;
             }
         }
-        if self
-            .replay
-            .as_ref()
-            .is_some_and(|t| self.prefilled == t.len())
-        {
-            self.replay = None;
-            self.prefilled = self.prompt.len();
-        }
+        self.phase = match resume {
+            Resume::Prefill => Phase::Prefill { done },
+            Resume::Replay { tokens, next } if done == tokens.len() => Phase::Decode { next },
+            Resume::Replay { tokens, next } => Phase::Replay { tokens, done, next },
+        };
     }
 
     /// KV-cache tokens this sequence holds (0 while parked).
@@ -320,22 +373,22 @@ impl Sequence {
     /// KV-cache tokens this sequence holds, or will once its prompt (or replay) is in; 0 while
     /// parked or finished.
     pub(crate) fn kv_tokens_committed(&self) -> usize {
-        if self.parked.is_some() || self.finish.is_some() {
-            return 0;
-        }
-        self.state.len().max(self.prefill_target().len())
+        let target = match &self.phase {
+            Phase::Prefill { .. } => self.prompt.len(),
+            Phase::Replay { tokens, .. } => tokens.len(),
+            Phase::Decode { .. } => 0,
+            Phase::Parked { .. } | Phase::Finished(_) => return 0,
+        };
+        self.state.len().max(target)
     }
 
     /// KV-cache tokens this sequence holds after its next step (0 while parked): its state
     /// plus a token, a verify block, or a prefill chunk of at most `chunk`.
     pub(crate) fn kv_after_step(&self, chunk: usize) -> usize {
-        if self.parked.is_some() || self.finish.is_some() {
-            return 0;
-        }
-        let growth = if self.decoding() {
-            self.spec.as_ref().map_or(1, |s| s.drafter.block_size())
-        } else {
-            self.prefill_left().min(chunk)
+        let growth = match self.phase {
+            Phase::Decode { .. } => self.spec.as_ref().map_or(1, |s| s.drafter.block_size()),
+            Phase::Prefill { .. } | Phase::Replay { .. } => self.prefill_left().min(chunk),
+            Phase::Parked { .. } | Phase::Finished(_) => return 0,
         };
         self.state.len() + growth
     }
@@ -357,12 +410,19 @@ impl Sequence {
 
     /// Prompt tokens not prefilled yet (a replay after a preemption counts too).
     pub(crate) fn prefill_left(&self) -> usize {
-        self.prefill_target().len() - self.prefilled
-    }
-
-    /// What prefill brings the state to: the prompt, or after a preemption the replay.
-    fn prefill_target(&self) -> &[u32] {
-        self.replay.as_deref().unwrap_or(&self.prompt)
+        match &self.phase {
+            Phase::Prefill { done } => self.prompt.len() - done,
+            Phase::Replay { tokens, done, .. } => tokens.len() - done,
+            Phase::Parked {
+                resume: Resume::Prefill,
+                ..
+            } => self.prompt.len(),
+            Phase::Parked {
+                resume: Resume::Replay { tokens, .. },
+                ..
+            } => tokens.len(),
+            Phase::Decode { .. } | Phase::Finished(_) => 0,
+        }
     }
 
     /// True when the next step is a plain one-token decode step (prompt in, no draft): the
@@ -374,10 +434,20 @@ impl Sequence {
 
     /// Prompt in, not finished, not parked.
     fn decoding(&self) -> bool {
-        self.finish.is_none()
-            && self.parked.is_none()
-            && self.replay.is_none()
-            && self.prefilled == self.prompt.len()
+        matches!(self.phase, Phase::Decode { .. })
+    }
+
+    fn finished(&self) -> bool {
+        matches!(self.phase, Phase::Finished(_))
+    }
+
+    /// The scores the next token is chosen from, taken (a decoding sequence whose last pass
+    /// left them).
+    fn take_next(&mut self) -> Option<NextScores> {
+        match &mut self.phase {
+            Phase::Decode { next } => next.take(),
+            _ => None,
+        }
     }
 
     /// Samples and emits the next token from the last logits (masked by the output
@@ -387,7 +457,12 @@ impl Sequence {
         model: &Model,
         events: &mut Vec<Event>,
     ) -> Result<Option<u32>, ModelError> {
-        let token = match self.next.take().expect("decode step after prefill") {
+        let Some(next) = self.take_next() else {
+            let why = "a decode step came before the pass that scores it (an engine bug)";
+            self.fail(why.into(), events)?;
+            return Ok(None);
+        };
+        let token = match next {
             NextScores::Argmax(token) => token,
             NextScores::Logits(mut logits) => {
                 let constrained = self
@@ -404,7 +479,7 @@ impl Sequence {
             }
         };
         self.push(token, model, events)?;
-        Ok(self.finish.is_none().then_some(token))
+        Ok((!self.finished()).then_some(token))
     }
 
     /// True when the next token is the argmax of the logits as they come (greedy, no
@@ -417,10 +492,12 @@ impl Sequence {
     /// Takes the output of the forward pass of the token [`sample_next`](Self::sample_next)
     /// returned (its logits, or with [`Logits::Argmax`] its argmax).
     pub(crate) fn decoded(&mut self, out: PassOutput) {
-        self.next = Some(match out.argmax.first() {
-            Some(&token) => NextScores::Argmax(token),
-            None => NextScores::Logits(out.logits),
-        });
+        if let Phase::Decode { next } = &mut self.phase {
+            *next = Some(match out.argmax.first() {
+                Some(&token) => NextScores::Argmax(token),
+                None => NextScores::Logits(out.logits),
+            });
+        }
     }
 
     /// The model state, for a batched forward pass.
@@ -451,7 +528,8 @@ impl Sequence {
     ) -> Result<Option<PendingBlock>, ModelError> {
         let t0 = Instant::now();
         // The token the prefill's logits give, first (later ones come out of verify passes).
-        if self.next.is_some() && self.sample_next(model, events)?.is_none() {
+        let has_next = matches!(self.phase, Phase::Decode { next: Some(_) });
+        if has_next && self.sample_next(model, events)?.is_none() {
             return Ok(None);
         }
         let spec = self.spec.as_mut().expect("a speculating sequence");
@@ -531,7 +609,7 @@ impl Sequence {
         // A stop token or string inside the span ends the sequence at that token.
         for &token in &accepted.tokens {
             self.push(token, model, events)?;
-            if self.finish.is_some() {
+            if self.finished() {
                 break;
             }
         }
@@ -567,14 +645,14 @@ impl Sequence {
                 self.close(FinishReason::StopString(s), events);
             }
         }
-        if self.finish.is_none() && grammar_done {
+        if !self.finished() && grammar_done {
             self.finish(FinishReason::GrammarEnd, model, events)?;
         }
-        if self.finish.is_none() && self.output.len() >= self.max_tokens {
+        if !self.finished() && self.output.len() >= self.max_tokens {
             self.finish(FinishReason::Length, model, events)?;
         }
         // Like vLLM's max_model_len: prompt + output never exceed the context limit.
-        if self.finish.is_none() && self.prompt.len() + self.output.len() >= self.max_context {
+        if !self.finished() && self.prompt.len() + self.output.len() >= self.max_context {
             self.finish(FinishReason::ContextFull, model, events)?;
         }
         Ok(())
@@ -587,7 +665,7 @@ impl Sequence {
 
     /// Records why the sequence ended and tells the engine.
     fn close(&mut self, reason: FinishReason, events: &mut Vec<Event>) {
-        self.finish = Some(reason);
+        self.phase = Phase::Finished(reason);
         events.push(Event::Finished { id: self.id });
     }
 
