@@ -13,6 +13,7 @@ mod error;
 pub mod gguf;
 mod graph_cache;
 mod image;
+mod memory;
 mod qwen35;
 mod state;
 mod tokenizer;

@@ -90,7 +90,7 @@ impl AppState {
 
     /// KV-cache bytes one token takes in every attention layer together.
     pub fn kv_bytes_per_token(&self) -> usize {
-        crate::plan::kv_bytes_per_token(&self.model, self.config.kv_format)
+        self.model.config.kv_bytes_per_token(self.config.kv_format)
     }
 
     /// The startup summary on stderr.
