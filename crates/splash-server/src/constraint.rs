@@ -3,16 +3,16 @@
 
 use serde_json::Value;
 use splash_engine::{Constraint, GrammarRequest};
+use splash_model::Model;
 
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// Picks the constraint: `format` (the API's JSON format, named `format_param` in errors), or a
 /// call to one of `tools` when `forced` (`Some(name or any)`), or schema-checked arguments when
 /// a tool in `raw_tools` (as the client sent them) is `strict`. A format and a forced call
 /// exclude each other; a format wins over strict tools.
 pub fn output_constraint(
-    s: &AppState,
+    model: &Model,
     format: Option<Constraint>,
     format_param: &str,
     tools: &[Value],
@@ -20,12 +20,8 @@ pub fn output_constraint(
     forced: Option<Option<String>>,
 ) -> Result<Option<Constraint>, ApiError> {
     let form = CallForm {
-        special_tags: s.model.tokenizer.is_special("<tool_call>"),
-        xml: s
-            .model
-            .template
-            .as_ref()
-            .is_some_and(|t| t.xml_tool_calls()),
+        special_tags: model.tokenizer.is_special("<tool_call>"),
+        xml: model.template.as_ref().is_some_and(|t| t.xml_tool_calls()),
     };
     let mode = match (format, forced) {
         (Some(_), Some(_)) => {
@@ -57,14 +53,14 @@ pub fn json_format(schema: Value, strict: bool) -> Constraint {
 /// The engine's grammar request: the constraint starts after `</think>` when the prompt leaves
 /// the model reasoning, so the reasoning stays free.
 pub fn grammar_request(
-    s: &AppState,
+    model: &Model,
     constraint: Option<Constraint>,
     in_reasoning: bool,
 ) -> Option<GrammarRequest> {
     constraint.map(|c| GrammarRequest {
         constraint: c,
         after_token: if in_reasoning {
-            s.model.tokenizer.token_to_id("</think>")
+            model.tokenizer.token_to_id("</think>")
         } else {
             None
         },

@@ -2,15 +2,19 @@
 //! cannot be compiled, or that admits no document at all (`{"$ref": "#"}` refers only to
 //! itself), is a 400 that names the field, instead of an engine failure after the answer began.
 
-use splash_engine::{with_json_layout, Constraint, GrammarRequest};
+use std::sync::Arc;
+
+use splash_engine::{with_json_layout, Constraint, GrammarRequest, GrammarTables};
+use splash_model::Model;
 
 use crate::error::ApiError;
-use crate::state::AppState;
 
-/// Compiles `grammar` and computes its first mask, off the async threads. `format_param` names
+/// Compiles `grammar` with `model`'s `tables` and computes its first mask, off the async
+/// threads. `format_param` names
 /// the request's JSON-format field (a schema constraint); a grammar comes from `tools`.
 pub async fn check(
-    s: &AppState,
+    model: &Arc<Model>,
+    tables: &GrammarTables,
     grammar: Option<&GrammarRequest>,
     format_param: &str,
 ) -> Result<(), ApiError> {
@@ -34,7 +38,7 @@ pub async fn check(
             Constraint::Lark(src.clone()),
         ),
     };
-    let (model, tables) = (s.model.clone(), s.grammar_tables.clone());
+    let (model, tables) = (model.clone(), tables.clone());
     let checked = tokio::task::spawn_blocking(move || -> Result<(), Option<String>> {
         // Tables that cannot be built are the engine's to report (constrained decoding is
         // unavailable for this model); the request goes on to get that answer.

@@ -6,8 +6,10 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use std::sync::Arc;
+
+use crate::config::ServerConfig;
 use crate::error::{for_path, ApiError};
-use crate::state::AppState;
 
 /// Routes that answer without a key: the chat page (which asks for the key itself), liveness
 /// and readiness.
@@ -16,8 +18,7 @@ fn is_public(path: &str) -> bool {
 }
 
 /// Middleware: Host, then Origin, then key; answers CORS preflights for allowed origins.
-pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let cfg = &state.config;
+pub async fn guard(State(cfg): State<Arc<ServerConfig>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let headers = req.headers();
     let host = headers

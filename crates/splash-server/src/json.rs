@@ -2,21 +2,28 @@
 //! offending field (`messages[0].content: invalid type ...`).
 
 use axum::body::Body;
-use axum::extract::{FromRequest, Request};
+use std::sync::Arc;
+
+use axum::extract::{FromRef, FromRequest, Request};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::config::ServerConfig;
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// A request body that is a JSON object.
 pub struct JsonObject(pub Value);
 
-impl FromRequest<AppState> for JsonObject {
+impl<S> FromRequest<S> for JsonObject
+where
+    S: Send + Sync,
+    Arc<ServerConfig>: FromRef<S>,
+{
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let limit = state.config.max_request_size;
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let config = Arc::<ServerConfig>::from_ref(state);
+        let limit = config.max_request_size;
         // A declared length over the limit is refused before a byte of the body is read.
         let declared = req
             .headers()
@@ -29,7 +36,7 @@ impl FromRequest<AppState> for JsonObject {
         let body: Body = req.into_body();
         // A body that never ends (a chunked body never finished, a Content-Length longer than
         // what is sent) would hold the connection forever.
-        let timeout = state.config.body_read_timeout;
+        let timeout = config.body_read_timeout;
         let read = tokio::time::timeout(timeout, axum::body::to_bytes(body, limit));
         let bytes = read
             .await

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -12,7 +12,6 @@ use serde_json::json;
 
 use splash_engine::SpecStats;
 
-use crate::state::AppState;
 use crate::worker::Usage;
 
 /// Bucket bounds of the per-request acceptance length τ (tokens per target pass).
@@ -242,7 +241,7 @@ impl Metrics {
 }
 
 /// Middleware: counts every request by matched route and status.
-pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn track(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -261,8 +260,6 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
     let secs = t0.elapsed().as_secs_f64();
     // One line per request with SPLASH_LOG=info (streams: logged when the stream starts).
     tracing::info!(target: "splash::http", "{method} {path} {} {:.1} ms \"{agent}\"", resp.status().as_u16(), secs * 1e3);
-    state
-        .metrics
-        .record_request(route, resp.status().as_u16(), secs);
+    metrics.record_request(route, resp.status().as_u16(), secs);
     resp
 }

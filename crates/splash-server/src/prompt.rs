@@ -3,11 +3,12 @@
 //! megabytes costs neither seconds of an HTTP thread nor gigabytes of token bookkeeping
 //! (the tokenizer keeps strings, offsets and masks for every token it produces).
 
-use splash_model::Tokenizer;
+use std::sync::Arc;
+
+use splash_model::{Model, Tokenizer};
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
-use crate::state::AppState;
 
 /// Texts up to this many bytes are tokenized at once; longer ones a piece at a time.
 const PIECE: usize = 256 << 10;
@@ -25,11 +26,14 @@ pub enum Tokens {
     Over(usize),
 }
 
-/// The tokens of a prompt for generation; over the context limit is a 400
+/// The tokens of a prompt for generation; over the context limit (`limit` tokens) is a 400
 /// `context_length_exceeded`.
-pub async fn prompt_ids(s: &AppState, text: String) -> Result<Vec<u32>, ApiError> {
-    let limit = s.max_context;
-    match tokenize(s, text, limit).await? {
+pub async fn prompt_ids(
+    model: &Arc<Model>,
+    limit: usize,
+    text: String,
+) -> Result<Vec<u32>, ApiError> {
+    match tokenize(model, text, limit).await? {
         Tokens::Ids(ids) => Ok(ids),
         Tokens::Over(n) => Err(ApiError::context_length(format!(
             "the prompt has more than {n} tokens but the context limit is {limit} tokens (prompt and output together): shorten the prompt"
@@ -38,7 +42,7 @@ pub async fn prompt_ids(s: &AppState, text: String) -> Result<Vec<u32>, ApiError
 }
 
 /// Tokenizes `text` on a blocking thread, stopping once it has more than `limit` tokens.
-pub async fn tokenize(s: &AppState, text: String, limit: usize) -> Result<Tokens, ApiError> {
+pub async fn tokenize(model: &Arc<Model>, text: String, limit: usize) -> Result<Tokens, ApiError> {
     let _permit = if text.len() > PIECE {
         Some(
             LARGE
@@ -49,7 +53,7 @@ pub async fn tokenize(s: &AppState, text: String, limit: usize) -> Result<Tokens
     } else {
         None
     };
-    let model = s.model.clone();
+    let model = model.clone();
     tokio::task::spawn_blocking(move || encode_bounded(&model.tokenizer, &text, limit))
         .await
         .map_err(|e| ApiError::engine(format!("tokenizing the prompt failed: {e}")))?

@@ -171,7 +171,7 @@ async fn tokenize(
     // Like a prompt, a text is tokenized up to the context limit: past it, its tokens could
     // not be sent to the model anyway, and a huge text would cost gigabytes to tokenize.
     let limit = s.max_context;
-    match prompt::tokenize(&s, content, limit).await? {
+    match prompt::tokenize(&s.model, content, limit).await? {
         Tokens::Ids(tokens) => Ok(Json(json!({"tokens": tokens}))),
         Tokens::Over(n) => Err(ApiError::context_length(format!(
             "the text has more than {n} tokens; /tokenize takes at most the context limit, {limit} tokens: split the text"

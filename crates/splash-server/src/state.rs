@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::extract::FromRef;
 use splash_engine::{Engine, GrammarTables};
 use splash_model::Model;
 use tokio::sync::watch;
@@ -36,6 +37,19 @@ pub struct AppState {
     /// The engine's constrained-decoding tables (built once, shared): requests' grammars are
     /// checked with them before they are queued.
     pub grammar_tables: GrammarTables,
+}
+
+// The middlewares take only what they use.
+impl FromRef<AppState> for Arc<ServerConfig> {
+    fn from_ref(s: &AppState) -> Self {
+        s.config.clone()
+    }
+}
+
+impl FromRef<AppState> for Arc<Metrics> {
+    fn from_ref(s: &AppState) -> Self {
+        s.metrics.clone()
+    }
 }
 
 impl AppState {

@@ -77,7 +77,9 @@ pub async fn count_tokens(
         resolve(&s, m)?;
     }
     let prompt = render(&s, &conv, true)?;
-    let n = crate::prompt::prompt_ids(&s, prompt).await?.len();
+    let n = crate::prompt::prompt_ids(&s.model, s.max_context, prompt)
+        .await?
+        .len();
     Ok(Json(json!({"input_tokens": n})))
 }
 
@@ -146,7 +148,7 @@ pub async fn handle(
         },
     };
     let constraint = output_constraint(
-        &s,
+        &s.model,
         format,
         "output_config.format",
         &tools,
@@ -155,7 +157,7 @@ pub async fn handle(
     )?;
     let prompt_text = render(&s, &conv, choice != "none")?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let prompt = crate::prompt::prompt_ids(&s, prompt_text).await?;
+    let prompt = crate::prompt::prompt_ids(&s.model, s.max_context, prompt_text).await?;
     // Messages clamps max_tokens to the context instead of refusing the request.
     let room = s.max_context.saturating_sub(prompt.len());
     let clamped = f.max_tokens > room as u64;
@@ -167,8 +169,14 @@ pub async fn handle(
         stop: f.stop_sequences.clone().map(Stop::Many),
         ..CommonFields::default()
     };
-    let grammar = grammar_request(&s, constraint, in_reasoning);
-    crate::grammar_check::check(&s, grammar.as_ref(), "output_config.format").await?;
+    let grammar = grammar_request(&s.model, constraint, in_reasoning);
+    crate::grammar_check::check(
+        &s.model,
+        &s.grammar_tables,
+        grammar.as_ref(),
+        "output_config.format",
+    )
+    .await?;
     let input_tokens = prompt.len();
     let request = common.engine_request(
         &s,

@@ -79,7 +79,7 @@ fn constraint(
             }
         },
     };
-    output_constraint(s, format, "response_format", tools, tools, forced)
+    output_constraint(&s.model, format, "response_format", tools, tools, forced)
 }
 
 pub async fn handle(
@@ -100,9 +100,15 @@ pub async fn handle(
     }
     let prompt_text = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let grammar = grammar_request(&s, constraint, in_reasoning);
-    crate::grammar_check::check(&s, grammar.as_ref(), "response_format").await?;
-    let prompt = crate::prompt::prompt_ids(&s, prompt_text).await?;
+    let grammar = grammar_request(&s.model, constraint, in_reasoning);
+    crate::grammar_check::check(
+        &s.model,
+        &s.grammar_tables,
+        grammar.as_ref(),
+        "response_format",
+    )
+    .await?;
+    let prompt = crate::prompt::prompt_ids(&s.model, s.max_context, prompt_text).await?;
     let request = common.engine_request(
         &s,
         prompt,

@@ -77,11 +77,11 @@ pub async fn handle(
         }
     };
     let prompt = match fields.prompt {
-        Prompt::Text(t) => crate::prompt::prompt_ids(&s, t).await?,
+        Prompt::Text(t) => crate::prompt::prompt_ids(&s.model, s.max_context, t).await?,
         Prompt::Tokens(ids) => ids,
         Prompt::Texts(mut v) => {
             one(v.len())?;
-            crate::prompt::prompt_ids(&s, v.swap_remove(0)).await?
+            crate::prompt::prompt_ids(&s.model, s.max_context, v.swap_remove(0)).await?
         }
         Prompt::TokenLists(mut v) => {
             one(v.len())?;

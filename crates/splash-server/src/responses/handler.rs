@@ -141,7 +141,7 @@ pub async fn handle(
     let input: ChatInput = typed(&Value::Object(chat))?;
     let prompt_text = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let prompt = crate::prompt::prompt_ids(&s, prompt_text).await?;
+    let prompt = crate::prompt::prompt_ids(&s.model, s.max_context, prompt_text).await?;
 
     let format = f
         .text
@@ -191,15 +191,16 @@ pub async fn handle(
         )),
     };
     let constraint = output_constraint(
-        &s,
+        &s.model,
         format,
         "text.format",
         &tools,
         f.tools.as_deref().unwrap_or_default(),
         forced,
     )?;
-    let grammar = grammar_request(&s, constraint, in_reasoning);
-    crate::grammar_check::check(&s, grammar.as_ref(), "text.format").await?;
+    let grammar = grammar_request(&s.model, constraint, in_reasoning);
+    crate::grammar_check::check(&s.model, &s.grammar_tables, grammar.as_ref(), "text.format")
+        .await?;
     let common = CommonFields {
         temperature: f.temperature,
         ignore_eos: f.ignore_eos,
