@@ -1,4 +1,4 @@
-"""Registers, spills and shared memory of every kernel in kernels.cu, without a GPU.
+"""Registers, spills and shared memory of every CUDA kernel (crates/splash-backend/src/cuda/kernels/), without a GPU.
 
 Compiles the source with NVRTC exactly as the server does (model dimensions as -D flags, PTX
 for compute_XX), then assembles the PTX with ptxas -v for the chip, which is what the driver
@@ -46,14 +46,17 @@ def main():
 
     cu13 = os.path.join(args.tools, "nvidia", "cu13")
     lib = ctypes.CDLL(glob.glob(os.path.join(cu13, "lib", "libnvrtc.so.*"))[0])
-    src_path = os.path.join(os.path.dirname(__file__), "..", "crates", "splash-backend", "src", "cuda", "kernels.cu")
+    cuda = os.path.join(os.path.dirname(__file__), "..", "crates", "splash-backend", "src", "cuda")
+    # The kernel files in the order compile.rs concatenates them (KERNEL_FILES).
+    names = re.findall(r'include_str!\("kernels/([\w.]+)"\)', open(os.path.join(cuda, "compile.rs")).read())
+    source = b"".join(f'#line 1 "kernels/{n}"\n'.encode() + open(os.path.join(cuda, "kernels", n), "rb").read() for n in names)
     options = [
         f"--gpu-architecture=compute_{args.sm}".encode(),
         f"-DHEAD_DIM={args.head_dim}".encode(),
         f"-DGDN_DK={args.gdn_dk}".encode(),
         f"-DGDN_DV={args.gdn_dv}".encode(),
     ]
-    ptx = nvrtc_ptx(lib, open(src_path, "rb").read(), options)
+    ptx = nvrtc_ptx(lib, source, options)
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path = os.path.join(tmp, "k.ptx")
         open(ptx_path, "wb").write(ptx)

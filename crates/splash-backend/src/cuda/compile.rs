@@ -1,4 +1,4 @@
-//! NVRTC compilation of `kernels.cu` for one set of model dimensions, cached on disk by the
+//! NVRTC compilation of the kernels (`kernels/`) for one set of model dimensions, cached on disk by the
 //! hash of source, dimensions and target architecture.
 
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ pub struct KernelDims {
     pub gdn_dv: usize,
 }
 
-/// Lanes that share a column of the GDN scan's state (`GDN_SLICES` in kernels.cu): eight for
+/// Lanes that share a column of the GDN scan's state (`GDN_SLICES` in kernels/gdn.cu): eight for
 /// key dims from 32 on, four below; `SPLASH_GDN_SLICES` (4, 8 or 16, a measurement switch)
 /// overrides it where the key dim splits that far. The scan's grid follows it
 /// (`ops::scan_columns`).
@@ -36,9 +36,33 @@ pub fn gdn_slices(dk: usize) -> usize {
         .unwrap_or(fallback)
 }
 
-/// The CUDA source of every kernel.
-fn kernel_source() -> &'static str {
-    include_str!("kernels.cu")
+/// The kernel sources (`kernels/`), in the order they compile as one unit: each file may use
+/// what the earlier ones define.
+const KERNEL_FILES: [(&str, &str); 12] = [
+    ("common.cuh", include_str!("kernels/common.cuh")),
+    ("quant.cuh", include_str!("kernels/quant.cuh")),
+    ("gemv.cu", include_str!("kernels/gemv.cu")),
+    ("gemv_tc.cu", include_str!("kernels/gemv_tc.cu")),
+    ("norm.cu", include_str!("kernels/norm.cu")),
+    ("moe.cu", include_str!("kernels/moe.cu")),
+    ("rope.cu", include_str!("kernels/rope.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+    ("dflash.cu", include_str!("kernels/dflash.cu")),
+    ("sampling.cu", include_str!("kernels/sampling.cu")),
+    ("gdn.cu", include_str!("kernels/gdn.cu")),
+    ("gdn_chunked.cu", include_str!("kernels/gdn_chunked.cu")),
+];
+
+/// The CUDA source of every kernel: the files of [`KERNEL_FILES`] one after the other, each
+/// under a `#line` directive so that compiler messages name the file and line.
+pub(crate) fn kernel_source() -> &'static str {
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| {
+        KERNEL_FILES
+            .iter()
+            .map(|(name, text)| format!("#line 1 \"kernels/{name}\"\n{text}"))
+            .collect()
+    })
 }
 
 /// The PTX target for a GPU of compute capability `major.minor` (PTX: the driver compiles it
@@ -70,18 +94,18 @@ pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuEr
         format!("-DGDN_DV={}", dims.gdn_dv),
         format!("-DGDN_SLICES={}", gdn_slices(dims.gdn_dk)),
     ];
-    // A measurement switch (see GRID_PROLOGUE in kernels.cu).
+    // A measurement switch (see GRID_PROLOGUE in kernels/common.cuh).
     if std::env::var("SPLASH_DEPENDENT_LAUNCH").as_deref() == Ok("late") {
         defines.push("-DGRID_TRIGGER_LATE".into());
     }
-    // A measurement switch (see TC_L2_AHEAD in kernels.cu).
+    // A measurement switch (see TC_L2_AHEAD in kernels/gemv_tc.cu).
     if let Some(ahead) = std::env::var("SPLASH_GEMV_L2_AHEAD")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
     {
         defines.push(format!("-DTC_L2_AHEAD={}", ahead.min(16)));
     }
-    // A measurement switch (see EXPERT_REGS in kernels.cu).
+    // A measurement switch (see EXPERT_REGS in kernels/gemv_tc.cu).
     if let Some(regs) = std::env::var("SPLASH_EXPERT_REGS")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())

@@ -1,14 +1,15 @@
-// Runs `src/cuda/kernels.cu` on the CPU, for tests on machines without a GPU: the kernels are
-// compiled as C++ (g++ -std=c++20 -include cuda_host.h -DKERNEL_EMULATION) into a shared
-// library that `tests/kernels_on_host.rs` loads and compares with the CPU ops.
+// Runs the CUDA kernels (`src/cuda/kernels/`, concatenated as compile.rs gives them to NVRTC)
+// on the CPU, for tests on machines without a GPU: they are compiled as C++ (g++ -std=c++20
+// -include kernels_on_host.h -DKERNEL_EMULATION) into a shared library that
+// `src/cuda/kernels_on_host.rs` loads and compares with the CPU ops.
 //
 // A launch runs its blocks one after another; a block runs as blockDim.x cooperative threads
-// (ucontext fibers on the calling thread), so __syncthreads, warp shuffles and the warp-wide
+// (fibers on the calling thread), so __syncthreads, warp shuffles and the warp-wide
 // mma.sync behave as on the device: a thread that reaches a barrier yields until the others
 // arrive. One OS thread per CUDA thread made every barrier a round of futex wake-ups, which on
 // a 2-core machine cost more than the arithmetic. `__shared__` variables become function
 // statics: one copy, reused by each block in turn. A thread that returns leaves its block's
-// and its warp's barriers, as exited threads do on the GPU. The PTX helpers of kernels.cu (f16
+// and its warp's barriers, as exited threads do on the GPU. The PTX helpers of the kernels (f16
 // conversions and arithmetic, mma.sync m16n8k16, streaming loads) are guarded by
 // KERNEL_EMULATION there and defined here with the semantics the PTX ISA gives them.
 #pragma once
@@ -246,7 +247,7 @@ inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 inline float min(float a, float b) { return std::fmin(a, b); }
 inline float max(float a, float b) { return std::fmax(a, b); }
 
-// ---- The PTX helpers of kernels.cu ---------------------------------------------------------
+// ---- The PTX helpers of the kernels ---------------------------------------------------------
 
 inline float f16_to_f32(unsigned short h) {
     _Float16 x;

@@ -1,9 +1,10 @@
-//! `kernels.cu` run on the CPU (`kernels_on_host.h`) and compared with the CPU ops, so that a
-//! kernel's indexing, masks and fragment layouts are checked on machines without a GPU (CI,
-//! and sessions without device time). g++ builds the kernels for each set of dimensions into a
-//! shared library once per test run. The tensor-core GEMV, which has run on the GPU, checks
-//! the emulated mma.sync against the hardware's fragment layout. Speed, memory limits and the
-//! PTX itself are only checked on a GPU (`tests/cuda_ops.rs`; NVRTC: `tests/cuda_compile.rs`).
+//! The CUDA kernels (`kernels/`) run on the CPU (`kernels_on_host.h`) and compared with the CPU
+//! ops, so that a kernel's indexing, masks and fragment layouts are checked on machines without
+//! a GPU (CI, and sessions without device time). g++ builds the source NVRTC compiles, for each
+//! set of dimensions, into a shared library once per test run. The tensor-core GEMV, which has
+//! run on the GPU, checks the emulated mma.sync against the hardware's fragment layout. Speed,
+//! memory limits and the PTX itself are only checked on a GPU (`tests/cuda_ops.rs`; NVRTC:
+//! `tests/cuda_compile.rs`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -54,13 +55,17 @@ fn kernels(dims: KernelDims) -> Option<Arc<HostKernels>> {
 impl HostKernels {
     fn build(dims: KernelDims) -> Result<Self, String> {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cuda");
-        let lib = std::env::temp_dir().join(format!(
-            "splash-kernels-on-host-{}-{}-{}-{}.so",
+        let stem = std::env::temp_dir().join(format!(
+            "splash-kernels-on-host-{}-{}-{}-{}",
             std::process::id(),
             dims.head_dim,
             dims.gdn_dk,
             dims.gdn_dv
         ));
+        let (cu, lib) = (stem.with_extension("cu"), stem.with_extension("so"));
+        // The very source NVRTC compiles (the kernel files in order, with #line directives).
+        std::fs::write(&cu, super::compile::kernel_source())
+            .map_err(|e| format!("cannot write {}: {e}", cu.display()))?;
         let out = std::process::Command::new("g++")
             .args(["-std=c++20", "-O2", "-shared", "-fPIC", "-pthread", "-w"])
             .arg("-DKERNEL_EMULATION")
@@ -74,11 +79,12 @@ impl HostKernels {
             .arg("-include")
             .arg(src.join("kernels_on_host.h"))
             .args(["-x", "c++"])
-            .arg(src.join("kernels.cu"))
+            .arg(&cu)
             .arg("-o")
             .arg(&lib)
-            .output()
-            .map_err(|e| format!("g++ not runnable: {e}"))?;
+            .output();
+        let _ = std::fs::remove_file(&cu);
+        let out = out.map_err(|e| format!("g++ not runnable: {e}"))?;
         if !out.status.success() {
             return Err(format!(
                 "g++ failed:\n{}",
@@ -94,7 +100,7 @@ impl HostKernels {
     /// The kernel `name` as a function of type `F` (an `extern "C" fn` of its parameters).
     ///
     /// # Safety
-    /// `F` must match the kernel's parameters in kernels.cu.
+    /// `F` must match the kernel's parameters in kernels/.
     unsafe fn kernel<F: Copy>(&self, name: &str) -> F {
         *self
             .lib
@@ -301,7 +307,7 @@ impl ExpertLaunch<'_> {
         );
         let tables = if second.is_some() { 2 } else { 1 };
         let grid = tables * active.len() * self.n.div_ceil(16);
-        // SAFETY: the grouped expert kernels' signature in kernels.cu, over buffers of the sizes
+        // SAFETY: the grouped expert kernels' signature in kernels/gemv_tc.cu, over buffers of the sizes
         // ops.rs gives them.
         unsafe {
             let f: Experts = self.kern.kernel(name);
@@ -521,7 +527,7 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         let (ids, weights) = (vec![-1i32; pairs], vec![f32::NAN; pairs]);
         let slots = experts.min(pairs);
         let (la, ia, wa) = (Addr::of(&logits), Addr::of(&ids), Addr::of(&weights));
-        // SAFETY: moe_route's signature in kernels.cu, over buffers of the sizes ops::moe_route
+        // SAFETY: moe_route's signature in kernels/moe.cu, over buffers of the sizes ops::moe_route
         // gives them.
         unsafe {
             let route: Route = kern.kernel("moe_route");
@@ -541,7 +547,7 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
             let (aa, oa, ra) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
             let ca = Addr::of(&counts);
             let (p, e, s) = (pairs as i32, experts as i32, slots as i32);
-            // SAFETY: the signatures of the grouping kernels in kernels.cu, over buffers of the
+            // SAFETY: the signatures of the grouping kernels in kernels/moe.cu, over buffers of the
             // sizes ops::moe_route gives them.
             unsafe {
                 if chunked {
@@ -655,7 +661,7 @@ fn the_fused_swiglu_conversion_has_the_bits_of_the_two_kernels() {
         let (xh, xs) = (vec![0u16; 256 * blocks], vec![0.0f32; blocks]);
         let (ga, ua, xha, xsa) = (Addr::of(&gated), Addr::of(&u), Addr::of(&xh), Addr::of(&xs));
         let threads = (blocks * 32) as u32;
-        // SAFETY: the signatures of silu_mul, to_f16_tc and silu_mul_to_f16_tc in kernels.cu,
+        // SAFETY: the signatures of silu_mul, to_f16_tc and silu_mul_to_f16_tc in kernels/,
         // over buffers of `blocks` 256-value blocks.
         unsafe {
             if fused {
@@ -747,7 +753,7 @@ impl TcGemv<'_> {
         };
         let row_bytes = self.format.row_bytes(kd) as i64;
         // SAFETY (every launch): the signatures of gemv_tc8/16_*, gemv_tcs8/16_* and
-        // gemv_tc_fixup in kernels.cu, over buffers of the sizes ops.rs gives them.
+        // gemv_tc_fixup in kernels/gemv_tc.cu, over buffers of the sizes ops.rs gives them.
         unsafe {
             type Gemv = unsafe extern "C" fn(
                 *const u8,
@@ -1000,7 +1006,7 @@ fn attention_prefill(
     let part = vec![f32::NAN; t * hq * nchunks * (d + 2)];
     let (qa, oa, pa) = (Addr::of(q), Addr::of(&out), Addr::of(&part));
     let (ka, ksa, va, vsa) = cache.addrs();
-    // SAFETY: the signatures of attention_prefill and attention_combine in kernels.cu.
+    // SAFETY: the signatures of attention_prefill and attention_combine in kernels/attention.cu.
     unsafe {
         type Prefill = unsafe extern "C" fn(
             *const f32,
@@ -1122,7 +1128,7 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
                     Addr::of(&inv_freq),
                 );
                 let (kc, ksa, vc, vsa) = cache.addrs();
-                // SAFETY: the signatures of rope and kv_append in kernels.cu, over buffers of the
+                // SAFETY: the signatures of rope and kv_append in kernels/, over buffers of the
                 // sizes ops.rs gives them.
                 unsafe {
                     let rope: Rope = kern.kernel("rope");
@@ -1201,7 +1207,7 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
             Addr::of(&part),
             Addr::of(&out),
         );
-        // SAFETY: the signatures of the *_seqs kernels in kernels.cu, over buffers of the sizes
+        // SAFETY: the signatures of the *_seqs kernels in kernels/, over buffers of the sizes
         // ops.rs gives them.
         unsafe {
             let rope: RopeSeqs = kern.kernel("rope_seqs");
@@ -2023,7 +2029,7 @@ fn split_attention(
     let out = vec![f32::NAN; rows * d];
     let (qa, pa, oa) = (Addr::of(q), Addr::of(&part), Addr::of(&out));
     let (ka, ksa, va, vsa) = cache.addrs();
-    // SAFETY: the signatures of attention_part and attention_combine in kernels.cu.
+    // SAFETY: the signatures of attention_part and attention_combine in kernels/attention.cu.
     unsafe {
         type Part = unsafe extern "C" fn(
             *const f32,
@@ -2339,7 +2345,7 @@ fn the_small_q8_gemv_on_the_host_gives_each_token_its_bits_alone() {
                 Addr::of(w.raw_bytes()),
             );
             let row_bytes = t.row_bytes(kd) as i64;
-            // SAFETY: the signatures of quantize_q8 and gemv1_q8_* in kernels.cu, over buffers
+            // SAFETY: the signatures of quantize_q8 and gemv1_q8_* in kernels/gemv.cu, over buffers
             // of the sizes ops::gemv_q8 gives them.
             unsafe {
                 let quantize: unsafe extern "C" fn(*const f32, *mut i8, *mut f32, *mut f32, i64) =
@@ -2488,7 +2494,7 @@ fn the_float_gemv_on_the_host_gives_each_token_its_bits_alone() {
                 i32,
                 i32,
             );
-            // SAFETY: the signature of gemv_* / gemv1_* in kernels.cu (WEIGHT_KERNELS), over
+            // SAFETY: the signature of gemv_* / gemv1_* in kernels/gemv.cu (WEIGHT_KERNELS), over
             // buffers of the sizes ops::gemv_float gives them; no affine scales.
             unsafe {
                 let name = format!("gemv{}_{suffix}", if per_token { "1" } else { "" });

@@ -264,21 +264,21 @@ pub enum Arg {
     I32(i32),
     I64(i64),
     F32(f32),
-    /// The sequences of a pass, by value (`SeqSlots` in kernels.cu).
+    /// The sequences of a pass, by value (`SeqSlots` in kernels/gdn.cu).
     Seqs(Box<SeqSlots>),
-    /// The GDN layers of a rollback, by value (`LayerSlots` in kernels.cu).
+    /// The GDN layers of a rollback, by value (`LayerSlots` in kernels/gdn.cu).
     Layers(Box<LayerSlots>),
-    /// The sequences of an attention layer's pass, by value (`AttnSlots` in kernels.cu).
+    /// The sequences of an attention layer's pass, by value (`AttnSlots` in kernels/rope.cu).
     Attn(Box<AttnSlots>),
 }
 
-/// Sequences a `*_seqs` kernel takes in one launch (`SEQ_SLOTS` in kernels.cu).
+/// Sequences a `*_seqs` kernel takes in one launch (`SEQ_SLOTS` in kernels/gdn.cu).
 pub const SEQ_SLOTS: usize = 16;
 
 /// Up to [`SEQ_SLOTS`] sequences of one pass, passed by value in a kernel's parameters (so a
 /// captured graph keeps them): sequence `i` has rows `off[i] .. off[i] + n[i]` of the pass, its
 /// own state at `state[i]`, and where a recorded pass saves what it reads at `save[k][i]` (0:
-/// not recorded). `SeqSlots` in kernels.cu.
+/// not recorded). `SeqSlots` in kernels/gdn.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SeqSlots {
@@ -288,16 +288,16 @@ pub struct SeqSlots {
     pub n: [i32; SEQ_SLOTS],
 }
 
-// SAFETY: plain data with the C layout of kernels.cu's SeqSlots.
+// SAFETY: plain data with the C layout of SeqSlots (kernels/gdn.cu).
 unsafe impl DeviceRepr for SeqSlots {}
 
-/// Sequences an attention `*_seqs` kernel takes in one launch (`ATTN_SLOTS` in kernels.cu).
+/// Sequences an attention `*_seqs` kernel takes in one launch (`ATTN_SLOTS` in kernels/rope.cu).
 pub const ATTN_SLOTS: usize = 16;
 
 /// Up to [`ATTN_SLOTS`] sequences of an attention layer's pass, by value in a kernel's
 /// parameters: sequence `i` has rows `off[i] .. off[i] + n[i]` of the pass, its first position
 /// `pos0[i]` (plus the `i32` at `pos_at[i]` when that is not 0, see `ops::Position`) and its
-/// key and value caches `kc`/`ks`, `vc`/`vs` (rows, int8 scales). `AttnSlots` in kernels.cu.
+/// key and value caches `kc`/`ks`, `vc`/`vs` (rows, int8 scales). `AttnSlots` in kernels/rope.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttnSlots {
@@ -311,16 +311,16 @@ pub struct AttnSlots {
     pub n: [i32; ATTN_SLOTS],
 }
 
-// SAFETY: plain data with the C layout of kernels.cu's AttnSlots.
+// SAFETY: plain data with the C layout of AttnSlots (kernels/rope.cu).
 unsafe impl DeviceRepr for AttnSlots {}
 
-/// GDN layers a `*_replay` kernel takes in one launch (`LAYER_SLOTS` in kernels.cu).
+/// GDN layers a `*_replay` kernel takes in one launch (`LAYER_SLOTS` in kernels/gdn.cu).
 pub const LAYER_SLOTS: usize = 64;
 
 /// Up to [`LAYER_SLOTS`] GDN layers of one sequence's rollback, by value in a kernel's
 /// parameters: layer `i`'s state saved before the recorded pass at `saved[i]`, its live state
 /// at `live[i]` and three more buffers `buf[k][i]` (see `ops::gdn_replay`). `LayerSlots` in
-/// kernels.cu.
+/// kernels/gdn.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct LayerSlots {
@@ -339,7 +339,7 @@ impl Default for LayerSlots {
     }
 }
 
-// SAFETY: plain data with the C layout of kernels.cu's LayerSlots.
+// SAFETY: plain data with the C layout of LayerSlots (kernels/gdn.cu).
 unsafe impl DeviceRepr for LayerSlots {}
 
 /// Keeps memory freed to the device's default pool (stream-ordered allocations) in the pool
@@ -767,7 +767,7 @@ impl Gpu {
 
     /// Launches `f` as a programmatic dependent of the kernel before it in the stream: it may
     /// start while that one finishes, and waits for it in its prologue (`GRID_PROLOGUE` in
-    /// kernels.cu, which every kernel runs before it touches activations).
+    /// kernels/common.cuh, which every kernel runs before it touches activations).
     fn launch_dependent(
         &self,
         f: &CudaFunction,
@@ -806,7 +806,7 @@ impl Gpu {
         };
         self.ctx.bind_to_thread()?;
         // SAFETY: `params` points at `args`' values, alive for the call (the driver copies
-        // them at launch); the parameter lists match kernels.cu as for `launch_builder`.
+        // them at launch); the parameter lists match the kernels' as for `launch_builder`.
         unsafe {
             sys::cuLaunchKernelEx(
                 &cfg,

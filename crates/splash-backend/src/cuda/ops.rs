@@ -1,4 +1,4 @@
-//! Launch wrappers, one per kernel of `kernels.cu`, named after the CPU op they mirror.
+//! Launch wrappers, one per kernel of `kernels/`, named after the CPU op they mirror.
 //! Pointers are device addresses from [`super::ptr`]; shapes follow the CPU ops' docs.
 
 use std::cell::OnceCell;
@@ -8,7 +8,7 @@ use cudarc::driver::CudaSlice;
 use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
 use crate::cpu::KvFormat;
 
-/// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels.cu): small enough that a
+/// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels/attention.cu): small enough that a
 /// decode step at 1K of context has a block per SM or so (1,024 made 48 blocks for the 27B's
 /// 24 heads, each walking 1,024 keys).
 pub const ATTN_CHUNK: usize = 256;
@@ -18,7 +18,7 @@ const FLASH_MIN_CHUNK: usize = 1024;
 /// rows, verify blocks and draft blocks, whose few queries would leave most of the GPU idle
 /// over a long context. Longer passes (prefill) have enough queries to fill it.
 const SPLIT_ATTENTION_ROWS: usize = 32;
-/// Tokens per thread of the GDN conv with a `kernel`-tap filter (`conv_steps` in kernels.cu):
+/// Tokens per thread of the GDN conv with a `kernel`-tap filter (`conv_steps` in kernels/gdn.cu):
 /// at least the history it reads, so that only the first chunk reads the conv state.
 pub const fn conv_steps(kernel: usize) -> usize {
     if kernel - 1 > 4 {
@@ -28,7 +28,7 @@ pub const fn conv_steps(kernel: usize) -> usize {
     }
 }
 
-/// Tokens per GEMV launch (`GEMV_MAX_T` in kernels.cu).
+/// Tokens per GEMV launch (`GEMV_MAX_T` in kernels/common.cuh).
 const GEMV_MAX_T: usize = 16;
 
 /// From this many tokens on, a product runs as a cuBLAS bf16 GEMM over the weight decoded to
@@ -437,7 +437,7 @@ pub fn force_tensor_core_warps(warps: usize) {
     TENSOR_CORE_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels.cu), no
+/// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels/gemv_tc.cu), no
 /// more than the row has 256-value blocks. Four, measured best from 256 tiles up on the
 /// H200 (more warps per tile make fewer, shorter-lived blocks of which a second partial wave
 /// runs alone); eight for smaller matrices. It depends only on the shape, never on the token
@@ -679,7 +679,7 @@ pub fn force_stream_k(on: Option<bool>) {
     STREAM_K.force(on.map(usize::from));
 }
 
-/// How a stream-K launch cuts a matrix (`gemv_tcs` in kernels.cu).
+/// How a stream-K launch cuts a matrix (`gemv_tcs` in kernels/gemv_tc.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct StreamK {
     /// Blocks of the launch: three per SM, at most one per unit.
@@ -765,7 +765,7 @@ const MOE_GROUP_ONE_BLOCK: usize = 1024;
 /// Pairs a block of `moe_group_counts` and `moe_group_scatter` takes (`MOE_GROUP_CHUNK`).
 const MOE_GROUP_CHUNK: usize = 256;
 
-/// The most experts a token may keep for device routing (`MOE_TOP_K_MAX` in kernels.cu).
+/// The most experts a token may keep for device routing (`MOE_TOP_K_MAX` in kernels/moe.cu).
 const MOE_TOP_K_MAX: usize = 32;
 
 /// Routes `tokens` rows of router logits `[tokens, experts]` on the device: softmax, the
@@ -1011,7 +1011,7 @@ fn prefill_experts() -> PrefillExperts {
 }
 
 /// Warps in flight that a grouped expert product of `format` aims for: about as many as the
-/// H200's SMs hold of its kernel (`EXPERT_REGS_*` in kernels.cu: Q4_K's at 128 registers, 16 an
+/// H200's SMs hold of its kernel (`EXPERT_REGS_*` in kernels/gemv_tc.cu: Q4_K's at 128 registers, 16 an
 /// SM; Q6_K's at ~230, 8 an SM). Measured there (`gemv_cuda`, 35B-A3B experts), each fastest at
 /// 1, 4 and 16 tokens (1 to 8 warps a tile); twice as many ran 15-40% slower, half as many
 /// (Q4_K at 1,024) up to 55% slower.
@@ -1130,7 +1130,7 @@ fn gemv_q8(
     })
 }
 
-/// How a warp-per-row GEMV (`gemv_*` and `gemv_q8_*` in kernels.cu, blocks of 4 warps) is
+/// How a warp-per-row GEMV (`gemv_*` and `gemv_q8_*` in kernels/gemv.cu, blocks of 4 warps) is
 /// launched over `n` rows and `tokens` tokens.
 struct RowGemv {
     /// Warps per row: 4 for matrices of few rows (by shape only, never by token count).
@@ -1689,7 +1689,7 @@ pub fn grouped_dynamic_conv(
     )
 }
 
-/// The most candidates [`top_k_rows`] keeps per row (`TOPK_MAX` in kernels.cu).
+/// The most candidates [`top_k_rows`] keeps per row (`TOPK_MAX` in kernels/sampling.cu).
 pub const TOP_K_MAX: usize = 32;
 
 /// Values of a row one block of [`top_k_rows`]'s first stage takes (`TOPK_CHUNK`).
@@ -2164,7 +2164,7 @@ fn conv_blocks(c: usize, tokens: usize, kernel: usize) -> Result<u32, GpuError> 
 }
 
 /// Columns of a value head's state that one block of the GDN scan takes (`GDN_COLS` in
-/// kernels.cu: 128 threads over [`super::compile::gdn_slices`] lanes a column).
+/// kernels/gdn.cu: 128 threads over [`super::compile::gdn_slices`] lanes a column).
 pub(crate) fn scan_columns(dk: usize) -> usize {
     128 / super::compile::gdn_slices(dk)
 }
@@ -2291,11 +2291,11 @@ pub fn gdn_chunked_prefill() -> bool {
     GDN_CHUNKED.on(false)
 }
 
-/// Tokens of a chunk of the chunked GDN prefill (`GDN_CHUNK` in kernels.cu).
+/// Tokens of a chunk of the chunked GDN prefill (`GDN_CHUNK` in kernels/gdn_chunked.cu).
 pub const GDN_CHUNK: usize = 64;
 
 /// Floats of the chunked GDN prefill's scratch for a pass of `tokens` tokens over `hv` value
-/// heads of `dk` × `dv` states (`GDN_CHUNK_SCRATCH` in kernels.cu, per chunk and head).
+/// heads of `dk` × `dv` states (`GDN_CHUNK_SCRATCH` in kernels/gdn_chunked.cu, per chunk and head).
 pub fn gdn_chunk_scratch_len(tokens: usize, hv: usize, dk: usize, dv: usize) -> usize {
     tokens.div_ceil(GDN_CHUNK) * hv * (GDN_CHUNK * (dv + dk + GDN_CHUNK + 2) + 4)
 }
@@ -2326,7 +2326,7 @@ pub fn gdn_chunked(
 ) -> Result<(), GpuError> {
     let dims = k.dims();
     let (dk, dv) = (dims.gdn_dk, dims.gdn_dv);
-    // GDN_CHUNKED_FITS in kernels.cu.
+    // GDN_CHUNKED_FITS in kernels/gdn_chunked.cu.
     let fits = dk.is_multiple_of(16)
         && dv.is_multiple_of(8)
         && dv.is_multiple_of(dv.min(32))

@@ -1,0 +1,653 @@
+// Gated attention: the KV cache, decode attention (split and combined), flash prefill, the
+// output gate.
+
+// KV cache formats (src/cpu/kv.rs): 0 f32, 1 bf16, 2 int8 with one f32 scale per row.
+#define KV_F32 0
+#define KV_BF16 1
+#define KV_INT8 2
+
+// Appends rows x [T, hkv, d] at position pos0 (row pos0·hkv) of the cache. One block per row.
+// Row xr [d] into cache row r (by the whole block).
+__device__ __forceinline__ void kv_append_row(const float* xr, u8* cache, float* scales, int fmt, int d, long r) {
+    if (fmt == KV_F32) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) ((float*)cache)[r * d + i] = xr[i];
+    } else if (fmt == KV_BF16) {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) ((u16*)cache)[r * d + i] = f32_to_bf16(xr[i]);
+    } else {
+        __shared__ float red[32];
+        float m = 0.0f;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
+        m = warp_max(m);
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+            v = warp_max(v);
+            if (threadIdx.x == 0) red[0] = v;
+        }
+        __syncthreads();
+        float s = red[0] > 0.0f ? red[0] / 127.0f : 1.0f;
+        float inv = 1.0f / s;
+        for (int i = threadIdx.x; i < d; i += blockDim.x)
+            ((i8*)cache)[r * d + i] = (i8)fminf(127.0f, fmaxf(-127.0f, roundf(xr[i] * inv)));
+        if (threadIdx.x == 0) scales[r] = s;
+    }
+}
+
+extern "C" __global__ void kv_append(const float* x, u8* cache, float* scales, int fmt, int d, int hkv, int pos0,
+                                     const int* pos_at) {
+    GRID_PROLOGUE();
+    long r = (long)position(pos0, pos_at) * hkv + blockIdx.x;
+    kv_append_row(x + (long)blockIdx.x * d, cache, scales, fmt, d, r);
+}
+
+// The key rows k and value rows v [T, hkv, d] of every sequence appended to its own caches at
+// its positions: `per` = 2 · hkv · its most tokens blocks a sequence (keys, then values), one
+// per (token, head).
+extern "C" __global__ void kv_append_seqs(const float* k, const float* v, int fmt, int d, int hkv, AttnSlots s,
+                                          int per) {
+    GRID_PROLOGUE();
+    int i = blockIdx.x / per, b = blockIdx.x % per, half = per / 2;
+    bool value = b >= half;
+    int local = b % half, t = local / hkv;
+    if (t >= s.n[i]) return;
+    long r = (long)(slot_position(s, i) + t) * hkv + local % hkv;
+    const float* xr = (value ? v : k) + ((long)s.off[i] * hkv + local) * d;
+    kv_append_row(xr, (u8*)(value ? s.vc[i] : s.kc[i]), (float*)(value ? s.vs[i] : s.ks[i]), fmt, d, r);
+}
+
+// Head dims per lane of a warp; a head dim that is not a multiple of 32 (small drafts) leaves
+// the last lanes' extra dims idle (IN_HEAD folds to true otherwise).
+#define HEAD_DPL ((HEAD_DIM + 31) / 32)
+#define IN_HEAD(i) (HEAD_DIM % 32 == 0 || (i) < HEAD_DIM)
+
+__device__ __forceinline__ void kv_load(const u8* cache, const float* scales, int fmt, long r, int i0, float* out) {
+    if (HEAD_DPL == 8 && HEAD_DIM % 32 == 0) {
+        // Eight dims a lane (head dim 256): one vector load instead of eight.
+        long e = r * HEAD_DIM + i0;
+        if (fmt == KV_INT8) {
+            uint2 w = *(const uint2*)((const i8*)cache + e);
+            float s = scales[r];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                out[i] = (float)(i8)(w.x >> (8 * i)) * s;
+                out[4 + i] = (float)(i8)(w.y >> (8 * i)) * s;
+            }
+        } else if (fmt == KV_BF16) {
+            uint4 w = *(const uint4*)((const u16*)cache + e);
+            u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                out[2 * i] = bf16_to_f32(ws[i] & 0xffffu);
+                out[2 * i + 1] = bf16_to_f32(ws[i] >> 16);
+            }
+        } else {
+            float4 a = *(const float4*)((const float*)cache + e), b = *(const float4*)((const float*)cache + e + 4);
+            out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+            out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < HEAD_DPL; i++) {
+        long e = r * HEAD_DIM + i0 + i;
+        out[i] = !IN_HEAD(i0 + i) ? 0.0f
+               : fmt == KV_F32 ? ((const float*)cache)[e]
+               : fmt == KV_BF16 ? bf16_to_f32(((const u16*)cache)[e])
+                                : (float)((const i8*)cache)[e] * scales[r];
+    }
+}
+
+#define ATTN_WARPS 4
+
+// The keys [*lo, *hi) query t (at position pos0 + t) sees. Causal (`block` 0): keys
+// 0..=pos0+t. A DFlash draft block (`block` = T): keys 0..pos0+T. `window` > 0 keeps only keys
+// with |q_pos - k_pos| < window.
+__device__ __forceinline__ void key_range(int t, int pos0, int block, int window, int* lo, int* hi) {
+    int qp = pos0 + t;
+    *lo = 0;
+    *hi = block > 0 ? pos0 + block : qp + 1;
+    if (window > 0) {
+        *lo = max(0, qp - window + 1);
+        *hi = min(*hi, qp + window);
+    }
+}
+
+// Keys a warp of `attend` loads at once: their loads are in flight together, where one key at
+// a time waited a memory latency per key (a 1K-context decode block walked 256 keys a warp).
+#define ATTN_UNROLL 4
+
+// Attention of query row `row` (token, query head) of q [T, hq, HEAD_DIM] over cache rows
+// [lo, hi) of [S, hkv, HEAD_DIM], by the whole block: each warp runs an online softmax over
+// runs of ATTN_UNROLL keys (warp w takes keys lo + ATTN_UNROLL·(w + ATTN_WARPS·i) + u), lane i
+// holding dims [i·DPL, (i+1)·DPL); the warps are then merged. The order of the sums depends
+// only on [lo, hi), so a row gets the same bits in any pass.
+// Writes dst[i] = Σ_j e_j · v_j (relative to the block's max), divided by the sum when
+// `normalise`; otherwise thread 0 also writes the max and the sum to *m_out and *l_out.
+__device__ void attend(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs,
+                       int fmt, int row, int hq, int hkv, int lo, int hi, float scale, float* dst,
+                       bool normalise, float* m_out, float* l_out) {
+    const int DPL = HEAD_DPL;
+    int h = row % hq, kvh = h / (hq / hkv);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float* qv = q + (long)row * HEAD_DIM + lane * DPL;
+    float qr[DPL], acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        qr[i] = IN_HEAD(lane * DPL + i) ? qv[i] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    for (int j0 = lo + ATTN_UNROLL * warp; j0 < hi; j0 += ATTN_UNROLL * ATTN_WARPS) {
+        float kr[ATTN_UNROLL][DPL], vr[ATTN_UNROLL][DPL], sc[ATTN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            if (j0 + u < hi) {
+                long r = (long)(j0 + u) * hkv + kvh;
+                kv_load(kc, ks, fmt, r, lane * DPL, kr[u]);
+                kv_load(vc, vs, fmt, r, lane * DPL, vr[u]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < DPL; i++) kr[u][i] = vr[u][i] = 0.0f;
+            }
+        }
+        // Key j0 is in range, so the new max is finite; keys past hi score −inf (weight 0).
+        float m2 = m;
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            float p = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) p += qr[i] * kr[u][i];
+            sc[u] = j0 + u < hi ? warp_sum(p) * scale : NEG_INF;
+            m2 = fmaxf(m2, sc[u]);
+        }
+        float corr = expf(m - m2);
+        l *= corr;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] *= corr;
+#pragma unroll
+        for (int u = 0; u < ATTN_UNROLL; u++) {
+            float e = expf(sc[u] - m2);
+            l += e;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] += e * vr[u][i];
+        }
+        m = m2;
+    }
+    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS], sacc[ATTN_WARPS][32 * HEAD_DPL];
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; i++) sacc[warp][lane * DPL + i] = acc[i];
+    __syncthreads();
+    float mt = NEG_INF;
+    for (int w = 0; w < ATTN_WARPS; w++) mt = fmaxf(mt, sm[w]);
+    float lt = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; w++) lt += sl[w] * (sm[w] == NEG_INF ? 0.0f : expf(sm[w] - mt));
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            if (sm[w] != NEG_INF) v += sacc[w][i] * expf(sm[w] - mt);
+        dst[i] = normalise ? v / lt : v;
+    }
+    if (!normalise && threadIdx.x == 0) {
+        *m_out = mt;
+        *l_out = lt;
+    }
+}
+
+// GQA attention: q [T, hq, HEAD_DIM] at positions pos0.. over the cache [S, hkv, HEAD_DIM]
+// (row j = position j), keys as `key_range` says. One block per (token, query head).
+extern "C" __global__ void attention(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                     const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
+                                     const int* pos_at, float scale, int block, int window) {
+    GRID_PROLOGUE();
+    int lo, hi;
+    key_range(blockIdx.x / hq, position(pos0, pos_at), block, window, &lo, &hi);
+    attend(q, kc, ks, vc, vs, fmt, blockIdx.x, hq, hkv, lo, hi, scale, out + (long)blockIdx.x * HEAD_DIM,
+           true, nullptr, nullptr);
+}
+
+// Keys per chunk of the split attention below.
+#define ATTN_CHUNK 256
+
+// Split attention for a few query rows over a long context (flash-decoding): block
+// (row, chunk c) attends to the keys of its row's range that fall in
+// [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK), and writes its max, sum and unnormalised output to
+// part[row, c, 0 | 1 | 2..]; attention_combine merges the chunks in order. The chunks are
+// fixed by position, so a query's result depends only on its own key range: a verify block
+// gives each row what token-by-token decoding gives. 1-D grid, chunk-major: block = c · rows +
+// row, so the blocks running at once read a few chunks of keys, which stay in L2 for all the
+// rows (row-major, they spanned the whole context: at 32K that no longer fits L2, and every
+// row of a verify block read its keys from memory again). With a window, the chunks start at
+// the one holding the first query's first key (the keys before it are outside every query's
+// window), so a sliding layer's launch covers its window, not the whole context.
+extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                          const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
+                                          const int* pos_at, float scale, int block, int window, int nchunks) {
+    GRID_PROLOGUE();
+    int rows = gridDim.x / nchunks, row = blockIdx.x % rows, c = blockIdx.x / rows;
+    int pos = position(pos0, pos_at), lo, hi;
+    key_range(row / hq, pos, block, window, &lo, &hi);
+    int first = window > 0 ? max(0, pos - window + 1) / ATTN_CHUNK : 0, at = (first + c) * ATTN_CHUNK;
+    float* dst = part + ((long)row * nchunks + c) * (HEAD_DIM + 2);
+    attend(q, kc, ks, vc, vs, fmt, row, hq, hkv, max(lo, at), min(hi, at + ATTN_CHUNK), scale, dst + 2, false,
+           dst, dst + 1);
+}
+
+// Split attention of every sequence's rows (causal, no window: the target's layers) over its
+// own caches: block (chunk c, sequence i, row) as attention_part's, `rows` = hq · the most
+// tokens of a sequence, writing part[i, row, c]. Every sequence takes `nchunks` chunks, the most
+// any needs: past its keys a chunk is empty (max −inf), which attention_combine skips, so each
+// row gets the bits of its sequence's own launch.
+extern "C" __global__ void attention_part_seqs(const float* q, float* part, int fmt, int hq, int hkv, float scale,
+                                               AttnSlots s, int rows, int nchunks) {
+    GRID_PROLOGUE();
+    int seqs = gridDim.x / (rows * nchunks);
+    int c = blockIdx.x / (seqs * rows), i = blockIdx.x / rows % seqs, row = blockIdx.x % rows;
+    if (row >= s.n[i] * hq) return;
+    int lo, hi;
+    key_range(row / hq, slot_position(s, i), 0, 0, &lo, &hi);
+    float* dst = part + (((long)i * rows + row) * nchunks + c) * (HEAD_DIM + 2);
+    if (max(lo, c * ATTN_CHUNK) >= min(hi, (c + 1) * ATTN_CHUNK)) {
+        // No key of this chunk (a sequence shorter than the longest): its max alone, −inf.
+        if (threadIdx.x == 0) dst[0] = NEG_INF;
+        return;
+    }
+    attend(q + (long)s.off[i] * hq * HEAD_DIM, (const u8*)s.kc[i], (const float*)s.ks[i], (const u8*)s.vc[i],
+           (const float*)s.vs[i], fmt, row, hq, hkv, max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK), scale,
+           dst + 2, false, dst, dst + 1);
+}
+
+// The chunks of a row's partial results p [nchunks, HEAD_DIM + 2] merged in order into o.
+__device__ __forceinline__ void combine_row(const float* p, float* o, int nchunks) {
+    float mt = NEG_INF;
+    for (int c = 0; c < nchunks; c++) mt = fmaxf(mt, p[c * (HEAD_DIM + 2)]);
+    float lt = 0.0f;
+    for (int c = 0; c < nchunks; c++) {
+        float mc = p[c * (HEAD_DIM + 2)];
+        if (mc != NEG_INF) lt += p[c * (HEAD_DIM + 2) + 1] * expf(mc - mt);
+    }
+    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+        float v = 0.0f;
+        for (int c = 0; c < nchunks; c++) {
+            float mc = p[c * (HEAD_DIM + 2)];
+            if (mc != NEG_INF) v += p[c * (HEAD_DIM + 2) + 2 + i] * expf(mc - mt);
+        }
+        o[i] = v / lt;
+    }
+}
+
+// Merges the chunks of attention_part, in order: one block per row.
+extern "C" __global__ void attention_combine(const float* part, float* out, int nchunks) {
+    GRID_PROLOGUE();
+    combine_row(part + (long)blockIdx.x * nchunks * (HEAD_DIM + 2), out + (long)blockIdx.x * HEAD_DIM, nchunks);
+}
+
+// attention_combine for attention_part_seqs: block (sequence i, row) writes row off[i]·hq + row.
+extern "C" __global__ void attention_combine_seqs(const float* part, float* out, int hq, AttnSlots s, int rows,
+                                                  int nchunks) {
+    GRID_PROLOGUE();
+    int i = blockIdx.x / rows, row = blockIdx.x % rows;
+    if (row >= s.n[i] * hq) return;
+    combine_row(part + (long)blockIdx.x * nchunks * (HEAD_DIM + 2),
+                out + ((long)s.off[i] * hq + row) * HEAD_DIM, nchunks);
+}
+
+// Attention of a long pass (prefill) on the tensor cores, flash-attention style: block
+// (tile, query head) takes FA_WARPS·16 consecutive tokens of one query head; its warps share
+// each tile of FA_KEYS keys and values, dequantised to f16 in shared memory, and each warp
+// keeps its 16 query rows' f16 fragments, scores and output in registers: S = Q·Kᵀ and O += P·V
+// are mma.sync m16n8k16 with f32 accumulation, the softmax is online (a running max and sum
+// per row, as in `attend`). Scores come out in the C layout (lane 4g + q: rows g and g + 8,
+// keys 2q, 2q + 1 of each 8) which is the A layout of P·V, so P never leaves the registers.
+// The queries are scaled by `scale` before the f16 rounding. Same arguments as `attention`,
+// plus the pass's token count and a split of the keys: a short pass over a long context (the
+// next turn of a conversation: a few dozen tokens after thousands) has too few query tiles to
+// fill the GPU, so block (tile, head, c) takes only keys [c·chunk, (c+1)·chunk) and, with
+// nchunks > 1, writes its rows' max, sum and unnormalised output to part [row, c, 2 + HEAD_DIM]
+// for attention_combine. Grid: ceil(T / (16·FA_WARPS)) · hq · nchunks blocks of 32·FA_WARPS.
+#if HEAD_DIM % 16 == 0
+#define FA_WARPS 4
+#define FA_KEYS 32
+// Halves per shared-memory row: 8 more than the head keeps the fragment loads conflict-free.
+#define FA_STRIDE (HEAD_DIM + 8)
+
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+    return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
+}
+
+// Four 8×8 f16 matrices from shared memory, lane l giving row l % 8 of matrix l / 8 (16 bytes,
+// 16-byte aligned): r[j] of lane 4g + q holds matrix j's (row g, columns 2q, 2q + 1), or with
+// `trans` its (rows 2q, 2q + 1, column g): an mma's B fragment in one instruction where
+// element loads took two (keys) or four (values) and their shifts.
+#ifndef KERNEL_EMULATION  // kernels_on_host.h defines it on the CPU
+template <bool trans>
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const u16* row) {
+    u32 a = (u32)__cvta_generic_to_shared(row);
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a)
+                     : "memory");
+}
+#endif
+
+// Copies `bytes` (16, or 4 for cp_async4) from global to shared memory without registers,
+// zero-filling what is past `src_bytes` (0: nothing is read); cp_async_wait_all waits for this
+// thread's copies, which a barrier then shows to the block.
+#ifndef KERNEL_EMULATION  // kernels_on_host.h defines them on the CPU
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+#endif
+
+// The four int8 values of `w` times their row's scale, in f32 (the tiles round them to f16).
+__device__ __forceinline__ void int8_quad(u32 w, float scale, float (&v)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = (float)(i8)(w >> (8 * i)) * scale;
+}
+
+// Keys and values j0 .. j0 + FA_KEYS of head kvh as f16 in the tiles, four values per thread
+// and step; keys past `end` are zero (never read unmasked).
+static __device__ __forceinline__ void fa_load(u16 (*kt)[FA_STRIDE], u16 (*vt)[FA_STRIDE], const u8* kc,
+                                               const float* ks, const u8* vc, const float* vs, int fmt, int j0,
+                                               int end, int kvh, int hkv) {
+    for (int u = threadIdx.x; u < FA_KEYS * (HEAD_DIM / 4); u += blockDim.x) {
+        int jj = u / (HEAD_DIM / 4), d = 4 * (u % (HEAD_DIM / 4)), j = j0 + jj;
+        float kv4[4] = {0.0f, 0.0f, 0.0f, 0.0f}, vv4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (j < end) {
+            long r = (long)j * hkv + kvh, e = r * HEAD_DIM + d;
+            if (fmt == KV_INT8) {
+                int8_quad(*(const u32*)(kc + e), ks[r], kv4);
+                int8_quad(*(const u32*)(vc + e), vs[r], vv4);
+            } else if (fmt == KV_BF16) {
+                uint2 kw = *(const uint2*)((const u16*)kc + e), vw = *(const uint2*)((const u16*)vc + e);
+                kv4[0] = bf16_to_f32(kw.x & 0xffffu), kv4[1] = bf16_to_f32(kw.x >> 16);
+                kv4[2] = bf16_to_f32(kw.y & 0xffffu), kv4[3] = bf16_to_f32(kw.y >> 16);
+                vv4[0] = bf16_to_f32(vw.x & 0xffffu), vv4[1] = bf16_to_f32(vw.x >> 16);
+                vv4[2] = bf16_to_f32(vw.y & 0xffffu), vv4[3] = bf16_to_f32(vw.y >> 16);
+            } else {
+                float4 kw = *(const float4*)((const float*)kc + e), vw = *(const float4*)((const float*)vc + e);
+                kv4[0] = kw.x, kv4[1] = kw.y, kv4[2] = kw.z, kv4[3] = kw.w;
+                vv4[0] = vw.x, vv4[1] = vw.y, vv4[2] = vw.z, vv4[3] = vw.w;
+            }
+        }
+        *(uint2*)&kt[jj][d] = uint2{pack_f16(kv4[0], kv4[1]), pack_f16(kv4[2], kv4[3])};
+        *(uint2*)&vt[jj][d] = uint2{pack_f16(vv4[0], vv4[1]), pack_f16(vv4[2], vv4[3])};
+    }
+}
+
+// The int8 keys or values j0 .. j0 + FA_KEYS of head kvh, as stored (rows past `end` zero, scales
+// too), copied into raw / raw_scale in flight (cp.async): nothing waits for them until
+// fa_convert.
+static __device__ __forceinline__ void fa_fetch(u8 (*raw)[HEAD_DIM], float* raw_scale, const u8* cache,
+                                                const float* scales, int j0, int end, int kvh, int hkv) {
+    for (int c = threadIdx.x; c < FA_KEYS * (HEAD_DIM / 16); c += blockDim.x) {
+        int jj = c / (HEAD_DIM / 16), d = 16 * (c % (HEAD_DIM / 16)), j = j0 + jj;
+        // A row past the end reads nothing; its address stays inside the cache.
+        long r = (long)min(j, end - 1) * hkv + kvh;
+        cp_async16(&raw[jj][d], cache + r * HEAD_DIM + d, j < end ? 16 : 0);
+    }
+    for (int jj = threadIdx.x; jj < FA_KEYS; jj += blockDim.x) {
+        int j = j0 + jj;
+        cp_async4(&raw_scale[jj], scales + (long)min(j, end - 1) * hkv + kvh, j < end ? 4 : 0);
+    }
+}
+
+// The fetched int8 rows as f16 in the tile (the values attention_prefill's own loads give: the
+// f32 product with the row's scale, rounded once).
+static __device__ __forceinline__ void fa_convert(u16 (*tile)[FA_STRIDE], const u8 (*raw)[HEAD_DIM],
+                                                  const float* raw_scale) {
+    for (int u = threadIdx.x; u < FA_KEYS * (HEAD_DIM / 4); u += blockDim.x) {
+        int jj = u / (HEAD_DIM / 4), d = 4 * (u % (HEAD_DIM / 4));
+        float v[4];
+        int8_quad(*(const u32*)&raw[jj][d], raw_scale[jj], v);
+        *(uint2*)&tile[jj][d] = uint2{pack_f16(v[0], v[1]), pack_f16(v[2], v[3])};
+    }
+}
+
+// The body of attention_prefill (ASYNC false) and attention_prefill_async (ASYNC true, int8
+// caches): the async one copies each tile's raw keys while the block multiplies the previous
+// tile's probabilities by its values, and the raw values while it scores the keys, then
+// converts them from shared memory; the other loads and converts each tile from global memory
+// between two barriers, the block waiting on the loads. The same tiles and products: the same
+// bits. Static, as every function with dims-sized shared memory: on the host, where several dims'
+// builds share a process, an inline function's statics would be one copy for all of them.
+template <bool ASYNC>
+static __device__ __forceinline__ void flash_prefill(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                                     const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
+                                                     const int* pos_at, float scale, int block, int window, int T,
+                                                     int chunk, int nchunks, float* part) {
+    __shared__ __align__(16) u16 kt[FA_KEYS][FA_STRIDE];
+    __shared__ __align__(16) u16 vt[FA_KEYS][FA_STRIDE];
+    __shared__ __align__(16) u8 raw[ASYNC ? FA_KEYS : 1][HEAD_DIM];
+    __shared__ float raw_scale[FA_KEYS];
+    const int DK = HEAD_DIM / 16, DN = HEAD_DIM / 8, NK = FA_KEYS / 8;
+    int split = blockIdx.x % nchunks, h = (blockIdx.x / nchunks) % hq, kvh = h / (hq / hkv);
+    int t0 = (blockIdx.x / nchunks / hq) * 16 * FA_WARPS;
+    int klo = split * chunk, khi = klo + chunk;  // this block's share of the keys
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
+    int pos = position(pos0, pos_at);
+    // This lane's rows (tokens ta, tb = ta + 8), clamped into the pass for loads.
+    int ta = t0 + 16 * warp + g, tb = ta + 8;
+    int la, ha, lb, hb;
+    key_range(min(ta, T - 1), pos, block, window, &la, &ha);
+    key_range(min(tb, T - 1), pos, block, window, &lb, &hb);
+    // Key ranges grow with the token in both masks (causal, draft block): the first and last
+    // token bound the warp's and the block's.
+    int wlo, whi, blo, bhi, unused;
+    key_range(min(t0 + 16 * warp, T - 1), pos, block, window, &wlo, &unused);
+    key_range(min(t0 + 16 * warp + 15, T - 1), pos, block, window, &unused, &whi);
+    key_range(t0, pos, block, window, &blo, &unused);
+    key_range(min(t0 + 16 * FA_WARPS - 1, T - 1), pos, block, window, &unused, &bhi);
+    la = max(la, klo), lb = max(lb, klo), wlo = max(wlo, klo), blo = max(blo, klo);
+    ha = min(ha, khi), hb = min(hb, khi), whi = min(whi, khi), bhi = min(bhi, khi);
+
+    u32 qf[DK][4];
+    {
+        const float* qa = q + ((long)min(ta, T - 1) * hq + h) * HEAD_DIM;
+        const float* qb = q + ((long)min(tb, T - 1) * hq + h) * HEAD_DIM;
+#pragma unroll
+        for (int s = 0; s < DK; s++) {
+            int d = 16 * s + 2 * qd;
+            qf[s][0] = pack_f16(qa[d] * scale, qa[d + 1] * scale);
+            qf[s][1] = pack_f16(qb[d] * scale, qb[d + 1] * scale);
+            qf[s][2] = pack_f16(qa[d + 8] * scale, qa[d + 9] * scale);
+            qf[s][3] = pack_f16(qb[d + 8] * scale, qb[d + 9] * scale);
+        }
+    }
+    float o[DN][4];
+#pragma unroll
+    for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = NEG_INF, mb = NEG_INF, sa = 0.0f, sb = 0.0f;  // running max; this lane's share of the sum
+
+    int first = blo / FA_KEYS * FA_KEYS;
+    if (ASYNC && first < bhi) fa_fetch(raw, raw_scale, kc, ks, first, bhi, kvh, hkv);
+    for (int j0 = first; j0 < bhi; j0 += FA_KEYS) {
+        bool mine = j0 < whi && j0 + FA_KEYS > wlo;  // a key of this tile for this warp
+        if (ASYNC) {
+            cp_async_wait_all();
+            __syncthreads();  // the raw keys are in; the previous tile's scores are done
+            fa_convert(kt, raw, raw_scale);
+            __syncthreads();
+            fa_fetch(raw, raw_scale, vc, vs, j0, bhi, kvh, hkv);
+        } else {
+            __syncthreads();  // the previous tile is consumed
+            fa_load(kt, vt, kc, ks, vc, vs, fmt, j0, bhi, kvh, hkv);
+            __syncthreads();
+        }
+
+        // Scores of rows a, b against keys j0 + 8n + 2qd + {0, 1}.
+        float sc[NK][4];
+        if (mine) {
+#pragma unroll
+            for (int n = 0; n < NK; n++) {
+                sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+                // Dims 16s .. 16s + 31 of keys 8n .. 8n + 7: the B fragments of mmas s and s + 1.
+#pragma unroll
+                for (int s = 0; s + 1 < DK; s += 2) {
+                    u32 b[4];
+                    ldmatrix_x4<false>(b, &kt[8 * n + (lane & 7)][16 * s + 8 * (lane >> 3)]);
+                    mma_f16_16816(sc[n], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b[0], b[1]);
+                    mma_f16_16816(sc[n], qf[s + 1][0], qf[s + 1][1], qf[s + 1][2], qf[s + 1][3], b[2], b[3]);
+                }
+                if (DK & 1) {
+                    const int s = DK - 1;
+                    u32 b0 = *(const u32*)&kt[8 * n + g][16 * s + 2 * qd];
+                    u32 b1 = *(const u32*)&kt[8 * n + g][16 * s + 8 + 2 * qd];
+                    mma_f16_16816(sc[n], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b0, b1);
+                }
+            }
+        }
+        // P in f16, the A fragments of O += P·V (the scores die here: fewer registers live
+        // while the async kernel converts the values).
+        u32 pa[FA_KEYS / 16][4];
+        if (mine) {
+            float mxa = NEG_INF, mxb = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < NK; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int j = j0 + 8 * n + 2 * qd + e;
+                    if (j < la || j >= ha) sc[n][e] = NEG_INF;
+                    if (j < lb || j >= hb) sc[n][2 + e] = NEG_INF;
+                    mxa = fmaxf(mxa, sc[n][e]);
+                    mxb = fmaxf(mxb, sc[n][2 + e]);
+                }
+            }
+            // The row's max over its quad (the four lanes holding its keys).
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+            float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
+            // A row with no key yet keeps max −inf: its factors are 0, not NaN.
+            float ca = na == NEG_INF ? 1.0f : expf(ma - na), cb = nb == NEG_INF ? 1.0f : expf(mb - nb);
+            ma = na;
+            mb = nb;
+            sa *= ca;
+            sb *= cb;
+#pragma unroll
+            for (int n = 0; n < NK; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    sc[n][e] = sc[n][e] == NEG_INF ? 0.0f : expf(sc[n][e] - ma);
+                    sc[n][2 + e] = sc[n][2 + e] == NEG_INF ? 0.0f : expf(sc[n][2 + e] - mb);
+                    sa += sc[n][e];
+                    sb += sc[n][2 + e];
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < DN; n++) {
+                o[n][0] *= ca;
+                o[n][1] *= ca;
+                o[n][2] *= cb;
+                o[n][3] *= cb;
+            }
+#pragma unroll
+            for (int kk = 0; kk < FA_KEYS / 16; kk++) {
+                pa[kk][0] = pack_f16(sc[2 * kk][0], sc[2 * kk][1]);
+                pa[kk][1] = pack_f16(sc[2 * kk][2], sc[2 * kk][3]);
+                pa[kk][2] = pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+                pa[kk][3] = pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            }
+        }
+        if (ASYNC) {
+            cp_async_wait_all();
+            __syncthreads();  // the raw values are in; the previous tile's products are done
+            fa_convert(vt, raw, raw_scale);
+            __syncthreads();
+            if (j0 + FA_KEYS < bhi) fa_fetch(raw, raw_scale, kc, ks, j0 + FA_KEYS, bhi, kvh, hkv);
+        }
+        if (!mine) continue;
+        // O += P·V, 16 keys per mma: P's A fragment is two adjacent score tiles.
+#pragma unroll
+        for (int kk = 0; kk < FA_KEYS / 16; kk++) {
+            const u32 a0 = pa[kk][0], a1 = pa[kk][1], a2 = pa[kk][2], a3 = pa[kk][3];
+            // Keys 16kk .. 16kk + 15 of dims 8n .. 8n + 15, transposed: the B fragments of
+            // output tiles n and n + 1 (DN is even: HEAD_DIM is a multiple of 16).
+            const u16* vrow = &vt[16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (lane >> 4)];
+#pragma unroll
+            for (int n = 0; n < DN; n += 2) {
+                u32 b[4];
+                ldmatrix_x4<true>(b, vrow + 8 * n);
+                mma_f16_16816(o[n], a0, a1, a2, a3, b[0], b[1]);
+                mma_f16_16816(o[n + 1], a0, a1, a2, a3, b[2], b[3]);
+            }
+        }
+    }
+    sa += __shfl_xor_sync(0xffffffffu, sa, 1);
+    sa += __shfl_xor_sync(0xffffffffu, sa, 2);
+    sb += __shfl_xor_sync(0xffffffffu, sb, 1);
+    sb += __shfl_xor_sync(0xffffffffu, sb, 2);
+    if (nchunks > 1) {
+        // Unnormalised, relative to the running max; a row without keys here has max −inf.
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            int t = rr ? tb : ta;
+            if (t >= T) continue;
+            float* dst = part + (((long)t * hq + h) * nchunks + split) * (HEAD_DIM + 2);
+            if (qd == 0) {
+                dst[0] = rr ? mb : ma;
+                dst[1] = rr ? sb : sa;
+            }
+#pragma unroll
+            for (int n = 0; n < DN; n++) {
+                dst[2 + 8 * n + 2 * qd] = o[n][2 * rr];
+                dst[2 + 8 * n + 2 * qd + 1] = o[n][2 * rr + 1];
+            }
+        }
+        return;
+    }
+    float ia = sa > 0.0f ? 1.0f / sa : 0.0f, ib = sb > 0.0f ? 1.0f / sb : 0.0f;
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+        int d = 8 * n + 2 * qd;
+        if (ta < T) {
+            float* oa = out + ((long)ta * hq + h) * HEAD_DIM + d;
+            oa[0] = o[n][0] * ia;
+            oa[1] = o[n][1] * ia;
+        }
+        if (tb < T) {
+            float* ob = out + ((long)tb * hq + h) * HEAD_DIM + d;
+            ob[0] = o[n][2] * ib;
+            ob[1] = o[n][3] * ib;
+        }
+    }
+}
+
+#define FLASH_PREFILL_KERNEL(NAME, ASYNC)                                                                       \
+    extern "C" __global__ void __launch_bounds__(32 * FA_WARPS)                                                 \
+        NAME(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs, float* out, int fmt, \
+             int hq, int hkv, int pos0, const int* pos_at, float scale, int block, int window, int T, int chunk, \
+             int nchunks, float* part) {                                                                        \
+        GRID_PROLOGUE();                                                                                        \
+        flash_prefill<ASYNC>(q, kc, ks, vc, vs, out, fmt, hq, hkv, pos0, pos_at, scale, block, window, T, chunk, \
+                             nchunks, part);                                                                    \
+    }
+FLASH_PREFILL_KERNEL(attention_prefill, false)
+FLASH_PREFILL_KERNEL(attention_prefill_async, true)
+#endif
+
+// x *= sigmoid(gate), elementwise (the attention output gate).
+extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
+    GRID_PROLOGUE();
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= sigmoid(gate[i]);
+}

@@ -1,0 +1,134 @@
+// splash CUDA kernels: the files of this directory, compiled by NVRTC as one unit in the order
+// of `KERNEL_FILES` (compile.rs), each using what the earlier ones define, at first use with the
+// model's dimensions as compile-time constants (HEAD_DIM: attention head dim; GDN_DK / GDN_DV:
+// Gated DeltaNet key and value head dims). Every kernel has a CPU twin in `src/cpu/` that
+// defines it. This file: the types, dimensions and helpers every kernel uses.
+//
+// Activations are f32 row-major. Weights stay in their stored format; `deq32<F>` decodes the
+// 32-element sub-block `s` of a row, following `src/ggml/dequant.rs` for GGML blocks and the
+// MLX affine formula for packed codes.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 256
+#endif
+#ifndef GDN_DK
+#define GDN_DK 128
+#endif
+#ifndef GDN_DV
+#define GDN_DV 128
+#endif
+
+#define NEG_INF (__int_as_float(0xff800000))
+
+// Tokens handled by one GEMV launch (more are split into launches by the host): a 16-row
+// speculative verify block is one launch.
+#define GEMV_MAX_T 16
+
+// Programmatic dependent launch (sm_90 and up; the host asks for it, see Gpu::launch): a
+// kernel may start while the one before it in the stream is still running, so its launch and
+// first loads overlap the other's last wave. Every kernel therefore waits for the one before it
+// (and so, transitively, for everything earlier) to complete before it touches memory that
+// another kernel writes or reads; only weights, which no kernel writes, may be loaded before.
+// It lets the next kernel launch first: that one's blocks take SM slots only once all of this
+// one's blocks have started, so the earliest kernel always runs (no kernel here waits on another
+// block).
+#if !defined(KERNEL_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define GRID_LAUNCH_NEXT() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GRID_WAIT()
+#define GRID_LAUNCH_NEXT()
+#endif
+// GRID_TRIGGER_LATE (SPLASH_DEPENDENT_LAUNCH=late, a measurement switch): the next kernel may
+// launch only once this one's wait is over, which bounds the chain of launched, waiting kernels
+// to one.
+#ifdef GRID_TRIGGER_LATE
+#define GRID_PROLOGUE()     \
+    do {                    \
+        GRID_WAIT();        \
+        GRID_LAUNCH_NEXT(); \
+    } while (0)
+#else
+#define GRID_PROLOGUE()     \
+    do {                    \
+        GRID_LAUNCH_NEXT(); \
+        GRID_WAIT();        \
+    } while (0)
+#endif
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+
+// Round to nearest even, as half::bf16::from_f32 does for finite values.
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float ld_half(const u8* p) { return f16_to_f32((u16)(p[0] | (p[1] << 8))); }
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
+__device__ __forceinline__ u32 ld_u32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+// Byte i of a little-endian array of 32-bit words.
+#define WBYTE(w, i) (((w)[(i) >> 2] >> (8 * ((i) & 3))) & 0xffu)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the sum.
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    float s = lane < warps ? partial[lane] : 0.0f;
+    return warp_sum(s);
+}
+
+// Maximum over the block, as block_sum.
+__device__ float block_max(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    float m = lane < warps ? partial[lane] : NEG_INF;
+    return warp_max(m);
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

@@ -1,0 +1,772 @@
+// Tensor-core GEMVs for Q4_K and Q6_K (tiled and stream-K), the grouped expert products, and
+// the f16 / bf16 conversions of their inputs.
+
+// Tensor-core GEMV for the 256-value k-quants Q4_K and Q6_K, 1..16 tokens per launch (decode, a
+// speculative verify block, the rows of a batched pass). Weights are decoded to f16 (the stored
+// value rounded once), activations are f16 scaled per token and 256-value block by a power of
+// two (nothing overflows, small values keep their precision), and mma.sync m16n8k16 multiplies
+// 16 weight rows by 8 tokens with f32 accumulation; each block's sums are scaled back in f32.
+// Each weight byte is read once per launch whatever the token count, so 16 tokens cost about
+// what one costs; and a token's column of the mma never mixes with another's, so every token
+// gets the same bits alone or in a block.
+//
+// Fragments (PTX ISA, m16n8k16 .f16, lane = 4·g + q): A (weight rows × k) a0 = row g, k 2q..2q+1;
+// a1 = row g+8, same k; a2, a3 = the same rows at k 2q+8..2q+9. B (k × tokens) b0 = token g,
+// k 2q..2q+1; b1 = k 2q+8..2q+9. C c0, c1 = row g, tokens 2q, 2q+1; c2, c3 = row g+8.
+//
+// The k order inside an mma is free as long as A and B agree. Per 256-value block, lane q owns
+// the 64 values 128·(q>>1) + 32·m + 16·(q&1) + 4·j + {0..3} (m, j < 4): 16-byte loads of
+// contiguous code bytes in both formats. Its mma 4j+m takes a code word's bytes 0, 2 as
+// (a0 or a1) and bytes 1, 3 as (a2 or a3): value order base, base+2, base+1, base+3.
+// `to_f16_tc` writes the activations in exactly that order: lane q's eight halves of mmas
+// 2u, 2u+1 at halves 32u + 8q of the token's block, so that a quad's loads are contiguous.
+
+// Warps of one block split a 16-row tile's K; the host picks how many (at most this).
+#define TC_WARPS_MAX 8
+
+// Segments a warp asks the L2 for ahead of the one it loads into registers (prefetch.global.L2,
+// no registers held). Two measured best on the H200 (BENCHMARKS.md, 2026-12-02, L2 requests):
+// the 27B Q4_K down product 31.3 -> 28.0 us at 1 token, the 16-token Q6_K one 44.3 -> 41.8;
+// 4 and 8 gained less. SPLASH_GEMV_L2_AHEAD sets it (0: off), a measurement switch.
+#ifndef TC_L2_AHEAD
+#define TC_L2_AHEAD 2
+#endif
+
+// Asks the L2 for the `bytes` at p (a 16-byte aligned segment), a 128-byte line per lane.
+__device__ __forceinline__ void l2_prefetch(const u8* p, int bytes, int lane) {
+#ifndef KERNEL_EMULATION
+    if (128 * lane < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 128 * lane));
+#endif
+}
+
+#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
+__device__ __forceinline__ u32 h2_sub(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+__device__ __forceinline__ u32 h2_mul(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+#endif
+
+#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
+__device__ __forceinline__ void mma_f16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+#endif
+
+__device__ __forceinline__ u32 word_of(uint4 v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// One row's share of a block for lane (g, q), as loaded. Q4_K: a = header (d, dmin, scales), b
+// and c = code bytes of sub-blocks 4n, 4n+1 and 4n+2, 4n+3 (n = q>>1). Q6_K: a, b = low bits
+// (ql), c = high bits (qh), s = the lane's half of the block's 16 scales, d = the block scale.
+struct TcRaw {
+    uint4 a, b, c;
+    uint2 s;
+    u32 d;
+};
+
+// Weights are read once per launch: loads that do not allocate in L1 leave it to the
+// activations, which every tile reads again.
+#ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+#endif
+
+// Row g + 8·half of block `seg` (a tile segment, see tile_segment): every load is one warp-wide
+// run of contiguous bytes.
+template <int F>
+__device__ __forceinline__ TcRaw tc_load(const u8* seg, int half, int lane) {
+    TcRaw r;
+    int g = lane >> 2, q = lane & 3, row = g + 8 * half;
+    if (F == FMT_Q4_K) {
+        r.a = ld_stream(seg + 16 * row);
+        r.b = ld_stream(seg + 256 + 512 * (2 * half) + 16 * lane);
+        r.c = ld_stream(seg + 256 + 512 * (2 * half + 1) + 16 * lane);
+    } else {
+        r.a = ld_stream(seg + 512 * (3 * half) + 16 * lane);
+        r.b = ld_stream(seg + 512 * (3 * half + 1) + 16 * lane);
+        r.c = ld_stream(seg + 512 * (3 * half + 2) + 16 * lane);
+        r.s = *(const uint2*)(seg + 3072 + 16 * row + 8 * (q >> 1));
+        r.d = *(const u16*)(seg + 3328 + 2 * row);
+    }
+    return r;
+}
+
+// The f16x2 factors of lane q's four sub-blocks m: Q4_K value = mul·code + add (mul = d·sc,
+// add = −dmin·m); Q6_K value = mul·(code − 32) (mul = d·sc).
+struct TcScales {
+    u32 mul[4], add[4];
+};
+
+// (1024 + c, 1024 + c) as f16x2 for the byte c of `w` that `byte` (0..3) picks: the byte under
+// the exponent of 1024 (halves 0x64cc), exact for every byte value.
+__device__ __forceinline__ u32 h2_1024_plus_byte(u32 w, u32 byte) {
+    return __byte_perm(w, 0x64u, byte | 0x4040u | (byte << 8));
+}
+
+// The scales in f16 arithmetic: code factor × block scale, each a 6-bit (Q4_K) or 8-bit (Q6_K)
+// integer times an f16, rounded once, as the f32 product converted to f16 rounds.
+template <int F>
+__device__ __forceinline__ TcScales tc_scales(const TcRaw& r, int q) {
+    TcScales s;
+    if (F == FMT_Q4_K) {
+        u32 d = __byte_perm(r.a.x, 0, 0x1010u), neg_dmin = __byte_perm(r.a.x, 0, 0x3232u) ^ 0x80008000u;
+        // Sub-blocks 4n..4n+3 (llama.cpp's get_scale_min_k4, four at a time).
+        u32 sc, mn;
+        if ((q >> 1) == 0) {
+            sc = r.a.y & 0x3f3f3f3fu;
+            mn = r.a.z & 0x3f3f3f3fu;
+        } else {
+            sc = (r.a.w & 0x0f0f0f0fu) | ((r.a.y >> 2) & 0x30303030u);
+            mn = ((r.a.w >> 4) & 0x0f0f0f0fu) | ((r.a.z >> 2) & 0x30303030u);
+        }
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            s.mul[m] = h2_mul(h2_sub(h2_1024_plus_byte(sc, m), 0x64006400u), d);
+            s.add[m] = h2_mul(h2_sub(h2_1024_plus_byte(mn, m), 0x64006400u), neg_dmin);
+        }
+    } else {
+        u32 d = __byte_perm(r.d, 0, 0x1010u);
+        // Sub-block m of this lane uses scale 8n + (q&1) + 2m: bytes (q&1) + 2m of s. The
+        // scales are signed: flipping the sign bit maps them to c + 128, so 1024 + 128 less.
+        u32 o = q & 1;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            u32 w = (m < 2 ? r.s.x : r.s.y) ^ 0x80808080u;
+            s.mul[m] = h2_mul(h2_sub(h2_1024_plus_byte(w, o + 2 * (m & 1)), 0x64806480u), d);
+            s.add[m] = 0;
+        }
+    }
+    return s;
+}
+
+// The f16 weight pairs of mma 4j+m: p0 = values base, base+2; p1 = base+1, base+3.
+template <int F>
+__device__ __forceinline__ void tc_pairs(const TcRaw& r, const TcScales& s, int j, int m, u32& p0, u32& p1) {
+    const u32 magic = 0x64006400u;  // f16 1024 in both halves: 1024 + code, exactly
+    if (F == FMT_Q4_K) {
+        u32 w = word_of(m < 2 ? r.b : r.c, j) >> (4 * (m & 1));
+        u32 h0 = (w & 0x000f000fu) | magic, h1 = ((w >> 8) & 0x000f000fu) | magic;
+        p0 = h2_fma(h2_sub(h0, magic), s.mul[m], s.add[m]);
+        p1 = h2_fma(h2_sub(h1, magic), s.mul[m], s.add[m]);
+    } else {
+        u32 lo = word_of(r.a, j), hi = word_of(r.b, j), h = word_of(r.c, j);
+        u32 v;
+        if (m == 0) v = (lo & 0x0f0f0f0fu) | ((h << 4) & 0x30303030u);
+        else if (m == 1) v = (hi & 0x0f0f0f0fu) | ((h << 2) & 0x30303030u);
+        else if (m == 2) v = ((lo >> 4) & 0x0f0f0f0fu) | (h & 0x30303030u);
+        else v = ((hi >> 4) & 0x0f0f0f0fu) | ((h >> 2) & 0x30303030u);
+        const u32 bias = 0x64206420u;  // f16 1056 = 1024 + the code offset 32
+        u32 h0 = (v & 0x003f003fu) | magic, h1 = ((v >> 8) & 0x003f003fu) | magic;
+        p0 = h2_mul(h2_sub(h0, bias), s.mul[m]);
+        p1 = h2_mul(h2_sub(h1, bias), s.mul[m]);
+    }
+}
+
+// One 256-value block b of a 16-row tile (its two halves' raw loads r0, r1) times the NT·8
+// token columns: c[i] += xscale · (W x) over the block; x[i] points at token 8i + g's
+// activations (lane (g, q)). Each column's sums are its own, whatever NT.
+template <int F, int NT>
+__device__ __forceinline__ void tc_block(const TcRaw& r0, const TcRaw& r1, int b, int q, const uint4* const (&x)[NT],
+                                         const float* const (&xs)[NT][2], float (&c)[NT][4]) {
+    TcScales s0 = tc_scales<F>(r0, q), s1 = tc_scales<F>(r1, q);
+    float cb[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) cb[i][0] = cb[i][1] = cb[i][2] = cb[i][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint4 xv[NT][2];
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            xv[i][0] = x[i][32 * b + 8 * j];
+            xv[i][1] = x[i][32 * b + 8 * j + 4];
+        }
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            u32 a0, a2, a1, a3;
+            tc_pairs<F>(r0, s0, j, m, a0, a2);
+            tc_pairs<F>(r1, s1, j, m, a1, a3);
+#pragma unroll
+            for (int i = 0; i < NT; i++) {
+                uint4 v = xv[i][m >> 1];
+                mma_f16_16816(cb[i], a0, a1, a2, a3, (m & 1) ? v.z : v.x, (m & 1) ? v.w : v.y);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        float sa = xs[i][0][b], sb = xs[i][1][b];
+        c[i][0] += sa * cb[i][0];
+        c[i][1] += sb * cb[i][1];
+        c[i][2] += sa * cb[i][2];
+        c[i][3] += sb * cb[i][3];
+    }
+}
+
+// One chain's sums of a tile (lane (g, q) holds rows g, g + 8 × tokens 8i + 2q + {0, 1} in
+// c[i]) into the block's shared partial sums.
+template <int NT>
+__device__ __forceinline__ void tc_chain_store(const float (&c)[NT][4], float (*part)[32][4 * NT], int chain) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[chain][lane][4 * i + e] = c[i][e];
+}
+
+// The end of a 16-row tile's product (or of a piece of one): the `chains` partial sums added in
+// chain order by warp 0 and written, rows n < split to y [T, split], the others to
+// y2 [T, N - split]; with `cols`, token t goes to row cols[t]; with `partial`, to
+// partial[16·t + n - n0] instead (a piece of a tile).
+template <int NT>
+__device__ __forceinline__ void tc_tile_sum(float (*part)[32][4 * NT], int chains, int n0, float* y, float* y2,
+                                            int split, int N, int T, const int* cols, float* partial = nullptr) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, q = lane & 3;
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = 0.0f;
+            for (int w = 0; w < chains; w++) v += part[w][lane][4 * i + e];
+            int t = 8 * i + 2 * q + (e & 1), n = n0 + g + 8 * (e >> 1);
+            if (t >= T || n >= N) continue;
+            long r = cols ? cols[t] : t;
+            if (partial)
+                partial[16 * t + n - n0] = v;
+            else if (n < split)
+                y[r * split + n] = v;
+            else
+                y2[r * (N - split) + n - split] = v;
+        }
+    }
+}
+
+// y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: the
+// 16-row tile `tile_index`, its K blocks split into `chains` sums (chain j: b = j, j + chains,
+// ...), added in chain order. The block's warps take the chains in turn (warp w: chains w,
+// w + warps, ...), so the warp count sets the parallelism and `chains` alone the bits: a row's
+// sums depend on the shape only, and any token count gives each token the bits it gets alone.
+// Rows n < split go to y [T, split], the others to y2 [T, N - split] (two products of one input
+// stacked into one weight). With `cols`, column t reads activation row cols[t] / col_div and
+// writes row cols[t] of y (the pairs of a MoE layer, see gemv_tc_experts).
+template <int F, int NT>
+__device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
+                        int split, int N, int K, int T, int tile_index, const int* cols, int col_div, int chains) {
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, q = lane & 3;
+    int n0 = tile_index * 16, nb = K >> 8;
+    constexpr int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
+    // The tile's segments (rows are padded to whole tiles on the device).
+    const u8* tile = W + (long)n0 * row_bytes;
+    // Tokens past T repeat the last one (their columns are not written).
+#define TC_XROW(t) (cols ? cols[t] / col_div : (t))
+    const uint4* x[NT];
+#pragma unroll
+    for (int i = 0; i < NT; i++) x[i] = (const uint4*)(xh + (long)TC_XROW(min(8 * i + g, T - 1)) * K + 8 * q);
+    float c[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+    // The scales of this lane's C tokens 8i + 2q + {0, 1}.
+    const float* xs[NT][2];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)TC_XROW(min(8 * i + 2 * q + e, T - 1)) * nb;
+#undef TC_XROW
+    // This warp's units (chain j, block b) in order: chain j = warp from block b = j, then chain
+    // j + warps, ... (chains ≤ nb, so every chain has a block).
+    auto after = [&](int& uj, int& ub) {
+        ub += chains;
+        if (ub >= nb) uj = ub = uj + warps;
+    };
+    int j = warp, b = warp;
+    bool have = warp < chains;
+    TcRaw r0, r1;
+    if (have) {
+        r0 = tc_load<F>(tile + (long)b * seg_bytes, 0, lane);
+        r1 = tc_load<F>(tile + (long)b * seg_bytes, 1, lane);
+    }
+    // Units 2 .. TC_L2_AHEAD asked of the L2 now, then each step the one TC_L2_AHEAD past the
+    // next (pj, pb): across chains too, so a warp walking one-block chains still reads ahead.
+    int pj = j, pb = b;
+    after(pj, pb);
+    after(pj, pb);
+    for (int d = 2; d <= TC_L2_AHEAD && pj < chains; d++) {
+        l2_prefetch(tile + (long)pb * seg_bytes, seg_bytes, lane);
+        after(pj, pb);
+    }
+    // The first weights are in flight; everything else comes from the kernels before.
+    GRID_PROLOGUE();
+    while (have) {
+        // The next unit's loads are in flight while this one is decoded and multiplied (more
+        // in flight, in registers or through a ring of shared-memory slots that the copy engine
+        // fills, was measured slower: BENCHMARKS.md, 2026-12-01 and 2026-12-02).
+        int nj = j, nbk = b;
+        after(nj, nbk);
+        bool next = nj < chains;
+        if (TC_L2_AHEAD > 0 && pj < chains) {
+            l2_prefetch(tile + (long)pb * seg_bytes, seg_bytes, lane);
+            after(pj, pb);
+        }
+        TcRaw n0r, n1r;
+        if (next) {
+            n0r = tc_load<F>(tile + (long)nbk * seg_bytes, 0, lane);
+            n1r = tc_load<F>(tile + (long)nbk * seg_bytes, 1, lane);
+        }
+        tc_block<F, NT>(r0, r1, b, q, x, xs, c);
+        if (nj != j) {
+            tc_chain_store<NT>(c, part, j);
+#pragma unroll
+            for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+        }
+        r0 = n0r;
+        r1 = n1r;
+        j = nj;
+        b = nbk;
+        have = next;
+    }
+    tc_tile_sum<NT>(part, chains, n0, y, y2, split, N, T, cols);
+}
+
+// Stream-K: the same products with the work of the whole matrix, (tile, 256-value block)
+// units in tile-major order, cut into gridDim.x equal ranges, one per block. A launch of a
+// mid-sized matrix then keeps every SM streaming weights to the end, where a block per tile
+// left a partial last wave running alone. A block's range covers the end of one tile, whole
+// tiles and the start of another; its warps split each piece's blocks as gemv_tc splits a
+// tile's (b = first + warp, + warps, ...), summed in warp order. A whole tile is written out;
+// a piece of one goes to partials [tile, piece, 8·NT tokens, 16 rows], which
+// gemv_tc_fixup sums in piece order. The cut depends on the shape and the grid only, so every
+// token gets the same bits in any launch of up to 16 tokens.
+//
+// The block that holds unit u: the last c with floor(c·U / grid) ≤ u.
+__device__ __forceinline__ int stream_k_block(long u, long units, int grid) {
+    return (int)(((u + 1) * grid - 1) / units);
+}
+
+template <int F, int NT>
+__device__ void gemv_tcs(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
+                         int split, int N, int K, int T, float* partials, int max_pieces) {
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, q = lane & 3;
+    int nb = K >> 8, tiles = (N + 15) / 16;
+    long units = (long)tiles * nb;
+    // Unit u's segment is at W + u·seg_bytes (a tile's 16 rows are nb segments).
+    int u0 = (int)((long)blockIdx.x * units / gridDim.x), u1 = (int)((long)(blockIdx.x + 1) * units / gridDim.x);
+    const int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
+    const uint4* x[NT];
+#pragma unroll
+    for (int i = 0; i < NT; i++) x[i] = (const uint4*)(xh + (long)min(8 * i + g, T - 1) * K + 8 * q);
+    const float* xs[NT][2];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)min(8 * i + 2 * q + e, T - 1) * nb;
+    // The block's pieces: tile t from b_lo(t) to b_hi(t). A warp takes b = b_lo + warp, + warps,
+    // ... in each, in order, the next one's loads in flight while one is multiplied (across
+    // pieces too).
+    int first = u0 / nb, last = (u1 - 1) / nb;
+#define TCS_LO(t) ((t) == first ? u0 - (t) * nb : 0)
+#define TCS_HI(t) min(nb, u1 - (t) * nb)
+    // (t, b) moved on to this warp's first unit at or after it: past a piece's end, block `warp`
+    // of the next tile (the pieces after the first start at 0); t > last when none is left.
+    auto settle = [&](int& t, int& b) {
+        while (t <= last && b >= TCS_HI(t)) {
+            t++;
+            b = warp;
+        }
+    };
+    // Unit (t, b)'s two halves, when there is one.
+    auto load = [&](int t, int b, TcRaw& h0, TcRaw& h1) {
+        if (t > last) return;
+        h0 = tc_load<F>(W + (long)(t * nb + b) * seg_bytes, 0, lane);
+        h1 = tc_load<F>(W + (long)(t * nb + b) * seg_bytes, 1, lane);
+    };
+    int pt = first, pb = TCS_LO(first) + warp;
+    settle(pt, pb);
+    TcRaw r0, r1;
+    load(pt, pb, r0, r1);
+    // The first weights are in flight; everything else comes from the kernels before.
+    GRID_PROLOGUE();
+    for (int tile = first; tile <= last; tile++) {
+        float c[NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+        while (pt == tile) {
+            int nt = pt, nbk = pb + warps;
+            settle(nt, nbk);
+            TcRaw n0r, n1r;
+            load(nt, nbk, n0r, n1r);
+            tc_block<F, NT>(r0, r1, pb, q, x, xs, c);
+            r0 = n0r;
+            r1 = n1r;
+            pt = nt;
+            pb = nbk;
+        }
+        __syncthreads();  // the previous piece's sums are read
+        // A whole tile goes to y; a piece of one to partials [tile, piece, 16 tokens, 16 rows].
+        bool whole = TCS_LO(tile) == 0 && TCS_HI(tile) == nb;
+        int piece = blockIdx.x - stream_k_block((long)tile * nb, units, gridDim.x);
+        float* partial = whole ? nullptr : partials + ((long)tile * max_pieces + piece) * 256;
+        tc_chain_store<NT>(c, part, warp);
+        tc_tile_sum<NT>(part, warps, tile * 16, y, y2, split, N, T, nullptr, partial);
+    }
+#undef TCS_LO
+#undef TCS_HI
+}
+
+// Sums the pieces of the tiles that gemv_tcs split over several blocks, in piece order: one
+// thread per (tile, token, row); `grid` is gemv_tcs's block count.
+extern "C" __global__ void gemv_tc_fixup(const float* partials, float* y, float* y2, int split, int N, int K,
+                                         int T, int grid, int max_pieces) {
+    GRID_PROLOGUE();
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    int tiles = (N + 15) / 16, nb = K >> 8;
+    if (i >= (long)tiles * T * 16) return;
+    int tile = (int)(i / (T * 16)), t = (int)(i / 16 % T), r = (int)(i % 16), n = tile * 16 + r;
+    long units = (long)tiles * nb;
+    int first = stream_k_block((long)tile * nb, units, grid), last = stream_k_block((long)tile * nb + nb - 1, units, grid);
+    if (first == last || n >= N) return;  // a whole tile, written by its block
+    float v = 0.0f;
+    for (int p = 0; p <= last - first; p++) v += partials[(((long)tile * max_pieces + p) * 16 + t) * 16 + r];
+    if (n < split)
+        y[(long)t * split + n] = v;
+    else
+        y2[(long)t * (N - split) + n - split] = v;
+}
+
+// This block's share of a grouped expert product: its table and that table's output, its
+// slot `a` among the active experts and its 16-row tile. The expert is active[a] (−1: none,
+// fewer are active than the grid allows), its pairs order[offsets[a] .. offsets[a + 1]].
+struct ExpertBlock {
+    const u64* table;
+    float* y;
+    int a, tile;
+};
+
+__device__ __forceinline__ ExpertBlock expert_block(const u64* table, float* y, const u64* table_b, float* y_b,
+                                                    int N) {
+    int per = table_b ? gridDim.x / 2 : gridDim.x;
+    if (blockIdx.x >= per) {
+        table = table_b;
+        y = y_b;
+    }
+    int blk = blockIdx.x % per, tiles = (N + 15) / 16;
+    return {table, y, blk / tiles, blk % tiles};
+}
+
+// The expert products of a MoE layer, grouped by expert (moe_group): block (a, tile) multiplies
+// tile `tile` of the a-th active expert's weight (its pointer in `table`) by every pair routed
+// to it, 16 columns at a time, so each expert's weights are read once however many tokens chose
+// it. Pair p reads activation row p / col_div (its token for gate / up, the pair itself for
+// down) and writes row p of y; each pair gets what its token alone would get. With a second
+// table (table_b, y_b: the up products beside the gate ones), the second half of the grid does
+// the same for it. A prefill pass's products (dozens of pairs an expert) take gemm_tc_experts.
+template <int F>
+__device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
+                                const int* offsets, const int* order, long row_bytes, const u16* xh,
+                                const float* xscale, int N, int K, int col_div, int chains) {
+    ExpertBlock eb = expert_block(table, y, table_b, y_b, N);
+    int e = active[eb.a];
+    if (e < 0) return;  // the whole block
+    const u8* W = (const u8*)eb.table[e];
+    int off = offsets[eb.a], cnt = offsets[eb.a + 1] - off;
+    for (int c0 = 0; c0 < cnt; c0 += 16) {
+        int n = min(16, cnt - c0);
+        const int* cols = order + off + c0;
+        if (n <= 8)
+            gemv_tc<F, 1>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
+        else
+            gemv_tc<F, 2>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
+        __syncthreads();  // the next chunk reuses the partial sums' shared memory
+    }
+}
+
+// Pairs of one expert that gemm_tc_experts multiplies per decoding of a 256-value block.
+#define EXPERT_SPAN 64
+
+// The grouped expert products of a prefill pass (dozens of pairs an expert): the blocks of
+// gemv_tc_experts, but a warp decodes each 256-value block of its chains into registers once
+// (the 16 mmas' A fragments) and multiplies it by up to EXPERT_SPAN pairs, two 8-pair groups at
+// a time, where gemv_tc_experts decodes it again for every 16 pairs. The chains' sums wait in
+// shared memory and are added in chain order, so every pair gets the bits gemv_tc_experts (and
+// its token alone) gives.
+template <int F>
+__device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
+                                const int* offsets, const int* order, long row_bytes, const u16* xh,
+                                const float* xscale, int N, int K, int col_div, int chains) {
+    // [chain][8-pair group][lane][c0..c3]: the C fragments of tc_block, one per group.
+    __shared__ float part[TC_WARPS_MAX][EXPERT_SPAN / 8][32][4];
+    ExpertBlock eb = expert_block(table, y, table_b, y_b, N);
+    int e = active[eb.a];
+    if (e < 0) return;  // the whole block
+    int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, q = lane & 3;
+    int n0 = eb.tile * 16, nb = K >> 8;
+    constexpr int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
+    const u8* tile = (const u8*)eb.table[e] + (long)n0 * row_bytes;
+    int off = offsets[eb.a], cnt = offsets[eb.a + 1] - off;
+    for (int c0 = 0; c0 < cnt; c0 += EXPERT_SPAN) {
+        int n = min(EXPERT_SPAN, cnt - c0), groups = (n + 7) / 8;
+        const int* cols = order + off + c0;
+        // Activation row of the span's pair t (pairs past n repeat the last; not written).
+        auto xrow = [&](int t) { return (long)(cols[min(t, n - 1)] / col_div); };
+        for (int j = warp; j < chains; j += warps) {
+            for (int i = 0; i < groups; i++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) part[j][i][lane][c] = 0.0f;
+            for (int b = j; b < nb; b += chains) {
+                // The block's A fragments: mma 4jj+m takes frag[jj][m] (tc_block's a0, a1, a2, a3).
+                u32 frag[4][4][4];
+                {
+                    TcRaw r0 = tc_load<F>(tile + (long)b * seg_bytes, 0, lane);
+                    TcRaw r1 = tc_load<F>(tile + (long)b * seg_bytes, 1, lane);
+                    // This warp's next block asked of the L2 while this one is multiplied.
+                    int next = b + chains < nb ? b + chains : j + warps < chains ? j + warps : -1;
+                    if (next >= 0) l2_prefetch(tile + (long)next * seg_bytes, seg_bytes, lane);
+                    TcScales s0 = tc_scales<F>(r0, q), s1 = tc_scales<F>(r1, q);
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+                        for (int m = 0; m < 4; m++) {
+                            tc_pairs<F>(r0, s0, jj, m, frag[jj][m][0], frag[jj][m][2]);
+                            tc_pairs<F>(r1, s1, jj, m, frag[jj][m][1], frag[jj][m][3]);
+                        }
+                }
+                // Two groups of 8 pairs at a time (two independent mma chains); a second group
+                // past the span's last is computed on repeated pairs and dropped.
+                for (int i = 0; i < groups; i += 2) {
+                    const uint4* x[2];
+                    float cb[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        x[h] = (const uint4*)(xh + xrow(8 * (i + h) + g) * K + 8 * q);
+                        cb[h][0] = cb[h][1] = cb[h][2] = cb[h][3] = 0.0f;
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++) {
+                        uint4 xv[2][2];
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            xv[h][0] = x[h][32 * b + 8 * jj];
+                            xv[h][1] = x[h][32 * b + 8 * jj + 4];
+                        }
+#pragma unroll
+                        for (int m = 0; m < 4; m++)
+#pragma unroll
+                            for (int h = 0; h < 2; h++) {
+                                uint4 v = xv[h][m >> 1];
+                                const u32* f = frag[jj][m];
+                                mma_f16_16816(cb[h], f[0], f[1], f[2], f[3], (m & 1) ? v.z : v.x, (m & 1) ? v.w : v.y);
+                            }
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        if (i + h >= groups) break;
+                        float sa = xscale[xrow(8 * (i + h) + 2 * q) * nb + b];
+                        float sb = xscale[xrow(8 * (i + h) + 2 * q + 1) * nb + b];
+                        float* c = part[j][i + h][lane];
+                        c[0] += sa * cb[h][0];
+                        c[1] += sb * cb[h][1];
+                        c[2] += sa * cb[h][2];
+                        c[3] += sb * cb[h][3];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        // The chains added in chain order (tc_tile_sum), one C value a thread.
+        for (int v = threadIdx.x; v < groups * 128; v += blockDim.x) {
+            int i = v >> 7, l = (v >> 2) & 31, c = v & 3;
+            float sum = 0.0f;
+            for (int w = 0; w < chains; w++) sum += part[w][i][l][c];
+            int t = 8 * i + 2 * (l & 3) + (c & 1), row = n0 + (l >> 2) + 8 * (c >> 1);
+            if (t < n && row < N) eb.y[(long)cols[t] * N + row] = sum;
+        }
+        __syncthreads();  // the next span reuses the sums' shared memory
+    }
+}
+
+// At most 96 registers for the 1..8-token Q4_K kernel: five 4-warp blocks per SM instead of four
+// (106 uncapped, no spills at 96). Measured on the H200: 27B gate / up 26.0 → 24.5 µs, GDN qkv
+// 17.6 → 14.8 µs. The Q6_K kernel spills at 96 and got slower, so it stays uncapped.
+#ifndef KERNEL_EMULATION
+#define TC8_REGS_q4_k __maxnreg__(96)
+#else
+#define TC8_REGS_q4_k
+#endif
+#define TC8_REGS_q6_k
+// Stream-K blocks: at most 128 registers, four 4-warp blocks per SM (132-152 uncapped; at 96 the
+// Q4_K one spills 60 bytes).
+#ifndef KERNEL_EMULATION
+#define TCS_REGS __maxnreg__(128)
+#else
+#define TCS_REGS
+#endif
+
+// The grouped expert GEMV's registers: Q4_K's at most 128 (sixteen warps an SM instead of
+// eight at its uncapped ~230; measured on the H200, 35B-A3B gate / up at 1 / 4 / 16 tokens:
+// 5.3 / 12.4 / 47.4 µs → 5.2 / 11.4 / 37.1), Q6_K's uncapped (slower capped at 1 and 4 tokens),
+// unless EXPERT_REGS caps both (SPLASH_EXPERT_REGS, a measurement switch).
+#if defined(KERNEL_EMULATION)
+#define EXPERT_REGS_q4_k
+#define EXPERT_REGS_q6_k
+#elif defined(EXPERT_REGS)
+#define EXPERT_REGS_q4_k __maxnreg__(EXPERT_REGS)
+#define EXPERT_REGS_q6_k __maxnreg__(EXPERT_REGS)
+#else
+#define EXPERT_REGS_q4_k __maxnreg__(128)
+#define EXPERT_REGS_q6_k
+#endif
+
+// gemm_tc_experts: 64 registers of A fragments; 128 keeps four 4-warp blocks an SM (their
+// shared sums, 32 KB a block, allow seven).
+#ifndef KERNEL_EMULATION
+#define GEMM_EXPERT_REGS __maxnreg__(128)
+#else
+#define GEMM_EXPERT_REGS
+#endif
+
+// A grouped expert kernel NAME (registers capped by REGS) running the device function given
+// after them: the signature ops::launch_experts passes.
+#define EXPERT_KERNEL(REGS, NAME, ...)                                                              \
+    extern "C" __global__ void REGS NAME(const u64* table, float* y, const u64* table_b, float* y_b, \
+                                         const int* active, const int* offsets, const int* order,    \
+                                         long row_bytes, const u16* xh, const float* xscale, int N,  \
+                                         int K, int col_div, int chains) {                           \
+        GRID_PROLOGUE();                                                                            \
+        __VA_ARGS__(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K,    \
+                    col_div, chains);                                                               \
+    }
+
+// gemv_tc8_*: up to 8 tokens, gemv_tc16_*: up to 16, a tile per block; gemv_tcs*: stream-K (the
+// kernel bench's comparison).
+#define TC_KERNEL(NAME, F)                                                                        \
+    extern "C" __global__ void TC8_REGS_##NAME gemv_tc8_##NAME(                                   \
+        const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,     \
+        int split, int N, int K, int T) {                                                         \
+        gemv_tc<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
+    }                                                                                             \
+    extern "C" __global__ void TCS_REGS gemv_tcs8_##NAME(                                         \
+        const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,     \
+        int split, int N, int K, int T, float* partials, int max_pieces) {                        \
+        gemv_tcs<F, 1>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
+    }                                                                                             \
+    extern "C" __global__ void TCS_REGS gemv_tcs16_##NAME(                                        \
+        const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,     \
+        int split, int N, int K, int T, float* partials, int max_pieces) {                        \
+        gemv_tcs<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, partials, max_pieces);    \
+    }                                                                                             \
+    extern "C" __global__ void gemv_tc16_##NAME(const u8* W, long row_bytes, const u16* xh,       \
+                                                const float* xscale, float* y, float* y2,         \
+                                                int split, int N, int K, int T) {                 \
+        gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
+    }                                                                                             \
+    EXPERT_KERNEL(EXPERT_REGS_##NAME, gemv_tc_experts_##NAME, gemv_tc_experts<F>)               \
+    EXPERT_KERNEL(GEMM_EXPERT_REGS, gemm_tc_experts_##NAME, gemm_tc_experts<F>)
+
+TC_KERNEL(q4_k, FMT_Q4_K)
+TC_KERNEL(q6_k, FMT_Q6_K)
+
+// Activation block w (256 values, value(i) its i-th) → xh[256·w..] f16 in the tensor-core GEMV's
+// k order, scaled by the power of two xscale[w] that puts its largest magnitude below 2^14. One
+// warp per block; lane l writes the block's halves 8l..8l+7.
+template <class Value>
+__device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xscale, long w) {
+    int lane = threadIdx.x & 31;
+    float v[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int r = 8 * lane + i, q = (r >> 3) & 3, idx = 8 * (r >> 5) + (r & 7), mi = idx >> 2, slot = idx & 3;
+        int base = 128 * (q >> 1) + 32 * (mi & 3) + 16 * (q & 1) + 4 * (mi >> 2);
+        v[i] = value(base + (slot == 0 ? 0 : slot == 1 ? 2 : slot == 2 ? 1 : 3));
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    amax = warp_max(amax);
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.0e38f) frexpf(amax, &e);
+    e = max(e, -100);  // keeps 2^(14-e) finite
+    float inv = ldexpf(1.0f, 14 - e);
+    if (lane == 0) xscale[w] = ldexpf(1.0f, e - 14);
+    u32 h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = (u32)f32_to_f16(v[2 * i] * inv) | ((u32)f32_to_f16(v[2 * i + 1] * inv) << 16);
+    ((uint4*)(xh + 256 * w))[lane] = make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// x [T, K] f32 → xh [T, K] and xscale [T, K / 256] (to_f16_tc_block).
+extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, long blocks) {
+    GRID_PROLOGUE();
+    long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= blocks) return;
+    const float* xb = x + 256 * w;
+    to_f16_tc_block([&](int i) { return xb[i]; }, xh, xscale, w);
+}
+
+// to_f16_tc of silu(g) * u (SwiGLU, the values silu_mul writes), for the MLP's down product.
+extern "C" __global__ void silu_mul_to_f16_tc(const float* g, const float* u, u16* xh, float* xscale,
+                                              long blocks) {
+    GRID_PROLOGUE();
+    long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= blocks) return;
+    const float *gb = g + 256 * w, *ub = u + 256 * w;
+    to_f16_tc_block([&](int i) { return silu(gb[i]) * ub[i]; }, xh, xscale, w);
+}
+
+// out[i..i+4) = bf16 of value(i..i+4) clipped to n, for thread i / 4: one 16-byte load of each
+// f32 input and one 8-byte store when x, out and n allow (a thread a value, with scalar loads,
+// ran at under a third of the copy bandwidth on prefill's activations).
+template <class Value>
+__device__ __forceinline__ void bf16_quad(Value value, const float* x, const float* x2, u16* out, long n) {
+    long i = 4 * ((long)blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n) return;
+    bool vec = i + 4 <= n && (((unsigned long long)x | (unsigned long long)x2) & 15) == 0 &&
+               ((unsigned long long)out & 7) == 0;
+    if (vec) {
+        float4 a = *(const float4*)(x + i), b = x2 ? *(const float4*)(x2 + i) : a;
+        uint2 o;
+        o.x = (u32)f32_to_bf16(value(a.x, b.x)) | ((u32)f32_to_bf16(value(a.y, b.y)) << 16);
+        o.y = (u32)f32_to_bf16(value(a.z, b.z)) | ((u32)f32_to_bf16(value(a.w, b.w)) << 16);
+        *(uint2*)(out + i) = o;
+        return;
+    }
+    for (long j = i; j < n && j < i + 4; j++) out[j] = f32_to_bf16(value(x[j], x2 ? x2[j] : x[j]));
+}
+
+// f32 → bf16 (activations for the cuBLAS GEMM), four values a thread.
+extern "C" __global__ void to_bf16(const float* x, u16* out, long n) {
+    GRID_PROLOGUE();
+    bf16_quad([](float a, float) { return a; }, x, nullptr, out, n);
+}
+
+// bf16 of silu(g) · u (the values silu_mul writes), the down product's cuBLAS input, four
+// values a thread.
+extern "C" __global__ void silu_mul_to_bf16(const float* g, const float* u, u16* out, long n) {
+    GRID_PROLOGUE();
+    bf16_quad([](float a, float b) { return silu(a) * b; }, g, u, out, n);
+}

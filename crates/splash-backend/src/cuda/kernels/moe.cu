@@ -1,0 +1,259 @@
+// Mixture of experts on the device (few tokens: decode, verify blocks, batched passes). Pair
+// p = t·k + j is token t's j-th expert; the expert products are gemv_tc_experts_* (gemv_tc.cu).
+
+// The router of one token per block (E ≤ 1024 experts): softmax over its logits, the top_k most
+// probable experts (ties: the lower index first), their probabilities renormalised to sum 1,
+// summed in that order (as ffn.rs::route). ids, weights [T, top_k].
+// Threads of a moe_route block, the most experts a token keeps, and the experts a thread holds.
+#define MOE_ROUTE_THREADS 256
+#define MOE_TOP_K_MAX 32
+#define MOE_PER_THREAD (1024 / MOE_ROUTE_THREADS)
+
+// The best (largest value, then lowest id) of the warp's candidates v[k], id[k] (k < n, each
+// lane its own), to every lane; the lane that held it takes it out (value −inf).
+__device__ __forceinline__ void warp_best(float* v, int* id, int n, float* best_v, int* best_i, int* best_k) {
+    float bv = NEG_INF;
+    int bi = 0x7fffffff, bk = -1;
+    for (int k = 0; k < n; k++)
+        if (v[k] > bv || (v[k] == bv && id[k] < bi)) {
+            bv = v[k];
+            bi = id[k];
+            bk = k;
+        }
+    int owner = threadIdx.x & 31;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        int oo = __shfl_xor_sync(0xffffffffu, owner, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+            owner = oo;
+        }
+    }
+    if ((threadIdx.x & 31) == owner && bk >= 0) v[bk] = NEG_INF;
+    *best_v = bv;
+    *best_i = bi;
+    *best_k = bk;
+}
+
+extern "C" __global__ void moe_route(const float* logits, int* ids, float* weights, int E, int top_k) {
+    GRID_PROLOGUE();
+    __shared__ float p[1024];
+    const float* l = logits + (long)blockIdx.x * E;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float m = NEG_INF;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, l[e]);
+    m = block_max(m);
+    float s = 0.0f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        p[e] = expf(l[e] - m);
+        s += p[e];
+    }
+    s = block_sum(s);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] /= s;
+    __syncthreads();
+    int* out_i = ids + (long)blockIdx.x * top_k;
+    float* out_w = weights + (long)blockIdx.x * top_k;
+    // Each warp's top_k of its experts (e = threadIdx.x, + blockDim.x, ...), then warp 0's top_k
+    // of those: the block's top_k in order, with no block-wide round per expert chosen.
+    __shared__ float cand_v[MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX];
+    __shared__ int cand_i[MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX];
+    float mine_v[MOE_PER_THREAD];
+    int mine_i[MOE_PER_THREAD];
+#pragma unroll
+    for (int k = 0; k < MOE_PER_THREAD; k++) {
+        int e = threadIdx.x + k * blockDim.x;
+        mine_v[k] = e < E ? p[e] : NEG_INF;
+        mine_i[k] = e < E ? e : E;
+    }
+    for (int j = 0; j < top_k; j++) {
+        float bv;
+        int bi, bk;
+        warp_best(mine_v, mine_i, MOE_PER_THREAD, &bv, &bi, &bk);
+        if (lane == 0) {
+            cand_v[warp * top_k + j] = bv;
+            cand_i[warp * top_k + j] = bi;
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float v[MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX / 32];
+        int id[MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX / 32];
+        int n = warps * top_k;
+#pragma unroll
+        for (int k = 0; k < MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX / 32; k++) {
+            int c = lane + 32 * k;
+            v[k] = c < n ? cand_v[c] : NEG_INF;
+            id[k] = c < n ? cand_i[c] : E;
+        }
+        for (int j = 0; j < top_k; j++) {
+            float bv;
+            int bi, bk;
+            warp_best(v, id, MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX / 32, &bv, &bi, &bk);
+            if (lane == 0) {
+                out_i[j] = bi;
+                out_w[j] = bv;
+            }
+        }
+    }
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int j = 0; j < top_k; j++) sum += out_w[j];
+        for (int j = 0; j < top_k; j++) out_w[j] /= sum;
+    }
+}
+
+// The slots of a MoE layer's active experts, from thread e's count c of expert e's pairs (one
+// block, a thread an expert, E ≤ 1024): the active experts in increasing order (active[a]; -1
+// after the last, up to `slots`), offsets[a], offsets[a + 1] bounding their pairs in `order`.
+// Returns where expert e's pairs start.
+static __device__ int group_slots(int c, int E, int slots, int* active, int* offsets) {
+    __shared__ int warp_pairs[32], warp_active[32], total[2];
+    int e = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Exclusive scans over the experts of the pair counts (where an expert's pairs start) and of
+    // the active flags (its slot).
+    int on = c > 0, cs = c, os = on;
+    for (int o = 1; o < 32; o <<= 1) {
+        int uc = __shfl_up_sync(0xffffffffu, cs, o), uo = __shfl_up_sync(0xffffffffu, os, o);
+        if (lane >= o) {
+            cs += uc;
+            os += uo;
+        }
+    }
+    if (lane == 31) {
+        warp_pairs[warp] = cs;
+        warp_active[warp] = os;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        int wc = lane < nw ? warp_pairs[lane] : 0, wo = lane < nw ? warp_active[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            int uc = __shfl_up_sync(0xffffffffu, wc, o), uo = __shfl_up_sync(0xffffffffu, wo, o);
+            if (lane >= o) {
+                wc += uc;
+                wo += uo;
+            }
+        }
+        if (lane < nw) {
+            warp_pairs[lane] = wc;  // inclusive: the pairs and active experts up to warp `lane`
+            warp_active[lane] = wo;
+        }
+        if (lane == nw - 1) {
+            total[0] = wc;
+            total[1] = wo;
+        }
+    }
+    __syncthreads();
+    int before_p = cs - c + (warp > 0 ? warp_pairs[warp - 1] : 0);
+    int before_a = os - on + (warp > 0 ? warp_active[warp - 1] : 0);
+    if (on) {
+        active[before_a] = e;
+        offsets[before_a] = before_p;
+    }
+    // After the last active expert: -1 up to `slots`, each bounding no pairs.
+    int used = total[1], all = total[0];
+    if (threadIdx.x == 0) offsets[used] = all;
+    for (int i = used + threadIdx.x; i < slots; i += blockDim.x) {
+        active[i] = -1;
+        offsets[i + 1] = all;
+    }
+    return before_p;
+}
+
+// The pairs of a MoE layer grouped by expert for gemv_tc_experts: the slots (group_slots) and
+// in `order` each expert's pairs in increasing order. One block of 1,024 threads, E ≤ 1024; for
+// up to 1,024 pairs (decode steps, verify blocks, short passes: ops::moe_route gives longer
+// passes moe_group_counts, moe_group_slots and moe_group_scatter).
+extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
+                                     int* order) {
+    GRID_PROLOGUE();
+    __shared__ int count[1024];
+    int e = threadIdx.x;
+    if (e < E) count[e] = 0;
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
+    __syncthreads();
+    int c = e < E ? count[e] : 0, on = c > 0;
+    int before_p = group_slots(c, E, slots, active, offsets);
+    // Each active expert's thread lists its pairs in order, over the pairs staged a block at a
+    // time in shared memory: O(pairs) a thread (counting each pair's earlier ones was
+    // O(pairs²) over the block, a 2,048-token prefill chunk's 16,384 pairs included).
+    __shared__ int stage[1024];
+    int next = before_p;
+    for (int p0 = 0; p0 < pairs; p0 += blockDim.x) {
+        int n = min((int)blockDim.x, pairs - p0);
+        __syncthreads();
+        if (threadIdx.x < n) stage[threadIdx.x] = ids[p0 + threadIdx.x];
+        __syncthreads();
+        if (on)
+            for (int i = 0; i < n; i++)
+                if (stage[i] == e) order[next++] = p0 + i;
+    }
+}
+
+// A prefill pass's grouping (moe_group's result for thousands of pairs, over many blocks), in
+// three launches: each chunk of MOE_GROUP_CHUNK pairs counts its pairs per expert into
+// counts [chunks, E]; one block sums them, writes the slots and turns counts into each chunk's
+// first position per expert; each chunk writes its pairs there in order.
+#define MOE_GROUP_CHUNK 256
+
+extern "C" __global__ void moe_group_counts(const int* ids, int pairs, int E, int* counts) {
+    GRID_PROLOGUE();
+    __shared__ int hist[1024];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    int p = blockIdx.x * MOE_GROUP_CHUNK + threadIdx.x;
+    if (threadIdx.x < MOE_GROUP_CHUNK && p < pairs) atomicAdd(&hist[ids[p]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) counts[(long)blockIdx.x * E + e] = hist[e];
+}
+
+// One block of 1,024 threads, a thread an expert.
+extern "C" __global__ void moe_group_slots(int* counts, int chunks, int E, int slots, int* active, int* offsets) {
+    GRID_PROLOGUE();
+    int e = threadIdx.x, c = 0;
+    if (e < E)
+        for (int i = 0; i < chunks; i++) {
+            int n = counts[(long)i * E + e];
+            counts[(long)i * E + e] = c;
+            c += n;
+        }
+    int start = group_slots(c, E, slots, active, offsets);
+    if (e < E)
+        for (int i = 0; i < chunks; i++) counts[(long)i * E + e] += start;
+}
+
+// A block a chunk, MOE_GROUP_CHUNK threads: a pair's place is its chunk's first for its expert
+// plus the chunk's earlier pairs of that expert.
+extern "C" __global__ void moe_group_scatter(const int* ids, int pairs, int E, const int* counts, int* order) {
+    GRID_PROLOGUE();
+    __shared__ int stage[MOE_GROUP_CHUNK];
+    int p0 = blockIdx.x * MOE_GROUP_CHUNK, t = threadIdx.x, n = min(MOE_GROUP_CHUNK, pairs - p0);
+    if (t < n) stage[t] = ids[p0 + t];
+    __syncthreads();
+    if (t >= n) return;
+    int id = stage[t], rank = 0;
+    for (int i = 0; i < t; i++) rank += stage[i] == id;
+    order[counts[(long)blockIdx.x * E + id] + rank] = p0 + t;
+}
+
+// out[t, :] = out[t, :] · sigmoid(gate[t]) (without a gate: as it is) + Σ_j w[t, j] · y[t·k + j, :],
+// the experts added in order j.
+extern "C" __global__ void moe_combine(const float* y, const float* w, float* out, const float* gate, int top_k,
+                                       int d) {
+    GRID_PROLOGUE();
+    // Block (t, c) takes values c·blockDim.x .. of token t: one value a thread, so the top_k
+    // loads of each are in flight together (a block a token walked its values in turn).
+    int chunks = (d + blockDim.x - 1) / blockDim.x;
+    long t = blockIdx.x / chunks;
+    // The shared expert's gate first, as scale_rows_sigmoid applies it.
+    float s = gate ? sigmoid(gate[t]) : 1.0f;
+    int i0 = blockIdx.x % chunks * blockDim.x;
+    for (int i = i0 + threadIdx.x; i < min(d, i0 + (int)blockDim.x); i += blockDim.x) {
+        float acc = gate ? out[t * d + i] * s : out[t * d + i];
+        for (int j = 0; j < top_k; j++) acc += w[t * top_k + j] * y[(t * top_k + j) * d + i];
+        out[t * d + i] = acc;
+    }
+}

@@ -1,0 +1,155 @@
+// Norms and elementwise ops
+
+// o = xr * rsqrt(mean(xr²) + eps) * w for one row, by the whole block (o may alias xr). Rows of
+// a multiple of 4 go by float4 (a hidden-size row in one or two loads per thread: a loop of
+// dependent scalar loads made the one-row norm of decode cost 18 µs). Thread i reads exactly
+// the values a float4 (or scalar) loop of stride blockDim.x gives it.
+// With `ob`, the row's bf16 too (cuBLAS's input: the bits of to_bf16 of o).
+__device__ __forceinline__ void rms_norm_row(const float* xr, const float* w, float* o, int d, float eps,
+                                             u16* ob = nullptr) {
+    float ss = 0.0f;
+    if ((d & 3) == 0) {
+        const float4* x4 = (const float4*)xr;
+        for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
+            float4 v = x4[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+        for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
+            float4 v = x4[i], g = ((const float4*)w)[i];
+            float4 r = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+            ((float4*)o)[i] = r;
+            if (ob)
+                ((uint2*)ob)[i] = make_uint2((u32)f32_to_bf16(r.x) | ((u32)f32_to_bf16(r.y) << 16),
+                                             (u32)f32_to_bf16(r.z) | ((u32)f32_to_bf16(r.w) << 16));
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        o[i] = xr[i] * inv * w[i];
+        if (ob) ob[i] = f32_to_bf16(o[i]);
+    }
+}
+
+// out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * w, one block per row (out may alias x).
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
+    GRID_PROLOGUE();
+    rms_norm_row(x + (long)blockIdx.x * d, w, out + (long)blockIdx.x * d, d, eps);
+}
+
+// The residual add and the next norm in one launch: x[r] += y[r], then out[r] = rms_norm(x[r])
+// · w, with the bits of add_in_place then rms_norm (each thread adds the values it then reads).
+// One block per row; out must not alias x or y.
+// xr += yr for one row, by the whole block, each thread adding the values rms_norm_row then
+// gives it.
+__device__ __forceinline__ void add_row(float* xr, const float* yr, int d) {
+    if ((d & 3) == 0) {
+        for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
+            float4 a = ((float4*)xr)[i], b = ((const float4*)yr)[i];
+            ((float4*)xr)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        }
+    } else {
+        for (int i = threadIdx.x; i < d; i += blockDim.x) xr[i] += yr[i];
+    }
+}
+
+extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps) {
+    GRID_PROLOGUE();
+    float* xr = x + (long)blockIdx.x * d;
+    add_row(xr, y + (long)blockIdx.x * d, d);
+    rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps);
+}
+
+// add_rms_norm, then to_f16_tc of each out row, in one launch: the block's warps convert the
+// row's 256-value blocks once the row is written (the bits of the two kernels). d is a multiple
+// of 256.
+extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
+                                                  float* xscale, int d, float eps) {
+    GRID_PROLOGUE();
+    float *xr = x + (long)blockIdx.x * d, *o = out + (long)blockIdx.x * d;
+    add_row(xr, y + (long)blockIdx.x * d, d);
+    rms_norm_row(xr, w, o, d, eps);
+    __syncthreads();  // the row is written
+    int per_row = d >> 8;
+    for (int b = threadIdx.x >> 5; b < per_row; b += blockDim.x >> 5) {
+        const float* ob = o + 256 * b;
+        to_f16_tc_block([&](int i) { return ob[i]; }, xh, xscale, (long)blockIdx.x * per_row + b);
+    }
+}
+
+// add_rms_norm, each out row also in bf16 (ob, cuBLAS's input: the bits of to_bf16 of out).
+extern "C" __global__ void add_rms_norm_to_bf16(float* x, const float* y, const float* w, float* out, u16* ob,
+                                                int d, float eps) {
+    GRID_PROLOGUE();
+    float* xr = x + (long)blockIdx.x * d;
+    add_row(xr, y + (long)blockIdx.x * d, d);
+    rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps, ob + (long)blockIdx.x * d);
+}
+
+// The GDN output norm: w * rms_norm(x) * silu(z), one warp per row of d (a head: 128 values,
+// four a lane, no block barrier; a block a row with its two barriers kept a 2,048-token pass's
+// 65,536 rows at a third of the bandwidth); with `ob`, also in bf16 (the bits of to_bf16 of out).
+__device__ __forceinline__ void rms_norm_gated_row(const float* x, const float* z, const float* w, float* out,
+                                                   u16* ob, int rows, int d, float eps) {
+    int lane = threadIdx.x & 31;
+    long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;  // the whole warp
+    long base = row * d;
+    float ss = 0.0f;
+    for (int i = lane; i < d; i += 32) ss += x[base + i] * x[base + i];
+    float inv = rsqrtf(warp_sum(ss) / (float)d + eps);
+    for (int i = lane; i < d; i += 32) {
+        float o = w[i] * (x[base + i] * inv) * silu(z[base + i]);
+        out[base + i] = o;
+        if (ob) ob[base + i] = f32_to_bf16(o);
+    }
+}
+
+extern "C" __global__ void rms_norm_gated(const float* x, const float* z, const float* w, float* out, int rows,
+                                          int d, float eps) {
+    GRID_PROLOGUE();
+    rms_norm_gated_row(x, z, w, out, nullptr, rows, d, eps);
+}
+
+extern "C" __global__ void rms_norm_gated_to_bf16(const float* x, const float* z, const float* w, float* out,
+                                                  u16* ob, int rows, int d, float eps) {
+    GRID_PROLOGUE();
+    rms_norm_gated_row(x, z, w, out, ob, rows, d, eps);
+}
+
+extern "C" __global__ void add_in_place(float* x, const float* y, long n) {
+    GRID_PROLOGUE();
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// g = silu(g) * u (SwiGLU).
+extern "C" __global__ void silu_mul(float* g, const float* u, long n) {
+    GRID_PROLOGUE();
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) g[i] = silu(g[i]) * u[i];
+}
+
+// x[t, :] *= sigmoid(g[t]) (the shared-expert gate): one block per row.
+extern "C" __global__ void scale_rows_sigmoid(float* x, const float* g, int d) {
+    GRID_PROLOGUE();
+    float s = sigmoid(g[blockIdx.x]);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) x[(long)blockIdx.x * d + i] *= s;
+}
+
+// out[i, :] = x[idx[i], :].
+extern "C" __global__ void gather_rows(const float* x, const int* idx, float* out, int d) {
+    GRID_PROLOGUE();
+    const float* src = x + (long)idx[blockIdx.x] * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[(long)blockIdx.x * d + i] = src[i];
+}
+
+// out[idx[i], :] += w[i] * y[i, :] (rows of idx are distinct within one launch).
+extern "C" __global__ void scatter_add_rows(const float* y, const int* idx, const float* w, float* out, int d) {
+    GRID_PROLOGUE();
+    float* dst = out + (long)idx[blockIdx.x] * d;
+    float s = w[blockIdx.x];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] += s * y[(long)blockIdx.x * d + i];
+}
