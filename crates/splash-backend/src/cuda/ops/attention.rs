@@ -1,0 +1,413 @@
+//! Gated attention: the KV cache appends, split decode attention and flash prefill, for one
+//! sequence or the sequences of a pass (kernels/attention.cu).
+
+use super::*;
+
+/// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels/attention.cu): small enough that a
+/// decode step at 1K of context has a block per SM or so (1,024 made 48 blocks for the 27B's
+/// 24 heads, each walking 1,024 keys).
+pub const ATTN_CHUNK: usize = 256;
+/// The fewest keys per chunk when `attention_prefill` splits a short pass's keys.
+pub(super) const FLASH_MIN_CHUNK: usize = 1024;
+/// Query rows (of one sequence) up to which attention splits the keys into chunks: decode
+/// rows, verify blocks and draft blocks, whose few queries would leave most of the GPU idle
+/// over a long context. Longer passes (prefill) have enough queries to fill it.
+pub(super) const SPLIT_ATTENTION_ROWS: usize = 32;
+
+pub(super) fn kv_code(f: KvFormat) -> i32 {
+    match f {
+        KvFormat::F32 => 0,
+        KvFormat::Bf16 => 1,
+        KvFormat::Int8 => 2,
+    }
+}
+
+/// Appends `tokens` positions of `heads` rows of `d` values (`x`) to a KV cache
+/// `[positions, heads, d]` at position `pos` (`scales`: int8 only).
+#[allow(clippy::too_many_arguments)]
+pub fn kv_append(
+    gpu: &Gpu,
+    k: &Kernels,
+    cache: u64,
+    scales: u64,
+    x: u64,
+    format: KvFormat,
+    tokens: usize,
+    heads: usize,
+    d: usize,
+    pos: impl Into<Position>,
+) -> Result<(), GpuError> {
+    let [p0, p_at] = pos.into().args();
+    gpu.launch(
+        k,
+        "kv_append",
+        (tokens * heads) as u32,
+        128,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(cache),
+            Arg::Ptr(scales),
+            Arg::I32(kv_code(format)),
+            Arg::I32(d as i32),
+            Arg::I32(heads as i32),
+            p0,
+            p_at,
+        ],
+    )
+}
+
+/// Chunks of [`ATTN_CHUNK`] keys the split attention (`attention_part`) gives each query row of
+/// a pass of `tokens` at `pos`: up to the furthest key of any query (a draft block sees the
+/// whole block), and with a window at most the chunks the window and the pass's keys span
+/// (the kernel starts at the chunk of the first query's first key).
+pub fn split_chunks(pos: Position, tokens: usize, mask: KeyMask) -> usize {
+    let reach = if mask.block > 0 { mask.block } else { tokens };
+    let span = match pos {
+        Position::Host(p) => p + reach,
+        Position::Device { limit, .. } => limit,
+    };
+    let chunks = span.div_ceil(ATTN_CHUNK).max(1);
+    match mask.window {
+        Some(w) => chunks.min((w + reach).div_ceil(ATTN_CHUNK) + 1),
+        None => chunks,
+    }
+}
+
+/// Which cached keys the queries of an [`attention`] call see.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyMask {
+    /// `0`: causal (query `t` sees positions `..=pos0 + t`). A DFlash draft block of `T`
+    /// rows passes `T`: every query sees positions `..pos0 + T`.
+    pub block: usize,
+    /// Sliding window `W`: only keys with `|q_pos - k_pos| < W` (`None`: all).
+    pub window: Option<usize>,
+}
+
+/// Attention of `q` `[tokens, hq, HEAD_DIM]` at positions `pos0..` over the caches (row `j`
+/// holds position `j`), with the keys `mask` lets each query see.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    q: u64,
+    keys: (u64, u64),
+    values: (u64, u64),
+    format: KvFormat,
+    tokens: usize,
+    hq: usize,
+    hkv: usize,
+    pos: impl Into<Position>,
+    scale: f32,
+    mask: KeyMask,
+) -> Result<(), GpuError> {
+    let pos = pos.into();
+    let [p0, p_at] = pos.args();
+    let args = |out_or_part: u64| {
+        [
+            Arg::Ptr(q),
+            Arg::Ptr(keys.0),
+            Arg::Ptr(keys.1),
+            Arg::Ptr(values.0),
+            Arg::Ptr(values.1),
+            Arg::Ptr(out_or_part),
+            Arg::I32(kv_code(format)),
+            Arg::I32(hq as i32),
+            Arg::I32(hkv as i32),
+            p0,
+            p_at,
+            Arg::F32(scale),
+            Arg::I32(mask.block as i32),
+            Arg::I32(mask.window.unwrap_or(0) as i32),
+        ]
+    };
+    if tokens <= SPLIT_ATTENTION_ROWS {
+        let chunks = split_chunks(pos, tokens, mask);
+        let rows = tokens * hq;
+        let part = gpu.uninit::<f32>(rows * chunks * (k.dims().head_dim + 2))?;
+        let pp = crate::cuda::ptr(gpu, &part, 0);
+        let mut a = args(pp).to_vec();
+        a.push(Arg::I32(chunks as i32));
+        gpu.launch(k, "attention_part", (rows * chunks) as u32, 128, &a)?;
+        return gpu.launch(
+            k,
+            "attention_combine",
+            rows as u32,
+            128,
+            &[Arg::Ptr(pp), Arg::Ptr(out), Arg::I32(chunks as i32)],
+        );
+    }
+    if flash_prefill(gpu, k, format) {
+        let tiles = tokens.div_ceil(FLASH_QUERY_ROWS);
+        // The furthest key any query sees.
+        let span = match pos {
+            Position::Host(p) => p + if mask.block > 0 { mask.block } else { tokens },
+            Position::Device { limit, .. } => limit,
+        };
+        let (chunk, nchunks) = flash_split(tiles * hq, span);
+        let rows = tokens * hq;
+        let part = if nchunks > 1 {
+            Some(gpu.uninit::<f32>(rows * nchunks * (k.dims().head_dim + 2))?)
+        } else {
+            None
+        };
+        let pp = part.as_ref().map_or(0, |p| crate::cuda::ptr(gpu, p, 0));
+        let mut a = args(out).to_vec();
+        a.extend([
+            Arg::I32(tokens as i32),
+            Arg::I32(chunk as i32),
+            Arg::I32(nchunks as i32),
+            Arg::Ptr(pp),
+        ]);
+        // The int8 rows copied a tile ahead (16-byte copies: the caches' rows must be aligned).
+        let aligned = (keys.0 | values.0).is_multiple_of(16);
+        let kernel = if format == KvFormat::Int8 && aligned && FLASH_ASYNC.on(true) {
+            "attention_prefill_async"
+        } else {
+            "attention_prefill"
+        };
+        gpu.launch(k, kernel, (tiles * hq * nchunks) as u32, 128, &a)?;
+        if nchunks > 1 {
+            gpu.launch(
+                k,
+                "attention_combine",
+                rows as u32,
+                128,
+                &[Arg::Ptr(pp), Arg::Ptr(out), Arg::I32(nchunks as i32)],
+            )?;
+        }
+        return Ok(());
+    }
+    gpu.launch(k, "attention", (tokens * hq) as u32, 128, &args(out))
+}
+
+/// Whether a long pass over an int8 cache takes `attention_prefill_async` (each tile's rows copied
+/// into shared memory while the block computes on the one before; the same bits as
+/// `attention_prefill`, which waits on its loads). On by default: the 27B's prefill on the H200
+/// 6,496 → 6,890 tok/s at 8K and 4,110 → 5,166 at 32K (BENCHMARKS.md, eighth session);
+/// `SPLASH_FLASH_ASYNC=0` or [`force_flash_async`] to compare.
+pub(super) static FLASH_ASYNC: Switch = Switch::new("SPLASH_FLASH_ASYNC");
+
+/// Forces the prefill attention over int8 caches to `attention_prefill_async` or not (`None`:
+/// the environment's choice again); for tests and benches that compare the two.
+pub fn force_flash_async(on: Option<bool>) {
+    FLASH_ASYNC.force(on.map(usize::from));
+}
+
+/// Query tokens per block of `attention_prefill` (16 per warp, `FA_WARPS` = 4 warps).
+pub(super) const FLASH_QUERY_ROWS: usize = 64;
+/// Keys per shared-memory tile of `attention_prefill` (`FA_KEYS`).
+pub(super) const FLASH_KEYS: usize = 32;
+/// Blocks a prefill attention launch should have: two per SM of an H200 (132).
+pub(super) const FLASH_MIN_BLOCKS: usize = 264;
+
+/// How `attention_prefill` splits the keys `0..span` for `blocks` (query tile, head) pairs:
+/// (keys per chunk, chunks). One chunk when the pairs fill the GPU; otherwise enough chunks
+/// of at least [`FLASH_MIN_CHUNK`] keys to make [`FLASH_MIN_BLOCKS`] blocks. It depends only on the
+/// pass's shape, so a pass gives the same result every time.
+pub(super) fn flash_split(blocks: usize, span: usize) -> (usize, usize) {
+    let chunks = FLASH_MIN_BLOCKS
+        .div_ceil(blocks.max(1))
+        .min(span.div_ceil(FLASH_MIN_CHUNK))
+        .max(1);
+    let chunk = span.div_ceil(chunks).div_ceil(FLASH_KEYS) * FLASH_KEYS;
+    (
+        chunk.max(FLASH_KEYS),
+        span.div_ceil(chunk.max(FLASH_KEYS)).max(1),
+    )
+}
+
+/// Whether a long pass's attention runs on the tensor cores (`attention_prefill`, f16 products
+/// with f32 sums): for the lossy cache formats, whose rows are already rounded, and head dims
+/// the mma tiles divide. An f32 cache and the exact mode keep the f32 kernel.
+pub(super) fn flash_prefill(gpu: &Gpu, k: &Kernels, format: KvFormat) -> bool {
+    !gpu.exact() && format != KvFormat::F32 && k.dims().head_dim.is_multiple_of(16)
+}
+
+/// One sequence of an attention layer's pass for the `*_seqs` attention kernels: its rows
+/// `off .. off + n` of the pass, the position of its first one, and its key and value caches
+/// (`(rows, int8 scales)`, as [`attention`] takes them).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnPart {
+    pub keys: (u64, u64),
+    pub values: (u64, u64),
+    pub pos: Position,
+    pub off: usize,
+    pub n: usize,
+}
+
+/// `parts` in launches of at most [`crate::cuda::ATTN_SLOTS`]: each group, its table and its longest
+/// sequence.
+pub(super) fn attn_groups(
+    parts: &[AttnPart],
+) -> impl Iterator<Item = (&[AttnPart], crate::cuda::AttnSlots, usize)> + '_ {
+    parts.chunks(crate::cuda::ATTN_SLOTS).map(|group| {
+        let mut s = crate::cuda::AttnSlots::default();
+        for (i, p) in group.iter().enumerate() {
+            (s.kc[i], s.ks[i]) = p.keys;
+            (s.vc[i], s.vs[i]) = p.values;
+            (s.pos0[i], s.pos_at[i]) = match p.pos {
+                Position::Host(at) => (at as i32, 0),
+                Position::Device { at, .. } => (0, at),
+            };
+            s.off[i] = p.off as i32;
+            s.n[i] = p.n as i32;
+        }
+        let longest = group.iter().map(|p| p.n).max().unwrap_or(0);
+        (group, s, longest)
+    })
+}
+
+/// [`kv_append`] of every sequence's key and value rows (`keys`, `values` `[rows, hkv, d]`) to
+/// its own caches at its positions, in one launch per [`crate::cuda::ATTN_SLOTS`] sequences.
+#[allow(clippy::too_many_arguments)]
+pub fn kv_append_seqs(
+    gpu: &Gpu,
+    k: &Kernels,
+    keys: u64,
+    values: u64,
+    format: KvFormat,
+    parts: &[AttnPart],
+    hkv: usize,
+    d: usize,
+) -> Result<(), GpuError> {
+    for (group, slots, longest) in attn_groups(parts) {
+        let per = 2 * longest * hkv;
+        gpu.launch(
+            k,
+            "kv_append_seqs",
+            (per * group.len()) as u32,
+            128,
+            &[
+                Arg::Ptr(keys),
+                Arg::Ptr(values),
+                Arg::I32(kv_code(format)),
+                Arg::I32(d as i32),
+                Arg::I32(hkv as i32),
+                Arg::Attn(Box::new(slots)),
+                Arg::I32(per as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Causal [`attention`] of every sequence's query rows (`q`, `out` `[rows, hq, HEAD_DIM]`) over
+/// its own caches: for passes of up to 32 tokens a sequence, one split-attention launch and one
+/// merge per [`crate::cuda::ATTN_SLOTS`] sequences, each row with the bits of its sequence's own
+/// launch (the chunks past a sequence's keys are empty, which the merge skips); longer passes
+/// (prefill) a launch each.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_seqs(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    q: u64,
+    format: KvFormat,
+    parts: &[AttnPart],
+    (hq, hkv): (usize, usize),
+    scale: f32,
+) -> Result<(), GpuError> {
+    let d = k.dims().head_dim;
+    if parts.iter().any(|p| p.n > SPLIT_ATTENTION_ROWS) {
+        for p in parts {
+            let row = (p.off * hq * d * 4) as u64;
+            attention(
+                gpu,
+                k,
+                out + row,
+                q + row,
+                p.keys,
+                p.values,
+                format,
+                p.n,
+                hq,
+                hkv,
+                p.pos,
+                scale,
+                KeyMask::default(),
+            )?;
+        }
+        return Ok(());
+    }
+    for (group, slots, longest) in attn_groups(parts) {
+        // As many chunks as the furthest key of any sequence needs (see `attention`).
+        let chunks = group
+            .iter()
+            .map(|p| match p.pos {
+                Position::Host(at) => at + p.n,
+                Position::Device { limit, .. } => limit,
+            })
+            .max()
+            .unwrap_or(0)
+            .div_ceil(ATTN_CHUNK)
+            .max(1);
+        let rows = longest * hq;
+        let part = gpu.uninit::<f32>(group.len() * rows * chunks * (d + 2))?;
+        let pp = crate::cuda::ptr(gpu, &part, 0);
+        let slots = Box::new(slots);
+        gpu.launch(
+            k,
+            "attention_part_seqs",
+            (group.len() * rows * chunks) as u32,
+            128,
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(pp),
+                Arg::I32(kv_code(format)),
+                Arg::I32(hq as i32),
+                Arg::I32(hkv as i32),
+                Arg::F32(scale),
+                Arg::Attn(slots.clone()),
+                Arg::I32(rows as i32),
+                Arg::I32(chunks as i32),
+            ],
+        )?;
+        gpu.launch(
+            k,
+            "attention_combine_seqs",
+            (group.len() * rows) as u32,
+            128,
+            &[
+                Arg::Ptr(pp),
+                Arg::Ptr(out),
+                Arg::I32(hq as i32),
+                Arg::Attn(slots),
+                Arg::I32(rows as i32),
+                Arg::I32(chunks as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chunks cover every key, in whole tiles; a pass with enough query tiles is not
+    /// split, and a short one over a long context gets about two blocks per SM.
+    #[test]
+    fn flash_split_covers_the_keys_and_fills_the_gpu() {
+        for (blocks, span) in [
+            (24, 32_768),
+            (16, 100_000),
+            (768, 32_768),
+            (24, 700),
+            (1, 1),
+            (4, 5_000),
+        ] {
+            let (chunk, n) = flash_split(blocks, span);
+            assert!(
+                chunk % FLASH_KEYS == 0 && chunk * n >= span,
+                "{blocks} {span}"
+            );
+            assert!(chunk * (n - 1) < span, "{blocks} {span}: an empty chunk");
+            if blocks >= FLASH_MIN_BLOCKS {
+                assert_eq!(n, 1);
+            }
+        }
+        let (_, n) = flash_split(24, 32_768);
+        assert!(24 * n >= FLASH_MIN_BLOCKS, "{n} chunks");
+    }
+}

@@ -1,0 +1,545 @@
+//! Matrix products: the routing of a product to its kernel (cuBLAS GEMM over bf16 rows, the
+//! tensor-core GEMV, the dp4a GEMV, the warp-per-row GEMV) and the warp-per-row and dp4a
+//! launches (kernels/gemv.cu).
+
+use super::*;
+
+/// Tokens per GEMV launch (`GEMV_MAX_T` in kernels/common.cuh).
+pub(super) const GEMV_MAX_T: usize = 16;
+
+/// From this many tokens on, a product runs as a cuBLAS bf16 GEMM over the weight decoded to
+/// bf16 (one decode pass) instead of GEMV launches (one weight pass per 16 tokens). Above
+/// every speculative block size, so verify passes stay batch-invariant.
+pub(super) const GEMM_MIN_T: usize = 48;
+
+/// Weight rows decoded to bf16 at a time for the GEMM (bounds the scratch buffer).
+pub(super) const GEMM_ROW_CHUNK: usize = 8192;
+
+/// `out[t, :] = W[row0..row0+n, :] · x[t, :]` for `t < tokens`, `out` `[tokens, n]`.
+///
+/// Up to [`GEMV_MAX_T`] tokens, each token's row is computed exactly as it would be alone
+/// (the same kernel and order of sums for 1 and 16 tokens): a speculative verify pass then
+/// gives bit for bit the logits of one-token decoding, and greedy speculation stays lossless.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: u64,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let x = Activations::new(x, tokens, w.cols);
+    product(gpu, k, out, &x, w, row0, n, GEMM_MIN_T)
+}
+
+/// [`matmul`] of activations that other products may share (their conversions are reused).
+pub fn matmul_activations(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: &Activations,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+) -> Result<(), GpuError> {
+    product(gpu, k, out, x, w, row0, n, GEMM_MIN_T)
+}
+
+/// [`matmul_activations`] whose rows may depend on the token count: bf16 weights go to cuBLAS
+/// from two tokens on. For passes whose numbers only propose, like a draft block.
+pub fn matmul_batched(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: &Activations,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+) -> Result<(), GpuError> {
+    let min_t = if stored_bf16(gpu, w) { 2 } else { GEMM_MIN_T };
+    product(gpu, k, out, x, w, row0, n, min_t)
+}
+
+/// The cuBLAS handle a product of `tokens` rows by `w` runs on: from `gemm_min_t` tokens on,
+/// outside batch-invariant passes, when the library loads.
+pub(super) fn gemm_blas(
+    gpu: &Gpu,
+    w: &DeviceWeight,
+    tokens: usize,
+    gemm_min_t: usize,
+) -> Option<std::sync::Arc<cudarc::cublas::CudaBlas>> {
+    let wanted = tokens >= gemm_min_t && w.cols.is_multiple_of(32) && !gpu.batch_invariant();
+    wanted.then(|| gpu.blas()).flatten()
+}
+
+/// Whether GEMVs by `w` run on the tensor-core kernel: the tiled formats (it reads the tiles),
+/// outside the exact mode.
+pub(super) fn tensor_core(gpu: &Gpu, w: &DeviceWeight) -> bool {
+    !gpu.exact() && crate::cuda::weights::is_tiled(w.format)
+}
+
+/// The product, by cuBLAS from `gemm_min_t` tokens on.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn product(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: &Activations,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+    gemm_min_t: usize,
+) -> Result<(), GpuError> {
+    x.check(w);
+    let tokens = x.tokens;
+    assert!(row0 + n <= w.rows, "rows {row0}+{n} of {}", w.rows);
+    assert!(
+        row0.is_multiple_of(16) || !crate::cuda::weights::is_tiled(w.format),
+        "rows of a tiled weight start at a multiple of 16 (row {row0})"
+    );
+    if let Some(blas) = gemm_blas(gpu, w, tokens, gemm_min_t) {
+        return gemm(gpu, k, &blas, out, x, w, row0, n);
+    }
+    let base = crate::cuda::ptr(gpu, &w.data, row0 * w.row_bytes);
+    if tensor_core(gpu, w) {
+        return gemv_tc(gpu, k, (out, 0, n), x.f16(gpu, k)?, w, base, n, tokens);
+    }
+    if !gpu.exact() && int8_format(w.format) {
+        return gemv_q8(gpu, k, (out, 0, n), x.int8(gpu, k)?, w, base, n, tokens);
+    }
+    gemv_float(gpu, k, (out, 0, n), x.x, w, base, row0, n, tokens)
+}
+
+/// `matmul` for many tokens: the activations and each chunk of weight rows converted to bf16,
+/// multiplied by cuBLAS with f32 accumulation and output.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm(
+    gpu: &Gpu,
+    k: &Kernels,
+    blas: &cudarc::cublas::CudaBlas,
+    out: u64,
+    x: &Activations,
+    w: &DeviceWeight,
+    row0: usize,
+    n: usize,
+) -> Result<(), GpuError> {
+    use cudarc::cublas::sys;
+    let (kdim, tokens) = (w.cols, x.tokens);
+    let exact = gpu.exact();
+    // Operands in bf16 (tensor cores), or the f32 activations as they are (exact).
+    let (xp, xtype) = if exact {
+        (x.x, sys::cudaDataType_t::CUDA_R_32F)
+    } else {
+        (
+            crate::cuda::ptr(gpu, x.bf16(gpu, k)?, 0),
+            sys::cudaDataType_t::CUDA_R_16BF,
+        )
+    };
+    if stored_bf16(gpu, w) {
+        let wp = crate::cuda::ptr(gpu, &w.data, row0 * w.row_bytes);
+        return gemm_rows(
+            gpu,
+            blas,
+            out,
+            wp,
+            w.row_bytes / 2,
+            xp,
+            xtype,
+            n,
+            n,
+            tokens,
+            kdim,
+        );
+    }
+    let chunk = GEMM_ROW_CHUNK.min(n);
+    let wb = gpu.uninit::<f32>(chunk * kdim / if exact { 1 } else { 2 })?;
+    let dequant = format!(
+        "dequant_{}_{}",
+        if exact { "f32" } else { "bf16" },
+        w.format.kernel_suffix()
+    );
+    for r0 in (0..n).step_by(chunk) {
+        let rows = chunk.min(n - r0);
+        let wp = crate::cuda::ptr(gpu, &wb, 0);
+        let src = crate::cuda::ptr(gpu, &w.data, (row0 + r0) * w.row_bytes);
+        if !exact && w.format == crate::cuda::GpuFormat::F32 && w.row_bytes == 4 * kdim {
+            // Contiguous f32 rows: the activations' coalesced conversion, the same bits.
+            let values = rows * kdim;
+            gpu.launch(
+                k,
+                "to_bf16",
+                blocks(values.div_ceil(4), 256),
+                256,
+                &[Arg::Ptr(src), Arg::Ptr(wp), Arg::I64(values as i64)],
+            )?;
+        } else {
+            let (scales, biases, group) = group_args(gpu, w, row0 + r0);
+            gpu.launch(
+                k,
+                &dequant,
+                blocks(rows * kdim / 32, 128),
+                128,
+                &[
+                    Arg::Ptr(src),
+                    Arg::I64(w.row_bytes as i64),
+                    Arg::Ptr(scales),
+                    Arg::Ptr(biases),
+                    Arg::I32(group),
+                    Arg::Ptr(wp),
+                    Arg::I32(rows as i32),
+                    Arg::I32(kdim as i32),
+                ],
+            )?;
+        }
+        gemm_rows(
+            gpu,
+            blas,
+            out + (r0 * 4) as u64,
+            wp,
+            kdim,
+            xp,
+            xtype,
+            rows,
+            n,
+            tokens,
+            kdim,
+        )?;
+    }
+    Ok(())
+}
+
+/// `out[t, r] = W[r, :] · x[t, :]` for `rows` bf16 (or f32 with f32 `xtype`) weight rows of
+/// stride `ldw` elements, `out` rows `ldo` apart, by cuBLAS with f32 accumulation.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_rows(
+    gpu: &Gpu,
+    blas: &cudarc::cublas::CudaBlas,
+    out: u64,
+    w: u64,
+    ldw: usize,
+    x: u64,
+    xtype: cudarc::cublas::sys::cudaDataType_t,
+    rows: usize,
+    ldo: usize,
+    tokens: usize,
+    kdim: usize,
+) -> Result<(), GpuError> {
+    use cudarc::cublas::{result::gemm_ex, sys};
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // Column-major view: out^T [rows, tokens] (ld ldo) = W [rows, K]^T-as-stored · X^T.
+    let name = || format!("cublas {rows}x{kdim}, {tokens} rows");
+    // SAFETY: all pointers are live device buffers of the sizes the dimensions imply.
+    gpu.profiled(name, || unsafe {
+        gemm_ex(
+            *blas.handle(),
+            sys::cublasOperation_t::CUBLAS_OP_T,
+            sys::cublasOperation_t::CUBLAS_OP_N,
+            rows as i32,
+            tokens as i32,
+            kdim as i32,
+            &alpha as *const f32 as *const _,
+            w as *const _,
+            xtype,
+            ldw as i32,
+            x as *const _,
+            xtype,
+            kdim as i32,
+            &beta as *const f32 as *const _,
+            out as *mut _,
+            sys::cudaDataType_t::CUDA_R_32F,
+            ldo as i32,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+        .map_err(|e| GpuError::Blas(e.to_string()))
+    })
+}
+
+/// A bf16 weight that the fast (not exact) path multiplies as stored.
+pub(super) fn stored_bf16(gpu: &Gpu, w: &DeviceWeight) -> bool {
+    w.format == crate::cuda::GpuFormat::Bf16 && w.groups.is_none() && !gpu.exact()
+}
+
+/// Warps per tile forced by [`force_tensor_core_warps`] (0: the shape decides).
+pub(super) static TENSOR_CORE_WARPS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Forces the warps per 16-row tile of every tensor-core GEMV (1..=8; 0 restores the choice by
+/// shape). For the kernel bench's sweep: results then depend on this process-wide setting.
+pub fn force_tensor_core_warps(warps: usize) {
+    TENSOR_CORE_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels/gemv_tc.cu), no
+/// more than the row has 256-value blocks. Four, measured best from 256 tiles up on the
+/// H200 (more warps per tile make fewer, shorter-lived blocks of which a second partial wave
+/// runs alone); eight for smaller matrices. It depends only on the shape, never on the token
+/// count, so that a token's sums are the same in any batch.
+pub(super) fn tensor_core_warps(n: usize, kdim: usize) -> usize {
+    let forced = TENSOR_CORE_WARPS.load(std::sync::atomic::Ordering::Relaxed);
+    let warps = match forced {
+        0 if n.div_ceil(16) >= 256 => 4,
+        0 => 8,
+        w => w,
+    };
+    warps.min(kdim / 256).max(1)
+}
+
+/// Two products of one input, `x · W[..split]ᵀ` into `out.0` `[tokens, split]` and
+/// `x · W[split..]ᵀ` into `out.1`, from one weight that stacks both (e.g. an MLP's gate and
+/// up rows, a GDN layer's b and a rows). The tensor-core and the int8 GEMVs do both in one
+/// launch (one conversion of `x`, twice the rows in flight); other paths run the two row ranges
+/// apart. For a tiled format (see [`pairs_in_one_launch`]) `split` is a multiple of 16.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_pair(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: (u64, u64),
+    x: &Activations,
+    w: &DeviceWeight,
+    split: usize,
+) -> Result<(), GpuError> {
+    assert!(
+        pairs_in_one_launch(w.format, split) && split < w.rows,
+        "split {split} of {} rows",
+        w.rows
+    );
+    x.check(w);
+    let (base, tokens) = (crate::cuda::ptr(gpu, &w.data, 0), x.tokens);
+    if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_some() {
+        matmul_activations(gpu, k, out.0, x, w, 0, split)?;
+        return matmul_activations(gpu, k, out.1, x, w, split, w.rows - split);
+    }
+    let out = (out.0, out.1, split);
+    if tensor_core(gpu, w) {
+        return gemv_tc(gpu, k, out, x.f16(gpu, k)?, w, base, w.rows, tokens);
+    }
+    if !gpu.exact() && int8_format(w.format) {
+        return gemv_q8(gpu, k, out, x.int8(gpu, k)?, w, base, w.rows, tokens);
+    }
+    gemv_float(gpu, k, out, x.x, w, base, 0, w.rows, tokens)
+}
+
+/// `out = W · (silu(g) ⊙ u)` `[tokens, W rows]` for `g`, `u` `[tokens, W cols]`: SwiGLU and the
+/// MLP's down product. The tensor-core GEMV takes the gated values straight into its f16
+/// conversion (one launch fewer, the same bits); other paths write them into `g` first.
+pub fn matmul_swiglu(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    g: u64,
+    u: u64,
+    w: &DeviceWeight,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    if reads_f16(gpu, w, tokens) {
+        let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], tokens, w.cols)?;
+        let base = crate::cuda::ptr(gpu, &w.data, 0);
+        return gemv_tc(
+            gpu,
+            k,
+            (out, 0, w.rows),
+            &converted,
+            w,
+            base,
+            w.rows,
+            tokens,
+        );
+    }
+    if reads_bf16(gpu, w, tokens) {
+        let n = tokens * w.cols;
+        let xb = gpu.uninit::<u16>(n)?;
+        let args = [
+            Arg::Ptr(g),
+            Arg::Ptr(u),
+            Arg::Ptr(crate::cuda::ptr(gpu, &xb, 0)),
+            Arg::I64(n as i64),
+        ];
+        gpu.launch(
+            k,
+            "silu_mul_to_bf16",
+            blocks(n.div_ceil(4), 256),
+            256,
+            &args,
+        )?;
+        let x = Activations::with_bf16(g, tokens, w.cols, xb);
+        return matmul_activations(gpu, k, out, &x, w, 0, w.rows);
+    }
+    silu_mul(gpu, k, g, u, tokens * w.cols)?;
+    matmul(gpu, k, out, g, w, 0, w.rows, tokens)
+}
+
+/// Formats with an integer (dp4a) GEMV.
+pub(super) fn int8_format(format: crate::cuda::GpuFormat) -> bool {
+    use crate::ggml::GgmlType;
+    matches!(
+        format,
+        crate::cuda::GpuFormat::Ggml(GgmlType::Q5_K | GgmlType::Q8_0)
+    )
+}
+
+/// Whether two weights of `format` stacked at row `split` run in one launch of
+/// [`matmul_pair`]: the tensor-core GEMV (its tiles must not straddle the split), the int8
+/// GEMV and the f32-decoding GEMV of float weights (the MoE router and shared-expert gate) can.
+pub fn pairs_in_one_launch(format: crate::cuda::GpuFormat, split: usize) -> bool {
+    use crate::cuda::GpuFormat::{Bf16, F16, F32};
+    (crate::cuda::weights::is_tiled(format) && split.is_multiple_of(16))
+        || int8_format(format)
+        || matches!(format, F32 | F16 | Bf16)
+}
+
+/// Row `t` of an f32 output `[tokens, width]` at `y`; 0 (no second output) stays 0.
+pub(super) fn row_at(y: u64, t: usize, width: usize) -> u64 {
+    if y == 0 {
+        0
+    } else {
+        y + (t * width * 4) as u64
+    }
+}
+
+/// The launches of a GEMV over `tokens`: `(first token, tokens)` of at most [`GEMV_MAX_T`].
+pub(super) fn token_chunks(tokens: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..tokens)
+        .step_by(GEMV_MAX_T)
+        .map(move |t0| (t0, GEMV_MAX_T.min(tokens - t0)))
+}
+
+/// The integer GEMV of activations quantised by [`Activations`], every chunk of tokens.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemv_q8(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: (u64, u64, usize),
+    (xq, xd, xs): &Int8Rows,
+    w: &DeviceWeight,
+    base: u64,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let kdim = w.cols;
+    let suffix = format!("q8_{}", w.format.kernel_suffix());
+    RowGemv::new(n, tokens).launch(gpu, k, &suffix, out, kdim, |t0| {
+        vec![
+            Arg::Ptr(base),
+            Arg::I64(w.row_bytes as i64),
+            Arg::Ptr(crate::cuda::ptr(gpu, xq, t0 * kdim)),
+            Arg::Ptr(crate::cuda::ptr(gpu, xd, t0 * kdim / 32)),
+            Arg::Ptr(crate::cuda::ptr(gpu, xs, t0 * kdim / 32)),
+        ]
+    })
+}
+
+/// How a warp-per-row GEMV (`gemv_*` and `gemv_q8_*` in kernels/gemv.cu, blocks of 4 warps) is
+/// launched over `n` rows and `tokens` tokens.
+pub(super) struct RowGemv {
+    /// Warps per row: 4 for matrices of few rows (by shape only, never by token count).
+    split: usize,
+    /// The one-token build, a group of blocks per token: few registers for decode, and a
+    /// matrix of few rows (read from L2 by every token) as parallel as its tokens. Otherwise
+    /// up to 16 tokens share each weight read (the same sums per token, see [`matmul`]).
+    per_token: bool,
+    /// Blocks per token (per launch without `per_token`).
+    group: u32,
+    rows: usize,
+    tokens: usize,
+}
+
+impl RowGemv {
+    fn new(n: usize, tokens: usize) -> Self {
+        let split = if n < 1024 { 4 } else { 1 };
+        Self {
+            split,
+            per_token: tokens == 1 || split == 4,
+            group: blocks(n, 4 / split),
+            rows: n,
+            tokens,
+        }
+    }
+
+    /// Launches the GEMV of the weights of kernel suffix `suffix` over rows of `kdim`: the
+    /// arguments `inputs(first token)` gives (weights, activations), then the outputs (rows
+    /// below `out.2` into `out.0`, the others into `out.1`) and the shape.
+    fn launch(
+        &self,
+        gpu: &Gpu,
+        k: &Kernels,
+        suffix: &str,
+        (y, y2, rows1): (u64, u64, usize),
+        kdim: usize,
+        inputs: impl Fn(usize) -> Vec<Arg>,
+    ) -> Result<(), GpuError> {
+        let name = format!("gemv{}_{suffix}", if self.per_token { "1" } else { "" });
+        let chunks: Vec<(usize, usize)> = if self.per_token {
+            vec![(0, self.tokens)]
+        } else {
+            token_chunks(self.tokens).collect()
+        };
+        for (t0, tc) in chunks {
+            let mut args = inputs(t0);
+            args.extend([
+                Arg::Ptr(row_at(y, t0, rows1)),
+                Arg::Ptr(row_at(y2, t0, self.rows - rows1)),
+                Arg::I32(self.rows as i32),
+                Arg::I32(kdim as i32),
+                Arg::I32(tc as i32),
+                Arg::I32(self.split as i32),
+                Arg::I32(rows1 as i32),
+            ]);
+            let grid = if self.per_token {
+                self.group * tc as u32
+            } else {
+                self.group
+            };
+            gpu.launch(k, &name, grid, 128, &args)?;
+        }
+        Ok(())
+    }
+}
+
+/// The f32-decoding GEMV (every format; the exact reference) of rows `row0..row0 + n` of `w`
+/// (from `base`) over f32 activations `x`. Rows below `out.2` go to `out.0` `[tokens, out.2]`,
+/// the others to `out.1`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemv_float(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: (u64, u64, usize),
+    x: u64,
+    w: &DeviceWeight,
+    base: u64,
+    row0: usize,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let kdim = w.cols;
+    let (scales, biases, group) = group_args(gpu, w, row0);
+    let suffix = w.format.kernel_suffix();
+    RowGemv::new(n, tokens).launch(gpu, k, suffix, out, kdim, |t0| {
+        vec![
+            Arg::Ptr(base),
+            Arg::I64(w.row_bytes as i64),
+            Arg::Ptr(scales),
+            Arg::Ptr(biases),
+            Arg::I32(group),
+            Arg::Ptr(x + (t0 * kdim * 4) as u64),
+        ]
+    })
+}
+
+/// Scale and bias pointers of an affine weight from row `row0` (null for other formats).
+pub(super) fn group_args(gpu: &Gpu, w: &DeviceWeight, row0: usize) -> (u64, u64, i32) {
+    match &w.groups {
+        Some((s, b, g)) => {
+            let per_row = w.cols / g;
+            (
+                crate::cuda::ptr(gpu, s, row0 * per_row),
+                crate::cuda::ptr(gpu, b, row0 * per_row),
+                *g as i32,
+            )
+        }
+        None => (0, 0, 32),
+    }
+}

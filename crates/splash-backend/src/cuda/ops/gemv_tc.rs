@@ -1,0 +1,200 @@
+//! The tensor-core GEMV for Q4_K and Q6_K: tiled and stream-K launches, and the f16 activations
+//! it reads (kernels/gemv_tc.cu).
+
+use super::*;
+
+/// The tensor-core GEMV of activations converted by [`Activations`] (or by a fused
+/// conversion, see [`matmul_swiglu`]), 16 tokens per launch. Rows below `out.2` go to `out.0`
+/// `[tokens, out.2]`, the others to `out.1`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemv_tc(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: (u64, u64, usize),
+    (xh, xscale): &F16Rows,
+    w: &DeviceWeight,
+    base: u64,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let kdim = w.cols;
+    let suffix = w.format.kernel_suffix();
+    let warps = tensor_core_warps(n, kdim) as u32;
+    let (y, y2, split) = out;
+    let plan = stream_k(gpu, n, kdim);
+    for (t0, tc) in token_chunks(tokens) {
+        let (y_at, y2_at) = (row_at(y, t0, split), row_at(y2, t0, n - split));
+        if let Some(plan) = plan {
+            let name = format!("gemv_tcs{}_{suffix}", if tc <= 8 { 8 } else { 16 });
+            let partials = gpu.uninit::<f32>(plan.partials(n))?;
+            let pp = crate::cuda::ptr(gpu, &partials, 0);
+            let common = [
+                Arg::Ptr(y_at),
+                Arg::Ptr(y2_at),
+                Arg::I32(split as i32),
+                Arg::I32(n as i32),
+                Arg::I32(kdim as i32),
+                Arg::I32(tc as i32),
+            ];
+            let mut a = vec![
+                Arg::Ptr(base),
+                Arg::I64(w.row_bytes as i64),
+                Arg::Ptr(crate::cuda::ptr(gpu, xh, t0 * kdim)),
+                Arg::Ptr(crate::cuda::ptr(gpu, xscale, t0 * kdim / 256)),
+            ];
+            a.extend(common.clone());
+            a.extend([Arg::Ptr(pp), Arg::I32(plan.max_pieces as i32)]);
+            gpu.launch(k, &name, plan.blocks as u32, 32 * STREAM_K_WARPS, &a)?;
+            let mut f = vec![Arg::Ptr(pp)];
+            f.extend(common);
+            f.extend([
+                Arg::I32(plan.blocks as i32),
+                Arg::I32(plan.max_pieces as i32),
+            ]);
+            gpu.launch(
+                k,
+                "gemv_tc_fixup",
+                blocks(n.div_ceil(16) * tc * 16, 256),
+                256,
+                &f,
+            )?;
+            continue;
+        }
+        // A block per 16-row tile.
+        let name = format!("gemv_tc{}_{suffix}", if tc <= 8 { 8 } else { 16 });
+        gpu.launch(
+            k,
+            &name,
+            blocks(n, 16),
+            32 * warps,
+            &[
+                Arg::Ptr(base),
+                Arg::I64(w.row_bytes as i64),
+                Arg::Ptr(crate::cuda::ptr(gpu, xh, t0 * kdim)),
+                Arg::Ptr(crate::cuda::ptr(gpu, xscale, t0 * kdim / 256)),
+                Arg::Ptr(y_at),
+                Arg::Ptr(y2_at),
+                Arg::I32(split as i32),
+                Arg::I32(n as i32),
+                Arg::I32(kdim as i32),
+                Arg::I32(tc as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Whether tensor-core GEMVs run stream-K (`SPLASH_STREAM_K=1`, or [`force_stream_k`]).
+pub(super) static STREAM_K: Switch = Switch::new("SPLASH_STREAM_K");
+/// Blocks per SM of a stream-K launch (128 registers a thread: four fit), and warps per block.
+pub(super) const STREAM_K_BLOCKS_PER_SM: usize = 4;
+pub(super) const STREAM_K_WARPS: u32 = 4;
+
+/// [`STREAM_K_BLOCKS_PER_SM`], or `SPLASH_STREAM_K_BLOCKS` (1..=8, a measurement switch).
+pub(super) fn stream_k_blocks_per_sm() -> usize {
+    std::env::var("SPLASH_STREAM_K_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(STREAM_K_BLOCKS_PER_SM, |b| b.clamp(1, 8))
+}
+
+/// Turns stream-K tensor-core GEMVs on or off for every shape (`None`: as `SPLASH_STREAM_K=1`
+/// says; off by default: on the H200 it was faster only for the one-token 27B Q4_K down product
+/// and the 16-token Q6_K one, BENCHMARKS.md 2026-12-02). For the bench's comparison; results
+/// then depend on this process-wide setting.
+pub fn force_stream_k(on: Option<bool>) {
+    STREAM_K.force(on.map(usize::from));
+}
+
+/// How a stream-K launch cuts a matrix (`gemv_tcs` in kernels/gemv_tc.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct StreamK {
+    /// Blocks of the launch: three per SM, at most one per unit.
+    blocks: usize,
+    /// The most blocks that share one tile.
+    max_pieces: usize,
+}
+
+impl StreamK {
+    /// The schedule for `n` rows of `kdim` values over `sms` SMs: units are (16-row tile,
+    /// 256-value block) pairs, each block gets an equal range of them.
+    fn new(n: usize, kdim: usize, sms: usize) -> Self {
+        let units = n.div_ceil(16) * (kdim / 256);
+        let blocks = (sms * stream_k_blocks_per_sm()).clamp(1, units.max(1));
+        // Every block holds at least units / blocks units, so a tile of kdim / 256 units
+        // meets at most this many blocks.
+        let max_pieces = (kdim / 256).div_ceil((units / blocks).max(1)) + 1;
+        Self { blocks, max_pieces }
+    }
+
+    /// Values of the partial sums buffer: [tile, piece, 16 tokens, 16 rows].
+    fn partials(&self, n: usize) -> usize {
+        n.div_ceil(16) * self.max_pieces * 256
+    }
+}
+
+/// The stream-K schedule for a tensor-core GEMV of `n` rows of `kdim` values, when stream-K
+/// is on: by [`force_stream_k`], else by `SPLASH_STREAM_K=1`. It depends on the shape and the
+/// GPU only, never on the token count, so tokens keep their bits in any batch.
+pub(super) fn stream_k(gpu: &Gpu, n: usize, kdim: usize) -> Option<StreamK> {
+    STREAM_K.on(false).then(|| StreamK::new(n, kdim, gpu.sms()))
+}
+
+/// `rows` rows of `kdim` activations as the tensor-core GEMV reads them (f16 in its k order,
+/// one power-of-two scale per 256 values), by `kernel`: `to_f16_tc` of one input, or a fused
+/// one that derives the values from several `inputs` (`[rows, kdim]` f32 each).
+pub(super) fn convert_f16_tc(
+    gpu: &Gpu,
+    k: &Kernels,
+    kernel: &str,
+    inputs: &[u64],
+    rows: usize,
+    kdim: usize,
+) -> Result<F16Rows, GpuError> {
+    let blocks256 = rows * kdim / 256;
+    let xh = gpu.uninit::<u16>(rows * kdim)?;
+    let xscale = gpu.uninit::<f32>(blocks256)?;
+    let mut args: Vec<Arg> = inputs.iter().map(|&p| Arg::Ptr(p)).collect();
+    args.extend([
+        Arg::Ptr(crate::cuda::ptr(gpu, &xh, 0)),
+        Arg::Ptr(crate::cuda::ptr(gpu, &xscale, 0)),
+        Arg::I64(blocks256 as i64),
+    ]);
+    gpu.launch(k, kernel, blocks(blocks256 * 32, 256), 256, &args)?;
+    Ok((xh, xscale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream-K schedule never has more blocks than units (an empty block would leave a
+    /// piece unwritten), and no tile meets more blocks than the partials hold: checked unit
+    /// by unit with the kernel's own rule for which block holds a unit.
+    #[test]
+    fn stream_k_pieces_fit_their_buffer() {
+        for (n, kdim, sms) in [
+            (5120, 17408, 132),
+            (17408, 5120, 132),
+            (48, 5120, 132),
+            (16, 256, 132),
+            (248_320, 5120, 132),
+            (6144, 5120, 7),
+        ] {
+            let plan = StreamK::new(n, kdim, sms);
+            let (tiles, nb) = (n.div_ceil(16), kdim / 256);
+            let units = tiles * nb;
+            assert!(plan.blocks <= units);
+            let block_of = |u: usize| ((u + 1) * plan.blocks - 1) / units;
+            for tile in 0..tiles {
+                let pieces = block_of(tile * nb + nb - 1) - block_of(tile * nb) + 1;
+                assert!(
+                    pieces <= plan.max_pieces,
+                    "{n}×{kdim}: tile {tile} in {pieces} pieces"
+                );
+            }
+            assert_eq!(block_of(0), 0);
+            assert_eq!(block_of(units - 1), plan.blocks - 1);
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Launch wrappers, one per kernel, named after the CPU op they mirror: a file per kernel family
+//! of `kernels/`, and here what several share (block counts, converted activations, switches).
+//! Pointers are device addresses from [`super::ptr`]; shapes follow the CPU ops' docs.
+
+use std::cell::OnceCell;
+
+use cudarc::driver::CudaSlice;
+
+use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
+use crate::cpu::KvFormat;
+
+mod attention;
+mod dflash;
+mod gdn;
+mod gdn_chunked;
+mod gemv;
+mod gemv_tc;
+mod moe;
+mod norm;
+mod rope;
+mod sampling;
+
+pub use attention::*;
+pub use dflash::*;
+pub use gdn::*;
+pub use gdn_chunked::*;
+pub use gemv::*;
+pub use gemv_tc::*;
+pub use moe::*;
+pub use norm::*;
+pub use rope::*;
+pub use sampling::*;
+
+/// Blocks of `per` that cover `n`.
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per) as u32
+}
+
+/// Threads for a row-wise kernel over rows of `d` values: a multiple of 32, at most 256.
+fn row_threads(d: usize) -> u32 {
+    (d.div_ceil(32) * 32).clamp(32, 256) as u32
+}
+
+/// Activations as the tensor-core GEMV reads them: f16 in its k order, one power-of-two scale
+/// per 256 values.
+type F16Rows = (CudaSlice<u16>, CudaSlice<f32>);
+/// Activations as the dp4a GEMV reads them: int8 codes, their scale and their sum per 32 values.
+type Int8Rows = (CudaSlice<i8>, CudaSlice<f32>, CudaSlice<f32>);
+
+/// `tokens` rows of `kdim` f32 activations at `x`, the input of one or more products. Each
+/// GEMV family reads them converted (f16 for the tensor-core GEMV, int8 for the dp4a one,
+/// bf16 for cuBLAS), a launch each; a conversion is made at the first product that needs it
+/// and reused by the others, e.g. an attention layer's q, k and v projections, or a MoE
+/// layer's shared and routed experts. Conversions are exact functions of `x`, so reuse
+/// changes no bits; the rows at `x` must not change while this lives.
+pub struct Activations {
+    x: u64,
+    tokens: usize,
+    kdim: usize,
+    f16: OnceCell<F16Rows>,
+    int8: OnceCell<Int8Rows>,
+    bf16: OnceCell<CudaSlice<u16>>,
+}
+
+impl Activations {
+    /// The activations `[tokens, kdim]` at `x`, not converted yet.
+    pub fn new(x: u64, tokens: usize, kdim: usize) -> Self {
+        Self {
+            x,
+            tokens,
+            kdim,
+            f16: OnceCell::new(),
+            int8: OnceCell::new(),
+            bf16: OnceCell::new(),
+        }
+    }
+
+    /// The activations at `x` whose f16 conversion a kernel has already written.
+    fn with_f16(x: u64, tokens: usize, kdim: usize, f16: F16Rows) -> Self {
+        let a = Self::new(x, tokens, kdim);
+        let _ = a.f16.set(f16);
+        a
+    }
+
+    /// The activations at `x` whose bf16 conversion a kernel has already written.
+    fn with_bf16(x: u64, tokens: usize, kdim: usize, bf16: CudaSlice<u16>) -> Self {
+        let a = Self::new(x, tokens, kdim);
+        let _ = a.bf16.set(bf16);
+        a
+    }
+
+    /// The device address of the f32 rows.
+    pub fn rows(&self) -> u64 {
+        self.x
+    }
+
+    /// Rows (tokens).
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// `x` as the tensor-core GEMV reads it: f16 in its k order, one power-of-two scale per
+    /// 256 values (`to_f16_tc`).
+    fn f16(&self, gpu: &Gpu, k: &Kernels) -> Result<&F16Rows, GpuError> {
+        converted(&self.f16, || {
+            convert_f16_tc(gpu, k, "to_f16_tc", &[self.x], self.tokens, self.kdim)
+        })
+    }
+
+    /// `x` as the dp4a GEMV reads it: int8 codes, scales and sums per 32 values.
+    fn int8(&self, gpu: &Gpu, k: &Kernels) -> Result<&Int8Rows, GpuError> {
+        converted(&self.int8, || {
+            let blocks32 = self.tokens * self.kdim / 32;
+            let xq = gpu.uninit::<i8>(self.tokens * self.kdim)?;
+            let xd = gpu.uninit::<f32>(blocks32)?;
+            let xs = gpu.uninit::<f32>(blocks32)?;
+            gpu.launch(
+                k,
+                "quantize_q8",
+                blocks(blocks32 * 32, 256),
+                256,
+                &[
+                    Arg::Ptr(self.x),
+                    Arg::Ptr(super::ptr(gpu, &xq, 0)),
+                    Arg::Ptr(super::ptr(gpu, &xd, 0)),
+                    Arg::Ptr(super::ptr(gpu, &xs, 0)),
+                    Arg::I64(blocks32 as i64),
+                ],
+            )?;
+            Ok((xq, xd, xs))
+        })
+    }
+
+    /// `x` in bf16, for cuBLAS.
+    fn bf16(&self, gpu: &Gpu, k: &Kernels) -> Result<&CudaSlice<u16>, GpuError> {
+        converted(&self.bf16, || {
+            let n = self.tokens * self.kdim;
+            let xb = gpu.uninit::<u16>(n)?;
+            gpu.launch(
+                k,
+                "to_bf16",
+                blocks(n.div_ceil(4), 256),
+                256,
+                &[
+                    Arg::Ptr(self.x),
+                    Arg::Ptr(super::ptr(gpu, &xb, 0)),
+                    Arg::I64(n as i64),
+                ],
+            )?;
+            Ok(xb)
+        })
+    }
+
+    /// Checks that `w` multiplies these activations.
+    fn check(&self, w: &DeviceWeight) {
+        assert_eq!(
+            w.cols, self.kdim,
+            "a weight of {} columns times activations of {}",
+            w.cols, self.kdim
+        );
+    }
+}
+
+/// The conversion in `cell`, made by `make` the first time.
+fn converted<T>(
+    cell: &OnceCell<T>,
+    make: impl FnOnce() -> Result<T, GpuError>,
+) -> Result<&T, GpuError> {
+    if let Some(c) = cell.get() {
+        return Ok(c);
+    }
+    let c = make()?;
+    Ok(cell.get_or_init(|| c))
+}
+
+/// A measurement switch: what its environment variable says, read once, unless a test or bench
+/// forces another value ([`Switch::force`]).
+struct Switch {
+    var: &'static str,
+    /// The forced value + 1; 0: none.
+    forced: std::sync::atomic::AtomicUsize,
+    from_env: std::sync::OnceLock<usize>,
+}
+
+impl Switch {
+    const fn new(var: &'static str) -> Self {
+        Self {
+            var,
+            forced: std::sync::atomic::AtomicUsize::new(0),
+            from_env: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The forced value, else `parse` of the variable's value ("" when unset).
+    fn get(&self, parse: impl FnOnce(&str) -> usize) -> usize {
+        match self.forced.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => *self
+                .from_env
+                .get_or_init(|| parse(&std::env::var(self.var).unwrap_or_default())),
+            v => v - 1,
+        }
+    }
+
+    /// Forces `value` (`None`: the variable's again).
+    fn force(&self, value: Option<usize>) {
+        let v = value.map_or(0, |v| v + 1);
+        self.forced.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// An on / off switch: as forced, else "1" on and "0" off, else `default`.
+    fn on(&self, default: bool) -> bool {
+        self.get(|v| usize::from(v == "1" || (default && v != "0"))) == 1
+    }
+}

@@ -1,0 +1,338 @@
+//! Mixture of experts on the device: routing, the grouped expert products and the combine
+//! (kernels/moe.cu, kernels/gemv_tc.cu).
+
+use super::*;
+
+/// Whether the experts of a MoE layer stored like `w` have the grouped device kernel
+/// ([`matmul_experts`], outside the exact mode): the tensor-core formats.
+pub fn has_expert_kernel(w: &DeviceWeight) -> bool {
+    crate::cuda::weights::is_tiled(w.format)
+}
+
+/// A MoE layer's routing on the device: each token's experts and weights, and its pairs
+/// (token, expert) grouped by expert for [`matmul_experts`].
+pub struct ExpertRouting {
+    /// Expert of pair `t · top_k + j` (`[tokens, top_k]`), most probable first.
+    pub ids: CudaSlice<i32>,
+    /// Its weight, renormalised over the token's `top_k`.
+    pub weights: CudaSlice<f32>,
+    active: CudaSlice<i32>,
+    offsets: CudaSlice<i32>,
+    order: CudaSlice<i32>,
+    slots: usize,
+    /// A prefill pass's per-chunk counts (`moe_group_counts`), kept until the products ran.
+    chunk_counts: Option<CudaSlice<i32>>,
+}
+
+/// Pairs above which the grouping takes its three-launch form over many blocks (`moe_group`,
+/// one block, scans every pair once per active expert).
+pub(super) const MOE_GROUP_ONE_BLOCK: usize = 1024;
+
+/// Pairs a block of `moe_group_counts` and `moe_group_scatter` takes (`MOE_GROUP_CHUNK`).
+pub(super) const MOE_GROUP_CHUNK: usize = 256;
+
+/// The most experts a token may keep for device routing (`MOE_TOP_K_MAX` in kernels/moe.cu).
+pub(super) const MOE_TOP_K_MAX: usize = 32;
+
+/// Routes `tokens` rows of router logits `[tokens, experts]` on the device: softmax, the
+/// `top_k` most probable experts, their probabilities renormalised (as the CPU's `route`).
+pub fn moe_route(
+    gpu: &Gpu,
+    k: &Kernels,
+    logits: u64,
+    tokens: usize,
+    experts: usize,
+    top_k: usize,
+) -> Result<ExpertRouting, GpuError> {
+    if experts > 1024 || top_k > experts || top_k > MOE_TOP_K_MAX {
+        return Err(GpuError::Unsupported(format!(
+            "device routing takes up to 1024 experts and top-k ≤ min(experts, {MOE_TOP_K_MAX}) (got {experts}, {top_k})"
+        )));
+    }
+    let pairs = tokens * top_k;
+    let slots = experts.min(pairs);
+    let chunks = pairs.div_ceil(MOE_GROUP_CHUNK);
+    let r = ExpertRouting {
+        ids: gpu.uninit::<i32>(pairs)?,
+        weights: gpu.uninit::<f32>(pairs)?,
+        active: gpu.uninit::<i32>(slots)?,
+        offsets: gpu.uninit::<i32>(slots + 1)?,
+        order: gpu.uninit::<i32>(pairs)?,
+        slots,
+        chunk_counts: if pairs > MOE_GROUP_ONE_BLOCK {
+            Some(gpu.uninit::<i32>(chunks * experts)?)
+        } else {
+            None
+        },
+    };
+    let p = |b: &CudaSlice<i32>| crate::cuda::ptr(gpu, b, 0);
+    gpu.launch(
+        k,
+        "moe_route",
+        tokens as u32,
+        256,
+        &[
+            Arg::Ptr(logits),
+            Arg::Ptr(p(&r.ids)),
+            Arg::Ptr(crate::cuda::ptr(gpu, &r.weights, 0)),
+            Arg::I32(experts as i32),
+            Arg::I32(top_k as i32),
+        ],
+    )?;
+    let (ids, e, slots) = (
+        Arg::Ptr(p(&r.ids)),
+        Arg::I32(experts as i32),
+        Arg::I32(slots as i32),
+    );
+    let (active, offsets, order) = (
+        Arg::Ptr(p(&r.active)),
+        Arg::Ptr(p(&r.offsets)),
+        Arg::Ptr(p(&r.order)),
+    );
+    let Some(counts) = &r.chunk_counts else {
+        let args = [
+            ids,
+            Arg::I32(pairs as i32),
+            e,
+            slots,
+            active,
+            offsets,
+            order,
+        ];
+        gpu.launch(k, "moe_group", 1, 1024, &args)?;
+        return Ok(r);
+    };
+    let (counts, pairs) = (Arg::Ptr(p(counts)), Arg::I32(pairs as i32));
+    let chunk = MOE_GROUP_CHUNK as u32;
+    let args = [ids.clone(), pairs.clone(), e.clone(), counts.clone()];
+    gpu.launch(k, "moe_group_counts", chunks as u32, chunk, &args)?;
+    let args = [
+        counts.clone(),
+        Arg::I32(chunks as i32),
+        e.clone(),
+        slots,
+        active,
+        offsets,
+    ];
+    gpu.launch(k, "moe_group_slots", 1, 1024, &args)?;
+    let args = [ids, pairs, e, counts, order];
+    gpu.launch(k, "moe_group_scatter", chunks as u32, chunk, &args)?;
+    Ok(r)
+}
+
+/// `out[p, :] = W_e · x[p / col_div, :]` for every pair `p` of `routing`, `e` its expert:
+/// `table` holds the device pointers ([`DeviceWeight::device_ptr`]) of the experts' weights,
+/// all of `proto`'s format and shape; `x`'s rows are the tokens for gate and up (`col_div` =
+/// top-k), the pairs for down (`col_div` = 1). Each expert's weights are read once
+/// per call, and each pair gets the bits its token would get alone ([`matmul`]).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_experts(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    x: &Activations,
+    table: u64,
+    proto: &DeviceWeight,
+    routing: &ExpertRouting,
+    col_div: usize,
+) -> Result<(), GpuError> {
+    launch_experts(gpu, k, [(table, out), (0, 0)], x, proto, routing, col_div)
+}
+
+/// [`matmul_experts`] of two tables of the same shape over the same input in one launch (the
+/// gate and up products): `(table, out)` each.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_expert_pair(
+    gpu: &Gpu,
+    k: &Kernels,
+    products: [(u64, u64); 2],
+    x: &Activations,
+    proto: &DeviceWeight,
+    routing: &ExpertRouting,
+    col_div: usize,
+) -> Result<(), GpuError> {
+    launch_experts(gpu, k, products, x, proto, routing, col_div)
+}
+
+/// The down products of a MoE layer's experts: [`matmul_experts`] of `silu(g) * u` (pairs'
+/// rows of `proto.cols`), converted for the tensor cores in the same launch as the product of
+/// the two (the bits of `silu_mul` then the conversion).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_experts_swiglu(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    (g, u): (u64, u64),
+    table: u64,
+    proto: &DeviceWeight,
+    routing: &ExpertRouting,
+    pairs: usize,
+) -> Result<(), GpuError> {
+    let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], pairs, proto.cols)?;
+    let x = Activations::with_f16(g, pairs, proto.cols, converted);
+    matmul_experts(gpu, k, out, &x, table, proto, routing, 1)
+}
+
+/// One launch of the grouped expert kernel for one or two `(table, out)` products (a second
+/// table of 0: none).
+pub(super) fn launch_experts(
+    gpu: &Gpu,
+    k: &Kernels,
+    products: [(u64, u64); 2],
+    x: &Activations,
+    proto: &DeviceWeight,
+    routing: &ExpertRouting,
+    col_div: usize,
+) -> Result<(), GpuError> {
+    if gpu.exact() || !has_expert_kernel(proto) {
+        return Err(GpuError::Unsupported(format!(
+            "experts of {:?} have no device kernel",
+            proto.format
+        )));
+    }
+    x.check(proto);
+    let (n, kdim) = (proto.rows, proto.cols);
+    let (xh, xscale) = x.f16(gpu, k)?;
+    let p = |b: &CudaSlice<i32>| crate::cuda::ptr(gpu, b, 0);
+    let tables = if products[1].0 == 0 { 1 } else { 2 };
+    let blocks = tables * routing.slots * n.div_ceil(16);
+    let chains = tensor_core_warps(n, kdim);
+    // More than 16 pairs a slot on average (prefill passes): the kernels that decode a tile's
+    // weights for more pairs at a time may pay.
+    let many = x.tokens * col_div > 16 * routing.slots;
+    let (kernel, warps) = match prefill_experts() {
+        PrefillExperts::Gemm if many => ("gemm_tc_experts_", 4),
+        _ => ("gemv_tc_experts_", 0),
+    };
+    let warps = match (
+        EXPERT_WARPS.load(std::sync::atomic::Ordering::Relaxed),
+        warps,
+    ) {
+        (0, 0) => expert_warps(blocks, chains, expert_warps_in_flight(proto.format)),
+        (0, w) => w.min(chains),
+        (forced, _) => forced.min(chains),
+    };
+    gpu.launch(
+        k,
+        &format!("{kernel}{}", proto.format.kernel_suffix()),
+        blocks as u32,
+        32 * warps as u32,
+        &[
+            Arg::Ptr(products[0].0),
+            Arg::Ptr(products[0].1),
+            Arg::Ptr(products[1].0),
+            Arg::Ptr(products[1].1),
+            Arg::Ptr(p(&routing.active)),
+            Arg::Ptr(p(&routing.offsets)),
+            Arg::Ptr(p(&routing.order)),
+            Arg::I64(proto.row_bytes as i64),
+            Arg::Ptr(crate::cuda::ptr(gpu, xh, 0)),
+            Arg::Ptr(crate::cuda::ptr(gpu, xscale, 0)),
+            Arg::I32(n as i32),
+            Arg::I32(kdim as i32),
+            Arg::I32(col_div as i32),
+            Arg::I32(chains as i32),
+        ],
+    )
+}
+
+/// The kernel of the grouped expert products with more than 16 pairs an expert on average (a
+/// prefill pass's); both give each pair the same bits. `gemm` by default: on the H200 the
+/// 35B-A3B's 8K prefill ran at 13,241 tok/s with it against 11,440 (BENCHMARKS.md, eighth
+/// session). `SPLASH_PREFILL_EXPERTS=gemv|gemm` or [`force_prefill_experts`] to compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillExperts {
+    /// `gemm_tc_experts_*`: a 256-value block decoded into registers once for up to 64 pairs,
+    /// sums in shared memory (the default).
+    Gemm,
+    /// `gemv_tc_experts_*`: a tile's weights decoded again for every 16 pairs (decode's kernel).
+    Gemv,
+}
+
+impl PrefillExperts {
+    /// All kernels, in declaration order (a kernel's index is `kernel as usize`).
+    pub const ALL: [PrefillExperts; 2] = [Self::Gemm, Self::Gemv];
+
+    /// The switch's value for this kernel.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gemm => "gemm",
+            Self::Gemv => "gemv",
+        }
+    }
+}
+
+/// The prefill expert kernel, as its index in [`PrefillExperts::ALL`].
+pub(super) static PREFILL_EXPERTS: Switch = Switch::new("SPLASH_PREFILL_EXPERTS");
+
+/// Forces the prefill passes' grouped expert kernel (`None`: the environment's choice again);
+/// for the kernel bench's comparison.
+pub fn force_prefill_experts(kernel: Option<PrefillExperts>) {
+    PREFILL_EXPERTS.force(kernel.map(|k| k as usize));
+}
+
+pub(super) fn prefill_experts() -> PrefillExperts {
+    let kernel = |v: &str| PrefillExperts::ALL.iter().position(|k| k.name() == v);
+    PrefillExperts::ALL[PREFILL_EXPERTS.get(|v| kernel(v).unwrap_or(0))]
+}
+
+/// Warps in flight that a grouped expert product of `format` aims for: about as many as the
+/// H200's SMs hold of its kernel (`EXPERT_REGS_*` in kernels/gemv_tc.cu: Q4_K's at 128 registers, 16 an
+/// SM; Q6_K's at ~230, 8 an SM). Measured there (`gemv_cuda`, 35B-A3B experts), each fastest at
+/// 1, 4 and 16 tokens (1 to 8 warps a tile); twice as many ran 15-40% slower, half as many
+/// (Q4_K at 1,024) up to 55% slower.
+pub(super) fn expert_warps_in_flight(format: crate::cuda::GpuFormat) -> usize {
+    match format {
+        crate::cuda::GpuFormat::Ggml(crate::ggml::GgmlType::Q4_K) => 2048,
+        _ => 1024,
+    }
+}
+
+/// Warps per block of a grouped expert product of `blocks` tiles whose K blocks are summed in
+/// `chains` chains: as many as keep `in_flight` warps busy, a power of two, at most one a
+/// chain. The chains, not the warps, set the bits, so this may follow the number of tokens.
+pub(super) fn expert_warps(blocks: usize, chains: usize, in_flight: usize) -> usize {
+    let fill = (in_flight / blocks.max(1)).max(1);
+    (1usize << fill.ilog2()).min(chains)
+}
+
+/// Warps per block forced by [`force_expert_warps`] (0: the launch's size decides).
+pub(super) static EXPERT_WARPS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Forces the warps per block of every grouped expert product (at most its chains; 0 restores
+/// the choice by size). Same bits either way; for the kernel bench's sweep.
+pub fn force_expert_warps(warps: usize) {
+    EXPERT_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// `out[t, :] = out[t, :] · sigmoid(gate[t]) + Σ_j weights[t, j] · y[t · top_k + j, :]` (`d`
+/// values per row; without a `gate`, `out` as it is), the experts added in order `j`: the
+/// bits of [`scale_rows_sigmoid`] then the sum.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_combine(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    y: u64,
+    gate: Option<u64>,
+    routing: &ExpertRouting,
+    tokens: usize,
+    top_k: usize,
+    d: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "moe_combine",
+        (tokens * d.div_ceil(256)) as u32,
+        256,
+        &[
+            Arg::Ptr(y),
+            Arg::Ptr(crate::cuda::ptr(gpu, &routing.weights, 0)),
+            Arg::Ptr(out),
+            Arg::Ptr(gate.unwrap_or(0)),
+            Arg::I32(top_k as i32),
+            Arg::I32(d as i32),
+        ],
+    )
+}

@@ -1,0 +1,123 @@
+//! The query / gate split and partial RoPE, for one sequence or the sequences of a pass
+//! (kernels/rope.cu).
+
+use super::*;
+
+/// Splits per-head `[q | gate]` rows (`rows` heads of `2d`) into `q` and `gate` (`[rows, d]`).
+pub fn split_q_gate(
+    gpu: &Gpu,
+    k: &Kernels,
+    q: u64,
+    gate: u64,
+    qg: u64,
+    rows: usize,
+    d: usize,
+) -> Result<(), GpuError> {
+    gpu.launch(
+        k,
+        "split_q_gate",
+        rows as u32,
+        row_threads(d),
+        &[
+            Arg::Ptr(qg),
+            Arg::Ptr(q),
+            Arg::Ptr(gate),
+            Arg::I32(d as i32),
+        ],
+    )
+}
+
+/// The position of a pass's first token, as the position-dependent kernels (RoPE, KV append,
+/// attention) take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    /// Known when the work is queued.
+    Host(usize),
+    /// The `i32` at device address `at`, read when the kernels run: a captured graph is
+    /// replayed at a new position by rewriting it. Attention splits its keys as for `limit`
+    /// positions, a bound on every position it will be replayed at.
+    Device { at: u64, limit: usize },
+}
+
+impl From<usize> for Position {
+    fn from(p: usize) -> Self {
+        Position::Host(p)
+    }
+}
+
+impl Position {
+    /// The kernels' `pos0, pos_at` arguments.
+    pub(super) fn args(self) -> [Arg; 2] {
+        match self {
+            Position::Host(p) => [Arg::I32(p as i32), Arg::Ptr(0)],
+            Position::Device { at, .. } => [Arg::I32(0), Arg::Ptr(at)],
+        }
+    }
+}
+
+/// Partial NeoX RoPE on `x` `[tokens, heads, d]` at positions `pos..` (`inv_freq` `[rot/2]`).
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: u64,
+    inv_freq: u64,
+    tokens: usize,
+    heads: usize,
+    d: usize,
+    rot: usize,
+    pos: impl Into<Position>,
+) -> Result<(), GpuError> {
+    let [p0, p_at] = pos.into().args();
+    gpu.launch(
+        k,
+        "rope",
+        (tokens * heads) as u32,
+        row_threads(rot / 2),
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(inv_freq),
+            Arg::I32(heads as i32),
+            Arg::I32(d as i32),
+            Arg::I32(rot as i32),
+            p0,
+            p_at,
+        ],
+    )
+}
+
+/// [`rope`] of every sequence's query rows `q` `[rows, hq, d]` and key rows `keys`
+/// `[rows, hkv, d]` at its own positions, in one launch per [`crate::cuda::ATTN_SLOTS`] sequences.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_seqs(
+    gpu: &Gpu,
+    k: &Kernels,
+    q: u64,
+    keys: u64,
+    inv_freq: u64,
+    parts: &[AttnPart],
+    (hq, hkv, d): (usize, usize, usize),
+    rot: usize,
+) -> Result<(), GpuError> {
+    for (group, slots, longest) in attn_groups(parts) {
+        let per = longest * (hq + hkv);
+        gpu.launch(
+            k,
+            "rope_seqs",
+            (per * group.len()) as u32,
+            row_threads(rot / 2),
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(keys),
+                Arg::Ptr(inv_freq),
+                Arg::I32(hq as i32),
+                Arg::I32(hkv as i32),
+                Arg::I32(d as i32),
+                Arg::I32(rot as i32),
+                Arg::Attn(Box::new(slots)),
+                Arg::I32(per as i32),
+            ],
+        )?;
+    }
+    Ok(())
+}
