@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, with the binaries scripts/gpu-check.sh
-# staged in .device/: the CUDA op and model parity tests, then `splash bench` on synthetic
-# checkpoints of the real sizes (made there: they are too large to carry).
+# staged in .device/: the GPU tests (cuda_ops, cuda_parity, speculative_cuda, scheduler_cuda),
+# then `splash bench` on synthetic checkpoints of the real sizes (made there: they are too
+# large to carry).
 #   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|ttft|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
@@ -18,8 +19,8 @@
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
 # `sweep`: the same at each warps-per-tile count (GEMV_SWEEP=1); `gemv-ncu`: Nsight
 # Compute on single GEMV launches.
-# `table`: issue 6's table for each model: decode with the 1- and 16-row pass costs at 1K and
-# 32K of context, prefill at 2K, 8K and 32K (passes of 2,048), peak GPU memory, and beside them
+# `table`: issue 6's table for each model: decode with the 1- and 16-row pass costs at 1K, 2K,
+# 8K and 32K of context, prefill at 2K, 8K and 32K (passes of 2,048), peak GPU memory, and beside them
 # transformers in bf16 (prefill 2K, decode after it) on the same machine.
 # `serve`: `splash serve --device cuda` on each model's synthetic GGUF (and the demo), one chat
 # completion, one streamed Anthropic message and one tool call each through curl on loopback.
