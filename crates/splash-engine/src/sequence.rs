@@ -23,20 +23,13 @@ enum NextScores {
 /// Where a sequence is in its life.
 enum Phase {
     /// Running the prompt through the model: `done` of its tokens are in.
-    Prefill {
-        done: usize,
-    },
+    Prefill { done: usize },
     /// Prompt in: each step emits tokens. `next` is what the next token is chosen from when
     /// the last pass left it (a speculative step's tokens come out of its verify pass).
-    Decode {
-        next: Option<NextScores>,
-    },
+    Decode { next: Option<NextScores> },
     /// Preempted: the state went to the prefix cache under `key` (the tokens it covered) and
     /// the sequence holds an empty one until it is brought back.
-    Parked {
-        key: Vec<u32>,
-        resume: Resume,
-    },
+    Parked { key: Vec<u32>, resume: Resume },
     /// Bringing the state back after a preemption in decode: `tokens` (prompt, then output)
     /// are prefilled again where the parked state did not survive in the cache; `done` of
     /// them are in. Decode goes on with `next`, kept from before.
@@ -45,6 +38,7 @@ enum Phase {
         done: usize,
         next: Option<NextScores>,
     },
+    /// Ended, for this reason.
     Finished(FinishReason),
 }
 

@@ -388,11 +388,13 @@ impl Fields<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
-    fn text_config() -> Value {
+    /// A small text config: three GDN layers (2 key heads, 4 value heads of 8) and one
+    /// attention layer (2 KV heads of 16).
+    pub(crate) fn text_config() -> Value {
         json!({
             "model_type": "qwen3_5_text", "vocab_size": 100, "hidden_size": 32,
             "num_hidden_layers": 4, "full_attention_interval": 4, "num_attention_heads": 4,

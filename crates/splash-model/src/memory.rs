@@ -49,18 +49,8 @@ mod tests {
 
     use super::*;
 
-    /// Three GDN layers (2 key heads, 4 value heads of 8) and one attention layer (2 KV heads
-    /// of 16).
     fn config() -> ModelConfig {
-        let v = serde_json::json!({
-            "model_type": "qwen3_5_text", "vocab_size": 100, "hidden_size": 32,
-            "num_hidden_layers": 4, "full_attention_interval": 4, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-            "linear_conv_kernel_dim": 4, "intermediate_size": 64, "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 4096, "eos_token_id": 7,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
-        });
+        let v = crate::config::tests::text_config();
         ModelConfig::from_value(Path::new("config.json"), &v).unwrap()
     }
 
