@@ -558,11 +558,21 @@ def main():
     ap.add_argument("--draft-minutes", type=float, default=2.0)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--target", help="a trained target (config.json + model.safetensors): train the draft only")
+    ap.add_argument("--init-target", help="a target to go on training (a previous call's --out, with --no-draft): "
+                    "fresh optimiser, --peak-lr, its step count added")
+    ap.add_argument("--no-draft", action="store_true", help="train and save the target only (the first of two calls)")
+    ap.add_argument("--data-seed", type=int, default=SEED,
+                    help="seed of the training conversations (another for a second call: fresh data)")
+    ap.add_argument("--peak-lr", type=float, default=3e-3, help="the target's peak learning rate")
     ap.add_argument("--dflash-ref", help="z-lab/dflash dflash/model.py, for the parity check")
     ap.add_argument("--smoke", action="store_true", help="a few steps on a small model (CPU test of the script)")
     ap.add_argument("--other-weight", type=float, default=OTHER_WEIGHT,
                     help="loss weight of the tokens outside assistant turns (assistant tokens weigh 1)")
     args = ap.parse_args()
+    if args.data_seed == SEED + 1:
+        ap.error(f"--data-seed {SEED + 1} is the held-out text's seed: choose another")
+    if args.target and args.init_target:
+        ap.error("--target trains the draft only; --init-target goes on training the target: give one")
     OTHER_WEIGHT = args.other_weight
     os.makedirs(args.out, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -583,7 +593,7 @@ def main():
         args.conversations, args.batch = 400, 4
     t0 = time.time()
     workers = max(1, min(16, os.cpu_count() or 1))
-    kinds, texts, ids, masks, dropped = make_conversations(SEED, args.conversations, workers)
+    kinds, texts, ids, masks, dropped = make_conversations(args.data_seed, args.conversations, workers)
     hk, htexts, hids, hmasks, _ = make_conversations(SEED + 1, 2000, workers)  # held out: another seed
     ntok = sum(len(i) for i in ids)
     ntrained = sum(int(m.sum()) for m in masks)
@@ -593,7 +603,7 @@ def main():
     nconv, nturns, mt, mn = check_assistant_mask(tok, htexts[:300] + texts[:300], hids[:300] + ids[:300],
                                                  hmasks[:300] + masks[:300])
     log(f"loss mask: exactly the {nturns} assistant turns of {nconv} rendered conversations ({mt}/{mn} tokens at full weight)")
-    rng = random.Random(SEED)
+    rng = random.Random(args.data_seed)
     rows, labels, cls = pack(ids, masks, EOT, rng)
     log(f"packed: {rows.shape[0]} rows of {SEQ}, {(rows != EOT).float().mean():.3f} of positions are text, "
         f"{(cls == 2).float().mean():.3f} in assistant turns (loss weight 1), {(cls == 1).float().mean():.3f} "
@@ -607,19 +617,23 @@ def main():
     model = target_model(device)
     nparams = sum(p.numel() for p in model.parameters())
     log(f"target: {nparams / 1e6:.2f}M parameters")
-    if args.target:
+    def load_target(path):
         from safetensors.torch import load_file
-        sd = load_file(os.path.join(args.target, "model.safetensors"))
+        sd = load_file(os.path.join(path, "model.safetensors"))
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
         model.load_state_dict({k: v.float() for k, v in sd.items()})
-        steps = json.load(open(os.path.join(args.target, "metrics.json")))["target"]["steps"] \
-            if os.path.exists(os.path.join(args.target, "metrics.json")) else 0
-        log(f"target: loaded from {args.target}")
+        metrics_path = os.path.join(path, "metrics.json")
+        log(f"target: loaded from {path}")
+        return json.load(open(metrics_path))["target"]["steps"] if os.path.exists(metrics_path) else 0
+
+    if args.target:
+        steps = load_target(args.target)
     else:
+        before = load_target(args.init_target) if args.init_target else 0
         model.train()
-        steps = timed_training("target", list(model.parameters()), target_loss(model),
-                               batches_of(rows, labels, cls, args.batch, device, rng), args.target_minutes, 3e-3, log,
-                               args.smoke)
+        steps = before + timed_training("target", list(model.parameters()), target_loss(model),
+                                        batches_of(rows, labels, cls, args.batch, device, rng), args.target_minutes,
+                                        args.peak_lr, log, args.smoke)
     model.eval()
     saved = save_target(model, args.out)
     # Evaluate in the shipped precision.
@@ -635,6 +649,9 @@ def main():
                           "tokens_trained": steps * args.batch * SEQ,
                           "train_conversations": len(ids), "train_tokens": ntok}}
     json.dump(metrics, open(os.path.join(args.out, "metrics.json"), "w"), indent=1)
+    if args.no_draft:
+        log(f"done in {time.time() - t0:.0f}s (target only)")
+        return
 
     # --- draft
     for p in model.parameters():
