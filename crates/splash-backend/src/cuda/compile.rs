@@ -1,5 +1,5 @@
-//! NVRTC compilation of the kernels (`kernels/`) for one set of model dimensions, cached on disk by the
-//! hash of source, dimensions and target architecture.
+//! NVRTC compilation of the kernels (`kernels/`) for one set of model dimensions, cached on
+//! disk by the hash of source, dimensions and target architecture.
 
 use std::path::PathBuf;
 

@@ -137,7 +137,6 @@ struct Barrier {
 // One launch: the threads of the block that runs, its barriers, and the lanes' exchange
 // slots for shuffles and mma.
 struct Launch {
-    unsigned threads;
     Barrier block;
     std::vector<Barrier> warps;
     std::vector<uint64_t> slot;
@@ -149,7 +148,7 @@ struct Launch {
     void (*body)(void*) = nullptr;
     void* ctx = nullptr;
     explicit Launch(unsigned n)
-        : threads(n), warps((n + 31) / 32), slot(n), frag(n * 10), fiber(n), done(n) {}
+        : warps((n + 31) / 32), slot(n), frag(n * 10), fiber(n), done(n) {}
 };
 
 inline Launch* current = nullptr;
@@ -394,8 +393,6 @@ inline void cp_async_wait_all() {}
 
 // ---- Launches ------------------------------------------------------------------------------
 
-// Runs `body(ctx)` as a kernel launch of `grid` blocks of `block` threads (1-D); the body calls
-// one kernel with its arguments. Returns when every block has run.
 namespace emu {
 // A thread's life: the kernel, then it leaves the barriers and hands the CPU back for good.
 inline void thread_main() {
@@ -409,6 +406,8 @@ inline void thread_main() {
 }
 }  // namespace emu
 
+// Runs `body(ctx)` as a kernel launch of `grid` blocks of `block` threads (1-D); the body calls
+// one kernel with its arguments. Returns when every block has run.
 extern "C" void host_launch(unsigned grid, unsigned block, void (*body)(void*), void* ctx) {
     // Kernels keep small arrays on their stacks; pages are only committed where touched.
     constexpr size_t stack_bytes = 256 << 10;

@@ -307,8 +307,8 @@ impl ExpertLaunch<'_> {
         );
         let tables = if second.is_some() { 2 } else { 1 };
         let grid = tables * active.len() * self.n.div_ceil(16);
-        // SAFETY: the grouped expert kernels' signature in kernels/gemv_tc.cu, over buffers of the sizes
-        // ops.rs gives them.
+        // SAFETY: the grouped expert kernels' signature in kernels/gemv_tc.cu, over buffers of
+        // the sizes ops.rs gives them.
         unsafe {
             let f: Experts = self.kern.kernel(name);
             self.kern.launch(grid as u32, 32 * warps, &|| {

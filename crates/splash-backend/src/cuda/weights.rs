@@ -183,8 +183,8 @@ pub fn is_tiled(format: GpuFormat) -> bool {
     matches!(format, GpuFormat::Ggml(GgmlType::Q4_K | GgmlType::Q6_K))
 }
 
-/// Q4_K or Q6_K rows as the kernels read them (`tile_segment` in kernels/quant.cuh): rows in tiles of
-/// 16 (the last padded with zero rows), and each 256-value block of a tile one contiguous
+/// Q4_K or Q6_K rows as the kernels read them (`tile_segment` in kernels/quant.cuh): rows in
+/// tiles of 16 (the last padded with zero rows), and each 256-value block of a tile one contiguous
 /// segment holding that block of its 16 rows, arranged so that each load instruction of the
 /// tensor-core GEMV reads 512 contiguous bytes (lane 4g + q: row g or g + 8, code bytes
 /// 64·(q >> 1) + 16·(q & 1) of a part). Stored row by row, a warp's loads touched 16 rows at

@@ -3,8 +3,8 @@
 
 use super::*;
 
-/// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels/attention.cu): small enough that a
-/// decode step at 1K of context has a block per SM or so (1,024 made 48 blocks for the 27B's
+/// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels/attention.cu): small enough
+/// that a decode step at 1K of context has a block per SM or so (1,024 made 48 blocks for the 27B's
 /// 24 heads, each walking 1,024 keys).
 pub const ATTN_CHUNK: usize = 256;
 /// The fewest keys per chunk when `attention_prefill` splits a short pass's keys.
@@ -125,7 +125,7 @@ pub fn attention(
         let chunks = split_chunks(pos, tokens, mask);
         let rows = tokens * hq;
         let part = gpu.uninit::<f32>(rows * chunks * (k.dims().head_dim + 2))?;
-        let pp = crate::cuda::ptr(gpu, &part, 0);
+        let pp = ptr(gpu, &part, 0);
         let mut a = args(pp).to_vec();
         a.push(Arg::I32(chunks as i32));
         gpu.launch(k, "attention_part", (rows * chunks) as u32, 128, &a)?;
@@ -151,7 +151,7 @@ pub fn attention(
         } else {
             None
         };
-        let pp = part.as_ref().map_or(0, |p| crate::cuda::ptr(gpu, p, 0));
+        let pp = part.as_ref().map_or(0, |p| ptr(gpu, p, 0));
         let mut a = args(out).to_vec();
         a.extend([
             Arg::I32(tokens as i32),
@@ -236,13 +236,13 @@ pub struct AttnPart {
     pub n: usize,
 }
 
-/// `parts` in launches of at most [`crate::cuda::ATTN_SLOTS`]: each group, its table and its longest
+/// `parts` in launches of at most [`ATTN_SLOTS`]: each group, its table and its longest
 /// sequence.
 pub(super) fn attn_groups(
     parts: &[AttnPart],
-) -> impl Iterator<Item = (&[AttnPart], crate::cuda::AttnSlots, usize)> + '_ {
-    parts.chunks(crate::cuda::ATTN_SLOTS).map(|group| {
-        let mut s = crate::cuda::AttnSlots::default();
+) -> impl Iterator<Item = (&[AttnPart], AttnSlots, usize)> + '_ {
+    parts.chunks(ATTN_SLOTS).map(|group| {
+        let mut s = AttnSlots::default();
         for (i, p) in group.iter().enumerate() {
             (s.kc[i], s.ks[i]) = p.keys;
             (s.vc[i], s.vs[i]) = p.values;
@@ -259,7 +259,7 @@ pub(super) fn attn_groups(
 }
 
 /// [`kv_append`] of every sequence's key and value rows (`keys`, `values` `[rows, hkv, d]`) to
-/// its own caches at its positions, in one launch per [`crate::cuda::ATTN_SLOTS`] sequences.
+/// its own caches at its positions, in one launch per [`ATTN_SLOTS`] sequences.
 #[allow(clippy::too_many_arguments)]
 pub fn kv_append_seqs(
     gpu: &Gpu,
@@ -294,7 +294,7 @@ pub fn kv_append_seqs(
 
 /// Causal [`attention`] of every sequence's query rows (`q`, `out` `[rows, hq, HEAD_DIM]`) over
 /// its own caches: for passes of up to 32 tokens a sequence, one split-attention launch and one
-/// merge per [`crate::cuda::ATTN_SLOTS`] sequences, each row with the bits of its sequence's own
+/// merge per [`ATTN_SLOTS`] sequences, each row with the bits of its sequence's own
 /// launch (the chunks past a sequence's keys are empty, which the merge skips); longer passes
 /// (prefill) a launch each.
 #[allow(clippy::too_many_arguments)]
@@ -344,7 +344,7 @@ pub fn attention_seqs(
             .max(1);
         let rows = longest * hq;
         let part = gpu.uninit::<f32>(group.len() * rows * chunks * (d + 2))?;
-        let pp = crate::cuda::ptr(gpu, &part, 0);
+        let pp = ptr(gpu, &part, 0);
         let slots = Box::new(slots);
         gpu.launch(
             k,

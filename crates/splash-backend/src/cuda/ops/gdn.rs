@@ -53,9 +53,9 @@ pub(super) fn conv_blocks(c: usize, tokens: usize, kernel: usize) -> Result<u32,
 }
 
 /// Columns of a value head's state that one block of the GDN scan takes (`GDN_COLS` in
-/// kernels/gdn.cu: 128 threads over [`crate::cuda::compile::gdn_slices`] lanes a column).
+/// kernels/gdn.cu: 128 threads over [`compile::gdn_slices`] lanes a column).
 pub(crate) fn scan_columns(dk: usize) -> usize {
-    128 / crate::cuda::compile::gdn_slices(dk)
+    128 / compile::gdn_slices(dk)
 }
 
 /// Blocks the GDN scan takes for one sequence.
@@ -75,13 +75,11 @@ pub struct SeqPart {
     pub n: usize,
 }
 
-/// `parts` in launches of at most [`crate::cuda::SEQ_SLOTS`]: each group's table and its longest
+/// `parts` in launches of at most [`SEQ_SLOTS`]: each group's table and its longest
 /// sequence.
-pub(super) fn seq_groups(
-    parts: &[SeqPart],
-) -> impl Iterator<Item = (usize, crate::cuda::SeqSlots, usize)> + '_ {
-    parts.chunks(crate::cuda::SEQ_SLOTS).map(|group| {
-        let mut slots = crate::cuda::SeqSlots::default();
+pub(super) fn seq_groups(parts: &[SeqPart]) -> impl Iterator<Item = (usize, SeqSlots, usize)> + '_ {
+    parts.chunks(SEQ_SLOTS).map(|group| {
+        let mut slots = SeqSlots::default();
         for (i, p) in group.iter().enumerate() {
             slots.state[i] = p.state;
             for (k, &at) in p.save.iter().enumerate() {
@@ -96,7 +94,7 @@ pub(super) fn seq_groups(
 }
 
 /// [`conv1d_silu`] of every sequence of a pass (`x`, `y` `[rows, c]`), each on its own conv
-/// state, in one launch per [`crate::cuda::SEQ_SLOTS`] sequences: the same bits as a launch each. A
+/// state, in one launch per [`SEQ_SLOTS`] sequences: the same bits as a launch each. A
 /// recorded sequence saves its conv state before the pass to `save[0]` and its input rows to
 /// `save[1]`.
 #[allow(clippy::too_many_arguments)]
@@ -132,7 +130,7 @@ pub fn conv1d_silu_seqs(
 }
 
 /// [`gdn_recurrent`] of every sequence of a pass, each on its own recurrent state, in one launch
-/// per [`crate::cuda::SEQ_SLOTS`] sequences: the same bits as a launch each. A recorded sequence saves
+/// per [`SEQ_SLOTS`] sequences: the same bits as a launch each. A recorded sequence saves
 /// its recurrent state before the pass to `save[0]` and its gates `g`, `beta` to `save[1]`,
 /// `save[2]`.
 #[allow(clippy::too_many_arguments)]
@@ -190,7 +188,7 @@ pub struct ReplayLayer {
 /// Rolls the GDN layers of one sequence back to the first `keep` rows of a recorded pass: each
 /// layer's live conv and recurrent states become the saved ones advanced over the recorded
 /// rows `..keep` (the bits of a pass over those rows alone; `keep` = 0 restores the saved
-/// states). Two launches per [`crate::cuda::LAYER_SLOTS`] layers, whatever the model's depth; `mixed`
+/// states). Two launches per [`LAYER_SLOTS`] layers, whatever the model's depth; `mixed`
 /// is scratch for `layers.len() · keep · c` floats.
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_replay(
@@ -205,14 +203,8 @@ pub fn gdn_replay(
 ) -> Result<(), GpuError> {
     let per_conv = conv_blocks(c, keep, kernel)?;
     let per_scan = scan_blocks(k, hv);
-    for (group, at) in layers
-        .chunks(crate::cuda::LAYER_SLOTS)
-        .zip((0..).step_by(crate::cuda::LAYER_SLOTS))
-    {
-        let (mut conv, mut scan) = (
-            crate::cuda::LayerSlots::default(),
-            crate::cuda::LayerSlots::default(),
-        );
+    for (group, at) in layers.chunks(LAYER_SLOTS).zip((0..).step_by(LAYER_SLOTS)) {
+        let (mut conv, mut scan) = (LayerSlots::default(), LayerSlots::default());
         for (i, l) in group.iter().enumerate() {
             let out = mixed + ((at + i) * keep * c * 4) as u64;
             (conv.saved[i], conv.live[i]) = (l.conv_saved, l.conv);

@@ -18,7 +18,8 @@ pub fn gdn_chunked_prefill() -> bool {
 pub const GDN_CHUNK: usize = 64;
 
 /// Floats of the chunked GDN prefill's scratch for a pass of `tokens` tokens over `hv` value
-/// heads of `dk` × `dv` states (`GDN_CHUNK_SCRATCH` in kernels/gdn_chunked.cu, per chunk and head).
+/// heads of `dk` × `dv` states (`GDN_CHUNK_SCRATCH` in kernels/gdn_chunked.cu, per chunk and
+/// head).
 pub fn gdn_chunk_scratch_len(tokens: usize, hv: usize, dk: usize, dv: usize) -> usize {
     tokens.div_ceil(GDN_CHUNK) * hv * (GDN_CHUNK * (dv + dk + GDN_CHUNK + 2) + 4)
 }

@@ -78,7 +78,7 @@ pub(super) fn gemm_blas(
 /// Whether GEMVs by `w` run on the tensor-core kernel: the tiled formats (it reads the tiles),
 /// outside the exact mode.
 pub(super) fn tensor_core(gpu: &Gpu, w: &DeviceWeight) -> bool {
-    !gpu.exact() && crate::cuda::weights::is_tiled(w.format)
+    !gpu.exact() && weights::is_tiled(w.format)
 }
 
 /// The product, by cuBLAS from `gemm_min_t` tokens on.
@@ -97,13 +97,13 @@ pub(super) fn product(
     let tokens = x.tokens;
     assert!(row0 + n <= w.rows, "rows {row0}+{n} of {}", w.rows);
     assert!(
-        row0.is_multiple_of(16) || !crate::cuda::weights::is_tiled(w.format),
+        row0.is_multiple_of(16) || !weights::is_tiled(w.format),
         "rows of a tiled weight start at a multiple of 16 (row {row0})"
     );
     if let Some(blas) = gemm_blas(gpu, w, tokens, gemm_min_t) {
         return gemm(gpu, k, &blas, out, x, w, row0, n);
     }
-    let base = crate::cuda::ptr(gpu, &w.data, row0 * w.row_bytes);
+    let base = ptr(gpu, &w.data, row0 * w.row_bytes);
     if tensor_core(gpu, w) {
         return gemv_tc(gpu, k, (out, 0, n), x.f16(gpu, k)?, w, base, n, tokens);
     }
@@ -134,12 +134,12 @@ pub(super) fn gemm(
         (x.x, sys::cudaDataType_t::CUDA_R_32F)
     } else {
         (
-            crate::cuda::ptr(gpu, x.bf16(gpu, k)?, 0),
+            ptr(gpu, x.bf16(gpu, k)?, 0),
             sys::cudaDataType_t::CUDA_R_16BF,
         )
     };
     if stored_bf16(gpu, w) {
-        let wp = crate::cuda::ptr(gpu, &w.data, row0 * w.row_bytes);
+        let wp = ptr(gpu, &w.data, row0 * w.row_bytes);
         return gemm_rows(
             gpu,
             blas,
@@ -163,9 +163,9 @@ pub(super) fn gemm(
     );
     for r0 in (0..n).step_by(chunk) {
         let rows = chunk.min(n - r0);
-        let wp = crate::cuda::ptr(gpu, &wb, 0);
-        let src = crate::cuda::ptr(gpu, &w.data, (row0 + r0) * w.row_bytes);
-        if !exact && w.format == crate::cuda::GpuFormat::F32 && w.row_bytes == 4 * kdim {
+        let wp = ptr(gpu, &wb, 0);
+        let src = ptr(gpu, &w.data, (row0 + r0) * w.row_bytes);
+        if !exact && w.format == GpuFormat::F32 && w.row_bytes == 4 * kdim {
             // Contiguous f32 rows: the activations' coalesced conversion, the same bits.
             let values = rows * kdim;
             gpu.launch(
@@ -260,7 +260,7 @@ pub(super) fn gemm_rows(
 
 /// A bf16 weight that the fast (not exact) path multiplies as stored.
 pub(super) fn stored_bf16(gpu: &Gpu, w: &DeviceWeight) -> bool {
-    w.format == crate::cuda::GpuFormat::Bf16 && w.groups.is_none() && !gpu.exact()
+    w.format == GpuFormat::Bf16 && w.groups.is_none() && !gpu.exact()
 }
 
 /// Warps per tile forced by [`force_tensor_core_warps`] (0: the shape decides).
@@ -308,7 +308,7 @@ pub fn matmul_pair(
         w.rows
     );
     x.check(w);
-    let (base, tokens) = (crate::cuda::ptr(gpu, &w.data, 0), x.tokens);
+    let (base, tokens) = (ptr(gpu, &w.data, 0), x.tokens);
     if gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_some() {
         matmul_activations(gpu, k, out.0, x, w, 0, split)?;
         return matmul_activations(gpu, k, out.1, x, w, split, w.rows - split);
@@ -337,7 +337,7 @@ pub fn matmul_swiglu(
 ) -> Result<(), GpuError> {
     if reads_f16(gpu, w, tokens) {
         let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], tokens, w.cols)?;
-        let base = crate::cuda::ptr(gpu, &w.data, 0);
+        let base = ptr(gpu, &w.data, 0);
         return gemv_tc(
             gpu,
             k,
@@ -355,7 +355,7 @@ pub fn matmul_swiglu(
         let args = [
             Arg::Ptr(g),
             Arg::Ptr(u),
-            Arg::Ptr(crate::cuda::ptr(gpu, &xb, 0)),
+            Arg::Ptr(ptr(gpu, &xb, 0)),
             Arg::I64(n as i64),
         ];
         gpu.launch(
@@ -373,20 +373,17 @@ pub fn matmul_swiglu(
 }
 
 /// Formats with an integer (dp4a) GEMV.
-pub(super) fn int8_format(format: crate::cuda::GpuFormat) -> bool {
+pub(super) fn int8_format(format: GpuFormat) -> bool {
     use crate::ggml::GgmlType;
-    matches!(
-        format,
-        crate::cuda::GpuFormat::Ggml(GgmlType::Q5_K | GgmlType::Q8_0)
-    )
+    matches!(format, GpuFormat::Ggml(GgmlType::Q5_K | GgmlType::Q8_0))
 }
 
 /// Whether two weights of `format` stacked at row `split` run in one launch of
 /// [`matmul_pair`]: the tensor-core GEMV (its tiles must not straddle the split), the int8
 /// GEMV and the f32-decoding GEMV of float weights (the MoE router and shared-expert gate) can.
-pub fn pairs_in_one_launch(format: crate::cuda::GpuFormat, split: usize) -> bool {
-    use crate::cuda::GpuFormat::{Bf16, F16, F32};
-    (crate::cuda::weights::is_tiled(format) && split.is_multiple_of(16))
+pub fn pairs_in_one_launch(format: GpuFormat, split: usize) -> bool {
+    use GpuFormat::{Bf16, F16, F32};
+    (weights::is_tiled(format) && split.is_multiple_of(16))
         || int8_format(format)
         || matches!(format, F32 | F16 | Bf16)
 }
@@ -425,9 +422,9 @@ pub(super) fn gemv_q8(
         vec![
             Arg::Ptr(base),
             Arg::I64(w.row_bytes as i64),
-            Arg::Ptr(crate::cuda::ptr(gpu, xq, t0 * kdim)),
-            Arg::Ptr(crate::cuda::ptr(gpu, xd, t0 * kdim / 32)),
-            Arg::Ptr(crate::cuda::ptr(gpu, xs, t0 * kdim / 32)),
+            Arg::Ptr(ptr(gpu, xq, t0 * kdim)),
+            Arg::Ptr(ptr(gpu, xd, t0 * kdim / 32)),
+            Arg::Ptr(ptr(gpu, xs, t0 * kdim / 32)),
         ]
     })
 }
@@ -535,8 +532,8 @@ pub(super) fn group_args(gpu: &Gpu, w: &DeviceWeight, row0: usize) -> (u64, u64,
         Some((s, b, g)) => {
             let per_row = w.cols / g;
             (
-                crate::cuda::ptr(gpu, s, row0 * per_row),
-                crate::cuda::ptr(gpu, b, row0 * per_row),
+                ptr(gpu, s, row0 * per_row),
+                ptr(gpu, b, row0 * per_row),
                 *g as i32,
             )
         }

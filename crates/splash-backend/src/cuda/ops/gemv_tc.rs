@@ -27,7 +27,7 @@ pub(super) fn gemv_tc(
         if let Some(plan) = plan {
             let name = format!("gemv_tcs{}_{suffix}", if tc <= 8 { 8 } else { 16 });
             let partials = gpu.uninit::<f32>(plan.partials(n))?;
-            let pp = crate::cuda::ptr(gpu, &partials, 0);
+            let pp = ptr(gpu, &partials, 0);
             let common = [
                 Arg::Ptr(y_at),
                 Arg::Ptr(y2_at),
@@ -39,8 +39,8 @@ pub(super) fn gemv_tc(
             let mut a = vec![
                 Arg::Ptr(base),
                 Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(crate::cuda::ptr(gpu, xh, t0 * kdim)),
-                Arg::Ptr(crate::cuda::ptr(gpu, xscale, t0 * kdim / 256)),
+                Arg::Ptr(ptr(gpu, xh, t0 * kdim)),
+                Arg::Ptr(ptr(gpu, xscale, t0 * kdim / 256)),
             ];
             a.extend(common.clone());
             a.extend([Arg::Ptr(pp), Arg::I32(plan.max_pieces as i32)]);
@@ -70,8 +70,8 @@ pub(super) fn gemv_tc(
             &[
                 Arg::Ptr(base),
                 Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(crate::cuda::ptr(gpu, xh, t0 * kdim)),
-                Arg::Ptr(crate::cuda::ptr(gpu, xscale, t0 * kdim / 256)),
+                Arg::Ptr(ptr(gpu, xh, t0 * kdim)),
+                Arg::Ptr(ptr(gpu, xscale, t0 * kdim / 256)),
                 Arg::Ptr(y_at),
                 Arg::Ptr(y2_at),
                 Arg::I32(split as i32),
@@ -156,8 +156,8 @@ pub(super) fn convert_f16_tc(
     let xscale = gpu.uninit::<f32>(blocks256)?;
     let mut args: Vec<Arg> = inputs.iter().map(|&p| Arg::Ptr(p)).collect();
     args.extend([
-        Arg::Ptr(crate::cuda::ptr(gpu, &xh, 0)),
-        Arg::Ptr(crate::cuda::ptr(gpu, &xscale, 0)),
+        Arg::Ptr(ptr(gpu, &xh, 0)),
+        Arg::Ptr(ptr(gpu, &xscale, 0)),
         Arg::I64(blocks256 as i64),
     ]);
     gpu.launch(k, kernel, blocks(blocks256 * 32, 256), 256, &args)?;

@@ -6,7 +6,10 @@ use std::cell::OnceCell;
 
 use cudarc::driver::CudaSlice;
 
-use super::{Arg, DeviceWeight, Gpu, GpuError, Kernels};
+use super::{
+    compile, ptr, weights, Arg, AttnSlots, DeviceWeight, Gpu, GpuError, GpuFormat, Kernels,
+    LayerSlots, SeqSlots, ATTN_SLOTS, LAYER_SLOTS, SEQ_SLOTS,
+};
 use crate::cpu::KvFormat;
 
 mod attention;

@@ -6,7 +6,7 @@ use super::*;
 /// Whether the experts of a MoE layer stored like `w` have the grouped device kernel
 /// ([`matmul_experts`], outside the exact mode): the tensor-core formats.
 pub fn has_expert_kernel(w: &DeviceWeight) -> bool {
-    crate::cuda::weights::is_tiled(w.format)
+    weights::is_tiled(w.format)
 }
 
 /// A MoE layer's routing on the device: each token's experts and weights, and its pairs
@@ -65,7 +65,7 @@ pub fn moe_route(
             None
         },
     };
-    let p = |b: &CudaSlice<i32>| crate::cuda::ptr(gpu, b, 0);
+    let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
     gpu.launch(
         k,
         "moe_route",
@@ -74,7 +74,7 @@ pub fn moe_route(
         &[
             Arg::Ptr(logits),
             Arg::Ptr(p(&r.ids)),
-            Arg::Ptr(crate::cuda::ptr(gpu, &r.weights, 0)),
+            Arg::Ptr(ptr(gpu, &r.weights, 0)),
             Arg::I32(experts as i32),
             Arg::I32(top_k as i32),
         ],
@@ -193,7 +193,7 @@ pub(super) fn launch_experts(
     x.check(proto);
     let (n, kdim) = (proto.rows, proto.cols);
     let (xh, xscale) = x.f16(gpu, k)?;
-    let p = |b: &CudaSlice<i32>| crate::cuda::ptr(gpu, b, 0);
+    let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
     let tables = if products[1].0 == 0 { 1 } else { 2 };
     let blocks = tables * routing.slots * n.div_ceil(16);
     let chains = tensor_core_warps(n, kdim);
@@ -226,8 +226,8 @@ pub(super) fn launch_experts(
             Arg::Ptr(p(&routing.offsets)),
             Arg::Ptr(p(&routing.order)),
             Arg::I64(proto.row_bytes as i64),
-            Arg::Ptr(crate::cuda::ptr(gpu, xh, 0)),
-            Arg::Ptr(crate::cuda::ptr(gpu, xscale, 0)),
+            Arg::Ptr(ptr(gpu, xh, 0)),
+            Arg::Ptr(ptr(gpu, xscale, 0)),
             Arg::I32(n as i32),
             Arg::I32(kdim as i32),
             Arg::I32(col_div as i32),
@@ -277,13 +277,13 @@ pub(super) fn prefill_experts() -> PrefillExperts {
 }
 
 /// Warps in flight that a grouped expert product of `format` aims for: about as many as the
-/// H200's SMs hold of its kernel (`EXPERT_REGS_*` in kernels/gemv_tc.cu: Q4_K's at 128 registers, 16 an
-/// SM; Q6_K's at ~230, 8 an SM). Measured there (`gemv_cuda`, 35B-A3B experts), each fastest at
+/// H200's SMs hold of its kernel (`EXPERT_REGS_*` in kernels/gemv_tc.cu: Q4_K's at 128
+/// registers, 16 an SM; Q6_K's at ~230, 8 an SM). Measured there (`gemv_cuda`, 35B-A3B experts), each fastest at
 /// 1, 4 and 16 tokens (1 to 8 warps a tile); twice as many ran 15-40% slower, half as many
 /// (Q4_K at 1,024) up to 55% slower.
-pub(super) fn expert_warps_in_flight(format: crate::cuda::GpuFormat) -> usize {
+pub(super) fn expert_warps_in_flight(format: GpuFormat) -> usize {
     match format {
-        crate::cuda::GpuFormat::Ggml(crate::ggml::GgmlType::Q4_K) => 2048,
+        GpuFormat::Ggml(crate::ggml::GgmlType::Q4_K) => 2048,
         _ => 1024,
     }
 }
@@ -328,7 +328,7 @@ pub fn moe_combine(
         256,
         &[
             Arg::Ptr(y),
-            Arg::Ptr(crate::cuda::ptr(gpu, &routing.weights, 0)),
+            Arg::Ptr(ptr(gpu, &routing.weights, 0)),
             Arg::Ptr(out),
             Arg::Ptr(gate.unwrap_or(0)),
             Arg::I32(top_k as i32),

@@ -84,7 +84,7 @@ pub fn add_rms_norm_activations(
 ) -> Result<Activations, GpuError> {
     if reads_bf16(gpu, f16_for, rows) {
         let xb = gpu.uninit::<u16>(rows * d)?;
-        let converted = [Arg::Ptr(crate::cuda::ptr(gpu, &xb, 0))];
+        let converted = [Arg::Ptr(ptr(gpu, &xb, 0))];
         let kernel = "add_rms_norm_to_bf16";
         launch_add_rms_norm(gpu, k, kernel, [out, x, y, w], &converted, rows, d, eps)?;
         return Ok(Activations::with_bf16(out, rows, d, xb));
@@ -96,10 +96,7 @@ pub fn add_rms_norm_activations(
     }
     let xh = gpu.uninit::<u16>(rows * d)?;
     let xscale = gpu.uninit::<f32>(rows * d / 256)?;
-    let converted = [
-        Arg::Ptr(crate::cuda::ptr(gpu, &xh, 0)),
-        Arg::Ptr(crate::cuda::ptr(gpu, &xscale, 0)),
-    ];
+    let converted = [Arg::Ptr(ptr(gpu, &xh, 0)), Arg::Ptr(ptr(gpu, &xscale, 0))];
     let kernel = "add_rms_norm_to_f16_tc";
     launch_add_rms_norm(gpu, k, kernel, [out, x, y, w], &converted, rows, d, eps)?;
     Ok(Activations::with_f16(out, rows, d, (xh, xscale)))
@@ -160,7 +157,7 @@ pub fn rms_norm_gated_activations(
     }
     let ob = gpu.uninit::<u16>(rows * d)?;
     let kernel = "rms_norm_gated_to_bf16";
-    let ob_ptr = Some(crate::cuda::ptr(gpu, &ob, 0));
+    let ob_ptr = Some(ptr(gpu, &ob, 0));
     launch_rms_norm_gated(gpu, k, kernel, [x, z, w, out], ob_ptr, rows, d, eps)?;
     Ok(Activations::with_bf16(out, tokens, kdim, ob))
 }

@@ -87,7 +87,7 @@ pub fn rope(
 }
 
 /// [`rope`] of every sequence's query rows `q` `[rows, hq, d]` and key rows `keys`
-/// `[rows, hkv, d]` at its own positions, in one launch per [`crate::cuda::ATTN_SLOTS`] sequences.
+/// `[rows, hkv, d]` at its own positions, in one launch per [`ATTN_SLOTS`] sequences.
 #[allow(clippy::too_many_arguments)]
 pub fn rope_seqs(
     gpu: &Gpu,

@@ -53,8 +53,8 @@ pub fn top_k_rows(
             Arg::F32(mult),
             Arg::F32(cap.unwrap_or(0.0)),
             Arg::I32(parts as i32),
-            Arg::Ptr(crate::cuda::ptr(gpu, first_ids, 0)),
-            Arg::Ptr(crate::cuda::ptr(gpu, first_vals, 0)),
+            Arg::Ptr(ptr(gpu, first_ids, 0)),
+            Arg::Ptr(ptr(gpu, first_vals, 0)),
         ],
     )?;
     if let Some((part_ids, part_vals)) = &staged {
@@ -64,12 +64,12 @@ pub fn top_k_rows(
             rows as u32,
             256,
             &[
-                Arg::Ptr(crate::cuda::ptr(gpu, part_ids, 0)),
-                Arg::Ptr(crate::cuda::ptr(gpu, part_vals, 0)),
+                Arg::Ptr(ptr(gpu, part_ids, 0)),
+                Arg::Ptr(ptr(gpu, part_vals, 0)),
                 Arg::I32((parts * top) as i32),
                 Arg::I32(top as i32),
-                Arg::Ptr(crate::cuda::ptr(gpu, &ids, 0)),
-                Arg::Ptr(crate::cuda::ptr(gpu, &vals, 0)),
+                Arg::Ptr(ptr(gpu, &ids, 0)),
+                Arg::Ptr(ptr(gpu, &vals, 0)),
             ],
         )?;
     }
