@@ -3,7 +3,7 @@
 # staged in .device/: the GPU tests (cuda_ops, cuda_parity, speculative_cuda, scheduler_cuda),
 # then `splash bench` on synthetic checkpoints of the real sizes (made there: they are too
 # large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|ttft|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|ttft|ab|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `decode`: plain decoding speed with and without CUDA graphs.
@@ -26,6 +26,8 @@
 # completion, one streamed Anthropic message and one tool call each through curl on loopback.
 # `ttft`: a short request's time to first token sent 1 s after a 32K-token prompt, with
 # .device/splash and, when staged, .device/splash-before (an earlier build to compare with).
+# `ab`: prefill, plain decode (1- and 16-row passes) and drafted decode with .device/splash and
+# .device/splash-before, alternating, twice.
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
 set -uo pipefail
@@ -113,7 +115,8 @@ if [ "$what" = peers ]; then
 fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
-  [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ] || [ "$what" = serve ] || [ "$what" = ttft ]; then
+  [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ] || [ "$what" = serve ] || [ "$what" = ttft ] ||
+  [ "$what" = ab ]; then
   # The server on `$1` (a model), `$2` a name for its files: /ready, a chat completion, a
   # streamed Anthropic message and a tool call, each printed.
   serve_once() {
@@ -196,6 +199,23 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
           env $setting ./.device/splash bench --model "$f" --device cuda --prompt-tokens "$n" --prefill-chunk "$chunk" \
             --decode-tokens 8 --repeat 2 --speculative off 2>&1 |
             tee "$out/prefill-ab-$m-$n-$chunk-${setting//[^A-Za-z0-9]/_}.txt" | grep -E '^prefill'
+        done
+      done
+    elif [ "$what" = ab ]; then
+      # This build against .device/splash-before on the same machine, alternating (before,
+      # after, before, after) so that drift shows: prefill of 2,048 tokens, plain decode with
+      # the 1- and 16-row pass costs, then decode with a DFlash draft.
+      d=$(synthetic_draft "$m" dflash)
+      for round in 1 2; do
+        for bin in splash-before splash; do
+          [ -x ".device/$bin" ] || continue
+          echo "== ab $m, $bin, round $round"
+          ./.device/$bin bench --model "$f" --device cuda --prompt-tokens 2048 --prefill-chunk 2048 \
+            --decode-tokens 128 --repeat 3 --speculative off --verify-rows 16 2>&1 |
+            tee "$out/ab-$m-$bin-$round.txt" | grep -E '^(prefill|decode|pass)'
+          ./.device/$bin bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
+            --draft-model "$d" --speculative always 2>&1 |
+            tee "$out/ab-$m-$bin-$round-draft.txt" | grep -E '^decode'
         done
       done
     elif [ "$what" = ttft ]; then

@@ -26,6 +26,9 @@ pub enum ModelError {
     Gguf { path: PathBuf, message: String },
     #[error("GPU: {0}")]
     Gpu(String),
+    /// A state or draft context made for one device was handed to another.
+    #[error("a sequence state made for another device was given to the {0} model; make states with the model that runs them")]
+    WrongDevice(String),
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
     #[error("tensor `{name}` is missing from the checkpoint in {dir}")]

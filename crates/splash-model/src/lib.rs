@@ -8,6 +8,7 @@
 mod chat_template;
 mod checkpoint;
 mod config;
+mod device;
 pub mod dflash;
 mod error;
 pub mod gguf;

@@ -104,7 +104,9 @@ fn draft_logits_match_the_reference() {
                 draft.append_context(&mut ctx, row).unwrap();
             }
             let anchor = rec["anchor"].as_u64().unwrap() as u32;
-            let hidden = draft.forward(&mut ctx, &target.graph, anchor, block);
+            let hidden = draft
+                .forward(&mut ctx, &target.graph, anchor, block)
+                .unwrap();
             let logits = draft.logits(&target.graph, &hidden);
             let want = r.f32s(&key);
             let err = rel_err(&logits, &want);

@@ -5,6 +5,7 @@
 //! The context cache keeps every committed row (row `j` = position `j`); sliding layers
 //! mask by position in the attention kernel instead of dropping rows.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -12,7 +13,8 @@ use cudarc::driver::CudaSlice;
 use splash_backend::cpu::KvFormat;
 use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, KernelDims, Kernels, KeyMask};
 
-use super::{DFlashDraft, DraftConfig, DynConv};
+use super::{DFlashDraft, DraftConfig, DraftWeights, DynConv};
+use crate::device::{downcast, ContextLayer, DeviceContext, DraftDevice, DraftedRows};
 use crate::error::ModelError;
 use crate::graph_cache::{Found, GraphCache};
 use crate::qwen35::cuda::{GpuModel, WeightPair};
@@ -26,9 +28,6 @@ type DraftOutput = (Vec<f32>, Vec<f32>, Vec<(u32, f32)>);
 
 /// Context rows a fresh draft context holds before it grows (doubling).
 const INITIAL_CONTEXT_CAPACITY: usize = 1024;
-
-/// One layer's context keys and values on the host (a saved image's content).
-pub(crate) type HostLayerContext = (Vec<f32>, Vec<f32>);
 
 /// The draft's weights on the target's GPU.
 pub(crate) struct GpuDraft {
@@ -158,7 +157,7 @@ pub(crate) struct GpuDraftContext {
 
 impl GpuDraftContext {
     /// Device bytes held.
-    pub(crate) fn bytes(&self) -> usize {
+    fn bytes(&self) -> usize {
         self.layers
             .iter()
             .map(|(k, v)| 4 * (k.len() + v.len()))
@@ -166,10 +165,161 @@ impl GpuDraftContext {
     }
 }
 
+/// One sequence's draft context on the GPU, allocated at its first use (making a context
+/// cannot fail; allocating device memory can).
+struct ContextSlot {
+    /// The target's model, for its GPU.
+    target: Arc<GpuModel>,
+    /// Floats per context row of a layer (`hkv · d`) and the draft's layers.
+    row: usize,
+    layers: usize,
+    context: Option<GpuDraftContext>,
+}
+
+impl std::fmt::Debug for ContextSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuDraftContext({} bytes)", self.memory_bytes())
+    }
+}
+
+impl DeviceContext for ContextSlot {
+    fn memory_bytes(&self) -> usize {
+        self.context.as_ref().map_or(0, GpuDraftContext::bytes)
+    }
+
+    fn try_clone(&self, len: usize) -> Result<Box<dyn DeviceContext>, ModelError> {
+        let g = self.target.gpu();
+        let row = self.row;
+        let context = match &self.context {
+            None => None,
+            Some(ctx) => {
+                let cap = len.max(1);
+                let layers = ctx
+                    .layers
+                    .iter()
+                    .map(|(k, v)| {
+                        let (k2, v2): (Buf, Buf) = (g.uninit(cap * row)?, g.uninit(cap * row)?);
+                        g.copy(ptr(g, &k2, 0), ptr(g, k, 0), 4 * len * row)?;
+                        g.copy(ptr(g, &v2, 0), ptr(g, v, 0), 4 * len * row)?;
+                        Ok((k2, v2))
+                    })
+                    .collect::<Result<Vec<_>, ModelError>>()?;
+                Some(GpuDraftContext { layers, cap })
+            }
+        };
+        Ok(Box::new(ContextSlot {
+            target: self.target.clone(),
+            context,
+            ..*self
+        }))
+    }
+
+    fn layers(&self, len: usize) -> Result<Vec<ContextLayer>, ModelError> {
+        let Some(ctx) = &self.context else {
+            return Ok(vec![ContextLayer::default(); self.layers]);
+        };
+        let (g, n) = (self.target.gpu(), len * self.row);
+        ctx.layers
+            .iter()
+            .map(|(k, v)| {
+                Ok(ContextLayer {
+                    pos0: 0,
+                    k: g.download(k, n)?,
+                    v: g.download(v, n)?,
+                })
+            })
+            .collect()
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl DFlashDraft {
+    /// Moves the draft to the GPU its target runs on: weights copied, new contexts kept
+    /// there (contexts made before are refused).
+    pub fn to_gpu(&mut self, target: &Qwen35) -> Result<(), ModelError> {
+        self.device = Box::new(GpuDraft::upload(&self.weights, target)?);
+        Ok(())
+    }
+}
+
+impl DraftDevice for GpuDraft {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn graph_memory(&self, config: &DraftConfig, lanes: usize, context: usize) -> u64 {
+        GpuDraft::graph_memory(self, config, lanes, context)
+    }
+
+    fn new_context(&self, weights: &DraftWeights) -> Box<dyn DeviceContext> {
+        let c = &weights.config;
+        Box::new(ContextSlot {
+            target: self.target.clone(),
+            row: c.num_kv_heads * c.head_dim,
+            layers: self.layers.len(),
+            context: None,
+        })
+    }
+
+    fn context_from_image(
+        &self,
+        weights: &DraftWeights,
+        len: usize,
+        layers: Vec<ContextLayer>,
+    ) -> Result<Box<dyn DeviceContext>, ModelError> {
+        if layers.iter().any(|l| l.pos0 > 0) {
+            return Err(crate::image::bad(
+                "the context was saved without its early rows; the GPU draft needs all of them",
+            ));
+        }
+        let c = &weights.config;
+        Ok(Box::new(ContextSlot {
+            target: self.target.clone(),
+            row: c.num_kv_heads * c.head_dim,
+            layers: self.layers.len(),
+            context: Some(self.upload_context(c, &layers, len)?),
+        }))
+    }
+
+    fn append_context(
+        &self,
+        weights: &DraftWeights,
+        ctx: &mut dyn DeviceContext,
+        features: &[f32],
+        pos0: usize,
+    ) -> Result<(), ModelError> {
+        let c = &weights.config;
+        self.append_rows(c, self.context(c, ctx)?, features, pos0)
+    }
+
+    fn draft(
+        &self,
+        weights: &DraftWeights,
+        ctx: &mut dyn DeviceContext,
+        _target: &Qwen35,
+        x: &[f32],
+        pos0: usize,
+        top: Option<usize>,
+    ) -> Result<DraftedRows, ModelError> {
+        let c = &weights.config;
+        let block = x.len() / c.hidden_size;
+        let (hidden, logits, candidates) =
+            self.forward(c, self.context(c, ctx)?, x, block, pos0, top)?;
+        Ok(DraftedRows {
+            hidden,
+            logits,
+            candidates,
+        })
+    }
+}
+
 impl GpuDraft {
-    /// Copies the weights of `draft` to the GPU `target` runs on.
-    pub(crate) fn upload(draft: &DFlashDraft, target: &Qwen35) -> Result<Self, ModelError> {
-        let c = &draft.config;
+    /// Copies the draft's `weights` to the GPU `target` runs on.
+    pub(crate) fn upload(weights: &DraftWeights, target: &Qwen35) -> Result<Self, ModelError> {
+        let c = &weights.config;
         let tm = target
             .gpu_model()
             .ok_or_else(|| ModelError::Gpu("the target model does not run on a GPU".into()))?;
@@ -189,7 +339,7 @@ impl GpuDraft {
             let stack = dev::GpuFormat::of(a.dtype()).is_ok_and(dev::is_tiled);
             WeightPair::upload(g, a, b, stack)
         };
-        let layers = draft
+        let layers = weights
             .layers
             .iter()
             .map(|l| {
@@ -218,9 +368,9 @@ impl GpuDraft {
             .map(|i| 1.0 / (c.rope_theta as f32).powf((2 * i) as f32 / d as f32))
             .collect();
         Ok(Self {
-            fc: w(&draft.fc)?,
-            hidden_norm: vec(&draft.hidden_norm)?,
-            norm: vec(&draft.norm)?,
+            fc: w(&weights.fc)?,
+            hidden_norm: vec(&weights.hidden_norm)?,
+            norm: vec(&weights.norm)?,
             inv_freq: vec(&inv_freq)?,
             layers,
             k,
@@ -274,15 +424,16 @@ impl GpuDraft {
     }
 
     /// A sequence's device context, allocated in `slot` at its first use.
-    pub(crate) fn context<'a>(
+    fn context<'a>(
         &self,
         c: &DraftConfig,
-        slot: &'a mut Option<GpuDraftContext>,
+        slot: &'a mut dyn DeviceContext,
     ) -> Result<&'a mut GpuDraftContext, ModelError> {
-        if slot.is_none() {
-            *slot = Some(self.new_context(c)?);
+        let slot: &mut ContextSlot = downcast(slot.as_any_mut(), "cuda draft")?;
+        if slot.context.is_none() {
+            slot.context = Some(self.new_context(c)?);
         }
-        Ok(slot.as_mut().expect("allocated above"))
+        Ok(slot.context.as_mut().expect("allocated above"))
     }
 
     /// An empty context.
@@ -299,55 +450,18 @@ impl GpuDraft {
         })
     }
 
-    /// A device copy of the first `len` rows of `ctx`.
-    pub(crate) fn clone_context(
-        &self,
-        c: &DraftConfig,
-        ctx: &GpuDraftContext,
-        len: usize,
-    ) -> Result<GpuDraftContext, ModelError> {
-        let g = self.gpu();
-        let cap = len.max(1);
-        let row = c.num_kv_heads * c.head_dim;
-        let layers = ctx
-            .layers
-            .iter()
-            .map(|(k, v)| {
-                let (k2, v2) = (self.scratch(cap * row)?, self.scratch(cap * row)?);
-                g.copy(ptr(g, &k2, 0), ptr(g, k, 0), 4 * len * row)?;
-                g.copy(ptr(g, &v2, 0), ptr(g, v, 0), 4 * len * row)?;
-                Ok((k2, v2))
-            })
-            .collect::<Result<Vec<_>, ModelError>>()?;
-        Ok(GpuDraftContext { layers, cap })
-    }
-
-    /// The first `len` rows of each layer of `ctx`, on the host.
-    pub(crate) fn download_context(
-        &self,
-        c: &DraftConfig,
-        ctx: &GpuDraftContext,
-        len: usize,
-    ) -> Result<Vec<HostLayerContext>, ModelError> {
-        let n = len * c.num_kv_heads * c.head_dim;
-        ctx.layers
-            .iter()
-            .map(|(k, v)| Ok((self.gpu().download(k, n)?, self.gpu().download(v, n)?)))
-            .collect()
-    }
-
     /// A device context holding `layers` (every row from position 0).
-    pub(crate) fn upload_context(
+    fn upload_context(
         &self,
         c: &DraftConfig,
-        layers: &[HostLayerContext],
+        layers: &[ContextLayer],
         len: usize,
     ) -> Result<GpuDraftContext, ModelError> {
         let mut ctx = self.new_context(c)?;
         self.reserve(c, &mut ctx, len)?;
-        for ((k, v), (hk, hv)) in ctx.layers.iter_mut().zip(layers) {
-            self.gpu().write(k, hk)?;
-            self.gpu().write(v, hv)?;
+        for ((k, v), host) in ctx.layers.iter_mut().zip(layers) {
+            self.gpu().write(k, &host.k)?;
+            self.gpu().write(v, &host.v)?;
         }
         Ok(ctx)
     }
@@ -402,7 +516,7 @@ impl GpuDraft {
 
     /// Appends the taps `features` `[T, n·H]` of positions `pos0..` (see
     /// [`DFlashDraft::append_context`]).
-    pub(crate) fn append_context(
+    fn append_rows(
         &self,
         c: &DraftConfig,
         ctx: &mut GpuDraftContext,
@@ -435,7 +549,7 @@ impl GpuDraft {
     /// (a DFlash2 selector's k), the rows' best `top` entries instead, after the multiplier
     /// and softcap, picked on the device (`[block-1, top]`, best first), and no logits.
     /// Replayed from a graph captured for the context's buffers when graphs are on.
-    pub(crate) fn forward(
+    fn forward(
         &self,
         c: &DraftConfig,
         ctx: &mut GpuDraftContext,

@@ -20,21 +20,21 @@
 //! per-sequence [`DraftContext`] (sliding layers keep only the last `W-1` rows).
 
 mod config;
+mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod selector;
 
 use std::path::Path;
 
-use splash_backend::cpu::{
-    add_in_place, grouped_dynamic_conv, matmul, rms_norm, silu_mul, BlockAttention, Rope,
-};
+use splash_backend::cpu::{grouped_dynamic_conv, matmul, Rope};
 use splash_backend::Weight;
 
 pub use config::{build_target_layer_ids, DFlash2Config, DraftConfig, DraftKind};
 pub use selector::{Selector, SelectorSlot};
 
 use crate::checkpoint::Checkpoint;
+use crate::device::{ContextLayer, DeviceContext, DraftDevice, DraftedRows};
 use crate::error::ModelError;
 use crate::image::{bad as image_error, ImageReader, ImageWriter};
 use crate::qwen35::Qwen35;
@@ -91,7 +91,7 @@ impl DynConv {
     }
 }
 
-struct DraftLayer {
+pub(crate) struct DraftLayer {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
     q: Weight,
@@ -108,8 +108,8 @@ struct DraftLayer {
     convs: Option<(DynConv, DynConv)>,
 }
 
-/// A loaded DFlash or DFlash2 draft. It has no embedding or LM head: the target's are used.
-pub struct DFlashDraft {
+/// A draft's weights as loaded (host memory): what every device runs from.
+pub(crate) struct DraftWeights {
     config: DraftConfig,
     fc: Weight,
     hidden_norm: Vec<f32>,
@@ -117,33 +117,24 @@ pub struct DFlashDraft {
     norm: Vec<f32>,
     selector: Option<Selector>,
     rope: Rope,
-    /// The weights on the target's GPU, when the draft runs there.
-    #[cfg(feature = "cuda")]
-    gpu: Option<cuda::GpuDraft>,
+}
+
+/// A loaded DFlash or DFlash2 draft, placed on a device (the CPU until moved to its target's
+/// GPU). It has no embedding or LM head: the target's are used.
+pub struct DFlashDraft {
+    weights: DraftWeights,
+    device: Box<dyn DraftDevice>,
 }
 
 /// The tag that starts a saved [`DraftContext`] image (version 1).
 const CONTEXT_IMAGE: &[u8; 8] = b"SPLDRFT1";
 
-/// One layer's cached context keys (normed, rotated) and values, `[rows, hkv, d]`.
-#[derive(Clone, Debug, Default)]
-struct LayerContext {
-    k: Vec<f32>,
-    v: Vec<f32>,
-    /// Position of the first cached row.
-    pos0: usize,
-}
-
-/// Per-sequence draft state: the context K/V of every draft layer.
-#[derive(Clone)]
+/// Per-sequence draft state: the context K/V of every draft layer (normed, rotated keys),
+/// held by the draft's device.
 pub struct DraftContext {
-    layers: Vec<LayerContext>,
     /// Context rows appended so far (= the position of the next one).
     len: usize,
-    /// The context on the GPU when the draft runs there (allocated at the first append;
-    /// `layers` then stays empty).
-    #[cfg(feature = "cuda")]
-    gpu: Option<cuda::GpuDraftContext>,
+    layers: Box<dyn DeviceContext>,
 }
 
 impl std::fmt::Debug for DraftContext {
@@ -180,14 +171,7 @@ impl DraftContext {
 
     /// Bytes held.
     pub fn memory_bytes(&self) -> usize {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            return g.bytes();
-        }
-        self.layers
-            .iter()
-            .map(|l| (l.k.len() + l.v.len()) * 4)
-            .sum()
+        self.layers.memory_bytes()
     }
 }
 
@@ -267,7 +251,7 @@ impl DFlashDraft {
             None => None,
             Some(d2) => Some(Selector::load(ck, p, c.vocab_size, h, d2)?),
         };
-        Ok(Self {
+        let weights = DraftWeights {
             fc: ck.get_shaped(&n("fc.weight"), &[h, taps * h])?,
             hidden_norm: vec("hidden_norm.weight", h)?,
             norm: vec("norm.weight", h)?,
@@ -275,35 +259,26 @@ impl DFlashDraft {
             selector,
             rope: Rope::new(d, c.rope_theta),
             config,
-            #[cfg(feature = "cuda")]
-            gpu: None,
+        };
+        Ok(Self {
+            weights,
+            device: Box::new(cpu::CpuDraft),
         })
-    }
-
-    /// Moves the draft to the GPU its target runs on: weights copied, contexts kept there.
-    #[cfg(feature = "cuda")]
-    pub fn to_gpu(&mut self, target: &Qwen35) -> Result<(), ModelError> {
-        self.gpu = Some(cuda::GpuDraft::upload(self, target)?);
-        Ok(())
     }
 
     /// Where the draft runs: `cpu`, or `cuda`.
     pub fn device(&self) -> &'static str {
-        #[cfg(feature = "cuda")]
-        if self.gpu.is_some() {
-            return "cuda";
-        }
-        "cpu"
+        self.device.name()
     }
 
     /// The draft's hyper-parameters.
     pub fn config(&self) -> &DraftConfig {
-        &self.config
+        &self.weights.config
     }
 
     /// DFlash2's candidate selector (`None` for DFlash v1).
     pub fn selector(&self) -> Option<&Selector> {
-        self.selector.as_ref()
+        self.weights.selector.as_ref()
     }
 
     /// Quantises the draft's matrices (`fc`, the projections of every layer and of DFlash2's
@@ -312,6 +287,7 @@ impl DFlashDraft {
     /// whole 256-value blocks stay as stored. Call before [`to_gpu`](Self::to_gpu). Returns
     /// how many matrices changed.
     pub fn quantize_weights(&mut self) -> usize {
+        let w = &mut self.weights;
         let mut changed = 0;
         let mut quantize = |w: &mut Weight| {
             if let Some(q) = w.to_q4_k() {
@@ -319,8 +295,8 @@ impl DFlashDraft {
                 changed += 1;
             }
         };
-        quantize(&mut self.fc);
-        for l in &mut self.layers {
+        quantize(&mut w.fc);
+        for l in &mut w.layers {
             for w in [
                 &mut l.q,
                 &mut l.k,
@@ -343,9 +319,10 @@ impl DFlashDraft {
     /// Bytes of the weights as held (after any [`quantize_weights`](Self::quantize_weights))
     /// and of the context cached per committed token (f32 keys and values of every layer).
     pub fn memory(&self) -> (u64, u64) {
-        let c = &self.config;
+        let w = &self.weights;
+        let c = &w.config;
         let floats = |v: &[f32]| 4 * v.len();
-        let layers: usize = self
+        let layers: usize = w
             .layers
             .iter()
             .map(|l| {
@@ -366,68 +343,44 @@ impl DFlashDraft {
                     + convs
             })
             .sum();
-        let selector = self.selector.as_ref().map_or(0, Selector::bytes);
-        let weights = self.fc.raw_bytes().len()
-            + floats(&self.hidden_norm)
-            + floats(&self.norm)
-            + layers
-            + selector;
-        let per_token = (self.layers.len() * 2 * c.num_kv_heads * c.head_dim * 4) as u64;
+        let selector = w.selector.as_ref().map_or(0, Selector::bytes);
+        let weights =
+            w.fc.raw_bytes().len() + floats(&w.hidden_norm) + floats(&w.norm) + layers + selector;
+        let per_token = (w.layers.len() * 2 * c.num_kv_heads * c.head_dim * 4) as u64;
         (weights as u64, per_token)
     }
 
     /// Device memory its captured passes may hold for `lanes` sequences over `context` keys
     /// (0 on the CPU or with graphs off), for the memory plan.
     pub fn graph_memory(&self, lanes: usize, context: usize) -> u64 {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            return g.graph_memory(&self.config, lanes, context);
-        }
-        let _ = (lanes, context);
-        0
+        self.device
+            .graph_memory(&self.weights.config, lanes, context)
     }
 
-    /// An empty per-sequence context.
+    /// An empty per-sequence context, on the draft's device.
     pub fn new_context(&self) -> DraftContext {
         DraftContext {
-            layers: vec![LayerContext::default(); self.layers.len()],
             len: 0,
-            #[cfg(feature = "cuda")]
-            gpu: None,
+            layers: self.device.new_context(&self.weights),
         }
     }
 
     /// A copy of `ctx` (on the GPU, holding just its rows); fails instead of aborting when
     /// the device is out of memory.
     pub fn try_clone_context(&self, ctx: &DraftContext) -> Result<DraftContext, ModelError> {
-        #[cfg(feature = "cuda")]
-        if let (Some(g), Some(gc)) = (&self.gpu, &ctx.gpu) {
-            return Ok(DraftContext {
-                layers: ctx.layers.clone(),
-                len: ctx.len,
-                gpu: Some(g.clone_context(&self.config, gc, ctx.len)?),
-            });
-        }
-        Ok(ctx.clone())
+        Ok(DraftContext {
+            len: ctx.len,
+            layers: ctx.layers.try_clone(ctx.len)?,
+        })
     }
 
     /// `ctx` as bytes, the same whichever device holds it (for the prefix cache's disk tier).
     pub fn save_context(&self, ctx: &DraftContext) -> Result<Vec<u8>, ModelError> {
         let mut w = ImageWriter::new(CONTEXT_IMAGE);
         w.u64(ctx.len as u64);
-        w.u64(self.layers.len() as u64);
-        #[cfg(feature = "cuda")]
-        if let (Some(g), Some(gc)) = (&self.gpu, &ctx.gpu) {
-            for (k, v) in g.download_context(&self.config, gc, ctx.len)? {
-                w.u64(0);
-                w.f32s(&k);
-                w.f32s(&v);
-            }
-            return Ok(w.finish());
-        }
-        for l in &ctx.layers {
-            // A layer without rows (none yet, or a window that keeps none) starts at the end.
-            w.u64(if l.k.is_empty() { ctx.len } else { l.pos0 } as u64);
+        w.u64(self.weights.layers.len() as u64);
+        for l in ctx.layers.layers(ctx.len)? {
+            w.u64(l.pos0 as u64);
             w.f32s(&l.k);
             w.f32s(&l.v);
         }
@@ -436,56 +389,36 @@ impl DFlashDraft {
 
     /// Reads a context saved by [`save_context`](Self::save_context) for this draft.
     pub fn load_context(&self, image: &[u8]) -> Result<DraftContext, ModelError> {
-        let c = &self.config;
+        let c = &self.weights.config;
         let row = c.num_kv_heads * c.head_dim;
         let mut r = ImageReader::new(image, CONTEXT_IMAGE)?;
         let len = r.u64("the length")? as usize;
         let n = r.u64("the layer count")? as usize;
-        if n != self.layers.len() {
+        if n != self.weights.layers.len() {
             return Err(image_error(format!(
                 "{n} draft layers, the draft has {}",
-                self.layers.len()
+                self.weights.layers.len()
             )));
         }
-        let mut ctx = self.new_context();
-        ctx.len = len;
-        for lc in &mut ctx.layers {
+        let mut layers = Vec::with_capacity(n);
+        for _ in 0..n {
             let pos0 = r.u64("a layer's first position")? as usize;
             if pos0 > len {
                 return Err(image_error(format!(
                     "a layer starts at position {pos0}, past the length {len}"
                 )));
             }
-            lc.pos0 = pos0;
-            lc.k = r.f32s((len - pos0) * row, "the context keys")?;
-            lc.v = r.f32s((len - pos0) * row, "the context values")?;
+            layers.push(ContextLayer {
+                pos0,
+                k: r.f32s((len - pos0) * row, "the context keys")?,
+                v: r.f32s((len - pos0) * row, "the context values")?,
+            });
         }
         r.end()?;
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            if ctx.layers.iter().any(|l| l.pos0 > 0) {
-                return Err(image_error(
-                    "the context was saved without its early rows; the GPU draft needs all of them",
-                ));
-            }
-            let layers: Vec<_> = std::mem::take(&mut ctx.layers)
-                .into_iter()
-                .map(|l| (l.k, l.v))
-                .collect();
-            ctx.layers = vec![LayerContext::default(); self.layers.len()];
-            ctx.gpu = Some(g.upload_context(c, &layers, len)?);
-            return Ok(ctx);
-        }
-        // A sliding layer keeps its window only (an image from the GPU holds every row).
-        for (layer, lc) in self.layers.iter().zip(&mut ctx.layers) {
-            if let Some(w) = layer.window {
-                let drop = (len - lc.pos0).saturating_sub(w.saturating_sub(1));
-                lc.k.drain(..drop * row);
-                lc.v.drain(..drop * row);
-                lc.pos0 += drop;
-            }
-        }
-        Ok(ctx)
+        Ok(DraftContext {
+            len,
+            layers: self.device.context_from_image(&self.weights, len, layers)?,
+        })
     }
 
     /// Appends the taps `features` `[T, n·H]` of the next `T` committed positions.
@@ -494,145 +427,31 @@ impl DFlashDraft {
         ctx: &mut DraftContext,
         features: &[f32],
     ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let (h, hkv, d, eps) = (c.hidden_size, c.num_kv_heads, c.head_dim, c.rms_norm_eps);
-        let t = features.len() / self.fc.cols();
+        let t = features.len() / self.weights.fc.cols();
         if t == 0 {
             return Ok(());
         }
-        let pos0 = ctx.len;
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            g.append_context(c, g.context(c, &mut ctx.gpu)?, features, pos0)?;
-            ctx.len += t;
-            return Ok(());
-        }
-        let mut x = vec![0.0f32; t * h];
-        matmul(&mut x, features, &self.fc);
-        let mut xn = vec![0.0f32; x.len()];
-        rms_norm(&mut xn, &x, &self.hidden_norm, eps);
-        for (layer, lc) in self.layers.iter().zip(ctx.layers.iter_mut()) {
-            let (k, v) = self.project_kv(layer, &xn, pos0);
-            if lc.k.is_empty() {
-                lc.pos0 = pos0;
-            }
-            lc.k.extend_from_slice(&k);
-            lc.v.extend_from_slice(&v);
-            // A sliding layer's block query at position s sees keys from s-W+1 on.
-            if let Some(w) = layer.window {
-                let rows = lc.k.len() / (hkv * d);
-                let keep = w.saturating_sub(1);
-                if rows > keep {
-                    let drop = rows - keep;
-                    lc.k.drain(..drop * hkv * d);
-                    lc.v.drain(..drop * hkv * d);
-                    lc.pos0 += drop;
-                }
-            }
-        }
+        self.device
+            .append_context(&self.weights, &mut *ctx.layers, features, ctx.len)?;
         ctx.len += t;
         Ok(())
     }
 
-    /// K (k_proj, k_norm, RoPE from `pos0`) and V of rows `x` `[T, H]`.
-    fn project_kv(&self, layer: &DraftLayer, x: &[f32], pos0: usize) -> (Vec<f32>, Vec<f32>) {
-        let c = &self.config;
-        let t = x.len() / c.hidden_size;
-        let mut k = vec![0.0f32; t * c.num_kv_heads * c.head_dim];
-        matmul(&mut k, x, &layer.k);
-        let mut kn = vec![0.0f32; k.len()];
-        rms_norm(&mut kn, &k, &layer.k_norm, c.rms_norm_eps);
-        self.rope.apply(&mut kn, c.num_kv_heads, c.head_dim, pos0);
-        let mut v = vec![0.0f32; t * c.num_kv_heads * c.head_dim];
-        matmul(&mut v, x, &layer.v);
-        (kn, v)
-    }
-
     /// Drafts one block: `[anchor, MASK × (block-1)]` at positions `ctx.len()..`, returning
-    /// the final-normed hidden states of the `block - 1` mask rows `[block-1, H]`. The block's
-    /// K/V are appended to `ctx` for the pass and removed after it (`ctx` ends unchanged).
+    /// the final-normed hidden states of the `block - 1` mask rows `[block-1, H]` (`ctx` ends
+    /// unchanged). [`draft_block`](Self::draft_block) also scores them.
     pub fn forward(
         &self,
         ctx: &mut DraftContext,
         target: &Qwen35,
         anchor: u32,
         block: usize,
-    ) -> Vec<f32> {
-        let c = &self.config;
-        let (h, hq, hkv, d, eps) = (
-            c.hidden_size,
-            c.num_heads,
-            c.num_kv_heads,
-            c.head_dim,
-            c.rms_norm_eps,
-        );
-        let s = ctx.len;
-        let mut x = self.embed_block(target, anchor, block);
-        let mut normed = vec![0.0f32; x.len()];
-        for (layer, lc) in self.layers.iter().zip(ctx.layers.iter_mut()) {
-            // 1. attention sublayer: (B, H) -> (B, hq, d) queries over [ctx ; block] keys.
-            rms_norm(&mut normed, &x, &layer.input_norm, eps);
-            let (a_in, a_dyn) = match &layer.convs {
-                Some((conv, _)) => {
-                    let (y, dynamic) = conv.prepare(&normed);
-                    (y, Some(dynamic))
-                }
-                None => (normed.clone(), None),
-            };
-            let mut q = vec![0.0f32; block * hq * d];
-            matmul(&mut q, &a_in, &layer.q);
-            let mut qn = vec![0.0f32; q.len()];
-            rms_norm(&mut qn, &q, &layer.q_norm, eps);
-            self.rope.apply(&mut qn, hq, d, s);
-            // The block's K/V go after the cached context for this pass only.
-            let (kb, vb) = self.project_kv(layer, &a_in, s);
-            let k_pos0 = if lc.k.is_empty() { s } else { lc.pos0 };
-            let cached = lc.k.len();
-            lc.k.extend_from_slice(&kb);
-            lc.v.extend_from_slice(&vb);
-            let att = BlockAttention {
-                heads: hq,
-                kv_heads: hkv,
-                head_dim: d,
-                scale: (d as f32).powf(-0.5),
-                causal: c.causal,
-                window: layer.window,
-            };
-            let mut a = vec![0.0f32; qn.len()];
-            att.forward(&mut a, &qn, s, &lc.k, &lc.v, k_pos0);
-            lc.k.truncate(cached);
-            lc.v.truncate(cached);
-            let mut o = vec![0.0f32; block * h];
-            matmul(&mut o, &a, &layer.o);
-            if let (Some((conv, _)), Some(dynamic)) = (&layer.convs, a_dyn) {
-                o = conv.finish(&o, &dynamic);
-            }
-            add_in_place(&mut x, &o);
-            // 2. MLP sublayer.
-            rms_norm(&mut normed, &x, &layer.post_norm, eps);
-            let (m_in, m_dyn) = match &layer.convs {
-                Some((_, conv)) => {
-                    let (y, dynamic) = conv.prepare(&normed);
-                    (y, Some(dynamic))
-                }
-                None => (normed.clone(), None),
-            };
-            let inter = layer.gate.rows();
-            let mut g = vec![0.0f32; block * inter];
-            matmul(&mut g, &m_in, &layer.gate);
-            let mut u = vec![0.0f32; block * inter];
-            matmul(&mut u, &m_in, &layer.up);
-            silu_mul(&mut g, &u);
-            let mut m = vec![0.0f32; block * h];
-            matmul(&mut m, &g, &layer.down);
-            if let (Some((_, conv)), Some(dynamic)) = (&layer.convs, m_dyn) {
-                m = conv.finish(&m, &dynamic);
-            }
-            add_in_place(&mut x, &m);
-        }
-        let mut out = vec![0.0f32; (block - 1) * h];
-        rms_norm(&mut out, &x[h..], &self.norm, eps);
-        out
+    ) -> Result<Vec<f32>, ModelError> {
+        let x = self.embed_block(target, anchor, block);
+        let rows = self
+            .device
+            .draft(&self.weights, &mut *ctx.layers, target, &x, ctx.len, None)?;
+        Ok(rows.hidden)
     }
 
     /// Drafts one block after the context (see [`forward`](Self::forward)) and scores it
@@ -644,38 +463,31 @@ impl DFlashDraft {
         anchor: u32,
         block: usize,
     ) -> Result<DraftBlock, ModelError> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            let c = &self.config;
-            let top = self.selector.as_ref().map(Selector::top_k);
-            let (hidden, mut logits, candidates) = g.forward(
-                c,
-                g.context(c, &mut ctx.gpu)?,
-                &self.embed_block(target, anchor, block),
-                block,
-                ctx.len,
-                top,
-            )?;
-            if !candidates.is_empty() {
-                return Ok(DraftBlock {
-                    hidden,
-                    logits,
-                    candidates,
-                });
-            }
-            // No selector, or one wider than the device's top-k: scored here.
-            self.shape_logits(&mut logits);
-            return Ok(self.scored(hidden, logits, block - 1));
+        let x = self.embed_block(target, anchor, block);
+        let top = self.weights.selector.as_ref().map(Selector::top_k);
+        let DraftedRows {
+            hidden,
+            mut logits,
+            candidates,
+        } = self
+            .device
+            .draft(&self.weights, &mut *ctx.layers, target, &x, ctx.len, top)?;
+        if !candidates.is_empty() {
+            return Ok(DraftBlock {
+                hidden,
+                logits,
+                candidates,
+            });
         }
-        let hidden = self.forward(ctx, target, anchor, block);
-        let logits = self.logits(target, &hidden);
+        // No selector, or one the device does not select for: scored here.
+        self.shape_logits(&mut logits);
         Ok(self.scored(hidden, logits, block - 1))
     }
 
     /// A block of `slots` rows from its shaped logits: with a selector, its candidates (and
     /// no logits); without, the logits.
     fn scored(&self, hidden: Vec<f32>, logits: Vec<f32>, slots: usize) -> DraftBlock {
-        match &self.selector {
+        match &self.weights.selector {
             Some(sel) => DraftBlock {
                 candidates: sel.candidates(&logits, slots),
                 hidden,
@@ -691,7 +503,7 @@ impl DFlashDraft {
 
     /// The block's input rows: `[anchor, MASK × (block-1)]` embedded by the target, scaled.
     fn embed_block(&self, target: &Qwen35, anchor: u32, block: usize) -> Vec<f32> {
-        let c = &self.config;
+        let c = &self.weights.config;
         let mut tokens = vec![c.mask_token_id; block];
         tokens[0] = anchor;
         let mut x = target.embed(&tokens);
@@ -711,7 +523,7 @@ impl DFlashDraft {
 
     /// The draft's `output_multiplier` and softcap.
     fn shape_logits(&self, logits: &mut [f32]) {
-        let c = &self.config;
+        let c = &self.weights.config;
         if c.output_multiplier != 1.0 {
             logits.iter_mut().for_each(|l| *l *= c.output_multiplier);
         }

@@ -10,7 +10,6 @@ use super::Names;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::state::GdnReplay;
 
 pub(super) struct GatedDeltaNet {
     pub(super) dims: GdnDims,
@@ -161,4 +160,46 @@ pub(super) struct GdnPart<'a> {
     pub(super) recurrent: &'a mut [f32],
     pub(super) record: Option<&'a mut Option<GdnReplay>>,
     pub(super) rows: usize,
+}
+
+/// A GDN layer's state before a verify pass and the pass's scan inputs: enough to rebuild
+/// the state after any prefix of the pass by replaying the recurrence.
+#[derive(Clone, Debug)]
+pub(super) struct GdnReplay {
+    /// Conv state `[K-1, C]` and recurrent state `[Hv, dk, dv]` before the pass.
+    pub(super) conv: Vec<f32>,
+    pub(super) recurrent: Vec<f32>,
+    /// Conv inputs of the pass `[T, C]` (the `in_proj_qkv` rows).
+    pub(super) qkv: Vec<f32>,
+    /// Scan inputs of the pass, as `gdn_recurrent` takes them.
+    pub(super) q: Vec<f32>,
+    pub(super) k: Vec<f32>,
+    pub(super) v: Vec<f32>,
+    pub(super) g: Vec<f32>,
+    pub(super) beta: Vec<f32>,
+    pub(super) dims: GdnDims,
+}
+
+impl GdnReplay {
+    /// The conv and recurrent state after the first `keep` tokens of the pass.
+    pub(super) fn state_after(&self, keep: usize, conv: &mut [f32], recurrent: &mut [f32]) {
+        let GdnDims { hk, hv, dk, dv, .. } = self.dims;
+        let c = self.qkv.len() / (self.g.len() / hv);
+        // conv state = the last K-1 rows of [old state | qkv[..keep]].
+        let mut ext = self.conv.clone();
+        ext.extend_from_slice(&self.qkv[..keep * c]);
+        conv.copy_from_slice(&ext[keep * c..]);
+        recurrent.copy_from_slice(&self.recurrent);
+        let mut out = vec![0.0f32; keep * hv * dv];
+        gdn_recurrent(
+            &mut out,
+            &self.q[..keep * hk * dk],
+            &self.k[..keep * hk * dk],
+            &self.v[..keep * hv * dv],
+            &self.g[..keep * hv],
+            &self.beta[..keep * hv],
+            recurrent,
+            self.dims,
+        );
+    }
 }

@@ -4,25 +4,25 @@
 //! where the mixer is Gated DeltaNet or gated full attention → final norm → LM head.
 
 mod attention;
+mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 mod ffn;
 mod gdn;
 pub mod gguf;
 
-use splash_backend::cpu::{
-    add_in_place, argmax, embedding, matmul, rms_norm, row_by_row, KvFormat, Rope,
-    ROW_BY_ROW_TOKENS,
-};
+use splash_backend::cpu::{embedding, matmul, KvFormat, Rope};
 use splash_backend::Weight;
 
 use crate::checkpoint::{Checkpoint, Format};
 use crate::config::{LayerKind, ModelConfig, Quantization};
+use crate::device::{DeviceItem, TextDevice};
 use crate::error::ModelError;
-use crate::state::{LayerState, SequenceState};
-use attention::{Attention, AttnPart};
+use crate::state::SequenceState;
+use attention::Attention;
+use cpu::Cpu;
 use ffn::Ffn;
-use gdn::{GatedDeltaNet, GdnPart};
+use gdn::GatedDeltaNet;
 
 /// One sequence's outputs of a forward pass.
 #[derive(Debug, Default)]
@@ -69,17 +69,21 @@ struct Layer {
     ffn: Ffn,
 }
 
-/// A loaded Qwen3.5-family text model.
-pub struct Qwen35 {
+/// The weights of a Qwen3.5-family text model as loaded (host memory, stored format): what
+/// every device runs from.
+pub(crate) struct Weights {
     config: ModelConfig,
     embed: Weight,
     layers: Vec<Layer>,
     final_norm: Vec<f32>,
     lm_head: Weight,
     rope: Rope,
-    /// The weights on a GPU, when the forward pass runs there.
-    #[cfg(feature = "cuda")]
-    gpu: Option<std::sync::Arc<cuda::GpuModel>>,
+}
+
+/// A loaded Qwen3.5-family text model, placed on a device (the CPU until moved).
+pub struct Qwen35 {
+    weights: Weights,
+    device: Box<dyn TextDevice>,
 }
 
 /// The layout of a checkpoint: tensor-name prefixes (`p` for the text model, `head` for
@@ -195,68 +199,49 @@ impl Qwen35 {
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         Ok(Self {
-            config: config.clone(),
-            embed,
-            layers,
-            final_norm: names.norm(ck, &format!("{}norm.weight", names.p), h)?,
-            lm_head,
-            rope: Rope::new(config.rotary_dim, config.rope_theta),
-            #[cfg(feature = "cuda")]
-            gpu: None,
+            weights: Weights {
+                config: config.clone(),
+                embed,
+                layers,
+                final_norm: names.norm(ck, &format!("{}norm.weight", names.p), h)?,
+                lm_head,
+                rope: Rope::new(config.rotary_dim, config.rope_theta),
+            },
+            device: Box::new(Cpu),
         })
     }
 
     /// Where the forward pass runs: `cpu`, or `cuda (NAME)`.
     pub fn device(&self) -> String {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            return format!("cuda ({})", g.gpu().name());
-        }
-        "cpu".to_string()
+        self.device.name()
     }
 
     /// Free and total memory of the GPU the graph runs on; `None` on the CPU.
     pub fn device_memory(&self) -> Option<(u64, u64)> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            return g.gpu().memory().ok().map(|(f, t)| (f as u64, t as u64));
-        }
-        None
+        self.device.memory()
     }
 
     /// Device memory the CUDA graphs of captured passes may hold, for `lanes` sequences
     /// verifying blocks of `rows` tokens over `context` keys (0 on the CPU).
     pub fn graph_memory(&self, lanes: usize, rows: usize, context: usize) -> u64 {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            return g.graph_memory(&self.config, lanes, rows, context);
-        }
-        let _ = (lanes, rows, context);
-        0
+        self.device
+            .graph_memory(&self.weights.config, lanes, rows, context)
     }
 
     /// With `SPLASH_GPU_PROFILE` on a GPU: every kernel launched so far, its launches and
     /// seconds (see `Gpu::profile_table`); `None` otherwise.
     pub fn gpu_profile(&self) -> Option<Vec<splash_backend::profile::ProfileRow>> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            return g.gpu().profile_table();
-        }
-        None
+        self.device.profile()
     }
 
     /// Waits for the work queued on the device (a no-op on the CPU): timings end here.
     pub fn synchronize(&self) -> Result<(), ModelError> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            g.gpu().synchronize()?;
-        }
-        Ok(())
+        self.device.synchronize()
     }
 
     /// The architecture this graph was built for.
     pub fn config(&self) -> &ModelConfig {
-        &self.config
+        &self.weights.config
     }
 
     /// A fresh per-sequence state with an exact (f32) KV cache: the reference, used by the
@@ -265,37 +250,29 @@ impl Qwen35 {
         self.new_state_with(KvFormat::F32)
     }
 
-    /// A fresh per-sequence state whose KV cache is stored as `kv`.
+    /// A fresh per-sequence state whose KV cache is stored as `kv`, on this model's device.
     pub fn new_state_with(&self, kv: KvFormat) -> SequenceState {
-        #[cfg(feature = "cuda")]
-        if self.gpu.is_some() {
-            return SequenceState::on_device(&self.config, kv);
-        }
-        SequenceState::new(&self.config, kv)
+        SequenceState::new(0, kv, self.device.new_state(&self.weights.config, kv))
     }
 
     /// A state saved by [`SequenceState::save_image`] (on any device), placed where this
     /// model runs. Fails when the image does not parse or does not fit this model.
     pub fn load_state(&self, image: &[u8]) -> Result<SequenceState, ModelError> {
-        let (len, kv, layers) = SequenceState::parse_image(&self.config, image)?;
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            let mut state = SequenceState::on_device(&self.config, kv);
-            state.gpu = Some(g.state_from_image(&self.config, len, kv, layers)?);
-            state.advance(len);
-            return Ok(state);
-        }
-        Ok(SequenceState::from_image(&self.config, len, kv, layers))
+        let cfg = &self.weights.config;
+        let (len, kv, layers) = SequenceState::parse_image(cfg, image)?;
+        let layers = self.device.state_from_image(cfg, len, kv, layers)?;
+        Ok(SequenceState::new(len, kv, layers))
     }
 
     /// Number of parameters of the text model (tied embeddings counted once).
     pub fn num_parameters(&self) -> usize {
         // Derived from shapes rather than stored: cheap and always in sync with the weights.
-        let mut n = self.embed.len() + self.final_norm.len();
-        if !self.config.tie_word_embeddings {
-            n += self.lm_head.len();
+        let w = &self.weights;
+        let mut n = w.embed.len() + w.final_norm.len();
+        if !w.config.tie_word_embeddings {
+            n += w.lm_head.len();
         }
-        for l in &self.layers {
+        for l in &w.layers {
             n += l.input_norm.len() + l.post_norm.len() + l.ffn.num_parameters();
             n += match &l.mixer {
                 Mixer::Linear(g) => g.num_parameters(),
@@ -341,7 +318,7 @@ impl Qwen35 {
         want: Logits,
         taps: &[usize],
     ) -> Result<Vec<PassOutput>, ModelError> {
-        let cfg = &self.config;
+        let cfg = &self.weights.config;
         // Drafts are validated against the target when paired (dflash::DraftConfig::check).
         assert!(
             taps.iter().all(|&l| l < cfg.num_layers()),
@@ -367,190 +344,58 @@ impl Qwen35 {
                 });
             }
         }
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            let mut which = Vec::new();
-            let mut gpu_items = Vec::new();
-            for (i, item) in items.iter_mut().enumerate() {
-                if item.tokens.is_empty() {
-                    continue;
-                }
-                let state = &mut *item.state;
-                if state.gpu.is_none() {
-                    state.gpu = Some(g.new_state(cfg, state.kv_format())?);
-                }
-                let (record, pos0) = (state.checkpoint.is_some(), state.len());
-                which.push(i);
-                gpu_items.push(cuda::GpuItem {
-                    state: state.gpu.as_mut().expect("allocated above"),
-                    tokens: item.tokens,
-                    pos0,
-                    record,
-                });
+        let mut result: Vec<PassOutput> = items.iter().map(|_| Default::default()).collect();
+        let mut which = Vec::new();
+        let mut running = Vec::new();
+        for (i, item) in items.iter_mut().enumerate() {
+            if item.tokens.is_empty() {
+                continue;
             }
-            if gpu_items.is_empty() {
-                return Ok(items.iter().map(|_| Default::default()).collect());
-            }
-            let outs = g.forward(self, &mut gpu_items, want, taps)?;
-            drop(gpu_items);
-            let mut result: Vec<PassOutput> = items.iter().map(|_| Default::default()).collect();
-            for (i, out) in which.into_iter().zip(outs) {
-                items[i].state.advance(items[i].tokens.len());
-                result[i] = out;
-            }
+            which.push(i);
+            let (pos0, record) = (item.state.len(), item.state.is_checkpointed());
+            running.push(DeviceItem {
+                state: item.state.layers_mut(),
+                tokens: item.tokens,
+                pos0,
+                record,
+            });
+        }
+        if running.is_empty() {
             return Ok(result);
         }
-        // Decode rows and verify blocks (a few tokens per sequence) must give each sequence
-        // what a pass of its own gives, however many run together: products row by row.
-        if items.len() > 1 && items.iter().all(|i| i.tokens.len() <= ROW_BY_ROW_TOKENS) {
-            return row_by_row(|| self.forward_rows(items, want, taps));
+        let outs = self
+            .device
+            .forward(&self.weights, &mut running, want, taps)?;
+        drop(running);
+        for (i, out) in which.into_iter().zip(outs) {
+            items[i].state.advance(items[i].tokens.len());
+            result[i] = out;
         }
-        self.forward_rows(items, want, taps)
-    }
-
-    /// The CPU body of [`forward_batch`](Self::forward_batch).
-    fn forward_rows(
-        &self,
-        items: &mut [BatchItem<'_>],
-        want: Logits,
-        taps: &[usize],
-    ) -> Result<Vec<PassOutput>, ModelError> {
-        let cfg = &self.config;
-        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
-        let rows: Vec<usize> = items.iter().map(|i| i.tokens.len()).collect();
-        let pos0: Vec<usize> = items.iter().map(|i| i.state.len()).collect();
-        let tokens: Vec<u32> = items
-            .iter()
-            .flat_map(|i| i.tokens.iter().copied())
-            .collect();
-        let r = tokens.len();
-        if r == 0 {
-            return Ok(items.iter().map(|_| PassOutput::default()).collect());
-        }
-        let mut features: Vec<Vec<f32>> = rows
-            .iter()
-            .map(|&t| vec![0.0; t * taps.len() * h])
-            .collect();
-        let mut x = vec![0.0f32; r * h];
-        embedding(&mut x, &self.embed, &tokens);
-        let mut normed = vec![0.0f32; r * h];
-        for (li, layer) in self.layers.iter().enumerate() {
-            rms_norm(&mut normed, &x, &layer.input_norm, eps);
-            let mixed = match &layer.mixer {
-                Mixer::Linear(g) => {
-                    let mut parts: Vec<GdnPart> = items
-                        .iter_mut()
-                        .zip(&rows)
-                        .map(|(item, &rows)| {
-                            let SequenceState {
-                                layers, checkpoint, ..
-                            } = &mut *item.state;
-                            let LayerState::Gdn { conv, recurrent } = &mut layers[li] else {
-                                unreachable!("sequence state was built for another model")
-                            };
-                            let record = checkpoint.as_mut().map(|c| &mut c.gdn[li]);
-                            GdnPart {
-                                conv,
-                                recurrent,
-                                record,
-                                rows,
-                            }
-                        })
-                        .collect();
-                    g.forward(&normed, &mut parts, eps)
-                }
-                Mixer::Full(a) => {
-                    let mut parts: Vec<AttnPart> = items
-                        .iter_mut()
-                        .zip(rows.iter().zip(&pos0))
-                        .map(|(item, (&rows, &pos0))| {
-                            let LayerState::Attn { k, v } = &mut item.state.layers[li] else {
-                                unreachable!("sequence state was built for another model")
-                            };
-                            AttnPart { k, v, pos0, rows }
-                        })
-                        .collect();
-                    a.forward(&normed, &mut parts, &self.rope, eps)
-                }
-            };
-            add_in_place(&mut x, &mixed);
-            rms_norm(&mut normed, &x, &layer.post_norm, eps);
-            add_in_place(&mut x, &layer.ffn.forward(&normed));
-            for (j, _) in taps.iter().enumerate().filter(|(_, &l)| l == li) {
-                let width = taps.len() * h;
-                let mut x_rows = x.chunks_exact(h);
-                for f in features.iter_mut() {
-                    for row_features in f.chunks_exact_mut(width) {
-                        let row = x_rows.next().expect("one row per token");
-                        row_features[j * h..][..h].copy_from_slice(row);
-                    }
-                }
-            }
-        }
-        for (item, &t) in items.iter_mut().zip(&rows) {
-            item.state.advance(t);
-        }
-        // The rows whose logits are wanted, all items' at once through the head.
-        let mut picked: Vec<(usize, usize)> = Vec::new();
-        let mut r0 = 0;
-        for &t in &rows {
-            let range = match want {
-                _ if t == 0 => (r0, r0),
-                Logits::None => (r0, r0),
-                Logits::Last => (r0 + t - 1, r0 + t),
-                Logits::All | Logits::Argmax => (r0, r0 + t),
-            };
-            picked.push(range);
-            r0 += t;
-        }
-        let selected: Vec<f32> = picked
-            .iter()
-            .flat_map(|&(a, b)| x[a * h..b * h].iter().copied())
-            .collect();
-        let mut final_h = vec![0.0f32; selected.len()];
-        rms_norm(&mut final_h, &selected, &self.final_norm, eps);
-        let logits = if final_h.is_empty() {
-            Vec::new()
-        } else {
-            self.lm_head(&final_h)
-        };
-        let v = cfg.vocab_size;
-        let mut next = 0;
-        Ok(picked
-            .iter()
-            .zip(features)
-            .map(|(&(a, b), features)| {
-                let n = b - a;
-                let rows = &logits[next * v..(next + n) * v];
-                next += n;
-                if want == Logits::Argmax {
-                    let argmax = rows.chunks_exact(v).map(argmax).collect();
-                    PassOutput {
-                        argmax,
-                        features,
-                        ..Default::default()
-                    }
-                } else {
-                    PassOutput {
-                        logits: rows.to_vec(),
-                        features,
-                        ..Default::default()
-                    }
-                }
-            })
-            .collect())
+        Ok(result)
     }
 
     /// Token embeddings `[T, H]` (the DFlash draft embeds its block with them).
     pub fn embed(&self, tokens: &[u32]) -> Vec<f32> {
-        let mut x = vec![0.0f32; tokens.len() * self.config.hidden_size];
-        embedding(&mut x, &self.embed, tokens);
-        x
+        self.weights.embed(tokens)
     }
 
     /// The LM head over already-normed hidden rows `[T, H]` → logits `[T, V]` (the DFlash
     /// draft scores its proposals with it).
     pub fn lm_head(&self, hidden: &[f32]) -> Vec<f32> {
+        self.weights.lm_head(hidden)
+    }
+}
+
+impl Weights {
+    /// Token embeddings `[T, H]`.
+    pub(crate) fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        let mut x = vec![0.0f32; tokens.len() * self.config.hidden_size];
+        embedding(&mut x, &self.embed, tokens);
+        x
+    }
+
+    /// The LM head over normed hidden rows `[T, H]` → logits `[T, V]`, on the CPU.
+    pub(crate) fn lm_head(&self, hidden: &[f32]) -> Vec<f32> {
         let mut logits =
             vec![0.0f32; hidden.len() / self.config.hidden_size * self.config.vocab_size];
         matmul(&mut logits, hidden, &self.lm_head);

@@ -58,7 +58,7 @@ impl GpuModel {
     /// on the device); `None` for other passes. Returns what [`Self::launched`] returns.
     pub(super) fn graphed(
         &self,
-        cpu: &Qwen35,
+        weights: &Weights,
         items: &mut [GpuItem<'_>],
         pass: &Pass<'_>,
     ) -> Result<Option<HostOutputs>, ModelError> {
@@ -69,7 +69,7 @@ impl GpuModel {
         {
             return Ok(None);
         }
-        let cfg = &cpu.config;
+        let cfg = &weights.config;
         let (gpu, v, h) = (&*self.gpu, cfg.vocab_size, cfg.hidden_size);
         let mut key = vec![items.len() as u64, pass.want as u64, pass.taps.len() as u64];
         key.extend(pass.taps.iter().map(|&l| l as u64));
@@ -99,7 +99,7 @@ impl GpuModel {
             },
         };
         let positions: Vec<i32> = items.iter().map(|i| i.pos0 as i32).collect();
-        gpu.write(&mut graph.input, &self.embed(cpu, items))?;
+        gpu.write(&mut graph.input, &self.embed(weights, items))?;
         gpu.write(&mut graph.pos, &positions)?;
         gpu.replay(&graph.graph)?;
         let (t, n) = (pass.tokens(), pass.scored_rows());

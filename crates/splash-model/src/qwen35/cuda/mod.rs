@@ -8,18 +8,22 @@ mod graph;
 mod layers;
 mod state;
 
+use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::CudaSlice;
 use splash_backend::cpu::{KvFormat, VHeadOrder};
 use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, GpuError, KernelDims, Kernels};
+use splash_backend::profile::ProfileRow;
 use splash_backend::Weight;
 
 use super::attention::Attention;
+use super::cpu::save_fresh_layers;
 use super::ffn::{Ffn, Mlp, Moe};
 use super::gdn::GatedDeltaNet;
-use super::{Logits, Mixer, Qwen35};
+use super::{Logits, Mixer, PassOutput, Qwen35, Weights};
 use crate::config::{LayerKind, ModelConfig};
+use crate::device::{downcast, DeviceItem, DeviceState, TextDevice};
 use crate::error::ModelError;
 use crate::graph_cache::{Found, GraphCache};
 use crate::image::ImageWriter;
@@ -42,6 +46,7 @@ type Buf = CudaSlice<f32>;
 /// The model's weights on one GPU.
 pub(crate) struct GpuModel {
     gpu: Arc<Gpu>,
+    config: ModelConfig,
     k: Arc<Kernels>,
     layers: Vec<GpuLayer>,
     final_norm: Buf,
@@ -147,16 +152,16 @@ fn upload_vec(gpu: &Gpu, v: &[f32]) -> Result<Buf, ModelError> {
 }
 
 impl GpuModel {
-    /// Copies the weights of `cpu` to `gpu` and compiles the kernels for its shapes.
-    pub(crate) fn upload(cpu: &Qwen35, gpu: Arc<Gpu>) -> Result<Self, ModelError> {
-        let cfg = &cpu.config;
+    /// Copies `weights` to `gpu` and compiles the kernels for their shapes.
+    pub(crate) fn upload(weights: &Weights, gpu: Arc<Gpu>) -> Result<Self, ModelError> {
+        let cfg = &weights.config;
         let k = gpu.kernels(KernelDims {
             head_dim: cfg.head_dim,
             gdn_dk: cfg.gdn.dk,
             gdn_dv: cfg.gdn.dv,
         })?;
         let g = &*gpu;
-        let layers = cpu
+        let layers = weights
             .layers
             .iter()
             .map(|l| {
@@ -179,8 +184,9 @@ impl GpuModel {
             .map(|i| 1.0 / (cfg.rope_theta as f32).powf((2 * i) as f32 / cfg.rotary_dim as f32))
             .collect();
         Ok(Self {
-            final_norm: upload_vec(g, &cpu.final_norm)?,
-            lm_head: g.upload_weight(&cpu.lm_head)?,
+            final_norm: upload_vec(g, &weights.final_norm)?,
+            lm_head: g.upload_weight(&weights.lm_head)?,
+            config: cfg.clone(),
             inv_freq: upload_vec(g, &inv_freq)?,
             rotary_dim: cfg.rotary_dim,
             graphs: GraphCache::new(PASS_GRAPHS),
@@ -214,16 +220,16 @@ impl GpuModel {
     /// Several items keep every product batch-invariant ([`Gpu::set_batch_invariant`]).
     pub(crate) fn forward(
         &self,
-        cpu: &Qwen35,
+        weights: &Weights,
         items: &mut [GpuItem<'_>],
         want: Logits,
         taps: &[usize],
-    ) -> Result<Vec<super::PassOutput>, ModelError> {
+    ) -> Result<Vec<PassOutput>, ModelError> {
         let batched = items.len() > 1;
         if batched {
             self.gpu.set_batch_invariant(true);
         }
-        let out = self.forward_rows(cpu, items, want, taps);
+        let out = self.forward_rows(weights, items, want, taps);
         if batched {
             self.gpu.set_batch_invariant(false);
         }
@@ -232,12 +238,12 @@ impl GpuModel {
 
     fn forward_rows(
         &self,
-        cpu: &Qwen35,
+        weights: &Weights,
         items: &mut [GpuItem<'_>],
         want: Logits,
         taps: &[usize],
-    ) -> Result<Vec<super::PassOutput>, ModelError> {
-        let cfg = &cpu.config;
+    ) -> Result<Vec<PassOutput>, ModelError> {
+        let cfg = &weights.config;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         // Each item's rows: `[off, off + t)` of the pass.
         let mut rows_of = Vec::with_capacity(items.len());
@@ -257,9 +263,9 @@ impl GpuModel {
             want,
             taps,
         };
-        let out = match self.graphed(cpu, items, &pass)? {
+        let out = match self.graphed(weights, items, &pass)? {
             Some(out) => out,
-            None => self.launched(cpu, items, &pass)?,
+            None => self.launched(weights, items, &pass)?,
         };
         for item in items.iter_mut() {
             item.state.recorded = item.record;
@@ -281,13 +287,13 @@ impl GpuModel {
                 let scored = at..at + n;
                 at += n;
                 if want == Logits::Argmax {
-                    super::PassOutput {
+                    PassOutput {
                         argmax: out.argmax[scored].iter().map(|&i| i as u32).collect(),
                         features,
                         ..Default::default()
                     }
                 } else {
-                    super::PassOutput {
+                    PassOutput {
                         logits: out.logits[scored.start * v..scored.end * v].to_vec(),
                         features,
                         ..Default::default()
@@ -300,14 +306,14 @@ impl GpuModel {
     /// The pass launched kernel by kernel.
     fn launched(
         &self,
-        cpu: &Qwen35,
+        weights: &Weights,
         items: &mut [GpuItem<'_>],
         pass: &Pass<'_>,
     ) -> Result<HostOutputs, ModelError> {
-        let cfg = &cpu.config;
+        let cfg = &weights.config;
         let gpu = &*self.gpu;
         let (h, t) = (cfg.hidden_size, pass.tokens());
-        let x = gpu.upload(&self.embed(cpu, items))?;
+        let x = gpu.upload(&self.embed(weights, items))?;
         let xp = ptr(gpu, &x, 0);
         let normed = self.scratch(t * h)?;
         let np = ptr(gpu, &normed, 0);
@@ -368,14 +374,12 @@ impl GpuModel {
 
     /// The items' token embeddings `[T, H]`, gathered on the host (a few KB per token; the
     /// table stays in host memory).
-    fn embed(&self, cpu: &Qwen35, items: &[GpuItem<'_>]) -> Vec<f32> {
+    fn embed(&self, weights: &Weights, items: &[GpuItem<'_>]) -> Vec<f32> {
         let tokens: Vec<u32> = items
             .iter()
             .flat_map(|i| i.tokens.iter().copied())
             .collect();
-        let mut rows = vec![0.0f32; tokens.len() * cpu.config.hidden_size];
-        splash_backend::cpu::embedding(&mut rows, &cpu.embed, &tokens);
-        rows
+        weights.embed(&tokens)
     }
 
     /// The decoder layers over the pass's hidden rows at `x` (the residual stream, updated in
@@ -534,19 +538,153 @@ impl GpuModel {
 
 impl Qwen35 {
     /// Moves the forward pass to `gpu`: the weights are copied in their stored format and new
-    /// states live on the device. The CPU weights (memory-mapped) stay for the embedding rows.
+    /// states live on the device (states made before stay on the CPU and are refused). The
+    /// host weights (memory-mapped) stay for the embedding rows.
     pub fn to_gpu(&mut self, gpu: Arc<Gpu>) -> Result<(), ModelError> {
-        self.gpu = Some(Arc::new(GpuModel::upload(self, gpu)?));
+        let model = GpuModel::upload(&self.weights, gpu)?;
+        self.device = Box::new(CudaDevice(Arc::new(model)));
         Ok(())
     }
 
     /// The GPU the forward pass runs on, if any.
     pub fn gpu(&self) -> Option<&Arc<Gpu>> {
-        self.gpu.as_ref().map(|g| g.gpu())
+        self.gpu_model().map(|m| m.gpu())
     }
 
     /// The weights on the GPU, if the forward pass runs there.
     pub(crate) fn gpu_model(&self) -> Option<&Arc<GpuModel>> {
-        self.gpu.as_ref()
+        let device = self.device.as_any().downcast_ref::<CudaDevice>()?;
+        Some(&device.0)
+    }
+}
+
+/// A GPU as the text model's device.
+struct CudaDevice(Arc<GpuModel>);
+
+impl TextDevice for CudaDevice {
+    fn name(&self) -> String {
+        format!("cuda ({})", self.0.gpu.name())
+    }
+
+    fn memory(&self) -> Option<(u64, u64)> {
+        let (free, total) = self.0.gpu.memory().ok()?;
+        Some((free as u64, total as u64))
+    }
+
+    fn graph_memory(&self, config: &ModelConfig, lanes: usize, rows: usize, context: usize) -> u64 {
+        self.0.graph_memory(config, lanes, rows, context)
+    }
+
+    fn profile(&self) -> Option<Vec<ProfileRow>> {
+        self.0.gpu.profile_table()
+    }
+
+    fn synchronize(&self) -> Result<(), ModelError> {
+        Ok(self.0.gpu.synchronize()?)
+    }
+
+    fn new_state(&self, _config: &ModelConfig, kv: KvFormat) -> Box<dyn DeviceState> {
+        Box::new(GpuSequence {
+            model: self.0.clone(),
+            kv,
+            state: None,
+        })
+    }
+
+    fn state_from_image(
+        &self,
+        config: &ModelConfig,
+        len: usize,
+        kv: KvFormat,
+        layers: Vec<LayerImage<'_>>,
+    ) -> Result<Box<dyn DeviceState>, ModelError> {
+        Ok(Box::new(GpuSequence {
+            model: self.0.clone(),
+            kv,
+            state: Some(self.0.state_from_image(config, len, kv, layers)?),
+        }))
+    }
+
+    fn forward(
+        &self,
+        weights: &Weights,
+        items: &mut [DeviceItem<'_>],
+        want: Logits,
+        taps: &[usize],
+    ) -> Result<Vec<PassOutput>, ModelError> {
+        let mut gpu_items = Vec::with_capacity(items.len());
+        for item in items.iter_mut() {
+            let seq: &mut GpuSequence = downcast(item.state.as_any_mut(), "cuda")?;
+            if seq.state.is_none() {
+                seq.state = Some(self.0.new_state(&weights.config, seq.kv)?);
+            }
+            gpu_items.push(GpuItem {
+                state: seq.state.as_mut().expect("allocated above"),
+                tokens: item.tokens,
+                pos0: item.pos0,
+                record: item.record,
+            });
+        }
+        self.0.forward(weights, &mut gpu_items, want, taps)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// One sequence's state on a GPU, allocated by its first pass (making a state cannot fail;
+/// allocating device memory can).
+struct GpuSequence {
+    model: Arc<GpuModel>,
+    kv: KvFormat,
+    state: Option<GpuState>,
+}
+
+impl std::fmt::Debug for GpuSequence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.state {
+            Some(s) => s.fmt(f),
+            None => write!(f, "GpuState(not allocated, {:?} KV)", self.kv),
+        }
+    }
+}
+
+impl DeviceState for GpuSequence {
+    fn try_clone(&self, len: usize) -> Result<Box<dyn DeviceState>, ModelError> {
+        let state = match &self.state {
+            Some(s) => Some(s.try_clone(len)?),
+            None => None,
+        };
+        Ok(Box::new(GpuSequence {
+            model: self.model.clone(),
+            kv: self.kv,
+            state,
+        }))
+    }
+
+    fn save_layers(&self, w: &mut ImageWriter, len: usize) -> Result<(), ModelError> {
+        match &self.state {
+            Some(s) => s.save_image(w, len),
+            None => {
+                save_fresh_layers(w, &self.model.config, self.kv);
+                Ok(())
+            }
+        }
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.state.as_ref().map_or(0, GpuState::bytes)
+    }
+
+    fn rollback(&mut self, _start: usize, keep: usize, ran: usize) -> Result<(), ModelError> {
+        match &mut self.state {
+            Some(s) => s.rollback(keep, ran),
+            None => Ok(()),
+        }
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
