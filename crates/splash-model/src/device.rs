@@ -28,7 +28,6 @@ use crate::dflash::{DraftConfig, DraftWeights};
 use crate::error::ModelError;
 use crate::image::ImageWriter;
 use crate::qwen35::{Logits, PassOutput, Qwen35, Weights};
-use crate::state::LayerImage;
 
 /// Where the text model's forward pass runs.
 pub(crate) trait TextDevice: Send + Sync {
@@ -125,6 +124,21 @@ pub(crate) trait DeviceState: Send + Debug {
 
     /// The state as `Any`, for the device that made it.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// One layer of a saved state image, checked against the model's shapes.
+pub(crate) enum LayerImage<'a> {
+    Gdn {
+        conv: Vec<f32>,
+        recurrent: Vec<f32>,
+    },
+    /// Keys and values as stored (`[len, hkv, d]` in the KV format) and their int8 row scales.
+    Attn {
+        k: &'a [u8],
+        ks: Vec<f32>,
+        v: &'a [u8],
+        vs: Vec<f32>,
+    },
 }
 
 /// Where a DFlash draft's passes run.

@@ -4,7 +4,7 @@
 use splash_backend::cpu::KvFormat;
 
 use crate::config::{LayerKind, ModelConfig};
-use crate::device::DeviceState;
+use crate::device::{DeviceState, LayerImage};
 use crate::image::{bad, ImageReader, ImageWriter};
 use crate::ModelError;
 
@@ -21,21 +21,6 @@ pub struct SequenceState {
     /// passes run since record what [`SequenceState::rollback`] needs.
     checkpoint: Option<usize>,
     layers: Box<dyn DeviceState>,
-}
-
-/// One layer of a saved state image, checked against the model's shapes.
-pub(crate) enum LayerImage<'a> {
-    Gdn {
-        conv: Vec<f32>,
-        recurrent: Vec<f32>,
-    },
-    /// Keys and values as stored (`[len, hkv, d]` in the KV format) and their int8 row scales.
-    Attn {
-        k: &'a [u8],
-        ks: Vec<f32>,
-        v: &'a [u8],
-        vs: Vec<f32>,
-    },
 }
 
 fn kv_code(kv: KvFormat) -> u64 {

@@ -10,10 +10,9 @@ use super::attention::AttnPart;
 use super::gdn::{GdnPart, GdnReplay};
 use super::{Logits, Mixer, PassOutput, Weights};
 use crate::config::{LayerKind, ModelConfig};
-use crate::device::{downcast, DeviceItem, DeviceState, TextDevice};
+use crate::device::{downcast, DeviceItem, DeviceState, LayerImage, TextDevice};
 use crate::error::ModelError;
 use crate::image::ImageWriter;
-use crate::state::LayerImage;
 
 /// The host CPU.
 pub(crate) struct Cpu;

@@ -23,11 +23,10 @@ use super::ffn::{Ffn, Mlp, Moe};
 use super::gdn::GatedDeltaNet;
 use super::{Logits, Mixer, PassOutput, Qwen35, Weights};
 use crate::config::{LayerKind, ModelConfig};
-use crate::device::{downcast, DeviceItem, DeviceState, TextDevice};
+use crate::device::{downcast, DeviceItem, DeviceState, LayerImage, TextDevice};
 use crate::error::ModelError;
 use crate::graph_cache::{Found, GraphCache};
 use crate::image::ImageWriter;
-use crate::state::LayerImage;
 
 use graph::*;
 pub(crate) use layers::WeightPair;
