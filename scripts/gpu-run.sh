@@ -27,7 +27,7 @@
 # `ttft`: a short request's time to first token sent 1 s after a 32K-token prompt, with
 # .device/splash and, when staged, .device/splash-before (an earlier build to compare with).
 # `ab`: prefill, plain decode (1- and 16-row passes) and drafted decode with .device/splash and
-# .device/splash-before, alternating, twice.
+# .device/splash-before, alternating (AB_ROUNDS rounds, default 1).
 # `serving`: the prefix cache's time to first token on a 32K agent prompt (uncached, memory,
 # next turn, disk tier) and the aggregate decode speed of 1, 4 and 16 concurrent sequences.
 set -uo pipefail
@@ -203,10 +203,10 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       done
     elif [ "$what" = ab ]; then
       # This build against .device/splash-before on the same machine, alternating (before,
-      # after, before, after) so that drift shows: prefill of 2,048 tokens, plain decode with
-      # the 1- and 16-row pass costs, then decode with a DFlash draft.
+      # after, AB_ROUNDS times, default 1) so that drift shows: prefill of 2,048 tokens, plain
+      # decode with the 1- and 16-row pass costs, then decode with a DFlash draft.
       d=$(synthetic_draft "$m" dflash)
-      for round in 1 2; do
+      for round in $(seq "${AB_ROUNDS:-1}"); do
         for bin in splash-before splash; do
           [ -x ".device/$bin" ] || continue
           echo "== ab $m, $bin, round $round"

@@ -159,22 +159,22 @@ fn main() {
         // Stream-K and the warp counts are the tensor-core GEMV's (Q4_K, Q6_K).
         let tensor_core = matches!(t, Some(Q4_K | Q6_K));
         if tensor_core {
-            dev::force_stream_k(Some(true));
+            tune(&gpu, |o| o.stream_k = true);
             let mut line = format!("{:<28} {:>6} {:>10} |", "    stream-K", "", "");
             for tokens in [1, 4, 16] {
                 line += &format!(" {tokens}: {}", cell(time(tokens)));
             }
             println!("{line}");
             alone("stream-K");
-            dev::force_stream_k(None);
+            tune(&gpu, |o| o.stream_k = false);
         }
         if std::env::var_os("GEMV_SWEEP").is_some() && tensor_core {
             for warps in [1, 2, 4, 8] {
-                dev::force_tensor_core_warps(warps);
+                tune(&gpu, |o| o.tensor_core_warps = Some(warps));
                 let (one, sixteen) = (cell(time(1)), cell(time(16)));
                 println!("    {warps} warps per tile: 1: {one}  16: {sixteen}");
             }
-            dev::force_tensor_core_warps(0);
+            tune(&gpu, |o| o.tensor_core_warps = None);
         }
     }
     experts(&gpu, &k);
@@ -213,6 +213,13 @@ fn main() {
 /// [`dev::PrefillExperts`]) routed by random router logits, with the warps per block chosen
 /// by size ("default") and forced to 1, 2, 4 and 8 (the same bits); the bytes are those of
 /// the distinct experts chosen.
+/// Changes one of `gpu`'s options for the measurements that follow.
+fn tune(gpu: &Gpu, change: impl FnOnce(&mut dev::GpuOptions)) {
+    let mut options = gpu.options();
+    change(&mut options);
+    gpu.set_options(options);
+}
+
 fn experts(gpu: &Gpu, k: &dev::Kernels) {
     let (e, top_k) = (256, 8);
     println!("35B-A3B experts ({e}, top {top_k}): time per grouped product (µs) and share of the bandwidth");
@@ -255,7 +262,7 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                 &[dev::PrefillExperts::Gemv]
             };
             for &kernel in kernels {
-                dev::force_prefill_experts(Some(kernel));
+                tune(gpu, |o| o.prefill_experts = kernel);
                 let mut line = format!(
                     "{name:<16} {tokens:>4} tokens, {:>3} experts, {:>5.1} MB, {:<4} |",
                     ids.len(),
@@ -263,7 +270,7 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                     kernel.name()
                 );
                 for warps in [0, 1, 2, 4, 8] {
-                    dev::force_expert_warps(warps);
+                    tune(gpu, |o| o.expert_warps = (warps > 0).then_some(warps));
                     let run = || {
                         let (tp, op) = (ptr(gpu, &table, 0), ptr(gpu, &out, 0));
                         dev::matmul_experts(gpu, k, op, &xa, tp, &proto, &routing, col_div)
@@ -295,10 +302,12 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                         bytes / secs / COPY_BANDWIDTH * 100.0
                     );
                 }
-                dev::force_expert_warps(0);
+                tune(gpu, |o| o.expert_warps = None);
                 println!("{line}");
             }
-            dev::force_prefill_experts(None);
+            tune(gpu, |o| {
+                o.prefill_experts = dev::GpuOptions::default().prefill_experts
+            });
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use splash_backend::cuda::{compile_ptx, KernelDims};
+use splash_backend::cuda::{compile_ptx, KernelDims, KernelOptions};
 
 fn nvrtc_present() -> bool {
     // SAFETY: only probes whether the library can be loaded.
@@ -59,7 +59,8 @@ fn every_kernel_compiles_for_the_served_shapes() {
 
 /// Compiles the kernels for `dims` and `arch` and checks that every kernel is in the PTX.
 fn check_kernels(dims: KernelDims, arch: &'static str) {
-    let ptx = compile_ptx(dims, arch).unwrap_or_else(|e| panic!("{dims:?} {arch}: {e}"));
+    let ptx = compile_ptx(dims, &KernelOptions::default(), arch)
+        .unwrap_or_else(|e| panic!("{dims:?} {arch}: {e}"));
     for kernel in [
         "gemv_q4_k",
         "gemv_q8_q8_0",

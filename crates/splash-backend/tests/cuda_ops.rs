@@ -25,6 +25,13 @@ fn gpu() -> Option<Arc<Gpu>> {
     }
 }
 
+/// Changes one of `gpu`'s options for what the test runs next.
+fn tune(gpu: &Gpu, change: impl FnOnce(&mut dev::GpuOptions)) {
+    let mut options = gpu.options();
+    change(&mut options);
+    gpu.set_options(options);
+}
+
 /// xorshift values in [-1, 1).
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -239,7 +246,7 @@ fn tensor_core_gemv_is_batch_invariant() {
     let (n, kd) = (100, 2560);
     // A block per tile, and stream-K (tiles cut between blocks).
     for stream_k in [false, true] {
-        dev::force_stream_k(Some(stream_k));
+        tune(&gpu, |o| o.stream_k = stream_k);
         for (name, w) in weights(n, kd, 5) {
             if name != "Q4_K" && name != "Q6_K" {
                 continue;
@@ -279,7 +286,7 @@ fn tensor_core_gemv_is_batch_invariant() {
             }
         }
     }
-    dev::force_stream_k(None);
+    tune(&gpu, |o| o.stream_k = false);
 }
 
 /// Two products of one input from one stacked weight (`matmul_pair`): each part gets the bits
@@ -506,7 +513,7 @@ fn experts_route_and_multiply_on_the_device() {
             assert!(same, "t={t} pair {p}: differs from its token alone");
         }
         for kernel in dev::PrefillExperts::ALL {
-            dev::force_prefill_experts(Some(kernel));
+            tune(&gpu, |o| o.prefill_experts = kernel);
             let again = poisoned(&gpu, pairs * n);
             let ap = ptr(&gpu, &again, 0);
             dev::matmul_experts(&gpu, &k, ap, &xa, tp, &dws[0], &routing, top_k).unwrap();
@@ -517,7 +524,9 @@ fn experts_route_and_multiply_on_the_device() {
                 kernel.name()
             );
         }
-        dev::force_prefill_experts(None);
+        tune(&gpu, |o| {
+            o.prefill_experts = dev::GpuOptions::default().prefill_experts
+        });
         // The weighted sum into a residual.
         let base = random(t * n, 60 + t as u64);
         let bd = gpu.upload(&base).unwrap();
@@ -822,7 +831,7 @@ fn rope_and_attention_match_the_cpu_for_every_kv_format() {
                 .unwrap();
                 gpu.download(&out, t * hq * d).unwrap()
             };
-            dev::force_flash_async(Some(false));
+            tune(&gpu, |o| o.flash_async = false);
             let out = attend();
             let err = rel_err(&out, &want);
             // The tensor-core prefill multiplies in f16.
@@ -833,13 +842,12 @@ fn rope_and_attention_match_the_cpu_for_every_kv_format() {
             };
             assert!(err < tol, "attention d={d} t={t} {format:?}: {err}");
             // Int8 rows copied ahead by cp.async: the same bits.
-            dev::force_flash_async(Some(true));
+            tune(&gpu, |o| o.flash_async = true);
             assert_eq!(
                 bits(&attend()),
                 bits(&out),
                 "attention d={d} t={t} {format:?}: attention_prefill_async"
             );
-            dev::force_flash_async(None);
         }
     }
 }

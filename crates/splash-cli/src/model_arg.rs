@@ -190,7 +190,10 @@ fn place(model: &mut Model, device: &str) -> anyhow::Result<()> {
     if device == "cpu" {
         return Ok(());
     }
-    let gpu = match splash_backend::cuda::Gpu::new(0) {
+    // The backend's measurement options come from SPLASH_* variables, checked here once.
+    let options =
+        splash_backend::cuda::GpuOptions::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let gpu = match splash_backend::cuda::Gpu::with_options(0, options) {
         Ok(gpu) => gpu,
         Err(e) if device == "auto" => {
             tracing::info!("running on the CPU: {e}");

@@ -27,7 +27,7 @@ pub enum ModelError {
     #[error("GPU: {0}")]
     Gpu(String),
     /// A state or draft context made for one device was handed to another.
-    #[error("a sequence state made for another device was given to the {0} model; make states with the model that runs them")]
+    #[error("a sequence state or draft context made for another device or model was given to the {0} model; make states and contexts with the model that runs them")]
     WrongDevice(String),
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },

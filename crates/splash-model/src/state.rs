@@ -131,8 +131,8 @@ impl SequenceState {
     }
 
     /// The KV pages this state holds, as (identity, bytes): copies of a state share them
-    /// (see `KvStore::pages`), so a holder of several copies counts each page once. None on a
-    /// GPU, whose caches are whole buffers.
+    /// (see `KvStore::pages`), so a holder of several copies counts each page once. None (an
+    /// empty list) on a GPU, whose caches are whole buffers.
     pub fn kv_pages(&self) -> Vec<(usize, usize)> {
         self.layers.kv_pages()
     }

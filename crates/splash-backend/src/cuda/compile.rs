@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
-use super::GpuError;
+use super::{GpuError, KernelOptions};
 
 /// The compile-time dimensions of a kernel module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -16,24 +16,6 @@ pub struct KernelDims {
     pub gdn_dk: usize,
     /// Gated DeltaNet value head dim (threads per block of the recurrent kernel, ≤ 1024).
     pub gdn_dv: usize,
-}
-
-/// Lanes that share a column of the GDN scan's state (`GDN_SLICES` in kernels/gdn.cu): eight for
-/// key dims from 32 on, four below; `SPLASH_GDN_SLICES` (4, 8 or 16, a measurement switch)
-/// overrides it where the key dim splits that far. The scan's grid follows it
-/// (`ops::scan_columns`).
-pub fn gdn_slices(dk: usize) -> usize {
-    // Read once: every scan launch asks for its grid.
-    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = FORCED.get_or_init(|| {
-        std::env::var("SPLASH_GDN_SLICES")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-    });
-    let fallback = if dk >= 32 { 8 } else { 4 };
-    forced
-        .filter(|s| [4, 8, 16].contains(s) && dk.is_multiple_of(4 * s))
-        .unwrap_or(fallback)
 }
 
 /// The kernel sources (`kernels/`), in the order they compile as one unit: each file may use
@@ -81,8 +63,13 @@ pub(crate) fn arch_for(major: i32, minor: i32) -> &'static str {
     }
 }
 
-/// PTX of the kernels for `dims` and `arch`, from the cache directory or freshly compiled.
-pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuError> {
+/// PTX of the kernels for `dims`, `options` and `arch`, from the cache directory or freshly
+/// compiled.
+pub fn compile_ptx(
+    dims: KernelDims,
+    options: &KernelOptions,
+    arch: &'static str,
+) -> Result<String, GpuError> {
     if dims.head_dim == 0 || dims.head_dim > 1024 || dims.gdn_dv == 0 || dims.gdn_dv > 1024 {
         return Err(GpuError::Unsupported(format!(
             "the CUDA kernels need an attention head dim and a GDN value head dim of 1..1024 (got {dims:?})"
@@ -92,25 +79,18 @@ pub fn compile_ptx(dims: KernelDims, arch: &'static str) -> Result<String, GpuEr
         format!("-DHEAD_DIM={}", dims.head_dim),
         format!("-DGDN_DK={}", dims.gdn_dk),
         format!("-DGDN_DV={}", dims.gdn_dv),
-        format!("-DGDN_SLICES={}", gdn_slices(dims.gdn_dk)),
+        format!("-DGDN_SLICES={}", options.gdn_slices(dims.gdn_dk)),
     ];
-    // A measurement switch (see GRID_PROLOGUE in kernels/common.cuh).
-    if std::env::var("SPLASH_DEPENDENT_LAUNCH").as_deref() == Ok("late") {
+    // Measurement options (GRID_PROLOGUE in kernels/common.cuh, TC_L2_AHEAD and EXPERT_REGS
+    // in kernels/gemv_tc.cu).
+    if options.trigger_late {
         defines.push("-DGRID_TRIGGER_LATE".into());
     }
-    // A measurement switch (see TC_L2_AHEAD in kernels/gemv_tc.cu).
-    if let Some(ahead) = std::env::var("SPLASH_GEMV_L2_AHEAD")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
-        defines.push(format!("-DTC_L2_AHEAD={}", ahead.min(16)));
+    if let Some(ahead) = options.l2_ahead {
+        defines.push(format!("-DTC_L2_AHEAD={ahead}"));
     }
-    // A measurement switch (see EXPERT_REGS in kernels/gemv_tc.cu).
-    if let Some(regs) = std::env::var("SPLASH_EXPERT_REGS")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-    {
-        defines.push(format!("-DEXPERT_REGS={}", regs.clamp(64, 255)));
+    if let Some(regs) = options.expert_regs {
+        defines.push(format!("-DEXPERT_REGS={regs}"));
     }
     let mut h = Sha256::new();
     h.update(kernel_source().as_bytes());

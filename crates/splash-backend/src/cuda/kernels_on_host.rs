@@ -74,7 +74,7 @@ impl HostKernels {
             .arg(format!("-DGDN_DV={}", dims.gdn_dv))
             .arg(format!(
                 "-DGDN_SLICES={}",
-                super::compile::gdn_slices(dims.gdn_dk)
+                super::KernelOptions::default().gdn_slices(dims.gdn_dk)
             ))
             .arg("-include")
             .arg(src.join("kernels_on_host.h"))
@@ -1390,7 +1390,10 @@ fn the_gdn_scan_on_the_host_matches_the_cpu_and_is_pass_invariant() {
                     Addr::of(state),
                     Addr::of(&out[tokens.start * dims.hv * dims.dv..]),
                 );
-                let grid = dims.hv * dims.dv.div_ceil(super::ops::scan_columns(dims.dk));
+                let grid = dims.hv
+                    * dims.dv.div_ceil(super::ops::scan_columns(
+                        super::KernelOptions::default().gdn_slices(dims.dk),
+                    ));
                 kern.launch(grid as u32, 128, &|| {
                     f(
                         ma.ptr(),
@@ -1728,7 +1731,9 @@ fn conv_then_scan(
         let f: Scan = kern.kernel("gdn_recurrent");
         let dk = (c - hv * dv) / (2 * hk);
         kern.launch(
-            (hv * dv.div_ceil(super::ops::scan_columns(dk))) as u32,
+            (hv * dv.div_ceil(super::ops::scan_columns(
+                super::KernelOptions::default().gdn_slices(dk),
+            ))) as u32,
             128,
             &|| {
                 f(
@@ -1814,7 +1819,10 @@ fn batched_gdn_gives_each_sequence_its_bits(kd: KernelDims) {
         i32,
         i32,
     );
-    let scan_blocks = hv * dv.div_ceil(super::ops::scan_columns(dk));
+    let scan_blocks = hv
+        * dv.div_ceil(super::ops::scan_columns(
+            super::KernelOptions::default().gdn_slices(dk),
+        ));
     // One launch per sequence.
     let (conv1, rec1) = (conv0.clone(), rec0.clone());
     let (mixed1, out1) = (vec![f32::NAN; rows * c], vec![f32::NAN; rows * hv * dv]);
@@ -1936,7 +1944,10 @@ fn rollback_replay_leaves_the_kept_rows(kd: KernelDims) {
         .map(|l| random(hv * dk * dv, 105 + l as u64))
         .collect();
     type Replay = unsafe extern "C" fn(super::LayerSlots, i32, i32, i32, i32);
-    let scan_blocks = hv * dv.div_ceil(super::ops::scan_columns(dk));
+    let scan_blocks = hv
+        * dv.div_ceil(super::ops::scan_columns(
+            super::KernelOptions::default().gdn_slices(dk),
+        ));
     for keep in [0usize, 1, 5, 16] {
         // A pass of its own over the kept rows, from the saved states.
         let (conv1, rec1) = (conv0.clone(), rec0.clone());

@@ -12,6 +12,7 @@ mod compile;
 #[cfg(test)]
 mod kernels_on_host;
 mod ops;
+mod options;
 mod weights;
 
 use std::collections::HashMap;
@@ -24,6 +25,7 @@ use cudarc::driver::{
 
 pub use compile::{compile_ptx, KernelDims};
 pub use ops::*;
+pub use options::{GpuOptions, KernelOptions};
 pub use weights::{is_tiled, DeviceWeight, GpuFormat};
 
 /// What went wrong on the GPU side.
@@ -53,7 +55,9 @@ pub struct Gpu {
     name: String,
     /// Streaming multiprocessors (the stream-K GEMV gives each a share of a matrix).
     sms: usize,
-    modules: Mutex<HashMap<KernelDims, Arc<Kernels>>>,
+    modules: Mutex<HashMap<(KernelDims, KernelOptions), Arc<Kernels>>>,
+    /// How it runs (see [`Gpu::set_options`]).
+    options: std::sync::RwLock<GpuOptions>,
     /// cuBLAS for prefill GEMMs, created at first use (`Err`: the library is missing, and
     /// the GEMV kernels do the work instead).
     blas: Mutex<Option<Result<Arc<cudarc::cublas::CudaBlas>, String>>>,
@@ -67,15 +71,14 @@ pub struct Gpu {
     graphs: std::sync::atomic::AtomicBool,
     /// Graph replays so far ([`Gpu::replay`]).
     replays: std::sync::atomic::AtomicU64,
-    /// Per-kernel launch counts and seconds when `SPLASH_GPU_PROFILE` is set: every launch is
+    /// Per-kernel launch counts and seconds with [`GpuOptions::profile`]: every launch is
     /// then synchronised and timed (slow; for finding where the time goes). Printed on drop.
     profile: Option<Mutex<HashMap<String, (u64, f64)>>>,
     /// Kernels captured into graphs launch as programmatic dependents of the one before
-    /// (sm_90 and up, unless `SPLASH_DEPENDENT_LAUNCH=0`; `=late` compiles the kernels to let
-    /// the next one launch only after their wait): see [`Gpu::launch_dependent`].
+    /// (sm_90 and up, with [`GpuOptions::dependent_launch`]): see [`Gpu::launch_dependent`].
     /// Launches outside a capture (prefill) do not: measured 10 % slower there.
     dependent_launch: bool,
-    /// Where buffers allocated during a capture come from when `SPLASH_CAPTURE_POOL=1`
+    /// Where buffers allocated during a capture come from with [`GpuOptions::capture_pool`]
     /// (created at the first capture; see [`CapturePool`]).
     capture_pool: Option<Mutex<Option<CapturePool>>>,
     /// Page-locked host memory that large downloads go through (a pageable copy is staged
@@ -252,6 +255,7 @@ impl Graph {
 /// The kernels of one compiled module (one set of model dimensions).
 pub struct Kernels {
     dims: KernelDims,
+    options: KernelOptions,
     module: Arc<CudaModule>,
     functions: Mutex<HashMap<String, CudaFunction>>,
 }
@@ -367,9 +371,14 @@ fn keep_freed_memory(ctx: &CudaContext) -> Result<(), GpuError> {
 }
 
 impl Gpu {
-    /// Opens GPU `ordinal`: fails with a message when the driver cannot be loaded or no such
-    /// device exists.
+    /// Opens GPU `ordinal` with the default options: fails with a message when the driver
+    /// cannot be loaded or no such device exists.
     pub fn new(ordinal: usize) -> Result<Arc<Self>, GpuError> {
+        Self::with_options(ordinal, GpuOptions::default())
+    }
+
+    /// Opens GPU `ordinal` to run with `options` (see [`Gpu::new`]).
+    pub fn with_options(ordinal: usize, options: GpuOptions) -> Result<Arc<Self>, GpuError> {
         // SAFETY: only probes whether the driver library can be loaded.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(GpuError::Driver(
@@ -388,9 +397,9 @@ impl Gpu {
         let sms = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )? as usize;
-        let profile = std::env::var_os("SPLASH_GPU_PROFILE").map(|_| Mutex::new(HashMap::new()));
+        let profile = options.profile.then(|| Mutex::new(HashMap::new()));
         // Profiling synchronises every launch, which a capture cannot contain.
-        let graphs = profile.is_none() && std::env::var("SPLASH_CUDA_GRAPHS").as_deref() != Ok("0");
+        let graphs = options.graphs && !options.profile;
         Ok(Arc::new(Self {
             arch: compile::arch_for(major, minor),
             name,
@@ -404,10 +413,9 @@ impl Gpu {
             graphs: std::sync::atomic::AtomicBool::new(graphs),
             replays: std::sync::atomic::AtomicU64::new(0),
             profile,
-            dependent_launch: major >= 9
-                && std::env::var("SPLASH_DEPENDENT_LAUNCH").as_deref() != Ok("0"),
-            capture_pool: (std::env::var("SPLASH_CAPTURE_POOL").as_deref() == Ok("1"))
-                .then(|| Mutex::new(None)),
+            dependent_launch: major >= 9 && options.dependent_launch,
+            capture_pool: options.capture_pool.then(|| Mutex::new(None)),
+            options: std::sync::RwLock::new(options),
             staging: Mutex::new(None),
         }))
     }
@@ -434,19 +442,35 @@ impl Gpu {
 
     /// The kernels compiled for `dims` (compiled, or read from the disk cache, on first use).
     pub fn kernels(&self, dims: KernelDims) -> Result<Arc<Kernels>, GpuError> {
+        let options = self.options().kernels;
         let mut modules = self.modules.lock().expect("module cache lock");
-        if let Some(k) = modules.get(&dims) {
+        if let Some(k) = modules.get(&(dims, options)) {
             return Ok(k.clone());
         }
-        let ptx = compile::compile_ptx(dims, self.arch)?;
+        options.check(dims.gdn_dk).map_err(GpuError::Unsupported)?;
+        let ptx = compile::compile_ptx(dims, &options, self.arch)?;
         let module = self.ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
         let k = Arc::new(Kernels {
             dims,
+            options,
             module,
             functions: Mutex::new(HashMap::new()),
         });
-        modules.insert(dims, k.clone());
+        modules.insert((dims, options), k.clone());
         Ok(k)
+    }
+
+    /// The options launches run with.
+    pub fn options(&self) -> GpuOptions {
+        *self.options.read().expect("options lock")
+    }
+
+    /// Changes the options later launches read (tests and benches compare variants this way).
+    /// `profile`, `capture_pool`, `dependent_launch` and `graphs` keep the values the GPU was
+    /// opened with (see [`set_graphs`](Self::set_graphs)); kernel options apply to the modules
+    /// [`kernels`](Self::kernels) returns from then on.
+    pub fn set_options(&self, options: GpuOptions) {
+        *self.options.write().expect("options lock") = options;
     }
 
     /// A zeroed device buffer of `len` elements.
@@ -517,8 +541,8 @@ impl Gpu {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Allows or forbids capturing passes as graphs (on by default; off with
-    /// `SPLASH_CUDA_GRAPHS=0` or while profiling). The parity tests turn it off to compare.
+    /// Allows or forbids capturing passes as graphs (as [`GpuOptions::graphs`] says at first;
+    /// off while profiling). The parity tests turn it off to compare.
     pub fn set_graphs(&self, on: bool) {
         self.graphs.store(on, std::sync::atomic::Ordering::Relaxed);
     }
@@ -824,6 +848,11 @@ impl Kernels {
     /// The dimensions this module was compiled for.
     pub fn dims(&self) -> KernelDims {
         self.dims
+    }
+
+    /// Lanes sharing a column of the GDN scan's state in this module (`GDN_SLICES`).
+    pub(crate) fn gdn_slices(&self) -> usize {
+        self.options.gdn_slices(self.dims.gdn_dk)
     }
 
     fn function(&self, name: &str) -> Result<CudaFunction, GpuError> {

@@ -1,5 +1,5 @@
-//! The DFlash draft on the CUDA backend: the same pass as [`DFlashDraft::forward`] on the
-//! device of the target, with the per-sequence context K/V kept there and the block scored
+//! The DFlash draft on the CUDA backend: the same pass as the CPU reference in `dflash/cpu.rs`
+//! on the device of the target, with the per-sequence context K/V kept there and the block scored
 //! by the target's LM head without leaving the GPU.
 //!
 //! The context cache keeps every committed row (row `j` = position `j`); sliding layers
@@ -178,7 +178,7 @@ struct ContextSlot {
 
 impl std::fmt::Debug for ContextSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GpuDraftContext({} bytes)", self.memory_bytes())
+        write!(f, "ContextSlot({} bytes)", self.memory_bytes())
     }
 }
 

@@ -1,4 +1,6 @@
-//! The Qwen3.5 / 3.6 hybrid text model (dense and MoE): weights and forward pass.
+//! The Qwen3.5 / 3.6 hybrid text model (dense and MoE): its weights, loaded once, and the
+//! checks and bookkeeping of a forward pass; the pass itself runs on a device (`cpu.rs`, the
+//! reference; `cuda/`).
 //!
 //! Skeleton (model-spec §2.2): embed → per layer `h += mixer(norm(h))`, `h += ffn(norm(h))`
 //! where the mixer is Gated DeltaNet or gated full attention → final norm → LM head.

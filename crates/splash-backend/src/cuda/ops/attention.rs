@@ -161,7 +161,7 @@ pub fn attention(
         ]);
         // The int8 rows copied a tile ahead (16-byte copies: the caches' rows must be aligned).
         let aligned = (keys.0 | values.0).is_multiple_of(16);
-        let kernel = if format == KvFormat::Int8 && aligned && FLASH_ASYNC.on(true) {
+        let kernel = if format == KvFormat::Int8 && aligned && gpu.options().flash_async {
             "attention_prefill_async"
         } else {
             "attention_prefill"
@@ -179,19 +179,6 @@ pub fn attention(
         return Ok(());
     }
     gpu.launch(k, "attention", (tokens * hq) as u32, 128, &args(out))
-}
-
-/// Whether a long pass over an int8 cache takes `attention_prefill_async` (each tile's rows copied
-/// into shared memory while the block computes on the one before; the same bits as
-/// `attention_prefill`, which waits on its loads). On by default: the 27B's prefill on the H200
-/// 6,496 → 6,890 tok/s at 8K and 4,110 → 5,166 at 32K (BENCHMARKS.md, eighth session);
-/// `SPLASH_FLASH_ASYNC=0` or [`force_flash_async`] to compare.
-pub(super) static FLASH_ASYNC: Switch = Switch::new("SPLASH_FLASH_ASYNC");
-
-/// Forces the prefill attention over int8 caches to `attention_prefill_async` or not (`None`:
-/// the environment's choice again); for tests and benches that compare the two.
-pub fn force_flash_async(on: Option<bool>) {
-    FLASH_ASYNC.force(on.map(usize::from));
 }
 
 /// Query tokens per block of `attention_prefill` (16 per warp, `FA_WARPS` = 4 warps).

@@ -53,15 +53,15 @@ pub(super) fn conv_blocks(c: usize, tokens: usize, kernel: usize) -> Result<u32,
 }
 
 /// Columns of a value head's state that one block of the GDN scan takes (`GDN_COLS` in
-/// kernels/gdn.cu: 128 threads over [`compile::gdn_slices`] lanes a column).
-pub(crate) fn scan_columns(dk: usize) -> usize {
-    128 / compile::gdn_slices(dk)
+/// kernels/gdn.cu: 128 threads over `slices` lanes a column, `Kernels::gdn_slices`).
+pub(crate) fn scan_columns(slices: usize) -> usize {
+    128 / slices
 }
 
 /// Blocks the GDN scan takes for one sequence.
 pub(super) fn scan_blocks(k: &Kernels, hv: usize) -> u32 {
     let dims = k.dims();
-    (hv * dims.gdn_dv.div_ceil(scan_columns(dims.gdn_dk))) as u32
+    (hv * dims.gdn_dv.div_ceil(scan_columns(k.gdn_slices()))) as u32
 }
 
 /// One sequence of a pass for the `*_seqs` kernels: its rows `off .. off + n` of the pass, its

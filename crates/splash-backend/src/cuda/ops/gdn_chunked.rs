@@ -2,18 +2,14 @@
 
 use super::*;
 
-/// Whether prefill chunks of more than 16 tokens scan in the chunked form (`SPLASH_GDN_CHUNKED=1`,
-/// a measurement switch).
-pub(super) static GDN_CHUNKED: Switch = Switch::new("SPLASH_GDN_CHUNKED");
-
-/// Whether a prefill's GDN scan runs chunked ([`gdn_chunked`]): off unless
-/// `SPLASH_GDN_CHUNKED=1`. On the H200 the chunked kernels took 1.4 ms a 2,048-token 27B layer
-/// (scan 984 µs, prep 412 µs) where the per-token scan takes about 0.9 ms: 8K prefill 6,661
-/// against 6,865 tok/s (27B), 13,059 against 14,040 (35B-A3B; BENCHMARKS.md, 2026-12-03).
-pub fn gdn_chunked_prefill() -> bool {
-    GDN_CHUNKED.on(false)
+/// Whether a prefill's GDN scan runs chunked ([`gdn_chunked`]): as
+/// [`GpuOptions::gdn_chunked`](crate::cuda::GpuOptions) says, off by default. On the H200 the
+/// chunked kernels took 1.4 ms a 2,048-token 27B layer (scan 984 µs, prep 412 µs) where the
+/// per-token scan takes about 0.9 ms: 8K prefill 6,661 against 6,865 tok/s (27B), 13,059
+/// against 14,040 (35B-A3B; BENCHMARKS.md, 2026-12-03).
+pub fn gdn_chunked_prefill(gpu: &Gpu) -> bool {
+    gpu.options().gdn_chunked
 }
-
 /// Tokens of a chunk of the chunked GDN prefill (`GDN_CHUNK` in kernels/gdn_chunked.cu).
 pub const GDN_CHUNK: usize = 64;
 

@@ -263,27 +263,17 @@ pub(super) fn stored_bf16(gpu: &Gpu, w: &DeviceWeight) -> bool {
     w.format == GpuFormat::Bf16 && w.groups.is_none() && !gpu.exact()
 }
 
-/// Warps per tile forced by [`force_tensor_core_warps`] (0: the shape decides).
-pub(super) static TENSOR_CORE_WARPS: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
-
-/// Forces the warps per 16-row tile of every tensor-core GEMV (1..=8; 0 restores the choice by
-/// shape). For the kernel bench's sweep: results then depend on this process-wide setting.
-pub fn force_tensor_core_warps(warps: usize) {
-    TENSOR_CORE_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
-}
-
 /// Warps a tensor-core GEMV block gives one 16-row tile (`TC_WARPS_MAX` in kernels/gemv_tc.cu), no
 /// more than the row has 256-value blocks. Four, measured best from 256 tiles up on the
 /// H200 (more warps per tile make fewer, shorter-lived blocks of which a second partial wave
 /// runs alone); eight for smaller matrices. It depends only on the shape, never on the token
-/// count, so that a token's sums are the same in any batch.
-pub(super) fn tensor_core_warps(n: usize, kdim: usize) -> usize {
-    let forced = TENSOR_CORE_WARPS.load(std::sync::atomic::Ordering::Relaxed);
-    let warps = match forced {
-        0 if n.div_ceil(16) >= 256 => 4,
-        0 => 8,
-        w => w,
+/// count, so that a token's sums are the same in any batch. The kernel bench's sweep may force
+/// it ([`GpuOptions::tensor_core_warps`]).
+pub(super) fn tensor_core_warps(options: &GpuOptions, n: usize, kdim: usize) -> usize {
+    let warps = match options.tensor_core_warps {
+        None if n.div_ceil(16) >= 256 => 4,
+        None => 8,
+        Some(w) => w,
     };
     warps.min(kdim / 256).max(1)
 }

@@ -19,7 +19,7 @@ pub(super) fn gemv_tc(
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
     let suffix = w.format.kernel_suffix();
-    let warps = tensor_core_warps(n, kdim) as u32;
+    let warps = tensor_core_warps(&gpu.options(), n, kdim) as u32;
     let (y, y2, split) = out;
     let plan = stream_k(gpu, n, kdim);
     for (t0, tc) in token_chunks(tokens) {
@@ -84,27 +84,8 @@ pub(super) fn gemv_tc(
     Ok(())
 }
 
-/// Whether tensor-core GEMVs run stream-K (`SPLASH_STREAM_K=1`, or [`force_stream_k`]).
-pub(super) static STREAM_K: Switch = Switch::new("SPLASH_STREAM_K");
-/// Blocks per SM of a stream-K launch (128 registers a thread: four fit), and warps per block.
-pub(super) const STREAM_K_BLOCKS_PER_SM: usize = 4;
+/// Warps per block of a stream-K launch.
 pub(super) const STREAM_K_WARPS: u32 = 4;
-
-/// [`STREAM_K_BLOCKS_PER_SM`], or `SPLASH_STREAM_K_BLOCKS` (1..=8, a measurement switch).
-pub(super) fn stream_k_blocks_per_sm() -> usize {
-    std::env::var("SPLASH_STREAM_K_BLOCKS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map_or(STREAM_K_BLOCKS_PER_SM, |b| b.clamp(1, 8))
-}
-
-/// Turns stream-K tensor-core GEMVs on or off for every shape (`None`: as `SPLASH_STREAM_K=1`
-/// says; off by default: on the H200 it was faster only for the one-token 27B Q4_K down product
-/// and the 16-token Q6_K one, BENCHMARKS.md 2026-12-02). For the bench's comparison; results
-/// then depend on this process-wide setting.
-pub fn force_stream_k(on: Option<bool>) {
-    STREAM_K.force(on.map(usize::from));
-}
 
 /// How a stream-K launch cuts a matrix (`gemv_tcs` in kernels/gemv_tc.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,11 +97,11 @@ pub(super) struct StreamK {
 }
 
 impl StreamK {
-    /// The schedule for `n` rows of `kdim` values over `sms` SMs: units are (16-row tile,
-    /// 256-value block) pairs, each block gets an equal range of them.
-    fn new(n: usize, kdim: usize, sms: usize) -> Self {
+    /// The schedule for `n` rows of `kdim` values over `sms` SMs of `per_sm` blocks each: units
+    /// are (16-row tile, 256-value block) pairs, each block gets an equal range of them.
+    fn new(n: usize, kdim: usize, sms: usize, per_sm: usize) -> Self {
         let units = n.div_ceil(16) * (kdim / 256);
-        let blocks = (sms * stream_k_blocks_per_sm()).clamp(1, units.max(1));
+        let blocks = (sms * per_sm).clamp(1, units.max(1));
         // Every block holds at least units / blocks units, so a tile of kdim / 256 units
         // meets at most this many blocks.
         let max_pieces = (kdim / 256).div_ceil((units / blocks).max(1)) + 1;
@@ -133,11 +114,13 @@ impl StreamK {
     }
 }
 
-/// The stream-K schedule for a tensor-core GEMV of `n` rows of `kdim` values, when stream-K
-/// is on: by [`force_stream_k`], else by `SPLASH_STREAM_K=1`. It depends on the shape and the
-/// GPU only, never on the token count, so tokens keep their bits in any batch.
+/// The stream-K schedule for a tensor-core GEMV of `n` rows of `kdim` values, when
+/// [`GpuOptions::stream_k`](crate::cuda::GpuOptions) is on. It depends on the shape and the GPU
+/// only, never on the token count, so tokens keep their bits in any batch.
 pub(super) fn stream_k(gpu: &Gpu, n: usize, kdim: usize) -> Option<StreamK> {
-    STREAM_K.on(false).then(|| StreamK::new(n, kdim, gpu.sms()))
+    let o = gpu.options();
+    o.stream_k
+        .then(|| StreamK::new(n, kdim, gpu.sms(), o.stream_k_blocks_per_sm))
 }
 
 /// `rows` rows of `kdim` activations as the tensor-core GEMV reads them (f16 in its k order,
@@ -181,7 +164,7 @@ mod tests {
             (248_320, 5120, 132),
             (6144, 5120, 7),
         ] {
-            let plan = StreamK::new(n, kdim, sms);
+            let plan = StreamK::new(n, kdim, sms, 4);
             let (tiles, nb) = (n.div_ceil(16), kdim / 256);
             let units = tiles * nb;
             assert!(plan.blocks <= units);

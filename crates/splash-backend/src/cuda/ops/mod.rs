@@ -7,7 +7,7 @@ use std::cell::OnceCell;
 use cudarc::driver::CudaSlice;
 
 use super::{
-    compile, ptr, weights, Arg, AttnSlots, DeviceWeight, Gpu, GpuError, GpuFormat, Kernels,
+    ptr, weights, Arg, AttnSlots, DeviceWeight, Gpu, GpuError, GpuFormat, GpuOptions, Kernels,
     LayerSlots, SeqSlots, ATTN_SLOTS, LAYER_SLOTS, SEQ_SLOTS,
 };
 use crate::cpu::KvFormat;
@@ -28,7 +28,7 @@ pub use dflash::*;
 pub use gdn::*;
 pub use gdn_chunked::*;
 pub use gemv::*;
-pub use gemv_tc::*;
+use gemv_tc::*;
 pub use moe::*;
 pub use norm::*;
 pub use rope::*;
@@ -174,44 +174,4 @@ fn converted<T>(
     }
     let c = make()?;
     Ok(cell.get_or_init(|| c))
-}
-
-/// A measurement switch: what its environment variable says, read once, unless a test or bench
-/// forces another value ([`Switch::force`]).
-struct Switch {
-    var: &'static str,
-    /// The forced value + 1; 0: none.
-    forced: std::sync::atomic::AtomicUsize,
-    from_env: std::sync::OnceLock<usize>,
-}
-
-impl Switch {
-    const fn new(var: &'static str) -> Self {
-        Self {
-            var,
-            forced: std::sync::atomic::AtomicUsize::new(0),
-            from_env: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The forced value, else `parse` of the variable's value ("" when unset).
-    fn get(&self, parse: impl FnOnce(&str) -> usize) -> usize {
-        match self.forced.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => *self
-                .from_env
-                .get_or_init(|| parse(&std::env::var(self.var).unwrap_or_default())),
-            v => v - 1,
-        }
-    }
-
-    /// Forces `value` (`None`: the variable's again).
-    fn force(&self, value: Option<usize>) {
-        let v = value.map_or(0, |v| v + 1);
-        self.forced.store(v, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// An on / off switch: as forced, else "1" on and "0" off, else `default`.
-    fn on(&self, default: bool) -> bool {
-        self.get(|v| usize::from(v == "1" || (default && v != "0"))) == 1
-    }
 }

@@ -196,21 +196,20 @@ pub(super) fn launch_experts(
     let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
     let tables = if products[1].0 == 0 { 1 } else { 2 };
     let blocks = tables * routing.slots * n.div_ceil(16);
-    let chains = tensor_core_warps(n, kdim);
+    let options = gpu.options();
+    let chains = tensor_core_warps(&options, n, kdim);
     // More than 16 pairs a slot on average (prefill passes): the kernels that decode a tile's
     // weights for more pairs at a time may pay.
     let many = x.tokens * col_div > 16 * routing.slots;
-    let (kernel, warps) = match prefill_experts() {
+    let (kernel, warps) = match options.prefill_experts {
         PrefillExperts::Gemm if many => ("gemm_tc_experts_", 4),
         _ => ("gemv_tc_experts_", 0),
     };
-    let warps = match (
-        EXPERT_WARPS.load(std::sync::atomic::Ordering::Relaxed),
-        warps,
-    ) {
-        (0, 0) => expert_warps(blocks, chains, expert_warps_in_flight(proto.format)),
-        (0, w) => w.min(chains),
-        (forced, _) => forced.min(chains),
+    // The bench's sweep may force the warps; the same bits either way.
+    let warps = match (options.expert_warps, warps) {
+        (None, 0) => expert_warps(blocks, chains, expert_warps_in_flight(proto.format)),
+        (None, w) => w.min(chains),
+        (Some(forced), _) => forced.min(chains),
     };
     gpu.launch(
         k,
@@ -239,7 +238,7 @@ pub(super) fn launch_experts(
 /// The kernel of the grouped expert products with more than 16 pairs an expert on average (a
 /// prefill pass's); both give each pair the same bits. `gemm` by default: on the H200 the
 /// 35B-A3B's 8K prefill ran at 13,241 tok/s with it against 11,440 (BENCHMARKS.md, eighth
-/// session). `SPLASH_PREFILL_EXPERTS=gemv|gemm` or [`force_prefill_experts`] to compare.
+/// session). [`GpuOptions::prefill_experts`](crate::cuda::GpuOptions) picks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillExperts {
     /// `gemm_tc_experts_*`: a 256-value block decoded into registers once for up to 64 pairs,
@@ -253,27 +252,13 @@ impl PrefillExperts {
     /// All kernels, in declaration order (a kernel's index is `kernel as usize`).
     pub const ALL: [PrefillExperts; 2] = [Self::Gemm, Self::Gemv];
 
-    /// The switch's value for this kernel.
+    /// The kernel's name as `SPLASH_PREFILL_EXPERTS` takes it.
     pub fn name(self) -> &'static str {
         match self {
             Self::Gemm => "gemm",
             Self::Gemv => "gemv",
         }
     }
-}
-
-/// The prefill expert kernel, as its index in [`PrefillExperts::ALL`].
-pub(super) static PREFILL_EXPERTS: Switch = Switch::new("SPLASH_PREFILL_EXPERTS");
-
-/// Forces the prefill passes' grouped expert kernel (`None`: the environment's choice again);
-/// for the kernel bench's comparison.
-pub fn force_prefill_experts(kernel: Option<PrefillExperts>) {
-    PREFILL_EXPERTS.force(kernel.map(|k| k as usize));
-}
-
-pub(super) fn prefill_experts() -> PrefillExperts {
-    let kernel = |v: &str| PrefillExperts::ALL.iter().position(|k| k.name() == v);
-    PrefillExperts::ALL[PREFILL_EXPERTS.get(|v| kernel(v).unwrap_or(0))]
 }
 
 /// Warps in flight that a grouped expert product of `format` aims for: about as many as the
@@ -294,16 +279,6 @@ pub(super) fn expert_warps_in_flight(format: GpuFormat) -> usize {
 pub(super) fn expert_warps(blocks: usize, chains: usize, in_flight: usize) -> usize {
     let fill = (in_flight / blocks.max(1)).max(1);
     (1usize << fill.ilog2()).min(chains)
-}
-
-/// Warps per block forced by [`force_expert_warps`] (0: the launch's size decides).
-pub(super) static EXPERT_WARPS: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
-
-/// Forces the warps per block of every grouped expert product (at most its chains; 0 restores
-/// the choice by size). Same bits either way; for the kernel bench's sweep.
-pub fn force_expert_warps(warps: usize) {
-    EXPERT_WARPS.store(warps.min(8), std::sync::atomic::Ordering::Relaxed);
 }
 
 /// `out[t, :] = out[t, :] · sigmoid(gate[t]) + Σ_j weights[t, j] · y[t · top_k + j, :]` (`d`

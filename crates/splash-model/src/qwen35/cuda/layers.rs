@@ -449,10 +449,10 @@ impl GpuGdn {
             c,
             self.conv_kernel,
         )?;
-        // With SPLASH_GDN_CHUNKED=1, prefill chunks scan in the chunked form; decode rows and
+        // With GpuOptions::gdn_chunked, prefill chunks scan in the chunked form; decode rows and
         // verify blocks (which record) always token by token, so that a verified token gets the
         // bits decoding it alone gives.
-        let chunked = dev::gdn_chunked_prefill();
+        let chunked = dev::gdn_chunked_prefill(gpu);
         let (long, short): (Vec<_>, Vec<_>) = seqs(true).into_iter().partition(|p| {
             chunked && p.save == [0; 3] && p.n > splash_backend::cpu::ROW_BY_ROW_TOKENS
         });

@@ -1,5 +1,5 @@
-//! The Qwen3.5 forward pass on the CUDA backend: the same graph as the CPU forward in
-//! `qwen35/mod.rs`, with weights copied to the device in their stored format and the
+//! The Qwen3.5 forward pass on the CUDA backend (the `cuda` device of `crate::device`): the
+//! same graph as the CPU reference in `qwen35/cpu.rs`, with weights copied to the device in their stored format and the
 //! per-sequence state (KV cache, conv and recurrent state) kept on the device. A pass of
 //! a few tokens per sequence is replayed from a captured CUDA graph (`graph.rs`); the
 //! layers are in `layers.rs`, the per-sequence state in `state.rs`.
@@ -614,6 +614,9 @@ impl TextDevice for CudaDevice {
         let mut gpu_items = Vec::with_capacity(items.len());
         for item in items.iter_mut() {
             let seq: &mut GpuSequence = downcast(item.state.as_any_mut(), "cuda")?;
+            if !Arc::ptr_eq(&seq.model, &self.0) {
+                return Err(ModelError::WrongDevice("cuda".into()));
+            }
             if seq.state.is_none() {
                 seq.state = Some(self.0.new_state(&weights.config, seq.kv)?);
             }

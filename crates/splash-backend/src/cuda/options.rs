@@ -1,0 +1,281 @@
+//! The CUDA backend's options: how it runs and which kernel variants it takes, parsed and
+//! validated once (from the `SPLASH_*` variables by [`GpuOptions::from_env`], or set by a test
+//! or bench) and then held by the [`Gpu`](super::Gpu). Kernels and ops read them from there,
+//! never from the environment. The defaults are the measured best on the H200
+//! (BENCHMARKS.md); the rest exist to measure against them.
+
+use super::PrefillExperts;
+
+/// How the CUDA backend runs. [`Default`] is what `splash` runs with when no variable is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// Replay passes of a few tokens from captured CUDA graphs (`SPLASH_CUDA_GRAPHS`, on).
+    pub graphs: bool,
+    /// Synchronise and time every launch, for `splash bench`'s table (`SPLASH_GPU_PROFILE`,
+    /// off). Launches then cannot be captured: graphs are off with it.
+    pub profile: bool,
+    /// Let a kernel start while the one before it finishes, on Hopper and later
+    /// (`SPLASH_DEPENDENT_LAUNCH`: `1`, `0`, or `late` for [`KernelOptions::trigger_late`]).
+    pub dependent_launch: bool,
+    /// Allocate the buffers of a capture from a pool of their own (`SPLASH_CAPTURE_POOL`, off).
+    pub capture_pool: bool,
+    /// Split tensor-core GEMVs stream-K over the SMs (`SPLASH_STREAM_K`, off: on the H200 it
+    /// was faster only for the one-token 27B Q4_K down product and the 16-token Q6_K one).
+    pub stream_k: bool,
+    /// Blocks per SM of a stream-K launch (`SPLASH_STREAM_K_BLOCKS`, 1..=8, 4: 128 registers
+    /// a thread fit four).
+    pub stream_k_blocks_per_sm: usize,
+    /// Long passes over an int8 cache take `attention_prefill_async`, which copies each tile
+    /// while computing on the one before (`SPLASH_FLASH_ASYNC`, on; the same bits).
+    pub flash_async: bool,
+    /// Prefill chunks of more than 16 tokens scan GDN in the chunked form
+    /// (`SPLASH_GDN_CHUNKED`, off: slower than the per-token scan on the H200).
+    pub gdn_chunked: bool,
+    /// The grouped expert kernel of prefill passes (`SPLASH_PREFILL_EXPERTS`, `gemm`).
+    pub prefill_experts: PrefillExperts,
+    /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
+    /// bench's sweep; no variable.
+    pub tensor_core_warps: Option<usize>,
+    /// Warps per block of every grouped expert product, 1..=8 (`None`: by size). The kernel
+    /// bench's sweep; no variable.
+    pub expert_warps: Option<usize>,
+    /// What is compiled into the kernels.
+    pub kernels: KernelOptions,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        Self {
+            graphs: true,
+            profile: false,
+            dependent_launch: true,
+            capture_pool: false,
+            stream_k: false,
+            stream_k_blocks_per_sm: 4,
+            flash_async: true,
+            gdn_chunked: false,
+            prefill_experts: PrefillExperts::Gemm,
+            tensor_core_warps: None,
+            expert_warps: None,
+            kernels: KernelOptions::default(),
+        }
+    }
+}
+
+/// Options compiled into the kernels as constants: part of a compiled module's key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KernelOptions {
+    /// Lanes sharing a column of the GDN scan's state, 4, 8 or 16 (`SPLASH_GDN_SLICES`;
+    /// `None`: 8 for key dims from 32 on, 4 below).
+    pub gdn_slices: Option<usize>,
+    /// A kernel signals its dependents at its end rather than its start
+    /// (`SPLASH_DEPENDENT_LAUNCH=late`).
+    pub trigger_late: bool,
+    /// Weight tiles the tensor-core GEMV prefetches into L2 ahead, 0..=16
+    /// (`SPLASH_GEMV_L2_AHEAD`; `None`: the kernel's default).
+    pub l2_ahead: Option<u32>,
+    /// Register cap of the grouped expert kernels, 64..=255 (`SPLASH_EXPERT_REGS`; `None`: the
+    /// kernel's default per format).
+    pub expert_regs: Option<u32>,
+}
+
+impl KernelOptions {
+    /// Lanes sharing a GDN state column for key dim `dk`: as set, else 8 from 32 on, 4 below.
+    pub fn gdn_slices(&self, dk: usize) -> usize {
+        self.gdn_slices.unwrap_or(if dk >= 32 { 8 } else { 4 })
+    }
+
+    /// Whether these options fit a model whose GDN key dim is `dk`.
+    pub(crate) fn check(&self, dk: usize) -> Result<(), String> {
+        match self.gdn_slices {
+            Some(s) if !dk.is_multiple_of(4 * s) => Err(format!(
+                "SPLASH_GDN_SLICES={s} needs a GDN key head dim divisible by {}; this model's is {dk} (unset it, or use {})",
+                4 * s,
+                [4, 8, 16]
+                    .into_iter()
+                    .filter(|s| dk.is_multiple_of(4 * s))
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl GpuOptions {
+    /// The options the `SPLASH_*` variables set; an error names the variable, its value and
+    /// the values it takes.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) over any source of variables (`var(name)`: its value).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let d = Self::default();
+        let flag = |name: &str, default: bool| match var(name).as_deref() {
+            None | Some("") => Ok(default),
+            Some("1") => Ok(true),
+            Some("0") => Ok(false),
+            Some(v) => Err(format!("{name}={v}: expected 1 (on) or 0 (off)")),
+        };
+        let number =
+            |name: &str, range: std::ops::RangeInclusive<usize>| -> Result<Option<usize>, String> {
+                match var(name).as_deref() {
+                    None | Some("") => Ok(None),
+                    Some(v) => match v.parse::<usize>() {
+                        Ok(n) if range.contains(&n) => Ok(Some(n)),
+                        _ => Err(format!(
+                            "{name}={v}: expected a whole number from {} to {}",
+                            range.start(),
+                            range.end()
+                        )),
+                    },
+                }
+            };
+        let (dependent_launch, trigger_late) = match var("SPLASH_DEPENDENT_LAUNCH").as_deref() {
+            None | Some("") | Some("1") => (true, false),
+            Some("0") => (false, false),
+            Some("late") => (true, true),
+            Some(v) => {
+                return Err(format!(
+                    "SPLASH_DEPENDENT_LAUNCH={v}: expected 1 (on), 0 (off) or late"
+                ))
+            }
+        };
+        let prefill_experts = match var("SPLASH_PREFILL_EXPERTS").as_deref() {
+            None | Some("") => d.prefill_experts,
+            Some(v) => PrefillExperts::ALL
+                .into_iter()
+                .find(|k| k.name() == v)
+                .ok_or_else(|| {
+                    let names: Vec<_> = PrefillExperts::ALL.iter().map(|k| k.name()).collect();
+                    format!(
+                        "SPLASH_PREFILL_EXPERTS={v}: expected {}",
+                        names.join(" or ")
+                    )
+                })?,
+        };
+        let gdn_slices = match number("SPLASH_GDN_SLICES", 4..=16)? {
+            Some(s) if ![4, 8, 16].contains(&s) => {
+                return Err(format!("SPLASH_GDN_SLICES={s}: expected 4, 8 or 16"))
+            }
+            s => s,
+        };
+        let profile = flag("SPLASH_GPU_PROFILE", false)?;
+        Ok(Self {
+            graphs: flag("SPLASH_CUDA_GRAPHS", d.graphs)?,
+            profile,
+            dependent_launch,
+            capture_pool: flag("SPLASH_CAPTURE_POOL", d.capture_pool)?,
+            stream_k: flag("SPLASH_STREAM_K", d.stream_k)?,
+            stream_k_blocks_per_sm: number("SPLASH_STREAM_K_BLOCKS", 1..=8)?
+                .unwrap_or(d.stream_k_blocks_per_sm),
+            flash_async: flag("SPLASH_FLASH_ASYNC", d.flash_async)?,
+            gdn_chunked: flag("SPLASH_GDN_CHUNKED", d.gdn_chunked)?,
+            prefill_experts,
+            tensor_core_warps: None,
+            expert_warps: None,
+            kernels: KernelOptions {
+                gdn_slices,
+                trigger_late,
+                l2_ahead: number("SPLASH_GEMV_L2_AHEAD", 0..=16)?.map(|n| n as u32),
+                expert_regs: number("SPLASH_EXPERT_REGS", 64..=255)?.map(|n| n as u32),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<GpuOptions, String> {
+        GpuOptions::from_vars(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn no_variables_give_the_defaults() {
+        assert_eq!(parse(&[]).unwrap(), GpuOptions::default());
+        assert_eq!(
+            parse(&[("SPLASH_STREAM_K", "")]).unwrap(),
+            GpuOptions::default()
+        );
+    }
+
+    #[test]
+    fn variables_set_their_options() {
+        let o = parse(&[
+            ("SPLASH_CUDA_GRAPHS", "0"),
+            ("SPLASH_GPU_PROFILE", "1"),
+            ("SPLASH_DEPENDENT_LAUNCH", "late"),
+            ("SPLASH_STREAM_K", "1"),
+            ("SPLASH_STREAM_K_BLOCKS", "3"),
+            ("SPLASH_FLASH_ASYNC", "0"),
+            ("SPLASH_GDN_CHUNKED", "1"),
+            ("SPLASH_PREFILL_EXPERTS", "gemv"),
+            ("SPLASH_GDN_SLICES", "16"),
+            ("SPLASH_GEMV_L2_AHEAD", "2"),
+            ("SPLASH_EXPERT_REGS", "96"),
+        ])
+        .unwrap();
+        assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
+        assert_eq!(o.stream_k_blocks_per_sm, 3);
+        assert!(!o.flash_async && o.gdn_chunked);
+        assert_eq!(o.prefill_experts, PrefillExperts::Gemv);
+        assert_eq!(
+            o.kernels,
+            KernelOptions {
+                gdn_slices: Some(16),
+                trigger_late: true,
+                l2_ahead: Some(2),
+                expert_regs: Some(96),
+            }
+        );
+        assert!(
+            !parse(&[("SPLASH_DEPENDENT_LAUNCH", "0")])
+                .unwrap()
+                .dependent_launch
+        );
+    }
+
+    #[test]
+    fn bad_values_are_errors_that_name_the_valid_ones() {
+        for (var, value, expected) in [
+            ("SPLASH_CUDA_GRAPHS", "off", "expected 1 (on) or 0 (off)"),
+            ("SPLASH_PREFILL_EXPERTS", "fast", "expected gemm or gemv"),
+            (
+                "SPLASH_DEPENDENT_LAUNCH",
+                "early",
+                "expected 1 (on), 0 (off) or late",
+            ),
+            ("SPLASH_GDN_SLICES", "6", "expected 4, 8 or 16"),
+            ("SPLASH_STREAM_K_BLOCKS", "9", "from 1 to 8"),
+            ("SPLASH_EXPERT_REGS", "lots", "from 64 to 255"),
+        ] {
+            let err = parse(&[(var, value)]).unwrap_err();
+            assert!(err.contains(&format!("{var}={value}")), "{err}");
+            assert!(err.contains(expected), "{err}");
+        }
+    }
+
+    #[test]
+    fn gdn_slices_must_split_the_key_dim() {
+        let k = KernelOptions {
+            gdn_slices: Some(16),
+            ..Default::default()
+        };
+        assert!(k.check(128).is_ok());
+        let err = k.check(32).unwrap_err();
+        assert!(
+            err.contains("divisible by 64") && err.contains("use 4 or 8"),
+            "{err}"
+        );
+        assert_eq!(KernelOptions::default().gdn_slices(128), 8);
+        assert_eq!(KernelOptions::default().gdn_slices(16), 4);
+    }
+}
