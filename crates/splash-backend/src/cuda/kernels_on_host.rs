@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 
+use super::signatures::host;
 use super::KernelDims;
 use crate::cpu::{self, GdnDims, KvFormat, KvStore, VHeadOrder};
 use crate::ggml::GgmlType;
@@ -63,9 +64,14 @@ impl HostKernels {
             dims.gdn_dv
         ));
         let (cu, lib) = (stem.with_extension("cu"), stem.with_extension("so"));
-        // The very source NVRTC compiles (the kernel files in order, with #line directives).
-        std::fs::write(&cu, super::compile::kernel_source())
-            .map_err(|e| format!("cannot write {}: {e}", cu.display()))?;
+        // The very source NVRTC compiles (the kernel files in order, with #line directives),
+        // then the check that every kernel has the parameters cuda/signatures.rs declares.
+        let source = format!(
+            "{}\n#line 1 \"signatures.rs checks\"\n{}",
+            super::compile::kernel_source(),
+            super::signatures::cpp_checks()
+        );
+        std::fs::write(&cu, source).map_err(|e| format!("cannot write {}: {e}", cu.display()))?;
         let out = std::process::Command::new("g++")
             .args(["-std=c++20", "-O2", "-shared", "-fPIC", "-pthread", "-w"])
             .arg("-DKERNEL_EMULATION")
@@ -276,22 +282,7 @@ impl ExpertLaunch<'_> {
         first: &[u64],
         second: Option<&[u64]>,
     ) -> (Vec<f32>, Vec<f32>) {
-        type Experts = unsafe extern "C" fn(
-            *const u64,
-            *mut f32,
-            *const u64,
-            *mut f32,
-            *const i32,
-            *const i32,
-            *const i32,
-            i64,
-            *const u16,
-            *const f32,
-            i32,
-            i32,
-            i32,
-            i32,
-        );
+        type Experts = host::experts;
         let (active, offsets, order) = self.routing;
         let (y, y_b) = (
             vec![f32::NAN; self.pairs * self.n],
@@ -497,12 +488,12 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
 #[test]
 fn the_moe_routing_kernels_on_the_host_match_the_reference() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    type Route = unsafe extern "C" fn(*const f32, *mut i32, *mut f32, i32, i32);
-    type Group = unsafe extern "C" fn(*const i32, i32, i32, i32, *mut i32, *mut i32, *mut i32);
-    type Counts = unsafe extern "C" fn(*const i32, i32, i32, *mut i32);
-    type Slots = unsafe extern "C" fn(*mut i32, i32, i32, i32, *mut i32, *mut i32);
-    type Scatter = unsafe extern "C" fn(*const i32, i32, i32, *const i32, *mut i32);
-    type Combine = unsafe extern "C" fn(*const f32, *const f32, *mut f32, *const f32, i32, i32);
+    type Route = host::moe_route;
+    type Group = host::moe_group;
+    type Counts = host::moe_group_counts;
+    type Slots = host::moe_group_slots;
+    type Scatter = host::moe_group_scatter;
+    type Combine = host::moe_combine;
     // (256, 8, 200): 1,600 pairs, grouped over two stagings of 1,024 (and 7 chunks of 256);
     // (1000, 10, 110): 1,100 pairs of up to 1,000 experts.
     for (experts, top_k, tokens) in [
@@ -665,18 +656,16 @@ fn the_fused_swiglu_conversion_has_the_bits_of_the_two_kernels() {
         // over buffers of `blocks` 256-value blocks.
         unsafe {
             if fused {
-                let f: unsafe extern "C" fn(*const f32, *const f32, *mut u16, *mut f32, i64) =
-                    kern.kernel("silu_mul_to_f16_tc");
+                let f: host::silu_mul_to_f16_tc = kern.kernel("silu_mul_to_f16_tc");
                 kern.launch(1, threads, &|| {
                     f(ga.ptr(), ua.ptr(), xha.ptr(), xsa.ptr(), blocks as i64)
                 });
             } else {
-                let silu: unsafe extern "C" fn(*mut f32, *const f32, i64) = kern.kernel("silu_mul");
+                let silu: host::silu_mul = kern.kernel("silu_mul");
                 kern.launch(blocks as u32, 256, &|| {
                     silu(ga.ptr(), ua.ptr(), 256 * blocks as i64)
                 });
-                let f: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
-                    kern.kernel("to_f16_tc");
+                let f: host::to_f16_tc = kern.kernel("to_f16_tc");
                 kern.launch(1, threads, &|| {
                     f(ga.ptr(), xha.ptr(), xsa.ptr(), blocks as i64)
                 });
@@ -695,8 +684,7 @@ fn tc_input(kern: &HostKernels, x: &[f32]) -> (Vec<u16>, Vec<f32>) {
     let (xa, xha, xsa) = (Addr::of(x), Addr::of(&xh), Addr::of(&xscale));
     // SAFETY: to_f16_tc's signature, over buffers of the sizes ops.rs gives it.
     unsafe {
-        let to_f16: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
-            kern.kernel("to_f16_tc");
+        let to_f16: host::to_f16_tc = kern.kernel("to_f16_tc");
         kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
             to_f16(xa.ptr(), xha.ptr(), xsa.ptr(), blocks256 as i64)
         });
@@ -755,34 +743,9 @@ impl TcGemv<'_> {
         // SAFETY (every launch): the signatures of gemv_tc8/16_*, gemv_tcs8/16_* and
         // gemv_tc_fixup in kernels/gemv_tc.cu, over buffers of the sizes ops.rs gives them.
         unsafe {
-            type Gemv = unsafe extern "C" fn(
-                *const u8,
-                i64,
-                *const u16,
-                *const f32,
-                *mut f32,
-                *mut f32,
-                i32,
-                i32,
-                i32,
-                i32,
-            );
-            type StreamK = unsafe extern "C" fn(
-                *const u8,
-                i64,
-                *const u16,
-                *const f32,
-                *mut f32,
-                *mut f32,
-                i32,
-                i32,
-                i32,
-                i32,
-                *mut f32,
-                i32,
-            );
-            type Fixup =
-                unsafe extern "C" fn(*const f32, *mut f32, *mut f32, i32, i32, i32, i32, i32, i32);
+            type Gemv = host::gemv_tc;
+            type StreamK = host::gemv_tcs;
+            type Fixup = host::gemv_tc_fixup;
             let (n32, kd32, t32) = (n as i32, kd as i32, tokens as i32);
             match stream_k {
                 None => {
@@ -892,16 +855,7 @@ impl HostCache {
         let fmt = kv_code(format);
         // SAFETY: kv_append's signature; the cache holds s positions.
         unsafe {
-            let append: unsafe extern "C" fn(
-                *const f32,
-                *mut u8,
-                *mut f32,
-                i32,
-                i32,
-                i32,
-                i32,
-                *const i32,
-            ) = kern.kernel("kv_append");
+            let append: host::kv_append = kern.kernel("kv_append");
             for (src, codes, scales) in [(keys, &c.k, &c.ks), (values, &c.v, &c.vs)] {
                 let (xa, ca, sa) = (Addr::of(src), Addr::of(codes), Addr::of(scales));
                 kern.launch((s * hkv) as u32, 128, &|| {
@@ -1008,26 +962,7 @@ fn attention_prefill(
     let (ka, ksa, va, vsa) = cache.addrs();
     // SAFETY: the signatures of attention_prefill and attention_combine in kernels/attention.cu.
     unsafe {
-        type Prefill = unsafe extern "C" fn(
-            *const f32,
-            *const u8,
-            *const f32,
-            *const u8,
-            *const f32,
-            *mut f32,
-            i32,
-            i32,
-            i32,
-            i32,
-            *const i32,
-            f32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            *mut f32,
-        );
+        type Prefill = host::attention_prefill;
         let prefill: Prefill = kern.kernel(kernel);
         let grid = t.div_ceil(64) * hq * nchunks;
         kern.launch(grid as u32, 128, &|| {
@@ -1064,7 +999,7 @@ fn attention_prefill(
 /// # Safety
 /// `part` holds `[rows, nchunks, head_dim + 2]` values and `out` `[rows, head_dim]`.
 unsafe fn combine(kern: &HostKernels, part: Addr, out: Addr, rows: usize, nchunks: usize) {
-    let f: unsafe extern "C" fn(*const f32, *mut f32, i32) = kern.kernel("attention_combine");
+    let f: host::attention_combine = kern.kernel("attention_combine");
     kern.launch(rows as u32, 128, &|| {
         f(part.ptr(), out.ptr(), nchunks as i32)
     });
@@ -1088,15 +1023,12 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
     let rows: usize = seqs.iter().map(|s| s.1).sum();
     let q = random(rows * hq * d, 81);
     let (kn, vn) = (random(rows * hkv * d, 82), random(rows * hkv * d, 83));
-    type Rope = unsafe extern "C" fn(*mut f32, *const f32, i32, i32, i32, i32, *const i32);
-    type RopeSeqs =
-        unsafe extern "C" fn(*mut f32, *mut f32, *const f32, i32, i32, i32, i32, AttnSlots, i32);
-    type Append =
-        unsafe extern "C" fn(*const f32, *mut u8, *mut f32, i32, i32, i32, i32, *const i32);
-    type AppendSeqs = unsafe extern "C" fn(*const f32, *const f32, i32, i32, i32, AttnSlots, i32);
-    type PartSeqs =
-        unsafe extern "C" fn(*const f32, *mut f32, i32, i32, i32, f32, AttnSlots, i32, i32);
-    type CombineSeqs = unsafe extern "C" fn(*const f32, *mut f32, i32, AttnSlots, i32, i32);
+    type Rope = host::rope;
+    type RopeSeqs = host::rope_seqs;
+    type Append = host::kv_append;
+    type AppendSeqs = host::kv_append_seqs;
+    type PartSeqs = host::attention_part_seqs;
+    type CombineSeqs = host::attention_combine_seqs;
     use super::AttnSlots;
     for format in [KvFormat::F32, KvFormat::Bf16, KvFormat::Int8] {
         let fmt = kv_code(format);
@@ -1370,17 +1302,7 @@ fn the_gdn_scan_on_the_host_matches_the_cpu_and_is_pass_invariant() {
 
             // SAFETY: gdn_recurrent's signature; ops::gdn_recurrent's grid and block.
             let scan = |tokens: std::ops::Range<usize>, state: &[f32], out: &[f32]| unsafe {
-                type Scan = unsafe extern "C" fn(
-                    *const f32,
-                    *const f32,
-                    *const f32,
-                    *mut f32,
-                    *mut f32,
-                    i32,
-                    i32,
-                    i32,
-                    i32,
-                );
+                type Scan = host::gdn_recurrent;
                 let f: Scan = kern.kernel("gdn_recurrent");
                 let n = tokens.len();
                 let (ma, ga, ba, sa, oa) = (
@@ -1520,26 +1442,8 @@ fn the_chunked_gdn_prefill_on_the_host_matches_the_cpu() {
                 );
                 // SAFETY: the signatures of gdn_chunk_prep and gdn_chunk_scan, ops::gdn_chunked's grids.
                 unsafe {
-                    type Prep = unsafe extern "C" fn(
-                        *const f32,
-                        *const f32,
-                        *const f32,
-                        *mut f32,
-                        i32,
-                        i32,
-                        i32,
-                        i32,
-                    );
-                    type ChunkScan = unsafe extern "C" fn(
-                        *const f32,
-                        *const f32,
-                        *mut f32,
-                        *mut f32,
-                        i32,
-                        i32,
-                        i32,
-                        i32,
-                    );
+                    type Prep = host::gdn_chunk_prep;
+                    type ChunkScan = host::gdn_chunk_scan;
                     let prep: Prep = kern.kernel("gdn_chunk_prep");
                     let scan: ChunkScan = kern.kernel("gdn_chunk_scan");
                     let chunks = t.div_ceil(super::ops::GDN_CHUNK);
@@ -1604,17 +1508,7 @@ fn the_grouped_dynamic_conv_on_the_host_matches_the_cpu() {
         );
         // SAFETY: grouped_dynamic_conv's signature; ops::grouped_dynamic_conv's grid.
         unsafe {
-            type Conv = unsafe extern "C" fn(
-                *const f32,
-                *const f32,
-                i64,
-                *const f32,
-                *mut f32,
-                i32,
-                i32,
-                i32,
-                i32,
-            );
+            type Conv = host::grouped_dynamic_conv;
             let conv: Conv = kern.kernel("grouped_dynamic_conv");
             kern.launch((t * h).div_ceil(256) as u32, 256, &|| {
                 conv(
@@ -1651,7 +1545,7 @@ fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
     let state0 = random((kernel - 1) * c, 62);
     // SAFETY: conv1d_silu's signature; ops::conv1d_silu's grid.
     let conv = |x: &[f32], y: &[f32], state: &[f32]| unsafe {
-        type Conv = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, *const f32, i32, i32, i32);
+        type Conv = host::conv1d_silu;
         let f: Conv = kern.kernel("conv1d_silu");
         let t = x.len() / c;
         let (xa, ya, sa, wa) = (Addr::of(x), Addr::of(y), Addr::of(state), Addr::of(&w));
@@ -1699,18 +1593,8 @@ fn conv_then_scan(
     (x, w, conv, mixed): (&[f32], &[f32], &[f32], &[f32]),
     (g, beta, rec, out): (&[f32], &[f32], &[f32], &[f32]),
 ) {
-    type Conv = unsafe extern "C" fn(*const f32, *mut f32, *mut f32, *const f32, i32, i32, i32);
-    type Scan = unsafe extern "C" fn(
-        *const f32,
-        *const f32,
-        *const f32,
-        *mut f32,
-        *mut f32,
-        i32,
-        i32,
-        i32,
-        i32,
-    );
+    type Conv = host::conv1d_silu;
+    type Scan = host::gdn_recurrent;
     let (xa, ya, sa, wa) = (Addr::of(x), Addr::of(mixed), Addr::of(conv), Addr::of(w));
     let (ga, ba, ra, oa) = (Addr::of(g), Addr::of(beta), Addr::of(rec), Addr::of(out));
     let conv_blocks = c.div_ceil(128) * n.div_ceil(super::conv_steps(kernel));
@@ -1807,18 +1691,8 @@ fn batched_gdn_gives_each_sequence_its_bits(kd: KernelDims) {
     let saved_rec = vec![f32::NAN; hv * dk * dv];
     let (saved_g, saved_beta) = (vec![f32::NAN; lens[1] * hv], vec![f32::NAN; lens[1] * hv]);
     let at = |v: &[f32]| v.as_ptr() as u64;
-    type ConvSeqs =
-        unsafe extern "C" fn(*const f32, *mut f32, super::SeqSlots, *const f32, i32, i32, i32);
-    type ScanSeqs = unsafe extern "C" fn(
-        *const f32,
-        *const f32,
-        *const f32,
-        super::SeqSlots,
-        *mut f32,
-        i32,
-        i32,
-        i32,
-    );
+    type ConvSeqs = host::conv1d_silu_seqs;
+    type ScanSeqs = host::gdn_recurrent_seqs;
     let scan_blocks = hv
         * dv.div_ceil(super::ops::scan_columns(
             super::KernelOptions::default().gdn_slices(dk),
@@ -1943,7 +1817,7 @@ fn rollback_replay_leaves_the_kept_rows(kd: KernelDims) {
     let rec0: Vec<Vec<f32>> = (0..layers)
         .map(|l| random(hv * dk * dv, 105 + l as u64))
         .collect();
-    type Replay = unsafe extern "C" fn(super::LayerSlots, i32, i32, i32, i32);
+    type Replay = host::conv1d_silu_replay;
     let scan_blocks = hv
         * dv.div_ceil(super::ops::scan_columns(
             super::KernelOptions::default().gdn_slices(dk),
@@ -2042,23 +1916,7 @@ fn split_attention(
     let (ka, ksa, va, vsa) = cache.addrs();
     // SAFETY: the signatures of attention_part and attention_combine in kernels/attention.cu.
     unsafe {
-        type Part = unsafe extern "C" fn(
-            *const f32,
-            *const u8,
-            *const f32,
-            *const u8,
-            *const f32,
-            *mut f32,
-            i32,
-            i32,
-            i32,
-            i32,
-            *const i32,
-            f32,
-            i32,
-            i32,
-            i32,
-        );
+        type Part = host::attention_part;
         let part_fn: Part = kern.kernel("attention_part");
         kern.launch((rows * chunks) as u32, 128, &|| {
             part_fn(
@@ -2132,9 +1990,8 @@ fn the_fused_add_and_norm_on_the_host_has_the_bits_of_the_two_kernels() {
         // SAFETY (every launch): the signatures of add_in_place, rms_norm and add_rms_norm.
         let (two_x, two_out) = (x0.clone(), vec![f32::NAN; rows * d]);
         unsafe {
-            let add: unsafe extern "C" fn(*mut f32, *const f32, i64) = kern.kernel("add_in_place");
-            let norm: unsafe extern "C" fn(*const f32, *const f32, *mut f32, i32, f32) =
-                kern.kernel("rms_norm");
+            let add: host::add_in_place = kern.kernel("add_in_place");
+            let norm: host::rms_norm = kern.kernel("rms_norm");
             let (xa, ya, wa, oa) = (
                 Addr::of(&two_x),
                 Addr::of(&y),
@@ -2151,8 +2008,7 @@ fn the_fused_add_and_norm_on_the_host_has_the_bits_of_the_two_kernels() {
         }
         let (one_x, one_out) = (x0.clone(), vec![f32::NAN; rows * d]);
         unsafe {
-            let fused: unsafe extern "C" fn(*mut f32, *const f32, *const f32, *mut f32, i32, f32) =
-                kern.kernel("add_rms_norm");
+            let fused: host::add_rms_norm = kern.kernel("add_rms_norm");
             let (xa, ya, wa, oa) = (
                 Addr::of(&one_x),
                 Addr::of(&y),
@@ -2196,16 +2052,7 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
             // ops.rs's grids.
             unsafe {
                 if fused {
-                    type Fused = unsafe extern "C" fn(
-                        *mut f32,
-                        *const f32,
-                        *const f32,
-                        *mut f32,
-                        *mut u16,
-                        *mut f32,
-                        i32,
-                        f32,
-                    );
+                    type Fused = host::add_rms_norm_to_f16_tc;
                     let f: Fused = kern.kernel("add_rms_norm_to_f16_tc");
                     kern.launch(rows as u32, threads, &|| {
                         f(
@@ -2220,14 +2067,12 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                         )
                     });
                 } else {
-                    type Norm =
-                        unsafe extern "C" fn(*mut f32, *const f32, *const f32, *mut f32, i32, f32);
+                    type Norm = host::add_rms_norm;
                     let norm: Norm = kern.kernel("add_rms_norm");
                     kern.launch(rows as u32, threads, &|| {
                         norm(xa.ptr(), ya.ptr(), wa.ptr(), oa.ptr(), d as i32, eps)
                     });
-                    let f: unsafe extern "C" fn(*const f32, *mut u16, *mut f32, i64) =
-                        kern.kernel("to_f16_tc");
+                    let f: host::to_f16_tc = kern.kernel("to_f16_tc");
                     kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
                         f(oa.ptr(), ha.ptr(), sa.ptr(), blocks256 as i64)
                     });
@@ -2271,8 +2116,7 @@ fn the_row_top_k_on_the_host_matches_the_cpu() {
             // SAFETY: the signatures of top_k_part and top_k_merge; ops::top_k_rows's grids,
             // blocks and buffers.
             unsafe {
-                type Part =
-                    unsafe extern "C" fn(*const f32, i32, i32, f32, f32, i32, *mut i32, *mut f32);
+                type Part = host::top_k_part;
                 let f: Part = kern.kernel("top_k_part");
                 kern.launch((rows * parts) as u32, 256, &|| {
                     f(
@@ -2287,8 +2131,7 @@ fn the_row_top_k_on_the_host_matches_the_cpu() {
                     )
                 });
                 if parts > 1 {
-                    type Merge =
-                        unsafe extern "C" fn(*const i32, *const f32, i32, i32, *mut i32, *mut f32);
+                    type Merge = host::top_k_merge;
                     let m: Merge = kern.kernel("top_k_merge");
                     kern.launch(rows as u32, 256, &|| {
                         m(
@@ -2359,25 +2202,11 @@ fn the_small_q8_gemv_on_the_host_gives_each_token_its_bits_alone() {
             // SAFETY: the signatures of quantize_q8 and gemv1_q8_* in kernels/gemv.cu, over buffers
             // of the sizes ops::gemv_q8 gives them.
             unsafe {
-                let quantize: unsafe extern "C" fn(*const f32, *mut i8, *mut f32, *mut f32, i64) =
-                    kern.kernel("quantize_q8");
+                let quantize: host::quantize_q8 = kern.kernel("quantize_q8");
                 kern.launch((blocks32 * 32).div_ceil(256) as u32, 256, &|| {
                     quantize(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks32 as i64)
                 });
-                type Gemv = unsafe extern "C" fn(
-                    *const u8,
-                    i64,
-                    *const i8,
-                    *const f32,
-                    *const f32,
-                    *mut f32,
-                    *mut f32,
-                    i32,
-                    i32,
-                    i32,
-                    i32,
-                    i32,
-                );
+                type Gemv = host::gemv_q8;
                 let gemv: Gemv = kern.kernel(&format!("gemv1_q8_{suffix}"));
                 let group = n.div_ceil(4 / split);
                 kern.launch((group * tokens) as u32, 128, &|| {
@@ -2490,21 +2319,7 @@ fn the_float_gemv_on_the_host_gives_each_token_its_bits_alone() {
             );
             let group = n.div_ceil(4 / split);
             let per_token = tokens == 1 || split == 4;
-            type Gemv = unsafe extern "C" fn(
-                *const u8,
-                i64,
-                *const f32,
-                *const f32,
-                i32,
-                *const f32,
-                *mut f32,
-                *mut f32,
-                i32,
-                i32,
-                i32,
-                i32,
-                i32,
-            );
+            type Gemv = host::gemv;
             // SAFETY: the signature of gemv_* / gemv1_* in kernels/gemv.cu (WEIGHT_KERNELS), over
             // buffers of the sizes ops::gemv_float gives them; no affine scales.
             unsafe {
@@ -2542,8 +2357,8 @@ fn the_float_gemv_on_the_host_gives_each_token_its_bits_alone() {
 #[test]
 fn the_bf16_conversions_have_the_bits_of_rounding_the_f32_rows() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    type Convert = unsafe extern "C" fn(*const f32, *mut u16, i64);
-    type Gated = unsafe extern "C" fn(*const f32, *const f32, *mut u16, i64);
+    type Convert = host::to_bf16;
+    type Gated = host::silu_mul_to_bf16;
     // SAFETY (the kernels and every launch below): the kernels' signatures, a thread per four
     // values (ops.rs's grids) and one block a row for the norms.
     let (to_bf16, silu_to_bf16): (Convert, Gated) =
@@ -2577,13 +2392,10 @@ fn the_bf16_conversions_have_the_bits_of_rounding_the_f32_rows() {
     });
     assert_eq!(out, rounded(&gated), "silu_mul_to_bf16");
 
-    type Norm = unsafe extern "C" fn(*mut f32, *const f32, *const f32, *mut f32, i32, f32);
-    type NormBf16 =
-        unsafe extern "C" fn(*mut f32, *const f32, *const f32, *mut f32, *mut u16, i32, f32);
-    type GatedNorm =
-        unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, i32, i32, f32);
-    type GatedNormBf16 =
-        unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, *mut u16, i32, i32, f32);
+    type Norm = host::add_rms_norm;
+    type NormBf16 = host::add_rms_norm_to_bf16;
+    type GatedNorm = host::rms_norm_gated;
+    type GatedNormBf16 = host::rms_norm_gated_to_bf16;
     let (norm, norm_bf16, gated_norm, gated_norm_bf16): (Norm, NormBf16, GatedNorm, GatedNormBf16) = unsafe {
         (
             kern.kernel("add_rms_norm"),

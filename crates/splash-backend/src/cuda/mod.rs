@@ -13,6 +13,7 @@ mod compile;
 mod kernels_on_host;
 mod ops;
 mod options;
+mod signatures;
 mod weights;
 
 use std::collections::HashMap;
@@ -262,7 +263,7 @@ pub struct Kernels {
 
 /// A kernel argument.
 #[derive(Clone, Debug)]
-pub enum Arg {
+pub(crate) enum Arg {
     /// A device address.
     Ptr(u64),
     I32(i32),
@@ -706,8 +707,16 @@ impl Gpu {
         Ok(self.stream.synchronize()?)
     }
 
-    /// Launches kernel `name` of `k` on a 1-D grid.
-    pub fn launch(
+    /// Launches kernel `name` of `k` on a 1-D grid of `grid` blocks of `block` threads.
+    ///
+    /// # Safety
+    /// `args` must be the kernel's parameters in order and type (the launchers of
+    /// `signatures.rs` build them from its declaration, checked against the source), and every
+    /// address among them a live buffer of this GPU holding what the kernel reads and writes
+    /// for the shape the other arguments give. The kernel runs later, on the stream: the
+    /// buffers must stay alive until the work queued before their drop has run (frees are
+    /// ordered on the same stream).
+    pub(crate) unsafe fn launch(
         &self,
         k: &Kernels,
         name: &str,
@@ -782,8 +791,8 @@ impl Gpu {
                 block_dim: (block, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: every kernel's parameter list matches the wrapper in ops.rs that builds
-            // `args`; pointers are live device buffers owned by the caller.
+            // SAFETY: `args` are the kernel's parameters and its buffers are live (the
+            // contract of `Gpu::launch`).
             unsafe { b.launch(cfg) }?;
         }
         Ok(())

@@ -37,23 +37,10 @@ pub fn kv_append(
     d: usize,
     pos: impl Into<Position>,
 ) -> Result<(), GpuError> {
-    let [p0, p_at] = pos.into().args();
-    gpu.launch(
-        k,
-        "kv_append",
-        (tokens * heads) as u32,
-        128,
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(cache),
-            Arg::Ptr(scales),
-            Arg::I32(kv_code(format)),
-            Arg::I32(d as i32),
-            Arg::I32(heads as i32),
-            p0,
-            p_at,
-        ],
-    )
+    let (p0, p_at) = pos.into().args();
+    let (grid, fmt) = (((tokens * heads) as u32, 128), kv_code(format));
+    let (d, heads) = (d as i32, heads as i32);
+    launch::kv_append(gpu, k, grid, x, cache, scales, fmt, d, heads, p0, p_at)
 }
 
 /// Chunks of [`ATTN_CHUNK`] keys the split attention (`attention_part`) gives each query row of
@@ -102,40 +89,37 @@ pub fn attention(
     mask: KeyMask,
 ) -> Result<(), GpuError> {
     let pos = pos.into();
-    let [p0, p_at] = pos.args();
-    let args = |out_or_part: u64| {
-        [
-            Arg::Ptr(q),
-            Arg::Ptr(keys.0),
-            Arg::Ptr(keys.1),
-            Arg::Ptr(values.0),
-            Arg::Ptr(values.1),
-            Arg::Ptr(out_or_part),
-            Arg::I32(kv_code(format)),
-            Arg::I32(hq as i32),
-            Arg::I32(hkv as i32),
-            p0,
-            p_at,
-            Arg::F32(scale),
-            Arg::I32(mask.block as i32),
-            Arg::I32(mask.window.unwrap_or(0) as i32),
-        ]
-    };
+    let (p0, p_at) = pos.args();
+    let (fmt, hq_i, hkv_i) = (kv_code(format), hq as i32, hkv as i32);
+    let (block, window) = (mask.block as i32, mask.window.unwrap_or(0) as i32);
+    let (kc, ks, vc, vs) = (keys.0, keys.1, values.0, values.1);
     if tokens <= SPLIT_ATTENTION_ROWS {
         let chunks = split_chunks(pos, tokens, mask);
         let rows = tokens * hq;
         let part = gpu.uninit::<f32>(rows * chunks * (k.dims().head_dim + 2))?;
         let pp = ptr(gpu, &part, 0);
-        let mut a = args(pp).to_vec();
-        a.push(Arg::I32(chunks as i32));
-        gpu.launch(k, "attention_part", (rows * chunks) as u32, 128, &a)?;
-        return gpu.launch(
+        let grid = ((rows * chunks) as u32, 128);
+        launch::attention_part(
+            gpu,
             k,
-            "attention_combine",
-            rows as u32,
-            128,
-            &[Arg::Ptr(pp), Arg::Ptr(out), Arg::I32(chunks as i32)],
-        );
+            grid,
+            q,
+            kc,
+            ks,
+            vc,
+            vs,
+            pp,
+            fmt,
+            hq_i,
+            hkv_i,
+            p0,
+            p_at,
+            scale,
+            block,
+            window,
+            chunks as i32,
+        )?;
+        return launch::attention_combine(gpu, k, (rows as u32, 128), pp, out, chunks as i32);
     }
     if flash_prefill(gpu, k, format) {
         let tiles = tokens.div_ceil(FLASH_QUERY_ROWS);
@@ -152,13 +136,6 @@ pub fn attention(
             None
         };
         let pp = part.as_ref().map_or(0, |p| ptr(gpu, p, 0));
-        let mut a = args(out).to_vec();
-        a.extend([
-            Arg::I32(tokens as i32),
-            Arg::I32(chunk as i32),
-            Arg::I32(nchunks as i32),
-            Arg::Ptr(pp),
-        ]);
         // The int8 rows copied a tile ahead (16-byte copies: the caches' rows must be aligned).
         let aligned = (keys.0 | values.0).is_multiple_of(16);
         let kernel = if format == KvFormat::Int8 && aligned && gpu.options().flash_async {
@@ -166,19 +143,21 @@ pub fn attention(
         } else {
             "attention_prefill"
         };
-        gpu.launch(k, kernel, (tiles * hq * nchunks) as u32, 128, &a)?;
+        let grid = ((tiles * hq * nchunks) as u32, 128);
+        let (t, chunk, n) = (tokens as i32, chunk as i32, nchunks as i32);
+        launch::attention_prefill(
+            gpu, k, kernel, grid, q, kc, ks, vc, vs, out, fmt, hq_i, hkv_i, p0, p_at, scale, block,
+            window, t, chunk, n, pp,
+        )?;
         if nchunks > 1 {
-            gpu.launch(
-                k,
-                "attention_combine",
-                rows as u32,
-                128,
-                &[Arg::Ptr(pp), Arg::Ptr(out), Arg::I32(nchunks as i32)],
-            )?;
+            launch::attention_combine(gpu, k, (rows as u32, 128), pp, out, n)?;
         }
         return Ok(());
     }
-    gpu.launch(k, "attention", (tokens * hq) as u32, 128, &args(out))
+    let grid = ((tokens * hq) as u32, 128);
+    launch::attention(
+        gpu, k, grid, q, kc, ks, vc, vs, out, fmt, hq_i, hkv_i, p0, p_at, scale, block, window,
+    )
 }
 
 /// Query tokens per block of `attention_prefill` (16 per warp, `FA_WARPS` = 4 warps).
@@ -260,21 +239,9 @@ pub fn kv_append_seqs(
 ) -> Result<(), GpuError> {
     for (group, slots, longest) in attn_groups(parts) {
         let per = 2 * longest * hkv;
-        gpu.launch(
-            k,
-            "kv_append_seqs",
-            (per * group.len()) as u32,
-            128,
-            &[
-                Arg::Ptr(keys),
-                Arg::Ptr(values),
-                Arg::I32(kv_code(format)),
-                Arg::I32(d as i32),
-                Arg::I32(hkv as i32),
-                Arg::Attn(Box::new(slots)),
-                Arg::I32(per as i32),
-            ],
-        )?;
+        let (grid, fmt) = (((per * group.len()) as u32, 128), kv_code(format));
+        let (d, hkv, per) = (d as i32, hkv as i32, per as i32);
+        launch::kv_append_seqs(gpu, k, grid, keys, values, fmt, d, hkv, slots, per)?;
     }
     Ok(())
 }
@@ -332,38 +299,14 @@ pub fn attention_seqs(
         let rows = longest * hq;
         let part = gpu.uninit::<f32>(group.len() * rows * chunks * (d + 2))?;
         let pp = ptr(gpu, &part, 0);
-        let slots = Box::new(slots);
-        gpu.launch(
-            k,
-            "attention_part_seqs",
-            (group.len() * rows * chunks) as u32,
-            128,
-            &[
-                Arg::Ptr(q),
-                Arg::Ptr(pp),
-                Arg::I32(kv_code(format)),
-                Arg::I32(hq as i32),
-                Arg::I32(hkv as i32),
-                Arg::F32(scale),
-                Arg::Attn(slots.clone()),
-                Arg::I32(rows as i32),
-                Arg::I32(chunks as i32),
-            ],
+        let grid = ((group.len() * rows * chunks) as u32, 128);
+        let (fmt, hq_i, hkv_i) = (kv_code(format), hq as i32, hkv as i32);
+        let (rows_i, n) = (rows as i32, chunks as i32);
+        launch::attention_part_seqs(
+            gpu, k, grid, q, pp, fmt, hq_i, hkv_i, scale, slots, rows_i, n,
         )?;
-        gpu.launch(
-            k,
-            "attention_combine_seqs",
-            (group.len() * rows) as u32,
-            128,
-            &[
-                Arg::Ptr(pp),
-                Arg::Ptr(out),
-                Arg::I32(hq as i32),
-                Arg::Attn(slots),
-                Arg::I32(rows as i32),
-                Arg::I32(chunks as i32),
-            ],
-        )?;
+        let grid = ((group.len() * rows) as u32, 128);
+        launch::attention_combine_seqs(gpu, k, grid, pp, out, hq_i, slots, rows_i, n)?;
     }
     Ok(())
 }

@@ -20,21 +20,18 @@ pub fn grouped_dynamic_conv(
     group: usize,
 ) -> Result<(), GpuError> {
     assert!(out != x, "grouped_dynamic_conv reads x while it writes out");
-    gpu.launch(
+    launch::grouped_dynamic_conv(
+        gpu,
         k,
-        "grouped_dynamic_conv",
-        blocks(t * h, 256),
-        256,
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(dynamic),
-            Arg::I64(stride as i64),
-            Arg::Ptr(base),
-            Arg::Ptr(out),
-            Arg::I32(t as i32),
-            Arg::I32(h as i32),
-            Arg::I32(kernel as i32),
-            Arg::I32(group as i32),
-        ],
+        (blocks(t * h, 256), 256),
+        x,
+        dynamic,
+        stride as i64,
+        base,
+        out,
+        t as i32,
+        h as i32,
+        kernel as i32,
+        group as i32,
     )
 }

@@ -26,20 +26,17 @@ pub fn conv1d_silu(
     c: usize,
     kernel: usize,
 ) -> Result<(), GpuError> {
-    gpu.launch(
+    launch::conv1d_silu(
+        gpu,
         k,
-        "conv1d_silu",
-        conv_blocks(c, tokens, kernel)?,
-        128,
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(y),
-            Arg::Ptr(state),
-            Arg::Ptr(w),
-            Arg::I32(tokens as i32),
-            Arg::I32(c as i32),
-            Arg::I32(kernel as i32),
-        ],
+        (conv_blocks(c, tokens, kernel)?, 128),
+        x,
+        y,
+        state,
+        w,
+        tokens as i32,
+        c as i32,
+        kernel as i32,
     )
 }
 
@@ -110,20 +107,17 @@ pub fn conv1d_silu_seqs(
 ) -> Result<(), GpuError> {
     for (count, slots, longest) in seq_groups(parts) {
         let per = conv_blocks(c, longest, kernel)?;
-        gpu.launch(
+        launch::conv1d_silu_seqs(
+            gpu,
             k,
-            "conv1d_silu_seqs",
-            per * count as u32,
-            128,
-            &[
-                Arg::Ptr(x),
-                Arg::Ptr(y),
-                Arg::Seqs(Box::new(slots)),
-                Arg::Ptr(w),
-                Arg::I32(per as i32),
-                Arg::I32(c as i32),
-                Arg::I32(kernel as i32),
-            ],
+            (per * count as u32, 128),
+            x,
+            y,
+            slots,
+            w,
+            per as i32,
+            c as i32,
+            kernel as i32,
         )?;
     }
     Ok(())
@@ -148,21 +142,18 @@ pub fn gdn_recurrent_seqs(
 ) -> Result<(), GpuError> {
     let per = scan_blocks(k, hv);
     for (count, slots, _) in seq_groups(parts) {
-        gpu.launch(
+        launch::gdn_recurrent_seqs(
+            gpu,
             k,
-            "gdn_recurrent_seqs",
-            per * count as u32,
-            128,
-            &[
-                Arg::Ptr(mixed),
-                Arg::Ptr(g),
-                Arg::Ptr(beta),
-                Arg::Seqs(Box::new(slots)),
-                Arg::Ptr(out),
-                Arg::I32(hk as i32),
-                Arg::I32(hv as i32),
-                Arg::I32(tiled as i32),
-            ],
+            (per * count as u32, 128),
+            mixed,
+            g,
+            beta,
+            slots,
+            out,
+            hk as i32,
+            hv as i32,
+            tiled as i32,
         )?;
     }
     Ok(())
@@ -213,31 +204,25 @@ pub fn gdn_replay(
             (scan.buf[0][i], scan.buf[1][i], scan.buf[2][i]) = (out, l.g, l.beta);
         }
         let n = group.len() as u32;
-        gpu.launch(
+        launch::conv1d_silu_replay(
+            gpu,
             k,
-            "conv1d_silu_replay",
-            per_conv * n,
-            128,
-            &[
-                Arg::Layers(Box::new(conv)),
-                Arg::I32(per_conv as i32),
-                Arg::I32(keep as i32),
-                Arg::I32(c as i32),
-                Arg::I32(kernel as i32),
-            ],
+            (per_conv * n, 128),
+            conv,
+            per_conv as i32,
+            keep as i32,
+            c as i32,
+            kernel as i32,
         )?;
-        gpu.launch(
+        launch::gdn_recurrent_replay(
+            gpu,
             k,
-            "gdn_recurrent_replay",
-            per_scan * n,
-            128,
-            &[
-                Arg::Layers(Box::new(scan)),
-                Arg::I32(keep as i32),
-                Arg::I32(hk as i32),
-                Arg::I32(hv as i32),
-                Arg::I32(tiled as i32),
-            ],
+            (per_scan * n, 128),
+            scan,
+            keep as i32,
+            hk as i32,
+            hv as i32,
+            tiled as i32,
         )?;
     }
     Ok(())
@@ -255,19 +240,16 @@ pub fn gdn_gates(
     hv: usize,
     n: usize,
 ) -> Result<(), GpuError> {
-    gpu.launch(
+    launch::gdn_gates(
+        gpu,
         k,
-        "gdn_gates",
-        blocks(n, 256),
-        256,
-        &[
-            Arg::Ptr(b),
-            Arg::Ptr(a),
-            Arg::Ptr(dt_bias),
-            Arg::Ptr(neg_a),
-            Arg::I32(hv as i32),
-            Arg::I64(n as i64),
-        ],
+        (blocks(n, 256), 256),
+        b,
+        a,
+        dt_bias,
+        neg_a,
+        hv as i32,
+        n as i64,
     )
 }
 
@@ -287,21 +269,18 @@ pub fn gdn_recurrent(
     hv: usize,
     tiled: bool,
 ) -> Result<(), GpuError> {
-    gpu.launch(
+    launch::gdn_recurrent(
+        gpu,
         k,
-        "gdn_recurrent",
-        scan_blocks(k, hv),
-        128,
-        &[
-            Arg::Ptr(mixed),
-            Arg::Ptr(g),
-            Arg::Ptr(beta),
-            Arg::Ptr(state),
-            Arg::Ptr(out),
-            Arg::I32(tokens as i32),
-            Arg::I32(hk as i32),
-            Arg::I32(hv as i32),
-            Arg::I32(tiled as i32),
-        ],
+        (scan_blocks(k, hv), 128),
+        mixed,
+        g,
+        beta,
+        state,
+        out,
+        tokens as i32,
+        hk as i32,
+        hv as i32,
+        tiled as i32,
     )
 }

@@ -57,36 +57,30 @@ pub fn gdn_chunked(
              up to 32 and of 32 above, dk + dv ≤ 256); unset SPLASH_GDN_CHUNKED"
         )));
     }
-    gpu.launch(
+    launch::gdn_chunk_prep(
+        gpu,
         k,
-        "gdn_chunk_prep",
-        (tokens.div_ceil(GDN_CHUNK) * hv) as u32,
-        256,
-        &[
-            Arg::Ptr(mixed),
-            Arg::Ptr(g),
-            Arg::Ptr(beta),
-            Arg::Ptr(scratch),
-            Arg::I32(tokens as i32),
-            Arg::I32(hk as i32),
-            Arg::I32(hv as i32),
-            Arg::I32(tiled as i32),
-        ],
+        ((tokens.div_ceil(GDN_CHUNK) * hv) as u32, 256),
+        mixed,
+        g,
+        beta,
+        scratch,
+        tokens as i32,
+        hk as i32,
+        hv as i32,
+        tiled as i32,
     )?;
-    gpu.launch(
+    launch::gdn_chunk_scan(
+        gpu,
         k,
-        "gdn_chunk_scan",
-        chunk_scan_blocks(hv, dv),
-        256,
-        &[
-            Arg::Ptr(mixed),
-            Arg::Ptr(scratch),
-            Arg::Ptr(state),
-            Arg::Ptr(out),
-            Arg::I32(tokens as i32),
-            Arg::I32(hk as i32),
-            Arg::I32(hv as i32),
-            Arg::I32(tiled as i32),
-        ],
+        (chunk_scan_blocks(hv, dv), 256),
+        mixed,
+        scratch,
+        state,
+        out,
+        tokens as i32,
+        hk as i32,
+        hv as i32,
+        tiled as i32,
     )
 }

@@ -168,30 +168,20 @@ pub(super) fn gemm(
         if !exact && w.format == GpuFormat::F32 && w.row_bytes == 4 * kdim {
             // Contiguous f32 rows: the activations' coalesced conversion, the same bits.
             let values = rows * kdim;
-            gpu.launch(
+            launch::to_bf16(
+                gpu,
                 k,
-                "to_bf16",
-                blocks(values.div_ceil(4), 256),
-                256,
-                &[Arg::Ptr(src), Arg::Ptr(wp), Arg::I64(values as i64)],
+                (blocks(values.div_ceil(4), 256), 256),
+                src,
+                wp,
+                values as i64,
             )?;
         } else {
             let (scales, biases, group) = group_args(gpu, w, row0 + r0);
-            gpu.launch(
-                k,
-                &dequant,
-                blocks(rows * kdim / 32, 128),
-                128,
-                &[
-                    Arg::Ptr(src),
-                    Arg::I64(w.row_bytes as i64),
-                    Arg::Ptr(scales),
-                    Arg::Ptr(biases),
-                    Arg::I32(group),
-                    Arg::Ptr(wp),
-                    Arg::I32(rows as i32),
-                    Arg::I32(kdim as i32),
-                ],
+            let grid = (blocks(rows * kdim / 32, 128), 128);
+            let (row_bytes, rows, kdim) = (w.row_bytes as i64, rows as i32, kdim as i32);
+            launch::dequant(
+                gpu, k, &dequant, grid, src, row_bytes, scales, biases, group, wp, rows, kdim,
             )?;
         }
         gemm_rows(
@@ -326,7 +316,7 @@ pub fn matmul_swiglu(
     tokens: usize,
 ) -> Result<(), GpuError> {
     if reads_f16(gpu, w, tokens) {
-        let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], tokens, w.cols)?;
+        let converted = convert_f16_tc(gpu, k, F16Input::SiluMul(g, u), tokens, w.cols)?;
         let base = ptr(gpu, &w.data, 0);
         return gemv_tc(
             gpu,
@@ -342,19 +332,8 @@ pub fn matmul_swiglu(
     if reads_bf16(gpu, w, tokens) {
         let n = tokens * w.cols;
         let xb = gpu.uninit::<u16>(n)?;
-        let args = [
-            Arg::Ptr(g),
-            Arg::Ptr(u),
-            Arg::Ptr(ptr(gpu, &xb, 0)),
-            Arg::I64(n as i64),
-        ];
-        gpu.launch(
-            k,
-            "silu_mul_to_bf16",
-            blocks(n.div_ceil(4), 256),
-            256,
-            &args,
-        )?;
+        let grid = (blocks(n.div_ceil(4), 256), 256);
+        launch::silu_mul_to_bf16(gpu, k, grid, g, u, ptr(gpu, &xb, 0), n as i64)?;
         let x = Activations::with_bf16(g, tokens, w.cols, xb);
         return matmul_activations(gpu, k, out, &x, w, 0, w.rows);
     }
@@ -408,15 +387,26 @@ pub(super) fn gemv_q8(
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
     let suffix = format!("q8_{}", w.format.kernel_suffix());
-    RowGemv::new(n, tokens).launch(gpu, k, &suffix, out, kdim, |t0| {
-        vec![
-            Arg::Ptr(base),
-            Arg::I64(w.row_bytes as i64),
-            Arg::Ptr(ptr(gpu, xq, t0 * kdim)),
-            Arg::Ptr(ptr(gpu, xd, t0 * kdim / 32)),
-            Arg::Ptr(ptr(gpu, xs, t0 * kdim / 32)),
-        ]
+    let row_bytes = w.row_bytes as i64;
+    RowGemv::new(n, tokens).launch(&suffix, out, kdim, |name, grid, t0, r| {
+        let xq = ptr(gpu, xq, t0 * kdim);
+        let (xd, xs) = (ptr(gpu, xd, t0 * kdim / 32), ptr(gpu, xs, t0 * kdim / 32));
+        launch::gemv_q8(
+            gpu, k, name, grid, base, row_bytes, xq, xd, xs, r.y, r.y2, r.n, r.k, r.t, r.split,
+            r.rows1,
+        )
     })
+}
+
+/// The outputs and shape a row GEMV launch ends its arguments with (see [`RowGemv::launch`]).
+pub(super) struct RowTail {
+    y: u64,
+    y2: u64,
+    n: i32,
+    k: i32,
+    t: i32,
+    split: i32,
+    rows1: i32,
 }
 
 /// How a warp-per-row GEMV (`gemv_*` and `gemv_q8_*` in kernels/gemv.cu, blocks of 4 warps) is
@@ -446,17 +436,16 @@ impl RowGemv {
         }
     }
 
-    /// Launches the GEMV of the weights of kernel suffix `suffix` over rows of `kdim`: the
-    /// arguments `inputs(first token)` gives (weights, activations), then the outputs (rows
-    /// below `out.2` into `out.0`, the others into `out.1`) and the shape.
+    /// Launches the GEMV of the weights of kernel suffix `suffix` over rows of `kdim`, chunk by
+    /// chunk of tokens: `run(kernel, grid, first token, tail)` launches one with the weights
+    /// and activations, then `tail`: the outputs (rows below `out.2` into `out.0`, the others
+    /// into `out.1`) and the shape.
     fn launch(
         &self,
-        gpu: &Gpu,
-        k: &Kernels,
         suffix: &str,
         (y, y2, rows1): (u64, u64, usize),
         kdim: usize,
-        inputs: impl Fn(usize) -> Vec<Arg>,
+        run: impl Fn(&str, (u32, u32), usize, RowTail) -> Result<(), GpuError>,
     ) -> Result<(), GpuError> {
         let name = format!("gemv{}_{suffix}", if self.per_token { "1" } else { "" });
         let chunks: Vec<(usize, usize)> = if self.per_token {
@@ -465,22 +454,21 @@ impl RowGemv {
             token_chunks(self.tokens).collect()
         };
         for (t0, tc) in chunks {
-            let mut args = inputs(t0);
-            args.extend([
-                Arg::Ptr(row_at(y, t0, rows1)),
-                Arg::Ptr(row_at(y2, t0, self.rows - rows1)),
-                Arg::I32(self.rows as i32),
-                Arg::I32(kdim as i32),
-                Arg::I32(tc as i32),
-                Arg::I32(self.split as i32),
-                Arg::I32(rows1 as i32),
-            ]);
+            let tail = RowTail {
+                y: row_at(y, t0, rows1),
+                y2: row_at(y2, t0, self.rows - rows1),
+                n: self.rows as i32,
+                k: kdim as i32,
+                t: tc as i32,
+                split: self.split as i32,
+                rows1: rows1 as i32,
+            };
             let grid = if self.per_token {
                 self.group * tc as u32
             } else {
                 self.group
             };
-            gpu.launch(k, &name, grid, 128, &args)?;
+            run(&name, (grid, 128), t0, tail)?;
         }
         Ok(())
     }
@@ -504,15 +492,13 @@ pub(super) fn gemv_float(
     let kdim = w.cols;
     let (scales, biases, group) = group_args(gpu, w, row0);
     let suffix = w.format.kernel_suffix();
-    RowGemv::new(n, tokens).launch(gpu, k, suffix, out, kdim, |t0| {
-        vec![
-            Arg::Ptr(base),
-            Arg::I64(w.row_bytes as i64),
-            Arg::Ptr(scales),
-            Arg::Ptr(biases),
-            Arg::I32(group),
-            Arg::Ptr(x + (t0 * kdim * 4) as u64),
-        ]
+    let row_bytes = w.row_bytes as i64;
+    RowGemv::new(n, tokens).launch(suffix, out, kdim, |name, grid, t0, r| {
+        let x = x + (t0 * kdim * 4) as u64;
+        launch::gemv(
+            gpu, k, name, grid, base, row_bytes, scales, biases, group, x, r.y, r.y2, r.n, r.k,
+            r.t, r.split, r.rows1,
+        )
     })
 }
 

@@ -24,61 +24,30 @@ pub(super) fn gemv_tc(
     let plan = stream_k(gpu, n, kdim);
     for (t0, tc) in token_chunks(tokens) {
         let (y_at, y2_at) = (row_at(y, t0, split), row_at(y2, t0, n - split));
+        let (xh_at, xs_at) = (ptr(gpu, xh, t0 * kdim), ptr(gpu, xscale, t0 * kdim / 256));
+        let (row_bytes, split_i, n_i) = (w.row_bytes as i64, split as i32, n as i32);
+        let (k_i, t_i) = (kdim as i32, tc as i32);
         if let Some(plan) = plan {
             let name = format!("gemv_tcs{}_{suffix}", if tc <= 8 { 8 } else { 16 });
             let partials = gpu.uninit::<f32>(plan.partials(n))?;
             let pp = ptr(gpu, &partials, 0);
-            let common = [
-                Arg::Ptr(y_at),
-                Arg::Ptr(y2_at),
-                Arg::I32(split as i32),
-                Arg::I32(n as i32),
-                Arg::I32(kdim as i32),
-                Arg::I32(tc as i32),
-            ];
-            let mut a = vec![
-                Arg::Ptr(base),
-                Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(ptr(gpu, xh, t0 * kdim)),
-                Arg::Ptr(ptr(gpu, xscale, t0 * kdim / 256)),
-            ];
-            a.extend(common.clone());
-            a.extend([Arg::Ptr(pp), Arg::I32(plan.max_pieces as i32)]);
-            gpu.launch(k, &name, plan.blocks as u32, 32 * STREAM_K_WARPS, &a)?;
-            let mut f = vec![Arg::Ptr(pp)];
-            f.extend(common);
-            f.extend([
-                Arg::I32(plan.blocks as i32),
-                Arg::I32(plan.max_pieces as i32),
-            ]);
-            gpu.launch(
-                k,
-                "gemv_tc_fixup",
-                blocks(n.div_ceil(16) * tc * 16, 256),
-                256,
-                &f,
+            let (blocks_i, pieces) = (plan.blocks as i32, plan.max_pieces as i32);
+            let grid = (plan.blocks as u32, 32 * STREAM_K_WARPS);
+            launch::gemv_tcs(
+                gpu, k, &name, grid, base, row_bytes, xh_at, xs_at, y_at, y2_at, split_i, n_i, k_i,
+                t_i, pp, pieces,
+            )?;
+            let grid = (blocks(n.div_ceil(16) * tc * 16, 256), 256);
+            launch::gemv_tc_fixup(
+                gpu, k, grid, pp, y_at, y2_at, split_i, n_i, k_i, t_i, blocks_i, pieces,
             )?;
             continue;
         }
         // A block per 16-row tile.
         let name = format!("gemv_tc{}_{suffix}", if tc <= 8 { 8 } else { 16 });
-        gpu.launch(
-            k,
-            &name,
-            blocks(n, 16),
-            32 * warps,
-            &[
-                Arg::Ptr(base),
-                Arg::I64(w.row_bytes as i64),
-                Arg::Ptr(ptr(gpu, xh, t0 * kdim)),
-                Arg::Ptr(ptr(gpu, xscale, t0 * kdim / 256)),
-                Arg::Ptr(y_at),
-                Arg::Ptr(y2_at),
-                Arg::I32(split as i32),
-                Arg::I32(n as i32),
-                Arg::I32(kdim as i32),
-                Arg::I32(tc as i32),
-            ],
+        let grid = (blocks(n, 16), 32 * warps);
+        launch::gemv_tc(
+            gpu, k, &name, grid, base, row_bytes, xh_at, xs_at, y_at, y2_at, split_i, n_i, k_i, t_i,
         )?;
     }
     Ok(())
@@ -123,27 +92,33 @@ pub(super) fn stream_k(gpu: &Gpu, n: usize, kdim: usize) -> Option<StreamK> {
         .then(|| StreamK::new(n, kdim, gpu.sms(), o.stream_k_blocks_per_sm))
 }
 
+/// What a conversion to the tensor-core GEMV's input reads (`[rows, kdim]` f32 each).
+pub(super) enum F16Input {
+    /// The rows themselves (`to_f16_tc`).
+    Rows(u64),
+    /// `silu(g) · u` of the rows of `g` and `u` (`silu_mul_to_f16_tc`).
+    SiluMul(u64, u64),
+}
+
 /// `rows` rows of `kdim` activations as the tensor-core GEMV reads them (f16 in its k order,
-/// one power-of-two scale per 256 values), by `kernel`: `to_f16_tc` of one input, or a fused
-/// one that derives the values from several `inputs` (`[rows, kdim]` f32 each).
+/// one power-of-two scale per 256 values), from `input`.
 pub(super) fn convert_f16_tc(
     gpu: &Gpu,
     k: &Kernels,
-    kernel: &str,
-    inputs: &[u64],
+    input: F16Input,
     rows: usize,
     kdim: usize,
 ) -> Result<F16Rows, GpuError> {
     let blocks256 = rows * kdim / 256;
     let xh = gpu.uninit::<u16>(rows * kdim)?;
     let xscale = gpu.uninit::<f32>(blocks256)?;
-    let mut args: Vec<Arg> = inputs.iter().map(|&p| Arg::Ptr(p)).collect();
-    args.extend([
-        Arg::Ptr(ptr(gpu, &xh, 0)),
-        Arg::Ptr(ptr(gpu, &xscale, 0)),
-        Arg::I64(blocks256 as i64),
-    ]);
-    gpu.launch(k, kernel, blocks(blocks256 * 32, 256), 256, &args)?;
+    let (xhp, xsp) = (ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0));
+    let grid = (blocks(blocks256 * 32, 256), 256);
+    let n = blocks256 as i64;
+    match input {
+        F16Input::Rows(x) => launch::to_f16_tc(gpu, k, grid, x, xhp, xsp, n)?,
+        F16Input::SiluMul(g, u) => launch::silu_mul_to_f16_tc(gpu, k, grid, g, u, xhp, xsp, n)?,
+    }
     Ok((xh, xscale))
 }
 

@@ -6,8 +6,9 @@ use std::cell::OnceCell;
 
 use cudarc::driver::CudaSlice;
 
+use super::signatures::launch;
 use super::{
-    ptr, weights, Arg, AttnSlots, DeviceWeight, Gpu, GpuError, GpuFormat, GpuOptions, Kernels,
+    ptr, weights, AttnSlots, DeviceWeight, Gpu, GpuError, GpuFormat, GpuOptions, Kernels,
     LayerSlots, SeqSlots, ATTN_SLOTS, LAYER_SLOTS, SEQ_SLOTS,
 };
 use crate::cpu::KvFormat;
@@ -106,7 +107,7 @@ impl Activations {
     /// 256 values (`to_f16_tc`).
     fn f16(&self, gpu: &Gpu, k: &Kernels) -> Result<&F16Rows, GpuError> {
         converted(&self.f16, || {
-            convert_f16_tc(gpu, k, "to_f16_tc", &[self.x], self.tokens, self.kdim)
+            convert_f16_tc(gpu, k, F16Input::Rows(self.x), self.tokens, self.kdim)
         })
     }
 
@@ -117,18 +118,15 @@ impl Activations {
             let xq = gpu.uninit::<i8>(self.tokens * self.kdim)?;
             let xd = gpu.uninit::<f32>(blocks32)?;
             let xs = gpu.uninit::<f32>(blocks32)?;
-            gpu.launch(
+            launch::quantize_q8(
+                gpu,
                 k,
-                "quantize_q8",
-                blocks(blocks32 * 32, 256),
-                256,
-                &[
-                    Arg::Ptr(self.x),
-                    Arg::Ptr(super::ptr(gpu, &xq, 0)),
-                    Arg::Ptr(super::ptr(gpu, &xd, 0)),
-                    Arg::Ptr(super::ptr(gpu, &xs, 0)),
-                    Arg::I64(blocks32 as i64),
-                ],
+                (blocks(blocks32 * 32, 256), 256),
+                self.x,
+                super::ptr(gpu, &xq, 0),
+                super::ptr(gpu, &xd, 0),
+                super::ptr(gpu, &xs, 0),
+                blocks32 as i64,
             )?;
             Ok((xq, xd, xs))
         })
@@ -139,16 +137,13 @@ impl Activations {
         converted(&self.bf16, || {
             let n = self.tokens * self.kdim;
             let xb = gpu.uninit::<u16>(n)?;
-            gpu.launch(
+            launch::to_bf16(
+                gpu,
                 k,
-                "to_bf16",
-                blocks(n.div_ceil(4), 256),
-                256,
-                &[
-                    Arg::Ptr(self.x),
-                    Arg::Ptr(super::ptr(gpu, &xb, 0)),
-                    Arg::I64(n as i64),
-                ],
+                (blocks(n.div_ceil(4), 256), 256),
+                self.x,
+                super::ptr(gpu, &xb, 0),
+                n as i64,
             )?;
             Ok(xb)
         })

@@ -66,57 +66,30 @@ pub fn moe_route(
         },
     };
     let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
-    gpu.launch(
+    launch::moe_route(
+        gpu,
         k,
-        "moe_route",
-        tokens as u32,
-        256,
-        &[
-            Arg::Ptr(logits),
-            Arg::Ptr(p(&r.ids)),
-            Arg::Ptr(ptr(gpu, &r.weights, 0)),
-            Arg::I32(experts as i32),
-            Arg::I32(top_k as i32),
-        ],
+        (tokens as u32, 256),
+        logits,
+        p(&r.ids),
+        ptr(gpu, &r.weights, 0),
+        experts as i32,
+        top_k as i32,
     )?;
-    let (ids, e, slots) = (
-        Arg::Ptr(p(&r.ids)),
-        Arg::I32(experts as i32),
-        Arg::I32(slots as i32),
-    );
-    let (active, offsets, order) = (
-        Arg::Ptr(p(&r.active)),
-        Arg::Ptr(p(&r.offsets)),
-        Arg::Ptr(p(&r.order)),
-    );
+    let (ids, e, slots) = (p(&r.ids), experts as i32, slots as i32);
+    let (active, offsets, order) = (p(&r.active), p(&r.offsets), p(&r.order));
+    let pairs = pairs as i32;
     let Some(counts) = &r.chunk_counts else {
-        let args = [
-            ids,
-            Arg::I32(pairs as i32),
-            e,
-            slots,
-            active,
-            offsets,
-            order,
-        ];
-        gpu.launch(k, "moe_group", 1, 1024, &args)?;
+        let grid = (1, 1024);
+        launch::moe_group(gpu, k, grid, ids, pairs, e, slots, active, offsets, order)?;
         return Ok(r);
     };
-    let (counts, pairs) = (Arg::Ptr(p(counts)), Arg::I32(pairs as i32));
-    let chunk = MOE_GROUP_CHUNK as u32;
-    let args = [ids.clone(), pairs.clone(), e.clone(), counts.clone()];
-    gpu.launch(k, "moe_group_counts", chunks as u32, chunk, &args)?;
-    let args = [
-        counts.clone(),
-        Arg::I32(chunks as i32),
-        e.clone(),
-        slots,
-        active,
-        offsets,
-    ];
-    gpu.launch(k, "moe_group_slots", 1, 1024, &args)?;
-    let args = [ids, pairs, e, counts, order];
-    gpu.launch(k, "moe_group_scatter", chunks as u32, chunk, &args)?;
+    let counts = p(counts);
+    let spread = (chunks as u32, MOE_GROUP_CHUNK as u32);
+    launch::moe_group_counts(gpu, k, spread, ids, pairs, e, counts)?;
+    let n = chunks as i32;
+    launch::moe_group_slots(gpu, k, (1, 1024), counts, n, e, slots, active, offsets)?;
+    launch::moe_group_scatter(gpu, k, spread, ids, pairs, e, counts, order)?;
     Ok(r)
 }
 
@@ -168,7 +141,7 @@ pub fn matmul_experts_swiglu(
     routing: &ExpertRouting,
     pairs: usize,
 ) -> Result<(), GpuError> {
-    let converted = convert_f16_tc(gpu, k, "silu_mul_to_f16_tc", &[g, u], pairs, proto.cols)?;
+    let converted = convert_f16_tc(gpu, k, F16Input::SiluMul(g, u), pairs, proto.cols)?;
     let x = Activations::with_f16(g, pairs, proto.cols, converted);
     matmul_experts(gpu, k, out, &x, table, proto, routing, 1)
 }
@@ -211,27 +184,31 @@ pub(super) fn launch_experts(
         (None, w) => w.min(chains),
         (Some(forced), _) => forced.min(chains),
     };
-    gpu.launch(
+    let name = format!("{kernel}{}", proto.format.kernel_suffix());
+    let grid = (blocks as u32, 32 * warps as u32);
+    let ((table, y), (table_b, y_b)) = (products[0], products[1]);
+    let (active, offsets, order) = (p(&routing.active), p(&routing.offsets), p(&routing.order));
+    let (xh, xscale) = (ptr(gpu, xh, 0), ptr(gpu, xscale, 0));
+    let (n, kdim, col_div, chains) = (n as i32, kdim as i32, col_div as i32, chains as i32);
+    launch::experts(
+        gpu,
         k,
-        &format!("{kernel}{}", proto.format.kernel_suffix()),
-        blocks as u32,
-        32 * warps as u32,
-        &[
-            Arg::Ptr(products[0].0),
-            Arg::Ptr(products[0].1),
-            Arg::Ptr(products[1].0),
-            Arg::Ptr(products[1].1),
-            Arg::Ptr(p(&routing.active)),
-            Arg::Ptr(p(&routing.offsets)),
-            Arg::Ptr(p(&routing.order)),
-            Arg::I64(proto.row_bytes as i64),
-            Arg::Ptr(ptr(gpu, xh, 0)),
-            Arg::Ptr(ptr(gpu, xscale, 0)),
-            Arg::I32(n as i32),
-            Arg::I32(kdim as i32),
-            Arg::I32(col_div as i32),
-            Arg::I32(chains as i32),
-        ],
+        &name,
+        grid,
+        table,
+        y,
+        table_b,
+        y_b,
+        active,
+        offsets,
+        order,
+        proto.row_bytes as i64,
+        xh,
+        xscale,
+        n,
+        kdim,
+        col_div,
+        chains,
     )
 }
 
@@ -296,18 +273,15 @@ pub fn moe_combine(
     top_k: usize,
     d: usize,
 ) -> Result<(), GpuError> {
-    gpu.launch(
+    launch::moe_combine(
+        gpu,
         k,
-        "moe_combine",
-        (tokens * d.div_ceil(256)) as u32,
-        256,
-        &[
-            Arg::Ptr(y),
-            Arg::Ptr(ptr(gpu, &routing.weights, 0)),
-            Arg::Ptr(out),
-            Arg::Ptr(gate.unwrap_or(0)),
-            Arg::I32(top_k as i32),
-            Arg::I32(d as i32),
-        ],
+        ((tokens * d.div_ceil(256)) as u32, 256),
+        y,
+        ptr(gpu, &routing.weights, 0),
+        out,
+        gate.unwrap_or(0),
+        top_k as i32,
+        d as i32,
     )
 }

@@ -15,14 +15,8 @@ pub fn rms_norm(
     d: usize,
     eps: f32,
 ) -> Result<(), GpuError> {
-    let args = [
-        Arg::Ptr(x),
-        Arg::Ptr(w),
-        Arg::Ptr(out),
-        Arg::I32(d as i32),
-        Arg::F32(eps),
-    ];
-    gpu.launch(k, "rms_norm", rows as u32, norm_threads(d), &args)
+    let grid = (rows as u32, norm_threads(d));
+    launch::rms_norm(gpu, k, grid, x, w, out, d as i32, eps)
 }
 
 /// The residual add and the next norm: `x += y`, then `out = rms_norm(x) · w`, per row of
@@ -39,30 +33,17 @@ pub fn add_rms_norm(
     d: usize,
     eps: f32,
 ) -> Result<(), GpuError> {
-    launch_add_rms_norm(gpu, k, "add_rms_norm", [out, x, y, w], &[], rows, d, eps)
+    check_add_rms_norm(out, x, y);
+    let grid = (rows as u32, norm_threads(d));
+    launch::add_rms_norm(gpu, k, grid, x, y, w, out, d as i32, eps)
 }
 
-/// Launches `kernel`, `add_rms_norm` or a variant that also writes the outputs `extra` (their
-/// arguments come after `out`'s).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch_add_rms_norm(
-    gpu: &Gpu,
-    k: &Kernels,
-    kernel: &str,
-    [out, x, y, w]: [u64; 4],
-    extra: &[Arg],
-    rows: usize,
-    d: usize,
-    eps: f32,
-) -> Result<(), GpuError> {
+/// The fused add and norm kernels write `out` while they read `x` and `y`.
+fn check_add_rms_norm(out: u64, x: u64, y: u64) {
     assert!(
         out != x && out != y,
         "add_rms_norm writes out while it reads x and y"
     );
-    let mut args = vec![Arg::Ptr(x), Arg::Ptr(y), Arg::Ptr(w), Arg::Ptr(out)];
-    args.extend_from_slice(extra);
-    args.extend([Arg::I32(d as i32), Arg::F32(eps)]);
-    gpu.launch(k, kernel, rows as u32, norm_threads(d), &args)
 }
 
 /// [`add_rms_norm`], its output returned as the activations of the products that read it. When
@@ -84,9 +65,9 @@ pub fn add_rms_norm_activations(
 ) -> Result<Activations, GpuError> {
     if reads_bf16(gpu, f16_for, rows) {
         let xb = gpu.uninit::<u16>(rows * d)?;
-        let converted = [Arg::Ptr(ptr(gpu, &xb, 0))];
-        let kernel = "add_rms_norm_to_bf16";
-        launch_add_rms_norm(gpu, k, kernel, [out, x, y, w], &converted, rows, d, eps)?;
+        check_add_rms_norm(out, x, y);
+        let (grid, xbp) = ((rows as u32, norm_threads(d)), ptr(gpu, &xb, 0));
+        launch::add_rms_norm_to_bf16(gpu, k, grid, x, y, w, out, xbp, d as i32, eps)?;
         return Ok(Activations::with_bf16(out, rows, d, xb));
     }
     // The kernel converts whole 256-value blocks (a tiled weight's rows are made of them).
@@ -96,9 +77,13 @@ pub fn add_rms_norm_activations(
     }
     let xh = gpu.uninit::<u16>(rows * d)?;
     let xscale = gpu.uninit::<f32>(rows * d / 256)?;
-    let converted = [Arg::Ptr(ptr(gpu, &xh, 0)), Arg::Ptr(ptr(gpu, &xscale, 0))];
-    let kernel = "add_rms_norm_to_f16_tc";
-    launch_add_rms_norm(gpu, k, kernel, [out, x, y, w], &converted, rows, d, eps)?;
+    check_add_rms_norm(out, x, y);
+    let (grid, xhp, xsp) = (
+        (rows as u32, norm_threads(d)),
+        ptr(gpu, &xh, 0),
+        ptr(gpu, &xscale, 0),
+    );
+    launch::add_rms_norm_to_f16_tc(gpu, k, grid, x, y, w, out, xhp, xsp, d as i32, eps)?;
     Ok(Activations::with_f16(out, rows, d, (xh, xscale)))
 }
 
@@ -133,7 +118,8 @@ pub fn rms_norm_gated(
     d: usize,
     eps: f32,
 ) -> Result<(), GpuError> {
-    launch_rms_norm_gated(gpu, k, "rms_norm_gated", [x, z, w, out], None, rows, d, eps)
+    let (rows_i, d) = (rows as i32, d as i32);
+    launch::rms_norm_gated(gpu, k, gated_norm_grid(rows), x, z, w, out, rows_i, d, eps)
 }
 
 /// [`rms_norm_gated`] whose `[tokens, rows / tokens · d]` output is the input of products by
@@ -156,64 +142,41 @@ pub fn rms_norm_gated_activations(
         return Ok(Activations::new(out, tokens, kdim));
     }
     let ob = gpu.uninit::<u16>(rows * d)?;
-    let kernel = "rms_norm_gated_to_bf16";
-    let ob_ptr = Some(ptr(gpu, &ob, 0));
-    launch_rms_norm_gated(gpu, k, kernel, [x, z, w, out], ob_ptr, rows, d, eps)?;
+    let (grid, obp) = (gated_norm_grid(rows), ptr(gpu, &ob, 0));
+    let (rows_i, d_i) = (rows as i32, d as i32);
+    launch::rms_norm_gated_to_bf16(gpu, k, grid, x, z, w, out, obp, rows_i, d_i, eps)?;
     Ok(Activations::with_bf16(out, tokens, kdim, ob))
 }
 
-/// Launches `kernel`, `rms_norm_gated` or its variant that also writes the bf16 rows `ob`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn launch_rms_norm_gated(
-    gpu: &Gpu,
-    k: &Kernels,
-    kernel: &str,
-    [x, z, w, out]: [u64; 4],
-    ob: Option<u64>,
-    rows: usize,
-    d: usize,
-    eps: f32,
-) -> Result<(), GpuError> {
-    let mut args = vec![Arg::Ptr(x), Arg::Ptr(z), Arg::Ptr(w), Arg::Ptr(out)];
-    args.extend(ob.map(Arg::Ptr));
-    args.extend([Arg::I32(rows as i32), Arg::I32(d as i32), Arg::F32(eps)]);
-    let blocks = rows.div_ceil(GATED_NORM_ROWS) as u32;
-    gpu.launch(k, kernel, blocks, 32 * GATED_NORM_ROWS as u32, &args)
+/// The grid of `rms_norm_gated*` over `rows` rows: a warp a row.
+pub(super) fn gated_norm_grid(rows: usize) -> (u32, u32) {
+    (
+        rows.div_ceil(GATED_NORM_ROWS) as u32,
+        32 * GATED_NORM_ROWS as u32,
+    )
 }
 
 /// Rows (a warp each) a block of `rms_norm_gated*`.
 pub(super) const GATED_NORM_ROWS: usize = 8;
 
-pub(super) fn elementwise(
-    gpu: &Gpu,
-    k: &Kernels,
-    name: &'static str,
-    a: u64,
-    b: u64,
-    n: usize,
-) -> Result<(), GpuError> {
-    gpu.launch(
-        k,
-        name,
-        blocks(n, 256),
-        256,
-        &[Arg::Ptr(a), Arg::Ptr(b), Arg::I64(n as i64)],
-    )
+/// The grid of an elementwise kernel over `n` values: a thread each.
+pub(super) fn elementwise_grid(n: usize) -> (u32, u32) {
+    (blocks(n, 256), 256)
 }
 
 /// `x += y` over `n` values.
 pub fn add_in_place(gpu: &Gpu, k: &Kernels, x: u64, y: u64, n: usize) -> Result<(), GpuError> {
-    elementwise(gpu, k, "add_in_place", x, y, n)
+    launch::add_in_place(gpu, k, elementwise_grid(n), x, y, n as i64)
 }
 
 /// `g = silu(g) * u` over `n` values.
 pub fn silu_mul(gpu: &Gpu, k: &Kernels, g: u64, u: u64, n: usize) -> Result<(), GpuError> {
-    elementwise(gpu, k, "silu_mul", g, u, n)
+    launch::silu_mul(gpu, k, elementwise_grid(n), g, u, n as i64)
 }
 
 /// `x *= sigmoid(gate)` over `n` values.
 pub fn sigmoid_gate(gpu: &Gpu, k: &Kernels, x: u64, gate: u64, n: usize) -> Result<(), GpuError> {
-    elementwise(gpu, k, "sigmoid_gate", x, gate, n)
+    launch::sigmoid_gate(gpu, k, elementwise_grid(n), x, gate, n as i64)
 }
 
 /// `x[r, :] *= sigmoid(g[r])` for `rows` rows of `d`.
@@ -225,13 +188,8 @@ pub fn scale_rows_sigmoid(
     rows: usize,
     d: usize,
 ) -> Result<(), GpuError> {
-    gpu.launch(
-        k,
-        "scale_rows_sigmoid",
-        rows as u32,
-        row_threads(d),
-        &[Arg::Ptr(x), Arg::Ptr(g), Arg::I32(d as i32)],
-    )
+    let grid = (rows as u32, row_threads(d));
+    launch::scale_rows_sigmoid(gpu, k, grid, x, g, d as i32)
 }
 
 /// `out[i, :] = x[idx[i], :]` for `rows` indices (`idx` i32 on the device).
@@ -244,18 +202,8 @@ pub fn gather_rows(
     rows: usize,
     d: usize,
 ) -> Result<(), GpuError> {
-    gpu.launch(
-        k,
-        "gather_rows",
-        rows as u32,
-        row_threads(d),
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(idx),
-            Arg::Ptr(out),
-            Arg::I32(d as i32),
-        ],
-    )
+    let grid = (rows as u32, row_threads(d));
+    launch::gather_rows(gpu, k, grid, x, idx, out, d as i32)
 }
 
 /// `out[idx[i], :] += w[i] * y[i, :]` (distinct indices).
@@ -270,17 +218,6 @@ pub fn scatter_add_rows(
     rows: usize,
     d: usize,
 ) -> Result<(), GpuError> {
-    gpu.launch(
-        k,
-        "scatter_add_rows",
-        rows as u32,
-        row_threads(d),
-        &[
-            Arg::Ptr(y),
-            Arg::Ptr(idx),
-            Arg::Ptr(w),
-            Arg::Ptr(out),
-            Arg::I32(d as i32),
-        ],
-    )
+    let grid = (rows as u32, row_threads(d));
+    launch::scatter_add_rows(gpu, k, grid, y, idx, w, out, d as i32)
 }

@@ -13,18 +13,8 @@ pub fn split_q_gate(
     rows: usize,
     d: usize,
 ) -> Result<(), GpuError> {
-    gpu.launch(
-        k,
-        "split_q_gate",
-        rows as u32,
-        row_threads(d),
-        &[
-            Arg::Ptr(qg),
-            Arg::Ptr(q),
-            Arg::Ptr(gate),
-            Arg::I32(d as i32),
-        ],
-    )
+    let grid = (rows as u32, row_threads(d));
+    launch::split_q_gate(gpu, k, grid, qg, q, gate, d as i32)
 }
 
 /// The position of a pass's first token, as the position-dependent kernels (RoPE, KV append,
@@ -47,10 +37,10 @@ impl From<usize> for Position {
 
 impl Position {
     /// The kernels' `pos0, pos_at` arguments.
-    pub(super) fn args(self) -> [Arg; 2] {
+    pub(super) fn args(self) -> (i32, u64) {
         match self {
-            Position::Host(p) => [Arg::I32(p as i32), Arg::Ptr(0)],
-            Position::Device { at, .. } => [Arg::I32(0), Arg::Ptr(at)],
+            Position::Host(p) => (p as i32, 0),
+            Position::Device { at, .. } => (0, at),
         }
     }
 }
@@ -68,22 +58,10 @@ pub fn rope(
     rot: usize,
     pos: impl Into<Position>,
 ) -> Result<(), GpuError> {
-    let [p0, p_at] = pos.into().args();
-    gpu.launch(
-        k,
-        "rope",
-        (tokens * heads) as u32,
-        row_threads(rot / 2),
-        &[
-            Arg::Ptr(x),
-            Arg::Ptr(inv_freq),
-            Arg::I32(heads as i32),
-            Arg::I32(d as i32),
-            Arg::I32(rot as i32),
-            p0,
-            p_at,
-        ],
-    )
+    let (p0, p_at) = pos.into().args();
+    let grid = ((tokens * heads) as u32, row_threads(rot / 2));
+    let (heads, d, rot) = (heads as i32, d as i32, rot as i32);
+    launch::rope(gpu, k, grid, x, inv_freq, heads, d, rot, p0, p_at)
 }
 
 /// [`rope`] of every sequence's query rows `q` `[rows, hq, d]` and key rows `keys`
@@ -101,23 +79,9 @@ pub fn rope_seqs(
 ) -> Result<(), GpuError> {
     for (group, slots, longest) in attn_groups(parts) {
         let per = longest * (hq + hkv);
-        gpu.launch(
-            k,
-            "rope_seqs",
-            (per * group.len()) as u32,
-            row_threads(rot / 2),
-            &[
-                Arg::Ptr(q),
-                Arg::Ptr(keys),
-                Arg::Ptr(inv_freq),
-                Arg::I32(hq as i32),
-                Arg::I32(hkv as i32),
-                Arg::I32(d as i32),
-                Arg::I32(rot as i32),
-                Arg::Attn(Box::new(slots)),
-                Arg::I32(per as i32),
-            ],
-        )?;
+        let grid = ((per * group.len()) as u32, row_threads(rot / 2));
+        let (hq, hkv, d, rot, per) = (hq as i32, hkv as i32, d as i32, rot as i32, per as i32);
+        launch::rope_seqs(gpu, k, grid, q, keys, inv_freq, hq, hkv, d, rot, slots, per)?;
     }
     Ok(())
 }

@@ -41,36 +41,30 @@ pub fn top_k_rows(
         None
     };
     let (first_ids, first_vals) = staged.as_ref().map_or((&ids, &vals), |(i, v)| (i, v));
-    gpu.launch(
+    launch::top_k_part(
+        gpu,
         k,
-        "top_k_part",
-        (rows * parts) as u32,
-        256,
-        &[
-            Arg::Ptr(logits),
-            Arg::I32(v as i32),
-            Arg::I32(top as i32),
-            Arg::F32(mult),
-            Arg::F32(cap.unwrap_or(0.0)),
-            Arg::I32(parts as i32),
-            Arg::Ptr(ptr(gpu, first_ids, 0)),
-            Arg::Ptr(ptr(gpu, first_vals, 0)),
-        ],
+        ((rows * parts) as u32, 256),
+        logits,
+        v as i32,
+        top as i32,
+        mult,
+        cap.unwrap_or(0.0),
+        parts as i32,
+        ptr(gpu, first_ids, 0),
+        ptr(gpu, first_vals, 0),
     )?;
     if let Some((part_ids, part_vals)) = &staged {
-        gpu.launch(
+        launch::top_k_merge(
+            gpu,
             k,
-            "top_k_merge",
-            rows as u32,
-            256,
-            &[
-                Arg::Ptr(ptr(gpu, part_ids, 0)),
-                Arg::Ptr(ptr(gpu, part_vals, 0)),
-                Arg::I32((parts * top) as i32),
-                Arg::I32(top as i32),
-                Arg::Ptr(ptr(gpu, &ids, 0)),
-                Arg::Ptr(ptr(gpu, &vals, 0)),
-            ],
+            (rows as u32, 256),
+            ptr(gpu, part_ids, 0),
+            ptr(gpu, part_vals, 0),
+            (parts * top) as i32,
+            top as i32,
+            ptr(gpu, &ids, 0),
+            ptr(gpu, &vals, 0),
         )?;
     }
     Ok((ids, vals))
