@@ -8,7 +8,7 @@ use std::path::Path;
 use splash_model::gguf::GgufHeader;
 
 mod common;
-use common::{argmax, fixture, max_rel};
+use common::{argmax, fixture, max_rel, twin};
 use splash_model::{load, Format, Logits, Tokenizer};
 
 fn all_logits(m: &splash_model::Model, ids: &[u32]) -> Vec<f32> {
@@ -24,7 +24,7 @@ fn check_against_twin(family: &str, quant: &str) {
     let dir = fixture(&format!("qwen35-{family}-gguf"));
     let q = load(&dir.join(format!("model-{quant}.gguf"))).unwrap();
     assert_eq!(q.format, Format::Gguf);
-    let twin = load(&dir.join(format!("twin-{quant}"))).unwrap();
+    let twin = load(&twin(&format!("qwen35-{family}-gguf/twin-{quant}"))).unwrap();
     let original = load(&fixture(&format!("qwen35-{family}"))).unwrap();
     let text = std::fs::read_to_string(fixture("qwen35-dense/ppl.txt")).unwrap();
     let ids = original.tokenizer.encode(&text).unwrap();
@@ -74,7 +74,7 @@ fn decode_steps_match_the_twin() {
     // One token at a time: the block GEMV path.
     let dir = fixture("qwen35-dense-gguf");
     let q = load(&dir.join("model-Q4_mix.gguf")).unwrap();
-    let d = load(&dir.join("twin-Q4_mix")).unwrap();
+    let d = load(&twin("qwen35-dense-gguf/twin-Q4_mix")).unwrap();
     let (mut sq, mut sd) = (q.graph.new_state(), d.graph.new_state());
     let mut token = 10u32;
     for step in 0..24 {

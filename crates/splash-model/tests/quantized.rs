@@ -2,10 +2,12 @@
 //! transformers fixture by `tests/fixtures/make_mlx_fixture.py` with MLX's quantisation
 //! formula): exact dequantisation, and the whole model against its f32 original.
 
+use std::path::Path;
+
 use safetensors::SafeTensors;
 
 mod common;
-use common::{fixture, max_rel};
+use common::{fixture, max_rel, twin};
 use splash_model::{load, Checkpoint, Logits};
 
 #[test]
@@ -40,8 +42,8 @@ fn dequantisation_matches_the_mlx_formula() {
 }
 
 /// Logits of every position of the perplexity text.
-fn all_logits(dir: &str, ids: &[u32]) -> Vec<f32> {
-    let m = load(&fixture(dir)).unwrap();
+fn all_logits(dir: &Path, ids: &[u32]) -> Vec<f32> {
+    let m = load(dir).unwrap();
     m.graph
         .forward(&mut m.graph.new_state(), ids, Logits::All)
         .unwrap()
@@ -54,9 +56,9 @@ fn check_against_twin(name: &str, original: &str) {
     assert!(q.config.quantization.is_some());
     let text = std::fs::read_to_string(fixture(original).join("ppl.txt")).unwrap();
     let ids = q.tokenizer.encode(&text).unwrap();
-    let lq = all_logits(name, &ids);
-    let exact = max_rel(&lq, &all_logits(&format!("{name}-dequant"), &ids));
-    let lf = all_logits(original, &ids);
+    let lq = all_logits(&fixture(name), &ids);
+    let exact = max_rel(&lq, &all_logits(&twin(&format!("{name}-dequant")), &ids));
+    let lf = all_logits(&fixture(original), &ids);
     let vs_f32 = max_rel(&lq, &lf);
     let v = q.config.vocab_size;
     let argmax = |r: &[f32]| (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b });
@@ -89,7 +91,7 @@ fn mlx_4bit_moe_with_switch_mlp_experts_computes_what_its_weights_encode() {
 fn mlx_4bit_decode_steps_match_the_dequantised_twin() {
     // One token at a time: the fused affine GEMV path.
     let q = load(&fixture("qwen35-dense-mlx4")).unwrap();
-    let d = load(&fixture("qwen35-dense-mlx4-dequant")).unwrap();
+    let d = load(&twin("qwen35-dense-mlx4-dequant")).unwrap();
     let (mut sq, mut sd) = (q.graph.new_state(), d.graph.new_state());
     let mut token = 10u32;
     for step in 0..24 {
