@@ -84,6 +84,7 @@ pub(crate) trait TextDevice: Send + Sync {
     ) -> Result<Vec<PassOutput>, ModelError>;
 
     /// The device as `Any`, for the code that placed it (the CUDA draft finds its target's GPU).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     fn as_any(&self) -> &dyn Any;
 }
 

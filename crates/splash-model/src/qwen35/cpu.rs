@@ -131,6 +131,7 @@ impl CpuState {
 }
 
 /// Writes the image layers of a state that has run nothing yet (any device's fresh state).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn save_fresh_layers(w: &mut ImageWriter, config: &ModelConfig, kv: KvFormat) {
     CpuState::new(config, kv)
         .save_layers(w, 0)
