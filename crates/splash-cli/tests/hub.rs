@@ -56,10 +56,14 @@ fn fixture_files(name: &str) -> Vec<FakeFile> {
         .collect()
 }
 
-/// A fake Hub serving the MLX 4-bit fixture as `mlx-community/Qwen35-Tiny-4bit`.
+/// A fake Hub serving the MLX 4-bit fixture as `mlx-community/Qwen35-Tiny-4bit`, with another
+/// `.safetensors` file beside the checkpoint (`dequantized.safetensors`, as the fixture's
+/// exact dequantised values were once committed) that splash must not download.
 fn mlx_hub() -> FakeHub {
     let hub = FakeHub::start();
-    hub.push(MLX_REPO, "main", COMMIT, fixture_files("qwen35-dense-mlx4"));
+    let mut files = fixture_files("qwen35-dense-mlx4");
+    files.push(FakeFile::lfs("dequantized.safetensors", noise(200_000, 3)));
+    hub.push(MLX_REPO, "main", COMMIT, files);
     hub
 }
 
@@ -294,7 +298,7 @@ fn mlx_repo_is_downloaded_served_and_then_served_offline() {
     server.chat(MLX_REPO);
     drop(server);
     assert!(!hub.cdn_requests_for("model.safetensors").is_empty());
-    // The dequantised twin is not the checkpoint (`model*.safetensors` wins).
+    // The other safetensors file is not the checkpoint (`model*.safetensors` wins).
     assert!(requests_for(&hub, "dequantized.safetensors").is_empty());
     let snapshot = home
         .path()

@@ -153,7 +153,7 @@ impl Server {
                 "--model",
                 // The random model on the real vocabulary: the agents' prompts are long, and
                 // its tiny layers prefill them in seconds on a CI machine.
-                common::REALVOCAB,
+                &common::realvocab(),
                 "--port",
                 "0",
                 "--max-context",

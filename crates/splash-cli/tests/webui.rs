@@ -204,8 +204,8 @@ fn chat_page_in_headless_chromium() {
     }
     // The real-vocabulary model never stops early, so the page's streaming and stop button
     // always have a long answer to work on (the demo ends its answers quickly).
-    let plain = Server::start_model(common::REALVOCAB, &[]);
-    let keyed = Server::start_model(common::REALVOCAB, &["--api-key", "webui-test-key"]);
+    let plain = Server::start_model(&common::realvocab(), &[]);
+    let keyed = Server::start_model(&common::realvocab(), &["--api-key", "webui-test-key"]);
     let shot = root().join("target/webui-screenshot.png");
     let out = Command::new("node")
         .arg(specs.join("chat.spec.mjs"))

@@ -1,12 +1,15 @@
 //! The random-weight checkpoint on the real Qwen3.5 vocabulary and chat template
-//! (`tests/fixtures/qwen35-realvocab`).
+//! (`tests/fixtures/qwen35-realvocab`; its weights are generated, see `common::realvocab`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use splash_model::{load, ChatTemplate, Logits, TemplateInputs, Tokenizer};
 
+mod common;
+
+/// The committed files: tokenizer, template, configs (no weights).
 fn demo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen35-realvocab")
+    common::fixture("qwen35-realvocab")
 }
 
 #[test]
@@ -62,7 +65,7 @@ fn real_vocabulary_and_special_tokens() {
 
 #[test]
 fn model_runs_on_the_full_vocabulary() {
-    let model = load(&demo()).unwrap();
+    let model = load(&common::realvocab()).unwrap();
     assert_eq!(model.config.vocab_size, 248_320);
     assert_eq!(model.generation.eos_token_ids, vec![248046, 248044]);
     let mut state = model.graph.new_state();

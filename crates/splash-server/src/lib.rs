@@ -26,6 +26,11 @@ mod tool_calls;
 mod webui;
 mod worker;
 
+/// Test fixtures generated at test time (the real-vocabulary checkpoint's weights).
+#[cfg(test)]
+#[path = "../../../tests/fixtures/derived.rs"]
+mod derived;
+
 pub use config::{parse_duration, parse_size, DiskCacheSettings, ServerConfig};
 pub use state::AppState;
 

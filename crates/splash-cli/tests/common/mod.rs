@@ -4,12 +4,15 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
+#[path = "../../../../tests/fixtures/derived.rs"]
+mod derived;
+
 /// The random-weight model on the real Qwen3.5 vocabulary: tiny layers that never end an
-/// answer early, for tests of the wiring rather than of the model.
-pub const REALVOCAB: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/fixtures/qwen35-realvocab"
-);
+/// answer early, for tests of the wiring rather than of the model. Its weights are not
+/// committed: the directory is generated on first use (`tests/fixtures/derived.rs`).
+pub fn realvocab() -> String {
+    derived::realvocab().to_str().unwrap().to_string()
+}
 
 /// One HTTP/1.1 request to the server on loopback `port` (`headers`: extra `Name: value\r\n`
 /// lines); returns the response body.
