@@ -16,7 +16,6 @@ mod graph_cache;
 mod image;
 mod memory;
 mod qwen35;
-mod state;
 mod tokenizer;
 
 use std::path::{Path, PathBuf};
@@ -27,9 +26,9 @@ pub use config::{GenerationDefaults, LayerKind, ModelConfig, MoeConfig};
 pub use dflash::{DFlashDraft, DraftBlock, DraftConfig, DraftContext, DraftKind};
 pub use error::ModelError;
 pub use qwen35::gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
+pub use qwen35::state::SequenceState;
 pub use qwen35::{BatchItem, Logits, PassOutput, Qwen35};
 pub use splash_backend::cpu::KvFormat;
-pub use state::SequenceState;
 pub use tokenizer::{StreamDecoder, Tokenizer};
 
 /// Everything loaded from one checkpoint.

@@ -4,8 +4,9 @@ use std::any::Any;
 
 use splash_backend::cpu::{add_in_place, matmul, rms_norm, silu_mul, BlockAttention};
 
+use super::device::{ContextLayer, DeviceContext, DraftDevice, DraftedRows};
 use super::{DraftLayer, DraftWeights};
-use crate::device::{downcast, ContextLayer, DeviceContext, DraftDevice, DraftedRows};
+use crate::device::downcast;
 use crate::error::ModelError;
 use crate::qwen35::Qwen35;
 

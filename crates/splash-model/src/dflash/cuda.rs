@@ -13,8 +13,9 @@ use cudarc::driver::CudaSlice;
 use splash_backend::cpu::KvFormat;
 use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, KernelDims, Kernels, KeyMask};
 
+use super::device::{ContextLayer, DeviceContext, DraftDevice, DraftedRows};
 use super::{DFlashDraft, DraftConfig, DraftWeights, DynConv};
-use crate::device::{downcast, ContextLayer, DeviceContext, DraftDevice, DraftedRows};
+use crate::device::downcast;
 use crate::error::ModelError;
 use crate::graph_cache::{Found, GraphCache};
 use crate::qwen35::cuda::{GpuModel, WeightPair};

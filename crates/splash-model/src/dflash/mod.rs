@@ -23,6 +23,7 @@ mod config;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod device;
 mod selector;
 
 use std::path::Path;
@@ -34,10 +35,10 @@ pub use config::{build_target_layer_ids, DFlash2Config, DraftConfig, DraftKind};
 pub use selector::{Selector, SelectorSlot};
 
 use crate::checkpoint::Checkpoint;
-use crate::device::{ContextLayer, DeviceContext, DraftDevice, DraftedRows};
 use crate::error::ModelError;
 use crate::image::{bad as image_error, ImageReader, ImageWriter};
 use crate::qwen35::Qwen35;
+use device::{ContextLayer, DeviceContext, DraftDevice, DraftedRows};
 
 /// DFlash2's convolution around one sublayer: `base [2, K, H]`, `kernel_projection [2·K·G, H]`.
 struct DynConv {

@@ -10,9 +10,10 @@ use super::attention::AttnPart;
 use super::gdn::{GdnPart, GdnReplay};
 use super::{Logits, Mixer, PassOutput, Weights};
 use crate::config::{LayerKind, ModelConfig};
-use crate::device::{downcast, DeviceItem, DeviceState, LayerImage, TextDevice};
+use crate::device::downcast;
 use crate::error::ModelError;
 use crate::image::ImageWriter;
+use crate::qwen35::device::{DeviceItem, DeviceState, LayerImage, TextDevice};
 
 /// The host CPU.
 pub(crate) struct Cpu;

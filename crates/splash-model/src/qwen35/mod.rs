@@ -9,22 +9,24 @@ mod attention;
 mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
+pub(crate) mod device;
 mod ffn;
 mod gdn;
 pub mod gguf;
+pub(crate) mod state;
 
 use splash_backend::cpu::{embedding, matmul, KvFormat, Rope};
 use splash_backend::Weight;
 
 use crate::checkpoint::{Checkpoint, Format};
 use crate::config::{LayerKind, ModelConfig, Quantization};
-use crate::device::{DeviceItem, TextDevice};
 use crate::error::ModelError;
-use crate::state::SequenceState;
 use attention::Attention;
 use cpu::Cpu;
+use device::{DeviceItem, TextDevice};
 use ffn::Ffn;
 use gdn::GatedDeltaNet;
+use state::SequenceState;
 
 /// One sequence's outputs of a forward pass.
 #[derive(Debug, Default)]

@@ -23,10 +23,11 @@ use super::ffn::{Ffn, Mlp, Moe};
 use super::gdn::GatedDeltaNet;
 use super::{Logits, Mixer, PassOutput, Qwen35, Weights};
 use crate::config::{LayerKind, ModelConfig};
-use crate::device::{downcast, DeviceItem, DeviceState, LayerImage, TextDevice};
+use crate::device::downcast;
 use crate::error::ModelError;
 use crate::graph_cache::{Found, GraphCache};
 use crate::image::ImageWriter;
+use crate::qwen35::device::{DeviceItem, DeviceState, LayerImage, TextDevice};
 
 use graph::*;
 pub(crate) use layers::WeightPair;

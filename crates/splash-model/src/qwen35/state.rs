@@ -3,8 +3,8 @@
 
 use splash_backend::cpu::KvFormat;
 
+use super::device::{DeviceState, LayerImage};
 use crate::config::{LayerKind, ModelConfig};
-use crate::device::{DeviceState, LayerImage};
 use crate::image::{bad, ImageReader, ImageWriter};
 use crate::ModelError;
 
