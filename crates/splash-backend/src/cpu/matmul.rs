@@ -1,7 +1,5 @@
 //! Matrix products against stored-dtype weights: `out[T,N] = x[T,K] · Wᵀ` with `W` `[N,K]`.
 
-use std::cell::Cell;
-
 use half::f16;
 use rayon::prelude::*;
 
@@ -14,30 +12,28 @@ const GEMV_TASK_ELEMS: usize = 32 * 1024;
 
 /// Up to this many tokens (a speculative block), products run row by row with each token's
 /// dot product as for one token (batch-invariant); more (prefill chunks) take the tiled GEMM,
-/// unless inside [`row_by_row`].
+/// unless the caller asks for [`Sums::PerRow`].
 pub const ROW_BY_ROW_TOKENS: usize = 16;
 
-thread_local! {
-    static ROW_BY_ROW: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `f` with every product on this thread computed row by row whatever the token count:
-/// for passes whose rows must equal one-token passes bit for bit (a step's batched decode
-/// rows and verify blocks of several sequences), where the tiled GEMM's other order of sums
-/// would make a sequence's output depend on what runs beside it.
-pub fn row_by_row<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            ROW_BY_ROW.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(ROW_BY_ROW.with(|c| c.replace(true)));
-    f()
+/// How a product of many rows sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sums {
+    /// Above [`ROW_BY_ROW_TOKENS`] rows, the tiled GEMM (prefill chunks).
+    Tiled,
+    /// Every row as a one-row product, whatever the count: for passes whose rows must equal
+    /// one-token passes bit for bit (a step's batched decode rows and verify blocks of several
+    /// sequences), where the tiled GEMM's other order of sums would make a sequence's output
+    /// depend on what runs beside it.
+    PerRow,
 }
 
 /// `out[T,N] = x[T,K] · Wᵀ` where `W` is `[N,K]` in its stored dtype. Accumulates in f32.
 pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
+    matmul_sums(out, x, w, Sums::Tiled)
+}
+
+/// [`matmul`] summing as `sums` says.
+pub fn matmul_sums(out: &mut [f32], x: &[f32], w: &Weight, sums: Sums) {
     let (n, k) = (w.rows(), w.cols());
     assert!(
         k > 0 && x.len().is_multiple_of(k),
@@ -46,7 +42,7 @@ pub fn matmul(out: &mut [f32], x: &[f32], w: &Weight) {
     );
     let t = x.len() / k;
     assert_eq!(out.len(), t * n, "out must be [T={t}, N={n}]");
-    if t <= ROW_BY_ROW_TOKENS || ROW_BY_ROW.with(Cell::get) {
+    if t <= ROW_BY_ROW_TOKENS || sums == Sums::PerRow {
         // Row by row, each token's dot product computed as for one token alone: batched
         // decode and speculative verify blocks give bit for bit the one-token results.
         if t == 1 {

@@ -17,7 +17,7 @@ pub use block_attention::BlockAttention;
 pub use dyn_conv::grouped_dynamic_conv;
 pub use gdn::{causal_conv1d_silu, gdn_chunked, gdn_recurrent, GdnDims, VHeadOrder, GDN_CHUNK};
 pub use kv::{KvFormat, KvStore};
-pub use matmul::{dot, embedding, matmul, row_by_row, ROW_BY_ROW_TOKENS};
+pub use matmul::{dot, embedding, matmul, matmul_sums, Sums, ROW_BY_ROW_TOKENS};
 pub use norm::{l2_norm_rows, rms_norm, rms_norm_gated};
 pub use rope::Rope;
 pub use select::{argmax, top_k};

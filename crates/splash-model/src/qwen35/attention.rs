@@ -1,6 +1,6 @@
 //! Gated full attention (model-spec §2.3): interleaved q/gate, q/k norm, partial RoPE, GQA.
 
-use splash_backend::cpu::{attention, matmul, rms_norm, sigmoid, KvStore, Rope};
+use splash_backend::cpu::{attention, matmul_sums, rms_norm, sigmoid, KvStore, Rope, Sums};
 use splash_backend::Weight;
 
 use super::Names;
@@ -61,11 +61,12 @@ impl Attention {
         seqs: &mut [AttnPart<'_>],
         rope: &Rope,
         eps: f32,
+        sums: Sums,
     ) -> Vec<f32> {
         let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
         let r = x.len() / self.q.cols();
         let mut qg = vec![0.0f32; r * hq * 2 * d];
-        matmul(&mut qg, x, &self.q);
+        matmul_sums(&mut qg, x, &self.q, sums);
         let mut q = Vec::with_capacity(r * hq * d);
         let mut gate = Vec::with_capacity(r * hq * d);
         for head in qg.chunks_exact(2 * d) {
@@ -73,9 +74,9 @@ impl Attention {
             gate.extend_from_slice(&head[d..]);
         }
         let mut k = vec![0.0f32; r * hkv * d];
-        matmul(&mut k, x, &self.k);
+        matmul_sums(&mut k, x, &self.k, sums);
         let mut v = vec![0.0f32; r * hkv * d];
-        matmul(&mut v, x, &self.v);
+        matmul_sums(&mut v, x, &self.v, sums);
         let mut qn = vec![0.0f32; q.len()];
         rms_norm(&mut qn, &q, &self.q_norm, eps);
         let mut kn = vec![0.0f32; k.len()];
@@ -112,7 +113,7 @@ impl Attention {
             *a *= sigmoid(g);
         }
         let mut out = vec![0.0f32; r * self.o.rows()];
-        matmul(&mut out, &attn, &self.o);
+        matmul_sums(&mut out, &attn, &self.o, sums);
         out
     }
 }

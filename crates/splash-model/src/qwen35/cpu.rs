@@ -3,7 +3,7 @@
 use std::any::Any;
 
 use splash_backend::cpu::{
-    add_in_place, argmax, embedding, rms_norm, row_by_row, KvFormat, KvStore, ROW_BY_ROW_TOKENS,
+    add_in_place, argmax, embedding, rms_norm, KvFormat, KvStore, Sums, ROW_BY_ROW_TOKENS,
 };
 
 use super::attention::AttnPart;
@@ -68,10 +68,12 @@ impl TextDevice for Cpu {
             .collect::<Result<Vec<_>, ModelError>>()?;
         // Decode rows and verify blocks (a few tokens per sequence) must give each sequence
         // what a pass of its own gives, however many run together: products row by row.
-        if items.len() > 1 && items.iter().all(|i| i.tokens.len() <= ROW_BY_ROW_TOKENS) {
-            return row_by_row(|| forward_rows(weights, &mut items, want, taps));
-        }
-        forward_rows(weights, &mut items, want, taps)
+        let sums = if items.len() > 1 && items.iter().all(|i| i.tokens.len() <= ROW_BY_ROW_TOKENS) {
+            Sums::PerRow
+        } else {
+            Sums::Tiled
+        };
+        forward_rows(weights, &mut items, want, taps, sums)
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -229,6 +231,7 @@ fn forward_rows(
     items: &mut [CpuItem<'_>],
     want: Logits,
     taps: &[usize],
+    sums: Sums,
 ) -> Result<Vec<PassOutput>, ModelError> {
     let cfg = &w.config;
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
@@ -270,7 +273,7 @@ fn forward_rows(
                         }
                     })
                     .collect();
-                g.forward(&normed, &mut parts, eps)
+                g.forward(&normed, &mut parts, eps, sums)
             }
             Mixer::Full(a) => {
                 let mut parts: Vec<AttnPart> = items
@@ -283,12 +286,12 @@ fn forward_rows(
                         AttnPart { k, v, pos0, rows }
                     })
                     .collect();
-                a.forward(&normed, &mut parts, &w.rope, eps)
+                a.forward(&normed, &mut parts, &w.rope, eps, sums)
             }
         };
         add_in_place(&mut x, &mixed);
         rms_norm(&mut normed, &x, &layer.post_norm, eps);
-        add_in_place(&mut x, &layer.ffn.forward(&normed));
+        add_in_place(&mut x, &layer.ffn.forward(&normed, sums));
         for (j, _) in taps.iter().enumerate().filter(|(_, &l)| l == li) {
             let width = taps.len() * h;
             let mut x_rows = x.chunks_exact(h);
@@ -322,7 +325,7 @@ fn forward_rows(
     let logits = if final_h.is_empty() {
         Vec::new()
     } else {
-        w.lm_head(&final_h)
+        w.lm_head(&final_h, sums)
     };
     let v = cfg.vocab_size;
     let mut next = 0;

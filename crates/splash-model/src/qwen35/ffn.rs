@@ -1,6 +1,6 @@
 //! Feed-forward blocks: dense SwiGLU and the routed mixture of experts (model-spec §2.5).
 
-use splash_backend::cpu::{matmul, sigmoid, silu_mul, softmax_in_place};
+use splash_backend::cpu::{matmul_sums, sigmoid, silu_mul, softmax_in_place, Sums};
 use splash_backend::Weight;
 
 use super::Names;
@@ -34,15 +34,15 @@ impl Mlp {
         self.gate.len() + self.up.len() + self.down.len()
     }
 
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
+    fn forward(&self, x: &[f32], sums: Sums) -> Vec<f32> {
         let t = x.len() / self.gate.cols();
         let mut g = vec![0.0f32; t * self.gate.rows()];
-        matmul(&mut g, x, &self.gate);
+        matmul_sums(&mut g, x, &self.gate, sums);
         let mut u = vec![0.0f32; g.len()];
-        matmul(&mut u, x, &self.up);
+        matmul_sums(&mut u, x, &self.up, sums);
         silu_mul(&mut g, &u);
         let mut out = vec![0.0f32; t * self.down.rows()];
-        matmul(&mut out, &g, &self.down);
+        matmul_sums(&mut out, &g, &self.down, sums);
         out
     }
 }
@@ -106,16 +106,16 @@ impl Moe {
         })
     }
 
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
+    fn forward(&self, x: &[f32], sums: Sums) -> Vec<f32> {
         let h = self.router.cols();
         let t = x.len() / h;
         let e = self.experts.len();
         let mut probs = vec![0.0f32; t * e];
-        matmul(&mut probs, x, &self.router);
+        matmul_sums(&mut probs, x, &self.router, sums);
         let routed = route(&mut probs, e, self.top_k);
-        let mut out = self.shared.forward(x);
+        let mut out = self.shared.forward(x, sums);
         let mut sg = vec![0.0f32; t];
-        matmul(&mut sg, x, &self.shared_gate);
+        matmul_sums(&mut sg, x, &self.shared_gate, sums);
         for (row, &g) in out.chunks_exact_mut(h).zip(&sg) {
             let s = sigmoid(g);
             row.iter_mut().for_each(|v| *v *= s);
@@ -129,7 +129,7 @@ impl Moe {
             for &(ti, _) in tokens {
                 xs.extend_from_slice(&x[ti * h..(ti + 1) * h]);
             }
-            let y = expert.forward(&xs);
+            let y = expert.forward(&xs, sums);
             for (&(ti, w), yr) in tokens.iter().zip(y.chunks_exact(h)) {
                 for (o, &v) in out[ti * h..(ti + 1) * h].iter_mut().zip(yr) {
                     *o += w * v;
@@ -192,10 +192,11 @@ impl Ffn {
         })
     }
 
-    pub(super) fn forward(&self, x: &[f32]) -> Vec<f32> {
+    /// `x` `[T, H]` (normed) → `[T, H]`, products summed as `sums` says.
+    pub(super) fn forward(&self, x: &[f32], sums: Sums) -> Vec<f32> {
         match self {
-            Ffn::Dense(m) => m.forward(x),
-            Ffn::Moe(m) => m.forward(x),
+            Ffn::Dense(m) => m.forward(x, sums),
+            Ffn::Moe(m) => m.forward(x, sums),
         }
     }
 

@@ -1,8 +1,8 @@
 //! Gated DeltaNet token mixer (model-spec §2.4), HF head order.
 
 use splash_backend::cpu::{
-    causal_conv1d_silu, gdn_chunked, gdn_recurrent, l2_norm_rows, matmul, rms_norm_gated, sigmoid,
-    softplus, GdnDims, ROW_BY_ROW_TOKENS,
+    causal_conv1d_silu, gdn_chunked, gdn_recurrent, l2_norm_rows, matmul_sums, rms_norm_gated,
+    sigmoid, softplus, GdnDims, Sums, ROW_BY_ROW_TOKENS,
 };
 use splash_backend::Weight;
 
@@ -79,19 +79,25 @@ impl GatedDeltaNet {
     /// other: the projections run once over all rows, the conv and the scan per sequence on
     /// its own state. With a `record` slot, a sequence also stores its state before the pass
     /// and its scan inputs (speculative rollback, model-spec §2.6).
-    pub(super) fn forward(&self, x: &[f32], seqs: &mut [GdnPart<'_>], eps: f32) -> Vec<f32> {
+    pub(super) fn forward(
+        &self,
+        x: &[f32],
+        seqs: &mut [GdnPart<'_>],
+        eps: f32,
+        sums: Sums,
+    ) -> Vec<f32> {
         let GdnDims { hk, hv, dk, dv, .. } = self.dims;
         let r = x.len() / self.in_qkv.cols();
         let c = self.in_qkv.rows();
         let kd = hk * dk;
         let mut qkv = vec![0.0f32; r * c];
-        matmul(&mut qkv, x, &self.in_qkv);
+        matmul_sums(&mut qkv, x, &self.in_qkv, sums);
         let mut z = vec![0.0f32; r * hv * dv];
-        matmul(&mut z, x, &self.in_z);
+        matmul_sums(&mut z, x, &self.in_z, sums);
         let mut b = vec![0.0f32; r * hv];
-        matmul(&mut b, x, &self.in_b);
+        matmul_sums(&mut b, x, &self.in_b, sums);
         let mut a = vec![0.0f32; r * hv];
-        matmul(&mut a, x, &self.in_a);
+        matmul_sums(&mut a, x, &self.in_a, sums);
         for (i, bv) in b.iter_mut().enumerate() {
             *bv = sigmoid(*bv);
             let h = i % hv;
@@ -149,7 +155,7 @@ impl GatedDeltaNet {
         let mut normed = vec![0.0f32; o.len()];
         rms_norm_gated(&mut normed, &o, &z, &self.norm, eps);
         let mut out = vec![0.0f32; r * self.out.rows()];
-        matmul(&mut out, &normed, &self.out);
+        matmul_sums(&mut out, &normed, &self.out, sums);
         out
     }
 }

@@ -15,7 +15,7 @@ mod gdn;
 pub mod gguf;
 pub(crate) mod state;
 
-use splash_backend::cpu::{embedding, matmul, KvFormat, Rope};
+use splash_backend::cpu::{embedding, matmul_sums, KvFormat, Rope, Sums};
 use splash_backend::Weight;
 
 use crate::checkpoint::{Checkpoint, Format};
@@ -386,7 +386,7 @@ impl Qwen35 {
     /// The LM head over already-normed hidden rows `[T, H]` → logits `[T, V]` (the DFlash
     /// draft scores its proposals with it).
     pub fn lm_head(&self, hidden: &[f32]) -> Vec<f32> {
-        self.weights.lm_head(hidden)
+        self.weights.lm_head(hidden, Sums::Tiled)
     }
 }
 
@@ -399,10 +399,10 @@ impl Weights {
     }
 
     /// The LM head over normed hidden rows `[T, H]` → logits `[T, V]`, on the CPU.
-    pub(crate) fn lm_head(&self, hidden: &[f32]) -> Vec<f32> {
+    pub(crate) fn lm_head(&self, hidden: &[f32], sums: Sums) -> Vec<f32> {
         let mut logits =
             vec![0.0f32; hidden.len() / self.config.hidden_size * self.config.vocab_size];
-        matmul(&mut logits, hidden, &self.lm_head);
+        matmul_sums(&mut logits, hidden, &self.lm_head, sums);
         logits
     }
 }
