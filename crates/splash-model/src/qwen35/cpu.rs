@@ -7,13 +7,13 @@ use splash_backend::cpu::{
 };
 
 use super::attention::AttnPart;
+use super::device::{DeviceItem, DeviceState, LayerImage, TextDevice};
 use super::gdn::{GdnPart, GdnReplay};
 use super::{Logits, Mixer, PassOutput, Weights};
 use crate::config::{LayerKind, ModelConfig};
 use crate::device::downcast;
 use crate::error::ModelError;
 use crate::image::ImageWriter;
-use crate::qwen35::device::{DeviceItem, DeviceState, LayerImage, TextDevice};
 
 /// The host CPU.
 pub(crate) struct Cpu;
