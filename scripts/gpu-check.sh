@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the CUDA test and bench binaries here (no GPU or CUDA toolkit needed) and stages them
-# in .device/ (git-ignored), with what the GPU machine needs to make synthetic checkpoints.
-# Needs a Python with numpy (PYTHON=...) for the config files. Prints the one command that runs them there (scripts/gpu-run.sh).
+# in .device/ (git-ignored), with what the GPU machine needs to make synthetic checkpoints and
+# the generated fixtures its tests read.
+# Needs a Python with numpy (PYTHON=...) for the config files, and the fixture packages
+# (tests/fixtures/requirements.txt) in SPLASH_FIXTURE_PYTHON, default .venv/bin/python (as
+# scripts/test makes it). Prints the one command that runs them there (scripts/gpu-run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_PROFILE_RELEASE_DEBUG=0
@@ -13,6 +16,15 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda_ops", "cuda_parity", "speculative_cuda", "scheduler_cuda"):
         print(m["target"]["name"], m["executable"])')
 while read -r name exe; do cp "$exe" ".device/$name"; done <<<"$bins"
+# The generated fixtures the GPU tests read (tests/fixtures/derived.rs, FOR_THE_GPU: the GGUFs),
+# made here by cuda_parity's ignored test, which prints their target/fixtures/<set>-<hash>/
+# directories: the GPU machine has no gguf or tokenizers. gpu-run.sh puts them back at
+# target/fixtures/ there, where the tests find them.
+rm -rf .device/fixtures && mkdir -p .device/fixtures
+sets=$(SPLASH_FIXTURE_PYTHON=${SPLASH_FIXTURE_PYTHON:-$PWD/.venv/bin/python} "$(awk '$1 == "cuda_parity" {print $2}' <<<"$bins")" \
+  --ignored --exact derived_fixtures_for_the_gpu_machine --nocapture | sed -n 's/^derived fixtures: //p')
+[ -n "$sets" ] || { echo "cuda_parity named no generated fixtures to stage" >&2; exit 1; }
+for d in $sets; do cp -r "$d" .device/fixtures/; done
 cargo build --release --features cuda -p splash-cli
 cp target/release/splash .device/splash
 bench=$(cargo bench --no-run --features cuda -p splash-backend --bench gemv_cuda --message-format=json 2>/dev/null |

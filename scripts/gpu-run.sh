@@ -46,6 +46,11 @@ built_in=$(cat .device/built_in)
 if [ "$built_in" != "$PWD" ] && [ ! -e "$built_in" ]; then
   mkdir -p "$(dirname "$built_in")" && ln -s "$PWD" "$built_in"
 fi
+# The generated fixtures the GPU tests read (the GGUFs), made by gpu-check.sh and staged as
+# .device/fixtures/<set>-<hash>/: at target/fixtures/ the tests find them and run no Python.
+if [ -d .device/fixtures ]; then
+  mkdir -p target/fixtures && cp -r .device/fixtures/. target/fixtures/
+fi
 export SPLASH_KERNEL_CACHE=/tmp/splash-kernels
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 

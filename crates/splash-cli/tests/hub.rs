@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use splash_hub::fake_hub::{noise, FakeFile, FakeHub, Logged, TempDir};
 
+mod common;
+use common::gguf;
+
 const MLX_REPO: &str = "mlx-community/Qwen35-Tiny-4bit";
 const GGUF_REPO: &str = "unsloth/Qwen35-Tiny-GGUF";
 const COMMIT: &str = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
@@ -330,7 +333,7 @@ fn mlx_repo_is_downloaded_served_and_then_served_offline() {
 
 #[test]
 fn gguf_variant_downloads_only_its_file() {
-    let dir = fixture("qwen35-dense-gguf");
+    let dir = gguf("qwen35-dense-gguf");
     let read = |name: &str| {
         std::fs::read(dir.join(name))
             .unwrap_or_else(|e| panic!("{}: {e}", dir.join(name).display()))

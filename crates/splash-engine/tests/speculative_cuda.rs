@@ -14,7 +14,7 @@ use splash_engine::{Drafter, Engine};
 use splash_model::Model;
 
 mod common;
-use common::{gpu, greedy, on_gpu_with};
+use common::{gguf, gpu, greedy, on_gpu_with};
 
 fn generate(
     m: &Arc<Model>,
@@ -38,7 +38,10 @@ fn generate(
 #[test]
 fn greedy_output_with_the_draft_is_the_output_without_it() {
     let Some(gpu) = gpu() else { return };
-    // bf16 targets (float GEMVs) and GGUF targets (the integer GEMVs).
+    // bf16 targets (float GEMVs) and GGUF targets (the integer GEMVs, generated fixtures).
+    let dense_q4 = gguf("qwen35-dense-gguf/model-Q4_mix.gguf");
+    let moe_q8 = gguf("qwen35-moe-gguf/model-Q8_0.gguf");
+    let (dense_q4, moe_q8) = (dense_q4.to_str().unwrap(), moe_q8.to_str().unwrap());
     let cases = [
         (
             "tests/fixtures/qwen35-dense",
@@ -48,23 +51,14 @@ fn greedy_output_with_the_draft_is_the_output_without_it() {
             "tests/fixtures/qwen35-moe",
             "tests/fixtures/dflash/moe-dflash",
         ),
-        (
-            "tests/fixtures/qwen35-dense-gguf/model-Q4_mix.gguf",
-            "tests/fixtures/dflash/dense-dflash",
-        ),
-        (
-            "tests/fixtures/qwen35-moe-gguf/model-Q8_0.gguf",
-            "tests/fixtures/dflash/moe-dflash",
-        ),
+        (dense_q4, "tests/fixtures/dflash/dense-dflash"),
+        (moe_q8, "tests/fixtures/dflash/moe-dflash"),
         // DFlash2: dynamic convolutions on the device, the candidate selector on the host.
         (
             "tests/fixtures/qwen35-dense",
             "tests/fixtures/dflash/dense-dflash2",
         ),
-        (
-            "tests/fixtures/qwen35-moe-gguf/model-Q8_0.gguf",
-            "tests/fixtures/dflash/moe-dflash2",
-        ),
+        (moe_q8, "tests/fixtures/dflash/moe-dflash2"),
         ("models/demo", "models/demo/draft"),
     ];
     let quantized = ("models/demo", "models/demo/draft");

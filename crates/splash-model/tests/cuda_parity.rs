@@ -1,12 +1,12 @@
-//! The CUDA forward pass reproduces the CPU forward pass on the committed fixtures (dense,
-//! MoE, MLX 4-bit, GGUF), for prefill and token-by-token decode and every KV format. Needs a
+//! The CUDA forward pass reproduces the CPU forward pass on the fixtures (dense, MoE, MLX
+//! 4-bit, and the GGUFs generated from them), for prefill and token-by-token decode and every KV format. Needs a
 //! GPU: skipped without one unless `SPLASH_REQUIRE_GPU` is set.
 #![cfg(feature = "cuda")]
 
 use splash_backend::cuda::Gpu;
 
 mod common;
-use common::{argmax, fixture, max_rel, ragged_batches};
+use common::{argmax, dir, fixture, gguf, max_rel, ragged_batches, FOR_THE_GPU};
 use splash_model::{load, DFlashDraft, DraftBlock, KvFormat, Logits, Model};
 
 /// The same checkpoint twice: on the CPU and on GPU 0 (None without a GPU).
@@ -30,11 +30,32 @@ fn pair_on_gpu(name: &str) -> Option<(Model, Model, std::sync::Arc<Gpu>)> {
     // f32 arithmetic: these tiny random models amplify int8/bf16 activation rounding beyond
     // any useful tolerance (those paths are checked op by op in splash-backend's cuda_ops).
     gpu.set_exact(true);
-    let cpu = load(&fixture(name)).unwrap();
-    let mut on_gpu = load(&fixture(name)).unwrap();
+    let cpu = load(&checkpoint(name)).unwrap();
+    let mut on_gpu = load(&checkpoint(name)).unwrap();
     on_gpu.graph.to_gpu(gpu.clone()).unwrap();
     assert!(on_gpu.graph.device().starts_with("cuda"));
     Some((cpu, on_gpu, gpu))
+}
+
+/// A checkpoint by name: a generated GGUF fixture (`qwen35-dense-gguf/model-Q4_mix.gguf`), else
+/// a committed one under `tests/fixtures/` (an absolute path as it is).
+fn checkpoint(name: &str) -> std::path::PathBuf {
+    if name.contains("-gguf/") {
+        gguf(name)
+    } else {
+        fixture(name)
+    }
+}
+
+/// Not a GPU test: `scripts/gpu-check.sh` runs it (`--ignored`) where the tests are built, to
+/// make the generated fixtures the GPU tests read (the GPU machine has no Python packages) and
+/// print their directories, which it stages for the GPU machine (see `FOR_THE_GPU`).
+#[test]
+#[ignore]
+fn derived_fixtures_for_the_gpu_machine() {
+    for set in FOR_THE_GPU {
+        println!("derived fixtures: {}", dir(set).display());
+    }
 }
 
 const CHECKPOINTS: [&str; 6] = [

@@ -1,4 +1,4 @@
-//! GGUF checkpoints (`tests/fixtures/qwen35-{dense,moe}-gguf`, written by
+//! GGUF checkpoints (`qwen35-{dense,moe}-gguf/`, generated into target/fixtures/ by
 //! `tests/fixtures/gguf/make_gguf_fixture.py` the way llama.cpp's converter writes them) and
 //! the tokenizer built from GGUF metadata.
 
@@ -8,7 +8,7 @@ use std::path::Path;
 use splash_model::gguf::GgufHeader;
 
 mod common;
-use common::{argmax, fixture, max_rel, twin};
+use common::{argmax, fixture, gguf, max_rel, twin};
 use splash_model::{load, Format, Logits, Tokenizer};
 
 fn all_logits(m: &splash_model::Model, ids: &[u32]) -> Vec<f32> {
@@ -21,7 +21,7 @@ fn all_logits(m: &splash_model::Model, ids: &[u32]) -> Vec<f32> {
 /// into the HF layout): proves names, V-head order, `ssm_a`, norms and block decoding. The
 /// error against the f32 original is the quantisation error, reported.
 fn check_against_twin(family: &str, quant: &str) {
-    let dir = fixture(&format!("qwen35-{family}-gguf"));
+    let dir = gguf(&format!("qwen35-{family}-gguf"));
     let q = load(&dir.join(format!("model-{quant}.gguf"))).unwrap();
     assert_eq!(q.format, Format::Gguf);
     let twin = load(&twin(&format!("qwen35-{family}-gguf/twin-{quant}"))).unwrap();
@@ -72,7 +72,7 @@ fn moe_q4_mix_computes_what_its_weights_encode() {
 #[test]
 fn decode_steps_match_the_twin() {
     // One token at a time: the block GEMV path.
-    let dir = fixture("qwen35-dense-gguf");
+    let dir = gguf("qwen35-dense-gguf");
     let q = load(&dir.join("model-Q4_mix.gguf")).unwrap();
     let d = load(&twin("qwen35-dense-gguf/twin-Q4_mix")).unwrap();
     let (mut sq, mut sd) = (q.graph.new_state(), d.graph.new_state());
@@ -88,7 +88,7 @@ fn decode_steps_match_the_twin() {
 
 #[test]
 fn metadata_gives_config_template_and_stop_tokens() {
-    let dir = fixture("qwen35-moe-gguf");
+    let dir = gguf("qwen35-moe-gguf");
     let g = load(&dir.join("model-Q8_0.gguf")).unwrap();
     let hf = load(&fixture("qwen35-moe")).unwrap();
     let (a, b) = (&g.config, &hf.config);
@@ -141,7 +141,7 @@ fn with_tensor_type(src: &Path, name: &str, type_id: u32, dst: &Path) {
 
 #[test]
 fn unsupported_tensor_types_are_refused_by_name() {
-    let src = fixture("qwen35-dense-gguf/model-Q8_0.gguf");
+    let src = gguf("qwen35-dense-gguf/model-Q8_0.gguf");
     let tmp = std::env::temp_dir().join(format!("splash-gguf-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let dst = tmp.join("model.gguf");

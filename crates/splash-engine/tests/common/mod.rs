@@ -14,6 +14,12 @@ pub fn repo(path: &str) -> PathBuf {
         .join(path)
 }
 
+/// Fixtures generated at test time: the GGUFs (`gguf("qwen35-moe-gguf/model-Q8_0.gguf")`).
+#[path = "../../../../tests/fixtures/derived.rs"]
+mod derived;
+#[allow(unused_imports)] // each test binary uses some
+pub use derived::gguf;
+
 /// A committed fixture under `tests/fixtures/`.
 pub fn fixture(name: &str) -> PathBuf {
     repo("tests/fixtures").join(name)
@@ -65,7 +71,8 @@ pub fn gpu() -> Option<Arc<splash_backend::cuda::Gpu>> {
     }
 }
 
-/// The target at repository path `target` on `gpu`, and the draft at `draft` there too.
+/// The target at repository path `target` (or an absolute path) on `gpu`, and the draft at
+/// `draft` there too.
 #[cfg(feature = "cuda")]
 pub fn on_gpu(
     gpu: &Arc<splash_backend::cuda::Gpu>,

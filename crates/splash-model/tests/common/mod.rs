@@ -3,13 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-/// Fixtures generated at test time (the dequantised twins, the real-vocabulary weights).
+/// Fixtures generated at test time (the GGUFs, the dequantised twins, the real-vocabulary
+/// weights).
 #[path = "../../../../tests/fixtures/derived.rs"]
 mod derived;
 #[allow(unused_imports)] // each test binary uses some
-pub use derived::{realvocab, twin};
+pub use derived::{dir, gguf, realvocab, twin, FOR_THE_GPU};
 
-/// A committed fixture under `tests/fixtures/`.
+/// A committed fixture under `tests/fixtures/` (the GGUFs are generated: [`gguf`]).
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures")
