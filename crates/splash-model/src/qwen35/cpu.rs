@@ -242,9 +242,10 @@ fn forward_rows(
         .flat_map(|i| i.tokens.iter().copied())
         .collect();
     let r = tokens.len();
-    if r == 0 {
-        return Ok(items.iter().map(|_| PassOutput::default()).collect());
-    }
+    debug_assert!(
+        items.iter().all(|i| !i.tokens.is_empty()),
+        "TextDevice::forward gets items with tokens"
+    );
     let mut features: Vec<Vec<f32>> = rows
         .iter()
         .map(|&t| vec![0.0; t * taps.len() * h])
@@ -308,7 +309,6 @@ fn forward_rows(
     let mut r0 = 0;
     for &t in &rows {
         let range = match want {
-            _ if t == 0 => (r0, r0),
             Logits::None => (r0, r0),
             Logits::Last => (r0 + t - 1, r0 + t),
             Logits::All | Logits::Argmax => (r0, r0 + t),

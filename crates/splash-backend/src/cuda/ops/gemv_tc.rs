@@ -139,7 +139,7 @@ mod tests {
             (248_320, 5120, 132),
             (6144, 5120, 7),
         ] {
-            let plan = StreamK::new(n, kdim, sms, 4);
+            let plan = StreamK::new(n, kdim, sms, GpuOptions::default().stream_k_blocks_per_sm);
             let (tiles, nb) = (n.div_ceil(16), kdim / 256);
             let units = tiles * nb;
             assert!(plan.blocks <= units);

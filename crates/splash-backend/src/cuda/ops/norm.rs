@@ -63,27 +63,23 @@ pub fn add_rms_norm_activations(
     eps: f32,
     f16_for: &DeviceWeight,
 ) -> Result<Activations, GpuError> {
+    check_add_rms_norm(out, x, y);
+    let (grid, d_i) = ((rows as u32, norm_threads(d)), d as i32);
     if reads_bf16(gpu, f16_for, rows) {
         let xb = gpu.uninit::<u16>(rows * d)?;
-        check_add_rms_norm(out, x, y);
-        let (grid, xbp) = ((rows as u32, norm_threads(d)), ptr(gpu, &xb, 0));
-        launch::add_rms_norm_to_bf16(gpu, k, grid, x, y, w, out, xbp, d as i32, eps)?;
+        let xbp = ptr(gpu, &xb, 0);
+        launch::add_rms_norm_to_bf16(gpu, k, grid, x, y, w, out, xbp, d_i, eps)?;
         return Ok(Activations::with_bf16(out, rows, d, xb));
     }
     // The kernel converts whole 256-value blocks (a tiled weight's rows are made of them).
     if !reads_f16(gpu, f16_for, rows) || !d.is_multiple_of(256) {
-        add_rms_norm(gpu, k, out, x, y, w, rows, d, eps)?;
+        launch::add_rms_norm(gpu, k, grid, x, y, w, out, d_i, eps)?;
         return Ok(Activations::new(out, rows, d));
     }
     let xh = gpu.uninit::<u16>(rows * d)?;
     let xscale = gpu.uninit::<f32>(rows * d / 256)?;
-    check_add_rms_norm(out, x, y);
-    let (grid, xhp, xsp) = (
-        (rows as u32, norm_threads(d)),
-        ptr(gpu, &xh, 0),
-        ptr(gpu, &xscale, 0),
-    );
-    launch::add_rms_norm_to_f16_tc(gpu, k, grid, x, y, w, out, xhp, xsp, d as i32, eps)?;
+    let (xhp, xsp) = (ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0));
+    launch::add_rms_norm_to_f16_tc(gpu, k, grid, x, y, w, out, xhp, xsp, d_i, eps)?;
     Ok(Activations::with_f16(out, rows, d, (xh, xscale)))
 }
 
