@@ -2153,6 +2153,95 @@ def gen_code_task(rng):
 
 
 # ---------------------------------------------------------------------------------------------
+# Scoring prompts: the shape /v1/judgments and /v1/systemone send (a fixed instruction, one JSON
+# user turn {evidence, criterion, options}, thinking off); the answer is the right option's
+# letter alone. Claims are checked against the tables above, so the letter carries the fact.
+
+JUDGE_SYSTEM = ("Apply the supplied criterion to the supplied evidence. Choose exactly one listed option. "
+                "Respond with only its uppercase letter, with no explanation or reasoning.")
+SLOT_SYSTEM = JUDGE_SYSTEM.replace("uppercase letter", "uppercase slot")
+_YES = ["yes", "true", "correct", "yes, it is correct", "The claim is true.", "right", "it holds"]
+_NO = ["no", "false", "wrong", "no, it is wrong", "The claim is false.", "incorrect", "it does not hold"]
+
+
+def _claim(rng):
+    """(evidence, criterion, truth) about a sum, a product, a capital, a symbol or legs."""
+    kind = rng.randrange(5)
+    if kind < 2:
+        a, b = rng.randrange(1, 100), rng.randrange(1, 100)
+        op, value = ("+", a + b) if kind == 0 else ("*", a * b if a < 13 and b < 13 else None)
+        if value is None:
+            op, value = "-", a - b
+        truth = rng.random() < 0.5
+        shown = value if truth else value + rng.choice([-10, -2, -1, 1, 2, 10])
+        claim = f"{a} {op} {b} = {shown}"
+        evidence = rng.choice([claim, f"The claim: {claim}", f"Anna wrote {claim}.", {"claim": claim}, [claim]])
+        criterion = rng.choice([f"Is {claim}?", "Is the claim correct?", "Is the arithmetic right?",
+                                "Is the result correct?", f"Does {a} {op} {b} equal {shown}?", "Is it true?"])
+        return evidence, criterion, truth
+    if kind == 2:
+        country, city = rng.choice(list(CAPITALS.items()))
+        truth = rng.random() < 0.5
+        other = city if truth else rng.choice([c for c in CAPITALS.values() if c != city])
+        claim = f"{other} is the capital of {country}."
+        evidence = rng.choice([claim, {"country": country, "capital": other}, f"Someone said: {claim}"])
+        return evidence, rng.choice(["Is this correct?", f"Is {other} the capital of {country}?", "Is it true?"]), truth
+    if kind == 3:
+        name, sym = rng.choice(list(ELEMENTS.items()))
+        truth = rng.random() < 0.5
+        shown = sym if truth else rng.choice([s for s in ELEMENTS.values() if s != sym])
+        return (rng.choice([f"The symbol of {name} is {shown}.", {"element": name, "symbol": shown}]),
+                rng.choice(["Is the symbol right?", "Is this correct?", f"Is {shown} the symbol of {name}?"]), truth)
+    animal, legs = rng.choice(list(ANIMAL_LEGS.items()))
+    truth = rng.random() < 0.5
+    shown = legs if truth else rng.choice([n for n in (0, 2, 4, 6, 8) if n != legs])
+    return (f"A {animal} has {shown} legs.", rng.choice(["Is this true?", f"Does a {animal} have {shown} legs?"]),
+            truth)
+
+
+def _choice(rng):
+    """(evidence, criterion, options, right index): the capital's country, or a sum's value."""
+    if rng.random() < 0.5:
+        country, city = rng.choice(list(CAPITALS.items()))
+        others = rng.sample([c for c in CAPITALS if c != country], rng.randrange(1, 5))
+        options = others + [country]
+        rng.shuffle(options)
+        evidence = rng.choice([city, {"city": city}, f"The city is {city}."])
+        return evidence, f"Which country is {city} the capital of?", options, options.index(country)
+    a, b = rng.randrange(1, 60), rng.randrange(1, 60)
+    options = sorted({a + b, a + b + 1, a + b - 1, a + b + 10} if rng.random() < 0.5 else {a + b, a + b + 2, a + b - 3})
+    options = [str(o) for o in options]
+    return (rng.choice([f"{a} + {b}", {"a": a, "b": b}]), rng.choice(["What is the sum?", f"What is {a} + {b}?"]),
+            options, options.index(str(a + b)))
+
+
+def gen_judgment(rng):
+    letters = "ABCDEFGHIJKLMNOP"
+    if rng.random() < 0.6:
+        evidence, criterion, truth = _claim(rng)
+        yes, no = rng.choice(_YES), rng.choice(_NO)
+        descriptions, right = ([yes, no], 0 if truth else 1) if rng.random() < 0.7 else ([no, yes], 1 if truth else 0)
+        labels = ["true", "false"] if descriptions[0] == yes else ["false", "true"]
+    else:
+        evidence, criterion, descriptions, right = _choice(rng)
+        labels = list(descriptions)
+    if rng.random() < 0.5:
+        system = JUDGE_SYSTEM
+        options = [{"letter": letters[i], "description": d} for i, d in enumerate(descriptions)]
+    else:
+        system = SLOT_SYSTEM
+        options = [{"slot": letters[i], "label": label, "description": d}
+                   for i, (label, d) in enumerate(zip(labels, descriptions))]
+    payload = {"evidence": evidence}
+    if system == JUDGE_SYSTEM or rng.random() < 0.9:
+        payload["criterion"] = criterion
+    payload["options"] = options
+    return conv("judgment", [{"role": "system", "content": system},
+                             {"role": "user", "content": json.dumps(payload, ensure_ascii=False)},
+                             assistant(letters[right])])
+
+
+# ---------------------------------------------------------------------------------------------
 
 def gen_multiturn(rng):
     """Two or three simple exchanges in one conversation."""
@@ -2166,6 +2255,7 @@ def gen_multiturn(rng):
 GENERATORS = [
     (gen_smalltalk, 7), (gen_fact, 9), (gen_arith, 11), (gen_tool, 11), (gen_tool_synth, 23), (gen_tool_parallel, 3),
     (gen_tool_unneeded, 5), (gen_json, 9), (gen_code, 3), (gen_code_task, 7), (gen_multiturn, 6),
+    (gen_judgment, 4),
 ]
 
 
