@@ -22,8 +22,9 @@ class Server:
     """A running `splash serve --model MODEL --port 0 ARGS` (the demo unless `model` says);
     `url` is its base URL, `log` what it printed."""
 
-    def __init__(self, *args, env=None, binary=None, ready_timeout=60, model="demo"):
-        self.args = ["serve", "--model", model, "--port", "0", *args]
+    def __init__(self, *args, env=None, binary=None, ready_timeout=60, model="demo", argv=None):
+        # `argv`: another command line instead of `serve --model MODEL` (serve-multi).
+        self.args = [*(argv or ["serve", "--model", model]), "--port", "0", *args]
         self.proc = subprocess.Popen(
             [binary or BIN, *self.args],
             stdout=subprocess.PIPE,
@@ -37,8 +38,9 @@ class Server:
         def pump():
             for line in self.proc.stdout:
                 self.lines.append(line)
-                m = re.search(r"Ready: (http://\S+)", line)
-                if m:
+                # At the start of a line: serve-multi relays its engines' lines after a prefix.
+                m = re.match(r"Ready: (http://\S+)", line)
+                if m and not ready.is_set():
                     self.url = m.group(1)
                     ready.set()
             ready.set()

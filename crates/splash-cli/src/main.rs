@@ -37,6 +37,8 @@ enum Command {
     Bench(commands::bench::Args),
     /// Serve the OpenAI-compatible API over HTTP.
     Serve(commands::serve::Args),
+    /// Serve several models from one port, one engine loaded at a time.
+    ServeMulti(commands::serve_multi::Args),
     /// Download a Hugging Face model into the local cache without serving it.
     Pull(commands::pull::Args),
     /// List the models in the local Hugging Face cache.
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::ServeMulti(a) => commands::serve_multi::run(a),
         Command::Pull(a) => commands::pull::run(a),
         Command::List(a) => commands::list::run(a),
         Command::Claude(a) => commands::launch::run(Agent::Claude, a),

@@ -7,7 +7,8 @@ use splash_model::{BatchItem, KvFormat, Logits, Model};
 
 use crate::grammar::{GrammarRequest, GrammarState, GrammarTables};
 use crate::prefix_cache::{checkpoint_positions, DiskCacheConfig, PrefixCache, PrefixCacheStats};
-use crate::request::{Completion, EngineError, Event, Request, SeqId};
+use crate::request::{Completion, EngineError, Event, Request, ScoreRequest, SeqId};
+use crate::sampling::SamplingParams;
 use crate::sequence::{PendingBlock, Sequence};
 use crate::speculative::{Drafter, SpecStats, StepCosts};
 
@@ -267,24 +268,7 @@ impl Engine {
 
     /// Validates and admits a request.
     pub fn add(&mut self, req: Request) -> Result<SeqId, EngineError> {
-        if req.prompt.is_empty() {
-            return Err(EngineError::InvalidRequest(
-                "the prompt is empty: give at least one token".into(),
-            ));
-        }
-        if req.prompt.len() >= self.max_context {
-            return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {} tokens but the context limit is {}: shorten the prompt",
-                req.prompt.len(),
-                self.max_context
-            )));
-        }
-        let vocab = self.model.config.vocab_size;
-        if let Some(&id) = req.prompt.iter().find(|&&id| id as usize >= vocab) {
-            return Err(EngineError::InvalidRequest(format!(
-                "token id {id} is outside the vocabulary (size {vocab})"
-            )));
-        }
+        self.check_prompt(&req.prompt)?;
         if req.max_tokens == 0 {
             return Err(EngineError::InvalidRequest(
                 "max_tokens must be at least 1".into(),
@@ -293,19 +277,85 @@ impl Engine {
         req.sampling
             .validate()
             .map_err(EngineError::InvalidRequest)?;
-        let req_unconstrained = req.grammar.is_none();
         let grammar = match &req.grammar {
             Some(g) => Some((self.start_grammar(g)?, g.after_token)),
             None => None,
         };
+        let drafter = self.drafter.clone().filter(|_| req.grammar.is_none());
+        Ok(self.admit(req, grammar, drafter, None, None))
+    }
+
+    /// Validates and admits a score-only request: its sequence ends after its prefill, with
+    /// the logits of its answer tokens ([`Sequence::scores`]).
+    pub fn add_score(&mut self, req: ScoreRequest) -> Result<SeqId, EngineError> {
+        self.check_prompt(&req.prompt)?;
+        if req.answers.is_empty() {
+            return Err(EngineError::InvalidRequest(
+                "a score request needs at least one answer token".into(),
+            ));
+        }
+        self.check_vocab(&req.answers)?;
+        let request = Request {
+            prompt: req.prompt,
+            sampling: SamplingParams::greedy(),
+            max_tokens: 0,
+            stop: Vec::new(),
+            ignore_eos: true,
+            grammar: None,
+        };
+        let keep = req.keep_state_at;
+        Ok(self.admit(request, None, None, Some(req.answers), keep))
+    }
+
+    fn check_prompt(&self, prompt: &[u32]) -> Result<(), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidRequest(
+                "the prompt is empty: give at least one token".into(),
+            ));
+        }
+        if prompt.len() >= self.max_context {
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt has {} tokens but the context limit is {}: shorten the prompt",
+                prompt.len(),
+                self.max_context
+            )));
+        }
+        self.check_vocab(prompt)
+    }
+
+    fn check_vocab(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        let vocab = self.model.config.vocab_size;
+        match tokens.iter().find(|&&id| id as usize >= vocab) {
+            Some(id) => Err(EngineError::InvalidRequest(format!(
+                "token id {id} is outside the vocabulary (size {vocab})"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts a validated request's sequence from the longest cached prefix of its prompt.
+    fn admit(
+        &mut self,
+        req: Request,
+        grammar: Option<(GrammarState, Option<u32>)>,
+        drafter: Option<Arc<dyn Drafter>>,
+        score: Option<Vec<u32>>,
+        keep_state_at: Option<usize>,
+    ) -> SeqId {
         let id = self.next_id;
         self.next_id += 1;
-        let drafter = self.drafter.as_ref().filter(|_| req_unconstrained);
         let (restored, checkpoints) = if self.prefix_cache.enabled() {
-            let restored = self.prefix_cache.lookup(&req.prompt, &self.model, drafter);
+            let restored = self
+                .prefix_cache
+                .lookup(&req.prompt, &self.model, drafter.as_ref());
             let from = restored.as_ref().map_or(0, |r| r.len);
             let im_start = self.model.tokenizer.token_to_id("<|im_start|>");
             let mut positions = checkpoint_positions(&req.prompt, im_start);
+            if let Some(p) = keep_state_at.filter(|&p| p < req.prompt.len()) {
+                if let Err(at) = positions.binary_search(&p) {
+                    positions.insert(at, p);
+                }
+            }
             positions.retain(|&p| p > from);
             (restored, positions)
         } else {
@@ -318,14 +368,17 @@ impl Engine {
             &self.model,
             self.max_context,
             self.kv_format,
-            drafter.map(|d| (d, self.draft_every_step)),
+            drafter.as_ref().map(|d| (d, self.draft_every_step)),
         );
+        if let Some(answers) = score {
+            seq.score_only(answers);
+        }
         if let Some(r) = restored {
             seq.resume_from(r);
         }
         seq.keep_states_at(checkpoints);
         self.running.push(seq);
-        Ok(id)
+        id
     }
 
     fn start_grammar(&mut self, g: &GrammarRequest) -> Result<GrammarState, EngineError> {
@@ -373,7 +426,7 @@ impl Engine {
                 prefilling.push(i);
             }
         }
-        self.prefill(&prefilling)?;
+        self.prefill(&prefilling, &mut events)?;
         self.decode_batch(batch, &mut events)?;
         let (done, running): (Vec<_>, Vec<_>) = self
             .running
@@ -395,7 +448,11 @@ impl Engine {
     /// the oldest is always left a quarter of the chunk, so short prompts arriving at every
     /// step cannot starve it (and every prompt becomes the oldest in turn). A prompt that
     /// stops at a prefix-cache checkpoint goes on within its share.
-    fn prefill(&mut self, prefilling: &[usize]) -> Result<(), EngineError> {
+    fn prefill(
+        &mut self,
+        prefilling: &[usize],
+        events: &mut Vec<Event>,
+    ) -> Result<(), EngineError> {
         let Some(&oldest) = prefilling.first() else {
             return Ok(());
         };
@@ -415,7 +472,7 @@ impl Engine {
             };
             while share > 0 {
                 let seq = &mut self.running[i];
-                let ran = seq.prefill_step(&self.model, share)?;
+                let ran = seq.prefill_step(&self.model, share, events)?;
                 for (tokens, r) in seq.take_snapshots() {
                     self.prefix_cache.insert(tokens, r.state, r.draft);
                 }

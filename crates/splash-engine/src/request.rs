@@ -27,6 +27,19 @@ pub struct Request {
     pub grammar: Option<GrammarRequest>,
 }
 
+/// A request that generates nothing: one prefill of `prompt`, then the final position's
+/// logits at `answers` (the tokens of the answer slots), read in f32. No sampling, no draft.
+#[derive(Clone, Debug)]
+pub struct ScoreRequest {
+    pub prompt: Vec<u32>,
+    /// Token ids whose logits are read, in order (at least one).
+    pub answers: Vec<u32>,
+    /// A prompt position whose state the prefix cache should keep (besides the turn starts it
+    /// keeps anyway): where the part that later requests share ends, e.g. the evidence of a
+    /// judgment, so that a second question on it prefills only what differs.
+    pub keep_state_at: Option<usize>,
+}
+
 /// What a step produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -51,6 +64,8 @@ pub enum FinishReason {
     GrammarEnd,
     /// The sequence could not continue (its constraint failed); the message says why.
     Failed(String),
+    /// A [`ScoreRequest`] read its logits (see [`crate::Sequence::scores`]).
+    Scored,
 }
 
 /// A request rejected or a model failure.

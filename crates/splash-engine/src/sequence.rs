@@ -79,6 +79,10 @@ pub struct Sequence {
     checkpoints: Vec<usize>,
     /// States reached at those positions, for the engine to store.
     snapshots: Vec<Restored>,
+    /// A score-only sequence: the tokens whose final-position logits it reads.
+    score: Option<Vec<u32>>,
+    /// Those logits, once read.
+    scores: Option<Vec<f32>>,
 }
 
 /// A drafted block (or the anchor alone) waiting for its verify pass.
@@ -151,7 +155,20 @@ impl Sequence {
             cached: 0,
             checkpoints: Vec::new(),
             snapshots: Vec::new(),
+            score: None,
+            scores: None,
         }
+    }
+
+    /// Makes this a score-only sequence: after its prefill it ends ([`FinishReason::Scored`])
+    /// with the final position's logits at `answers` instead of generating.
+    pub(crate) fn score_only(&mut self, answers: Vec<u32>) {
+        self.score = Some(answers);
+    }
+
+    /// The logits a score-only sequence read, in the order of its answer tokens.
+    pub fn scores(&self) -> Option<&[f32]> {
+        self.scores.as_deref()
     }
 
     /// Starts from a cached prefix of the prompt instead of prefilling it.
@@ -226,6 +243,7 @@ impl Sequence {
         &mut self,
         model: &Model,
         chunk: usize,
+        events: &mut Vec<Event>,
     ) -> Result<usize, ModelError> {
         let (tokens, start) = match &self.phase {
             Phase::Prefill { done } => (&self.prompt, *done),
@@ -278,9 +296,31 @@ impl Sequence {
         if last {
             // Kept already: a replay after a preemption need not copy them again.
             self.checkpoints.clear();
+            if let Some(answers) = &self.score {
+                self.read_scores(answers.clone(), events);
+            }
         }
         self.prefill_time += t0.elapsed();
         Ok(end - start)
+    }
+
+    /// Ends a score-only sequence with its answers' logits (taken from the prefill's).
+    fn read_scores(&mut self, answers: Vec<u32>, events: &mut Vec<Event>) {
+        let logits = match &self.phase {
+            Phase::Decode {
+                next: Some(NextScores::Logits(logits)),
+            } => logits,
+            _ => {
+                let why = "the prefill left no logits to score (an engine bug)";
+                return self.close(FinishReason::Failed(why.into()), events);
+            }
+        };
+        let scores = answers
+            .iter()
+            .map(|&t| logits.get(t as usize).copied().unwrap_or(f32::NAN))
+            .collect();
+        self.scores = Some(scores);
+        self.close(FinishReason::Scored, events);
     }
 
     /// Preempts the sequence: hands over its state (and draft context) with the tokens they

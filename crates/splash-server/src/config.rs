@@ -44,6 +44,9 @@ pub struct ServerConfig {
     pub memory_plan: Option<splash_engine::MemoryPlan>,
     /// The prefix cache's disk tier (`--max-cache-disk`), off when `None`.
     pub disk_cache: Option<DiskCacheSettings>,
+    /// Honour test clients' fault requests (`x-splash-fault: nonfinite-logits` makes a
+    /// score non-finite): for the end-to-end tests of error paths only.
+    pub inject_faults: bool,
 }
 
 /// `--max-cache-disk`, `--persistent-cache`, `--cache-dir`.
@@ -105,6 +108,7 @@ impl Default for ServerConfig {
             max_memory: None,
             memory_plan: None,
             disk_cache: None,
+            inject_faults: false,
         }
     }
 }

@@ -198,6 +198,8 @@ impl IntoResponse for AnthropicError {
 pub fn for_path(path: &str, e: ApiError) -> Response {
     if path.starts_with("/v1/messages") {
         AnthropicError(e).into_response()
+    } else if path == "/v1/systemone" {
+        crate::scoring::systemone::SystemOneError::Api(e).into_response()
     } else {
         e.into_response()
     }

@@ -14,6 +14,7 @@ mod guard;
 mod ids;
 mod json;
 mod metrics;
+mod multi;
 mod openai;
 mod output;
 mod plan;
@@ -21,6 +22,7 @@ mod prompt;
 mod reasoning;
 mod responses;
 mod routes;
+mod scoring;
 mod state;
 mod tool_calls;
 mod webui;
@@ -32,6 +34,7 @@ mod worker;
 mod derived;
 
 pub use config::{parse_duration, parse_size, DiskCacheSettings, ServerConfig};
+pub use multi::{check_arguments, serve_multi, MultiConfig, MultiOptions};
 pub use state::AppState;
 
 use std::net::SocketAddr;

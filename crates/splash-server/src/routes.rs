@@ -16,7 +16,7 @@ use crate::json::{typed, JsonObject};
 use crate::openai::{self, ChatInput};
 use crate::prompt::{self, Tokens};
 use crate::state::AppState;
-use crate::{anthropic, guard, metrics, responses, webui};
+use crate::{anthropic, guard, metrics, responses, scoring, webui};
 
 /// Every route, behind the access guard and the request counter.
 pub fn router(state: AppState) -> Router {
@@ -41,6 +41,8 @@ pub fn router(state: AppState) -> Router {
             get(responses::get).delete(responses::delete),
         )
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/judgments", post(scoring::judgments::handle))
+        .route("/v1/systemone", post(scoring::systemone::handle))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), guard::guard))
@@ -48,7 +50,24 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             metrics::track,
         ))
+        .layer(middleware::from_fn(typesafe_request_id))
         .with_state(state)
+}
+
+/// `x-typesafe-request-id` on every answer of the routes the TypeSafe SDK calls (errors from
+/// the access guard too): its errors and logs quote it.
+async fn typesafe_request_id(req: axum::extract::Request, next: middleware::Next) -> Response {
+    let path = req.uri().path();
+    let tag = path == "/v1/systemone" || path.starts_with("/v1/models");
+    let mut resp = next.run(req).await;
+    if tag {
+        let (a, b) = (splash_engine::random_seed(), splash_engine::random_seed());
+        let id = format!("req_{a:016x}{:08x}", b as u32);
+        if let Ok(v) = axum::http::HeaderValue::from_str(&id) {
+            resp.headers_mut().insert("x-typesafe-request-id", v);
+        }
+    }
+    resp
 }
 
 async fn health() -> Json<Value> {
@@ -137,7 +156,13 @@ pub(crate) fn unix_now() -> i64 {
 
 async fn models(State(s): State<AppState>) -> Json<Value> {
     let data: Vec<Value> = s.model_ids.iter().map(|id| model_card(&s, id)).collect();
-    Json(json!({"object": "list", "data": data}))
+    // `models`: what the TypeSafe SDK's `models.list()` reads.
+    let models: Vec<Value> = s
+        .model_ids
+        .iter()
+        .map(|id| json!({"name": id, "description": "served by splash", "release_date": ""}))
+        .collect();
+    Json(json!({"object": "list", "data": data, "models": models}))
 }
 
 async fn model_by_id(

@@ -13,6 +13,7 @@ use crate::config::ServerConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::responses::ResponseStore;
+use crate::scoring::AnswerSlots;
 use crate::worker::Worker;
 
 /// Memory for stored Responses-API conversations.
@@ -37,6 +38,8 @@ pub struct AppState {
     /// The engine's constrained-decoding tables (built once, shared): requests' grammars are
     /// checked with them before they are queued.
     pub grammar_tables: GrammarTables,
+    /// The tokenizer's answer slots for scoring, or why the model cannot score.
+    pub answer_slots: Arc<Result<AnswerSlots, String>>,
 }
 
 // The middlewares take only what they use.
@@ -74,7 +77,12 @@ impl AppState {
                 model_ids.push(alias.clone());
             }
         }
+        let answer_slots = Arc::new(AnswerSlots::build(&model));
+        if let Err(why) = answer_slots.as_ref() {
+            tracing::warn!("/v1/judgments and /v1/systemone are unavailable: {why}");
+        }
         Self {
+            answer_slots,
             config: Arc::new(config),
             worker: Arc::new(worker),
             metrics,

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use splash_engine::{Engine, EngineError, Event, FinishReason, Request, SeqId, SpecStats};
+use splash_engine::{
+    Engine, EngineError, Event, FinishReason, Request, ScoreRequest, SeqId, SpecStats,
+};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::metrics::Metrics;
@@ -27,6 +29,8 @@ pub struct Usage {
     pub grammar: Option<(Duration, usize)>,
     /// Speculation counters (requests decoded with a draft).
     pub speculation: Option<SpecStats>,
+    /// The answer tokens' logits (score requests).
+    pub scores: Option<Vec<f32>>,
 }
 
 /// What the worker tells a request.
@@ -41,8 +45,23 @@ pub enum WorkerEvent {
     },
 }
 
+/// What a job asks of the engine.
+pub enum Work {
+    Generate(Request),
+    Score(ScoreRequest),
+}
+
+impl Work {
+    fn prompt_len(&self) -> usize {
+        match self {
+            Work::Generate(r) => r.prompt.len(),
+            Work::Score(r) => r.prompt.len(),
+        }
+    }
+}
+
 struct Job {
-    request: Request,
+    work: Work,
     events: UnboundedSender<WorkerEvent>,
 }
 
@@ -96,18 +115,14 @@ impl Worker {
     }
 
     /// Queues a request; its events arrive on the returned channel.
-    pub fn submit(&self, request: Request) -> Result<UnboundedReceiver<WorkerEvent>, Overloaded> {
+    pub fn submit(&self, work: Work) -> Result<UnboundedReceiver<WorkerEvent>, Overloaded> {
         let before = self.load.in_flight.fetch_add(1, Ordering::SeqCst);
         if before >= self.capacity || !self.load.alive.load(Ordering::SeqCst) {
             self.load.in_flight.fetch_sub(1, Ordering::SeqCst);
             return Err(Overloaded);
         }
         let (events, rx) = unbounded_channel();
-        if self
-            .jobs
-            .send(Message::Job(Job { request, events }))
-            .is_err()
-        {
+        if self.jobs.send(Message::Job(Job { work, events })).is_err() {
             self.load.in_flight.fetch_sub(1, Ordering::SeqCst);
             return Err(Overloaded);
         }
@@ -196,24 +211,28 @@ fn run(
             let Some(job) = waiting.front() else {
                 break;
             };
-            let need = job.request.prompt.len().min(context);
+            let need = job.work.prompt_len().min(context);
             let full = engine.num_parked() > 0
                 || engine.kv_tokens_committed().saturating_add(need) > engine.kv_budget();
             if !active.is_empty() && full {
                 break; // waits for running (and preempted) sequences to make room
             }
             let job = waiting.pop_front().expect("front exists");
-            match engine.add(job.request) {
+            let added = match job.work {
+                Work::Generate(r) => engine.add(r),
+                Work::Score(r) => engine.add_score(r),
+            };
+            match added {
                 Ok(id) => {
                     active.insert(id, job.events);
                 }
                 Err(e) => {
                     let invalid = matches!(e, EngineError::InvalidRequest(_));
+                    done(&load);
                     let _ = job.events.send(WorkerEvent::Failed {
                         message: e.to_string(),
                         invalid,
                     });
-                    done(&load);
                 }
             }
         }
@@ -234,11 +253,11 @@ fn run(
                 tracing::error!("{message}");
                 for (id, tx) in active.drain() {
                     engine.cancel(id);
+                    done(&load);
                     let _ = tx.send(WorkerEvent::Failed {
                         message: message.clone(),
                         invalid: false,
                     });
-                    done(&load);
                 }
                 continue;
             }
@@ -264,6 +283,7 @@ fn run(
                         decode,
                         grammar: seq.grammar_stats(),
                         speculation: seq.spec_stats(),
+                        scores: seq.scores().map(<[f32]>::to_vec),
                     };
                     metrics.record_generation(&usage);
                     if let Some(tx) = active.remove(&id) {
@@ -274,8 +294,10 @@ fn run(
                             },
                             _ => WorkerEvent::Done(usage),
                         };
-                        let _ = tx.send(event);
+                        // Counted out first: a client that sends its next request as soon
+                        // as this one ends must find the slot free.
                         done(&load);
+                        let _ = tx.send(event);
                     }
                 }
             }

@@ -133,7 +133,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let _ = writeln!(out);
     let n = completion.tokens.len();
     let reason = match &completion.finish_reason {
-        FinishReason::Eos(_) | FinishReason::StopString(_) | FinishReason::GrammarEnd => "stop",
+        FinishReason::Eos(_)
+        | FinishReason::StopString(_)
+        | FinishReason::GrammarEnd
+        | FinishReason::Scored => "stop",
         FinishReason::Length => "length",
         FinishReason::ContextFull => "context limit",
         FinishReason::Failed(e) => e,

@@ -7,3 +7,4 @@ pub mod list;
 pub mod perplexity;
 pub mod pull;
 pub mod serve;
+pub mod serve_multi;

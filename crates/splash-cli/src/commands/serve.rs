@@ -74,6 +74,10 @@ pub struct Args {
     /// Directory of the prefix cache's disk files.
     #[arg(long, env = "SPLASH_CACHE_DIR", value_name = "DIR")]
     cache_dir: Option<std::path::PathBuf>,
+    /// For the end-to-end tests: honour `x-splash-fault` request headers (a non-finite
+    /// score). Never needed in use.
+    #[arg(long, hide = true)]
+    inject_faults: bool,
 }
 
 /// `--max-cache-disk`: a size or `auto`.
@@ -125,6 +129,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         lanes: a.lanes as usize,
         webui: !a.no_webui,
         kv_format: a.kv_format,
+        inject_faults: a.inject_faults,
         disk_cache: match (a.max_cache_disk, a.persistent_cache) {
             (None, false) => None,
             (size, persistent) => Some(DiskCacheSettings {

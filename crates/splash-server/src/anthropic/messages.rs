@@ -355,8 +355,9 @@ fn stop_reason(u: &Usage, called: bool, clamped: bool) -> (&'static str, Option<
         FinishReason::Length => ("max_tokens", None),
         _ if called => ("tool_use", None),
         FinishReason::StopString(s) => ("stop_sequence", Some(s.clone())),
-        FinishReason::Eos(_) | FinishReason::GrammarEnd | FinishReason::Failed(_) => {
-            ("end_turn", None)
-        }
+        FinishReason::Eos(_)
+        | FinishReason::GrammarEnd
+        | FinishReason::Failed(_)
+        | FinishReason::Scored => ("end_turn", None),
     }
 }

@@ -20,7 +20,7 @@ pub use conversation::ChatInput;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::worker::{Usage, WorkerEvent};
+use crate::worker::{Usage, Work, WorkerEvent};
 
 /// SSE comment interval while nothing else is sent (long prefills): well under the ~20 s
 /// after which agent clients give up on a silent stream.
@@ -194,7 +194,8 @@ pub fn finish_reason(f: &FinishReason) -> &'static str {
         FinishReason::Eos(_)
         | FinishReason::StopString(_)
         | FinishReason::GrammarEnd
-        | FinishReason::Failed(_) => "stop",
+        | FinishReason::Failed(_)
+        | FinishReason::Scored => "stop",
         FinishReason::Length | FinishReason::ContextFull => "length",
     }
 }
@@ -229,8 +230,13 @@ pub fn timings_json(u: &Usage) -> Value {
     t
 }
 
-/// Submits to the worker; 503 when it is full.
+/// Submits a generation to the worker; 503 when it is full.
 pub fn submit(s: &AppState, request: Request) -> Result<UnboundedReceiver<WorkerEvent>, ApiError> {
+    submit_work(s, Work::Generate(request))
+}
+
+/// Submits any work to the worker; 503 when it is full.
+pub fn submit_work(s: &AppState, work: Work) -> Result<UnboundedReceiver<WorkerEvent>, ApiError> {
     if !s
         .worker
         .load
@@ -241,7 +247,7 @@ pub fn submit(s: &AppState, request: Request) -> Result<UnboundedReceiver<Worker
             "the engine has stopped (see the server log); restart splash serve",
         ));
     }
-    s.worker.submit(request).map_err(|_| {
+    s.worker.submit(work).map_err(|_| {
         ApiError::overloaded(format!(
             "the server is busy: {} decode lanes and {} queue slots are taken; retry shortly (or start splash with a larger --queue-size)",
             s.config.lanes, s.config.queue_size
