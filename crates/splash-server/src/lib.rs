@@ -179,13 +179,7 @@ pub async fn serve(
     eprintln!("Ready: http://{host}:{}", local.port());
     let header_timeout = state_header_timeout;
     let stop = async move {
-        // Ctrl+C, or SIGTERM (systemd, docker stop): the same orderly shutdown.
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
+        stop_requested().await;
         eprintln!("shutting down: finishing open responses (Ctrl+C again to exit at once)");
         let _ = shutdown.send(true);
         tokio::spawn(async {
@@ -198,6 +192,23 @@ pub async fn serve(
     tokio::task::spawn_blocking(move || worker.stop())
         .await
         .map_err(|e| StartError(format!("stopping the engine: {e}")))
+}
+
+/// Resolves on Ctrl+C or SIGTERM (systemd, docker stop): the same orderly shutdown.
+async fn stop_requested() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let terminated = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminated => {}
+    }
 }
 
 /// Serves HTTP/1.1 connections until `stop` completes, then lets open requests finish.

@@ -11,21 +11,8 @@ pub struct Args {
     model: model_arg::ModelArgs,
     #[command(flatten)]
     draft: draft_arg::DraftArgs,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
-    /// Port to listen on (0 picks a free one).
-    #[arg(long, env = "SPLASH_PORT", default_value_t = 8000)]
-    port: u16,
-    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
-    #[arg(long, env = "SPLASH_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// Accept this `Host` name besides IP addresses and localhost (repeatable; `*` for any).
-    #[arg(long = "allowed-host")]
-    allowed_hosts: Vec<String>,
-    /// Accept browser requests from this origin, e.g. http://app.local:3000 (repeatable).
-    #[arg(long = "allowed-origin")]
-    allowed_origins: Vec<String>,
+    #[command(flatten)]
+    listen: ListenArgs,
     /// Cap on prompt + output tokens, e.g. 32K (K = 1024); never above the model's limit,
     /// lowered to what fits in memory.
     #[arg(long, value_parser = parse_size)]
@@ -80,6 +67,47 @@ pub struct Args {
     inject_faults: bool,
 }
 
+/// Where a server listens and whom it answers (`serve` and `serve-multi`).
+#[derive(clap::Args)]
+pub struct ListenArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, env = "SPLASH_PORT", default_value_t = 8000)]
+    pub port: u16,
+    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
+    #[arg(long, env = "SPLASH_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Accept this `Host` name besides IP addresses and localhost (repeatable; `*` for any).
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// Accept browser requests from this origin, e.g. http://app.local:3000 (repeatable).
+    #[arg(long = "allowed-origin")]
+    pub allowed_origins: Vec<String>,
+}
+
+impl ListenArgs {
+    /// The server settings these give; an empty key is an error.
+    pub fn config(self) -> anyhow::Result<ServerConfig> {
+        // An empty key (`--api-key ""`, or SPLASH_API_KEY set to nothing by a script whose
+        // variable was unset) would otherwise mean "no key" without a word.
+        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            anyhow::bail!(
+                "--api-key (or SPLASH_API_KEY) is empty: give the key clients must send, or to serve without a key leave out --api-key and unset SPLASH_API_KEY"
+            );
+        }
+        Ok(ServerConfig {
+            host: self.host,
+            port: self.port,
+            api_key: self.api_key,
+            allowed_hosts: self.allowed_hosts,
+            allowed_origins: self.allowed_origins,
+            ..ServerConfig::default()
+        })
+    }
+}
+
 /// `--max-cache-disk`: a size or `auto`.
 #[derive(Clone, Copy, Debug)]
 enum DiskSize {
@@ -97,19 +125,7 @@ fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    // An empty key (`--api-key ""`, or SPLASH_API_KEY set to nothing by a script whose variable
-    // was unset) would otherwise mean "no key" without a word.
-    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
-        anyhow::bail!(
-            "--api-key (or SPLASH_API_KEY) is empty: give the key clients must send, or to serve without a key leave out --api-key and unset SPLASH_API_KEY"
-        );
-    }
     let mut config = ServerConfig {
-        host: a.host,
-        port: a.port,
-        api_key: a.api_key,
-        allowed_hosts: a.allowed_hosts,
-        allowed_origins: a.allowed_origins,
         max_context: a.max_context,
         max_memory: a.max_memory.map(|m| m as u64),
         served_model_names: a.served_model_names,
@@ -141,7 +157,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 persistent,
             }),
         },
-        ..ServerConfig::default()
+        ..a.listen.config()?
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

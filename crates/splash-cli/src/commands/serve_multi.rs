@@ -5,6 +5,8 @@ use std::time::Duration;
 use anyhow::Context;
 use splash_server::{parse_duration, parse_size, MultiConfig, MultiOptions, ServerConfig};
 
+use super::serve::ListenArgs;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// The models: `{"models": [{"model": "demo", "aliases": [...], "arguments": [...],
@@ -18,21 +20,9 @@ pub struct Args {
     /// Seconds an engine may take to become ready before its load fails (0: no limit).
     #[arg(long, default_value_t = 0.0)]
     startup_timeout: f64,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
-    /// Port to listen on (0 picks a free one).
-    #[arg(long, env = "SPLASH_PORT", default_value_t = 8000)]
-    port: u16,
-    /// Require this key (`Authorization: Bearer KEY` or `x-api-key: KEY`); the engines check it too.
-    #[arg(long, env = "SPLASH_API_KEY", hide_env_values = true)]
-    api_key: Option<String>,
-    /// Accept this `Host` name besides IP addresses and localhost (repeatable; `*` for any).
-    #[arg(long = "allowed-host")]
-    allowed_hosts: Vec<String>,
-    /// Accept browser requests from this origin (repeatable).
-    #[arg(long = "allowed-origin")]
-    allowed_origins: Vec<String>,
+    // The engines are given the same API key.
+    #[command(flatten)]
+    listen: ListenArgs,
     /// Largest accepted request body, e.g. 32M.
     #[arg(long, value_parser = parse_size, default_value = "128M")]
     max_request_size: usize,
@@ -53,25 +43,15 @@ fn seconds(name: &str, s: f64) -> anyhow::Result<Duration> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
-        anyhow::bail!(
-            "--api-key (or SPLASH_API_KEY) is empty: give the key clients must send, or leave it out to serve without one"
-        );
-    }
     let config = MultiConfig::load(&a.config).map_err(anyhow::Error::msg)?;
     splash_server::check_arguments(&a.serve_options)
         .map_err(|e| anyhow::anyhow!("the options after --: {e}"))?;
     let options = MultiOptions {
         config,
         front: ServerConfig {
-            host: a.host,
-            port: a.port,
-            api_key: a.api_key,
-            allowed_hosts: a.allowed_hosts,
-            allowed_origins: a.allowed_origins,
             max_request_size: a.max_request_size,
             body_read_timeout: a.body_read_timeout,
-            ..ServerConfig::default()
+            ..a.listen.config()?
         },
         common: a.serve_options,
         switch_timeout: seconds("switch-timeout", a.switch_timeout)?,

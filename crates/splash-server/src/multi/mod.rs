@@ -103,12 +103,7 @@ pub async fn serve_multi(
     tokio::spawn(sup.clone().run());
     eprintln!("Ready: http://{}:{}", local.ip(), local.port());
     let stop = async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-        }
+        crate::stop_requested().await;
         eprintln!("serve-multi: shutting down");
     };
     crate::serve_http(listener, app, header_timeout, stop).await;

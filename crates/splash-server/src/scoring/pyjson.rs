@@ -25,11 +25,7 @@ impl Formatter for PythonFormatter {
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        separate(w, first)
     }
 
     fn begin_object_key<W: ?Sized + io::Write>(
@@ -37,11 +33,7 @@ impl Formatter for PythonFormatter {
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        separate(w, first)
     }
 
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
@@ -62,6 +54,15 @@ impl Formatter for PythonFormatter {
         escape: serde_json::ser::CharEscape,
     ) -> io::Result<()> {
         CompactFormatter.write_char_escape(w, escape)
+    }
+}
+
+/// `", "` before every item but the first.
+fn separate<W: ?Sized + io::Write>(w: &mut W, first: bool) -> io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
     }
 }
 
