@@ -16,7 +16,8 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda_ops", "cuda_parity", "speculative_cuda", "scheduler_cuda"):
         print(m["target"]["name"], m["executable"])')
 while read -r name exe; do cp "$exe" ".device/$name"; done <<<"$bins"
-# The generated fixtures the GPU tests read (tests/fixtures/derived.rs, FOR_THE_GPU: the GGUFs),
+# The generated fixtures the GPU tests read (tests/fixtures/derived.rs, FOR_THE_GPU: the GGUFs and
+# the MLX checkpoints),
 # made here by cuda_parity's ignored test, which prints their target/fixtures/<set>-<hash>/
 # directories: the GPU machine has no gguf or tokenizers. gpu-run.sh puts them back at
 # target/fixtures/ there, where the tests find them.

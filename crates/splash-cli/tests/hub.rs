@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use splash_hub::fake_hub::{noise, FakeFile, FakeHub, Logged, TempDir};
 
 mod common;
-use common::gguf;
+use common::{gguf, mlx};
 
 const MLX_REPO: &str = "mlx-community/Qwen35-Tiny-4bit";
 const GGUF_REPO: &str = "unsloth/Qwen35-Tiny-GGUF";
@@ -39,7 +39,12 @@ fn text(b: &[u8]) -> String {
 
 /// Every file of a fixture directory: `*.safetensors` in LFS, the rest as git files.
 fn fixture_files(name: &str) -> Vec<FakeFile> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(fixture(name))
+    let dir = if name.ends_with("-mlx4") {
+        mlx(name)
+    } else {
+        fixture(name)
+    };
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.is_file())

@@ -10,8 +10,12 @@ mod derived;
 #[allow(unused_imports)] // each test binary uses some
 pub use derived::{dir, gguf, realvocab, twin, FOR_THE_GPU};
 
-/// A committed fixture under `tests/fixtures/` (the GGUFs are generated: [`gguf`]).
+/// A fixture under `tests/fixtures/`, or a generated MLX one (`qwen35-{dense,moe}-mlx4`; the
+/// GGUFs are generated too: [`gguf`]).
 pub fn fixture(name: &str) -> PathBuf {
+    if name.ends_with("-mlx4") {
+        return derived::mlx(name);
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures")
         .join(name)
