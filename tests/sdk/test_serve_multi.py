@@ -185,3 +185,22 @@ def test_bad_configs_are_refused_at_start(tmp_path):
         r = subprocess.run([BIN, "serve-multi", "--config", config(tmp_path, models), "--port", "0"],
                            capture_output=True, text=True, timeout=30)
         assert r.returncode != 0 and words in r.stderr, r.stderr
+
+
+def test_preload_loads_before_any_request(tmp_path):
+    import time
+
+    s = multi(tmp_path, [{"model": DEMO}, {"model": DENSE, "aliases": ["dense"], "preload": True}])
+    try:
+        with s.client() as h:
+            for _ in range(200):
+                st = h.get("/status").json()
+                if st["loaded"] == DENSE:
+                    break
+                time.sleep(0.1)
+            assert st["loaded"] == DENSE and st["switches"] == 1, st
+            # A request that names no model goes to the loaded one.
+            r = h.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2})
+            assert r.status_code == 200 and r.json()["model"] == "qwen35-dense"
+    finally:
+        s.stop()

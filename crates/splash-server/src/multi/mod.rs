@@ -196,8 +196,14 @@ async fn fetch_json(f: &Front, port: u16, path: &str) -> Option<Value> {
         let v = HeaderValue::from_str(&format!("Bearer {k}")).ok()?;
         req.headers_mut().insert(header::AUTHORIZATION, v);
     }
-    let resp = f.client.request(req).await.ok()?;
-    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    // A stuck engine must not hold `/status` (nor, through its in-flight count, a switch).
+    let fetch = async {
+        let resp = f.client.request(req).await.ok()?;
+        resp.into_body().collect().await.ok().map(|b| b.to_bytes())
+    };
+    let body = tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .ok()??;
     serde_json::from_slice(&body).ok()
 }
 

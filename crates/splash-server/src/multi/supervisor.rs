@@ -220,7 +220,8 @@ impl Supervisor {
     /// Loads the preload model, then switches as requests ask, until the process ends.
     pub async fn run(self: Arc<Self>) {
         if let Some(m) = self.config.preload {
-            self.lock().queue.push_back(m);
+            // Loaded before any request asks (the queue holds only models someone waits for).
+            self.lock().phase = Phase::Draining(m);
         }
         let mut changes = self.changes.subscribe();
         loop {
@@ -236,10 +237,17 @@ impl Supervisor {
             let mut st = self.lock();
             if let Some(e) = &mut st.engine {
                 if let Ok(Some(status)) = e.child.try_wait() {
-                    let name = &self.config.models[e.model].model;
-                    eprintln!("serve-multi: the engine of {name} exited ({status}); it is started again on the next request for it");
+                    let (model, name) = (e.model, self.config.models[e.model].model.clone());
+                    eprintln!("serve-multi: the engine of {name} exited ({status}); it is started again for the requests that wait for it");
                     st.engine = None;
+                    // A switch it was draining for goes on first; its own waiters, after.
+                    if let Phase::Draining(next) = st.phase {
+                        st.queue.push_front(next);
+                    }
                     st.phase = Phase::Serving;
+                    if st.waiting[model] > 0 && !st.queue.contains(&model) {
+                        st.queue.push_back(model);
+                    }
                 }
             }
             match st.phase {
@@ -248,8 +256,13 @@ impl Supervisor {
                     if st.loaded().is_some_and(|m| st.waiting[m] > 0) {
                         return;
                     }
-                    while st.queue.front().is_some() && st.queue.front() == st.loaded().as_ref() {
-                        st.queue.pop_front();
+                    // Nothing to switch for: the loaded model, or one whose requests gave up.
+                    while let Some(&m) = st.queue.front() {
+                        if st.loaded() == Some(m) || st.waiting[m] == 0 {
+                            st.queue.pop_front();
+                        } else {
+                            break;
+                        }
                     }
                     let Some(next) = st.queue.pop_front() else {
                         return;
