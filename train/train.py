@@ -57,6 +57,9 @@ TAPS = [1, 3, 5]
 BLOCK = 8
 LOSS_DECAY = 4.0  # weight of block position k (1-based): exp(-(k-1)/decay), as in DFlash
 OTHER_WEIGHT = 0.15  # loss weight of the text outside assistant turns (assistant tokens weigh 1)
+# Loss weight of the assistant tokens of scoring conversations (`judgment`: the empty think block,
+# the option letter, <|im_end|>); at 1 the letter, their only informative token, is lost in the mean.
+JUDGMENT_WEIGHT = 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,14 +127,14 @@ def check_assistant_mask(tok, texts, ids, masks):
 
 
 def _chunk(args):
-    seed, count, template_path, tokenizer_path = args
+    seed, count, template_path, tokenizer_path, judgment_share = args
     from tokenizers import Tokenizer
     template = open(template_path).read()
     tok = Tokenizer.from_file(tokenizer_path)
     rng = random.Random(seed)
     convs, texts, dropped = [], [], []
     while len(convs) < count:
-        c = data.generate(rng)
+        c = data.gen_judgment(rng) if rng.random() < judgment_share else data.generate(rng)
         t = data.render(c, template)
         # Nothing of the held-out tool-call set (evaluate.py --tool-rate) may occur in the data:
         # made-up values are drawn apart from it, and a conversation that still shows a held-out
@@ -149,10 +152,11 @@ def _chunk(args):
     return [c["kind"] for c in convs], texts, ids, masks, dropped
 
 
-def make_conversations(seed, n, workers, chunk=2000):
-    """n conversations: (kinds, texts, token arrays, loss masks), the same for the same seed and n."""
+def make_conversations(seed, n, workers, chunk=2000, judgment_share=0.0):
+    """n conversations: (kinds, texts, token arrays, loss masks), the same for the same seed and n;
+    `judgment_share` of them drawn from gen_judgment on top of its share of the mixture."""
     jobs = [(seed * 1_000_003 + i, min(chunk, n - i * chunk), os.path.join(DEMO, "chat_template.jinja"),
-             os.path.join(DEMO, "tokenizer.json")) for i in range((n + chunk - 1) // chunk)]
+             os.path.join(DEMO, "tokenizer.json"), judgment_share) for i in range((n + chunk - 1) // chunk)]
     kinds, texts, ids, masks, dropped = [], [], [], [], []
     data.stdlib_functions()  # parsed once, shared by the forked workers
     with mp.get_context("fork").Pool(workers) as pool:
@@ -167,12 +171,13 @@ def make_conversations(seed, n, workers, chunk=2000):
     return kinds, texts, ids, masks, dropped
 
 
-def pack(ids, masks, eot, rng):
+def pack(ids, masks, eot, rng, judgments=None):
     """Rows of SEQ tokens, each starting at a conversation; conversations joined by <|endoftext|>,
     the tail padded. Labels on every token of a conversation, -100 on the separators and the
-    padding; the class of each position: 2 in an assistant turn (masks: full loss weight), 1 for
-    the other text of a conversation (system, user and tool turns, turn heads: OTHER_WEIGHT),
-    0 for separators and padding (no loss)."""
+    padding; the class of each position: 2 in an assistant turn (masks: full loss weight; 3 in
+    the conversations flagged by `judgments`: JUDGMENT_WEIGHT), 1 for the other text of a
+    conversation (system, user and tool turns, turn heads: OTHER_WEIGHT), 0 for separators and
+    padding (no loss)."""
     order = [i for i in range(len(ids)) if len(ids[i]) < SEQ]
     rng.shuffle(order)
     placed, row, fill = [], 0, 0  # (conversation, row, offset)
@@ -189,9 +194,9 @@ def pack(ids, masks, eot, rng):
         n = len(ids[i])
         rows[r, o:o + n] = ids[i]
         labels[r, o:o + n] = ids[i]
-        cls[r, o:o + n] = np.where(masks[i], 2, 1)
-    # The weights follow the checked masks exactly: as many full-weight positions as masked tokens.
-    assert int((cls == 2).sum()) == sum(int(masks[i].sum()) for i, _, _ in placed)
+        cls[r, o:o + n] = np.where(masks[i], 3 if judgments is not None and judgments[i] else 2, 1)
+    # The weights follow the checked masks exactly: as many assistant positions as masked tokens.
+    assert int((cls >= 2).sum()) == sum(int(masks[i].sum()) for i, _, _ in placed)
     assert ((labels == -100) == (cls == 0)).all()
     return torch.from_numpy(rows), torch.from_numpy(labels), torch.from_numpy(cls)
 
@@ -265,7 +270,7 @@ def token_weights(c, other=None):
     """Loss weight per position from its class (pack): 1 in assistant turns, OTHER_WEIGHT on the
     other text, 0 on separators and padding."""
     other = OTHER_WEIGHT if other is None else other
-    return (c == 2).float() + other * (c == 1).float()
+    return (c == 2).float() + JUDGMENT_WEIGHT * (c == 3).float() + other * (c == 1).float()
 
 
 def target_loss(model):
@@ -278,7 +283,7 @@ def target_loss(model):
         ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1),
                              ignore_index=-100, reduction="none")
         w = token_weights(c[:, 1:]).reshape(-1)
-        asst = (c[:, 1:] == 2).reshape(-1).float()
+        asst = (c[:, 1:] >= 2).reshape(-1).float()
         fn.note = (ce.detach() * asst).sum() / asst.sum().clamp(min=1)
         return (ce * w).sum() / w.sum()
     fn.note = None
@@ -467,7 +472,7 @@ def draft_loss(draft, target, anchors, rng_t):
 
     def fn(b):
         x, y, c = b
-        y = y.masked_fill(c != 2, -100)  # the draft learns the assistant turns only, as before
+        y = y.masked_fill(c < 2, -100)  # the draft learns the assistant turns only, as before
         taps, ctx_pos, ids, pos, mask, labels = draft_batch(target, x, y, anchors, rng_t)
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             hidden = draft(taps, ctx_pos, emb(ids).detach(), pos, mask)
@@ -550,7 +555,7 @@ def check_against_reference(draft, cfg, ref_path, out, target, prompt, device):
 # ---------------------------------------------------------------------------------------------
 
 def main():
-    global EOS, EOT, MASK, TAPS, OTHER_WEIGHT
+    global EOS, EOT, MASK, TAPS, OTHER_WEIGHT, JUDGMENT_WEIGHT
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--conversations", type=int, default=600_000)
@@ -568,12 +573,16 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="a few steps on a small model (CPU test of the script)")
     ap.add_argument("--other-weight", type=float, default=OTHER_WEIGHT,
                     help="loss weight of the tokens outside assistant turns (assistant tokens weigh 1)")
+    ap.add_argument("--judgment-share", type=float, default=0.0,
+                    help="share of the conversations drawn from gen_judgment (scoring prompts) instead of the mixture")
+    ap.add_argument("--judgment-weight", type=float, default=JUDGMENT_WEIGHT,
+                    help="loss weight of the scoring conversations' assistant tokens")
     args = ap.parse_args()
     if args.data_seed == SEED + 1:
         ap.error(f"--data-seed {SEED + 1} is the held-out text's seed: choose another")
     if args.target and args.init_target:
         ap.error("--target trains the draft only; --init-target goes on training the target: give one")
-    OTHER_WEIGHT = args.other_weight
+    OTHER_WEIGHT, JUDGMENT_WEIGHT = args.other_weight, args.judgment_weight
     os.makedirs(args.out, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     logf = open(os.path.join(args.out, "train.log"), "w")
@@ -593,7 +602,8 @@ def main():
         args.conversations, args.batch = 400, 4
     t0 = time.time()
     workers = max(1, min(16, os.cpu_count() or 1))
-    kinds, texts, ids, masks, dropped = make_conversations(args.data_seed, args.conversations, workers)
+    kinds, texts, ids, masks, dropped = make_conversations(args.data_seed, args.conversations, workers,
+                                                           judgment_share=args.judgment_share)
     hk, htexts, hids, hmasks, _ = make_conversations(SEED + 1, 2000, workers)  # held out: another seed
     ntok = sum(len(i) for i in ids)
     ntrained = sum(int(m.sum()) for m in masks)
@@ -604,11 +614,13 @@ def main():
                                                  hmasks[:300] + masks[:300])
     log(f"loss mask: exactly the {nturns} assistant turns of {nconv} rendered conversations ({mt}/{mn} tokens at full weight)")
     rng = random.Random(args.data_seed)
-    rows, labels, cls = pack(ids, masks, EOT, rng)
+    rows, labels, cls = pack(ids, masks, EOT, rng, [k == "judgment" for k in kinds])
     log(f"packed: {rows.shape[0]} rows of {SEQ}, {(rows != EOT).float().mean():.3f} of positions are text, "
-        f"{(cls == 2).float().mean():.3f} in assistant turns (loss weight 1), {(cls == 1).float().mean():.3f} "
+        f"{(cls == 2).float().mean():.3f} in assistant turns (loss weight 1), {(cls == 3).float().mean():.4f} in "
+        f"scoring answers (weight {JUDGMENT_WEIGHT}), {(cls == 1).float().mean():.3f} "
         f"other text (weight {OTHER_WEIGHT}); the assistant turns carry "
-        f"{(cls == 2).float().sum() / token_weights(cls).sum():.2f} of the loss weight")
+        f"{(cls >= 2).float().mul(token_weights(cls)).sum() / token_weights(cls).sum():.2f} of the loss weight, the "
+        f"scoring answers {(cls == 3).float().mul(token_weights(cls)).sum() / token_weights(cls).sum():.2f}")
     heldout = "".join(htexts[:300])
     open(os.path.join(args.out, "heldout.txt"), "w").write(heldout)
 
@@ -660,7 +672,7 @@ def main():
     torch.manual_seed(SEED + 1)
     draft = Draft(cfg).to(device)
     rng_t = torch.Generator().manual_seed(SEED + 2)
-    x0, y0 = rows[:1].to(device), labels[:1].masked_fill(cls[:1] != 2, -100).to(device)
+    x0, y0 = rows[:1].to(device), labels[:1].masked_fill(cls[:1] < 2, -100).to(device)
     torch.backends.cuda.matmul.allow_tf32 = False  # the check compares in full f32
     log(f"draft: batched blocks vs single blocks, max rel error {check_batched_blocks(draft, model, x0, y0, rng_t):.1e}")
     torch.backends.cuda.matmul.allow_tf32 = True
