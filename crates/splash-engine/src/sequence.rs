@@ -296,8 +296,8 @@ impl Sequence {
         if last {
             // Kept already: a replay after a preemption need not copy them again.
             self.checkpoints.clear();
-            if let Some(answers) = &self.score {
-                self.read_scores(answers.clone(), events);
+            if let Some(answers) = self.score.take() {
+                self.read_scores(answers, events);
             }
         }
         self.prefill_time += t0.elapsed();

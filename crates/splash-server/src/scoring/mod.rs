@@ -164,12 +164,10 @@ fn render(model: &Model, system: &str, user: &str) -> Result<String, String> {
 
 /// The slots of this server, or a 501 saying why scoring is unavailable.
 fn slots(s: &AppState) -> Result<&AnswerSlots, ApiError> {
-    s.answer_slots.as_ref().as_ref().map_err(|why| {
-        let mut e = ApiError::engine(format!("scoring is unavailable for this model: {why}"));
-        e.status = StatusCode::NOT_IMPLEMENTED;
-        e.code = Some("scoring_unsupported");
-        e
-    })
+    s.answer_slots
+        .as_ref()
+        .as_ref()
+        .map_err(|why| unsupported(&format!("this model: {why}")))
 }
 
 /// A prompt ready to score.
@@ -212,7 +210,7 @@ async fn prepare(
     let text = render(&s.model, system, &user).map_err(ApiError::bad_request)?;
     let answers = slots
         .tokens(&s.model, &text, n)
-        .map_err(|why| slots_error(&why))?;
+        .map_err(|why| unsupported(&format!("this prompt: {why}")))?;
     // The engine needs room for the prompt and the position it scores.
     let limit = s.max_context.saturating_sub(1);
     let ids = match prompt::tokenize(&s.model, text.clone(), limit).await? {
@@ -239,8 +237,9 @@ async fn prepare(
     })
 }
 
-fn slots_error(why: &str) -> ApiError {
-    let mut e = ApiError::engine(format!("scoring is unavailable for this prompt: {why}"));
+/// 501 `scoring_unsupported`: scoring is unavailable for `what` (the model, a prompt).
+fn unsupported(what: &str) -> ApiError {
+    let mut e = ApiError::engine(format!("scoring is unavailable for {what}"));
     e.status = StatusCode::NOT_IMPLEMENTED;
     e.code = Some("scoring_unsupported");
     e
