@@ -144,8 +144,8 @@ impl Engine {
         self.grammar.clone()
     }
 
-    /// Decodes with `drafter`: every sequence without an output constraint advances by a
-    /// drafted block verified in one target pass (constrained ones decode a token a step).
+    /// Decodes with `drafter`: every sequence advances by a drafted block verified in one
+    /// target pass, except while an output constraint applies (a token a step).
     pub fn with_drafter(mut self, drafter: Arc<dyn Drafter>) -> Self {
         self.drafter = Some(drafter);
         self
@@ -278,10 +278,15 @@ impl Engine {
             .validate()
             .map_err(EngineError::InvalidRequest)?;
         let grammar = match &req.grammar {
-            Some(g) => Some((self.start_grammar(g)?, g.after_token)),
+            Some(g) => Some((self.start_grammar(g)?, g.after.clone())),
             None => None,
         };
-        let drafter = self.drafter.clone().filter(|_| req.grammar.is_none());
+        // A constraint from the first token leaves nothing for the draft; a later one (after
+        // the reasoning, or a call grammar) lets it speculate until then.
+        let drafter = self
+            .drafter
+            .clone()
+            .filter(|_| req.grammar.as_ref().is_none_or(|g| !g.after.is_empty()));
         Ok(self.admit(req, grammar, drafter, None, None))
     }
 
@@ -337,7 +342,7 @@ impl Engine {
     fn admit(
         &mut self,
         req: Request,
-        grammar: Option<(GrammarState, Option<u32>)>,
+        grammar: Option<(GrammarState, Vec<u32>)>,
         drafter: Option<Arc<dyn Drafter>>,
         score: Option<Vec<u32>>,
         keep_state_at: Option<usize>,

@@ -22,9 +22,10 @@ pub enum Constraint {
 #[derive(Clone, Debug)]
 pub struct GrammarRequest {
     pub constraint: Constraint,
-    /// Apply the constraint only after this token was generated (e.g. `</think>`, so the
-    /// reasoning stays free); `None`: from the first token.
-    pub after_token: Option<u32>,
+    /// Apply the constraint only once these tokens were generated, in this order (`</think>`,
+    /// so the reasoning stays free; `<tool_call>`, for a grammar of the calls alone); empty:
+    /// from the first token. The draft keeps speculating until the last of them.
+    pub after: Vec<u32>,
 }
 
 /// A model's [`GrammarFactory`], built by its first user and shared by clones: the engine, its
@@ -140,6 +141,11 @@ impl GrammarState {
     /// Advances past a sampled token.
     pub fn consume(&mut self, token: u32) -> Result<(), String> {
         self.matcher.consume_token(token).map_err(|e| e.to_string())
+    }
+
+    /// Takes back the last `tokens` consumed tokens.
+    pub fn rollback(&mut self, tokens: usize) -> Result<(), String> {
+        self.matcher.rollback(tokens).map_err(|e| e.to_string())
     }
 
     /// True when the grammar is complete and nothing more may follow.

@@ -9,7 +9,7 @@ use crate::grammar::GrammarState;
 use crate::prefix_cache::Restored;
 use crate::request::{Event, FinishReason, Request, SeqId};
 use crate::sampling::Sampler;
-use crate::speculative::{self, DraftSession, Drafter, SpecStats, StepCosts, VerifyRows};
+use crate::speculative::{self, Accepted, DraftSession, Drafter, SpecStats, StepCosts, VerifyRows};
 use crate::stop::StopMatcher;
 
 /// What the last forward pass left for choosing the next token.
@@ -67,8 +67,9 @@ pub struct Sequence {
     max_context: usize,
     eos: Vec<u32>,
     grammar: Option<GrammarState>,
-    /// The grammar applies once this token was generated (`None`: it applies now).
-    grammar_after: Option<u32>,
+    /// The grammar applies once these tokens were generated, in this order (empty: it
+    /// applies now).
+    grammar_after: Vec<u32>,
     prefill_time: Duration,
     decode_time: Duration,
     /// Set when the sequence decodes speculatively (a draft is attached).
@@ -106,7 +107,7 @@ impl Sequence {
     pub(crate) fn new(
         id: SeqId,
         req: Request,
-        grammar: Option<(GrammarState, Option<u32>)>,
+        grammar: Option<(GrammarState, Vec<u32>)>,
         model: &Model,
         max_context: usize,
         kv: KvFormat,
@@ -115,7 +116,7 @@ impl Sequence {
     ) -> Self {
         let (grammar, grammar_after) = match grammar {
             Some((g, after)) => (Some(g), after),
-            None => (None, None),
+            None => (None, Vec::new()),
         };
         let greedy = req.sampling.is_greedy();
         // A seeded sampled sequence draws from its generator once per verified row, so its
@@ -499,28 +500,50 @@ impl Sequence {
         let token = match next {
             NextScores::Argmax(token) => token,
             NextScores::Logits(mut logits) => {
-                let constrained = self
-                    .grammar
-                    .as_mut()
-                    .filter(|_| self.grammar_after.is_none());
-                if let Some(g) = constrained {
-                    if let Err(e) = g.mask(&mut logits) {
-                        self.fail(format!("the output constraint failed: {e}"), events)?;
-                        return Ok(None);
-                    }
-                }
-                self.sampler.sample(&mut logits, &self.prompt, &self.output)
+                let Some(token) = self.sample_constrained(&mut logits, events)? else {
+                    return Ok(None);
+                };
+                token
             }
         };
         self.push(token, model, events)?;
         Ok((!self.finished()).then_some(token))
     }
 
+    /// Samples from `logits` masked by the output constraint, when it applies; `None` when
+    /// the constraint failed (the sequence has ended).
+    fn sample_constrained(
+        &mut self,
+        logits: &mut [f32],
+        events: &mut Vec<Event>,
+    ) -> Result<Option<u32>, ModelError> {
+        if let Some(g) = self
+            .grammar
+            .as_mut()
+            .filter(|_| self.grammar_after.is_empty())
+        {
+            if let Err(e) = g.mask(logits) {
+                self.fail(format!("the output constraint failed: {e}"), events)?;
+                return Ok(None);
+            }
+        }
+        Ok(Some(self.sampler.sample(
+            logits,
+            &self.prompt,
+            &self.output,
+        )))
+    }
+
+    /// True while the output constraint masks the next token.
+    fn constrained(&self) -> bool {
+        self.grammar.is_some() && self.grammar_after.is_empty()
+    }
+
     /// True when the next token is the argmax of the logits as they come (greedy, no
-    /// penalties, no constraint): its forward pass may return only the argmax
+    /// penalties, no constraint now): its forward pass may return only the argmax
     /// ([`Logits::Argmax`]).
     pub(crate) fn argmax_suffices(&self) -> bool {
-        self.grammar.is_none() && self.sampler.argmax_suffices()
+        !self.constrained() && self.sampler.argmax_suffices()
     }
 
     /// Takes the output of the forward pass of the token [`sample_next`](Self::sample_next)
@@ -616,14 +639,24 @@ impl Sequence {
             proposal,
             started,
         } = block;
+        let accepted = if self.constrained() {
+            match self.accept_constrained(&verified, &proposal) {
+                Ok(accepted) => accepted,
+                Err(e) => return self.fail(format!("the output constraint failed: {e}"), events),
+            }
+        } else {
+            let mut accepted = speculative::accept(
+                &mut self.sampler,
+                &verified,
+                &proposal,
+                &self.prompt,
+                &self.output,
+                None,
+            );
+            self.end_at_constraint_start(&mut accepted);
+            accepted
+        };
         let spec = self.spec.as_mut().expect("a speculating sequence");
-        let accepted = speculative::accept(
-            &mut self.sampler,
-            &verified,
-            &proposal,
-            &self.prompt,
-            &self.output,
-        );
         speculative::commit(
             spec.session.as_mut(),
             &mut self.state,
@@ -650,6 +683,69 @@ impl Sequence {
         Ok(())
     }
 
+    /// Acceptance under the output constraint: each row's logits are masked in the grammar's
+    /// state after the proposals accepted before it (the grammar goes through them, then is
+    /// rolled back: [`push`](Self::push) consumes what is emitted).
+    fn accept_constrained(
+        &mut self,
+        verified: &PassOutput,
+        proposal: &speculative::Proposal,
+    ) -> Result<Accepted, String> {
+        let Some(grammar) = self.grammar.as_mut() else {
+            return Err("no constraint to accept under (an engine bug)".into());
+        };
+        let (mut consumed, mut failure) = (0, None);
+        let mut mask = |accepted: &[u32], row: &mut [f32]| {
+            for &token in &accepted[consumed..] {
+                // A complete grammar takes nothing more (its mask is the end of the text);
+                // push() ends the sequence at that token.
+                if grammar.is_done() {
+                    break;
+                }
+                match grammar.consume(token) {
+                    Ok(()) => consumed += 1,
+                    Err(e) => failure = failure.take().or(Some(e)),
+                }
+            }
+            if let Err(e) = grammar.mask(row) {
+                failure = failure.take().or(Some(e));
+            }
+        };
+        let accepted = speculative::accept(
+            &mut self.sampler,
+            verified,
+            proposal,
+            &self.prompt,
+            &self.output,
+            Some(&mut mask),
+        );
+        grammar.rollback(consumed)?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(accepted),
+        }
+    }
+
+    /// Cuts an accepted span after the token where the output constraint starts: the tokens
+    /// after it were chosen without its mask. The cut token stands as the target's own (an
+    /// accepted proposal is distributed as the target's token would be), so the next step
+    /// samples from the masked logits of its row.
+    fn end_at_constraint_start(&self, accepted: &mut Accepted) {
+        if self.grammar.is_none() || self.grammar_after.is_empty() {
+            return;
+        }
+        let mut waiting = self.grammar_after.iter().peekable();
+        for (i, token) in accepted.tokens.iter().enumerate() {
+            if waiting.next_if_eq(&token).is_some() && waiting.peek().is_none() {
+                if i < accepted.drafts {
+                    accepted.tokens.truncate(i + 1);
+                    accepted.drafts = i;
+                }
+                return;
+            }
+        }
+    }
+
     /// Appends a generated token: grammar, end-of-sequence, stop strings, budget and
     /// context limit.
     fn push(
@@ -661,13 +757,15 @@ impl Sequence {
         self.output.push(token);
         let mut grammar_done = false;
         match self.grammar.as_mut() {
-            Some(g) if self.grammar_after.is_none() => {
+            Some(g) if self.grammar_after.is_empty() => {
                 if let Err(e) = g.consume(token) {
                     return self.fail(format!("the output constraint failed: {e}"), events);
                 }
                 grammar_done = g.is_done();
             }
-            Some(_) if self.grammar_after == Some(token) => self.grammar_after = None,
+            Some(_) if self.grammar_after.first() == Some(&token) => {
+                self.grammar_after.remove(0);
+            }
             _ => {}
         }
         if self.eos.contains(&token) {

@@ -318,7 +318,7 @@ fn json_schema_constraint_gives_valid_json() {
             },
             grammar: Some(GrammarRequest {
                 constraint: Constraint::JsonSchema(schema.clone()),
-                after_token: None,
+                after: Vec::new(),
             }),
             ..greedy(prompt.clone(), 300)
         };
@@ -337,7 +337,7 @@ fn json_schema_constraint_gives_valid_json() {
     let bad = Request {
         grammar: Some(GrammarRequest {
             constraint: Constraint::Lark("start: ???".into()),
-            after_token: None,
+            after: Vec::new(),
         }),
         ..greedy(prompt, 4)
     };

@@ -152,7 +152,7 @@ fn sampled_and_constrained_sequences_survive_preemption_exactly() {
         Request {
             grammar: Some(GrammarRequest {
                 constraint: Constraint::JsonSchema(schema),
-                after_token: None,
+                after: Vec::new(),
             }),
             ignore_eos: false,
             ..request(prompts[2].clone())

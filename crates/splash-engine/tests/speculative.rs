@@ -2,15 +2,16 @@
 //! with a draft is identical token for token to output without it (random DFlash / DFlash2
 //! drafts that reject often, oracle drafts that propose the target's own tokens, and oracle
 //! drafts with injected errors for every partial acceptance length), stop tokens and stop
-//! strings inside an accepted span, sampled output that follows the target's distribution
-//! (chi-square), and seeded sampled output that does not depend on step times.
+//! strings inside an accepted span, an output constraint that starts inside one, sampled
+//! output that follows the target's distribution (chi-square), and seeded sampled output that
+//! does not depend on step times.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use splash_engine::{
-    DFlashDrafter, DraftSession, Drafter, Engine, FinishReason, Proposal, Request, Sampler,
-    SamplingParams, SpecStats,
+    Constraint, DFlashDrafter, DraftSession, Drafter, Engine, FinishReason, GrammarRequest,
+    Proposal, Request, Sampler, SamplingParams, SpecStats,
 };
 use splash_model::{load, DFlashDraft, KvFormat, Logits, Model, ModelError};
 
@@ -407,6 +408,67 @@ impl DraftSession for NoisySession {
         }
         Ok(proposal)
     }
+}
+
+/// A constraint that starts at a token (a call grammar after `<tool_call>`): the draft
+/// speculates until that token, an accepted span is cut right after it (the tokens after it
+/// were chosen unmasked), and the proposals after it are accepted under the mask; the output
+/// is what decoding without a draft gives, and the text after the token matches the grammar.
+#[test]
+fn a_constraint_starting_inside_an_accepted_span() {
+    let m = target("qwen35-dense");
+    let prompt = prompts("qwen35-dense").remove(0);
+    let free = run(&m, None, greedy(prompt.clone(), 60), KvFormat::F32).tokens;
+    let trigger = free[12];
+    let at = free.iter().position(|&t| t == trigger).unwrap();
+    let constrained = |p: Vec<u32>| Request {
+        grammar: Some(GrammarRequest {
+            constraint: Constraint::Lark("start: \"abc\" /[0-9]{3}/\n".into()),
+            after: vec![trigger],
+        }),
+        ..greedy(p, 60)
+    };
+    let plain = run(&m, None, constrained(prompt.clone()), KvFormat::F32);
+    assert_eq!(plain.finish_reason, FinishReason::GrammarEnd);
+    assert_eq!(plain.tokens[..=at], free[..=at]);
+    let after = m.tokenizer.decode(&plain.tokens[at + 1..], false).unwrap();
+    assert!(
+        after.len() == 6
+            && after.starts_with("abc")
+            && after[3..].bytes().all(|b| b.is_ascii_digit()),
+        "{after:?}"
+    );
+    // The oracle proposes the unconstrained continuation, past the trigger, while it can.
+    let sequences = [&free, &plain.tokens].map(|o| [prompt.clone(), o.clone()].concat());
+    for error_every in [None, Some(5)] {
+        let oracle: Arc<dyn Drafter> = Arc::new(Oracle {
+            sequences: sequences.to_vec(),
+            block: 8,
+            error_every,
+        });
+        let spec = run(&m, Some(oracle), constrained(prompt.clone()), KvFormat::F32);
+        assert_eq!(spec.tokens, plain.tokens, "errors {error_every:?}");
+        assert_eq!(spec.finish_reason, FinishReason::GrammarEnd);
+        let st = spec.speculation.unwrap();
+        assert!(st.accepted > 0, "no speculation before the trigger: {st:?}");
+    }
+    // An oracle that knows the constrained output: its proposals are accepted under the mask
+    // too, so the constrained tokens come in blocks as well; it goes on with the end-of-text
+    // token, the one a complete grammar allows, which the span may accept past the end.
+    let eos = m.generation.eos_token_ids[0];
+    let oracle: Arc<dyn Drafter> = Arc::new(Oracle {
+        sequences: vec![[sequences[1].clone(), vec![eos; 8]].concat()],
+        block: 8,
+        error_every: None,
+    });
+    let spec = run(&m, Some(oracle), constrained(prompt.clone()), KvFormat::F32);
+    assert_eq!(spec.tokens, plain.tokens);
+    let st = spec.speculation.unwrap();
+    assert!(
+        st.target_passes as usize * 3 <= plain.tokens.len(),
+        "{} tokens in {st:?}",
+        plain.tokens.len()
+    );
 }
 
 /// Upper tail of chi-square at 99.9 % (Wilson–Hilferty).

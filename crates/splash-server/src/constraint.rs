@@ -1,43 +1,107 @@
 //! The output constraint of a request, whatever API it came through: a JSON format, a forced
 //! tool call, or strict tool arguments, applied after the reasoning.
 
+use std::collections::HashSet;
+
 use serde_json::Value;
 use splash_engine::{Constraint, GrammarRequest};
 use splash_model::Model;
 
 use crate::error::ApiError;
 
-/// Picks the constraint: `format` (the API's JSON format, named `format_param` in errors), or a
-/// call to one of `tools` when `forced` (`Some(name or any)`), or schema-checked arguments when
-/// a tool in `raw_tools` (as the client sent them) is `strict`. A format and a forced call
-/// exclude each other; a format wins over strict tools.
+/// What a request lets the model do with its tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// No calls (`none`).
+    None,
+    /// Text or calls, as the model chooses; at most one call unless `parallel`.
+    Auto { parallel: bool },
+    /// Exactly one call, to the named tool or to any.
+    Forced(Option<String>),
+}
+
+/// A request's output constraint, and where it starts.
+#[derive(Clone, Debug)]
+pub struct OutputConstraint {
+    pub constraint: Constraint,
+    /// Applies from this token on (the model's first `<tool_call>`): a grammar of the calls
+    /// alone, which leaves the text before them, and the draft's speculation, free.
+    pub after_call_tag: Option<u32>,
+    /// Chosen by splash rather than asked for (calls under `auto`): a grammar that cannot be
+    /// compiled is dropped, not refused.
+    pub optional: bool,
+}
+
+impl OutputConstraint {
+    fn required(constraint: Constraint) -> Self {
+        Self {
+            constraint,
+            after_call_tag: None,
+            optional: false,
+        }
+    }
+
+    /// The engine's grammar request: it starts after `</think>` when the prompt leaves the
+    /// model reasoning (the reasoning stays free), then after the call tag if it has one.
+    pub fn grammar_request(self, model: &Model, in_reasoning: bool) -> GrammarRequest {
+        let think_end = model
+            .tokenizer
+            .token_to_id("</think>")
+            .filter(|_| in_reasoning);
+        GrammarRequest {
+            constraint: self.constraint,
+            after: think_end.into_iter().chain(self.after_call_tag).collect(),
+        }
+    }
+}
+
+/// Picks the constraint: `format` (the API's JSON format, named `format_param` in errors), or
+/// calls to `tools` as `choice` allows them. A format and a forced call exclude each other; a
+/// format wins over tools under `auto`. Under `auto`, calls follow the offered tools and their
+/// schemas (as llama.cpp's lazy grammars do) from the opening tag on; a grammar that cannot be
+/// compiled is dropped unless a tool in `raw_tools` (as the client sent them) is `strict`.
 pub fn output_constraint(
     model: &Model,
     format: Option<Constraint>,
     format_param: &str,
     tools: &[Value],
     raw_tools: &[Value],
-    forced: Option<Option<String>>,
-) -> Result<Option<Constraint>, ApiError> {
+    choice: ToolChoice,
+) -> Result<Option<OutputConstraint>, ApiError> {
     let form = CallForm {
         special_tags: model.tokenizer.is_special("<tool_call>"),
         xml: model.template.as_ref().is_some_and(|t| t.xml_tool_calls()),
     };
-    let mode = match (format, forced) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                format_param,
-                format!("{format_param} cannot be combined with a forced tool_choice: the answer is either a tool call or a JSON document"),
-            ))
-        }
-        (Some(f), None) => return Ok(Some(f)),
-        (None, Some(only)) => (CallGrammar::Forced, only),
-        (None, None) if any_strict(raw_tools) && !tools.is_empty() => (CallGrammar::Strict, None),
-        (None, None) => return Ok(None),
+    let grammar = |mode, only: Option<&str>| {
+        call_grammar(tools, only, mode, form)
+            .map(Constraint::Lark)
+            .map_err(|e| ApiError::invalid("tool_choice", e))
     };
-    call_grammar(tools, mode.1.as_deref(), mode.0, form)
-        .map(|g| Some(Constraint::Lark(g)))
-        .map_err(|e| ApiError::invalid("tool_choice", e))
+    let strict = any_strict(raw_tools);
+    match (format, choice) {
+        (Some(_), ToolChoice::Forced(_)) => Err(ApiError::invalid(
+            format_param,
+            format!("{format_param} cannot be combined with a forced tool_choice: the answer is either a tool call or a JSON document"),
+        )),
+        (Some(f), _) => Ok(Some(OutputConstraint::required(f))),
+        (None, ToolChoice::Forced(only)) => Ok(Some(OutputConstraint::required(grammar(
+            CallGrammar::Forced,
+            only.as_deref(),
+        )?))),
+        (None, ToolChoice::Auto { .. }) if tools.is_empty() => Ok(None),
+        (None, ToolChoice::None) => Ok(None),
+        (None, ToolChoice::Auto { parallel }) => {
+            match model.tokenizer.token_to_id("<tool_call>") {
+                Some(tag) => Ok(Some(OutputConstraint {
+                    constraint: grammar(CallGrammar::AfterTag { parallel }, None)?,
+                    after_call_tag: Some(tag),
+                    optional: !strict,
+                })),
+                // Every Qwen3.5 vocabulary has the tag as one token.
+                None => Ok(None),
+            }
+        }
+    }
 }
 
 /// A JSON-schema output format; `strict` (as OpenAI's `strict: true`, and every Anthropic
@@ -50,31 +114,14 @@ pub fn json_format(schema: Value, strict: bool) -> Constraint {
     })
 }
 
-/// The engine's grammar request: the constraint starts after `</think>` when the prompt leaves
-/// the model reasoning, so the reasoning stays free.
-pub fn grammar_request(
-    model: &Model,
-    constraint: Option<Constraint>,
-    in_reasoning: bool,
-) -> Option<GrammarRequest> {
-    constraint.map(|c| GrammarRequest {
-        constraint: c,
-        after_token: if in_reasoning {
-            model.tokenizer.token_to_id("</think>")
-        } else {
-            None
-        },
-    })
-}
-
 /// How a grammar may produce tool calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallGrammar {
     /// Exactly one call (`tool_choice` required / named).
     Forced,
-    /// Free text, optionally followed by one call whose arguments must match the schema
-    /// (tools marked `strict`).
-    Strict,
+    /// The calls alone, from after the opening tag (which the engine waits for): one call,
+    /// or several separated by newlines when `parallel`.
+    AfterTag { parallel: bool },
 }
 
 /// How the model writes a call.
@@ -142,23 +189,18 @@ pub fn call_grammar(
     };
     Ok(match mode {
         CallGrammar::Forced => format!("start: {open} \"\\n\" body \"\\n\" {close}\n{body}"),
-        // Free text without the opening tag, or text up to the tag (a lazy lexeme: it ends at
-        // the first tag) and then one call. Lexemes are greedy otherwise, so the split at the
-        // tag has to be part of one lexeme.
-        CallGrammar::Strict if form.special_tags => format!(
-            "start: FREE | FREE {open} \"\\n\" body \"\\n\" {close}\nFREE: /(.|\\n)*/\n{body}"
-        ),
-        CallGrammar::Strict => format!(
-            "start: FREE | prefix \"\\n\" body \"\\n</tool_call>\"\n\
-             FREE: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n\
-             prefix[lazy]: /(.|\\n)*<tool_call>/\n{body}"
+        CallGrammar::AfterTag { parallel: false } => {
+            format!("start: \"\\n\" body \"\\n\" {close}\n{body}")
+        }
+        CallGrammar::AfterTag { parallel: true } => format!(
+            "start: call (\"\\n\" {open} call)*\ncall: \"\\n\" body \"\\n\" {close}\n{body}"
         ),
     })
 }
 
-/// The `body` rule of XML-form calls: `<function=NAME>\n`, then each parameter of the schema
-/// in its order (the required ones always) as `<parameter=KEY>\nVALUE\n</parameter>\n`, then
-/// `</function>`. A string value is raw text (it ends at the first `\n</parameter>`, so the
+/// The `body` rule of XML-form calls: `<function=NAME>\n`, then the parameters as
+/// `<parameter=KEY>\nVALUE\n</parameter>\n` (each at most once, the required ones always, in
+/// any order up to [`MAX_FREE_ORDER`] parameters, else in the schema's), then `</function>`. A string value is raw text (it ends at the first `\n</parameter>`, so the
 /// value and its closing tag are one lazy lexeme); booleans and null are bare words; numbers
 /// and other values are JSON, as the template's `tojson` writes them.
 fn xml_calls(tools: &[(&str, Value)]) -> String {
@@ -173,16 +215,24 @@ fn xml_calls(tools: &[(&str, Value)]) -> String {
             .unwrap_or_default();
         let mut parts = vec![lit(&format!("<function={name}>\n"))];
         let props = params.get("properties").and_then(Value::as_object);
+        let mut keys = Vec::new();
         for (j, (key, schema)) in props.into_iter().flatten().enumerate() {
             let rule = format!("p_{i}_{j}");
             let open = lit(&format!("<parameter={key}>\n"));
             let close = lit("\n</parameter>\n");
             let value = match xml_value(schema) {
                 XmlValue::Text { min, max } => {
-                    let max = max.map(|m| m.to_string()).unwrap_or_default();
-                    out.push_str(&format!(
-                        "v_{i}_{j}[lazy]: /(.|\\n){{{min},{max}}}\\n<\\/parameter>\\n/\n"
-                    ));
+                    // No tag at a line start inside: the parser ends a value there. (A
+                    // length bound and that exclusion together exceed llguidance's lexer
+                    // limits, so a bounded value keeps its bound alone.)
+                    let value = match (min, max) {
+                        (0, None) => format!("/(.|\\n)*\\n<\\/parameter>\\n/ & ~/{LINE_TAG}/"),
+                        (min, max) => {
+                            let max = max.map(|m| m.to_string()).unwrap_or_default();
+                            format!("/(.|\\n){{{min},{max}}}\\n<\\/parameter>\\n/")
+                        }
+                    };
+                    out.push_str(&format!("v_{i}_{j}[lazy]: {value}\n"));
                     format!("{open} v_{i}_{j}")
                 }
                 XmlValue::Lark(v) => format!("{open} {v} {close}"),
@@ -193,18 +243,75 @@ fn xml_calls(tools: &[(&str, Value)]) -> String {
                 }
             };
             out.push_str(&format!("{rule}: {value}\n"));
-            let optional = if required.contains(&key.as_str()) {
-                ""
-            } else {
-                "?"
-            };
-            parts.push(format!("{rule}{optional}"));
+            keys.push((rule, required.contains(&key.as_str())));
+        }
+        if keys.len() <= MAX_FREE_ORDER {
+            let all = (1u32 << keys.len()) - 1;
+            let mut made = HashSet::new();
+            parts.extend(any_order(
+                &format!("a_{i}"),
+                &keys,
+                all,
+                &mut made,
+                &mut out,
+            ));
+        } else {
+            parts.extend(
+                keys.iter()
+                    .map(|(rule, req)| format!("{rule}{}", if *req { "" } else { "?" })),
+            );
         }
         parts.push(lit("</function>"));
         out.push_str(&format!("call_{i}: {}\n", parts.join(" ")));
         calls.push(format!("call_{i}"));
     }
     format!("body: {}\n{out}", calls.join(" | "))
+}
+
+/// A string value (with its closing tag) in which a tag starts a line: the parser reads the
+/// value as ending there (a closing tag left out), so the grammar must not let it be written.
+const LINE_TAG: &str = r"((.|\n)*\n)?<(parameter=|\/function>|\/tool_call>)(.|\n)*";
+
+/// Up to this many parameters, a call may write them in any order: the schema's order is not
+/// the model's (a model trained on shuffled schemas writes them as the request reads), and
+/// the grammar takes a rule per subset of them.
+const MAX_FREE_ORDER: usize = 8;
+
+/// A reference to the rule for the parameters in `left` (a bit mask over `keys`: rule names
+/// and whether they are required) in any order, each once; rules are added to `out` as needed.
+/// `None` when nothing is left. `made`: the masks whose rules exist.
+fn any_order(
+    prefix: &str,
+    keys: &[(String, bool)],
+    left: u32,
+    made: &mut HashSet<u32>,
+    out: &mut String,
+) -> Option<String> {
+    if left == 0 {
+        return None;
+    }
+    let name = format!("{prefix}_{left}");
+    let optional = keys
+        .iter()
+        .enumerate()
+        .all(|(j, (_, req))| !req || left & (1 << j) == 0);
+    let reference = format!("{name}{}", if optional { "?" } else { "" });
+    if !made.insert(left) {
+        return Some(reference);
+    }
+    let mut alternatives = Vec::new();
+    for (j, (rule, _)) in keys
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| left & (1 << j) != 0)
+    {
+        match any_order(prefix, keys, left & !(1 << j), made, out) {
+            Some(rest) => alternatives.push(format!("{rule} {rest}")),
+            None => alternatives.push(rule.clone()),
+        }
+    }
+    out.push_str(&format!("{name}: {}\n", alternatives.join(" | ")));
+    Some(reference)
 }
 
 /// How one argument is written in the XML form.
@@ -494,13 +601,18 @@ mod tests {
             assert!(accepts(&forced, &good("5")), "xml {xml}");
             assert!(!accepts(&forced, &good("\"five\"")), "xml {xml}");
             assert!(!accepts(&forced, &ids("Sure.")));
-            let strict = call_grammar(tools, None, CallGrammar::Strict, form).unwrap();
-            assert!(accepts(&strict, &ids("No call needed, 1 < 2.")));
-            assert!(accepts(&strict, &[ids("Calling."), good("-7")].concat()));
-            assert!(!accepts(
-                &strict,
-                &[ids("Calling."), good("seven")].concat()
-            ));
+            // After the opening tag (the engine waits for it): the calls alone.
+            let after_tag = |c: Vec<u32>| c[1..].to_vec();
+            let two = [after_tag(good("-7")), ids("\n"), good("8")].concat();
+            let one = CallGrammar::AfterTag { parallel: false };
+            let one = call_grammar(tools, None, one, form).unwrap();
+            assert!(accepts(&one, &after_tag(good("-7"))), "xml {xml}");
+            assert!(!accepts(&one, &after_tag(good("seven"))), "xml {xml}");
+            assert!(!accepts(&one, &two), "xml {xml}");
+            let many = CallGrammar::AfterTag { parallel: true };
+            let many = call_grammar(tools, None, many, form).unwrap();
+            assert!(accepts(&many, &two), "xml {xml}");
+            assert!(!accepts(&many, &ids("Sure.")), "xml {xml}");
         }
         let form = CallForm {
             special_tags: special,
@@ -511,7 +623,26 @@ mod tests {
         assert!(!accepts(&forced, &xml_call(&[("note", "n")])));
         assert!(!accepts(&forced, &xml_call(&[("x", "1"), ("y", "2")])));
         assert!(accepts(&forced, &xml_call(&[("x", "1"), ("unit", "c")])));
+        // Any order, each parameter once.
+        assert!(accepts(
+            &forced,
+            &xml_call(&[("unit", "c"), ("note", "n"), ("x", "1")])
+        ));
+        assert!(!accepts(&forced, &xml_call(&[("x", "1"), ("x", "2")])));
         assert!(!accepts(&forced, &xml_call(&[("x", "1"), ("unit", "k")])));
+        // A tag at a line start inside a string value: the parser would end the value there.
+        for tag in ["<parameter=unit>", "</function>", "</tool_call>"] {
+            let note = format!("a\n{tag}\nb");
+            assert!(!accepts(&forced, &xml_call(&[("x", "1"), ("note", &note)])));
+        }
+        assert!(accepts(
+            &forced,
+            &xml_call(&[("x", "1"), ("note", "a <parameter=unit> b")])
+        ));
+        let long: String = (0..40)
+            .map(|i| format!("line {i} <b>x</b> </parameter>\n"))
+            .collect();
+        assert!(accepts(&forced, &xml_call(&[("x", "1"), ("note", &long)])));
     }
 
     #[test]

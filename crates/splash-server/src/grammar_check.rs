@@ -5,23 +5,27 @@
 use std::sync::Arc;
 
 use splash_engine::{with_json_layout, Constraint, GrammarRequest, GrammarTables};
+
+use crate::constraint::OutputConstraint;
 use splash_model::Model;
 
 use crate::error::ApiError;
 
-/// Compiles `grammar` with `model`'s `tables` and computes its first mask, off the async
-/// threads. `format_param` names
-/// the request's JSON-format field (a schema constraint); a grammar comes from `tools`.
+/// Compiles `constraint` with `model`'s `tables` and computes its first mask, off the async
+/// threads, and returns the engine's grammar request for it (`in_reasoning`: the prompt leaves
+/// the model reasoning). `format_param` names the request's JSON-format field (a schema
+/// constraint); a grammar comes from `tools`. An optional constraint that fails is dropped.
 pub async fn check(
     model: &Arc<Model>,
     tables: &GrammarTables,
-    grammar: Option<&GrammarRequest>,
+    constraint: Option<OutputConstraint>,
+    in_reasoning: bool,
     format_param: &str,
-) -> Result<(), ApiError> {
-    let Some(g) = grammar else {
-        return Ok(());
+) -> Result<Option<GrammarRequest>, ApiError> {
+    let Some(c) = constraint else {
+        return Ok(None);
     };
-    let (param, what, constraint) = match &g.constraint {
+    let (param, what, probe) = match &c.constraint {
         // The document alone, without the blank lines the engine's grammar allows first: a
         // schema without any document then has no first token.
         Constraint::JsonSchema(schema) => (
@@ -38,20 +42,30 @@ pub async fn check(
             Constraint::Lark(src.clone()),
         ),
     };
-    let (model, tables) = (model.clone(), tables.clone());
+    let (shared, tables) = (model.clone(), tables.clone());
     let checked = tokio::task::spawn_blocking(move || -> Result<(), Option<String>> {
         // Tables that cannot be built are the engine's to report (constrained decoding is
         // unavailable for this model); the request goes on to get that answer.
-        let Ok(factory) = tables.get(&model) else {
+        let Ok(factory) = tables.get(&shared) else {
             return Ok(());
         };
-        let mut state = factory.start(&constraint).map_err(Some)?;
-        let mut logits = vec![0.0f32; model.config.vocab_size];
+        let mut state = factory.start(&probe).map_err(Some)?;
+        let mut logits = vec![0.0f32; shared.config.vocab_size];
         state.mask(&mut logits).map_err(|_| None)
     })
     .await
     .map_err(|e| ApiError::engine(format!("checking the output constraint failed: {e}")))?;
-    checked.map_err(|e| {
+    let Err(e) = checked else {
+        return Ok(Some(c.grammar_request(model, in_reasoning)));
+    };
+    if c.optional {
+        let why = e.as_deref().map_or("it admits nothing".into(), short);
+        tracing::warn!(
+            "the tools' call grammar cannot be used ({why}): calls under `auto` go unchecked"
+        );
+        return Ok(None);
+    }
+    Err({
         let msg = match e {
             Some(compile) => format!(
                 "{what} in `{param}` cannot be used as an output constraint: {}",

@@ -85,7 +85,7 @@ pub struct Worker {
 
 /// What the engine thread receives.
 enum Message {
-    Job(Job),
+    Job(Box<Job>),
     /// Finish the running requests, drop the engine (its disk-tier files are written or
     /// removed) and end.
     Stop,
@@ -122,7 +122,11 @@ impl Worker {
             return Err(Overloaded);
         }
         let (events, rx) = unbounded_channel();
-        if self.jobs.send(Message::Job(Job { work, events })).is_err() {
+        if self
+            .jobs
+            .send(Message::Job(Box::new(Job { work, events })))
+            .is_err()
+        {
             self.load.in_flight.fetch_sub(1, Ordering::SeqCst);
             return Err(Overloaded);
         }
@@ -181,13 +185,13 @@ fn run(
                 break;
             }
             match jobs.recv() {
-                Ok(Message::Job(job)) => waiting.push_back(job),
+                Ok(Message::Job(job)) => waiting.push_back(*job),
                 Ok(Message::Stop) | Err(_) => break, // the server is gone
             }
         }
         while let Ok(message) = jobs.try_recv() {
             match message {
-                Message::Job(job) => waiting.push_back(job),
+                Message::Job(job) => waiting.push_back(*job),
                 Message::Stop => stopping = true,
             }
         }

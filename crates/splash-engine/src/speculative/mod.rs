@@ -246,29 +246,37 @@ pub(crate) fn verify_rows(state: &mut SequenceState, anchor: u32, proposal: &Pro
     tokens
 }
 
+/// Masks a verify row's logits, given the proposals accepted before the row.
+pub(crate) type RowMask<'a> = dyn FnMut(&[u32], &mut [f32]) + 'a;
+
 /// Step 3, accept: acceptance under the sequence's sampling parameters; penalties see the output with
 /// the already accepted proposals, exactly as one-token-at-a-time decoding would. `verified` is
 /// the target's view of the block: logits `[B, V]`, or only each row's argmax when the sampler
-/// needs no more ([`Sampler::argmax_suffices`]).
+/// needs no more ([`Sampler::argmax_suffices`]). `mask`, for a constrained sequence, masks a
+/// row's logits given the proposals accepted before it (with logits only).
 pub(crate) fn accept(
     sampler: &mut Sampler,
     verified: &PassOutput,
     proposal: &Proposal,
     prompt: &[u32],
     output: &[u32],
+    mut mask: Option<&mut RowMask>,
 ) -> Accepted {
     if !verified.argmax.is_empty() {
         debug_assert!(
-            sampler.argmax_suffices(),
-            "argmax-only verify for a sampler that reads logits"
+            sampler.argmax_suffices() && mask.is_none(),
+            "argmax-only verify for a sampler or constraint that reads logits"
         );
         return accept_greedy(&proposal.tokens, |i, _| verified.argmax[i]);
     }
     let rows = proposal.tokens.len() + 1;
     let vocab = verified.logits.len() / rows;
     let shaper = sampler.clone();
-    let target = |i: usize, accepted: &[u32]| {
+    let mut target = |i: usize, accepted: &[u32]| {
         let mut row = verified.logits[i * vocab..(i + 1) * vocab].to_vec();
+        if let Some(mask) = mask.as_mut() {
+            mask(accepted, &mut row);
+        }
         let mut out = output.to_vec();
         out.extend_from_slice(accepted);
         shaper.distribution(&mut row, prompt, &out)

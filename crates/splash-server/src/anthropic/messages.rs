@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use splash_engine::FinishReason;
 
 use super::convert::Conversation;
-use crate::constraint::{grammar_request, json_format, output_constraint};
+use crate::constraint::{self, json_format, output_constraint};
 use crate::error::{AnthropicError, ApiError};
 use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
@@ -101,10 +101,15 @@ pub async fn handle(
         .as_ref()
         .map(|c| c.kind.as_str())
         .unwrap_or("auto");
-    let forced = match choice {
-        "auto" | "none" => None,
-        "any" => Some(None),
-        "tool" => Some(Some(
+    let parallel = !f
+        .tool_choice
+        .as_ref()
+        .is_some_and(|c| c.disable_parallel_tool_use);
+    let tool_choice = match choice {
+        "auto" => constraint::ToolChoice::Auto { parallel },
+        "none" => constraint::ToolChoice::None,
+        "any" => constraint::ToolChoice::Forced(None),
+        "tool" => constraint::ToolChoice::Forced(Some(
             f.tool_choice
                 .as_ref()
                 .and_then(|c| c.name.clone())
@@ -153,7 +158,7 @@ pub async fn handle(
         "output_config.format",
         &tools,
         conv.tools.as_deref().unwrap_or_default(),
-        forced,
+        tool_choice,
     )?;
     let prompt_text = render(&s, &conv, choice != "none")?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
@@ -169,11 +174,11 @@ pub async fn handle(
         stop: f.stop_sequences.clone().map(Stop::Many),
         ..CommonFields::default()
     };
-    let grammar = grammar_request(&s.model, constraint, in_reasoning);
-    crate::grammar_check::check(
+    let grammar = crate::grammar_check::check(
         &s.model,
         &s.grammar_tables,
-        grammar.as_ref(),
+        constraint,
+        in_reasoning,
         "output_config.format",
     )
     .await?;
@@ -189,10 +194,7 @@ pub async fn handle(
     let id = new_id("msg_");
     let parse_tools = if choice == "none" { Vec::new() } else { tools };
     let mut parser = OutputParser::new(in_reasoning, &parse_tools);
-    if f.tool_choice
-        .as_ref()
-        .is_some_and(|c| c.disable_parallel_tool_use)
-    {
+    if !parallel {
         parser = parser.single_call();
     }
 

@@ -13,7 +13,7 @@ use super::{
     collect, finish_reason, stream, submit, timings_json, usage_json, ChatInput, CommonFields,
     Item, StreamEnd,
 };
-use crate::constraint::{grammar_request, json_format, output_constraint};
+use crate::constraint::{json_format, output_constraint, OutputConstraint, ToolChoice};
 use crate::error::ApiError;
 use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
@@ -41,7 +41,7 @@ fn constraint(
     s: &AppState,
     fields: &ChatFields,
     tools: &[Value],
-) -> Result<Option<Constraint>, ApiError> {
+) -> Result<Option<OutputConstraint>, ApiError> {
     let format = match &fields.response_format {
         None | Some(Value::Null) => None,
         Some(rf) => match rf.get("type").and_then(Value::as_str) {
@@ -65,12 +65,17 @@ fn constraint(
             }
         },
     };
-    let forced = match &fields.tool_choice {
-        None | Some(Value::Null) => None,
-        Some(Value::String(c)) if c == "auto" || c == "none" => None,
-        Some(Value::String(c)) if c == "required" => Some(None),
+    let choice = match &fields.tool_choice {
+        None | Some(Value::Null) => ToolChoice::Auto {
+            parallel: fields.parallel_tool_calls != Some(false),
+        },
+        Some(Value::String(c)) if c == "auto" => ToolChoice::Auto {
+            parallel: fields.parallel_tool_calls != Some(false),
+        },
+        Some(Value::String(c)) if c == "none" => ToolChoice::None,
+        Some(Value::String(c)) if c == "required" => ToolChoice::Forced(None),
         Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
-            Some(name) => Some(Some(name.to_string())),
+            Some(name) => ToolChoice::Forced(Some(name.to_string())),
             None => {
                 return Err(ApiError::invalid(
                     "tool_choice",
@@ -79,7 +84,7 @@ fn constraint(
             }
         },
     };
-    output_constraint(&s.model, format, "response_format", tools, tools, forced)
+    output_constraint(&s.model, format, "response_format", tools, tools, choice)
 }
 
 pub async fn handle(
@@ -100,11 +105,11 @@ pub async fn handle(
     }
     let prompt_text = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let grammar = grammar_request(&s.model, constraint, in_reasoning);
-    crate::grammar_check::check(
+    let grammar = crate::grammar_check::check(
         &s.model,
         &s.grammar_tables,
-        grammar.as_ref(),
+        constraint,
+        in_reasoning,
         "response_format",
     )
     .await?;

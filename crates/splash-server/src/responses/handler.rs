@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use splash_engine::{Constraint, FinishReason};
 
 use super::convert;
-use crate::constraint::{grammar_request, json_format, output_constraint};
+use crate::constraint::{json_format, output_constraint, ToolChoice};
 use crate::error::ApiError;
 use crate::ids::new_id;
 use crate::json::{typed, JsonObject};
@@ -173,18 +173,20 @@ pub async fn handle(
             ))
         }
     };
-    let forced = match &choice {
-        Value::String(c) if c == "required" => Some(None),
+    let parallel = f.parallel_tool_calls != Some(false);
+    let tool_choice = match &choice {
+        Value::String(c) if c == "required" => ToolChoice::Forced(None),
         Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            Some(Some(
+            ToolChoice::Forced(Some(
                 o.get("name")
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_string(),
             ))
         }
-        Value::Null => None,
-        Value::String(c) if c == "auto" || c == "none" => None,
+        Value::Null => ToolChoice::Auto { parallel },
+        Value::String(c) if c == "auto" => ToolChoice::Auto { parallel },
+        Value::String(c) if c == "none" => ToolChoice::None,
         _ => return Err(ApiError::invalid(
             "tool_choice",
             "tool_choice must be auto, none, required or {\"type\": \"function\", \"name\": ...}",
@@ -196,11 +198,16 @@ pub async fn handle(
         "text.format",
         &tools,
         f.tools.as_deref().unwrap_or_default(),
-        forced,
+        tool_choice,
     )?;
-    let grammar = grammar_request(&s.model, constraint, in_reasoning);
-    crate::grammar_check::check(&s.model, &s.grammar_tables, grammar.as_ref(), "text.format")
-        .await?;
+    let grammar = crate::grammar_check::check(
+        &s.model,
+        &s.grammar_tables,
+        constraint,
+        in_reasoning,
+        "text.format",
+    )
+    .await?;
     let common = CommonFields {
         temperature: f.temperature,
         ignore_eos: f.ignore_eos,
@@ -219,7 +226,7 @@ pub async fn handle(
 
     let id = new_id("resp_");
     let mut parser = OutputParser::new(in_reasoning, if none { &[] } else { &tools });
-    if f.parallel_tool_calls == Some(false) {
+    if !parallel {
         parser = parser.single_call();
     }
     let base = json!({
