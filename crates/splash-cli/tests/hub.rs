@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use splash_hub::fake_hub::{noise, FakeFile, FakeHub, Logged, TempDir};
 
 mod common;
-use common::{gguf, mlx};
+use common::{fixture, gguf};
 
 const MLX_REPO: &str = "mlx-community/Qwen35-Tiny-4bit";
 const GGUF_REPO: &str = "unsloth/Qwen35-Tiny-GGUF";
@@ -27,23 +27,13 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// What "refused quickly" means: no download and no 5 s revision-check timeout.
 const QUICK: Duration = Duration::from_secs(10);
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
-
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
 /// Every file of a fixture directory: `*.safetensors` in LFS, the rest as git files.
 fn fixture_files(name: &str) -> Vec<FakeFile> {
-    let dir = if name.ends_with("-mlx4") {
-        mlx(name)
-    } else {
-        fixture(name)
-    };
+    let dir = fixture(name);
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -61,9 +61,7 @@ async fn typesafe_request_id(req: axum::extract::Request, next: middleware::Next
     let tag = path == "/v1/systemone" || path.starts_with("/v1/models");
     let mut resp = next.run(req).await;
     if tag {
-        let (a, b) = (splash_engine::random_seed(), splash_engine::random_seed());
-        let id = format!("req_{a:016x}{:08x}", b as u32);
-        if let Ok(v) = axum::http::HeaderValue::from_str(&id) {
+        if let Ok(v) = axum::http::HeaderValue::from_str(&crate::ids::new_id("req_")) {
             resp.headers_mut().insert("x-typesafe-request-id", v);
         }
     }

@@ -1,6 +1,5 @@
 //! `splash serve`: the OpenAI-compatible HTTP server.
 
-use anyhow::Context;
 use splash_server::{parse_duration, parse_size, DiskCacheSettings, ServerConfig};
 
 use crate::{draft_arg, model_arg};
@@ -159,11 +158,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
         ..a.listen.config()?
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("splash-http")
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::http_runtime()?;
     runtime.block_on(async move {
         // Bind first: a taken port is reported before the model is loaded.
         let listener = splash_server::bind(&config).await?;

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
 use splash_server::{parse_duration, parse_size, MultiConfig, MultiOptions, ServerConfig};
 
 use super::serve::ListenArgs;
@@ -57,11 +56,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         switch_timeout: seconds("switch-timeout", a.switch_timeout)?,
         startup_timeout: seconds("startup-timeout", a.startup_timeout)?,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("splash-http")
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::http_runtime()?;
     runtime.block_on(async move {
         let listener = splash_server::bind(&options.front).await?;
         splash_server::serve_multi(listener, options).await?;

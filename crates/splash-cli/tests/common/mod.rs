@@ -9,7 +9,7 @@ mod derived;
 /// A GGUF fixture (`qwen35-dense-gguf/model-Q8_0.gguf`, or its directory), generated on first
 /// use (`tests/fixtures/derived.rs`).
 #[allow(unused_imports)] // each test binary uses some
-pub use derived::{gguf, mlx};
+pub use derived::{fixture, gguf};
 
 /// The random-weight model on the real Qwen3.5 vocabulary: tiny layers that never end an
 /// answer early, for tests of the wiring rather than of the model. Its weights are not

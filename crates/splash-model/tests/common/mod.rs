@@ -1,25 +1,12 @@
 //! Helpers shared by the integration tests (each test file uses some of them).
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-
 /// Fixtures generated at test time (the GGUFs, the dequantised twins, the real-vocabulary
 /// weights).
 #[path = "../../../../tests/fixtures/derived.rs"]
 mod derived;
 #[allow(unused_imports)] // each test binary uses some
-pub use derived::{dir, gguf, realvocab, twin, FOR_THE_GPU};
-
-/// A fixture under `tests/fixtures/`, or a generated MLX one (`qwen35-{dense,moe}-mlx4`; the
-/// GGUFs are generated too: [`gguf`]).
-pub fn fixture(name: &str) -> PathBuf {
-    if name.ends_with("-mlx4") {
-        return derived::mlx(name);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+pub use derived::{dir, fixture, gguf, realvocab, twin, FOR_THE_GPU};
 
 /// Largest |a - b| relative to the largest |b| (infinite if `a` holds a NaN).
 pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
