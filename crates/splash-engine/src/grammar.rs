@@ -1,7 +1,7 @@
 //! Constrained decoding with llguidance: a token mask per step so the output follows a JSON
 //! schema or a Lark grammar.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use llguidance::api::TopLevelGrammar;
@@ -10,7 +10,7 @@ use splash_model::Model;
 use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
 
 /// What the output must match.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Constraint {
     /// A JSON document valid against this schema.
     JsonSchema(serde_json::Value),
@@ -48,7 +48,13 @@ impl GrammarTables {
 /// Token tables and compiled-lexer caches shared by every constrained request of a model.
 pub struct GrammarFactory {
     factory: ParserFactory,
+    /// Fresh matchers of recent grammars, most recent last: an agent sends the same tools, so
+    /// the same call grammar, with every turn, and compiling it takes milliseconds.
+    compiled: Mutex<Vec<(Constraint, Matcher)>>,
 }
+
+/// How many compiled grammars [`GrammarFactory`] keeps.
+const COMPILED_KEPT: usize = 16;
 
 impl GrammarFactory {
     /// Builds the token trie from the model's tokenizer.json (takes a moment for a large
@@ -66,11 +72,41 @@ impl GrammarFactory {
         let env: toktrie::TokEnv = Arc::new(ApproximateTokEnv::new(trie));
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
-        Ok(Self { factory })
+        Ok(Self {
+            factory,
+            compiled: Mutex::new(Vec::new()),
+        })
     }
 
     /// A fresh matcher for `constraint`; an invalid schema or grammar is an error.
     pub fn start(&self, constraint: &Constraint) -> Result<GrammarState, String> {
+        let mut kept = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        let matcher = match kept.iter().position(|(c, _)| c == constraint) {
+            Some(i) => {
+                let entry = kept.remove(i);
+                let matcher = entry.1.deep_clone();
+                kept.push(entry);
+                matcher
+            }
+            None => {
+                drop(kept);
+                let matcher = self.compile(constraint)?;
+                let mut kept = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+                if kept.len() == COMPILED_KEPT {
+                    kept.remove(0);
+                }
+                kept.push((constraint.clone(), matcher.deep_clone()));
+                matcher
+            }
+        };
+        Ok(GrammarState {
+            matcher,
+            mask_time: Duration::ZERO,
+            masks: 0,
+        })
+    }
+
+    fn compile(&self, constraint: &Constraint) -> Result<Matcher, String> {
         let grammar = match constraint {
             Constraint::JsonSchema(schema) => TopLevelGrammar::from_lark(json_document(schema)),
             Constraint::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
@@ -80,14 +116,10 @@ impl GrammarFactory {
             .create_parser(grammar)
             .map_err(|e| e.to_string())?;
         let matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(e);
+        match matcher.get_error() {
+            Some(e) => Err(e),
+            None => Ok(matcher),
         }
-        Ok(GrammarState {
-            matcher,
-            mask_time: Duration::ZERO,
-            masks: 0,
-        })
     }
 }
 
@@ -156,5 +188,32 @@ impl GrammarState {
     /// Total time spent computing masks, and how many were computed.
     pub fn mask_stats(&self) -> (Duration, usize) {
         (self.mask_time, self.masks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A grammar started again comes from the kept copy: each matcher goes its own way.
+    #[test]
+    fn a_kept_grammar_starts_fresh_each_time() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+        let model = splash_model::load(&dir).unwrap();
+        let factory = GrammarFactory::new(&model).unwrap();
+        let c = Constraint::Lark("start: \"ab\" | \"cd\"\n".into());
+        let ids = |t: &str| model.tokenizer.encode(t).unwrap();
+        let mut first = factory.start(&c).unwrap();
+        for t in ids("ab") {
+            first.consume(t).unwrap();
+        }
+        assert!(first.is_done());
+        let mut second = factory.start(&c).unwrap();
+        assert!(!second.is_done());
+        for t in ids("cd") {
+            second.consume(t).unwrap();
+        }
+        assert!(second.is_done());
+        assert_eq!(factory.compiled.lock().unwrap().len(), 1);
     }
 }
