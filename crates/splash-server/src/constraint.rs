@@ -1,5 +1,5 @@
 //! The output constraint of a request, whatever API it came through: a JSON format, a forced
-//! tool call, or strict tool arguments, applied after the reasoning.
+//! tool call, or the calls the model starts under `auto`, applied after the reasoning.
 
 use std::collections::HashSet;
 

@@ -8,7 +8,9 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use super::{deadline, poisoned, prepare, run, sha256_hex, softmax, PrepareError, LETTERS};
+use super::{
+    deadline, poisoned, prepare, run, sha256_hex, softmax, PrepareError, SharedHead, LETTERS,
+};
 use crate::error::ApiError;
 use crate::json::JsonObject;
 use crate::state::AppState;
@@ -149,7 +151,8 @@ pub async fn handle(
     rest.insert("criterion".into(), row.question.into());
     rest.insert("options".into(), options.into());
     let n = row.options.len();
-    let prompt = match prepare(&s, super::JUDGMENT_SYSTEM, row.state, rest, n).await {
+    let head = &mut SharedHead::default();
+    let prompt = match prepare(&s, super::JUDGMENT_SYSTEM, row.state, rest, n, head).await {
         Ok(p) => p,
         Err(PrepareError::TooLong(tokens)) => {
             return Err(ApiError::context_length(format!(

@@ -192,6 +192,30 @@ impl From<ApiError> for PrepareError {
     }
 }
 
+/// The tokens of the prompt up to the end of the evidence, which the questions of one request
+/// share: tokenized once for all of them.
+#[derive(Default)]
+struct SharedHead(Option<(String, Option<Vec<u32>>)>);
+
+impl SharedHead {
+    /// The tokens of `head` (`None`: more than `limit`).
+    async fn ids(
+        &mut self,
+        s: &AppState,
+        head: &str,
+        limit: usize,
+    ) -> Result<Option<&[u32]>, ApiError> {
+        if self.0.as_ref().is_none_or(|(text, _)| text != head) {
+            let ids = match prompt::tokenize(&s.model, head.to_string(), limit).await? {
+                Tokens::Ids(ids) => Some(ids),
+                Tokens::Over(_) => None,
+            };
+            self.0 = Some((head.to_string(), ids));
+        }
+        Ok(self.0.as_ref().and_then(|(_, ids)| ids.as_deref()))
+    }
+}
+
 /// Renders `{"evidence": evidence, ...rest}` as the user turn under `system`, tokenizes it
 /// (off the async threads, bounded by the context) and finds the first `n` answer slots.
 async fn prepare(
@@ -200,6 +224,7 @@ async fn prepare(
     evidence: &Value,
     rest: serde_json::Map<String, Value>,
     n: usize,
+    shared: &mut SharedHead,
 ) -> Result<ScorePrompt, PrepareError> {
     let slots = slots(s)?;
     let evidence_json = pyjson::dumps(evidence);
@@ -222,10 +247,10 @@ async fn prepare(
         .find(&user)
         .map(|at| &text[..at + "{\"evidence\": ".len() + evidence_json.len()]);
     let keep = match head {
-        Some(head) => match prompt::tokenize(&s.model, head.to_string(), limit).await? {
-            Tokens::Ids(h) => Some(ids.iter().zip(&h).take_while(|(a, b)| a == b).count()),
-            Tokens::Over(_) => None,
-        },
+        Some(head) => shared
+            .ids(s, head, limit)
+            .await?
+            .map(|h| ids.iter().zip(h).take_while(|(a, b)| a == b).count()),
         None => None,
     }
     .filter(|&k| k >= KEEP_MIN_TOKENS);

@@ -14,7 +14,8 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 
 use super::{
-    concentration, deadline, poisoned, prepare, run, slots, softmax, PrepareError, MAX_SLOTS,
+    concentration, deadline, poisoned, prepare, run, slots, softmax, PrepareError, SharedHead,
+    MAX_SLOTS,
 };
 use crate::error::ApiError;
 use crate::json::JsonObject;
@@ -362,6 +363,7 @@ pub async fn handle(
     let slots = slots(&s)?;
     let mut prompts = Vec::with_capacity(questions.len());
     let mut total = 0usize;
+    let mut head = SharedHead::default();
     for q in &questions {
         if q.labels.len() == 1 {
             prompts.push(None); // one possible answer: certain, no inference
@@ -391,7 +393,7 @@ pub async fn handle(
         }
         rest.insert("options".into(), options.into());
         let n = q.labels.len();
-        match prepare(&s, super::SYSTEMONE_SYSTEM, state, rest, n).await {
+        match prepare(&s, super::SYSTEMONE_SYSTEM, state, rest, n, &mut head).await {
             Ok(p) => {
                 total += p.ids.len();
                 if total > MAX_TOTAL_TOKENS {
