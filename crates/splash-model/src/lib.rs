@@ -17,6 +17,7 @@ mod image;
 mod memory;
 mod qwen35;
 mod tokenizer;
+pub mod vision;
 
 use std::path::{Path, PathBuf};
 

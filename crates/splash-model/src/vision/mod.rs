@@ -1,0 +1,7 @@
+//! Image input of the Qwen3.5 / Qwen3.6 vision tower.
+
+mod preprocess;
+
+pub use preprocess::{
+    prepare, smart_resize, DecodeLimits, ImageError, ImageProcessorConfig, PreparedImage,
+};
