@@ -51,6 +51,8 @@ pub enum ModelError {
     Template(String),
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { id: u32, vocab: usize },
+    #[error("image input: {0}")]
+    Image(String),
     #[error("saved state image: {0}")]
     StateImage(String),
     #[error("position {needed} is beyond the model's context limit of {limit} tokens")]
