@@ -65,13 +65,12 @@ fn constraint(
             }
         },
     };
+    let auto = ToolChoice::Auto {
+        parallel: fields.parallel_tool_calls != Some(false),
+    };
     let choice = match &fields.tool_choice {
-        None | Some(Value::Null) => ToolChoice::Auto {
-            parallel: fields.parallel_tool_calls != Some(false),
-        },
-        Some(Value::String(c)) if c == "auto" => ToolChoice::Auto {
-            parallel: fields.parallel_tool_calls != Some(false),
-        },
+        None | Some(Value::Null) => auto,
+        Some(Value::String(c)) if c == "auto" => auto,
         Some(Value::String(c)) if c == "none" => ToolChoice::None,
         Some(Value::String(c)) if c == "required" => ToolChoice::Forced(None),
         Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
