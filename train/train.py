@@ -577,6 +577,9 @@ def main():
                     help="share of the conversations drawn from gen_judgment (scoring prompts) instead of the mixture")
     ap.add_argument("--judgment-weight", type=float, default=JUDGMENT_WEIGHT,
                     help="loss weight of the scoring conversations' assistant tokens")
+    ap.add_argument("--init-draft", help="a draft to go on training (a draft/ folder such as models/demo/draft) "
+                    "instead of a fresh one: for a target fine-tuned from the one that draft was trained on")
+    ap.add_argument("--draft-peak-lr", type=float, default=2e-3, help="the draft's peak learning rate")
     args = ap.parse_args()
     if args.data_seed == SEED + 1:
         ap.error(f"--data-seed {SEED + 1} is the held-out text's seed: choose another")
@@ -671,13 +674,23 @@ def main():
     cfg = draft_config()
     torch.manual_seed(SEED + 1)
     draft = Draft(cfg).to(device)
+    if args.init_draft:
+        from safetensors.torch import load_file
+        try:
+            sd = load_file(os.path.join(args.init_draft, "model.safetensors"))
+            draft.load_state_dict({k.removesuffix(".weight") if k.endswith("norm.weight") else k: v.float()
+                                   for k, v in sd.items()})
+            log(f"draft: loaded from {args.init_draft}")
+        except Exception as e:  # a fresh draft rather than no draft
+            log(f"draft: could not load {args.init_draft} ({e}); training a fresh one")
     rng_t = torch.Generator().manual_seed(SEED + 2)
     x0, y0 = rows[:1].to(device), labels[:1].masked_fill(cls[:1] < 2, -100).to(device)
     torch.backends.cuda.matmul.allow_tf32 = False  # the check compares in full f32
     log(f"draft: batched blocks vs single blocks, max rel error {check_batched_blocks(draft, model, x0, y0, rng_t):.1e}")
     torch.backends.cuda.matmul.allow_tf32 = True
     dsteps = timed_training("draft", list(draft.parameters()), draft_loss(draft, model, 32, rng_t),
-                            batches_of(rows, labels, cls, args.batch, device, rng), args.draft_minutes, 2e-3, log, args.smoke)
+                            batches_of(rows, labels, cls, args.batch, device, rng), args.draft_minutes, args.draft_peak_lr, log,
+                            args.smoke)
     draft.eval()
     dsaved = save_draft(draft, cfg, os.path.join(args.out, "draft"))
     draft = draft.to(torch.bfloat16).float()
