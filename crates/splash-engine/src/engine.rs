@@ -524,10 +524,7 @@ impl Engine {
         for (i, seq) in self.running.iter_mut().enumerate() {
             if let Some(&(_, tokens)) = next.peek().filter(|(j, _)| *j == i) {
                 next.next();
-                items.push(BatchItem {
-                    state: seq.state_mut(),
-                    tokens,
-                });
+                items.push(BatchItem::text(seq.state_mut(), tokens));
             }
         }
         self.batches.passes += 1;

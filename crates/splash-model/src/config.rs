@@ -39,6 +39,13 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// Rotated dims per head (`head_dim * partial_rotary_factor`).
     pub rotary_dim: usize,
+    /// Interleaved M-RoPE: how many of the `rotary_dim / 2` frequencies turn with the
+    /// temporal, height and width positions (`mrope_section`; only image tokens tell them
+    /// apart).
+    pub mrope_section: [usize; 3],
+    /// `image_token_id` of a vision-language config: the placeholder token an image's
+    /// embedding rows replace.
+    pub image_token_id: Option<u32>,
     pub gdn: GdnDims,
     pub conv_kernel: usize,
     /// Dense SwiGLU width (unused by MoE models).
@@ -189,6 +196,25 @@ impl ModelConfig {
         if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             return Err(t.err(format!("rotary dim {rotary_dim} (head_dim × partial_rotary_factor) must be even and ≤ head_dim")));
         }
+        let mrope_section = match lookup("mrope_section") {
+            None => [11, 11, 10],
+            Some(v) => match v
+                .as_array()
+                .map(|a| a.iter().map(Value::as_u64).collect::<Vec<_>>())
+            {
+                Some(a) if a.len() >= 3 && a.iter().all(Option::is_some) => {
+                    let a: Vec<usize> = a.into_iter().map(|x| x.unwrap_or(0) as usize).collect();
+                    if a[3..].iter().any(|&x| x != 0) || a[0] + a[1] + a[2] > rotary_dim / 2 {
+                        return Err(t.err(format!(
+                            "mrope_section {v} must have three parts (a fourth may be 0) adding up to at most the {} rotary frequencies",
+                            rotary_dim / 2
+                        )));
+                    }
+                    [a[0], a[1], a[2]]
+                }
+                _ => return Err(t.err(format!("mrope_section {v} is not a list of three counts"))),
+            },
+        };
         if let Some(false) = text.get("attn_output_gate").and_then(Value::as_bool) {
             return Err(t.err(
                 "attn_output_gate=false is not a Qwen3.5 layout; splash expects the gated q_proj",
@@ -251,6 +277,11 @@ impl ModelConfig {
             head_dim,
             rope_theta,
             rotary_dim,
+            mrope_section,
+            image_token_id: root_obj
+                .get("image_token_id")
+                .and_then(Value::as_u64)
+                .map(|id| id as u32),
             gdn,
             conv_kernel: t.usize(text, "linear_conv_kernel_dim")?,
             intermediate_size: if is_moe {

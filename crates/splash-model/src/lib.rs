@@ -28,7 +28,7 @@ pub use dflash::{DFlashDraft, DraftBlock, DraftConfig, DraftContext, DraftKind};
 pub use error::ModelError;
 pub use qwen35::gguf::ARCHITECTURES as GGUF_ARCHITECTURES;
 pub use qwen35::state::SequenceState;
-pub use qwen35::{BatchItem, Logits, PassOutput, Qwen35};
+pub use qwen35::{BatchItem, ImageSpan, Logits, PassOutput, Qwen35};
 pub use splash_backend::cpu::KvFormat;
 pub use tokenizer::{StreamDecoder, Tokenizer};
 

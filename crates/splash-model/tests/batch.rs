@@ -29,7 +29,7 @@ fn a_batched_pass_matches_separate_passes() {
             let mut items: Vec<BatchItem> = together
                 .iter_mut()
                 .zip(&next)
-                .map(|(state, tokens)| BatchItem { state, tokens })
+                .map(|(state, tokens)| BatchItem::text(state, tokens))
                 .collect();
             let v = m.config.vocab_size;
             if step % 2 == 1 {

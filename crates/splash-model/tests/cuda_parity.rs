@@ -347,7 +347,7 @@ fn a_batched_gpu_pass_matches_separate_passes() {
             let mut items: Vec<BatchItem> = together
                 .iter_mut()
                 .zip(&next)
-                .map(|(state, tokens)| BatchItem { state, tokens })
+                .map(|(state, tokens)| BatchItem::text(state, tokens))
                 .collect();
             // Every other step asks only each row's argmax (picked on the device).
             let v = gpu.config.vocab_size;
@@ -422,7 +422,7 @@ fn graphs_replay_decode_and_verify_passes() {
                     let mut items: Vec<BatchItem> = states
                         .iter_mut()
                         .zip(&tokens)
-                        .map(|(state, tokens)| BatchItem { state, tokens })
+                        .map(|(state, tokens)| BatchItem::text(state, tokens))
                         .collect();
                     let got = g.forward_batch(&mut items, Logits::Last, &[]).unwrap();
                     got.into_iter().map(|o| o.logits).collect()
@@ -434,10 +434,7 @@ fn graphs_replay_decode_and_verify_passes() {
                 let s = &mut states[0];
                 s.checkpoint();
                 let block: Vec<u32> = (0..16).map(|i| (next[0] + 7 * i + step) % 500).collect();
-                let mut items = [BatchItem {
-                    state: s,
-                    tokens: &block,
-                }];
+                let mut items = [BatchItem::text(s, &block)];
                 // Odd blocks ask only each row's argmax (as greedy verification does).
                 let scores = if step % 2 == 1 {
                     Logits::Argmax

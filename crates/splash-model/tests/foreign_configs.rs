@@ -100,7 +100,7 @@ fn vision_language_checkpoint_with_tied_embeddings_matches_transformers() {
     assert!(m.config.tie_word_embeddings);
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let reference = SafeTensors::deserialize(&bytes).unwrap();
-    for i in 0..3 {
+    for i in 0..2 {
         let ids: Vec<u32> = reference
             .tensor(&format!("prompt{i}.ids"))
             .unwrap()

@@ -3,6 +3,7 @@
 use splash_backend::cpu::{attention, matmul_sums, rms_norm, sigmoid, KvStore, Rope, Sums};
 use splash_backend::Weight;
 
+use super::positions::Rotary;
 use super::Names;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
@@ -87,8 +88,16 @@ impl Attention {
             let (t, pos0) = (part.rows, part.pos0);
             let qn = &mut qn[r0 * hq * d..(r0 + t) * hq * d];
             let kn = &mut kn[r0 * hkv * d..(r0 + t) * hkv * d];
-            rope.apply(qn, hq, d, pos0);
-            rope.apply(kn, hkv, d, pos0);
+            match part.rotary {
+                Rotary::From(p) => {
+                    rope.apply(qn, hq, d, *p);
+                    rope.apply(kn, hkv, d, *p);
+                }
+                Rotary::Each(positions) => {
+                    rope.apply_3d(qn, hq, d, positions);
+                    rope.apply_3d(kn, hkv, d, positions);
+                }
+            }
             debug_assert_eq!(
                 part.k.len(),
                 pos0 * hkv * d,
@@ -118,11 +127,12 @@ impl Attention {
     }
 }
 
-/// One sequence's share of a batched attention pass: its caches, the position of its first
-/// row and how many rows it has.
+/// One sequence's share of a batched attention pass: its caches, the cache row of its first
+/// row, its rows' rotary positions and how many rows it has.
 pub(super) struct AttnPart<'a> {
     pub(super) k: &'a mut KvStore,
     pub(super) v: &'a mut KvStore,
     pub(super) pos0: usize,
+    pub(super) rotary: &'a Rotary,
     pub(super) rows: usize,
 }

@@ -9,6 +9,7 @@ use splash_backend::cpu::{
 use super::attention::AttnPart;
 use super::device::{DeviceItem, DeviceState, LayerImage, TextDevice};
 use super::gdn::{GdnPart, GdnReplay};
+use super::positions::Rotary;
 use super::{Logits, Mixer, PassOutput, Weights};
 use crate::config::{LayerKind, ModelConfig};
 use crate::device::downcast;
@@ -62,6 +63,8 @@ impl TextDevice for Cpu {
                     state: downcast(i.state.as_any_mut(), "cpu")?,
                     tokens: i.tokens,
                     pos0: i.pos0,
+                    rotary: &i.rotary,
+                    embedded: &i.embedded,
                     record: i.record,
                 })
             })
@@ -86,6 +89,8 @@ struct CpuItem<'a> {
     state: &'a mut CpuState,
     tokens: &'a [u32],
     pos0: usize,
+    rotary: &'a Rotary,
+    embedded: &'a [(usize, &'a [f32])],
     record: bool,
 }
 
@@ -252,6 +257,13 @@ fn forward_rows(
         .collect();
     let mut x = vec![0.0f32; r * h];
     embedding(&mut x, &w.embed, &tokens);
+    let mut r0 = 0;
+    for (item, &t) in items.iter().zip(&rows) {
+        for &(row, values) in item.embedded {
+            x[(r0 + row) * h..][..values.len()].copy_from_slice(values);
+        }
+        r0 += t;
+    }
     let mut normed = vec![0.0f32; r * h];
     for (li, layer) in w.layers.iter().enumerate() {
         rms_norm(&mut normed, &x, &layer.input_norm, eps);
@@ -284,7 +296,13 @@ fn forward_rows(
                         let LayerState::Attn { k, v } = &mut item.state.layers[li] else {
                             unreachable!("sequence state was built for another model")
                         };
-                        AttnPart { k, v, pos0, rows }
+                        AttnPart {
+                            k,
+                            v,
+                            pos0,
+                            rotary: item.rotary,
+                            rows,
+                        }
                     })
                     .collect();
                 a.forward(&normed, &mut parts, &w.rope, eps, sums)

@@ -7,6 +7,7 @@ use std::fmt::Debug;
 use splash_backend::cpu::KvFormat;
 use splash_backend::profile::ProfileRow;
 
+use super::positions::Rotary;
 use super::{Logits, PassOutput, Weights};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -75,8 +76,13 @@ pub(crate) trait TextDevice: Send + Sync {
 pub(crate) struct DeviceItem<'a> {
     pub(crate) state: &'a mut dyn DeviceState,
     pub(crate) tokens: &'a [u32],
-    /// Tokens already in the state (the position of the first of `tokens`).
+    /// Tokens already in the state (the KV row of the first of `tokens`).
     pub(crate) pos0: usize,
+    /// The rows' rotary positions.
+    pub(crate) rotary: Rotary,
+    /// Runs of rows whose input is given (image rows) instead of their token's embedding:
+    /// (first row, `[run, hidden]`).
+    pub(crate) embedded: Vec<(usize, &'a [f32])>,
     /// The pass runs from a checkpoint: record what [`DeviceState::rollback`] needs.
     pub(crate) record: bool,
 }

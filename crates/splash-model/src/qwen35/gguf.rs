@@ -91,6 +91,13 @@ pub fn config_json(path: &Path, h: &GgufHeader) -> Result<Json, ModelError> {
             .collect();
         c.insert("layer_types".into(), kinds.into());
     }
+    if let Some(sections) = h
+        .get(&format!("{arch}.rope.dimension_sections"))
+        .and_then(Value::as_array)
+    {
+        let sections: Vec<u64> = sections.iter().filter_map(Value::as_u64).collect();
+        c.insert("mrope_section".into(), sections.into());
+    }
     if arch == "qwen35moe" {
         c.insert("num_experts".into(), num("expert_count")?.into());
         c.insert(

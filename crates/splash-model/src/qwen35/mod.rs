@@ -13,6 +13,7 @@ pub(crate) mod device;
 mod ffn;
 mod gdn;
 pub mod gguf;
+mod positions;
 pub(crate) mod state;
 
 use splash_backend::cpu::{embedding, matmul_sums, KvFormat, Rope, Sums};
@@ -26,6 +27,8 @@ use cpu::Cpu;
 use device::{DeviceItem, TextDevice};
 use ffn::Ffn;
 use gdn::GatedDeltaNet;
+pub use positions::ImageSpan;
+use positions::{check_images, plan_rows};
 use state::SequenceState;
 
 /// One sequence's outputs of a forward pass.
@@ -45,6 +48,20 @@ pub struct BatchItem<'a> {
     pub state: &'a mut SequenceState,
     /// The tokens to run after the state's; may be empty.
     pub tokens: &'a [u32],
+    /// The sequence's images, in order (those these tokens do not reach are ignored): their
+    /// embedding rows replace the placeholder tokens they cover.
+    pub images: &'a [ImageSpan],
+}
+
+impl<'a> BatchItem<'a> {
+    /// Text tokens only.
+    pub fn text(state: &'a mut SequenceState, tokens: &'a [u32]) -> Self {
+        Self {
+            state,
+            tokens,
+            images: &[],
+        }
+    }
 }
 
 /// Which rows of logits a forward pass returns.
@@ -209,7 +226,8 @@ impl Qwen35 {
                 layers,
                 final_norm: names.norm(ck, &format!("{}norm.weight", names.p), h)?,
                 lm_head,
-                rope: Rope::new(config.rotary_dim, config.rope_theta),
+                rope: Rope::new(config.rotary_dim, config.rope_theta)
+                    .with_section(config.mrope_section),
             },
             device: Box::new(Cpu),
         })
@@ -256,16 +274,17 @@ impl Qwen35 {
 
     /// A fresh per-sequence state whose KV cache is stored as `kv`, on this model's device.
     pub fn new_state_with(&self, kv: KvFormat) -> SequenceState {
-        SequenceState::new(0, kv, self.device.new_state(&self.weights.config, kv))
+        SequenceState::new(0, 0, kv, self.device.new_state(&self.weights.config, kv))
     }
 
     /// A state saved by [`SequenceState::save_image`] (on any device), placed where this
     /// model runs. Fails when the image does not parse or does not fit this model.
     pub fn load_state(&self, image: &[u8]) -> Result<SequenceState, ModelError> {
         let cfg = &self.weights.config;
-        let (len, kv, layers) = SequenceState::parse_image(cfg, image)?;
-        let layers = self.device.state_from_image(cfg, len, kv, layers)?;
-        Ok(SequenceState::new(len, kv, layers))
+        let parsed = SequenceState::parse_image(cfg, image)?;
+        let (len, kv) = (parsed.len, parsed.kv);
+        let layers = self.device.state_from_image(cfg, len, kv, parsed.layers)?;
+        Ok(SequenceState::new(len, parsed.rotary_shift, kv, layers))
     }
 
     /// Number of parameters of the text model (tied embeddings counted once).
@@ -308,7 +327,7 @@ impl Qwen35 {
         want: Logits,
         taps: &[usize],
     ) -> Result<PassOutput, ModelError> {
-        let mut out = self.forward_batch(&mut [BatchItem { state, tokens }], want, taps)?;
+        let mut out = self.forward_batch(&mut [BatchItem::text(state, tokens)], want, taps)?;
         Ok(out.pop().expect("one output per item"))
     }
 
@@ -351,16 +370,34 @@ impl Qwen35 {
         let mut result: Vec<PassOutput> = items.iter().map(|_| Default::default()).collect();
         let mut which = Vec::new();
         let mut running = Vec::new();
+        let mut shifts = Vec::new();
         for (i, item) in items.iter_mut().enumerate() {
             if item.tokens.is_empty() {
                 continue;
             }
-            which.push(i);
             let (pos0, record) = (item.state.len(), item.state.is_checkpointed());
+            check_images(item.images, cfg.hidden_size)?;
+            let plan = plan_rows(
+                pos0,
+                item.tokens.len(),
+                item.state.rotary_shift(),
+                item.images,
+                cfg.hidden_size,
+            );
+            self.check_placeholders(item, &plan.embedded)?;
+            if record && !plan.embedded.is_empty() {
+                return Err(ModelError::Image(
+                    "a speculative (checkpointed) pass cannot hold image rows".into(),
+                ));
+            }
+            which.push(i);
+            shifts.push(plan.shift_after);
             running.push(DeviceItem {
                 state: item.state.layers_mut(),
                 tokens: item.tokens,
                 pos0,
+                rotary: plan.rotary,
+                embedded: plan.embedded,
                 record,
             });
         }
@@ -371,11 +408,41 @@ impl Qwen35 {
             .device
             .forward(&self.weights, &mut running, want, taps)?;
         drop(running);
-        for (i, out) in which.into_iter().zip(outs) {
-            items[i].state.advance(items[i].tokens.len());
+        for ((i, out), shift) in which.into_iter().zip(outs).zip(shifts) {
+            items[i].state.advance(items[i].tokens.len(), shift);
             result[i] = out;
         }
         Ok(result)
+    }
+
+    /// Image rows must hold the image placeholder token. A placeholder without an image (the
+    /// model's own output, or text the server did not take for an image) runs as its plain
+    /// embedding, as in transformers.
+    fn check_placeholders(
+        &self,
+        item: &BatchItem<'_>,
+        embedded: &[(usize, &[f32])],
+    ) -> Result<(), ModelError> {
+        if embedded.is_empty() {
+            return Ok(());
+        }
+        let Some(pad) = self.weights.config.image_token_id else {
+            return Err(ModelError::Image(
+                "this model has no image_token_id in its config: it takes no images".into(),
+            ));
+        };
+        let h = self.weights.config.hidden_size;
+        for &(row, values) in embedded {
+            if let Some(r) = (row..row + values.len() / h).find(|&r| item.tokens[r] != pad) {
+                return Err(ModelError::Image(format!(
+                    "token {} of the sequence is {}, but an image covers it: image rows must \
+                     hold the placeholder {pad}",
+                    item.state.len() + r,
+                    item.tokens[r],
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Token embeddings `[T, H]` (the DFlash draft embeds its block with them).

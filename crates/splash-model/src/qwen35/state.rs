@@ -8,13 +8,17 @@ use crate::config::{LayerKind, ModelConfig};
 use crate::image::{bad, ImageReader, ImageWriter};
 use crate::ModelError;
 
-/// The tag that starts a saved [`SequenceState`] image (version 1).
-const STATE_IMAGE: &[u8; 8] = b"SPLSTAT1";
+/// The tag that starts a saved [`SequenceState`] image (version 2: the rotary shift after
+/// the length).
+const STATE_IMAGE: &[u8; 8] = b"SPLSTAT2";
 
 /// Everything one sequence carries between forward passes.
 #[derive(Debug)]
 pub struct SequenceState {
     len: usize,
+    /// How far the rotary position of the next text token falls behind `len` (≤ 0): the sum of
+    /// the shifts of the images run so far (`ImageSpan::rotary_shift`).
+    rotary_shift: i64,
     /// How keys and values are stored.
     kv: KvFormat,
     /// Set by [`SequenceState::checkpoint`]: the length the verify pass started from; the
@@ -31,11 +35,25 @@ fn kv_code(kv: KvFormat) -> u64 {
     }
 }
 
+/// A parsed state image, before a device holds its layers.
+pub(crate) struct ParsedState<'a> {
+    pub(crate) len: usize,
+    pub(crate) rotary_shift: i64,
+    pub(crate) kv: KvFormat,
+    pub(crate) layers: Vec<LayerImage<'a>>,
+}
+
 impl SequenceState {
     /// A state of `len` tokens over `layers` (made by the model's device).
-    pub(crate) fn new(len: usize, kv: KvFormat, layers: Box<dyn DeviceState>) -> Self {
+    pub(crate) fn new(
+        len: usize,
+        rotary_shift: i64,
+        kv: KvFormat,
+        layers: Box<dyn DeviceState>,
+    ) -> Self {
         Self {
             len,
+            rotary_shift,
             kv,
             checkpoint: None,
             layers,
@@ -47,6 +65,7 @@ impl SequenceState {
     pub fn try_clone(&self) -> Result<Self, ModelError> {
         Ok(Self::new(
             self.len,
+            self.rotary_shift,
             self.kv,
             self.layers.try_clone(self.len)?,
         ))
@@ -57,6 +76,7 @@ impl SequenceState {
     pub fn save_image(&self) -> Result<Vec<u8>, ModelError> {
         let mut w = ImageWriter::new(STATE_IMAGE);
         w.u64(self.len as u64);
+        w.u64(self.rotary_shift as u64);
         w.u64(kv_code(self.kv));
         self.layers.save_layers(&mut w, self.len)?;
         Ok(w.finish())
@@ -67,11 +87,17 @@ impl SequenceState {
     pub(crate) fn parse_image<'a>(
         config: &ModelConfig,
         image: &'a [u8],
-    ) -> Result<(usize, KvFormat, Vec<LayerImage<'a>>), ModelError> {
+    ) -> Result<ParsedState<'a>, ModelError> {
         let mut r = ImageReader::new(image, STATE_IMAGE)?;
         let len = r.u64("the length")? as usize;
         if len > config.max_position_embeddings.max(1 << 24) {
             return Err(bad(format!("a length of {len} tokens is beyond the model")));
+        }
+        let rotary_shift = r.u64("the rotary shift")? as i64;
+        if rotary_shift > 0 || rotary_shift < -(len as i64) {
+            return Err(bad(format!(
+                "a rotary shift of {rotary_shift} for {len} tokens"
+            )));
         }
         let kv = match r.u64("the KV format")? {
             0 => KvFormat::F32,
@@ -112,7 +138,12 @@ impl SequenceState {
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
         r.end()?;
-        Ok((len, kv, layers))
+        Ok(ParsedState {
+            len,
+            rotary_shift,
+            kv,
+            layers,
+        })
     }
 
     /// How keys and values are stored.
@@ -123,6 +154,12 @@ impl SequenceState {
     /// Tokens consumed so far (the position of the next token).
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// How far the rotary position of the next text token falls behind [`len`](Self::len)
+    /// (0 until an image has run; see [`ImageSpan`](crate::ImageSpan)).
+    pub fn rotary_shift(&self) -> i64 {
+        self.rotary_shift
     }
 
     /// True before the first token.
@@ -142,8 +179,9 @@ impl SequenceState {
         self.layers.memory_bytes()
     }
 
-    pub(crate) fn advance(&mut self, tokens: usize) {
+    pub(crate) fn advance(&mut self, tokens: usize, rotary_shift: i64) {
         self.len += tokens;
+        self.rotary_shift = rotary_shift;
     }
 
     /// Whether a checkpoint is set (the next pass records for a rollback).

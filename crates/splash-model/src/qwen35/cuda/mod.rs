@@ -28,6 +28,7 @@ use crate::error::ModelError;
 use crate::graph_cache::{Found, GraphCache};
 use crate::image::ImageWriter;
 use crate::qwen35::device::{DeviceItem, DeviceState, LayerImage, TextDevice};
+use crate::qwen35::positions::Rotary;
 
 use graph::*;
 pub(crate) use layers::WeightPair;
@@ -617,6 +618,11 @@ impl TextDevice for CudaDevice {
             let seq: &mut GpuSequence = downcast(item.state.as_any_mut(), "cuda")?;
             if !Arc::ptr_eq(&seq.model, &self.0) {
                 return Err(ModelError::WrongDevice("cuda".into()));
+            }
+            if item.rotary != Rotary::From(item.pos0) || !item.embedded.is_empty() {
+                return Err(ModelError::Gpu(
+                    "image rows (M-RoPE positions, image embeddings) do not run on the GPU yet; run the model with --device cpu".into(),
+                ));
             }
             if seq.state.is_none() {
                 seq.state = Some(self.0.new_state(&weights.config, seq.kv)?);
