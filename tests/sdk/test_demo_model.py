@@ -83,11 +83,11 @@ def test_json_schema_answer_carries_the_values(server):
 
 def test_thinking_arithmetic_and_speculation(server):
     before = httpx.get(server.url + "/status").json()["metrics"]["speculation"]
-    r = sdk(server).chat.completions.create(model="demo", messages=[{"role": "user", "content": "What is 47 + 38?"}],
+    r = sdk(server).chat.completions.create(model="demo", messages=[{"role": "user", "content": "What is 56 + 27?"}],
                                             temperature=0, max_tokens=200)
     msg = r.choices[0].message
-    assert "ones: 7 + 8 = 15" in msg.reasoning_content, msg
-    assert "85" in msg.content
+    assert "ones: 6 + 7 = 13" in msg.reasoning_content, msg
+    assert "83" in msg.content
     after = httpx.get(server.url + "/status").json()["metrics"]["speculation"]
     passes = after["target_passes_total"] - before["target_passes_total"]
     accepted = after["accepted_tokens_total"] - before["accepted_tokens_total"]
@@ -175,7 +175,7 @@ def test_the_chat_pages_suggestions_are_what_the_demo_can_answer(server):
     listed = page[page.index("for (const idea of ["):].split("])", 1)[0]
     ideas = [line.strip().rstrip(",").strip("'") for line in listed.splitlines()[1:]
              if line.strip().startswith("'")]
-    expected = {"What is 47 + 38?": "85", "What is the capital of Peru?": "Lima",
+    expected = {"What is 56 + 27?": "83", "What is the capital of Peru?": "Lima",
                 "Write a Python function that checks whether a number is prime.": "def ",
                 "What is the chemical symbol for gold?": "Au"}
     assert ideas and set(ideas) <= set(expected), f"no expected answer for {set(ideas) - set(expected)}"

@@ -191,7 +191,7 @@
     const ideas = el('div', 'ideas');
     for (const idea of [
       // Tasks every model here can do, the bundled demo included (it knows only these).
-      'What is 47 + 38?',
+      'What is 56 + 27?',
       'What is the capital of Peru?',
       'Write a Python function that checks whether a number is prime.',
       'What is the chemical symbol for gold?',
