@@ -7,7 +7,9 @@ use splash_model::{BatchItem, KvFormat, Logits, Model};
 
 use crate::grammar::{GrammarRequest, GrammarState, GrammarTables};
 use crate::prefix_cache::{checkpoint_positions, DiskCacheConfig, PrefixCache, PrefixCacheStats};
-use crate::request::{Completion, EngineError, Event, Request, ScoreRequest, SeqId};
+use crate::request::{
+    cache_key, Completion, EngineError, Event, PromptImage, Request, ScoreRequest, SeqId,
+};
 use crate::sampling::SamplingParams;
 use crate::sequence::{PendingBlock, Sequence};
 use crate::speculative::{Drafter, SpecStats, StepCosts};
@@ -269,6 +271,7 @@ impl Engine {
     /// Validates and admits a request.
     pub fn add(&mut self, req: Request) -> Result<SeqId, EngineError> {
         self.check_prompt(&req.prompt)?;
+        self.check_images(&req.prompt, &req.images)?;
         if req.max_tokens == 0 {
             return Err(EngineError::InvalidRequest(
                 "max_tokens must be at least 1".into(),
@@ -307,6 +310,7 @@ impl Engine {
             stop: Vec::new(),
             ignore_eos: true,
             grammar: None,
+            images: Vec::new(),
         };
         let keep = req.keep_state_at;
         Ok(self.admit(request, None, None, Some(req.answers), keep))
@@ -326,6 +330,49 @@ impl Engine {
             )));
         }
         self.check_vocab(prompt)
+    }
+
+    /// Each image covers a run of placeholder tokens of the prompt with one row of its
+    /// embeddings per token, in order.
+    fn check_images(&self, prompt: &[u32], images: &[PromptImage]) -> Result<(), EngineError> {
+        if images.is_empty() {
+            return Ok(());
+        }
+        let invalid = |m: String| Err(EngineError::InvalidRequest(m));
+        let Some(pad) = self.model.config.image_token_id else {
+            return invalid(
+                "this model takes no images (its config has no image_token_id): send text only"
+                    .into(),
+            );
+        };
+        let hidden = self.model.config.hidden_size;
+        let mut from = 0;
+        for (k, image) in images.iter().enumerate() {
+            let span = &image.span;
+            if span.is_empty() || span.start < from || span.end() > prompt.len() {
+                return invalid(format!(
+                    "image {k} covers tokens {}..{} of a {}-token prompt: images must be non-empty, in order and inside the prompt",
+                    span.start,
+                    span.end(),
+                    prompt.len()
+                ));
+            }
+            if span.embeddings.len() != span.len() * hidden {
+                return invalid(format!(
+                    "image {k} has {} embedding values for {} tokens of width {hidden}",
+                    span.embeddings.len(),
+                    span.len()
+                ));
+            }
+            if let Some(i) = (span.start..span.end()).find(|&i| prompt[i] != pad) {
+                return invalid(format!(
+                    "image {k} covers prompt token {i}, which is {} rather than the image placeholder {pad}",
+                    prompt[i]
+                ));
+            }
+            from = span.end();
+        }
+        Ok(())
     }
 
     fn check_vocab(&self, tokens: &[u32]) -> Result<(), EngineError> {
@@ -350,9 +397,12 @@ impl Engine {
         let id = self.next_id;
         self.next_id += 1;
         let (restored, checkpoints) = if self.prefix_cache.enabled() {
-            let restored = self
-                .prefix_cache
-                .lookup(&req.prompt, &self.model, drafter.as_ref());
+            let key = cache_key(&req.prompt, &req.images);
+            let restored = self.prefix_cache.lookup(
+                key.as_deref().unwrap_or(&req.prompt),
+                &self.model,
+                drafter.as_ref(),
+            );
             let from = restored.as_ref().map_or(0, |r| r.len);
             let im_start = self.model.tokenizer.token_to_id("<|im_start|>");
             let mut positions = checkpoint_positions(&req.prompt, im_start);
@@ -599,10 +649,11 @@ impl Engine {
             return;
         };
         let drafter = self.drafter.as_ref().filter(|_| seq.has_draft());
+        let tokens = seq.cache_key(tokens);
         let restored = self
             .prefix_cache
             .take(seq.id(), key, &self.model, drafter)
-            .or_else(|| self.prefix_cache.lookup(tokens, &self.model, drafter));
+            .or_else(|| self.prefix_cache.lookup(&tokens, &self.model, drafter));
         // A sequence parked before its first prefill chunk had nothing to lose.
         if key.is_empty() || restored.as_ref().is_some_and(|r| r.len == key.len()) {
             self.batches.resumed_cached += 1;

@@ -24,7 +24,9 @@ pub use grammar::{
 pub use memory_plan::{MemoryPlan, PlanError, PlanInputs};
 pub use perplexity::{perplexity, Baseline, Perplexity, PerplexityOptions};
 pub use prefix_cache::{free_disk_bytes, DiskCacheConfig, DiskCacheStats, PrefixCacheStats};
-pub use request::{Completion, EngineError, Event, FinishReason, Request, ScoreRequest, SeqId};
+pub use request::{
+    Completion, EngineError, Event, FinishReason, PromptImage, Request, ScoreRequest, SeqId,
+};
 pub use sampling::{random_seed, Distribution, Sampler, SamplingParams, GREEDY_TEMPERATURE};
 pub use sequence::Sequence;
 pub use speculative::{

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use splash_model::ModelError;
+use splash_model::{ImageSpan, ModelError};
 
 use crate::grammar::GrammarRequest;
 use crate::sampling::SamplingParams;
@@ -25,6 +25,48 @@ pub struct Request {
     pub ignore_eos: bool,
     /// Constrain the output to a JSON schema or grammar.
     pub grammar: Option<GrammarRequest>,
+    /// The prompt's images, in order: each covers a run of the model's image placeholder
+    /// token (`image_token_id`) in `prompt`.
+    pub images: Vec<PromptImage>,
+}
+
+/// An image of a prompt: the vision tower's rows for its placeholder tokens, and a digest of
+/// the image, under which the prefix cache keeps the states that hold it (the same
+/// conversation with another picture never resumes from the old one's state).
+#[derive(Clone, Debug)]
+pub struct PromptImage {
+    pub span: ImageSpan,
+    /// A digest of the image's content (e.g. SHA-256 of its pixels).
+    pub digest: [u8; 32],
+}
+
+/// `prompt` as the prefix cache keys it: each image's placeholder tokens replaced by ids
+/// drawn from its digest and the row, all above the vocabulary (bit 31 set), so a state
+/// covering an image matches only the same image at the same place. `None` without images.
+pub(crate) fn cache_key(prompt: &[u32], images: &[PromptImage]) -> Option<Vec<u32>> {
+    if images.is_empty() {
+        return None;
+    }
+    let mut key = prompt.to_vec();
+    for image in images {
+        let end = image.span.end().min(key.len());
+        for (row, id) in key[image.span.start.min(end)..end].iter_mut().enumerate() {
+            *id = image_row_key(&image.digest, row);
+        }
+    }
+    Some(key)
+}
+
+/// The key id of row `row` of an image with `digest` (a splitmix64 mix of both).
+fn image_row_key(digest: &[u8; 32], row: usize) -> u32 {
+    let word = |i: usize| u64::from_le_bytes(digest[8 * i..8 * i + 8].try_into().unwrap());
+    let mut x =
+        word(0) ^ word(1).rotate_left(17) ^ word(2).rotate_left(31) ^ word(3).rotate_left(47);
+    x ^= (row as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    0x8000_0000 | (x as u32 & 0x7FFF_FFFF)
 }
 
 /// A request that generates nothing: one prefill of `prompt`, then the final position's

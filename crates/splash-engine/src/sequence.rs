@@ -3,11 +3,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use splash_model::{KvFormat, Logits, Model, ModelError, PassOutput, SequenceState, StreamDecoder};
+use splash_model::{
+    BatchItem, ImageSpan, KvFormat, Logits, Model, ModelError, PassOutput, SequenceState,
+    StreamDecoder,
+};
 
 use crate::grammar::GrammarState;
 use crate::prefix_cache::Restored;
-use crate::request::{Event, FinishReason, Request, SeqId};
+use crate::request::{cache_key, Event, FinishReason, Request, SeqId};
 use crate::sampling::Sampler;
 use crate::speculative::{self, Accepted, DraftSession, Drafter, SpecStats, StepCosts, VerifyRows};
 use crate::stop::StopMatcher;
@@ -57,6 +60,10 @@ enum Resume {
 pub struct Sequence {
     id: SeqId,
     prompt: Vec<u32>,
+    /// The prompt's images (their rows replace placeholder tokens in every pass over them).
+    images: Vec<ImageSpan>,
+    /// The prompt as the prefix cache keys it, where it holds images ([`cache_key`]).
+    prompt_key: Option<Vec<u32>>,
     output: Vec<u32>,
     state: SequenceState,
     phase: Phase,
@@ -129,9 +136,12 @@ impl Sequence {
         } else {
             model.generation.eos_token_ids.clone()
         };
+        let prompt_key = cache_key(&req.prompt, &req.images);
         Self {
             id,
             prompt: req.prompt,
+            images: req.images.into_iter().map(|i| i.span).collect(),
+            prompt_key,
             output: Vec::new(),
             state: model.graph.new_state_with(kv),
             phase: Phase::Prefill { done: 0 },
@@ -230,12 +240,26 @@ impl Sequence {
         self.cached
     }
 
-    /// States reached at checkpoint positions since the last call, with their prompt prefix.
+    /// States reached at checkpoint positions since the last call, with their prompt prefix's
+    /// cache key.
     pub(crate) fn take_snapshots(&mut self) -> Vec<(Vec<u32>, Restored)> {
+        let key = self.prompt_key.as_ref().unwrap_or(&self.prompt);
         std::mem::take(&mut self.snapshots)
             .into_iter()
-            .map(|r| (self.prompt[..r.len].to_vec(), r))
+            .map(|r| (key[..r.len].to_vec(), r))
             .collect()
+    }
+
+    /// `tokens` (the prompt, then output) as the prefix cache keys them: the prompt's image
+    /// rows by their images' digests.
+    pub(crate) fn cache_key(&self, tokens: &[u32]) -> Vec<u32> {
+        match &self.prompt_key {
+            None => tokens.to_vec(),
+            Some(key) => {
+                let n = key.len().min(tokens.len());
+                key[..n].iter().chain(&tokens[n..]).copied().collect()
+            }
+        }
     }
 
     /// The next prefill chunk of at most `chunk` tokens (decoding steps are the engine's:
@@ -272,10 +296,12 @@ impl Sequence {
             .spec
             .as_ref()
             .map_or(&[][..], |s| s.drafter.tap_layers());
-        let out =
-            model
-                .graph
-                .forward_with_taps(&mut self.state, &tokens[start..end], want, taps)?;
+        let mut item = [BatchItem {
+            state: &mut self.state,
+            tokens: &tokens[start..end],
+            images: &self.images,
+        }];
+        let out = model.graph.forward_batch(&mut item, want, taps)?.remove(0);
         if let Some(spec) = &mut self.spec {
             spec.session.commit(&out.features)?;
         }
@@ -329,13 +355,14 @@ impl Sequence {
     /// Its output, sampler, stop and grammar state stay: nothing already sent is lost.
     pub(crate) fn park(&mut self, model: &Model) -> (Vec<u32>, Restored) {
         let len = self.state.len();
-        let key: Vec<u32> = self
+        let tokens: Vec<u32> = self
             .prompt
             .iter()
             .chain(&self.output)
             .take(len)
             .copied()
             .collect();
+        let key = self.cache_key(&tokens);
         let fresh = model.graph.new_state_with(self.state.kv_format());
         let state = std::mem::replace(&mut self.state, fresh);
         let draft = self
@@ -343,10 +370,7 @@ impl Sequence {
             .as_mut()
             .map(|s| std::mem::replace(&mut s.session, s.drafter.session()));
         let resume = match std::mem::replace(&mut self.phase, Phase::Prefill { done: 0 }) {
-            Phase::Decode { next } => Resume::Replay {
-                tokens: key.clone(),
-                next,
-            },
+            Phase::Decode { next } => Resume::Replay { tokens, next },
             Phase::Replay { tokens, next, .. } => Resume::Replay { tokens, next },
             Phase::Prefill { .. } => Resume::Prefill,
             // The engine parks only sequences that hold or will hold KV rows.

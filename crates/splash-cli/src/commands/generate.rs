@@ -124,6 +124,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             stop: a.stop,
             ignore_eos: a.ignore_eos,
             grammar: None,
+            images: Vec::new(),
         },
         |piece| {
             // A closed pipe (`| head`) is not an error worth reporting.

@@ -34,6 +34,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Request {
         stop: Vec::new(),
         ignore_eos: true,
         grammar: None,
+        images: Vec::new(),
     }
 }
 

@@ -184,6 +184,7 @@ impl CommonFields {
             stop: self.stops()?,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             grammar,
+            images: Vec::new(),
         })
     }
 }

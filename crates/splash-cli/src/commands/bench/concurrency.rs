@@ -41,6 +41,7 @@ pub fn run(
             stop: Vec::new(),
             ignore_eos: true,
             grammar: None,
+            images: Vec::new(),
         })?;
     }
     while engine.prefill_pending() > 0 {

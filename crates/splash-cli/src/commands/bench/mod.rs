@@ -104,6 +104,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     stop: Vec::new(),
                     ignore_eos: true,
                     grammar: None,
+                    images: Vec::new(),
                 },
                 |_| {},
             )?;

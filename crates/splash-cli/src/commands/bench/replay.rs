@@ -50,6 +50,7 @@ fn ttft(engine: &mut Engine, prompt: &[u32]) -> anyhow::Result<(f64, usize)> {
             stop: Vec::new(),
             ignore_eos: true,
             grammar: None,
+            images: Vec::new(),
         },
         |_| {},
     )?;
