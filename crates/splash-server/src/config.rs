@@ -44,6 +44,10 @@ pub struct ServerConfig {
     pub memory_plan: Option<splash_engine::MemoryPlan>,
     /// The prefix cache's disk tier (`--max-cache-disk`), off when `None`.
     pub disk_cache: Option<DiskCacheSettings>,
+    /// Leave the vision tower unloaded: images and PDFs get a 400 (`--language-only`).
+    pub language_only: bool,
+    /// Images are resized to at most this many pixels (`--max-image-pixels`).
+    pub max_image_pixels: u64,
     /// Honour test clients' fault requests (`x-splash-fault: nonfinite-logits` makes a
     /// score non-finite): for the end-to-end tests of error paths only.
     pub inject_faults: bool,
@@ -108,6 +112,8 @@ impl Default for ServerConfig {
             max_memory: None,
             memory_plan: None,
             disk_cache: None,
+            language_only: false,
+            max_image_pixels: crate::images::DEFAULT_MAX_IMAGE_PIXELS,
             inject_faults: false,
         }
     }

@@ -12,6 +12,7 @@ mod error;
 mod grammar_check;
 mod guard;
 mod ids;
+mod images;
 mod json;
 mod metrics;
 mod multi;
@@ -34,6 +35,7 @@ mod worker;
 mod derived;
 
 pub use config::{parse_duration, parse_size, DiskCacheSettings, ServerConfig};
+pub use images::{DEFAULT_MAX_IMAGE_PIXELS, MIN_MAX_IMAGE_PIXELS};
 pub use multi::{check_arguments, serve_multi, MultiConfig, MultiOptions};
 pub use state::AppState;
 
@@ -106,6 +108,18 @@ pub async fn serve(
     let local: SocketAddr = listener
         .local_addr()
         .map_err(|e| StartError(e.to_string()))?;
+    // A GGUF file carries no tower (its mmproj file is not read yet).
+    let vision = if config.language_only || !model.dir.is_dir() {
+        None
+    } else {
+        images::Vision::load(&model.dir, config.max_image_pixels)
+            .map_err(|e| {
+                StartError(format!(
+                    "cannot load the vision tower: {e}; to serve text only, add --language-only"
+                ))
+            })?
+            .map(Arc::new)
+    };
     let mut engine = Engine::new(model.clone())
         .with_kv_format(config.kv_format)
         .with_grammar_warmup();
@@ -157,7 +171,7 @@ pub async fn serve(
         ));
     }
     let state_header_timeout = config.header_read_timeout;
-    let state = AppState::new(model, engine, config);
+    let state = AppState::new(model, engine, config, vision);
     state.print_summary(local);
     if let Some(line) = disk_line {
         eprintln!("{line}");

@@ -103,8 +103,7 @@ async fn status(State(s): State<AppState>) -> Json<Value> {
         "parameters": s.model.graph.num_parameters(),
         "maximum_context_tokens": s.max_context,
         "native_context_tokens": c.max_position_embeddings,
-        // Text-only for now: image input is refused.
-        "vision": false,
+        "vision": s.vision.is_some(),
         "memory": {
             "weights_bytes": s.model.weight_bytes,
             "kv_format": format!("{:?}", s.config.kv_format).to_lowercase(),
@@ -173,6 +172,7 @@ async fn model_by_id(
 
 #[derive(Deserialize)]
 struct TokenizeBody {
+    #[serde(default)]
     content: String,
     #[serde(default)]
     add_special: bool,
@@ -182,6 +182,26 @@ async fn tokenize(
     State(s): State<AppState>,
     JsonObject(mut v): JsonObject,
 ) -> Result<Json<Value>, ApiError> {
+    // `messages` (vLLM's chat form): the prompt a chat request would send, images included.
+    if v.get("messages").is_some() {
+        let input: ChatInput = typed(&v)?;
+        let (text, images) = input.render(&s)?;
+        let (tokens, _) = crate::images::prompt_with_images(
+            &s.model,
+            s.vision.as_ref(),
+            s.max_context,
+            text,
+            images,
+        )
+        .await?;
+        return Ok(Json(json!({"count": tokens.len(), "tokens": tokens})));
+    }
+    if v.get("content").is_none() {
+        return Err(ApiError::invalid(
+            "content",
+            "send `content` (a text) or `messages` (a chat conversation)",
+        ));
+    }
     // The text is moved out of the body, not copied (it may be many megabytes).
     let content = match v.get_mut("content") {
         Some(Value::String(c)) => std::mem::take(c),
@@ -232,8 +252,8 @@ async fn apply_template(
     JsonObject(v): JsonObject,
 ) -> Result<Json<Value>, ApiError> {
     let input: ChatInput = typed(&v)?;
-    let prompt = input.render(&s)?;
-    Ok(Json(json!({"prompt": prompt})))
+    let (prompt, images) = input.render(&s)?;
+    Ok(Json(json!({"prompt": images.show(&prompt)})))
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::config::ServerConfig;
 use crate::error::ApiError;
+use crate::images::Vision;
 use crate::metrics::Metrics;
 use crate::responses::ResponseStore;
 use crate::scoring::AnswerSlots;
@@ -40,6 +41,8 @@ pub struct AppState {
     pub grammar_tables: GrammarTables,
     /// The tokenizer's answer slots for scoring, or why the model cannot score.
     pub answer_slots: Arc<Result<AnswerSlots, String>>,
+    /// The vision tower, for a model that takes images (and not `--language-only`).
+    pub vision: Option<Arc<Vision>>,
 }
 
 // The middlewares take only what they use.
@@ -57,7 +60,12 @@ impl FromRef<AppState> for Arc<Metrics> {
 
 impl AppState {
     /// Starts the engine worker for `engine` and gathers the shared state.
-    pub fn new(model: Arc<Model>, engine: Engine, config: ServerConfig) -> Self {
+    pub fn new(
+        model: Arc<Model>,
+        engine: Engine,
+        config: ServerConfig,
+        vision: Option<Arc<Vision>>,
+    ) -> Self {
         let metrics = Arc::new(Metrics::default());
         let max_context = engine.max_context();
         let grammar_tables = engine.grammar_tables();
@@ -93,6 +101,7 @@ impl AppState {
             model,
             started: Instant::now(),
             grammar_tables,
+            vision,
         }
     }
 

@@ -60,6 +60,13 @@ pub struct Args {
     /// Directory of the prefix cache's disk files.
     #[arg(long, env = "SPLASH_CACHE_DIR", value_name = "DIR")]
     cache_dir: Option<std::path::PathBuf>,
+    /// Serve text only: the vision tower is not loaded, and images get a 400.
+    #[arg(long)]
+    language_only: bool,
+    /// Images are resized to at most this many pixels (at least 65536); each 32×32 block
+    /// of the resized image is one prompt token.
+    #[arg(long, default_value_t = splash_server::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(splash_server::MIN_MAX_IMAGE_PIXELS..))]
+    max_image_pixels: u64,
     /// For the end-to-end tests: honour `x-splash-fault` request headers (a non-finite
     /// score). Never needed in use.
     #[arg(long, hide = true)]
@@ -145,6 +152,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         webui: !a.no_webui,
         kv_format: a.kv_format,
         inject_faults: a.inject_faults,
+        language_only: a.language_only,
+        max_image_pixels: a.max_image_pixels,
         disk_cache: match (a.max_cache_disk, a.persistent_cache) {
             (None, false) => None,
             (size, persistent) => Some(DiskCacheSettings {

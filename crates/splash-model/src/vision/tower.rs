@@ -67,7 +67,8 @@ impl VisionConfig {
         self.hidden_size / self.num_heads
     }
 
-    fn patch_len(&self) -> usize {
+    /// Values in one patch row: channels × temporal frames × patch × patch.
+    pub fn patch_len(&self) -> usize {
         self.in_channels * self.temporal_patch_size * self.patch_size * self.patch_size
     }
 }

@@ -64,6 +64,9 @@ pub struct Block {
     pub content: Option<Content>,
     #[serde(default)]
     pub is_error: Option<bool>,
+    /// An image's data (`{"type": "base64", "media_type", "data"}`).
+    #[serde(default)]
+    pub source: Option<Value>,
 }
 
 /// `thinking`; `budget_tokens` is accepted but not enforced (the template's effort levels
@@ -216,6 +219,79 @@ fn block_text(c: &Content) -> String {
     }
 }
 
+/// An `image` block as a chat `image_url` part (base64 sources only); `splash_at` keeps the
+/// block's own path for errors found once the image is decoded.
+fn image_part(b: &Block, at: &str) -> Result<Value, ApiError> {
+    let source = b.source.as_ref().and_then(Value::as_object);
+    let field = |k: &str| source.and_then(|s| s.get(k)).and_then(Value::as_str);
+    match field("type") {
+        Some("base64") => {
+            let media = field("media_type").unwrap_or("image/png");
+            let data = field("data").ok_or_else(|| {
+                ApiError::invalid(
+                    &format!("{at}.source.data"),
+                    "a base64 image source needs `data`",
+                )
+            })?;
+            Ok(json!({"type": "image_url", "image_url": {
+                "url": format!("data:{media};base64,{data}"), "splash_at": at}}))
+        }
+        Some("url") => Err(ApiError::invalid(
+            &format!("{at}.source"),
+            "splash does not fetch image URLs: send the image as a base64 source",
+        )),
+        _ => Err(ApiError::invalid(
+            &format!("{at}.source"),
+            "an image block needs a source of type `base64` with `media_type` and `data`",
+        )),
+    }
+}
+
+/// Chat content for text and image blocks in order: a string when there is no image (text
+/// blocks joined by `sep`), else a list of parts.
+fn content_parts(
+    blocks: &[Block],
+    at: &str,
+    sep: &str,
+    mut other: impl FnMut(usize, &Block) -> Result<(), ApiError>,
+) -> Result<Value, ApiError> {
+    let mut parts: Vec<Value> = Vec::new();
+    let mut images = false;
+    for (j, b) in blocks.iter().enumerate() {
+        match b.kind.as_str() {
+            "text" => {
+                let text = b.text.as_deref().unwrap_or("");
+                match parts.last_mut() {
+                    Some(Value::Object(last)) if last["type"] == "text" => {
+                        let joined = format!("{}{sep}{text}", last["text"].as_str().unwrap_or(""));
+                        last.insert("text".into(), joined.into());
+                    }
+                    _ => parts.push(json!({"type": "text", "text": text})),
+                }
+            }
+            "image" => {
+                images = true;
+                parts.push(image_part(b, &format!("{at}[{j}]"))?);
+            }
+            "document" => {
+                return Err(ApiError::invalid(
+                    &format!("{at}[{j}]"),
+                    "`document` blocks (PDF) are not supported yet: send the pages as images or the text",
+                ))
+            }
+            _ => other(j, b)?,
+        }
+    }
+    if images {
+        return Ok(Value::Array(parts));
+    }
+    let text = parts
+        .iter()
+        .filter_map(|p| p["text"].as_str())
+        .collect::<String>();
+    Ok(Value::String(text))
+}
+
 /// A user turn: tool results become `tool` messages (in order), the rest one user message.
 fn user_messages(i: usize, content: &Content, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let blocks = match content {
@@ -225,36 +301,41 @@ fn user_messages(i: usize, content: &Content, out: &mut Vec<Value>) -> Result<()
         }
         Content::Blocks(b) => b,
     };
-    let mut text = String::new();
-    for (j, b) in blocks.iter().enumerate() {
-        match b.kind.as_str() {
-            "text" => text.push_str(b.text.as_deref().unwrap_or("")),
-            "tool_result" => {
-                let mut result = b.content.as_ref().map(block_text).unwrap_or_default();
-                if b.is_error == Some(true) {
-                    result = format!("Error: {result}");
+    let at = format!("messages[{i}].content");
+    let mut results = Vec::new();
+    let content = content_parts(blocks, &at, "", |j, b| match b.kind.as_str() {
+        "tool_result" => {
+            let at = format!("{at}[{j}].content");
+            let mut result = match &b.content {
+                None => Value::String(String::new()),
+                Some(Content::Text(t)) => Value::String(t.clone()),
+                // Other blocks (search results, references...) carry no text the model reads.
+                Some(Content::Blocks(inner)) => content_parts(inner, &at, "\n", |_, _| Ok(()))?,
+            };
+            if b.is_error == Some(true) {
+                match &mut result {
+                    Value::String(t) => *t = format!("Error: {t}"),
+                    Value::Array(parts) => {
+                        parts.insert(0, json!({"type": "text", "text": "Error: "}))
+                    }
+                    _ => {}
                 }
-                out.push(json!({"role": "tool", "tool_call_id": b.tool_use_id, "content": result}));
             }
-            "image" | "document" => {
-                return Err(ApiError::invalid(
-                    &format!("messages[{i}].content[{j}]"),
-                    format!(
-                        "`{}` blocks need a vision model; this model reads text only",
-                        b.kind
-                    ),
-                ))
-            }
-            other => {
-                return Err(ApiError::invalid(
-                    &format!("messages[{i}].content[{j}].type"),
-                    format!("unsupported content block `{other}` in a user message"),
-                ))
-            }
+            results.push(json!({"role": "tool", "tool_call_id": b.tool_use_id, "content": result}));
+            Ok(())
         }
-    }
-    if !text.is_empty() {
-        out.push(json!({"role": "user", "content": text}));
+        other => Err(ApiError::invalid(
+            &format!("{at}[{j}].type"),
+            format!("unsupported content block `{other}` in a user message"),
+        )),
+    })?;
+    out.extend(results);
+    let empty = match &content {
+        Value::String(t) => t.is_empty(),
+        _ => false,
+    };
+    if !empty {
+        out.push(json!({"role": "user", "content": content}));
     }
     Ok(())
 }

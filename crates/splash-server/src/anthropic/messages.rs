@@ -14,6 +14,7 @@ use super::convert::Conversation;
 use crate::constraint::{self, json_format, output_constraint};
 use crate::error::{AnthropicError, ApiError};
 use crate::ids::new_id;
+use crate::images::{prompt_with_images, PromptImages};
 use crate::json::{typed, JsonObject};
 use crate::openai::{collect, stream, submit, CommonFields, Item, Stop, StreamEnd};
 use crate::output::{Message, OutputParser, Part};
@@ -58,8 +59,12 @@ fn resolve(s: &AppState, model: &str) -> Result<String, ApiError> {
     }
 }
 
-/// The prompt text for a Messages request.
-fn render(s: &AppState, conv: &Conversation, tools_in_prompt: bool) -> Result<String, ApiError> {
+/// The prompt text for a Messages request, and its images.
+fn render(
+    s: &AppState,
+    conv: &Conversation,
+    tools_in_prompt: bool,
+) -> Result<(String, PromptImages), ApiError> {
     conv.chat_input(
         tools_in_prompt,
         s.config.default_reasoning_effort.as_deref(),
@@ -76,9 +81,10 @@ pub async fn count_tokens(
     if let Some(m) = body.get("model").and_then(Value::as_str) {
         resolve(&s, m)?;
     }
-    let prompt = render(&s, &conv, true)?;
-    let n = crate::prompt::prompt_ids(&s.model, s.max_context, prompt)
+    let (prompt, images) = render(&s, &conv, true)?;
+    let n = prompt_with_images(&s.model, s.vision.as_ref(), s.max_context, prompt, images)
         .await?
+        .0
         .len();
     Ok(Json(json!({"input_tokens": n})))
 }
@@ -160,9 +166,16 @@ pub async fn handle(
         conv.tools.as_deref().unwrap_or_default(),
         tool_choice,
     )?;
-    let prompt_text = render(&s, &conv, choice != "none")?;
+    let (prompt_text, images) = render(&s, &conv, choice != "none")?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let prompt = crate::prompt::prompt_ids(&s.model, s.max_context, prompt_text).await?;
+    let (prompt, images) = prompt_with_images(
+        &s.model,
+        s.vision.as_ref(),
+        s.max_context,
+        prompt_text,
+        images,
+    )
+    .await?;
     // Messages clamps max_tokens to the context instead of refusing the request.
     let room = s.max_context.saturating_sub(prompt.len());
     let clamped = f.max_tokens > room as u64;
@@ -186,6 +199,7 @@ pub async fn handle(
     let request = common.engine_request(
         &s,
         prompt,
+        images,
         Some(f.max_tokens.min(room as u64)),
         None,
         grammar,

@@ -102,7 +102,7 @@ pub async fn handle(
         // `none`: the model must not call tools, so it is not shown them.
         input.tools = None;
     }
-    let prompt_text = input.render(&s)?;
+    let (prompt_text, images) = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
     let grammar = crate::grammar_check::check(
         &s.model,
@@ -112,10 +112,18 @@ pub async fn handle(
         "response_format",
     )
     .await?;
-    let prompt = crate::prompt::prompt_ids(&s.model, s.max_context, prompt_text).await?;
+    let (prompt, images) = crate::images::prompt_with_images(
+        &s.model,
+        s.vision.as_ref(),
+        s.max_context,
+        prompt_text,
+        images,
+    )
+    .await?;
     let request = common.engine_request(
         &s,
         prompt,
+        images,
         fields.max_completion_tokens.or(fields.max_tokens),
         None,
         grammar,

@@ -98,6 +98,7 @@ pub async fn handle(
     let request = common.engine_request(
         &s,
         prompt,
+        Vec::new(),
         fields.max_tokens,
         Some(DEFAULT_MAX_TOKENS),
         None,

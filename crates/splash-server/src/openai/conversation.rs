@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 use splash_model::TemplateInputs;
 
 use crate::error::ApiError;
+use crate::images::PromptImages;
 use crate::state::AppState;
 
 const EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
@@ -52,18 +53,27 @@ pub enum Content {
     Parts(Vec<Part>),
 }
 
-/// A content part (`{"type": "text", "text": ...}`).
+/// A content part (`{"type": "text", "text": ...}`, `{"type": "image_url", "image_url": {"url":
+/// ...}}`).
 #[derive(Deserialize)]
 pub struct Part {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
+    /// A URL string, or `{"url": ..., "detail": ...}`.
+    #[serde(default)]
+    pub image_url: Option<Value>,
 }
 
 impl ChatInput {
-    /// The template variables for this conversation.
-    pub fn template_inputs(&self, s: &AppState) -> Result<TemplateInputs, ApiError> {
+    /// The template variables for this conversation; its images go to `images`, each
+    /// leaving its marker in the text.
+    pub fn template_inputs(
+        &self,
+        s: &AppState,
+        images: &mut PromptImages,
+    ) -> Result<TemplateInputs, ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::invalid(
                 "messages",
@@ -95,10 +105,14 @@ impl ChatInput {
                             ("text" | "input_text" | "output_text", None) => {
                                 return Err(ApiError::invalid(&format!("messages[{i}].content[{j}].text"), "a text part needs `text`"))
                             }
+                            ("image_url", _) => {
+                                let at = format!("messages[{i}].content[{j}].image_url");
+                                text.push_str(&image_part(s, role, &at, p, images)?);
+                            }
                             (kind, _) => {
                                 return Err(ApiError::invalid(
                                     &format!("messages[{i}].content[{j}].type"),
-                                    format!("content parts of type `{kind}` are not supported by this model; send text parts"),
+                                    format!("content parts of type `{kind}` are not supported: send text and image_url parts"),
                                 ))
                             }
                         }
@@ -164,18 +178,59 @@ impl ChatInput {
         })
     }
 
-    /// The rendered prompt text.
-    pub fn render(&self, s: &AppState) -> Result<String, ApiError> {
+    /// The rendered prompt text, with a marker for each of its images.
+    pub fn render(&self, s: &AppState) -> Result<(String, PromptImages), ApiError> {
         let Some(template) = &s.model.template else {
             return Err(ApiError::bad_request(
                 "this model has no chat template (chat_template.jinja or tokenizer_config.json): use /v1/completions with a raw prompt",
             ));
         };
-        let inputs = self.template_inputs(s)?;
-        template.render(&inputs).map_err(|e| {
+        let mut images = PromptImages::default();
+        let inputs = self.template_inputs(s, &mut images)?;
+        let text = template.render(&inputs).map_err(|e| {
             ApiError::bad_request(format!("the chat template rejected these messages: {e}"))
-        })
+        })?;
+        Ok((text, images))
     }
+}
+
+/// The marker of an `image_url` part at `at` of a `role` message, its image taken into
+/// `images`.
+fn image_part(
+    s: &AppState,
+    role: &str,
+    at: &str,
+    part: &Part,
+    images: &mut PromptImages,
+) -> Result<String, ApiError> {
+    if !matches!(role, "user" | "tool") {
+        return Err(ApiError::invalid(
+            at,
+            format!("images may be sent in user and tool messages, not in a {role} message: move the image to a user message"),
+        ));
+    }
+    if s.vision.is_none() {
+        return Err(ApiError::invalid(
+            at,
+            "this model reads text only (it has no vision tower, or the server runs with --language-only): send text",
+        ));
+    }
+    let (url, at) = match &part.image_url {
+        Some(Value::String(u)) => (u.as_str(), at),
+        // Converted from another API's block, which named its own path.
+        Some(Value::Object(o)) => (
+            o.get("url").and_then(Value::as_str).unwrap_or(""),
+            o.get("splash_at").and_then(Value::as_str).unwrap_or(at),
+        ),
+        _ => ("", at),
+    };
+    if url.is_empty() {
+        return Err(ApiError::invalid(
+            at,
+            "an image_url part needs `image_url.url`: a base64 data URL (`data:image/png;base64,...`)",
+        ));
+    }
+    images.push_url(at, url)
 }
 
 /// OpenAI sends tool-call arguments as a JSON string; templates expect the object.

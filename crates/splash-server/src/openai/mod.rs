@@ -12,7 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use splash_engine::{FinishReason, GrammarRequest, Request, SamplingParams};
+use splash_engine::{FinishReason, GrammarRequest, PromptImage, Request, SamplingParams};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -151,6 +151,7 @@ impl CommonFields {
         &self,
         s: &AppState,
         prompt: Vec<u32>,
+        images: Vec<PromptImage>,
         max_tokens: Option<u64>,
         default_max: Option<usize>,
         grammar: Option<GrammarRequest>,
@@ -184,7 +185,7 @@ impl CommonFields {
             stop: self.stops()?,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             grammar,
-            images: Vec::new(),
+            images,
         })
     }
 }

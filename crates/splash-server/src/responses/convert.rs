@@ -49,6 +49,41 @@ fn text_of(content: &Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
+/// Message content as chat content: a string, or where it holds `input_image` parts, a list of
+/// chat parts (text and `image_url`, each image keeping its own path for errors).
+fn content_of(content: &Value, at: &str) -> Result<Value, ApiError> {
+    let Value::Array(parts) = content else {
+        return Ok(Value::String(text_of(content, at)?));
+    };
+    let is_image = |p: &Value| p.get("type").and_then(Value::as_str) == Some("input_image");
+    if !parts.iter().any(is_image) {
+        return Ok(Value::String(text_of(content, at)?));
+    }
+    let mut out = Vec::new();
+    for (j, p) in parts.iter().enumerate() {
+        let here = format!("{at}[{j}]");
+        if !is_image(p) {
+            let text = text_of(&Value::Array(vec![p.clone()]), at).map_err(|mut e| {
+                e.param = Some(format!("{here}.type"));
+                e
+            })?;
+            out.push(json!({"type": "text", "text": text}));
+            continue;
+        }
+        match p.get("image_url").and_then(Value::as_str) {
+            Some(url) => out.push(json!({"type": "image_url", "image_url": {
+                "url": url, "splash_at": format!("{here}.image_url")}})),
+            None => {
+                return Err(ApiError::invalid(
+                    &here,
+                    "an input_image needs `image_url` with a base64 data URL (`data:image/png;base64,...`); file_id is not supported",
+                ))
+            }
+        }
+    }
+    Ok(Value::Array(out))
+}
+
 /// Input items (or a plain string) → chat messages.
 pub fn messages(input: &Value) -> Result<Vec<Value>, ApiError> {
     let items = match input {
@@ -72,8 +107,8 @@ pub fn messages(input: &Value) -> Result<Vec<Value>, ApiError> {
         match kind {
             "message" => {
                 let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
-                let text = text_of(item.get("content").unwrap_or(&Value::Null), &format!("{at}.content"))?;
-                let mut m = json!({"role": role, "content": text});
+                let content = content_of(item.get("content").unwrap_or(&Value::Null), &format!("{at}.content"))?;
+                let mut m = json!({"role": role, "content": content});
                 if role == "assistant" {
                     if let Some(r) = reasoning.take() {
                         m["reasoning_content"] = r.into();
@@ -104,10 +139,10 @@ pub fn messages(input: &Value) -> Result<Vec<Value>, ApiError> {
             }
             "function_call_output" => {
                 let output = match item.get("output") {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(v @ Value::Array(_)) => text_of(v, &format!("{at}.output"))?,
-                    Some(v) => v.to_string(),
-                    None => String::new(),
+                    Some(Value::String(s)) => Value::String(s.clone()),
+                    Some(v @ Value::Array(_)) => content_of(v, &format!("{at}.output"))?,
+                    Some(v) => Value::String(v.to_string()),
+                    None => Value::String(String::new()),
                 };
                 out.push(json!({"role": "tool", "tool_call_id": item.get("call_id"), "content": output}));
             }

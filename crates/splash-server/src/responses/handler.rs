@@ -139,9 +139,16 @@ pub async fn handle(
         chat.insert("reasoning_effort".into(), e.into());
     }
     let input: ChatInput = typed(&Value::Object(chat))?;
-    let prompt_text = input.render(&s)?;
+    let (prompt_text, images) = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let prompt = crate::prompt::prompt_ids(&s.model, s.max_context, prompt_text).await?;
+    let (prompt, images) = crate::images::prompt_with_images(
+        &s.model,
+        s.vision.as_ref(),
+        s.max_context,
+        prompt_text,
+        images,
+    )
+    .await?;
 
     let format = f
         .text
@@ -215,7 +222,7 @@ pub async fn handle(
         ..CommonFields::default()
     };
     let request = common
-        .engine_request(&s, prompt, f.max_output_tokens, None, grammar)
+        .engine_request(&s, prompt, images, f.max_output_tokens, None, grammar)
         .map_err(|mut e| {
             if e.param.as_deref() == Some("max_tokens") {
                 e.param = Some("max_output_tokens".into());

@@ -88,7 +88,7 @@ fn off() -> Response {
 fn boot_json(s: &AppState) -> String {
     json!({
         "model": s.model_id(),
-        "vision": false,
+        "vision": s.vision.is_some(),
         "key_required": s.config.api_key.is_some(),
         "context": s.max_context,
         "version": env!("CARGO_PKG_VERSION"),

@@ -1,0 +1,336 @@
+//! Images in prompts: the parts the APIs send (base64 data), the vision tower that turns them
+//! into embedding rows (cached by content: agents resend every image each turn), and the
+//! prompt's tokens with each image's placeholder run in place.
+//!
+//! While a request's messages are converted, each image becomes a marker in the text given
+//! to the chat template (a random per-request nonce, so no text a user types can stand for an
+//! image); the rendered prompt is then tokenized piece by piece between the markers and each
+//! marker becomes `<|vision_start|>`, one `<|image_pad|>` per merged patch, `<|vision_end|>`,
+//! what Qwen3.5's template writes for an image. A `<|image_pad|>` typed as text stays a
+//! plain token.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use base64::alphabet;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+use splash_engine::PromptImage;
+use splash_model::vision::{prepare, DecodeLimits, ImageProcessorConfig, VisionTower};
+use splash_model::{ImageSpan, Model};
+
+use crate::error::ApiError;
+use crate::prompt::{tokenize, Tokens};
+
+/// Largest image file accepted, decoded from base64.
+pub const MAX_IMAGE_BYTES: usize = 32 << 20;
+/// Most images in one request.
+pub const MAX_IMAGES: usize = 64;
+/// Default and floor of `--max-image-pixels`.
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 4_194_304;
+pub const MIN_MAX_IMAGE_PIXELS: u64 = 65_536;
+/// Standard base64, with or without its `=` padding.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+/// Embedding bytes the cache of encoded images keeps.
+const CACHE_BYTES: usize = 512 << 20;
+
+/// The model's vision tower and image processor.
+pub struct Vision {
+    tower: VisionTower,
+    processor: ImageProcessorConfig,
+    cache: Mutex<EncodedCache>,
+}
+
+/// An image as the text model takes it.
+pub struct Encoded {
+    /// Merged patches down and across: the image takes `grid.0 · grid.1` placeholder tokens.
+    pub grid: (usize, usize),
+    /// The tower's rows, `[tokens, hidden]`.
+    pub embeddings: Arc<[f32]>,
+    /// SHA-256 of the image file.
+    pub digest: [u8; 32],
+}
+
+impl Vision {
+    /// The tower of the checkpoint in `dir` and its `preprocessor_config.json` (Qwen3.5's
+    /// settings when absent), images capped at `max_pixels`; `None` for a text-only checkpoint.
+    pub fn load(dir: &Path, max_pixels: u64) -> Result<Option<Self>, String> {
+        let Some(tower) = VisionTower::load(dir).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let path = dir.join("preprocessor_config.json");
+        let mut processor = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|v| ImageProcessorConfig::from_json(&v))
+                .map_err(|e| format!("{}: {e}", path.display()))?,
+            Err(_) => ImageProcessorConfig::default(),
+        };
+        processor.max_pixels = processor.max_pixels.min(max_pixels);
+        processor.min_pixels = processor.min_pixels.min(processor.max_pixels);
+        if processor.row_len() != tower.config().patch_len() {
+            return Err(format!(
+                "{}: patch rows of {} values, but the vision tower takes {}",
+                path.display(),
+                processor.row_len(),
+                tower.config().patch_len()
+            ));
+        }
+        Ok(Some(Self {
+            tower,
+            processor,
+            cache: Mutex::new(EncodedCache::default()),
+        }))
+    }
+
+    /// The image in `bytes` through the processor and the tower (blocking: seconds for a large
+    /// image on the CPU), or from the cache.
+    pub fn encode(&self, bytes: &[u8]) -> Result<Arc<Encoded>, String> {
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        if let Some(hit) = self.cache.lock().unwrap().get(&digest) {
+            return Ok(hit);
+        }
+        let image =
+            prepare(bytes, &self.processor, DecodeLimits::default()).map_err(|e| e.to_string())?;
+        let m = self.processor.merge_size;
+        let embeddings = self.tower.encode(&image).map_err(|e| e.to_string())?;
+        let encoded = Arc::new(Encoded {
+            grid: (image.grid.0 / m, image.grid.1 / m),
+            embeddings: embeddings.into(),
+            digest,
+        });
+        self.cache.lock().unwrap().insert(digest, encoded.clone());
+        Ok(encoded)
+    }
+}
+
+/// Encoded images by digest, the least recently used dropped past [`CACHE_BYTES`].
+#[derive(Default)]
+struct EncodedCache {
+    entries: HashMap<[u8; 32], Arc<Encoded>>,
+    order: VecDeque<[u8; 32]>,
+    bytes: usize,
+}
+
+impl EncodedCache {
+    fn get(&mut self, digest: &[u8; 32]) -> Option<Arc<Encoded>> {
+        let hit = self.entries.get(digest)?.clone();
+        self.order.retain(|d| d != digest);
+        self.order.push_back(*digest);
+        Some(hit)
+    }
+
+    fn insert(&mut self, digest: [u8; 32], encoded: Arc<Encoded>) {
+        let size = encoded.embeddings.len() * 4;
+        if size > CACHE_BYTES || self.entries.contains_key(&digest) {
+            return;
+        }
+        while self.bytes + size > CACHE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(e) = self.entries.remove(&old) {
+                self.bytes -= e.embeddings.len() * 4;
+            }
+        }
+        self.bytes += size;
+        self.order.push_back(digest);
+        self.entries.insert(digest, encoded);
+    }
+}
+
+/// The images of one request, in the order their markers appear in the prompt text.
+pub struct PromptImages {
+    nonce: u64,
+    parts: Vec<(String, Vec<u8>)>,
+}
+
+impl Default for PromptImages {
+    fn default() -> Self {
+        Self {
+            nonce: splash_engine::random_seed(),
+            parts: Vec::new(),
+        }
+    }
+}
+
+impl PromptImages {
+    /// Takes the base64 image data of the part at `at` (a JSON path for errors), and returns
+    /// the marker to put in the text where it goes.
+    pub fn push_base64(&mut self, at: &str, data: &str) -> Result<String, ApiError> {
+        if self.parts.len() == MAX_IMAGES {
+            return Err(ApiError::invalid(
+                at,
+                format!("a request may hold at most {MAX_IMAGES} images: send fewer"),
+            ));
+        }
+        // Base64 is 4 characters for 3 bytes: refuse before decoding what cannot fit.
+        if data.len() / 4 * 3 > MAX_IMAGE_BYTES + 3 {
+            return Err(too_large(at));
+        }
+        let compact: String = data.split_ascii_whitespace().collect();
+        let bytes = BASE64.decode(compact.as_bytes()).map_err(|e| {
+            ApiError::invalid(
+                at,
+                format!("the image data is not valid base64 ({e}): send the file's bytes base64-encoded"),
+            )
+        })?;
+        if bytes.len() > MAX_IMAGE_BYTES {
+            return Err(too_large(at));
+        }
+        let marker = self.marker(self.parts.len());
+        self.parts.push((at.to_string(), bytes));
+        Ok(marker)
+    }
+
+    /// Takes an image URL: `data:<type>;base64,<data>`; other URLs are refused.
+    pub fn push_url(&mut self, at: &str, url: &str) -> Result<String, ApiError> {
+        match url.strip_prefix("data:").and_then(|r| r.split_once(',')) {
+            Some((meta, data)) if meta.ends_with(";base64") => self.push_base64(at, data),
+            Some(_) => Err(ApiError::invalid(
+                at,
+                "the data URL is not base64: send `data:image/png;base64,...`",
+            )),
+            None => Err(ApiError::invalid(
+                at,
+                "splash does not fetch image URLs: send the image inline as a base64 data URL (`data:image/png;base64,...`)",
+            )),
+        }
+    }
+
+    /// True when the request holds no image.
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn marker(&self, k: usize) -> String {
+        format!("\u{E000}splash-image-{:016x}-{k}\u{E001}", self.nonce)
+    }
+
+    /// `text` with each marker shown as what the template writes for an image
+    /// (`/apply-template`).
+    pub fn show(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for k in 0..self.parts.len() {
+            out = out.replace(
+                &self.marker(k),
+                "<|vision_start|><|image_pad|><|vision_end|>",
+            );
+        }
+        out
+    }
+}
+
+fn too_large(at: &str) -> ApiError {
+    ApiError::invalid(
+        at,
+        format!(
+            "the image is larger than {} MiB: send a smaller file",
+            MAX_IMAGE_BYTES >> 20
+        ),
+    )
+}
+
+/// The tokens of a rendered prompt holding the markers of `images`, with each image's
+/// placeholder run, and the images for the engine. Over the context limit (`limit` tokens)
+/// is a 400 `context_length_exceeded`.
+pub async fn prompt_with_images(
+    model: &Arc<Model>,
+    vision: Option<&Arc<Vision>>,
+    limit: usize,
+    text: String,
+    images: PromptImages,
+) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
+    if images.is_empty() {
+        let ids = crate::prompt::prompt_ids(model, limit, text).await?;
+        return Ok((ids, Vec::new()));
+    }
+    let Some(vision) = vision.cloned() else {
+        let at = &images.parts[0].0;
+        return Err(ApiError::invalid(at, "this model reads text only (it has no vision tower, or the server runs with --language-only): send text"));
+    };
+    let special = |name: &str| {
+        model.tokenizer.token_to_id(name).ok_or_else(|| {
+            ApiError::engine(format!("the tokenizer has no {name} token for images"))
+        })
+    };
+    let (start, end) = (special("<|vision_start|>")?, special("<|vision_end|>")?);
+    let pad = model
+        .config
+        .image_token_id
+        .ok_or_else(|| ApiError::engine("the model config has no image_token_id"))?;
+    let markers: Vec<String> = (0..images.parts.len()).map(|k| images.marker(k)).collect();
+    let parts = images.parts;
+    let encoded = tokio::task::spawn_blocking(move || {
+        parts
+            .iter()
+            .map(|(at, bytes)| vision.encode(bytes).map_err(|e| ApiError::invalid(at, e)))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| ApiError::engine(format!("encoding the images failed: {e}")))??;
+
+    let mut ids = Vec::new();
+    let mut spans = Vec::new();
+    let mut rest = text.as_str();
+    for (k, image) in encoded.iter().enumerate() {
+        let Some((before, after)) = rest.split_once(markers[k].as_str()) else {
+            // The template dropped the message holding it (or reordered images).
+            return Err(ApiError::engine(format!(
+                "the chat template did not render image {k} where it was sent"
+            )));
+        };
+        append_text(model, limit, &mut ids, before).await?;
+        let n = image.grid.0 * image.grid.1;
+        ids.push(start);
+        let at = ids.len();
+        ids.extend(std::iter::repeat_n(pad, n));
+        ids.push(end);
+        if ids.len() > limit {
+            return Err(over(limit));
+        }
+        spans.push(PromptImage {
+            span: ImageSpan {
+                start: at,
+                grid: image.grid,
+                embeddings: image.embeddings.clone(),
+            },
+            digest: image.digest,
+        });
+        rest = after;
+    }
+    append_text(model, limit, &mut ids, rest).await?;
+    Ok((ids, spans))
+}
+
+/// The 400 for a prompt with images over the context limit of `limit` tokens.
+fn over(limit: usize) -> ApiError {
+    ApiError::context_length(format!(
+        "the prompt has more than {limit} tokens (images included), the context limit (prompt and output together): shorten the prompt or send fewer or smaller images"
+    ))
+}
+
+/// Appends the tokens of `text` to `ids`, within `limit` tokens in all.
+async fn append_text(
+    model: &Arc<Model>,
+    limit: usize,
+    ids: &mut Vec<u32>,
+    text: &str,
+) -> Result<(), ApiError> {
+    if text.is_empty() {
+        return Ok(());
+    }
+    let room = limit.saturating_sub(ids.len());
+    match tokenize(model, text.to_string(), room).await? {
+        Tokens::Ids(piece) => {
+            ids.extend(piece);
+            Ok(())
+        }
+        Tokens::Over(_) => Err(over(limit)),
+    }
+}
