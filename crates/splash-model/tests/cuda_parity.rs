@@ -7,7 +7,7 @@ use splash_backend::cuda::Gpu;
 
 mod common;
 use common::{argmax, dir, fixture, gguf, max_rel, ragged_batches, FOR_THE_GPU};
-use splash_model::{load, DFlashDraft, DraftBlock, KvFormat, Logits, Model};
+use splash_model::{load, BatchItem, DFlashDraft, DraftBlock, ImageSpan, KvFormat, Logits, Model};
 
 /// The same checkpoint twice: on the CPU and on GPU 0 (None without a GPU).
 fn pair(name: &str) -> Option<(Model, Model)> {
@@ -98,6 +98,112 @@ fn prefill_logits_match_the_cpu() {
                 "{name} {kv:?}: GPU logits differ from the CPU by {err}"
             );
         }
+    }
+}
+
+/// Image prompts (`qwen35-vl-tied`'s interleaved case, with the tower rows transformers made):
+/// a prefill in chunks cut inside both images and the decode after them (rows whose rotary
+/// position is not their cache row, so no graphs) match the CPU, and the greedy tokens are
+/// transformers'.
+#[test]
+fn image_prompts_match_the_cpu() {
+    let Some((cpu, gpu)) = pair("qwen35-vl-tied") else {
+        return;
+    };
+    let bytes = std::fs::read(fixture("qwen35-vl-tied/reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let raw = |name: &str| st.tensor(name).unwrap().data().to_vec();
+    let ids: Vec<u32> = raw("interleaved.ids")
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+        .collect();
+    let want: Vec<u32> = raw("interleaved.greedy")
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+        .collect();
+    let merged: Vec<f32> = raw("interleaved.merged")
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let h = cpu.config.hidden_size;
+    let mut spans = Vec::new();
+    let (mut from, mut row) = (0, 0);
+    for grid in [(2, 4), (3, 2)] {
+        let start = from + ids[from..].iter().position(|&t| t == 514).unwrap();
+        let n = grid.0 * grid.1;
+        spans.push(ImageSpan {
+            start,
+            grid,
+            embeddings: merged[row * h..(row + n) * h].into(),
+        });
+        (from, row) = (start + n, row + n);
+    }
+    let cuts = [spans[0].start + 3, spans[1].start + 2, ids.len()];
+    let run = |m: &Model| {
+        let mut state = m.graph.new_state_with(KvFormat::F32);
+        let (mut logits, mut at) = (Vec::new(), 0);
+        for cut in cuts {
+            let mut item = [BatchItem {
+                state: &mut state,
+                tokens: &ids[at..cut],
+                images: &spans,
+            }];
+            logits.extend(
+                m.graph
+                    .forward_batch(&mut item, Logits::All, &[])
+                    .unwrap()
+                    .remove(0)
+                    .logits,
+            );
+            at = cut;
+        }
+        let v = m.config.vocab_size;
+        let mut tokens = vec![argmax(&logits[logits.len() - v..]) as u32];
+        let mut rows = Vec::new();
+        while tokens.len() < want.len() {
+            let row = m
+                .graph
+                .forward(&mut state, &tokens[tokens.len() - 1..], Logits::Last)
+                .unwrap();
+            tokens.push(argmax(&row) as u32);
+            rows.extend(row);
+        }
+        (logits, rows, tokens, state)
+    };
+    let (lc, dc, tc, sc) = run(&cpu);
+    let (lg, dg, tg, mut sg) = run(&gpu);
+    println!(
+        "image prompt: prefill {:.2e}, decode {:.2e}",
+        max_rel(&lg, &lc),
+        max_rel(&dg, &dc)
+    );
+    assert!(max_rel(&lg, &lc) < 1e-4, "prefill: {}", max_rel(&lg, &lc));
+    assert!(max_rel(&dg, &dc) < 1e-4, "decode: {}", max_rel(&dg, &dc));
+    assert_eq!((sg.rotary_shift(), sc.rotary_shift()), (-7, -7));
+    assert_eq!(tc, want, "CPU greedy tokens");
+    assert_eq!(tg, want, "GPU greedy tokens");
+    // Batched with a text-only sequence: each row turns by its own positions.
+    let text = [5u32, 17, 42, 99, 7];
+    let mut other = gpu.graph.new_state_with(KvFormat::F32);
+    let (mut sg2, mut other2) = (sg.try_clone().unwrap(), other.try_clone().unwrap());
+    let alone = [
+        gpu.graph.forward(&mut sg2, &[3], Logits::All).unwrap(),
+        gpu.graph.forward(&mut other2, &text, Logits::All).unwrap(),
+    ];
+    let mut items = [
+        BatchItem::text(&mut sg, &[3]),
+        BatchItem::text(&mut other, &text),
+    ];
+    let batched = gpu
+        .graph
+        .forward_batch(&mut items, Logits::All, &[])
+        .unwrap();
+    for (b, a) in batched.iter().zip(&alone) {
+        assert!(
+            max_rel(&b.logits, a) < 1e-5,
+            "batched: {}",
+            max_rel(&b.logits, a)
+        );
     }
 }
 

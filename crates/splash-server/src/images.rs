@@ -88,6 +88,11 @@ impl Vision {
         }))
     }
 
+    /// Host memory the tower's weights take.
+    pub fn memory_bytes(&self) -> u64 {
+        self.tower.memory_bytes()
+    }
+
     /// The image in `bytes` through the processor and the tower (blocking: seconds for a large
     /// image on the CPU), or from the cache.
     pub fn encode(&self, bytes: &[u8]) -> Result<Arc<Encoded>, String> {

@@ -125,7 +125,8 @@ pub async fn serve(
         .with_grammar_warmup();
     // The context limit and the lanes come from the memory plan; a configuration that cannot
     // serve one request stops here with the budget breakdown.
-    let plan = plan::plan(&model, &config).map_err(|e| StartError(e.to_string()))?;
+    let vision_bytes = vision.as_ref().map_or(0, |v| v.memory_bytes());
+    let plan = plan::plan(&model, &config, vision_bytes).map_err(|e| StartError(e.to_string()))?;
     engine = engine
         .with_max_context(plan.context)
         .with_kv_budget(usize::try_from(plan.kv_tokens).unwrap_or(usize::MAX))

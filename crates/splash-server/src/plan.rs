@@ -5,15 +5,24 @@ use splash_model::Model;
 
 use crate::config::ServerConfig;
 
-/// The plan for serving `model` with `config`; an error when it cannot serve one request.
-pub fn plan(model: &Model, config: &ServerConfig) -> Result<MemoryPlan, Box<PlanError>> {
+/// The plan for serving `model` with `config`, with `vision_bytes` of vision tower in host
+/// memory; an error when it cannot serve one request.
+pub fn plan(
+    model: &Model,
+    config: &ServerConfig,
+    vision_bytes: u64,
+) -> Result<MemoryPlan, Box<PlanError>> {
     let weights = model.weight_bytes;
     let (device, available) = match model.graph.device_memory() {
         // The weights are already on the GPU: they count as offered to this process.
         Some((free, _total)) => ("GPU memory", free + weights),
+        // The tower (in RAM whatever the text model's device) is taken off what RAM offers.
         None => (
             "RAM",
-            available_ram().or(config.max_memory).unwrap_or(u64::MAX),
+            available_ram()
+                .or(config.max_memory)
+                .unwrap_or(u64::MAX)
+                .saturating_sub(vision_bytes),
         ),
     };
     let draft = config

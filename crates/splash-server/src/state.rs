@@ -150,6 +150,15 @@ impl AppState {
         if let Some(plan) = &self.config.memory_plan {
             eprintln!("  {}", plan.summary());
         }
+        match &self.vision {
+            Some(v) => eprintln!(
+                "  images: vision tower {:.1} MiB in RAM (runs on the CPU), images resized to at most {} pixels",
+                v.memory_bytes() as f64 / (1 << 20) as f64,
+                self.config.max_image_pixels
+            ),
+            None if self.config.language_only => eprintln!("  images: off (--language-only)"),
+            None => {}
+        }
         eprintln!(
             "  listening on {addr}; API key {}; aliases: {}",
             if self.config.api_key.is_some() {

@@ -46,15 +46,26 @@ impl Rope {
     /// [`apply`](Self::apply) turns it at p.
     pub fn apply_3d(&self, x: &mut [f32], heads: usize, head_dim: usize, positions: &[[u32; 3]]) {
         assert_eq!(x.len(), positions.len() * heads * head_dim);
-        let section = self.section;
-        self.rotate(x, heads, head_dim, |t, j| {
-            let axis = match j % 3 {
-                1 if j < 3 * section[1] => 1,
-                2 if j < 3 * section[2] => 2,
-                _ => 0,
-            };
-            positions[t][axis] as f32
-        });
+        self.rotate(x, heads, head_dim, |t, j| positions[t][self.axis(j)] as f32);
+    }
+
+    /// The position each token's frequency `j` turns by under [`apply_3d`](Self::apply_3d):
+    /// `[tokens, rotary_dim / 2]` (the GPU's RoPE of image rows reads it).
+    pub fn position_table(&self, positions: &[[u32; 3]]) -> Vec<f32> {
+        let half = self.inv_freq.len();
+        positions
+            .iter()
+            .flat_map(|p| (0..half).map(|j| p[self.axis(j)] as f32))
+            .collect()
+    }
+
+    /// The axis (temporal, height, width) frequency `j` turns with.
+    fn axis(&self, j: usize) -> usize {
+        match j % 3 {
+            1 if j < 3 * self.section[1] => 1,
+            2 if j < 3 * self.section[2] => 2,
+            _ => 0,
+        }
     }
 
     /// Rotates each token `t`'s frequency `j` by `position(t, j) · inv_freq[j]`.

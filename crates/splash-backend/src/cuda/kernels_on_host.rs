@@ -2025,6 +2025,54 @@ fn the_fused_add_and_norm_on_the_host_has_the_bits_of_the_two_kernels() {
     }
 }
 
+/// RoPE from a position table (`rope_table`: image rows under interleaved M-RoPE, text after
+/// an image) turns query and key rows as the CPU's `Rope::apply_3d` does.
+#[test]
+fn the_position_table_rope_on_the_host_matches_the_cpu() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (hq, hkv, d, rot, n) = (4usize, 2usize, 32usize, 16usize, 7usize);
+    let rope = cpu::Rope::new(rot, 10_000.0).with_section([3, 3, 2]);
+    // An image of 2×3 rows at 5, then a text row.
+    let positions: Vec<[u32; 3]> = (0..6u32)
+        .map(|k| [5, 5 + k / 3, 5 + k % 3])
+        .chain([[8, 8, 8]])
+        .collect();
+    let table = rope.position_table(&positions);
+    let inv: Vec<f32> = (0..rot / 2)
+        .map(|i| 1.0 / 10_000f32.powf((2 * i) as f32 / rot as f32))
+        .collect();
+    let (q0, k0) = (random(n * hq * d, 91), random(n * hkv * d, 92));
+    let (q, k) = (q0.clone(), k0.clone());
+    // SAFETY: the signature of rope_table, over buffers of the sizes it indexes.
+    unsafe {
+        let f: host::rope_table = kern.kernel("rope_table");
+        let (qa, ka, ia, ta) = (Addr::of(&q), Addr::of(&k), Addr::of(&inv), Addr::of(&table));
+        kern.launch((n * (hq + hkv)) as u32, 32, &|| {
+            f(
+                qa.ptr(),
+                ka.ptr(),
+                ia.ptr(),
+                ta.ptr(),
+                hq as i32,
+                hkv as i32,
+                d as i32,
+                rot as i32,
+            )
+        });
+    }
+    let (mut want_q, mut want_k) = (q0, k0);
+    rope.apply_3d(&mut want_q, hq, d, &positions);
+    rope.apply_3d(&mut want_k, hkv, d, &positions);
+    assert!(rel_err(&q, &want_q) < 1e-6, "{}", rel_err(&q, &want_q));
+    assert!(rel_err(&k, &want_k) < 1e-6, "{}", rel_err(&k, &want_k));
+    // Text rows at (p, p, p) turn as plain RoPE at p.
+    let mut plain = random(hq * d, 93);
+    let mut tabled = plain.clone();
+    rope.apply(&mut plain, hq, d, 8);
+    rope.apply_3d(&mut tabled, hq, d, &[[8, 8, 8]]);
+    assert_eq!(bits(&plain), bits(&tabled));
+}
+
 /// The residual add, the norm and the tensor-core GEMV's f16 conversion in one launch
 /// (`add_rms_norm_to_f16_tc`) write the bits of `add_rms_norm` then `to_f16_tc`: the residual,
 /// the normed rows, their f16 halves and their block scales.

@@ -165,6 +165,7 @@ kernels! {
     kernel split_q_gate(qg: *const f32, q: *mut f32, gate: *mut f32, d: i32);
     kernel rope(x: *mut f32, inv_freq: *const f32, heads: i32, d: i32, rot: i32, pos0: i32, pos_at: *const i32);
     kernel rope_seqs(q: *mut f32, k: *mut f32, inv_freq: *const f32, hq: i32, hkv: i32, d: i32, rot: i32, s: AttnSlots, per: i32);
+    kernel rope_table(q: *mut f32, k: *mut f32, inv_freq: *const f32, table: *const f32, hq: i32, hkv: i32, d: i32, rot: i32);
     // kernels/attention.cu
     kernel kv_append(x: *const f32, cache: *mut u8, scales: *mut f32, fmt: i32, d: i32, hkv: i32, pos0: i32, pos_at: *const i32);
     kernel kv_append_seqs(k: *const f32, v: *const f32, fmt: i32, d: i32, hkv: i32, s: AttnSlots, per: i32);

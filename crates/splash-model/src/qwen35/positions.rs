@@ -223,7 +223,8 @@ mod tests {
             }
             assert_eq!(got, want, "passes of {cut} rows");
             assert_eq!(rows_embedded, 10);
-            assert_eq!(shift, (3 - 6) + (4 - 4));
+            // max(r, c) - r·c per image: 3 - 6 for the 2×3, 4 - 4 for the 4×1.
+            assert_eq!(shift, -3);
         }
     }
 

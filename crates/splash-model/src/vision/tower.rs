@@ -213,6 +213,30 @@ impl VisionTower {
         &self.config
     }
 
+    /// Host memory the weights take (f32).
+    pub fn memory_bytes(&self) -> u64 {
+        let linear = |l: &Linear| l.w.len() + l.b.len();
+        let norm = |n: &LayerNorm| n.w.len() + n.b.len();
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                norm(&b.norm1)
+                    + linear(&b.qkv)
+                    + linear(&b.proj)
+                    + norm(&b.norm2)
+                    + linear(&b.fc1)
+                    + linear(&b.fc2)
+            })
+            .sum();
+        let rest = linear(&self.patch)
+            + self.positions.len()
+            + norm(&self.merger_norm)
+            + linear(&self.merger_fc1)
+            + linear(&self.merger_fc2);
+        4 * (blocks + rest) as u64
+    }
+
     /// The embeddings of one prepared image: `[tokens, out_hidden_size]`, one per merged
     /// block, in the order the image's `<|image_pad|>` tokens take them.
     pub fn encode(&self, image: &PreparedImage) -> Result<Vec<f32>, ModelError> {

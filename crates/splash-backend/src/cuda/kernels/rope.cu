@@ -14,17 +14,31 @@ extern "C" __global__ void split_q_gate(const float* qg, float* q, float* gate, 
 // replayed at many positions reads it from there).
 __device__ __forceinline__ int position(int pos0, const int* pos_at) { return pos_at ? pos0 + *pos_at : pos0; }
 
+// Turns the pair (h[j], h[j + half]) by `angle`.
+__device__ __forceinline__ void rope_turn(float* h, int j, int half, float angle) {
+    float c = cosf(angle), s = sinf(angle);
+    float a = h[j], b = h[j + half];
+    h[j] = a * c - b * s;
+    h[j + half] = b * c + a * s;
+}
+
 // Partial NeoX RoPE on x [T, heads, d]: dim j < rot/2 pairs with j + rot/2. One block per
 // (token, head).
 __device__ __forceinline__ void rope_row(float* h, const float* inv_freq, int rot, int pos) {
     int half = rot / 2;
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        float angle = (float)pos * inv_freq[j];
-        float c = cosf(angle), s = sinf(angle);
-        float a = h[j], b = h[j + half];
-        h[j] = a * c - b * s;
-        h[j + half] = b * c + a * s;
-    }
+    for (int j = threadIdx.x; j < half; j += blockDim.x) rope_turn(h, j, half, (float)pos * inv_freq[j]);
+}
+
+// RoPE of one sequence's query rows q [T, hq, d] and key rows k [T, hkv, d] with a position per
+// row and frequency, table [T, rot/2]: interleaved M-RoPE rows of an image, and text after an
+// image, whose rotary position is not its cache row. One block per (row, head).
+extern "C" __global__ void rope_table(float* q, float* k, const float* inv_freq, const float* table, int hq,
+                                      int hkv, int d, int rot) {
+    GRID_PROLOGUE();
+    int heads = hq + hkv, t = blockIdx.x / heads, h = blockIdx.x % heads, half = rot / 2;
+    float* x = h < hq ? q + ((long)t * hq + h) * d : k + ((long)t * hkv + h - hq) * d;
+    const float* p = table + (long)t * half;
+    for (int j = threadIdx.x; j < half; j += blockDim.x) rope_turn(x, j, half, p[j] * inv_freq[j]);
 }
 
 extern "C" __global__ void rope(float* x, const float* inv_freq, int heads, int d, int rot, int pos0,

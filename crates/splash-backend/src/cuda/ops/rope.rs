@@ -85,3 +85,23 @@ pub fn rope_seqs(
     }
     Ok(())
 }
+
+/// RoPE of one sequence's `n` query rows `q` `[n, hq, d]` and key rows `keys` `[n, hkv, d]`,
+/// row t's frequency j turned by `table[t · rot/2 + j] · inv_freq[j]` (M-RoPE rows of an image,
+/// and text after one: [`crate::cpu::Rope::position_table`]).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_table(
+    gpu: &Gpu,
+    k: &Kernels,
+    q: u64,
+    keys: u64,
+    inv_freq: u64,
+    table: u64,
+    n: usize,
+    (hq, hkv, d): (usize, usize, usize),
+    rot: usize,
+) -> Result<(), GpuError> {
+    let grid = ((n * (hq + hkv)) as u32, row_threads(rot / 2));
+    let (hq, hkv, d, rot) = (hq as i32, hkv as i32, d as i32, rot as i32);
+    launch::rope_table(gpu, k, grid, q, keys, inv_freq, table, hq, hkv, d, rot)
+}

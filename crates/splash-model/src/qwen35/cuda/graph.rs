@@ -62,8 +62,12 @@ impl GpuModel {
         items: &mut [GpuItem<'_>],
         pass: &Pass<'_>,
     ) -> Result<Option<HostOutputs>, ModelError> {
+        // Image rows and rows past an image (their own rotary positions) run launched.
         if !self.gpu.graphs()
             || items.iter().any(|i| i.tokens.len() > GRAPH_MAX_TOKENS)
+            || items
+                .iter()
+                .any(|i| i.rotary_table.is_some() || !i.embedded.is_empty())
             || pass.want == Logits::None
             || self.routes_on_host()
         {
@@ -99,7 +103,7 @@ impl GpuModel {
             },
         };
         let positions: Vec<i32> = items.iter().map(|i| i.pos0 as i32).collect();
-        gpu.write(&mut graph.input, &self.embed(weights, items))?;
+        gpu.write(&mut graph.input, &self.embed(weights, items, pass.rows_of))?;
         gpu.write(&mut graph.pos, &positions)?;
         gpu.replay(&graph.graph)?;
         let (t, n) = (pass.tokens(), pass.scored_rows());
@@ -155,7 +159,16 @@ impl GpuModel {
             let normed = self.scratch(t * h)?;
             let np = ptr(gpu, &normed, 0);
             let rows = pass.rows_of;
-            self.layers(cfg, xp, np, items, rows, (pass.taps, fp), Some(&positions))?;
+            self.layers(
+                cfg,
+                xp,
+                np,
+                items,
+                rows,
+                (pass.taps, fp),
+                Some(&positions),
+                &[],
+            )?;
             let out = self.score(cfg, xp, np, pass)?;
             if argmax_only {
                 let ids = self.argmax(&out, n, v)?;

@@ -201,6 +201,9 @@ pub(super) struct AttnSeq<'a> {
     pub(super) state: &'a mut GpuLayerState,
     pub(super) kv: KvFormat,
     pub(super) pos: dev::Position,
+    /// The rows' rotary positions per frequency on the device, where they are not their cache
+    /// positions (see [`super::GpuItem::rotary_table`]).
+    pub(super) table: Option<u64>,
 }
 
 impl GpuMlp {
@@ -607,7 +610,30 @@ impl GpuAttn {
         }
         let (qp, kp, vp) = (ptr(gpu, &q, 0), ptr(gpu, &kb, 0), ptr(gpu, &vb, 0));
         let inv = ptr(gpu, &m.inv_freq, 0);
-        dev::rope_seqs(gpu, k, qp, kp, inv, &seqs, (hq, hkv, d), m.rotary_dim)?;
+        if parts.iter().all(|p| p.table.is_none()) {
+            dev::rope_seqs(gpu, k, qp, kp, inv, &seqs, (hq, hkv, d), m.rotary_dim)?;
+        } else {
+            // Rows with their own rotary positions turn by their tables, the others together.
+            let mut plain = Vec::with_capacity(seqs.len());
+            for (p, s) in parts.iter().zip(&seqs) {
+                let SeqRows { off, t: n } = p.rows;
+                match p.table {
+                    Some(table) => dev::rope_table(
+                        gpu,
+                        k,
+                        qp + (off * hq * d * 4) as u64,
+                        kp + (off * hkv * d * 4) as u64,
+                        inv,
+                        table,
+                        n,
+                        (hq, hkv, d),
+                        m.rotary_dim,
+                    )?,
+                    None => plain.push(*s),
+                }
+            }
+            dev::rope_seqs(gpu, k, qp, kp, inv, &plain, (hq, hkv, d), m.rotary_dim)?;
+        }
         dev::kv_append_seqs(gpu, k, kp, vp, kv, &seqs, hkv, d)?;
         let attn = m.scratch(t * hq * d)?;
         let scale = (d as f32).powf(-0.5);

@@ -102,6 +102,11 @@ pub(crate) struct GpuItem<'a> {
     pub(crate) tokens: &'a [u32],
     pub(crate) pos0: usize,
     pub(crate) record: bool,
+    /// Each row's rotary position per frequency, `[tokens, rotary_dim / 2]`, where it is not
+    /// the row's cache position (image rows, text after an image); `None`: it is.
+    pub(crate) rotary_table: Option<Vec<f32>>,
+    /// Runs of rows whose input is given (image rows): (first row, `[run, hidden]`).
+    pub(crate) embedded: Vec<(usize, &'a [f32])>,
 }
 
 /// The rows `[off, off + t)` of a batched pass that belong to one sequence.
@@ -314,13 +319,22 @@ impl GpuModel {
         let cfg = &weights.config;
         let gpu = &*self.gpu;
         let (h, t) = (cfg.hidden_size, pass.tokens());
-        let x = gpu.upload(&self.embed(weights, items))?;
+        let x = gpu.upload(&self.embed(weights, items, pass.rows_of))?;
         let xp = ptr(gpu, &x, 0);
         let normed = self.scratch(t * h)?;
         let np = ptr(gpu, &normed, 0);
         let features = self.scratch(pass.taps.len() * t * h)?;
         let fp = ptr(gpu, &features, 0);
-        self.layers(cfg, xp, np, items, pass.rows_of, (pass.taps, fp), None)?;
+        let tables = items
+            .iter()
+            .map(|i| i.rotary_table.as_ref().map(|t| gpu.upload(t)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let table_ptrs: Vec<Option<u64>> = tables
+            .iter()
+            .map(|t| t.as_ref().map(|b| ptr(gpu, b, 0)))
+            .collect();
+        let rows = pass.rows_of;
+        self.layers(cfg, xp, np, items, rows, (pass.taps, fp), None, &table_ptrs)?;
         let features = if pass.taps.is_empty() {
             Vec::new()
         } else {
@@ -374,13 +388,20 @@ impl GpuModel {
     }
 
     /// The items' token embeddings `[T, H]`, gathered on the host (a few KB per token; the
-    /// table stays in host memory).
-    fn embed(&self, weights: &Weights, items: &[GpuItem<'_>]) -> Vec<f32> {
+    /// table stays in host memory), image rows in place of their placeholders'.
+    fn embed(&self, weights: &Weights, items: &[GpuItem<'_>], rows_of: &[SeqRows]) -> Vec<f32> {
         let tokens: Vec<u32> = items
             .iter()
             .flat_map(|i| i.tokens.iter().copied())
             .collect();
-        weights.embed(&tokens)
+        let mut x = weights.embed(&tokens);
+        let h = weights.config.hidden_size;
+        for (item, rows) in items.iter().zip(rows_of) {
+            for &(row, values) in &item.embedded {
+                x[(rows.off + row) * h..][..values.len()].copy_from_slice(values);
+            }
+        }
+        x
     }
 
     /// The decoder layers over the pass's hidden rows at `x` (the residual stream, updated in
@@ -398,6 +419,7 @@ impl GpuModel {
         rows_of: &[SeqRows],
         taps: (&[usize], u64),
         positions: Option<&[dev::Position]>,
+        tables: &[Option<u64>],
     ) -> Result<(), ModelError> {
         let (gpu, k) = (&*self.gpu, &*self.k);
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
@@ -452,6 +474,7 @@ impl GpuModel {
                                 state: &mut item.state.layers[li],
                                 kv,
                                 pos: positions.map_or(dev::Position::Host(item.pos0), |p| p[i]),
+                                table: tables.get(i).copied().flatten(),
                             }
                         })
                         .collect();
@@ -619,11 +642,15 @@ impl TextDevice for CudaDevice {
             if !Arc::ptr_eq(&seq.model, &self.0) {
                 return Err(ModelError::WrongDevice("cuda".into()));
             }
-            if item.rotary != Rotary::From(item.pos0) || !item.embedded.is_empty() {
-                return Err(ModelError::Gpu(
-                    "image rows (M-RoPE positions, image embeddings) do not run on the GPU yet; run the model with --device cpu".into(),
-                ));
-            }
+            let n = item.tokens.len();
+            let rotary_table = match &item.rotary {
+                Rotary::From(p) if *p == item.pos0 => None,
+                Rotary::From(p) => {
+                    let at: Vec<[u32; 3]> = (*p..*p + n).map(|q| [q as u32; 3]).collect();
+                    Some(weights.rope.position_table(&at))
+                }
+                Rotary::Each(at) => Some(weights.rope.position_table(at)),
+            };
             if seq.state.is_none() {
                 seq.state = Some(self.0.new_state(&weights.config, seq.kv)?);
             }
@@ -632,6 +659,8 @@ impl TextDevice for CudaDevice {
                 tokens: item.tokens,
                 pos0: item.pos0,
                 record: item.record,
+                rotary_table,
+                embedded: std::mem::take(&mut item.embedded),
             });
         }
         self.0.forward(weights, &mut gpu_items, want, taps)
