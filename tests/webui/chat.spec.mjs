@@ -3,6 +3,7 @@
 //
 //   SPLASH_URL        a `splash serve --model demo` without a key
 //   SPLASH_KEYED_URL  the same with --api-key $SPLASH_KEY
+//   SPLASH_VISION_URL a `splash serve` of a model that takes images
 //   SPLASH_SCREENSHOT where to save the screenshot (default ../../target/webui-screenshot.png)
 //   CHROMIUM          the browser (default /usr/bin/chromium)
 //
@@ -12,11 +13,13 @@ import { mkdtempSync, rmSync, mkdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { deflateSync } from 'node:zlib';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const URL_ = need('SPLASH_URL');
 const KEYED_URL = need('SPLASH_KEYED_URL');
 const KEY = need('SPLASH_KEY');
+const VISION_URL = need('SPLASH_VISION_URL');
 const SHOT = process.env.SPLASH_SCREENSHOT || resolve(here, '../../target/webui-screenshot.png');
 const BROWSER = process.env.CHROMIUM || '/usr/bin/chromium';
 
@@ -45,6 +48,43 @@ fn main() -> io::Result<()> {
 3. Handle each \`io::Result<String>\` with \`?\`.
 
 > Tip: for *binary* data, use \`read_until\` or \`Read::read\` instead.`;
+
+// A 96×64 RGB PNG: channel c of pixel (y, x) is (7y + 13x + 50c) % 256.
+function patternPng(w, h) {
+  const raw = Buffer.alloc(h * (1 + 3 * w));
+  for (let y = 0; y < h; y++) {
+    raw[y * (1 + 3 * w)] = 0;
+    for (let x = 0; x < w; x++)
+      for (let c = 0; c < 3; c++) raw[y * (1 + 3 * w) + 1 + 3 * x + c] = (7 * y + 13 * x + 50 * c) % 256;
+  }
+  const crcTable = Array.from({ length: 256 }, (_, n) => {
+    for (let k = 0; k < 8; k++) n = n & 1 ? 0xedb88320 ^ (n >>> 1) : n >>> 1;
+    return n >>> 0;
+  });
+  const crc = (buf) => {
+    let c = 0xffffffff;
+    for (const b of buf) c = crcTable[(c ^ b) & 0xff] ^ (c >>> 8);
+    return (c ^ 0xffffffff) >>> 0;
+  };
+  const chunk = (type, data) => {
+    const head = Buffer.alloc(4);
+    head.writeUInt32BE(data.length);
+    const body = Buffer.concat([Buffer.from(type), data]);
+    const tail = Buffer.alloc(4);
+    tail.writeUInt32BE(crc(body));
+    return Buffer.concat([head, body, tail]);
+  };
+  const ihdr = Buffer.alloc(13);
+  ihdr.writeUInt32BE(w, 0);
+  ihdr.writeUInt32BE(h, 4);
+  ihdr.set([8, 2, 0, 0, 0], 8);
+  return Buffer.concat([
+    Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
+    chunk('IHDR', ihdr),
+    chunk('IDAT', deflateSync(raw)),
+    chunk('IEND', Buffer.alloc(0)),
+  ]);
+}
 
 function need(name) {
   const v = process.env[name];
@@ -326,6 +366,24 @@ try {
   const mdShot = SHOT.replace(/\.png$/, '-markdown.png');
   await page.screenshot({ path: mdShot });
   console.log(`  saved ${mdShot}`);
+
+  log('a model with vision: attach an image, send it, get an answer');
+  const vision = await context.newPage();
+  watch(vision);
+  await vision.goto(VISION_URL);
+  await vision.waitForSelector('.empty h1');
+  check(await vision.isVisible('#attach'), 'image attachment offered');
+  await setting(vision, '#max-tokens', '8');
+  await vision.setInputFiles('#file', { name: 'pattern.png', mimeType: 'image/png', buffer: patternPng(96, 64) });
+  await vision.waitForSelector('#attachments .attachment img');
+  await ask(vision, 'What is in this picture?');
+  check((await vision.$$('.msg.user img')).length === 1, 'the image shown in the sent message');
+  check((await vision.$$('#attachments .attachment')).length === 0, 'attachments cleared after sending');
+  const answer = await vision.textContent(lastAssistant);
+  check(await vision.isHidden('#banner'), `no error: ${await vision.textContent('#banner-text')}`);
+  check(answer.trim().length > 0, 'answered');
+  const status = await serverStatus(VISION_URL);
+  check(status.vision === true, 'the server reports vision');
 
   check(problems.length === 0, `no page errors:\n${problems.join('\n')}`);
   console.log('webui: all checks passed');

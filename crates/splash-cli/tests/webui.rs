@@ -206,6 +206,8 @@ fn chat_page_in_headless_chromium() {
     // always have a long answer to work on (the demo ends its answers quickly).
     let plain = Server::start_model(&common::realvocab(), &[]);
     let keyed = Server::start_model(&common::realvocab(), &["--api-key", "webui-test-key"]);
+    let vision_model = root().join("tests/fixtures/qwen35-vl-tied");
+    let vision = Server::start_model(vision_model.to_str().unwrap(), &[]);
     let shot = root().join("target/webui-screenshot.png");
     let out = Command::new("node")
         .arg(specs.join("chat.spec.mjs"))
@@ -213,6 +215,7 @@ fn chat_page_in_headless_chromium() {
         .env("SPLASH_URL", &plain.url)
         .env("SPLASH_KEYED_URL", &keyed.url)
         .env("SPLASH_KEY", "webui-test-key")
+        .env("SPLASH_VISION_URL", &vision.url)
         .env("SPLASH_SCREENSHOT", &shot)
         .env("CHROMIUM", &chromium)
         .output()

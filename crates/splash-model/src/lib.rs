@@ -99,9 +99,11 @@ fn load_gguf(parts: &[PathBuf]) -> Result<Model, ModelError> {
         config = Some(c);
         Ok(move |name: &str, shape: &[usize]| qwen35::gguf::hf_tensor(name, shape, layers))
     })?;
-    let config = config.expect("set by the plan");
-    let graph = Qwen35::load(&config, &checkpoint)?;
+    let mut config = config.expect("set by the plan");
     let tokenizer = Tokenizer::from_gguf(first, &header)?;
+    // The text GGUF names no image token; its `mmproj` file's images take Qwen's placeholder.
+    config.image_token_id = tokenizer.token_to_id("<|image_pad|>");
+    let graph = Qwen35::load(&config, &checkpoint)?;
     let template = match header
         .get("tokenizer.chat_template")
         .and_then(gguf::Value::as_str)
@@ -171,6 +173,34 @@ fn gguf_parts(path: &Path) -> Result<Vec<PathBuf>, ModelError> {
             }
         })
         .collect()
+}
+
+/// The vision projector (`mmproj*.gguf`) beside a GGUF model file, preferring BF16, then F32,
+/// then F16 (by file name), as llama.cpp's repositories name them.
+pub fn mmproj_beside(model: &Path) -> Option<PathBuf> {
+    let dir = model.parent()?;
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("mmproj") && n.ends_with(".gguf"))
+        })
+        .collect();
+    found.sort();
+    let rank = |p: &PathBuf| {
+        let n = p
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_ascii_lowercase();
+        ["bf16", "f32", "f16"]
+            .iter()
+            .position(|k| n.contains(k))
+            .unwrap_or(3)
+    };
+    found.into_iter().min_by_key(rank)
 }
 
 /// The (first) GGUF model file in `dir`, ignoring vision projectors (`mmproj*`); an error if

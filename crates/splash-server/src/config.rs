@@ -48,6 +48,9 @@ pub struct ServerConfig {
     pub language_only: bool,
     /// Images are resized to at most this many pixels (`--max-image-pixels`).
     pub max_image_pixels: u64,
+    /// The vision projector of a GGUF model (`--mmproj`); by default an `mmproj*.gguf` beside
+    /// the model file.
+    pub mmproj: Option<std::path::PathBuf>,
     /// Honour test clients' fault requests (`x-splash-fault: nonfinite-logits` makes a
     /// score non-finite): for the end-to-end tests of error paths only.
     pub inject_faults: bool,
@@ -113,6 +116,7 @@ impl Default for ServerConfig {
             memory_plan: None,
             disk_cache: None,
             language_only: false,
+            mmproj: None,
             max_image_pixels: crate::images::DEFAULT_MAX_IMAGE_PIXELS,
             inject_faults: false,
         }

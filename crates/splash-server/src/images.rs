@@ -88,6 +88,24 @@ impl Vision {
         }))
     }
 
+    /// The tower of a llama.cpp `mmproj` GGUF file, with Qwen3.5's image processor, images
+    /// capped at `max_pixels`.
+    pub fn load_gguf(path: &Path, max_pixels: u64) -> Result<Self, String> {
+        let tower = VisionTower::load_gguf(path).map_err(|e| e.to_string())?;
+        let mut processor = ImageProcessorConfig {
+            patch_size: tower.config().patch_size,
+            merge_size: tower.config().spatial_merge_size,
+            ..ImageProcessorConfig::default()
+        };
+        processor.max_pixels = processor.max_pixels.min(max_pixels);
+        processor.min_pixels = processor.min_pixels.min(processor.max_pixels);
+        Ok(Self {
+            tower,
+            processor,
+            cache: Mutex::new(EncodedCache::default()),
+        })
+    }
+
     /// Host memory the tower's weights take.
     pub fn memory_bytes(&self) -> u64 {
         self.tower.memory_bytes()

@@ -82,6 +82,40 @@ impl std::fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
+/// The model's vision tower: from its directory, or for a GGUF model from `--mmproj` or an
+/// `mmproj*.gguf` beside it (one that cannot be read is skipped with a warning, unless named).
+fn load_vision(model: &Model, config: &ServerConfig) -> Result<Option<images::Vision>, StartError> {
+    let fail = |e: String| {
+        StartError(format!(
+            "cannot load the vision tower: {e}; to serve text only, add --language-only"
+        ))
+    };
+    if config.language_only {
+        return Ok(None);
+    }
+    if model.dir.is_dir() {
+        return images::Vision::load(&model.dir, config.max_image_pixels).map_err(fail);
+    }
+    if let Some(path) = &config.mmproj {
+        let v = images::Vision::load_gguf(path, config.max_image_pixels)
+            .map_err(|e| fail(format!("{}: {e}", path.display())))?;
+        return Ok(Some(v));
+    }
+    let Some(path) = splash_model::mmproj_beside(&model.dir) else {
+        return Ok(None);
+    };
+    match images::Vision::load_gguf(&path, config.max_image_pixels) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) => {
+            tracing::warn!(
+                "{}: not used as the vision tower ({e}); serving text only",
+                path.display()
+            );
+            Ok(None)
+        }
+    }
+}
+
 /// Binds the configured address; call before loading the model so a taken port is reported
 /// at once.
 pub async fn bind(config: &ServerConfig) -> Result<tokio::net::TcpListener, StartError> {
@@ -108,18 +142,7 @@ pub async fn serve(
     let local: SocketAddr = listener
         .local_addr()
         .map_err(|e| StartError(e.to_string()))?;
-    // A GGUF file carries no tower (its mmproj file is not read yet).
-    let vision = if config.language_only || !model.dir.is_dir() {
-        None
-    } else {
-        images::Vision::load(&model.dir, config.max_image_pixels)
-            .map_err(|e| {
-                StartError(format!(
-                    "cannot load the vision tower: {e}; to serve text only, add --language-only"
-                ))
-            })?
-            .map(Arc::new)
-    };
+    let vision = load_vision(&model, &config)?.map(Arc::new);
     let mut engine = Engine::new(model.clone())
         .with_kv_format(config.kv_format)
         .with_grammar_warmup();

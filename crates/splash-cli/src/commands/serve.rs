@@ -67,6 +67,10 @@ pub struct Args {
     /// of the resized image is one prompt token.
     #[arg(long, default_value_t = splash_server::DEFAULT_MAX_IMAGE_PIXELS, value_parser = clap::value_parser!(u64).range(splash_server::MIN_MAX_IMAGE_PIXELS..))]
     max_image_pixels: u64,
+    /// The vision projector of a GGUF model (llama.cpp's `mmproj` file); by default an
+    /// `mmproj*.gguf` beside the model file (BF16, then F32, then F16).
+    #[arg(long, value_name = "FILE")]
+    mmproj: Option<std::path::PathBuf>,
     /// For the end-to-end tests: honour `x-splash-fault` request headers (a non-finite
     /// score). Never needed in use.
     #[arg(long, hide = true)]
@@ -153,6 +157,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         kv_format: a.kv_format,
         inject_faults: a.inject_faults,
         language_only: a.language_only,
+        mmproj: a.mmproj,
         max_image_pixels: a.max_image_pixels,
         disk_cache: match (a.max_cache_disk, a.persistent_cache) {
             (None, false) => None,

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
+use crate::gguf::Value as GgufValue;
 use crate::vision::PreparedImage;
 
 /// `vision_config` of a checkpoint's config.json.
@@ -141,8 +142,9 @@ pub struct VisionTower {
 }
 
 impl VisionTower {
-    /// The tower of the checkpoint in `dir` (HF names `model.visual.*` or `visual.*`), or
-    /// `None` when its config.json has no `vision_config`.
+    /// The tower of the checkpoint in `dir` (HF names `model.visual.*` or `visual.*`, MLX
+    /// `vision_tower.*`), or `None` when its config.json has no `vision_config` or its weights
+    /// hold no tower (a text-only conversion that kept the config).
     pub fn load(dir: &Path) -> Result<Option<Self>, ModelError> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
@@ -160,14 +162,105 @@ impl VisionTower {
         let config =
             VisionConfig::from_json(v).map_err(|message| ModelError::Config { path, message })?;
         let ck = Checkpoint::open(dir)?;
-        let prefix = if ck.contains("model.visual.pos_embed.weight") {
-            "model.visual."
-        } else {
-            "visual."
+        let Some(prefix) = ["model.visual.", "visual.", "vision_tower."]
+            .into_iter()
+            .find(|p| ck.contains(&format!("{p}pos_embed.weight")))
+        else {
+            tracing::warn!(
+                "{}: config.json has a vision_config but the weights hold no vision tower; serving text only",
+                dir.display()
+            );
+            return Ok(None);
         };
+        let patch = format!("{prefix}patch_embed.proj.weight");
+        let (d, (c, t, p)) = (
+            config.hidden_size,
+            (
+                config.in_channels,
+                config.temporal_patch_size,
+                config.patch_size,
+            ),
+        );
+        // MLX stores the Conv3d kernel channels last: [D, T, P, P, C].
+        let mlx_patch = ck.get(&patch)?.shape() == [d, t, p, p, c];
         let tensor = |name: &str| -> Result<Vec<f32>, ModelError> {
-            Ok(ck.get(&format!("{prefix}{name}"))?.to_f32_vec())
+            let w = ck.get(&format!("{prefix}{name}"))?.to_f32_vec();
+            Ok(if mlx_patch && name == "patch_embed.proj.weight" {
+                channels_first(&w, d, (c, t, p))
+            } else {
+                w
+            })
         };
+        Self::from_tensors(config, tensor).map(Some)
+    }
+
+    /// The tower of a llama.cpp `mmproj` GGUF file (`clip.projector_type` `qwen3vl_merger`):
+    /// its settings from the `clip.vision.*` metadata, its tensors renamed to transformers'
+    /// (the two temporal frames of the patch kernel, stored apart, put together).
+    pub fn load_gguf(path: &Path) -> Result<Self, ModelError> {
+        let err = |message: String| ModelError::Gguf {
+            path: path.to_path_buf(),
+            message,
+        };
+        let mut config = None;
+        let (ck, _) = Checkpoint::open_gguf(&[path.to_path_buf()], |h| {
+            let projector = h.get("clip.projector_type").and_then(GgufValue::as_str);
+            if projector != Some("qwen3vl_merger") {
+                return Err(err(format!(
+                    "clip.projector_type is {projector:?}: splash reads Qwen3-VL / Qwen3.5 projectors (qwen3vl_merger) only"
+                )));
+            }
+            let int = |key: &str| -> Result<usize, ModelError> {
+                h.get(&format!("clip.vision.{key}"))
+                    .and_then(GgufValue::as_u64)
+                    .map(|x| x as usize)
+                    .ok_or_else(|| err(format!("clip.vision.{key} is missing")))
+            };
+            let positions = h
+                .tensors
+                .iter()
+                .find(|t| t.name == "v.position_embd.weight")
+                .map(|t| t.dims.get(1).copied().unwrap_or(0) as usize)
+                .ok_or_else(|| err("v.position_embd.weight is missing".into()))?;
+            let json = serde_json::json!({
+                "depth": int("block_count")?,
+                "hidden_size": int("embedding_length")?,
+                "num_heads": int("attention.head_count")?,
+                "intermediate_size": int("feed_forward_length")?,
+                "out_hidden_size": int("projection_dim")?,
+                "patch_size": int("patch_size")?,
+                "spatial_merge_size": int("spatial_merge_size")?,
+                "num_position_embeddings": positions,
+            });
+            config = Some(VisionConfig::from_json(&json).map_err(err)?);
+            Ok(|name: &str, shape: &[usize]| gguf_name(name).map(|hf| (hf, shape.to_vec())))
+        })?;
+        let config = config.expect("set by the plan");
+        let (d, c, p) = (config.hidden_size, config.in_channels, config.patch_size);
+        let tensor = |name: &str| -> Result<Vec<f32>, ModelError> {
+            if name != "patch_embed.proj.weight" {
+                return Ok(ck.get(name)?.to_f32_vec());
+            }
+            // Frames [D, C, P, P] each → [D, C, T, P, P].
+            let frames = [
+                ck.get("patch.frame0")?.to_f32_vec(),
+                ck.get("patch.frame1")?.to_f32_vec(),
+            ];
+            let mut w = vec![0.0f32; d * c * 2 * p * p];
+            for (i, out) in w.chunks_exact_mut(p * p).enumerate() {
+                let (dc, t) = (i / 2, i % 2);
+                out.copy_from_slice(&frames[t][dc * p * p..][..p * p]);
+            }
+            Ok(w)
+        };
+        Self::from_tensors(config, tensor)
+    }
+
+    /// The tower from its tensors under transformers' names (after `model.visual.`), in f32.
+    fn from_tensors(
+        config: VisionConfig,
+        tensor: impl Fn(&str) -> Result<Vec<f32>, ModelError>,
+    ) -> Result<Self, ModelError> {
         let linear = |name: &str, inputs: usize| -> Result<Linear, ModelError> {
             Ok(Linear {
                 w: tensor(&format!("{name}.weight"))?,
@@ -205,7 +298,7 @@ impl VisionTower {
             merger_fc2: linear("merger.linear_fc2", d * m * m)?,
             config,
         };
-        Ok(Some(tower))
+        Ok(tower)
     }
 
     /// The tower's settings.
@@ -386,6 +479,59 @@ impl VisionTower {
         }
         out
     }
+}
+
+/// An MLX patch kernel `[D, T, P, P, C]` as transformers' `[D, C, T, P, P]`.
+fn channels_first(w: &[f32], d: usize, (c, t, p): (usize, usize, usize)) -> Vec<f32> {
+    let mut out = vec![0.0f32; w.len()];
+    for di in 0..d {
+        for ti in 0..t {
+            for y in 0..p {
+                for x in 0..p {
+                    for ci in 0..c {
+                        let from = (((di * t + ti) * p + y) * p + x) * c + ci;
+                        let to = (((di * c + ci) * t + ti) * p + y) * p + x;
+                        out[to] = w[from];
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The transformers name (after `model.visual.`) of an mmproj tensor; the patch kernel's two
+/// frames as `patch.frame0` / `patch.frame1`. `None` for tensors the tower does not use.
+fn gguf_name(name: &str) -> Option<String> {
+    let fixed = match name {
+        "v.patch_embd.weight" => "patch.frame0",
+        "v.patch_embd.weight.1" => "patch.frame1",
+        "v.patch_embd.bias" => "patch_embed.proj.bias",
+        "v.position_embd.weight" => "pos_embed.weight",
+        "v.post_ln.weight" => "merger.norm.weight",
+        "v.post_ln.bias" => "merger.norm.bias",
+        "mm.0.weight" => "merger.linear_fc1.weight",
+        "mm.0.bias" => "merger.linear_fc1.bias",
+        "mm.2.weight" => "merger.linear_fc2.weight",
+        "mm.2.bias" => "merger.linear_fc2.bias",
+        _ => "",
+    };
+    if !fixed.is_empty() {
+        return Some(fixed.to_string());
+    }
+    let rest = name.strip_prefix("v.blk.")?;
+    let (block, rest) = rest.split_once('.')?;
+    let (part, kind) = rest.rsplit_once('.')?;
+    let part = match part {
+        "ln1" => "norm1",
+        "ln2" => "norm2",
+        "attn_qkv" => "attn.qkv",
+        "attn_out" => "attn.proj",
+        "ffn_up" => "mlp.linear_fc1",
+        "ffn_down" => "mlp.linear_fc2",
+        _ => return None,
+    };
+    Some(format!("blocks.{block}.{part}.{kind}"))
 }
 
 /// GELU, tanh approximation (`gelu_pytorch_tanh`, the blocks').
