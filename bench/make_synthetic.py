@@ -15,6 +15,9 @@ GDN 16 k heads / 16 v heads of 128, conv 4, layers linear x3 + full, vocab 24832
   0.8b  hidden 1024, 24 layers, I 3584, tied (the Qwen3.5-0.8B text geometry)  ~0.75B
         --moe: 16 experts top-4, expert I 512, shared I 512, untied   ~1.38B
   tiny  hidden 64, 4 layers, I 128, untied (quick CI smoke)
+--vision adds Qwen3.5's vision tower at its real size (27 blocks of 1152, 16 heads, MLP 4304,
+patch 16, merge 2, 2,304 positions; the merger's output the text hidden size) as
+`model.visual.*` with `vision_config` in config.json, for `splash bench --image`.
 With 248320 x hidden per embedding matrix, an untied 0.5B model cannot keep hidden 1024
 (embed + lm_head alone would be 0.51B), hence hidden 512 for the 0.5b preset.
 """
@@ -63,6 +66,37 @@ DEMO = os.path.join(ROOT, "tests", "fixtures", "qwen35-realvocab")
 COPY_FILES = ["tokenizer.json.gz", "tokenizer_config.json", "chat_template.jinja"]
 
 
+def vision_specs(v):
+    """The vision tower's tensors (transformers' names), random bf16."""
+    from st_writer import TensorSpec
+
+    d, i, m = v["hidden_size"], v["intermediate_size"], v["spatial_merge_size"] ** 2
+    out = []
+
+    def linear(name, rows, cols):
+        out.append(TensorSpec(f"model.visual.{name}.weight", (rows, cols), "BF16", "normal", std=cols ** -0.5))
+        out.append(TensorSpec(f"model.visual.{name}.bias", (rows,), "BF16", "normal", std=0.02))
+
+    def norm(name, n):
+        out.append(TensorSpec(f"model.visual.{name}.weight", (n,), "BF16", "normal", std=0.02, mean=1.0))
+        out.append(TensorSpec(f"model.visual.{name}.bias", (n,), "BF16", "normal", std=0.02))
+
+    out.append(TensorSpec("model.visual.patch_embed.proj.weight", (d, 3, 2, 16, 16), "BF16", "normal", std=1536 ** -0.5))
+    out.append(TensorSpec("model.visual.patch_embed.proj.bias", (d,), "BF16", "normal", std=0.02))
+    out.append(TensorSpec("model.visual.pos_embed.weight", (v["num_position_embeddings"], d), "BF16", "normal", std=0.02))
+    for b in range(v["depth"]):
+        norm(f"blocks.{b}.norm1", d)
+        linear(f"blocks.{b}.attn.qkv", 3 * d, d)
+        linear(f"blocks.{b}.attn.proj", d, d)
+        norm(f"blocks.{b}.norm2", d)
+        linear(f"blocks.{b}.mlp.linear_fc1", i, d)
+        linear(f"blocks.{b}.mlp.linear_fc2", d, i)
+    norm("merger.norm", d)
+    linear("merger.linear_fc1", d * m, d * m)
+    linear("merger.linear_fc2", v["out_hidden_size"], d * m)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
@@ -70,6 +104,7 @@ def main():
     ap.add_argument("--moe", action="store_true", help="Qwen3.5-MoE text layout (qwen3_5_moe_text)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dry-run", action="store_true", help="print the parameter count, write nothing")
+    ap.add_argument("--vision", action="store_true", help="add Qwen3.5's vision tower (real size, random weights)")
     ap.add_argument("--config-only", action="store_true",
                     help="write config and tokenizer files but no weights (input of make_synthetic_gguf.py)")
     args = ap.parse_args()
@@ -78,6 +113,12 @@ def main():
         ap.error(f"no preset for --size {args.size}{' --moe' if args.moe else ''}")
     cfg = qwen35_layout.text_config(moe=args.moe, **dict(COMMON, **PRESETS[(args.size, args.moe)]))
     specs = qwen35_layout.tensor_specs(cfg, args.seed)
+    if args.vision:
+        vision = dict(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304,
+                      out_hidden_size=cfg["hidden_size"], patch_size=16, temporal_patch_size=2,
+                      spatial_merge_size=2, num_position_embeddings=2304, in_channels=3)
+        cfg["vision_config"] = vision
+        specs += vision_specs(vision)
     n = qwen35_layout.count_params(specs)
     nbytes = sum(s.nbytes for s in specs)
     print(f"{cfg['model_type']} size={args.size}: {n:,} parameters ({n / 1e9:.3f}B), "

@@ -4,10 +4,16 @@
 
 use std::path::Path;
 
+use splash_backend::cpu::matmul;
+use splash_backend::Weight;
+
 use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
 use crate::gguf::Value as GgufValue;
 use crate::vision::PreparedImage;
+
+/// Queries a block of the tower's attention takes at once (its scores: block × patches).
+const ATTENTION_BLOCK: usize = 256;
 
 /// `vision_config` of a checkpoint's config.json.
 #[derive(Clone, Debug, PartialEq)]
@@ -76,22 +82,33 @@ impl VisionConfig {
 
 /// `y = x·Wᵀ + b`.
 struct Linear {
-    w: Vec<f32>,
+    /// `[outputs, inputs]`, f32.
+    w: Weight,
     b: Vec<f32>,
-    inputs: usize,
 }
 
 impl Linear {
+    fn new(w: Vec<f32>, b: Vec<f32>, inputs: usize) -> Result<Self, String> {
+        if inputs == 0 || w.len() != b.len() * inputs {
+            return Err(format!(
+                "a weight of {} values does not fit {} outputs of {inputs} inputs",
+                w.len(),
+                b.len()
+            ));
+        }
+        Ok(Self {
+            w: Weight::from_f32(vec![b.len(), inputs], &w),
+            b,
+        })
+    }
+
+    /// `x` `[T, inputs]` → `[T, outputs]` (the CPU backend's tiled, threaded product).
     fn apply(&self, x: &[f32]) -> Vec<f32> {
         let outputs = self.b.len();
-        let mut y = Vec::with_capacity(x.len() / self.inputs * outputs);
-        for row in x.chunks_exact(self.inputs) {
-            y.extend(
-                self.w
-                    .chunks_exact(self.inputs)
-                    .zip(&self.b)
-                    .map(|(w, b)| b + w.iter().zip(row).map(|(a, b)| a * b).sum::<f32>()),
-            );
+        let mut y = vec![0.0f32; x.len() / self.w.cols() * outputs];
+        matmul(&mut y, x, &self.w);
+        for row in y.chunks_exact_mut(outputs) {
+            row.iter_mut().zip(&self.b).for_each(|(v, b)| *v += b);
         }
         y
     }
@@ -262,11 +279,10 @@ impl VisionTower {
         tensor: impl Fn(&str) -> Result<Vec<f32>, ModelError>,
     ) -> Result<Self, ModelError> {
         let linear = |name: &str, inputs: usize| -> Result<Linear, ModelError> {
-            Ok(Linear {
-                w: tensor(&format!("{name}.weight"))?,
-                b: tensor(&format!("{name}.bias"))?,
-                inputs,
-            })
+            let w = tensor(&format!("{name}.weight"))?;
+            let b = tensor(&format!("{name}.bias"))?;
+            Linear::new(w, b, inputs)
+                .map_err(|e| ModelError::Image(format!("vision tower tensor `{name}.weight`: {e}")))
         };
         let norm = |name: &str| -> Result<LayerNorm, ModelError> {
             Ok(LayerNorm {
@@ -438,7 +454,9 @@ impl VisionTower {
     }
 
     /// Bidirectional attention over the image's own patches, every head, rotary on the
-    /// queries and keys; `qkv` rows are `[3, heads, head_dim]`.
+    /// queries and keys; `qkv` rows are `[3, heads, head_dim]`. Per head, blocks of queries
+    /// against all keys through the backend's products (a block's scores, not all n², are
+    /// held at once).
     fn attention(&self, qkv: &[f32], cos: &[f32], sin: &[f32], n: usize) -> Vec<f32> {
         let (heads, hd, d) = (
             self.config.num_heads,
@@ -446,34 +464,51 @@ impl VisionTower {
             self.config.hidden_size,
         );
         let half = hd / 2;
-        let rotate = |v: &[f32], i: usize| -> Vec<f32> {
+        let rotate = |v: &[f32], i: usize, out: &mut [f32]| {
             let (c, s) = (&cos[i * hd..(i + 1) * hd], &sin[i * hd..(i + 1) * hd]);
-            (0..hd)
-                .map(|j| {
-                    let other = if j < half { -v[j + half] } else { v[j - half] };
-                    v[j] * c[j] + other * s[j]
-                })
-                .collect()
+            for j in 0..hd {
+                let other = if j < half { -v[j + half] } else { v[j - half] };
+                out[j] = v[j] * c[j] + other * s[j];
+            }
         };
         let scale = 1.0 / (hd as f32).sqrt();
+        let block = ATTENTION_BLOCK.min(n);
         let mut out = vec![0.0f32; n * d];
+        let (mut q, mut k, mut vt) = (
+            vec![0.0f32; n * hd],
+            vec![0.0f32; n * hd],
+            vec![0.0f32; hd * n],
+        );
+        let mut scores = vec![0.0f32; block * n];
+        let mut o = vec![0.0f32; block * hd];
         for h in 0..heads {
             let part = |i: usize, which: usize| &qkv[i * 3 * d + which * d + h * hd..][..hd];
-            let q: Vec<Vec<f32>> = (0..n).map(|i| rotate(part(i, 0), i)).collect();
-            let k: Vec<Vec<f32>> = (0..n).map(|i| rotate(part(i, 1), i)).collect();
             for i in 0..n {
-                let scores: Vec<f32> = k
-                    .iter()
-                    .map(|k| q[i].iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale)
-                    .collect();
-                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f32 = e.iter().sum();
-                let o = &mut out[i * d + h * hd..][..hd];
-                for (j, w) in e.iter().enumerate() {
-                    for (o, v) in o.iter_mut().zip(part(j, 2)) {
-                        *o += w / total * v;
+                rotate(part(i, 0), i, &mut q[i * hd..(i + 1) * hd]);
+                rotate(part(i, 1), i, &mut k[i * hd..(i + 1) * hd]);
+                for (j, &v) in part(i, 2).iter().enumerate() {
+                    vt[j * n + i] = v;
+                }
+            }
+            let keys = Weight::from_f32(vec![n, hd], &k);
+            let values = Weight::from_f32(vec![hd, n], &vt);
+            for start in (0..n).step_by(block) {
+                let rows = block.min(n - start);
+                let s = &mut scores[..rows * n];
+                matmul(s, &q[start * hd..(start + rows) * hd], &keys);
+                for row in s.chunks_exact_mut(n) {
+                    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) * scale;
+                    let mut total = 0.0f32;
+                    for x in row.iter_mut() {
+                        *x = (*x * scale - max).exp();
+                        total += *x;
                     }
+                    row.iter_mut().for_each(|x| *x /= total);
+                }
+                let o = &mut o[..rows * hd];
+                matmul(o, s, &values);
+                for (r, vals) in o.chunks_exact(hd).enumerate() {
+                    out[(start + r) * d + h * hd..][..hd].copy_from_slice(vals);
                 }
             }
         }

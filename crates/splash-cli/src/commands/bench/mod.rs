@@ -6,6 +6,7 @@
 
 mod concurrency;
 mod replay;
+mod vision;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,6 +57,10 @@ pub struct Args {
     /// e.g. 1,4,16), each decoding --decode-tokens.
     #[arg(long, value_delimiter = ',')]
     concurrency: Vec<usize>,
+    /// Also time the vision tower (the model's, on the CPU) on images of these sizes, e.g.
+    /// 512x512,1024x1024.
+    #[arg(long, value_delimiter = ',', value_parser = vision::parse_size)]
+    image: Vec<(usize, usize)>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -142,6 +147,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             ));
         }
     }
+    let towers = match a.image.is_empty() {
+        true => Vec::new(),
+        false => vision::run(&model, &a.image, repeat)?,
+    };
     let p = median(&mut prefill);
     let threads = rayon::current_num_threads();
     if a.json {
@@ -195,6 +204,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .map(|(with_draft, c)| {
                     json!({"sequences": c.sequences, "draft": with_draft, "tok_s": c.tok_s, "rows_per_pass": c.rows_per_pass})
                 })
+                .collect();
+        }
+        if !towers.is_empty() {
+            v["vision"] = towers
+                .iter()
+                .map(|t| json!({"width": t.width, "height": t.height, "grid": [t.grid.0, t.grid.1], "tokens": t.tokens, "ms": t.ms, "gflops": t.gflops}))
                 .collect();
         }
         println!("{v}");
@@ -255,6 +270,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 r.disk_ms,
                 r.disk_cached,
                 r.disk_bytes as f64 / (1 << 20) as f64,
+            );
+        }
+        for t in &towers {
+            println!(
+                "vision tower {}x{}: {}x{} patches, {} tokens: {:.1} ms ({:.1} GFLOP/s)",
+                t.width, t.height, t.grid.0, t.grid.1, t.tokens, t.ms, t.gflops
             );
         }
         if !concurrent.is_empty() {
