@@ -23,6 +23,7 @@ use splash_model::{ImageSpan, Model};
 
 use crate::error::ApiError;
 use crate::prompt::{tokenize, Tokens};
+use crate::state::AppState;
 
 /// Largest image file accepted, decoded from base64.
 pub const MAX_IMAGE_BYTES: usize = 32 << 20;
@@ -260,20 +261,19 @@ fn too_large(at: &str) -> ApiError {
 }
 
 /// The tokens of a rendered prompt holding the markers of `images`, with each image's
-/// placeholder run, and the images for the engine. Over the context limit (`limit` tokens)
-/// is a 400 `context_length_exceeded`.
+/// placeholder run, and the images for the engine. Over the context limit is a 400
+/// `context_length_exceeded`.
 pub async fn prompt_with_images(
-    model: &Arc<Model>,
-    vision: Option<&Arc<Vision>>,
-    limit: usize,
+    s: &AppState,
     text: String,
     images: PromptImages,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
+    let (model, limit) = (&s.model, s.max_context);
     if images.is_empty() {
         let ids = crate::prompt::prompt_ids(model, limit, text).await?;
         return Ok((ids, Vec::new()));
     }
-    let Some(vision) = vision.cloned() else {
+    let Some(vision) = s.vision.clone() else {
         let at = &images.parts[0].0;
         return Err(ApiError::invalid(at, "this model reads text only (it has no vision tower, or the server runs with --language-only): send text"));
     };

@@ -186,14 +186,7 @@ async fn tokenize(
     if v.get("messages").is_some() {
         let input: ChatInput = typed(&v)?;
         let (text, images) = input.render(&s)?;
-        let (tokens, _) = crate::images::prompt_with_images(
-            &s.model,
-            s.vision.as_ref(),
-            s.max_context,
-            text,
-            images,
-        )
-        .await?;
+        let (tokens, _) = crate::images::prompt_with_images(&s, text, images).await?;
         return Ok(Json(json!({"count": tokens.len(), "tokens": tokens})));
     }
     if v.get("content").is_none() {

@@ -82,10 +82,7 @@ pub async fn count_tokens(
         resolve(&s, m)?;
     }
     let (prompt, images) = render(&s, &conv, true)?;
-    let n = prompt_with_images(&s.model, s.vision.as_ref(), s.max_context, prompt, images)
-        .await?
-        .0
-        .len();
+    let n = prompt_with_images(&s, prompt, images).await?.0.len();
     Ok(Json(json!({"input_tokens": n})))
 }
 
@@ -168,14 +165,7 @@ pub async fn handle(
     )?;
     let (prompt_text, images) = render(&s, &conv, choice != "none")?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let (prompt, images) = prompt_with_images(
-        &s.model,
-        s.vision.as_ref(),
-        s.max_context,
-        prompt_text,
-        images,
-    )
-    .await?;
+    let (prompt, images) = prompt_with_images(&s, prompt_text, images).await?;
     // Messages clamps max_tokens to the context instead of refusing the request.
     let room = s.max_context.saturating_sub(prompt.len());
     let clamped = f.max_tokens > room as u64;

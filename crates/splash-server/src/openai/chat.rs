@@ -112,14 +112,7 @@ pub async fn handle(
         "response_format",
     )
     .await?;
-    let (prompt, images) = crate::images::prompt_with_images(
-        &s.model,
-        s.vision.as_ref(),
-        s.max_context,
-        prompt_text,
-        images,
-    )
-    .await?;
+    let (prompt, images) = crate::images::prompt_with_images(&s, prompt_text, images).await?;
     let request = common.engine_request(
         &s,
         prompt,

@@ -141,14 +141,7 @@ pub async fn handle(
     let input: ChatInput = typed(&Value::Object(chat))?;
     let (prompt_text, images) = input.render(&s)?;
     let in_reasoning = ReasoningSplitter::prompt_opens_reasoning(&prompt_text);
-    let (prompt, images) = crate::images::prompt_with_images(
-        &s.model,
-        s.vision.as_ref(),
-        s.max_context,
-        prompt_text,
-        images,
-    )
-    .await?;
+    let (prompt, images) = crate::images::prompt_with_images(&s, prompt_text, images).await?;
 
     let format = f
         .text
