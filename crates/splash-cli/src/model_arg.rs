@@ -31,6 +31,10 @@ pub struct ModelRef {
     /// Use only what is in the Hugging Face cache (also HF_HUB_OFFLINE=1).
     #[arg(long)]
     pub offline: bool,
+    /// Also fetch a GGUF repository's vision projector (`serve` unless --language-only,
+    /// `pull`).
+    #[arg(skip)]
+    pub fetch_projector: bool,
 }
 
 impl ModelRef {
@@ -100,6 +104,7 @@ pub fn source(args: &ModelRef) -> anyhow::Result<Source> {
 pub fn hub_config(args: &ModelRef) -> HubConfig {
     let mut config = HubConfig::from_env();
     config.offline |= args.offline;
+    config.projector = args.fetch_projector;
     config
 }
 

@@ -363,9 +363,25 @@ fn gguf_variant_downloads_only_its_file() {
     assert!(!hub
         .cdn_requests_for("Qwen35-Tiny-UD-Q4_K_M.gguf")
         .is_empty());
-    for other in ["Qwen35-Tiny-Q8_0.gguf", "mmproj-F16.gguf"] {
-        assert_eq!(requests_for(&hub, other).len(), 0, "{other} was requested");
-    }
+    assert_eq!(
+        requests_for(&hub, "Qwen35-Tiny-Q8_0.gguf").len(),
+        0,
+        "another variant was requested"
+    );
+    // The vision projector comes with the variant (this one is not a GGUF: the server warns
+    // and serves text, as it did above)...
+    let projector = requests_for(&hub, "mmproj-F16.gguf").len();
+    assert!(projector > 0, "the vision projector was not fetched");
+    // ...unless images are off.
+    let home = TempDir::new();
+    let server = Server::start(splash(
+        &hub.url,
+        &home,
+        &["serve", "--model", &spec, "--port", "0", "--language-only"],
+    ));
+    server.chat(&spec);
+    drop(server);
+    assert_eq!(requests_for(&hub, "mmproj-F16.gguf").len(), projector);
 }
 
 #[test]

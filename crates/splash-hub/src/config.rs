@@ -29,6 +29,9 @@ pub struct HubConfig {
     /// Per-read stall timeout of downloads: a connection silent this long is given up
     /// (the partial file is kept for the next run).
     pub read_timeout: Duration,
+    /// With a GGUF variant, also fetch the repository's vision projector (`mmproj*.gguf`) into
+    /// the snapshot; a failure to fetch it is only warned about.
+    pub projector: bool,
 }
 
 impl HubConfig {
@@ -43,6 +46,7 @@ impl HubConfig {
             quiet: false,
             check_timeout: Duration::from_secs(5),
             read_timeout: Duration::from_secs(60),
+            projector: false,
         }
     }
 

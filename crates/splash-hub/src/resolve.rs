@@ -138,6 +138,18 @@ pub fn resolve(
         }
     };
     let local = repo.download(&files)?;
+    if let (ModelFormat::Gguf { .. }, true) = (&format, config.projector) {
+        if let Some(projector) = select::projector(&names) {
+            // Text works without it: a projector that cannot be fetched (offline and not
+            // cached, say) leaves the model text-only.
+            if let Err(e) = repo.download(std::slice::from_ref(&projector)) {
+                tracing::warn!(
+                    "{}: the vision projector {projector} was not fetched ({e}); images are off",
+                    spec.repo
+                );
+            }
+        }
+    }
     Ok(Snapshot {
         repo: spec.repo.clone(),
         revision: spec.revision.clone(),

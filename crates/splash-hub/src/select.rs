@@ -276,6 +276,27 @@ fn select_variant(repo: &str, groups: &[GgufGroup], variant: &str) -> Result<Pla
     })
 }
 
+/// The repository's vision projector for its GGUF models (`mmproj*.gguf`, llama.cpp's
+/// name): BF16 first, then F32, then F16, then the first by name.
+pub(crate) fn projector(files: &[String]) -> Option<String> {
+    let mut found: Vec<&String> = files
+        .iter()
+        .filter(|f| {
+            let name = f.rsplit('/').next().unwrap_or(f).to_ascii_lowercase();
+            name.starts_with("mmproj") && name.ends_with(".gguf")
+        })
+        .collect();
+    found.sort();
+    let rank = |f: &&String| {
+        let name = f.to_ascii_lowercase();
+        ["bf16", "f32", "f16"]
+            .iter()
+            .position(|k| name.contains(k))
+            .unwrap_or(3)
+    };
+    found.into_iter().min_by_key(rank).cloned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,6 +310,21 @@ mod tests {
             Plan::Gguf { files, .. } => Ok(files),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_projector_prefers_bf16_then_f32_then_f16() {
+        let pick = |names: &[&str]| projector(&files(names));
+        assert_eq!(pick(UNSLOTH).as_deref(), Some("mmproj-F16.gguf"));
+        let all = [
+            "mmproj-F16.gguf",
+            "mmproj-F32.gguf",
+            "mmproj-BF16.gguf",
+            "Foo-Q8_0.gguf",
+        ];
+        assert_eq!(pick(&all).as_deref(), Some("mmproj-BF16.gguf"));
+        assert_eq!(pick(&all[..2]).as_deref(), Some("mmproj-F32.gguf"));
+        assert_eq!(pick(&["Foo-Q8_0.gguf", "README.md"]), None);
     }
 
     const UNSLOTH: &[&str] = &[

@@ -175,10 +175,17 @@ fn gguf_parts(path: &Path) -> Result<Vec<PathBuf>, ModelError> {
         .collect()
 }
 
-/// The vision projector (`mmproj*.gguf`) beside a GGUF model file, preferring BF16, then F32,
-/// then F16 (by file name), as llama.cpp's repositories name them.
+/// The vision projector (`mmproj*.gguf`) beside a GGUF model file, or in the folder above
+/// (repositories that keep each quantisation in its own folder keep the projector at the
+/// top), preferring BF16, then F32, then F16 (by file name), as llama.cpp's repositories name
+/// them.
 pub fn mmproj_beside(model: &Path) -> Option<PathBuf> {
     let dir = model.parent()?;
+    let beside = mmproj_in(dir);
+    beside.or_else(|| mmproj_in(dir.parent()?))
+}
+
+fn mmproj_in(dir: &Path) -> Option<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -10,7 +10,8 @@ pub struct Args {
     model: ModelRef,
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(mut a: Args) -> anyhow::Result<()> {
+    a.model.fetch_projector = true;
     let Source::Hub(spec) = model_arg::source(&a.model)? else {
         bail!(
             "`{}` is a local path; `splash pull` takes a Hugging Face repo OWNER/REPO or OWNER/REPO:VARIANT",

@@ -134,7 +134,9 @@ fn parse_disk_size(s: &str) -> Result<DiskSize, String> {
         .map_err(|e| format!("{e}, or `auto`"))
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(mut a: Args) -> anyhow::Result<()> {
+    // A GGUF repository's vision projector comes with the model unless images are off.
+    a.model.model.fetch_projector = !a.language_only;
     let mut config = ServerConfig {
         max_context: a.max_context,
         max_memory: a.max_memory.map(|m| m as u64),
