@@ -133,6 +133,25 @@ impl Vision {
     }
 }
 
+impl Vision {
+    /// The image in `bytes` decoded and resized only, for its token count: the tower does
+    /// not run (its rows are empty), unless it ran already (then the cached image).
+    pub fn measure(&self, bytes: &[u8]) -> Result<Arc<Encoded>, String> {
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        if let Some(hit) = self.cache.lock().unwrap().get(&digest) {
+            return Ok(hit);
+        }
+        let image =
+            prepare(bytes, &self.processor, DecodeLimits::default()).map_err(|e| e.to_string())?;
+        let m = self.processor.merge_size;
+        Ok(Arc::new(Encoded {
+            grid: (image.grid.0 / m, image.grid.1 / m),
+            embeddings: Arc::from(Vec::new()),
+            digest,
+        }))
+    }
+}
+
 /// Encoded images by digest, the least recently used dropped past [`CACHE_BYTES`].
 #[derive(Default)]
 struct EncodedCache {
@@ -268,6 +287,27 @@ pub async fn prompt_with_images(
     text: String,
     images: PromptImages,
 ) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
+    assemble(s, text, images, true).await
+}
+
+/// The tokens of [`prompt_with_images`] without running the vision tower (`/tokenize`,
+/// `count_tokens`: an image's token count needs only its decoded size).
+pub async fn prompt_token_ids(
+    s: &AppState,
+    text: String,
+    images: PromptImages,
+) -> Result<Vec<u32>, ApiError> {
+    Ok(assemble(s, text, images, false).await?.0)
+}
+
+/// [`prompt_with_images`], the images through the tower when `tower`, else only measured
+/// (their spans then hold no rows and must not reach the engine).
+async fn assemble(
+    s: &AppState,
+    text: String,
+    images: PromptImages,
+    tower: bool,
+) -> Result<(Vec<u32>, Vec<PromptImage>), ApiError> {
     let (model, limit) = (&s.model, s.max_context);
     if images.is_empty() {
         let ids = crate::prompt::prompt_ids(model, limit, text).await?;
@@ -292,7 +332,13 @@ pub async fn prompt_with_images(
     let encoded = tokio::task::spawn_blocking(move || {
         parts
             .iter()
-            .map(|(at, bytes)| vision.encode(bytes).map_err(|e| ApiError::invalid(at, e)))
+            .map(|(at, bytes)| {
+                match tower {
+                    true => vision.encode(bytes),
+                    false => vision.measure(bytes),
+                }
+                .map_err(|e| ApiError::invalid(at, e))
+            })
             .collect::<Result<Vec<_>, _>>()
     })
     .await

@@ -186,7 +186,7 @@ async fn tokenize(
     if v.get("messages").is_some() {
         let input: ChatInput = typed(&v)?;
         let (text, images) = input.render(&s)?;
-        let (tokens, _) = crate::images::prompt_with_images(&s, text, images).await?;
+        let tokens = crate::images::prompt_token_ids(&s, text, images).await?;
         return Ok(Json(json!({"count": tokens.len(), "tokens": tokens})));
     }
     if v.get("content").is_none() {

@@ -14,7 +14,7 @@ use super::convert::Conversation;
 use crate::constraint::{self, json_format, output_constraint};
 use crate::error::{AnthropicError, ApiError};
 use crate::ids::new_id;
-use crate::images::{prompt_with_images, PromptImages};
+use crate::images::{prompt_token_ids, prompt_with_images, PromptImages};
 use crate::json::{typed, JsonObject};
 use crate::openai::{collect, stream, submit, CommonFields, Item, Stop, StreamEnd};
 use crate::output::{Message, OutputParser, Part};
@@ -82,7 +82,7 @@ pub async fn count_tokens(
         resolve(&s, m)?;
     }
     let (prompt, images) = render(&s, &conv, true)?;
-    let n = prompt_with_images(&s, prompt, images).await?.0.len();
+    let n = prompt_token_ids(&s, prompt, images).await?.len();
     Ok(Json(json!({"input_tokens": n})))
 }
 
