@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use splash_model::{BatchItem, KvFormat, Logits, Model};
+use splash_model::{BatchItem, ImageSpan, KvFormat, Logits, Model};
 
 use crate::grammar::{GrammarRequest, GrammarState, GrammarTables};
 use crate::prefix_cache::{checkpoint_positions, DiskCacheConfig, PrefixCache, PrefixCacheStats};
@@ -333,46 +333,16 @@ impl Engine {
     }
 
     /// Each image covers a run of placeholder tokens of the prompt with one row of its
-    /// embeddings per token, in order.
+    /// embeddings per token, in order ([`splash_model::Qwen35::check_prompt_images`]).
     fn check_images(&self, prompt: &[u32], images: &[PromptImage]) -> Result<(), EngineError> {
         if images.is_empty() {
             return Ok(());
         }
-        let invalid = |m: String| Err(EngineError::InvalidRequest(m));
-        let Some(pad) = self.model.config.image_token_id else {
-            return invalid(
-                "this model takes no images (its config has no image_token_id): send text only"
-                    .into(),
-            );
-        };
-        let hidden = self.model.config.hidden_size;
-        let mut from = 0;
-        for (k, image) in images.iter().enumerate() {
-            let span = &image.span;
-            if span.is_empty() || span.start < from || span.end() > prompt.len() {
-                return invalid(format!(
-                    "image {k} covers tokens {}..{} of a {}-token prompt: images must be non-empty, in order and inside the prompt",
-                    span.start,
-                    span.end(),
-                    prompt.len()
-                ));
-            }
-            if span.embeddings.len() != span.len() * hidden {
-                return invalid(format!(
-                    "image {k} has {} embedding values for {} tokens of width {hidden}",
-                    span.embeddings.len(),
-                    span.len()
-                ));
-            }
-            if let Some(i) = (span.start..span.end()).find(|&i| prompt[i] != pad) {
-                return invalid(format!(
-                    "image {k} covers prompt token {i}, which is {} rather than the image placeholder {pad}",
-                    prompt[i]
-                ));
-            }
-            from = span.end();
-        }
-        Ok(())
+        let spans: Vec<ImageSpan> = images.iter().map(|i| i.span.clone()).collect();
+        self.model
+            .graph
+            .check_prompt_images(prompt, &spans)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))
     }
 
     fn check_vocab(&self, tokens: &[u32]) -> Result<(), EngineError> {

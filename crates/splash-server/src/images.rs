@@ -65,15 +65,13 @@ impl Vision {
             return Ok(None);
         };
         let path = dir.join("preprocessor_config.json");
-        let mut processor = match std::fs::read(&path) {
+        let processor = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| e.to_string())
                 .and_then(|v| ImageProcessorConfig::from_json(&v))
                 .map_err(|e| format!("{}: {e}", path.display()))?,
             Err(_) => ImageProcessorConfig::default(),
         };
-        processor.max_pixels = processor.max_pixels.min(max_pixels);
-        processor.min_pixels = processor.min_pixels.min(processor.max_pixels);
         if processor.row_len() != tower.config().patch_len() {
             return Err(format!(
                 "{}: patch rows of {} values, but the vision tower takes {}",
@@ -82,29 +80,30 @@ impl Vision {
                 tower.config().patch_len()
             ));
         }
-        Ok(Some(Self {
-            tower,
-            processor,
-            cache: Mutex::new(EncodedCache::default()),
-        }))
+        Ok(Some(Self::new(tower, processor, max_pixels)))
     }
 
     /// The tower of a llama.cpp `mmproj` GGUF file, with Qwen3.5's image processor, images
     /// capped at `max_pixels`.
     pub fn load_gguf(path: &Path, max_pixels: u64) -> Result<Self, String> {
         let tower = VisionTower::load_gguf(path).map_err(|e| e.to_string())?;
-        let mut processor = ImageProcessorConfig {
+        let processor = ImageProcessorConfig {
             patch_size: tower.config().patch_size,
             merge_size: tower.config().spatial_merge_size,
             ..ImageProcessorConfig::default()
         };
+        Ok(Self::new(tower, processor, max_pixels))
+    }
+
+    /// `tower` with `processor`, images capped at `max_pixels`.
+    fn new(tower: VisionTower, mut processor: ImageProcessorConfig, max_pixels: u64) -> Self {
         processor.max_pixels = processor.max_pixels.min(max_pixels);
         processor.min_pixels = processor.min_pixels.min(processor.max_pixels);
-        Ok(Self {
+        Self {
             tower,
             processor,
             cache: Mutex::new(EncodedCache::default()),
-        })
+        }
     }
 
     /// Host memory the tower's weights take.
@@ -115,6 +114,18 @@ impl Vision {
     /// The image in `bytes` through the processor and the tower (blocking: seconds for a large
     /// image on the CPU), or from the cache.
     pub fn encode(&self, bytes: &[u8]) -> Result<Arc<Encoded>, String> {
+        self.image(bytes, true)
+    }
+
+    /// The image in `bytes` decoded and resized only, for its token count: the tower does
+    /// not run (its rows are empty), unless it ran already (then the cached image).
+    pub fn measure(&self, bytes: &[u8]) -> Result<Arc<Encoded>, String> {
+        self.image(bytes, false)
+    }
+
+    /// The cached image of `bytes`, else the processor's, through the tower (and cached) when
+    /// `tower`.
+    fn image(&self, bytes: &[u8], tower: bool) -> Result<Arc<Encoded>, String> {
         let digest: [u8; 32] = Sha256::digest(bytes).into();
         if let Some(hit) = self.cache.lock().unwrap().get(&digest) {
             return Ok(hit);
@@ -122,33 +133,19 @@ impl Vision {
         let image =
             prepare(bytes, &self.processor, DecodeLimits::default()).map_err(|e| e.to_string())?;
         let m = self.processor.merge_size;
-        let embeddings = self.tower.encode(&image).map_err(|e| e.to_string())?;
+        let embeddings = match tower {
+            true => self.tower.encode(&image).map_err(|e| e.to_string())?,
+            false => Vec::new(),
+        };
         let encoded = Arc::new(Encoded {
             grid: (image.grid.0 / m, image.grid.1 / m),
             embeddings: embeddings.into(),
             digest,
         });
-        self.cache.lock().unwrap().insert(digest, encoded.clone());
-        Ok(encoded)
-    }
-}
-
-impl Vision {
-    /// The image in `bytes` decoded and resized only, for its token count: the tower does
-    /// not run (its rows are empty), unless it ran already (then the cached image).
-    pub fn measure(&self, bytes: &[u8]) -> Result<Arc<Encoded>, String> {
-        let digest: [u8; 32] = Sha256::digest(bytes).into();
-        if let Some(hit) = self.cache.lock().unwrap().get(&digest) {
-            return Ok(hit);
+        if tower {
+            self.cache.lock().unwrap().insert(digest, encoded.clone());
         }
-        let image =
-            prepare(bytes, &self.processor, DecodeLimits::default()).map_err(|e| e.to_string())?;
-        let m = self.processor.merge_size;
-        Ok(Arc::new(Encoded {
-            grid: (image.grid.0 / m, image.grid.1 / m),
-            embeddings: Arc::from(Vec::new()),
-            digest,
-        }))
+        Ok(encoded)
     }
 }
 

@@ -9,7 +9,7 @@ use splash_backend::cpu::{
 use super::attention::AttnPart;
 use super::device::{DeviceItem, DeviceState, LayerImage, TextDevice};
 use super::gdn::{GdnPart, GdnReplay};
-use super::positions::Rotary;
+use super::positions::{place_image_rows, Rotary};
 use super::{Logits, Mixer, PassOutput, Weights};
 use crate::config::{LayerKind, ModelConfig};
 use crate::device::downcast;
@@ -259,9 +259,7 @@ fn forward_rows(
     embedding(&mut x, &w.embed, &tokens);
     let mut r0 = 0;
     for (item, &t) in items.iter().zip(&rows) {
-        for &(row, values) in item.embedded {
-            x[(r0 + row) * h..][..values.len()].copy_from_slice(values);
-        }
+        place_image_rows(&mut x, h, r0, item.embedded);
         r0 += t;
     }
     let mut normed = vec![0.0f32; r * h];

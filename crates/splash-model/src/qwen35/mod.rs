@@ -107,6 +107,11 @@ pub struct Qwen35 {
     device: Box<dyn TextDevice>,
 }
 
+/// The error for images sent to a model without an image token.
+fn takes_no_images() -> ModelError {
+    ModelError::Image("this model has no image_token_id in its config: it takes no images".into())
+}
+
 /// The layout of a checkpoint: tensor-name prefixes (`p` for the text model, `head` for
 /// the LM head module), how norms are stored, and the weights' quantisation.
 pub(crate) struct Names {
@@ -384,7 +389,7 @@ impl Qwen35 {
                 item.images,
                 cfg.hidden_size,
             );
-            self.check_placeholders(item, &plan.embedded)?;
+            self.check_placeholders(item.tokens, pos0, &plan.embedded)?;
             if record && !plan.embedded.is_empty() {
                 return Err(ModelError::Image(
                     "a speculative (checkpointed) pass cannot hold image rows".into(),
@@ -415,30 +420,60 @@ impl Qwen35 {
         Ok(result)
     }
 
+    /// Checks a whole prompt's images before any pass: in order, inside `tokens`, one
+    /// embedding row per token, each over a run of this model's image placeholder token.
+    pub fn check_prompt_images(
+        &self,
+        tokens: &[u32],
+        images: &[ImageSpan],
+    ) -> Result<(), ModelError> {
+        let cfg = &self.weights.config;
+        if images.is_empty() {
+            return Ok(());
+        }
+        if cfg.image_token_id.is_none() {
+            return Err(takes_no_images());
+        }
+        check_images(images, cfg.hidden_size)?;
+        if let Some(last) = images.last().filter(|i| i.end() > tokens.len()) {
+            return Err(ModelError::Image(format!(
+                "an image covers tokens {}..{} of a {}-token prompt: images must be inside the prompt",
+                last.start,
+                last.end(),
+                tokens.len()
+            )));
+        }
+        let embedded: Vec<(usize, &[f32])> = images
+            .iter()
+            .map(|i| (i.start, &i.embeddings[..]))
+            .collect();
+        self.check_placeholders(tokens, 0, &embedded)
+    }
+
     /// Image rows must hold the image placeholder token. A placeholder without an image (the
     /// model's own output, or text the server did not take for an image) runs as its plain
     /// embedding, as in transformers.
+    /// `tokens` follow `pos0` tokens of the sequence; `embedded` rows index `tokens`.
     fn check_placeholders(
         &self,
-        item: &BatchItem<'_>,
+        tokens: &[u32],
+        pos0: usize,
         embedded: &[(usize, &[f32])],
     ) -> Result<(), ModelError> {
         if embedded.is_empty() {
             return Ok(());
         }
         let Some(pad) = self.weights.config.image_token_id else {
-            return Err(ModelError::Image(
-                "this model has no image_token_id in its config: it takes no images".into(),
-            ));
+            return Err(takes_no_images());
         };
         let h = self.weights.config.hidden_size;
         for &(row, values) in embedded {
-            if let Some(r) = (row..row + values.len() / h).find(|&r| item.tokens[r] != pad) {
+            if let Some(r) = (row..row + values.len() / h).find(|&r| tokens[r] != pad) {
                 return Err(ModelError::Image(format!(
                     "token {} of the sequence is {}, but an image covers it: image rows must \
                      hold the placeholder {pad}",
-                    item.state.len() + r,
-                    item.tokens[r],
+                    pos0 + r,
+                    tokens[r],
                 )));
             }
         }

@@ -89,6 +89,19 @@ pub(crate) fn check_images(images: &[ImageSpan], hidden: usize) -> Result<(), Mo
     Ok(())
 }
 
+/// Writes a sequence's image rows over its token embeddings: `x` holds the pass's rows of
+/// width `hidden`, the sequence's from row `off`; `embedded` is its [`RowPlan::embedded`].
+pub(crate) fn place_image_rows(
+    x: &mut [f32],
+    hidden: usize,
+    off: usize,
+    embedded: &[(usize, &[f32])],
+) {
+    for &(row, values) in embedded {
+        x[(off + row) * hidden..][..values.len()].copy_from_slice(values);
+    }
+}
+
 /// Plans rows `pos0..pos0 + n` of a sequence whose images are `images` (checked by
 /// [`check_images`]) and whose text rows sit `shift` behind their index. The shift of an image
 /// counts once its last row has run, so an image split across passes keeps its start position.

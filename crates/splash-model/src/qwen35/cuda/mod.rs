@@ -28,7 +28,7 @@ use crate::error::ModelError;
 use crate::graph_cache::{Found, GraphCache};
 use crate::image::ImageWriter;
 use crate::qwen35::device::{DeviceItem, DeviceState, LayerImage, TextDevice};
-use crate::qwen35::positions::Rotary;
+use crate::qwen35::positions::{place_image_rows, Rotary};
 
 use graph::*;
 pub(crate) use layers::WeightPair;
@@ -397,9 +397,7 @@ impl GpuModel {
         let mut x = weights.embed(&tokens);
         let h = weights.config.hidden_size;
         for (item, rows) in items.iter().zip(rows_of) {
-            for &(row, values) in &item.embedded {
-                x[(rows.off + row) * h..][..values.len()].copy_from_slice(values);
-            }
+            place_image_rows(&mut x, h, rows.off, &item.embedded);
         }
         x
     }
