@@ -50,6 +50,29 @@ fn main() -> io::Result<()> {
 > Tip: for *binary* data, use \`read_until\` or \`Read::read\` instead.`;
 
 // A 96×64 RGB PNG: channel c of pixel (y, x) is (7y + 13x + 50c) % 256.
+// A one-page PDF of 12-point Helvetica lines (a standard font, not embedded).
+function textPdf(lines) {
+  const stream = `BT /F1 12 Tf 72 720 Td 14 TL\n${lines.map((l) => `(${l}) Tj T*\n`).join('')}ET\n`;
+  const objects = [
+    '<< /Type /Catalog /Pages 2 0 R >>',
+    '<< /Type /Pages /Kids [5 0 R] /Count 1 >>',
+    '<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>',
+    `<< /Length ${stream.length} >>\nstream\n${stream}endstream`,
+    '<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>',
+  ];
+  let out = '%PDF-1.4\n';
+  const offsets = objects.map((o, i) => {
+    const at = out.length;
+    out += `${i + 1} 0 obj\n${o}\nendobj\n`;
+    return at;
+  });
+  const xref = out.length;
+  out += `xref\n0 ${objects.length + 1}\n0000000000 65535 f \n`;
+  out += offsets.map((o) => `${String(o).padStart(10, '0')} 00000 n \n`).join('');
+  out += `trailer\n<< /Size ${objects.length + 1} /Root 1 0 R >>\nstartxref\n${xref}\n%%EOF\n`;
+  return Buffer.from(out, 'latin1');
+}
+
 function patternPng(w, h) {
   const raw = Buffer.alloc(h * (1 + 3 * w));
   for (let y = 0; y < h; y++) {
@@ -382,6 +405,13 @@ try {
   const answer = await vision.textContent(lastAssistant);
   check(await vision.isHidden('#banner'), `no error: ${await vision.textContent('#banner-text')}`);
   check(answer.trim().length > 0, 'answered');
+  log('a model with vision: attach a PDF, send it, get an answer');
+  await vision.setInputFiles('#file', { name: 'invoice.pdf', mimeType: 'application/pdf', buffer: textPdf(['Total due: 4,250 EUR']) });
+  await vision.waitForSelector('#attachments .attachment .file-chip');
+  await ask(vision, 'What is the total?');
+  check((await vision.$$('.msg.user .file-chip')).length === 1, 'the PDF shown in the sent message');
+  check(await vision.isHidden('#banner'), `no error: ${await vision.textContent('#banner-text')}`);
+  check((await vision.textContent(lastAssistant)).trim().length > 0, 'answered the PDF question');
   const status = await serverStatus(VISION_URL);
   check(status.vision === true, 'the server reports vision');
 

@@ -1,15 +1,14 @@
-//! Images in prompts: the parts the APIs send (base64 data), the vision tower that turns them
-//! into embedding rows (cached by content: agents resend every image each turn), and the
-//! prompt's tokens with each image's placeholder run in place.
+//! Images in prompts: the parts the APIs send (base64 images and PDFs), the vision tower that
+//! turns them into embedding rows (cached by content: agents resend every image each turn),
+//! and the prompt's tokens with each image's placeholder run in place.
 //!
-//! While a request's messages are converted, each image becomes a marker in the text given
-//! to the chat template (a random per-request nonce, so no text a user types can stand for an
+//! While a request's messages are converted, each image or PDF becomes a marker in the text
+//! given to the chat template (a random per-request nonce, so no text a user types can stand for an
 //! image); the rendered prompt is then tokenized piece by piece between the markers and each
 //! marker becomes `<|vision_start|>`, one `<|image_pad|>` per merged patch, `<|vision_end|>`,
-//! what Qwen3.5's template writes for an image. A `<|image_pad|>` typed as text stays a
-//! plain token.
+//! what Qwen3.5's template writes for an image; a PDF's marker becomes each page's text and
+//! image in turn (`documents`). A `<|image_pad|>` typed as text stays a plain token.
 
-use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -18,17 +17,23 @@ use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use splash_engine::PromptImage;
-use splash_model::vision::{prepare, DecodeLimits, ImageProcessorConfig, VisionTower};
+use splash_model::vision::{
+    prepare, prepare_rgb, DecodeLimits, ImageProcessorConfig, PreparedImage, VisionTower,
+};
 use splash_model::{ImageSpan, Model};
 
+use crate::content_cache::ContentCache;
+use crate::documents::{DocumentCache, Page, PdfLimits};
 use crate::error::ApiError;
 use crate::prompt::{tokenize, Tokens};
 use crate::state::AppState;
 
-/// Largest image file accepted, decoded from base64.
+/// Largest image or PDF file accepted, decoded from base64.
 pub const MAX_IMAGE_BYTES: usize = 32 << 20;
-/// Most images in one request.
+/// Most images in one request, PDF pages included.
 pub const MAX_IMAGES: usize = 64;
+/// Most characters of PDF text in one request.
+pub const MAX_PDF_TEXT_CHARS: usize = 1_000_000;
 /// Default and floor of `--max-image-pixels`.
 pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 4_194_304;
 pub const MIN_MAX_IMAGE_PIXELS: u64 = 65_536;
@@ -44,7 +49,8 @@ const CACHE_BYTES: usize = 512 << 20;
 pub struct Vision {
     tower: VisionTower,
     processor: ImageProcessorConfig,
-    cache: Mutex<EncodedCache>,
+    cache: Mutex<ContentCache<Arc<Encoded>>>,
+    documents: DocumentCache,
 }
 
 /// An image as the text model takes it.
@@ -102,7 +108,8 @@ impl Vision {
         Self {
             tower,
             processor,
-            cache: Mutex::new(EncodedCache::default()),
+            cache: Mutex::new(ContentCache::new(CACHE_BYTES, usize::MAX)),
+            documents: DocumentCache::default(),
         }
     }
 
@@ -127,11 +134,35 @@ impl Vision {
     /// `tower`.
     fn image(&self, bytes: &[u8], tower: bool) -> Result<Arc<Encoded>, String> {
         let digest: [u8; 32] = Sha256::digest(bytes).into();
+        self.cached_or(digest, tower, || {
+            prepare(bytes, &self.processor, DecodeLimits::default())
+        })
+    }
+
+    /// A rendered PDF page as [`Self::encode`] (`tower`) or [`Self::measure`] makes it.
+    pub fn page(&self, page: &Page, tower: bool) -> Result<Arc<Encoded>, String> {
+        self.cached_or(page.digest, tower, || {
+            prepare_rgb((*page.image).clone(), &self.processor)
+        })
+    }
+
+    /// The pages of the PDF in `bytes` (rendered once, then cached by content).
+    pub fn pdf(&self, bytes: &[u8], limits: PdfLimits) -> Result<Arc<[Page]>, String> {
+        self.documents.read(bytes, limits)
+    }
+
+    /// The cached image of `digest`, else `prepared()` through the tower (and cached) when
+    /// `tower`.
+    fn cached_or(
+        &self,
+        digest: [u8; 32],
+        tower: bool,
+        prepared: impl FnOnce() -> Result<PreparedImage, splash_model::vision::ImageError>,
+    ) -> Result<Arc<Encoded>, String> {
         if let Some(hit) = self.cache.lock().unwrap().get(&digest) {
             return Ok(hit);
         }
-        let image =
-            prepare(bytes, &self.processor, DecodeLimits::default()).map_err(|e| e.to_string())?;
+        let image = prepared().map_err(|e| e.to_string())?;
         let m = self.processor.merge_size;
         let embeddings = match tower {
             true => self.tower.encode(&image).map_err(|e| e.to_string())?,
@@ -143,51 +174,27 @@ impl Vision {
             digest,
         });
         if tower {
-            self.cache.lock().unwrap().insert(digest, encoded.clone());
+            let size = encoded.embeddings.len() * 4;
+            self.cache
+                .lock()
+                .unwrap()
+                .insert(digest, encoded.clone(), size);
         }
         Ok(encoded)
     }
 }
 
-/// Encoded images by digest, the least recently used dropped past [`CACHE_BYTES`].
-#[derive(Default)]
-struct EncodedCache {
-    entries: HashMap<[u8; 32], Arc<Encoded>>,
-    order: VecDeque<[u8; 32]>,
-    bytes: usize,
-}
-
-impl EncodedCache {
-    fn get(&mut self, digest: &[u8; 32]) -> Option<Arc<Encoded>> {
-        let hit = self.entries.get(digest)?.clone();
-        self.order.retain(|d| d != digest);
-        self.order.push_back(*digest);
-        Some(hit)
-    }
-
-    fn insert(&mut self, digest: [u8; 32], encoded: Arc<Encoded>) {
-        let size = encoded.embeddings.len() * 4;
-        if size > CACHE_BYTES || self.entries.contains_key(&digest) {
-            return;
-        }
-        while self.bytes + size > CACHE_BYTES {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(e) = self.entries.remove(&old) {
-                self.bytes -= e.embeddings.len() * 4;
-            }
-        }
-        self.bytes += size;
-        self.order.push_back(digest);
-        self.entries.insert(digest, encoded);
-    }
-}
-
-/// The images of one request, in the order their markers appear in the prompt text.
+/// The images and PDFs of one request, in the order their markers appear in the prompt text.
 pub struct PromptImages {
     nonce: u64,
-    parts: Vec<(String, Vec<u8>)>,
+    /// Each part's JSON path (for errors) and file.
+    parts: Vec<(String, File)>,
+}
+
+/// A file a request sent.
+enum File {
+    Image(Vec<u8>),
+    Pdf(Vec<u8>),
 }
 
 impl Default for PromptImages {
@@ -203,29 +210,8 @@ impl PromptImages {
     /// Takes the base64 image data of the part at `at` (a JSON path for errors), and returns
     /// the marker to put in the text where it goes.
     pub fn push_base64(&mut self, at: &str, data: &str) -> Result<String, ApiError> {
-        if self.parts.len() == MAX_IMAGES {
-            return Err(ApiError::invalid(
-                at,
-                format!("a request may hold at most {MAX_IMAGES} images: send fewer"),
-            ));
-        }
-        // Base64 is 4 characters for 3 bytes: refuse before decoding what cannot fit.
-        if data.len() / 4 * 3 > MAX_IMAGE_BYTES + 3 {
-            return Err(too_large(at));
-        }
-        let compact: String = data.split_ascii_whitespace().collect();
-        let bytes = BASE64.decode(compact.as_bytes()).map_err(|e| {
-            ApiError::invalid(
-                at,
-                format!("the image data is not valid base64 ({e}): send the file's bytes base64-encoded"),
-            )
-        })?;
-        if bytes.len() > MAX_IMAGE_BYTES {
-            return Err(too_large(at));
-        }
-        let marker = self.marker(self.parts.len());
-        self.parts.push((at.to_string(), bytes));
-        Ok(marker)
+        let bytes = self.decode(at, data, "image")?;
+        Ok(self.push(at, File::Image(bytes)))
     }
 
     /// Takes an image URL: `data:<type>;base64,<data>`; other URLs are refused.
@@ -243,7 +229,63 @@ impl PromptImages {
         }
     }
 
-    /// True when the request holds no image.
+    /// Takes a PDF sent as base64 or as a `data:application/pdf;base64,` URL, and returns the
+    /// marker to put where its pages go.
+    pub fn push_pdf(&mut self, at: &str, data: &str) -> Result<String, ApiError> {
+        let data = match data.strip_prefix("data:") {
+            None => data,
+            Some(url) => match url.split_once(',') {
+                Some(("application/pdf;base64", data)) => data,
+                _ => {
+                    return Err(ApiError::invalid(
+                        at,
+                        "only PDF files are read: send `data:application/pdf;base64,...`",
+                    ))
+                }
+            },
+        };
+        let bytes = self.decode(at, data, "PDF")?;
+        Ok(self.push(at, File::Pdf(bytes)))
+    }
+
+    /// The bytes of base64 `data` (a `what` file) within the size limit.
+    fn decode(&self, at: &str, data: &str, what: &str) -> Result<Vec<u8>, ApiError> {
+        if self.parts.len() == MAX_IMAGES {
+            return Err(too_many(at));
+        }
+        let too_large = || {
+            ApiError::invalid(
+                at,
+                format!(
+                    "the {what} is larger than {} MiB: send a smaller file",
+                    MAX_IMAGE_BYTES >> 20
+                ),
+            )
+        };
+        // Base64 is 4 characters for 3 bytes: refuse before decoding what cannot fit.
+        if data.len() / 4 * 3 > MAX_IMAGE_BYTES + 3 {
+            return Err(too_large());
+        }
+        let compact: String = data.split_ascii_whitespace().collect();
+        let bytes = BASE64.decode(compact.as_bytes()).map_err(|e| {
+            ApiError::invalid(
+                at,
+                format!("the {what} data is not valid base64 ({e}): send the file's bytes base64-encoded"),
+            )
+        })?;
+        if bytes.len() > MAX_IMAGE_BYTES {
+            return Err(too_large());
+        }
+        Ok(bytes)
+    }
+
+    fn push(&mut self, at: &str, file: File) -> String {
+        let marker = self.marker(self.parts.len());
+        self.parts.push((at.to_string(), file));
+        marker
+    }
+
+    /// True when the request holds no image or PDF.
     pub fn is_empty(&self) -> bool {
         self.parts.is_empty()
     }
@@ -251,29 +293,100 @@ impl PromptImages {
     fn marker(&self, k: usize) -> String {
         format!("\u{E000}splash-image-{:016x}-{k}\u{E001}", self.nonce)
     }
-
-    /// `text` with each marker shown as what the template writes for an image
-    /// (`/apply-template`).
-    pub fn show(&self, text: &str) -> String {
-        let mut out = text.to_string();
-        for k in 0..self.parts.len() {
-            out = out.replace(
-                &self.marker(k),
-                "<|vision_start|><|image_pad|><|vision_end|>",
-            );
-        }
-        out
-    }
 }
 
-fn too_large(at: &str) -> ApiError {
+fn too_many(at: &str) -> ApiError {
     ApiError::invalid(
         at,
-        format!(
-            "the image is larger than {} MiB: send a smaller file",
-            MAX_IMAGE_BYTES >> 20
-        ),
+        format!("a request may hold at most {MAX_IMAGES} images and PDF pages: send fewer"),
     )
+}
+
+/// What a marker stands for in the prompt, in order.
+enum Piece {
+    Text(String),
+    Image(Arc<Encoded>),
+}
+
+/// The pieces of each part of `images`: an image, or a PDF's pages (text, then image), each
+/// image through the tower when `tower`, else only measured. Blocking.
+fn pieces(
+    vision: &Vision,
+    images: &PromptImages,
+    tower: bool,
+) -> Result<Vec<Vec<Piece>>, ApiError> {
+    let mut count = 0;
+    let mut chars = 0;
+    let mut out = Vec::with_capacity(images.parts.len());
+    for (at, file) in &images.parts {
+        let invalid = |e: String| ApiError::invalid(at, e);
+        let mut pieces = Vec::new();
+        match file {
+            File::Image(bytes) => {
+                count += 1;
+                let image = match tower {
+                    true => vision.encode(bytes),
+                    false => vision.measure(bytes),
+                };
+                pieces.push(Piece::Image(image.map_err(invalid)?));
+            }
+            File::Pdf(bytes) => {
+                // The other parts still to come take one image each at least.
+                let later = images.parts.len() - out.len() - 1;
+                let limits = PdfLimits {
+                    pages: MAX_IMAGES.saturating_sub(count + later),
+                    text_chars: MAX_PDF_TEXT_CHARS - chars,
+                };
+                let pages = vision.pdf(bytes, limits).map_err(invalid)?;
+                for page in pages.iter() {
+                    count += 1;
+                    chars += page.text.chars().count();
+                    pieces.push(Piece::Text(page.text.clone()));
+                    pieces.push(Piece::Image(vision.page(page, tower).map_err(|e| {
+                        invalid(format!("{} {e}", page.text.lines().next().unwrap_or("")))
+                    })?));
+                }
+            }
+        }
+        if count > MAX_IMAGES {
+            return Err(too_many(at));
+        }
+        out.push(pieces);
+    }
+    Ok(out)
+}
+
+/// `text` with each marker shown as what the template writes (`/apply-template`): an image's
+/// `<|vision_start|><|image_pad|><|vision_end|>`, a PDF's pages' text and images. The
+/// images are decoded but not encoded.
+pub async fn show(s: &AppState, text: String, images: PromptImages) -> Result<String, ApiError> {
+    if images.is_empty() {
+        return Ok(text);
+    }
+    let vision = vision(s, &images)?;
+    let markers: Vec<String> = (0..images.parts.len()).map(|k| images.marker(k)).collect();
+    let pieces = tokio::task::spawn_blocking(move || pieces(&vision, &images, false))
+        .await
+        .map_err(|e| ApiError::engine(format!("reading the images failed: {e}")))??;
+    let mut out = text;
+    for (marker, pieces) in markers.iter().zip(pieces) {
+        let shown: String = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Text(t) => t.as_str(),
+                Piece::Image(_) => "<|vision_start|><|image_pad|><|vision_end|>",
+            })
+            .collect();
+        out = out.replace(marker, &shown);
+    }
+    Ok(out)
+}
+
+/// The server's vision tower, or the 400 for a server without one.
+fn vision(s: &AppState, images: &PromptImages) -> Result<Arc<Vision>, ApiError> {
+    s.vision.clone().ok_or_else(|| {
+        ApiError::invalid(&images.parts[0].0, "this model reads text only (it has no vision tower, or the server runs with --language-only): send text")
+    })
 }
 
 /// The tokens of a rendered prompt holding the markers of `images`, with each image's
@@ -310,10 +423,7 @@ async fn assemble(
         let ids = crate::prompt::prompt_ids(model, limit, text).await?;
         return Ok((ids, Vec::new()));
     }
-    let Some(vision) = s.vision.clone() else {
-        let at = &images.parts[0].0;
-        return Err(ApiError::invalid(at, "this model reads text only (it has no vision tower, or the server runs with --language-only): send text"));
-    };
+    let vision = vision(s, &images)?;
     let special = |name: &str| {
         model.tokenizer.token_to_id(name).ok_or_else(|| {
             ApiError::engine(format!("the tokenizer has no {name} token for images"))
@@ -325,26 +435,14 @@ async fn assemble(
         .image_token_id
         .ok_or_else(|| ApiError::engine("the model config has no image_token_id"))?;
     let markers: Vec<String> = (0..images.parts.len()).map(|k| images.marker(k)).collect();
-    let parts = images.parts;
-    let encoded = tokio::task::spawn_blocking(move || {
-        parts
-            .iter()
-            .map(|(at, bytes)| {
-                match tower {
-                    true => vision.encode(bytes),
-                    false => vision.measure(bytes),
-                }
-                .map_err(|e| ApiError::invalid(at, e))
-            })
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .await
-    .map_err(|e| ApiError::engine(format!("encoding the images failed: {e}")))??;
+    let parts = tokio::task::spawn_blocking(move || pieces(&vision, &images, tower))
+        .await
+        .map_err(|e| ApiError::engine(format!("encoding the images failed: {e}")))??;
 
     let mut ids = Vec::new();
     let mut spans = Vec::new();
     let mut rest = text.as_str();
-    for (k, image) in encoded.iter().enumerate() {
+    for (k, pieces) in parts.iter().enumerate() {
         let Some((before, after)) = rest.split_once(markers[k].as_str()) else {
             // The template dropped the message holding it (or reordered images).
             return Err(ApiError::engine(format!(
@@ -352,28 +450,36 @@ async fn assemble(
             )));
         };
         append_text(model, limit, &mut ids, before).await?;
-        let n = image.grid.0 * image.grid.1;
-        ids.push(start);
-        let at = ids.len();
-        ids.extend(std::iter::repeat_n(pad, n));
-        ids.push(end);
-        if ids.len() > limit {
-            return Err(over(limit));
+        for piece in pieces {
+            let image = match piece {
+                Piece::Text(t) => {
+                    append_text(model, limit, &mut ids, t).await?;
+                    continue;
+                }
+                Piece::Image(image) => image,
+            };
+            let n = image.grid.0 * image.grid.1;
+            ids.push(start);
+            let at = ids.len();
+            ids.extend(std::iter::repeat_n(pad, n));
+            ids.push(end);
+            if ids.len() > limit {
+                return Err(over(limit));
+            }
+            spans.push(PromptImage {
+                span: ImageSpan {
+                    start: at,
+                    grid: image.grid,
+                    embeddings: image.embeddings.clone(),
+                },
+                digest: image.digest,
+            });
         }
-        spans.push(PromptImage {
-            span: ImageSpan {
-                start: at,
-                grid: image.grid,
-                embeddings: image.embeddings.clone(),
-            },
-            digest: image.digest,
-        });
         rest = after;
     }
     append_text(model, limit, &mut ids, rest).await?;
     Ok((ids, spans))
 }
-
 /// The 400 for a prompt with images over the context limit of `limit` tokens.
 fn over(limit: usize) -> ApiError {
     ApiError::context_length(format!(

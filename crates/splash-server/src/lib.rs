@@ -8,6 +8,8 @@
 mod anthropic;
 mod config;
 mod constraint;
+mod content_cache;
+mod documents;
 mod error;
 mod grammar_check;
 mod guard;

@@ -246,7 +246,8 @@ async fn apply_template(
 ) -> Result<Json<Value>, ApiError> {
     let input: ChatInput = typed(&v)?;
     let (prompt, images) = input.render(&s)?;
-    Ok(Json(json!({"prompt": images.show(&prompt)})))
+    let prompt = crate::images::show(&s, prompt, images).await?;
+    Ok(Json(json!({"prompt": prompt})))
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

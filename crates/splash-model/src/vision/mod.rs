@@ -4,6 +4,7 @@ mod preprocess;
 mod tower;
 
 pub use preprocess::{
-    prepare, smart_resize, DecodeLimits, ImageError, ImageProcessorConfig, PreparedImage,
+    prepare, prepare_rgb, smart_resize, DecodeLimits, ImageError, ImageProcessorConfig,
+    PreparedImage, RgbImage,
 };
 pub use tower::{VisionConfig, VisionTower};

@@ -189,15 +189,16 @@ pub fn smart_resize(
 }
 
 /// An RGB image, 3 bytes a pixel, row by row.
-struct Rgb {
-    width: usize,
-    height: usize,
-    pixels: Vec<u8>,
+#[derive(Clone, Debug)]
+pub struct RgbImage {
+    pub width: usize,
+    pub height: usize,
+    pub pixels: Vec<u8>,
 }
 
 /// Decodes `bytes` (the format is read from them) to RGB: alpha dropped, not composited;
 /// grey expanded; 16-bit samples scaled to 8; a GIF's first frame.
-fn decode(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb, ImageError> {
+fn decode(bytes: &[u8], limits: DecodeLimits) -> Result<RgbImage, ImageError> {
     let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| ImageError::Corrupt(e.to_string()))?;
@@ -237,7 +238,7 @@ fn decode(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb, ImageError> {
         return Err(ImageError::Empty);
     }
     let rgb = image.into_rgb8();
-    Ok(Rgb {
+    Ok(RgbImage {
         width: rgb.width() as usize,
         height: rgb.height() as usize,
         pixels: rgb.into_raw(),
@@ -246,10 +247,10 @@ fn decode(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb, ImageError> {
 
 /// Bicubic resampling (a = −0.5, the support widened when shrinking) of u8 RGB as Pillow
 /// does it: one pass across, then one down, each rounding to u8.
-fn resize(src: Rgb, width: usize, height: usize) -> Result<Rgb, ImageError> {
+fn resize(src: RgbImage, width: usize, height: usize) -> Result<RgbImage, ImageError> {
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::CatmullRom));
     let mut resizer = Resizer::new();
-    let mut pass = |img: Rgb, w: usize, h: usize| -> Result<Rgb, ImageError> {
+    let mut pass = |img: RgbImage, w: usize, h: usize| -> Result<RgbImage, ImageError> {
         if img.width == w && img.height == h {
             return Ok(img);
         }
@@ -265,7 +266,7 @@ fn resize(src: Rgb, width: usize, height: usize) -> Result<Rgb, ImageError> {
         resizer
             .resize(&from, &mut to, &options)
             .map_err(|e| fail(e.to_string()))?;
-        Ok(Rgb {
+        Ok(RgbImage {
             width: w,
             height: h,
             pixels: to.into_vec(),
@@ -279,7 +280,7 @@ fn resize(src: Rgb, width: usize, height: usize) -> Result<Rgb, ImageError> {
 /// The patch rows of a resized image: rows in (block row, block column, row in block, column
 /// in block) order, each row's values in (channel, frame, y, x) order, the image copied to
 /// every temporal frame, each value `(u8 / 255 − mean) / std`.
-fn patch_rows(img: &Rgb, c: &ImageProcessorConfig) -> Vec<f32> {
+fn patch_rows(img: &RgbImage, c: &ImageProcessorConfig) -> Vec<f32> {
     let (p, m, t) = (c.patch_size, c.merge_size, c.temporal_patch_size);
     let (gh, gw) = (img.height / p, img.width / p);
     let scale: Vec<[f32; 256]> = (0..3)
@@ -313,7 +314,18 @@ pub fn prepare(
     config: &ImageProcessorConfig,
     limits: DecodeLimits,
 ) -> Result<PreparedImage, ImageError> {
-    let img = decode(bytes, limits)?;
+    prepare_rgb(decode(bytes, limits)?, config)
+}
+
+/// Resizes and cuts an RGB image (a rendered PDF page) into the tower's patch rows, with the
+/// resized image's pixels within `config`'s bounds.
+pub fn prepare_rgb(
+    img: RgbImage,
+    config: &ImageProcessorConfig,
+) -> Result<PreparedImage, ImageError> {
+    if img.width == 0 || img.height == 0 || img.pixels.len() != img.width * img.height * 3 {
+        return Err(ImageError::Empty);
+    }
     let (h, w) = smart_resize(
         img.height,
         img.width,
@@ -394,7 +406,7 @@ mod tests {
                 "{name}: decoded pixels differ by {worst}"
             );
             // From Pillow's pixels, so that only resampling and layout are compared.
-            let from_pil = Rgb {
+            let from_pil = RgbImage {
                 width: img.width,
                 height: img.height,
                 pixels: pil,

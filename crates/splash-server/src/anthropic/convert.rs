@@ -64,9 +64,16 @@ pub struct Block {
     pub content: Option<Content>,
     #[serde(default)]
     pub is_error: Option<bool>,
-    /// An image's data (`{"type": "base64", "media_type", "data"}`).
+    /// An image's or document's data (`{"type": "base64", "media_type", "data"}`).
     #[serde(default)]
     pub source: Option<Value>,
+    /// A document's title and context, given to the model before it.
+    #[serde(default)]
+    pub title: Option<String>,
+    #[serde(default)]
+    pub context: Option<String>,
+    #[serde(default)]
+    pub citations: Option<Value>,
 }
 
 /// `thinking`; `budget_tokens` is accepted but not enforced (the template's effort levels
@@ -247,7 +254,54 @@ fn image_part(b: &Block, at: &str) -> Result<Value, ApiError> {
     }
 }
 
-/// Chat content for text and image blocks in order: a string when there is no image (text
+/// The chat parts of a `document` block: its title and context as text, then a PDF (base64
+/// source) as a `file` part, or a plain-text source as text.
+fn document_parts(b: &Block, at: &str) -> Result<Vec<Value>, ApiError> {
+    if b.citations
+        .as_ref()
+        .is_some_and(|c| c.get("enabled").and_then(Value::as_bool) == Some(true))
+    {
+        return Err(ApiError::invalid(
+            &format!("{at}.citations"),
+            "document citations are not supported: leave `citations` out",
+        ));
+    }
+    let mut parts: Vec<Value> = [&b.title, &b.context]
+        .into_iter()
+        .flatten()
+        .map(|t| json!({"type": "text", "text": format!("{t}\n")}))
+        .collect();
+    let source = b.source.as_ref().and_then(Value::as_object);
+    let field = |k: &str| source.and_then(|s| s.get(k)).and_then(Value::as_str);
+    let data = || {
+        field("data").ok_or_else(|| {
+            ApiError::invalid(
+                &format!("{at}.source.data"),
+                "a document source needs `data`",
+            )
+        })
+    };
+    match (field("type"), field("media_type")) {
+        (Some("base64"), Some("application/pdf")) => parts.push(json!({"type": "file", "file": {
+            "file_data": data()?, "splash_at": at}})),
+        (Some("text"), _) => parts.push(json!({"type": "text", "text": format!("{}\n", data()?)})),
+        (Some("url"), _) => {
+            return Err(ApiError::invalid(
+                &format!("{at}.source"),
+                "splash does not fetch document URLs: send the PDF as a base64 source",
+            ))
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                &format!("{at}.source"),
+                "a document needs a source of type `base64` with media_type `application/pdf`, or of type `text`",
+            ))
+        }
+    }
+    Ok(parts)
+}
+
+/// Chat content for text, image and document blocks in order: a string when there is no image (text
 /// blocks joined by `sep`), else a list of parts.
 fn content_parts(
     blocks: &[Block],
@@ -274,10 +328,8 @@ fn content_parts(
                 parts.push(image_part(b, &format!("{at}[{j}]"))?);
             }
             "document" => {
-                return Err(ApiError::invalid(
-                    &format!("{at}[{j}]"),
-                    "`document` blocks (PDF) are not supported yet: send the pages as images or the text",
-                ))
+                images = true;
+                parts.extend(document_parts(b, &format!("{at}[{j}]"))?);
             }
             _ => other(j, b)?,
         }

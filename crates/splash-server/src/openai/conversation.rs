@@ -64,6 +64,9 @@ pub struct Part {
     /// A URL string, or `{"url": ..., "detail": ...}`.
     #[serde(default)]
     pub image_url: Option<Value>,
+    /// A `file` part's `{"file_data": "data:application/pdf;base64,...", "filename": ...}`.
+    #[serde(default)]
+    pub file: Option<Value>,
 }
 
 impl ChatInput {
@@ -109,10 +112,14 @@ impl ChatInput {
                                 let at = format!("messages[{i}].content[{j}].image_url");
                                 text.push_str(&image_part(s, role, &at, p, images)?);
                             }
+                            ("file", _) => {
+                                let at = format!("messages[{i}].content[{j}].file");
+                                text.push_str(&file_part(s, role, &at, p, images)?);
+                            }
                             (kind, _) => {
                                 return Err(ApiError::invalid(
                                     &format!("messages[{i}].content[{j}].type"),
-                                    format!("content parts of type `{kind}` are not supported: send text and image_url parts"),
+                                    format!("content parts of type `{kind}` are not supported: send text, image_url and file (PDF) parts"),
                                 ))
                             }
                         }
@@ -203,18 +210,7 @@ fn image_part(
     part: &Part,
     images: &mut PromptImages,
 ) -> Result<String, ApiError> {
-    if !matches!(role, "user" | "tool") {
-        return Err(ApiError::invalid(
-            at,
-            format!("images may be sent in user and tool messages, not in a {role} message: move the image to a user message"),
-        ));
-    }
-    if s.vision.is_none() {
-        return Err(ApiError::invalid(
-            at,
-            "this model reads text only (it has no vision tower, or the server runs with --language-only): send text",
-        ));
-    }
+    vision_allowed(s, role, at, "images")?;
     let (url, at) = match &part.image_url {
         Some(Value::String(u)) => (u.as_str(), at),
         // Converted from another API's block, which named its own path.
@@ -231,6 +227,57 @@ fn image_part(
         ));
     }
     images.push_url(at, url)
+}
+
+/// The marker of a `file` part (an inline PDF) at `at` of a `role` message, its file taken
+/// into `images`.
+fn file_part(
+    s: &AppState,
+    role: &str,
+    at: &str,
+    part: &Part,
+    images: &mut PromptImages,
+) -> Result<String, ApiError> {
+    let file = part.file.as_ref().and_then(Value::as_object);
+    // Converted from another API's block, which named its own path.
+    let at = file
+        .and_then(|f| f.get("splash_at"))
+        .and_then(Value::as_str)
+        .unwrap_or(at);
+    vision_allowed(s, role, at, "PDFs")?;
+    let field = |k: &str| file.and_then(|f| f.get(k));
+    if field("file_id").is_some_and(|v| !v.is_null())
+        || field("file_url").is_some_and(|v| !v.is_null())
+    {
+        return Err(ApiError::invalid(
+            at,
+            "splash has no file storage and fetches no URLs: send the PDF inline as `file_data` (`data:application/pdf;base64,...`)",
+        ));
+    }
+    match field("file_data").and_then(Value::as_str) {
+        Some(data) => images.push_pdf(at, data),
+        None => Err(ApiError::invalid(
+            at,
+            "a file part needs `file.file_data`: the PDF as base64 or `data:application/pdf;base64,...`",
+        )),
+    }
+}
+
+/// The 400 for `what` (images, PDFs) in a `role` message or on a model without vision.
+fn vision_allowed(s: &AppState, role: &str, at: &str, what: &str) -> Result<(), ApiError> {
+    if !matches!(role, "user" | "tool") {
+        return Err(ApiError::invalid(
+            at,
+            format!("{what} may be sent in user and tool messages, not in a {role} message: move it to a user message"),
+        ));
+    }
+    if s.vision.is_none() {
+        return Err(ApiError::invalid(
+            at,
+            "this model reads text only (it has no vision tower, or the server runs with --language-only): send text",
+        ));
+    }
+    Ok(())
 }
 
 /// OpenAI sends tool-call arguments as a JSON string; templates expect the object.

@@ -49,13 +49,19 @@ fn text_of(content: &Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
-/// Message content as chat content: a string, or where it holds `input_image` parts, a list of
-/// chat parts (text and `image_url`, each image keeping its own path for errors).
+/// Message content as chat content: a string, or where it holds `input_image` or `input_file`
+/// parts, a list of chat parts (text, `image_url` and `file`, each keeping its own path for
+/// errors).
 fn content_of(content: &Value, at: &str) -> Result<Value, ApiError> {
     let Value::Array(parts) = content else {
         return Ok(Value::String(text_of(content, at)?));
     };
-    let is_image = |p: &Value| p.get("type").and_then(Value::as_str) == Some("input_image");
+    let is_image = |p: &Value| {
+        matches!(
+            p.get("type").and_then(Value::as_str),
+            Some("input_image" | "input_file")
+        )
+    };
     if !parts.iter().any(is_image) {
         return Ok(Value::String(text_of(content, at)?));
     }
@@ -68,6 +74,12 @@ fn content_of(content: &Value, at: &str) -> Result<Value, ApiError> {
                 e
             })?;
             out.push(json!({"type": "text", "text": text}));
+            continue;
+        }
+        if p.get("type").and_then(Value::as_str) == Some("input_file") {
+            let mut file = p.clone();
+            file["splash_at"] = here.clone().into();
+            out.push(json!({"type": "file", "file": file}));
             continue;
         }
         match p.get("image_url").and_then(Value::as_str) {

@@ -27,7 +27,7 @@
   let chats = loadChats();
   let currentId = localStorage.getItem(CURRENT);
   let gen = null; // {chatId, msg, controller}
-  let attachments = []; // data URLs
+  let attachments = []; // {url, name, pdf}: data URLs of images and PDFs to send
   let banner = null; // {kind, text}
 
   // ------------------------------------------------------------------ storage
@@ -234,6 +234,7 @@
         img.alt = 'attached image';
         bubble.append(img);
       }
+      for (const f of m.files || []) bubble.append(el('div', 'file-chip', `PDF · ${f.name}`));
       bubble.append(el('div', 'user-text', m.content));
       node.append(bubble);
       return node;
@@ -426,10 +427,14 @@
     for (const m of chat.messages) {
       if (m === upTo) break;
       if (m.role === 'user') {
-        if (m.images && m.images.length) {
+        if ((m.images && m.images.length) || (m.files && m.files.length)) {
           out.push({
             role: 'user',
-            content: [{ type: 'text', text: m.content }, ...m.images.map((url) => ({ type: 'image_url', image_url: { url } }))],
+            content: [
+              ...(m.files || []).map((f) => ({ type: 'file', file: { filename: f.name, file_data: f.url } })),
+              ...(m.images || []).map((url) => ({ type: 'image_url', image_url: { url } })),
+              { type: 'text', text: m.content },
+            ],
           });
         } else out.push({ role: 'user', content: m.content });
       } else if (m.content || m.reasoning) {
@@ -546,7 +551,10 @@
       currentId = chat.id;
     }
     const user = { role: 'user', content: text };
-    if (attachments.length) user.images = attachments;
+    const images = attachments.filter((a) => !a.pdf).map((a) => a.url);
+    const files = attachments.filter((a) => a.pdf).map(({ name, url }) => ({ name, url }));
+    if (images.length) user.images = images;
+    if (files.length) user.files = files;
     chat.messages.push(user);
     if (chat.messages.length === 1) chat.title = titleFrom(text);
     $('prompt').value = '';
@@ -633,20 +641,24 @@
   function renderAttachments() {
     const box = $('attachments');
     box.textContent = '';
-    attachments.forEach((url, i) => {
+    attachments.forEach((a, i) => {
       const item = el('div', 'attachment');
-      const img = el('img');
-      img.src = url;
-      img.alt = 'image to send';
+      let shown;
+      if (a.pdf) shown = el('div', 'file-chip', `PDF · ${a.name}`);
+      else {
+        shown = el('img');
+        shown.src = a.url;
+        shown.alt = 'image to send';
+      }
       const rm = el('button', 'attachment-remove', '×');
       rm.type = 'button';
-      rm.setAttribute('aria-label', 'Remove image');
+      rm.setAttribute('aria-label', `Remove ${a.name}`);
       rm.addEventListener('click', () => {
         attachments.splice(i, 1);
         renderAttachments();
         updateSend();
       });
-      item.append(img, rm);
+      item.append(shown, rm);
       box.append(item);
     });
   }
@@ -654,14 +666,15 @@
   function addFiles(files) {
     if (!server.vision) return;
     for (const f of files) {
-      if (!/^image\/(png|jpeg|webp|gif)$/.test(f.type)) continue;
+      const pdf = f.type === 'application/pdf';
+      if (!pdf && !/^image\/(png|jpeg|webp|gif)$/.test(f.type)) continue;
       if (f.size > MAX_IMAGE_BYTES) {
         showBanner('error', `${f.name} is larger than 32 MiB.`);
         continue;
       }
       const r = new FileReader();
       r.onload = () => {
-        attachments.push(r.result);
+        attachments.push({ url: r.result, name: f.name, pdf });
         renderAttachments();
         updateSend();
       };

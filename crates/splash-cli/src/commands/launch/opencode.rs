@@ -58,7 +58,7 @@ pub fn config(server: &Server, user: Option<&str>) -> anyhow::Result<Value> {
     }
     let output = server.response_tokens();
     let input: Vec<&str> = if server.vision {
-        vec!["text", "image"]
+        vec!["text", "image", "pdf"]
     } else {
         vec!["text"]
     };
@@ -130,6 +130,14 @@ mod tests {
         assert_eq!(m["attachment"], false);
         assert_eq!(m["modalities"]["input"], json!(["text"]));
         assert_eq!(m["variants"]["none"], json!({"reasoningEffort": "none"}));
+        // A model with vision takes images and PDFs as attachments.
+        let vision = Server {
+            vision: true,
+            ..server()
+        };
+        let m = &config(&vision, None).unwrap()["provider"]["splash"]["models"]["demo"];
+        assert_eq!(m["attachment"], true);
+        assert_eq!(m["modalities"]["input"], json!(["text", "image", "pdf"]));
     }
 
     #[test]
