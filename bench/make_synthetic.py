@@ -17,7 +17,9 @@ GDN 16 k heads / 16 v heads of 128, conv 4, layers linear x3 + full, vocab 24832
   tiny  hidden 64, 4 layers, I 128, untied (quick CI smoke)
 --vision adds Qwen3.5's vision tower at its real size (27 blocks of 1152, 16 heads, MLP 4304,
 patch 16, merge 2, 2,304 positions; the merger's output the text hidden size) as
-`model.visual.*` with `vision_config` in config.json, for `splash bench --image`.
+`model.visual.*` with `vision_config` in config.json, for `splash bench --image`; --vision-out
+sets the merger's output width alone (5120: the 27B's tower, 2048: the 35B-A3B's) to time those
+towers beside a small text model (`splash serve` refuses such a checkpoint; the bench does not).
 With 248320 x hidden per embedding matrix, an untied 0.5B model cannot keep hidden 1024
 (embed + lm_head alone would be 0.51B), hence hidden 512 for the 0.5b preset.
 """
@@ -105,6 +107,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dry-run", action="store_true", help="print the parameter count, write nothing")
     ap.add_argument("--vision", action="store_true", help="add Qwen3.5's vision tower (real size, random weights)")
+    ap.add_argument("--vision-out", type=int, help="the tower's output width (default: the text hidden size)")
     ap.add_argument("--config-only", action="store_true",
                     help="write config and tokenizer files but no weights (input of make_synthetic_gguf.py)")
     args = ap.parse_args()
@@ -115,7 +118,7 @@ def main():
     specs = qwen35_layout.tensor_specs(cfg, args.seed)
     if args.vision:
         vision = dict(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304,
-                      out_hidden_size=cfg["hidden_size"], patch_size=16, temporal_patch_size=2,
+                      out_hidden_size=args.vision_out or cfg["hidden_size"], patch_size=16, temporal_patch_size=2,
                       spatial_merge_size=2, num_position_embeddings=2304, in_channels=3)
         cfg["vision_config"] = vision
         specs += vision_specs(vision)

@@ -3,9 +3,10 @@
 # staged in .device/: the GPU tests (cuda_ops, cuda_parity, speculative_cuda, scheduler_cuda),
 # then `splash bench` on synthetic checkpoints of the real sizes (made there: they are too
 # large to carry).
-#   bash scripts/gpu-run.sh [tests|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|ttft|ab|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|vision|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|ttft|ab|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
+# `vision`: the vision tower's time at the real tower sizes, and transformers' beside it.
 # `decode`: plain decoding speed with and without CUDA graphs.
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
@@ -73,6 +74,20 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     echo "== $t"
     SPLASH_REQUIRE_GPU=1 timeout "${TEST_TIMEOUT:-400}" ".device/$t" --test-threads 1 --nocapture 2>&1 | tee "$out/$t.log" | grep -E '^test |test result|panicked|GPU vs CPU' | head -60
   done
+fi
+
+if [ "$what" = vision ]; then
+  # The vision tower at Qwen3.5's size with the 27B's and the 35B-A3B's merger widths (beside a
+  # tiny text model), then transformers' tower in bf16 on the same cases.
+  for m in 27b:5120 35b:2048; do
+    d=/tmp/vision-${m%%:*}
+    [ -d "$d" ] || python3 bench/make_synthetic.py "$d" --size tiny --vision --vision-out "${m#*:}" > /dev/null
+    echo "== splash vision tower, ${m%%:*}"
+    ./.device/splash bench --model "$d" --device cuda --image 1024x1024,2048x2048,896x1152 \
+      --prompt-tokens 16 --decode-tokens 4 --repeat 5 2>&1 | tee "$out/vision-${m%%:*}.txt" | grep vision
+  done
+  echo "== transformers vision tower"
+  python3 bench/peers/transformers_vision.py --repeat 5 2>&1 | tee "$out/vision-transformers.txt"
 fi
 
 if [ "$what" = kernels ] || [ "$what" = all ]; then

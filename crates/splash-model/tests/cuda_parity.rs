@@ -648,3 +648,45 @@ fn gpu_states_copy_save_and_load() {
         assert!(got.logits == want.logits, "GPU draft context {what}");
     }
 }
+
+/// The vision tower on the GPU (bf16 products, f16 attention) against the CPU's f32 tower on
+/// `qwen35-vl-tied`, for grids that fill neither a query block nor a key tile, a square and
+/// a wide one: within bf16 rounding of the largest embedding.
+#[test]
+fn the_vision_tower_on_the_gpu_matches_the_cpu() {
+    let Some((_, text)) = pair("qwen35-vl-tied") else {
+        return;
+    };
+    let dir = fixture("qwen35-vl-tied");
+    let cpu = splash_model::vision::VisionTower::load(&dir)
+        .unwrap()
+        .unwrap();
+    let mut gpu = splash_model::vision::VisionTower::load(&dir)
+        .unwrap()
+        .unwrap();
+    gpu.place_like(&text.graph).unwrap();
+    assert_ne!(gpu.device(), "cpu");
+    for (gh, gw) in [(2, 2), (6, 10), (16, 16), (4, 64)] {
+        let width = cpu.config().patch_len();
+        let rows: Vec<f32> = (0..gh * gw)
+            .flat_map(|i| (0..width).map(move |j| ((i * 131 + j * 71) % 255) as f32 / 127.5 - 1.0))
+            .collect();
+        let image = splash_model::vision::PreparedImage {
+            grid: (gh, gw),
+            rows,
+        };
+        let (want, got) = (cpu.encode(&image).unwrap(), gpu.encode(&image).unwrap());
+        assert_eq!(got.len(), want.len());
+        let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        println!("grid {gh}×{gw}: off by {worst:.2e} (largest {scale})");
+        assert!(
+            worst <= 2e-2 * scale,
+            "grid {gh}×{gw}: off by {worst} (largest {scale})"
+        );
+    }
+}

@@ -53,6 +53,13 @@ pub struct Vision {
     documents: DocumentCache,
 }
 
+/// Memory the vision tower takes in RAM and on the GPU, in bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VisionMemory {
+    pub ram: u64,
+    pub gpu: u64,
+}
+
 /// An image as the text model takes it.
 pub struct Encoded {
     /// Merged patches down and across: the image takes `grid.0 · grid.1` placeholder tokens.
@@ -113,9 +120,37 @@ impl Vision {
         }
     }
 
-    /// Host memory the tower's weights take.
-    pub fn memory_bytes(&self) -> u64 {
-        self.tower.memory_bytes()
+    /// Runs the tower where `text` runs (its GPU, or the CPU); a tower that cannot go to
+    /// the GPU stays on the CPU, with a warning.
+    pub fn place_like(&mut self, text: &splash_model::Qwen35) {
+        if let Err(e) = self.tower.place_like(text) {
+            tracing::warn!("the vision tower runs on the CPU: {e}");
+        }
+    }
+
+    /// Where the tower's layers run: "cpu" or the GPU's name.
+    pub fn device(&self) -> String {
+        self.tower.device()
+    }
+
+    /// Memory the tower takes: RAM (its weights, and on the CPU the largest image's
+    /// activations), and GPU memory beyond its weights (the largest image's activations, when
+    /// it runs there).
+    pub fn memory(&self) -> VisionMemory {
+        let patches = self.processor.max_pixels as usize
+            / (self.processor.patch_size * self.processor.patch_size);
+        let activations = self.tower.activation_bytes(patches);
+        let weights = self.tower.memory_bytes();
+        match self.tower.device().as_str() {
+            "cpu" => VisionMemory {
+                ram: weights + activations,
+                gpu: 0,
+            },
+            _ => VisionMemory {
+                ram: weights,
+                gpu: activations,
+            },
+        }
     }
 
     /// The image in `bytes` through the processor and the tower (blocking: seconds for a large

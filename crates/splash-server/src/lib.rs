@@ -95,19 +95,25 @@ fn load_vision(model: &Model, config: &ServerConfig) -> Result<Option<images::Vi
     if config.language_only {
         return Ok(None);
     }
+    let placed = |mut v: images::Vision| {
+        v.place_like(&model.graph);
+        v
+    };
     if model.dir.is_dir() {
-        return images::Vision::load(&model.dir, config.max_image_pixels).map_err(fail);
+        return Ok(images::Vision::load(&model.dir, config.max_image_pixels)
+            .map_err(fail)?
+            .map(placed));
     }
     if let Some(path) = &config.mmproj {
         let v = images::Vision::load_gguf(path, config.max_image_pixels)
             .map_err(|e| fail(format!("{}: {e}", path.display())))?;
-        return Ok(Some(v));
+        return Ok(Some(placed(v)));
     }
     let Some(path) = splash_model::mmproj_beside(&model.dir) else {
         return Ok(None);
     };
     match images::Vision::load_gguf(&path, config.max_image_pixels) {
-        Ok(v) => Ok(Some(v)),
+        Ok(v) => Ok(Some(placed(v))),
         Err(e) => {
             tracing::warn!(
                 "{}: not used as the vision tower ({e}); serving text only",
@@ -150,8 +156,8 @@ pub async fn serve(
         .with_grammar_warmup();
     // The context limit and the lanes come from the memory plan; a configuration that cannot
     // serve one request stops here with the budget breakdown.
-    let vision_bytes = vision.as_ref().map_or(0, |v| v.memory_bytes());
-    let plan = plan::plan(&model, &config, vision_bytes).map_err(|e| StartError(e.to_string()))?;
+    let vision_memory = vision.as_ref().map(|v| v.memory()).unwrap_or_default();
+    let plan = plan::plan(&model, &config, vision_memory).map_err(|e| StartError(e.to_string()))?;
     engine = engine
         .with_max_context(plan.context)
         .with_kv_budget(usize::try_from(plan.kv_tokens).unwrap_or(usize::MAX))

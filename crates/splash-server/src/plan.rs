@@ -4,25 +4,28 @@ use splash_engine::{prefill_chunk_for, MemoryPlan, PlanError, PlanInputs};
 use splash_model::Model;
 
 use crate::config::ServerConfig;
+use crate::images::VisionMemory;
 
-/// The plan for serving `model` with `config`, with `vision_bytes` of vision tower in host
-/// memory; an error when it cannot serve one request.
+/// The plan for serving `model` with `config`, beside the vision tower's `vision` memory; an
+/// error when it cannot serve one request.
 pub fn plan(
     model: &Model,
     config: &ServerConfig,
-    vision_bytes: u64,
+    vision: VisionMemory,
 ) -> Result<MemoryPlan, Box<PlanError>> {
     let weights = model.weight_bytes;
     let (device, available) = match model.graph.device_memory() {
-        // The weights are already on the GPU: they count as offered to this process.
-        Some((free, _total)) => ("GPU memory", free + weights),
-        // The tower (in RAM whatever the text model's device) is taken off what RAM offers.
+        // The weights are already on the GPU: they count as offered to this process. The
+        // tower's weights are there too (not offered); its largest image's activations are
+        // kept free.
+        Some((free, _total)) => ("GPU memory", (free + weights).saturating_sub(vision.gpu)),
+        // The tower's RAM is taken off what RAM offers.
         None => (
             "RAM",
             available_ram()
                 .or(config.max_memory)
                 .unwrap_or(u64::MAX)
-                .saturating_sub(vision_bytes),
+                .saturating_sub(vision.ram),
         ),
     };
     let draft = config

@@ -151,11 +151,16 @@ impl AppState {
             eprintln!("  {}", plan.summary());
         }
         match &self.vision {
-            Some(v) => eprintln!(
-                "  images: vision tower {:.1} MiB in RAM (runs on the CPU), images resized to at most {} pixels",
-                v.memory_bytes() as f64 / (1 << 20) as f64,
-                self.config.max_image_pixels
-            ),
+            Some(v) => {
+                let m = v.memory();
+                eprintln!(
+                    "  images: vision tower on {} ({:.1} MiB RAM, {:.1} MiB GPU for the largest image), images resized to at most {} pixels",
+                    v.device(),
+                    m.ram as f64 / (1 << 20) as f64,
+                    m.gpu as f64 / (1 << 20) as f64,
+                    self.config.max_image_pixels
+                )
+            }
             None if self.config.language_only => eprintln!("  images: off (--language-only)"),
             None => {}
         }

@@ -20,7 +20,7 @@ pub struct KernelDims {
 
 /// The kernel sources (`kernels/`), in the order they compile as one unit: each file may use
 /// what the earlier ones define.
-const KERNEL_FILES: [(&str, &str); 12] = [
+const KERNEL_FILES: [(&str, &str); 13] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("quant.cuh", include_str!("kernels/quant.cuh")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
@@ -33,6 +33,7 @@ const KERNEL_FILES: [(&str, &str); 12] = [
     ("sampling.cu", include_str!("kernels/sampling.cu")),
     ("gdn.cu", include_str!("kernels/gdn.cu")),
     ("gdn_chunked.cu", include_str!("kernels/gdn_chunked.cu")),
+    ("vision.cu", include_str!("kernels/vision.cu")),
 ];
 
 /// The CUDA source of every kernel: the files of [`KERNEL_FILES`] one after the other, each

@@ -2542,3 +2542,5 @@ fn the_bf16_conversions_have_the_bits_of_rounding_the_f32_rows() {
         );
     }
 }
+
+mod vision;

@@ -426,6 +426,11 @@ impl Gpu {
         &self.name
     }
 
+    /// The device's ordinal (what [`Gpu::new`] opened).
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
     /// Streaming multiprocessors of the device.
     pub fn sms(&self) -> usize {
         self.sms

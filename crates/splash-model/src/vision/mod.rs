@@ -1,5 +1,9 @@
 //! Image input of the Qwen3.5 / Qwen3.6 vision tower.
 
+mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod device;
 mod preprocess;
 mod tower;
 

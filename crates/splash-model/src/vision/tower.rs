@@ -1,19 +1,19 @@
 //! The vision tower (transformers' `Qwen3_5VisionModel`, the same for qwen3_5 and
-//! qwen3_5_moe), on the CPU in f32: the reference its device versions are checked against.
-//! Patch rows in, one embedding of the text model's width per merged 2×2 block out.
+//! qwen3_5_moe): its weights in f32 on the host, and what every device shares per image (the
+//! patches' places, their learned-position taps and rotary angles). Patch rows in, one
+//! embedding of the text model's width per merged 2×2 block out. The layers run on a
+//! [`VisionDevice`]: the CPU's (`cpu.rs`, the reference) or the GPU's (`cuda.rs`).
 
 use std::path::Path;
 
-use splash_backend::cpu::matmul;
 use splash_backend::Weight;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
 use crate::gguf::Value as GgufValue;
+use crate::vision::cpu::CpuTower;
+use crate::vision::device::{PositionTaps, TowerPass, VisionDevice};
 use crate::vision::PreparedImage;
-
-/// Queries a block of the tower's attention takes at once (its scores: block × patches).
-const ATTENTION_BLOCK: usize = 256;
 
 /// `vision_config` of a checkpoint's config.json.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,7 +70,7 @@ impl VisionConfig {
         Ok(c)
     }
 
-    fn head_dim(&self) -> usize {
+    pub(crate) fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads
     }
 
@@ -81,10 +81,10 @@ impl VisionConfig {
 }
 
 /// `y = x·Wᵀ + b`.
-struct Linear {
+pub(crate) struct Linear {
     /// `[outputs, inputs]`, f32.
-    w: Weight,
-    b: Vec<f32>,
+    pub(crate) w: Weight,
+    pub(crate) b: Vec<f32>,
 }
 
 impl Linear {
@@ -101,61 +101,35 @@ impl Linear {
             b,
         })
     }
-
-    /// `x` `[T, inputs]` → `[T, outputs]` (the CPU backend's tiled, threaded product).
-    fn apply(&self, x: &[f32]) -> Vec<f32> {
-        let outputs = self.b.len();
-        let mut y = vec![0.0f32; x.len() / self.w.cols() * outputs];
-        matmul(&mut y, x, &self.w);
-        for row in y.chunks_exact_mut(outputs) {
-            row.iter_mut().zip(&self.b).for_each(|(v, b)| *v += b);
-        }
-        y
-    }
 }
 
-struct LayerNorm {
-    w: Vec<f32>,
-    b: Vec<f32>,
+/// LayerNorm with bias (eps 1e-6).
+pub(crate) struct LayerNorm {
+    pub(crate) w: Vec<f32>,
+    pub(crate) b: Vec<f32>,
 }
 
-impl LayerNorm {
-    fn apply(&self, x: &[f32]) -> Vec<f32> {
-        let n = self.w.len();
-        let mut y = Vec::with_capacity(x.len());
-        for row in x.chunks_exact(n) {
-            let mean = row.iter().sum::<f32>() / n as f32;
-            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
-            let inv = 1.0 / (var + 1e-6).sqrt();
-            y.extend(
-                row.iter()
-                    .zip(&self.w)
-                    .zip(&self.b)
-                    .map(|((v, w), b)| (v - mean) * inv * w + b),
-            );
-        }
-        y
-    }
+/// One transformer block of the tower.
+pub(crate) struct Block {
+    pub(crate) norm1: LayerNorm,
+    pub(crate) qkv: Linear,
+    pub(crate) proj: Linear,
+    pub(crate) norm2: LayerNorm,
+    pub(crate) fc1: Linear,
+    pub(crate) fc2: Linear,
 }
 
-struct Block {
-    norm1: LayerNorm,
-    qkv: Linear,
-    proj: Linear,
-    norm2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
-}
-
-/// The tower's weights and settings.
+/// The tower's weights and settings, and the device its layers run on.
 pub struct VisionTower {
-    config: VisionConfig,
-    patch: Linear,
-    positions: Vec<f32>,
-    blocks: Vec<Block>,
-    merger_norm: LayerNorm,
-    merger_fc1: Linear,
-    merger_fc2: Linear,
+    pub(crate) config: VisionConfig,
+    pub(crate) patch: Linear,
+    /// The learned positions `[num_position_embeddings, hidden]`.
+    pub(crate) positions: Vec<f32>,
+    pub(crate) blocks: Vec<Block>,
+    pub(crate) merger_norm: LayerNorm,
+    pub(crate) merger_fc1: Linear,
+    pub(crate) merger_fc2: Linear,
+    pub(crate) device: Box<dyn VisionDevice>,
 }
 
 impl VisionTower {
@@ -313,6 +287,7 @@ impl VisionTower {
             merger_fc1: linear("merger.linear_fc1", d * m * m)?,
             merger_fc2: linear("merger.linear_fc2", d * m * m)?,
             config,
+            device: Box::new(CpuTower),
         };
         Ok(tower)
     }
@@ -320,6 +295,29 @@ impl VisionTower {
     /// The tower's settings.
     pub fn config(&self) -> &VisionConfig {
         &self.config
+    }
+
+    /// Runs the layers where `text` runs (this build has no GPU device: on the CPU).
+    #[cfg(not(feature = "cuda"))]
+    pub fn place_like(&mut self, _text: &crate::Qwen35) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    /// Memory one image of `patches` patches takes while it is encoded (an upper bound over
+    /// the devices): the activations, the patch rows, and the bf16 copy of a product's input.
+    pub fn activation_bytes(&self, patches: usize) -> u64 {
+        let c = &self.config;
+        let (d, mlp) = (c.hidden_size, c.intermediate_size);
+        let hdp = c.head_dim().div_ceil(16) * 16;
+        let per_patch = 4 * (3 * d + 3 * d + mlp + c.patch_len())
+            + 2 * 3 * c.num_heads * hdp
+            + 2 * mlp.max(c.patch_len());
+        (patches * per_patch) as u64
+    }
+
+    /// Where the layers run: "cpu" or the GPU's name.
+    pub fn device(&self) -> String {
+        self.device.name()
     }
 
     /// Host memory the weights take (f32).
@@ -368,31 +366,23 @@ impl VisionTower {
                 (br * m + within / m, bc * m + within % m)
             })
             .collect();
-        let mut x = self.patch.apply(&image.rows);
-        self.add_positions(&mut x, &coords, gh, gw);
+        let taps = self.position_taps(&coords, gh, gw);
         let (cos, sin) = self.rotary(&coords);
-        for b in &self.blocks {
-            let h = b.norm1.apply(&x);
-            let attn = b
-                .proj
-                .apply(&self.attention(&b.qkv.apply(&h), &cos, &sin, n));
-            x.iter_mut().zip(attn).for_each(|(x, a)| *x += a);
-            let mut mid = b.fc1.apply(&b.norm2.apply(&x));
-            mid.iter_mut().for_each(|v| *v = gelu_tanh(*v));
-            x.iter_mut()
-                .zip(b.fc2.apply(&mid))
-                .for_each(|(x, a)| *x += a);
-        }
-        // The merger normalises each patch, then reads m·m consecutive rows as one.
-        let mut mid = self.merger_fc1.apply(&self.merger_norm.apply(&x));
-        mid.iter_mut().for_each(|v| *v = gelu_erf(*v));
-        Ok(self.merger_fc2.apply(&mid))
+        self.device.encode(
+            self,
+            &TowerPass {
+                rows: &image.rows,
+                n,
+                taps: &taps,
+                cos: &cos,
+                sin: &sin,
+            },
+        )
     }
 
-    /// Adds the learned positions, resampled bilinearly (align corners) from their square
-    /// grid to the image's, in f32 as transformers computes the weights.
-    fn add_positions(&self, x: &mut [f32], coords: &[(usize, usize)], gh: usize, gw: usize) {
-        let d = self.config.hidden_size;
+    /// Each patch's four taps into the learned positions, resampled bilinearly (align corners)
+    /// from their square grid to the image's, in f32 as transformers computes the weights.
+    fn position_taps(&self, coords: &[(usize, usize)], gh: usize, gw: usize) -> Vec<PositionTaps> {
         let side = (self.config.num_position_embeddings as f64).sqrt() as usize;
         let taps = |i: usize, len: usize| -> (usize, usize, f32) {
             let pos = if len == 1 {
@@ -403,22 +393,19 @@ impl VisionTower {
             let lo = (pos.floor() as usize).min(side - 1);
             (lo, (lo + 1).min(side - 1), pos - lo as f32)
         };
-        for (row, &(r, col)) in x.chunks_exact_mut(d).zip(coords) {
-            let (r0, r1, dr) = taps(r, gh);
-            let (c0, c1, dc) = taps(col, gw);
-            let corners = [
-                (r0 * side + c0, (1.0 - dr) * (1.0 - dc)),
-                (r0 * side + c1, (1.0 - dr) * dc),
-                (r1 * side + c0, dr * (1.0 - dc)),
-                (r1 * side + c1, dr * dc),
-            ];
-            for (k, v) in row.iter_mut().enumerate() {
-                *v += corners
-                    .iter()
-                    .map(|&(p, w)| self.positions[p * d + k] * w)
-                    .sum::<f32>();
-            }
-        }
+        coords
+            .iter()
+            .map(|&(r, col)| {
+                let (r0, r1, dr) = taps(r, gh);
+                let (c0, c1, dc) = taps(col, gw);
+                [
+                    (r0 * side + c0, (1.0 - dr) * (1.0 - dc)),
+                    (r0 * side + c1, (1.0 - dr) * dc),
+                    (r1 * side + c0, dr * (1.0 - dc)),
+                    (r1 * side + c1, dr * dc),
+                ]
+            })
+            .collect()
     }
 
     /// Cos and sin of the 2-D rotary angles, `[n, head_dim]`: the first quarter of the
@@ -451,68 +438,6 @@ impl VisionTower {
             }
         }
         (cos, sin)
-    }
-
-    /// Bidirectional attention over the image's own patches, every head, rotary on the
-    /// queries and keys; `qkv` rows are `[3, heads, head_dim]`. Per head, blocks of queries
-    /// against all keys through the backend's products (a block's scores, not all n², are
-    /// held at once).
-    fn attention(&self, qkv: &[f32], cos: &[f32], sin: &[f32], n: usize) -> Vec<f32> {
-        let (heads, hd, d) = (
-            self.config.num_heads,
-            self.config.head_dim(),
-            self.config.hidden_size,
-        );
-        let half = hd / 2;
-        let rotate = |v: &[f32], i: usize, out: &mut [f32]| {
-            let (c, s) = (&cos[i * hd..(i + 1) * hd], &sin[i * hd..(i + 1) * hd]);
-            for j in 0..hd {
-                let other = if j < half { -v[j + half] } else { v[j - half] };
-                out[j] = v[j] * c[j] + other * s[j];
-            }
-        };
-        let scale = 1.0 / (hd as f32).sqrt();
-        let block = ATTENTION_BLOCK.min(n);
-        let mut out = vec![0.0f32; n * d];
-        let (mut q, mut k, mut vt) = (
-            vec![0.0f32; n * hd],
-            vec![0.0f32; n * hd],
-            vec![0.0f32; hd * n],
-        );
-        let mut scores = vec![0.0f32; block * n];
-        let mut o = vec![0.0f32; block * hd];
-        for h in 0..heads {
-            let part = |i: usize, which: usize| &qkv[i * 3 * d + which * d + h * hd..][..hd];
-            for i in 0..n {
-                rotate(part(i, 0), i, &mut q[i * hd..(i + 1) * hd]);
-                rotate(part(i, 1), i, &mut k[i * hd..(i + 1) * hd]);
-                for (j, &v) in part(i, 2).iter().enumerate() {
-                    vt[j * n + i] = v;
-                }
-            }
-            let keys = Weight::from_f32(vec![n, hd], &k);
-            let values = Weight::from_f32(vec![hd, n], &vt);
-            for start in (0..n).step_by(block) {
-                let rows = block.min(n - start);
-                let s = &mut scores[..rows * n];
-                matmul(s, &q[start * hd..(start + rows) * hd], &keys);
-                for row in s.chunks_exact_mut(n) {
-                    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) * scale;
-                    let mut total = 0.0f32;
-                    for x in row.iter_mut() {
-                        *x = (*x * scale - max).exp();
-                        total += *x;
-                    }
-                    row.iter_mut().for_each(|x| *x /= total);
-                }
-                let o = &mut o[..rows * hd];
-                matmul(o, s, &values);
-                for (r, vals) in o.chunks_exact(hd).enumerate() {
-                    out[(start + r) * d + h * hd..][..hd].copy_from_slice(vals);
-                }
-            }
-        }
-        out
     }
 }
 
@@ -569,35 +494,6 @@ fn gguf_name(name: &str) -> Option<String> {
     Some(format!("blocks.{block}.{part}.{kind}"))
 }
 
-/// GELU, tanh approximation (`gelu_pytorch_tanh`, the blocks').
-fn gelu_tanh(x: f32) -> f32 {
-    0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh())
-}
-
-/// GELU, exact (`nn.GELU()`, the merger's).
-fn gelu_erf(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2))
-}
-
-/// The error function to f32 precision: Numerical Recipes' Chebyshev fit of erfc (fractional
-/// error below 1.2e-7), in f64.
-fn erf(x: f32) -> f32 {
-    let x = x as f64;
-    let t = 1.0 / (1.0 + 0.5 * x.abs());
-    let y = t
-        * (-x * x - 1.265_512_23
-            + t * (1.000_023_68
-                + t * (0.374_091_96
-                    + t * (0.096_784_18
-                        + t * (-0.186_288_06
-                            + t * (0.278_868_07
-                                + t * (-1.135_203_98
-                                    + t * (1.488_515_87
-                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
-            .exp();
-    (if x >= 0.0 { 1.0 - y } else { y - 1.0 }) as f32
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -646,19 +542,6 @@ mod tests {
                     "{dir} grid {gh}×{gw}: off by {worst} (largest {scale})"
                 );
             }
-        }
-    }
-
-    #[test]
-    fn erf_is_accurate() {
-        for (x, want) in [
-            (0.0, 0.0),
-            (0.5, 0.520_499_9),
-            (1.0, 0.842_700_8),
-            (-2.0, -0.995_322_3),
-            (3.5, 0.999_999_3),
-        ] {
-            assert!((erf(x) - want).abs() < 2e-7, "erf({x}) = {}", erf(x));
         }
     }
 }

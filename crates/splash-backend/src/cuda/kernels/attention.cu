@@ -309,12 +309,6 @@ extern "C" __global__ void attention_combine_seqs(const float* part, float* out,
 // fill the GPU, so block (tile, head, c) takes only keys [c·chunk, (c+1)·chunk) and, with
 // nchunks > 1, writes its rows' max, sum and unnormalised output to part [row, c, 2 + HEAD_DIM]
 // for attention_combine. Grid: ceil(T / (16·FA_WARPS)) · hq · nchunks blocks of 32·FA_WARPS.
-#if HEAD_DIM % 16 == 0
-#define FA_WARPS 4
-#define FA_KEYS 32
-// Halves per shared-memory row: 8 more than the head keeps the fragment loads conflict-free.
-#define FA_STRIDE (HEAD_DIM + 8)
-
 __device__ __forceinline__ u32 pack_f16(float lo, float hi) {
     return (u32)f32_to_f16(lo) | ((u32)f32_to_f16(hi) << 16);
 }
@@ -356,6 +350,12 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
 }
 #endif
+
+#if HEAD_DIM % 16 == 0
+#define FA_WARPS 4
+#define FA_KEYS 32
+// Halves per shared-memory row: 8 more than the head keeps the fragment loads conflict-free.
+#define FA_STRIDE (HEAD_DIM + 8)
 
 // The four int8 values of `w` times their row's scale, in f32 (the tiles round them to f16).
 __device__ __forceinline__ void int8_quad(u32 w, float scale, float (&v)[4]) {

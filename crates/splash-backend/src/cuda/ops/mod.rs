@@ -23,6 +23,7 @@ mod moe;
 mod norm;
 mod rope;
 mod sampling;
+mod vision;
 
 pub use attention::*;
 pub use dflash::*;
@@ -34,6 +35,7 @@ pub use moe::*;
 pub use norm::*;
 pub use rope::*;
 pub use sampling::*;
+pub use vision::*;
 
 /// Blocks of `per` that cover `n`.
 fn blocks(n: usize, per: usize) -> u32 {

@@ -57,7 +57,7 @@ pub struct Args {
     /// e.g. 1,4,16), each decoding --decode-tokens.
     #[arg(long, value_delimiter = ',')]
     concurrency: Vec<usize>,
-    /// Also time the vision tower (the model's, on the CPU) on images of these sizes, e.g.
+    /// Also time the vision tower (the model's, on the model's device) on images of these sizes, e.g.
     /// 512x512,1024x1024.
     #[arg(long, value_delimiter = ',', value_parser = vision::parse_size)]
     image: Vec<(usize, usize)>,
@@ -209,7 +209,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if !towers.is_empty() {
             v["vision"] = towers
                 .iter()
-                .map(|t| json!({"width": t.width, "height": t.height, "grid": [t.grid.0, t.grid.1], "tokens": t.tokens, "ms": t.ms, "gflops": t.gflops}))
+                .map(|t| json!({"width": t.width, "height": t.height, "grid": [t.grid.0, t.grid.1], "tokens": t.tokens, "ms": t.ms, "gflops": t.gflops, "device": t.device}))
                 .collect();
         }
         println!("{v}");
@@ -274,8 +274,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         for t in &towers {
             println!(
-                "vision tower {}x{}: {}x{} patches, {} tokens: {:.1} ms ({:.1} GFLOP/s)",
-                t.width, t.height, t.grid.0, t.grid.1, t.tokens, t.ms, t.gflops
+                "vision tower {}x{} on {}: {}x{} patches, {} tokens: {:.1} ms ({:.1} GFLOP/s)",
+                t.width, t.height, t.device, t.grid.0, t.grid.1, t.tokens, t.ms, t.gflops
             );
         }
         if !concurrent.is_empty() {

@@ -1,5 +1,6 @@
 //! `--image WxH`: the vision tower's time for one image of that size (patch rows made
-//! directly, so the decode and resize are not timed), on the CPU where the tower runs.
+//! directly, so the decode and resize are not timed), where the text model runs (the GPU with
+//! `--device cuda`, else the CPU), after one untimed encode.
 
 use std::time::Instant;
 
@@ -18,6 +19,8 @@ pub struct TowerTime {
     pub ms: f64,
     /// Multiply-adds of the products and attention, ×2, per second.
     pub gflops: f64,
+    /// Where the tower ran.
+    pub device: String,
 }
 
 /// Parses `WxH` (e.g. `1024x1024`).
@@ -39,12 +42,13 @@ pub fn run(
     sizes: &[(usize, usize)],
     repeat: usize,
 ) -> anyhow::Result<Vec<TowerTime>> {
-    let tower = VisionTower::load(&model.dir)?.ok_or_else(|| {
+    let mut tower = VisionTower::load(&model.dir)?.ok_or_else(|| {
         anyhow::anyhow!(
             "{} has no vision tower (config.json has no vision_config): --image needs one, e.g. bench/make_synthetic.py --vision",
             model.dir.display()
         )
     })?;
+    tower.place_like(&model.graph)?;
     let c = tower.config().clone();
     let unit = c.patch_size * c.spatial_merge_size;
     let mut out = Vec::new();
@@ -62,6 +66,7 @@ pub fn run(
             grid: (gh, gw),
             rows,
         };
+        tower.encode(&image)?;
         let mut times = Vec::new();
         for _ in 0..repeat {
             let t0 = Instant::now();
@@ -86,6 +91,7 @@ pub fn run(
             tokens: n / m2,
             ms,
             gflops: 2.0 * macs as f64 / (ms * 1e-3) / 1e9,
+            device: tower.device(),
         });
     }
     Ok(out)
