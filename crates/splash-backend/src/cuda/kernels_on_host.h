@@ -390,6 +390,9 @@ inline void cp_async_n(void* dst, const void* src, int bytes, int src_bytes) {
 inline void cp_async16(void* dst, const void* src, int src_bytes) { cp_async_n(dst, src, 16, src_bytes); }
 inline void cp_async4(void* dst, const void* src, int src_bytes) { cp_async_n(dst, src, 4, src_bytes); }
 inline void cp_async_wait_all() {}
+inline void cp_async_commit() {}
+inline void cp_async_wait_one() {}
+inline float fast_exp2(float x) { return std::exp2(x); }
 
 // ---- Launches ------------------------------------------------------------------------------
 

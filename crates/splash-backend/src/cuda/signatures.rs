@@ -221,7 +221,7 @@ kernels! {
     kernel grouped_dynamic_conv(x: *const f32, dynamic: *const f32, stride: i64, base: *const f32, out: *mut f32, t: i32, h: i32, k: i32, group: i32);
     // kernels/vision.cu
     kernel layer_norm(x: *const f32, w: *const f32, b: *const f32, out: *mut f32, d: i32, eps: f32);
-    kernel bias_act(x: *mut f32, b: *const f32, cols: i32, n: i64, act: i32);
+    kernel bias_act(y: *mut f32, b: *const f32, residual: *mut f32, rows: i32, cols: i32, act: i32);
     kernel add_position_taps(x: *mut f32, table: *const f32, taps: *const i32, weights: *const f32, d: i32);
     kernel vision_qkv(qkv: *const f32, cos_t: *const f32, sin_t: *const f32, q: *mut u16, k: *mut u16, v: *mut u16, n: i32, heads: i32, hd: i32, hdp: i32, scale: f32);
     /// The vision tower's attention, one kernel per head dim padded to a multiple of 16.

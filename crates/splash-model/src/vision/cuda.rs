@@ -131,7 +131,9 @@ fn upload_norm(gpu: &Gpu, n: &LayerNorm) -> Result<GpuNorm, ModelError> {
 }
 
 impl GpuTower {
-    /// `out = act(x · Wᵀ + b)` for `rows` rows.
+    /// `out = act(x · Wᵀ + b)` for `rows` rows, or with `residual`, `residual += x · Wᵀ + b`
+    /// (`out` its scratch).
+    #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
         out: &CudaSlice<f32>,
@@ -139,11 +141,13 @@ impl GpuTower {
         l: &GpuLinear,
         rows: usize,
         act: Activation,
+        residual: Option<&CudaSlice<f32>>,
     ) -> Result<(), ModelError> {
         let (g, k) = (&*self.gpu, &*self.k);
         let out = ptr(g, out, 0);
         dev::matmul_dense(g, k, out, ptr(g, x, 0), &l.w, rows)?;
-        dev::bias_act(g, k, out, ptr(g, &l.b, 0), rows, l.w.rows(), act)?;
+        let residual = residual.map(|r| ptr(g, r, 0));
+        dev::bias_act(g, k, out, ptr(g, &l.b, 0), residual, rows, l.w.rows(), act)?;
         Ok(())
     }
 
@@ -185,7 +189,7 @@ impl VisionDevice for GpuTower {
 
         let rows = g.upload(pass.rows)?;
         let x = g.uninit::<f32>(n * d)?;
-        self.linear(&x, &rows, &self.patch, n, Activation::None)?;
+        self.linear(&x, &rows, &self.patch, n, Activation::None, None)?;
         drop(rows);
         let taps: Vec<i32> = pass
             .taps
@@ -210,10 +214,11 @@ impl VisionDevice for GpuTower {
         let mid = g.uninit::<f32>(n * c.intermediate_size)?;
         let fp = |b: &CudaSlice<f32>| ptr(g, b, 0);
         let hp = |b: &CudaSlice<u16>| ptr(g, b, 0);
-        let scale = 1.0 / (hd as f32).sqrt();
+        // The attention's softmax is in base 2.
+        let scale = std::f32::consts::LOG2_E / (hd as f32).sqrt();
         for b in &self.blocks {
             self.norm(&h, &x, &b.norm1, n, d)?;
-            self.linear(&qkv, &h, &b.qkv, n, Activation::None)?;
+            self.linear(&qkv, &h, &b.qkv, n, Activation::None, None)?;
             let (qp, kp, vp) = (hp(&q), hp(&kh), hp(&v));
             let rot = (fp(&cos), fp(&sin));
             dev::vision_qkv(
@@ -227,23 +232,39 @@ impl VisionDevice for GpuTower {
                 scale,
             )?;
             dev::vision_attention(g, k, (qp, kp, vp), fp(&h), n, (heads, hd, hdp))?;
-            self.linear(&tmp, &h, &b.proj, n, Activation::None)?;
-            dev::add_in_place(g, k, fp(&x), fp(&tmp), n * d)?;
+            self.linear(&tmp, &h, &b.proj, n, Activation::None, Some(&x))?;
             self.norm(&h, &x, &b.norm2, n, d)?;
-            self.linear(&mid, &h, &b.fc1, n, Activation::GeluTanh)?;
-            self.linear(&tmp, &mid, &b.fc2, n, Activation::None)?;
-            dev::add_in_place(g, k, fp(&x), fp(&tmp), n * d)?;
+            self.linear(&mid, &h, &b.fc1, n, Activation::GeluTanh, None)?;
+            self.linear(&tmp, &mid, &b.fc2, n, Activation::None, Some(&x))?;
         }
         // The merger normalises each patch, then reads m² consecutive rows as one.
         self.norm(&h, &x, &self.merger_norm, n, d)?;
         let wide = g.uninit::<f32>(merged * m2 * d)?;
-        self.linear(&wide, &h, &self.merger_fc1, merged, Activation::GeluErf)?;
+        self.linear(
+            &wide,
+            &h,
+            &self.merger_fc1,
+            merged,
+            Activation::GeluErf,
+            None,
+        )?;
         let out = g.uninit::<f32>(merged * c.out_hidden_size)?;
-        self.linear(&out, &wide, &self.merger_fc2, merged, Activation::None)?;
+        self.linear(
+            &out,
+            &wide,
+            &self.merger_fc2,
+            merged,
+            Activation::None,
+            None,
+        )?;
         Ok(g.download(&out, merged * c.out_hidden_size)?)
     }
 
     fn name(&self) -> String {
         self.gpu.name().to_string()
+    }
+
+    fn profile(&self) -> Option<Vec<splash_backend::profile::ProfileRow>> {
+        self.gpu.profile_table()
     }
 }

@@ -1,6 +1,8 @@
 //! The vision tower's device seam: the host prepares each image's tables once
 //! ([`TowerPass`]); a [`VisionDevice`] runs the layers. The CPU's is the reference.
 
+use splash_backend::profile::ProfileRow;
+
 use crate::error::ModelError;
 use crate::vision::VisionTower;
 
@@ -28,4 +30,9 @@ pub(crate) trait VisionDevice: Send + Sync {
 
     /// "cpu", or the GPU's name.
     fn name(&self) -> String;
+
+    /// The GPU's launches so far, by kernel, with SPLASH_GPU_PROFILE set; `None` otherwise.
+    fn profile(&self) -> Option<Vec<ProfileRow>> {
+        None
+    }
 }

@@ -315,6 +315,11 @@ impl VisionTower {
         (patches * per_patch) as u64
     }
 
+    /// The GPU's launches so far, by kernel (SPLASH_GPU_PROFILE); `None` otherwise.
+    pub fn gpu_profile(&self) -> Option<Vec<splash_backend::profile::ProfileRow>> {
+        self.device.profile()
+    }
+
     /// Where the layers run: "cpu" or the GPU's name.
     pub fn device(&self) -> String {
         self.device.name()

@@ -52,15 +52,31 @@ fn layer_norm_and_bias_activations_on_the_host_match_the_reference() {
             .sum();
         s * h / 3.0 * 2.0 / std::f64::consts::PI.sqrt()
     };
-    for (act, name) in [(0, "none"), (1, "tanh"), (2, "erf")] {
+    // Rows of a multiple of 4 (float4) and not; in place, and added to a residual.
+    for (act, name, d, residual) in [
+        (0, "none", d, false),
+        (1, "tanh", d, false),
+        (2, "erf", d, false),
+        (1, "tanh", 70, false),
+        (0, "none + residual", d, true),
+        (2, "erf + residual", 70, true),
+    ] {
+        let b = random(d, 3);
         let x = random(rows * d, 4);
         let y = x.clone();
+        let base = random(rows * d, 8);
+        let res = base.clone();
         // SAFETY: the signature of bias_act, over buffers of the sizes it indexes.
         unsafe {
             let f: host::bias_act = kern.kernel("bias_act");
-            let (ya, ba) = (Addr::of(&y), Addr::of(&b));
+            let (ya, ba, ra) = (Addr::of(&y), Addr::of(&b), Addr::of(&res));
             kern.launch(2, 64, &|| {
-                f(ya.ptr(), ba.ptr(), d as i32, (rows * d) as i64, act)
+                let r = if residual {
+                    ra.ptr()
+                } else {
+                    std::ptr::null_mut()
+                };
+                f(ya.ptr(), ba.ptr(), r, rows as i32, d as i32, act)
             });
         }
         let want: Vec<f32> = x
@@ -75,7 +91,17 @@ fn layer_norm_and_bias_activations_on_the_host_match_the_reference() {
                 }) as f32
             })
             .collect();
-        assert!(rel_err(&y, &want) < 1e-6, "{name}: {}", rel_err(&y, &want));
+        if residual {
+            assert_eq!(bits(&y), bits(&x), "{name}: y unchanged");
+            let want: Vec<f32> = base.iter().zip(&want).map(|(a, b)| a + b).collect();
+            assert!(
+                rel_err(&res, &want) < 1e-6,
+                "{name}: {}",
+                rel_err(&res, &want)
+            );
+        } else {
+            assert!(rel_err(&y, &want) < 1e-6, "{name}: {}", rel_err(&y, &want));
+        }
     }
 }
 
@@ -123,13 +149,14 @@ fn position_taps_on_the_host_match_the_reference() {
 #[test]
 fn vision_attention_on_the_host_matches_the_reference() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    for (n, heads, hd) in [(70usize, 2usize, 72usize), (37, 3, 8)] {
+    for (n, heads, hd) in [(70usize, 2usize, 72usize), (37, 3, 8), (100, 2, 128)] {
         let hdp = crate::cuda::padded_head_dim(hd).unwrap();
         let qkv = random(n * 3 * heads * hd, 11 + hd as u64);
         let angles: Vec<f32> = (0..n * hd).map(|i| (i % 97) as f32 * 0.173).collect();
         let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
         let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
         let scale = 1.0 / (hd as f32).sqrt();
+        let scale2 = scale * std::f32::consts::LOG2_E;
         let (q, k, v) = (
             vec![0u16; heads * n * hdp],
             vec![0u16; heads * n * hdp],
@@ -144,7 +171,7 @@ fn vision_attention_on_the_host_matches_the_reference() {
             let (xa, ca, sa) = (Addr::of(&qkv), Addr::of(&cos), Addr::of(&sin));
             let (qa, ka, va, oa) = (Addr::of(&q), Addr::of(&k), Addr::of(&v), Addr::of(&out));
             let (ni, hi, di, pi) = (n as i32, heads as i32, hd as i32, hdp as i32);
-            kern.launch((n * heads) as u32, 32, &|| {
+            kern.launch(n as u32, 64, &|| {
                 split(
                     xa.ptr(),
                     ca.ptr(),
@@ -156,15 +183,16 @@ fn vision_attention_on_the_host_matches_the_reference() {
                     hi,
                     di,
                     pi,
-                    scale,
+                    scale2,
                 )
             });
-            let grid = n.div_ceil(64) * heads;
-            kern.launch(grid as u32, 128, &|| {
+            // Blocks of VA_WARPS (8) warps, 16 queries each.
+            let grid = n.div_ceil(128) * heads;
+            kern.launch(grid as u32, 256, &|| {
                 attend(qa.ptr(), ka.ptr(), va.ptr(), oa.ptr(), ni, hi, di)
             });
         }
-        // Padding is zero; q carries the scale.
+        // Padding is zero; q carries the scale and log2 e.
         let half16 = |h: u16| f16::from_bits(h).to_f32();
         assert!(
             (0..heads * n).all(|r| (hd..hdp).all(|j| q[r * hdp + j] == 0 && v[r * hdp + j] == 0))
@@ -182,7 +210,8 @@ fn vision_attention_on_the_host_matches_the_reference() {
                 })
                 .collect()
         };
-        assert!((half16(q[hdp]) as f64 - rot(0, 1, 0)[0] * scale as f64).abs() < 2e-3);
+        let (got0, want0) = (half16(q[hdp]) as f64, rot(0, 1, 0)[0] * scale2 as f64);
+        assert!((got0 - want0).abs() < 2e-3, "hd {hd}: {got0} vs {want0}");
         let mut want = vec![0.0f32; n * heads * hd];
         for h in 0..heads {
             let keys: Vec<Vec<f64>> = (0..n).map(|j| rot(1, j, h)).collect();

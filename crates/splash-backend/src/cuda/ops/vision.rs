@@ -30,19 +30,35 @@ pub fn layer_norm(
     launch::layer_norm(gpu, k, grid, x, w, b, out, d as i32, eps)
 }
 
-/// `x[r, c] = act(x[r, c] + b[c])` over `rows` rows of `cols`.
+/// `y[r, c] = act(y[r, c] + b[c])` over `rows` rows of `cols`; with a `residual` (a device
+/// address), `residual[r, c] += act(y[r, c] + b[c])` instead, y unchanged.
+#[allow(clippy::too_many_arguments)]
 pub fn bias_act(
     gpu: &Gpu,
     k: &Kernels,
-    x: u64,
+    y: u64,
     b: u64,
+    residual: Option<u64>,
     rows: usize,
     cols: usize,
     act: Activation,
 ) -> Result<(), GpuError> {
-    let n = rows * cols;
-    let grid = (blocks(n, 256).min(1 << 20), 256);
-    launch::bias_act(gpu, k, grid, x, b, cols as i32, n as i64, act as i32)
+    let grid = (
+        rows.min(1 << 16) as u32,
+        row_threads(cols.div_ceil(4)).max(64),
+    );
+    let (rows, cols) = (rows as i32, cols as i32);
+    launch::bias_act(
+        gpu,
+        k,
+        grid,
+        y,
+        b,
+        residual.unwrap_or(0),
+        rows,
+        cols,
+        act as i32,
+    )
 }
 
 /// `x[r] += Σ_j weights[4r + j] · table[taps[4r + j]]` for `rows` rows of `d`: learned
@@ -68,7 +84,8 @@ pub fn padded_head_dim(hd: usize) -> Option<usize> {
 }
 
 /// The rows of `qkv` `[n, 3, heads, hd]` as f16 heads `q`, `k`, `v` `[heads, n, hdp]`: q and k
-/// turned by the rotary of `cos`, `sin` `[n, hd]` (rotate-half), q times `scale`.
+/// turned by the rotary of `cos`, `sin` `[n, hd]` (rotate-half), q times `scale`: the
+/// attention's scale times log2 e ([`vision_attention`]'s softmax is in base 2).
 #[allow(clippy::too_many_arguments)]
 pub fn vision_qkv(
     gpu: &Gpu,
@@ -80,7 +97,7 @@ pub fn vision_qkv(
     (heads, hd, hdp): (usize, usize, usize),
     scale: f32,
 ) -> Result<(), GpuError> {
-    let grid = ((n * heads) as u32, row_threads(hdp).min(128));
+    let grid = (n as u32, row_threads(heads * hdp));
     let (n, heads, hd, hdp) = (n as i32, heads as i32, hd as i32, hdp as i32);
     launch::vision_qkv(
         gpu, kernels, grid, qkv, cos, sin, q, k, v, n, heads, hd, hdp, scale,
@@ -98,7 +115,7 @@ pub fn vision_attention(
     n: usize,
     (heads, hd, hdp): (usize, usize, usize),
 ) -> Result<(), GpuError> {
-    const WARPS: usize = 4;
+    const WARPS: usize = 8; // VA_WARPS in kernels/vision.cu
     let name = format!("vision_attention_{hdp}");
     let grid = (blocks(n, 16 * WARPS) * heads as u32, 32 * WARPS as u32);
     let (n, heads, hd) = (n as i32, heads as i32, hd as i32);

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use splash_backend::profile;
 use splash_model::vision::{PreparedImage, VisionTower};
 use splash_model::Model;
 
@@ -72,6 +73,13 @@ pub fn run(
             let t0 = Instant::now();
             tower.encode(&image)?;
             times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        if let Some(before) = tower.gpu_profile() {
+            // SPLASH_GPU_PROFILE: where one more encode's time goes, launch by launch.
+            tower.encode(&image)?;
+            let rows = profile::profile_since(&before, &tower.gpu_profile().unwrap_or_default());
+            eprintln!("vision tower {width}x{height}, every launch synchronised:");
+            eprint!("{}", profile::profile_text(&rows));
         }
         times.sort_by(f64::total_cmp);
         let ms = times[times.len() / 2];
