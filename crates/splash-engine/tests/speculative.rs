@@ -16,7 +16,7 @@ use splash_engine::{
 use splash_model::{load, DFlashDraft, KvFormat, Logits, Model, ModelError};
 
 mod common;
-use common::{demo, demo_draft, fixture, greedy};
+use common::{demo, demo_draft, fixture, greedy, Oracle};
 
 fn json(path: PathBuf) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -85,81 +85,6 @@ fn plain_runs(
         .map(|(p, o)| p.iter().chain(o).copied().collect())
         .collect();
     (plain, sequences)
-}
-
-/// Proposes the known greedy continuation of each prompt, with a slot replaced by a wrong
-/// token at pseudo-random places when `error_every` is set.
-struct Oracle {
-    sequences: Vec<Vec<u32>>,
-    block: usize,
-    error_every: Option<u64>,
-}
-
-struct OracleSession {
-    sequences: Vec<Vec<u32>>,
-    error_every: Option<u64>,
-    calls: u64,
-}
-
-impl Drafter for Oracle {
-    fn block_size(&self) -> usize {
-        self.block
-    }
-    fn tap_layers(&self) -> &[usize] {
-        &[]
-    }
-    fn session(&self) -> Box<dyn DraftSession> {
-        Box::new(OracleSession {
-            sequences: self.sequences.clone(),
-            error_every: self.error_every,
-            calls: 0,
-        })
-    }
-}
-
-impl DraftSession for OracleSession {
-    fn commit(&mut self, features: &[f32]) -> Result<(), ModelError> {
-        assert!(features.is_empty(), "the oracle asked for no taps");
-        Ok(())
-    }
-    fn propose(
-        &mut self,
-        _: &Model,
-        history: &[u32],
-        len: usize,
-        _: &mut Sampler,
-    ) -> Result<Proposal, ModelError> {
-        let known = self
-            .sequences
-            .iter()
-            .find(|s| s.len() >= history.len() && s[..history.len()] == *history)
-            .unwrap_or_else(|| {
-                let best = self
-                    .sequences
-                    .iter()
-                    .map(|s| s.iter().zip(history).take_while(|(a, b)| a == b).count())
-                    .max();
-                panic!(
-                    "the oracle does not know this history of {} tokens (longest match {best:?})",
-                    history.len()
-                )
-            });
-        let mut tokens: Vec<u32> = (0..len)
-            .map(|i| known.get(history.len() + i).copied().unwrap_or(0))
-            .collect();
-        if let Some(every) = self.error_every {
-            self.calls += 1;
-            // Slot (calls · 7) mod every gets a wrong token when it falls inside the block.
-            let slot = ((self.calls * 7) % every) as usize;
-            if slot < len {
-                tokens[slot] = (tokens[slot] + 1) % 500;
-            }
-        }
-        Ok(Proposal {
-            tokens,
-            q: Vec::new(),
-        })
-    }
 }
 
 #[test]

@@ -4,8 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use splash_engine::{DFlashDrafter, Drafter, Request, SamplingParams};
-use splash_model::{load, DFlashDraft, Model};
+use splash_engine::{
+    DFlashDrafter, DraftSession, Drafter, Proposal, Request, Sampler, SamplingParams,
+};
+use splash_model::{load, DFlashDraft, Model, ModelError};
 
 /// A path in the repository.
 pub fn repo(path: &str) -> PathBuf {
@@ -99,4 +101,79 @@ pub fn on_gpu_with(
     }
     d.to_gpu(&m.graph).unwrap();
     (Arc::new(m), Arc::new(DFlashDrafter::new(Arc::new(d))))
+}
+
+/// Proposes the known greedy continuation of each prompt, with a slot replaced by a wrong
+/// token at pseudo-random places when `error_every` is set.
+pub struct Oracle {
+    pub sequences: Vec<Vec<u32>>,
+    pub block: usize,
+    pub error_every: Option<u64>,
+}
+
+struct OracleSession {
+    sequences: Vec<Vec<u32>>,
+    error_every: Option<u64>,
+    calls: u64,
+}
+
+impl Drafter for Oracle {
+    fn block_size(&self) -> usize {
+        self.block
+    }
+    fn tap_layers(&self) -> &[usize] {
+        &[]
+    }
+    fn session(&self) -> Box<dyn DraftSession> {
+        Box::new(OracleSession {
+            sequences: self.sequences.clone(),
+            error_every: self.error_every,
+            calls: 0,
+        })
+    }
+}
+
+impl DraftSession for OracleSession {
+    fn commit(&mut self, features: &[f32]) -> Result<(), ModelError> {
+        assert!(features.is_empty(), "the oracle asked for no taps");
+        Ok(())
+    }
+    fn propose(
+        &mut self,
+        _: &Model,
+        history: &[u32],
+        len: usize,
+        _: &mut Sampler,
+    ) -> Result<Proposal, ModelError> {
+        let known = self
+            .sequences
+            .iter()
+            .find(|s| s.len() >= history.len() && s[..history.len()] == *history)
+            .unwrap_or_else(|| {
+                let best = self
+                    .sequences
+                    .iter()
+                    .map(|s| s.iter().zip(history).take_while(|(a, b)| a == b).count())
+                    .max();
+                panic!(
+                    "the oracle does not know this history of {} tokens (longest match {best:?})",
+                    history.len()
+                )
+            });
+        let mut tokens: Vec<u32> = (0..len)
+            .map(|i| known.get(history.len() + i).copied().unwrap_or(0))
+            .collect();
+        if let Some(every) = self.error_every {
+            self.calls += 1;
+            // Slot (calls · 7) mod every gets a wrong token when it falls inside the block.
+            let slot = ((self.calls * 7) % every) as usize;
+            if slot < len {
+                tokens[slot] = (tokens[slot] + 1) % 500;
+            }
+        }
+        Ok(Proposal {
+            tokens,
+            q: Vec::new(),
+        })
+    }
 }
