@@ -94,6 +94,20 @@ SYSTEM_PROMPTS = [
 ]
 
 
+
+def load_tokenizer(directory):
+    """The `tokenizers` tokenizer of a model directory: `tokenizer.json`, or gzip-compressed as
+    `tokenizer.json.gz` (how `models/demo` keeps it, as splash reads it)."""
+    import gzip
+
+    from tokenizers import Tokenizer
+
+    plain = os.path.join(directory, "tokenizer.json")
+    if os.path.exists(plain):
+        return Tokenizer.from_file(plain)
+    with gzip.open(plain + ".gz", "rt", encoding="utf-8") as f:
+        return Tokenizer.from_str(f.read())
+
 def maybe_system(rng, messages, p=0.3):
     if rng.random() < p:
         return [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] + messages

@@ -290,7 +290,6 @@ def tool_rate_main(args):
 def perplexity_pair(splash, window=512):
     """Held-out perplexity from transformers (f32 on the CPU) and from `splash perplexity`."""
     import torch
-    from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
     import train  # its perplexity: the same windows as `splash perplexity`
@@ -299,7 +298,7 @@ def perplexity_pair(splash, window=512):
     text = "".join(data.render(data.generate(rng), template) for _ in range(60))
     path = os.path.join(HERE, "results", "heldout.txt")
     open(path, "w").write(text)
-    tok = Tokenizer.from_file(os.path.join(ROOT, "models", "demo", "tokenizer.json"))
+    tok = data.load_tokenizer(os.path.join(ROOT, "models", "demo"))
     ids = tok.encode(text).ids
     model = AutoModelForCausalLM.from_pretrained(os.path.join(ROOT, "models", "demo"), dtype=torch.float32).eval()
     ppl, _, n = train.perplexity(model, ids, window, "cpu")

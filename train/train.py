@@ -6,7 +6,7 @@ Runs on one GPU (the H200: about 8 minutes in all) or, with --smoke, on a CPU in
     python3 train/train.py --out OUT [--target-minutes 5] [--draft-minutes 2] [--dflash-ref model.py]
 
 Steps: generate the conversations (train/data.py, seeded, in parallel), tokenize them with
-models/demo/tokenizer.json, find the assistant turns (checked against the rendered text): full
+models/demo/tokenizer.json.gz, find the assistant turns (checked against the rendered text): full
 loss weight there, OTHER_WEIGHT on the other text; pack them into 1,024-token rows, train the target, then train the
 DFlash draft on the frozen target's tap features (block diffusion: each block is the last
 accepted token plus mask tokens, attending to the taps of everything before it), and
@@ -127,10 +127,9 @@ def check_assistant_mask(tok, texts, ids, masks):
 
 
 def _chunk(args):
-    seed, count, template_path, tokenizer_path, judgment_share = args
-    from tokenizers import Tokenizer
+    seed, count, template_path, tokenizer_dir, judgment_share = args
     template = open(template_path).read()
-    tok = Tokenizer.from_file(tokenizer_path)
+    tok = data.load_tokenizer(tokenizer_dir)
     rng = random.Random(seed)
     convs, texts, dropped = [], [], []
     while len(convs) < count:
@@ -156,7 +155,7 @@ def make_conversations(seed, n, workers, chunk=2000, judgment_share=0.0):
     """n conversations: (kinds, texts, token arrays, loss masks), the same for the same seed and n;
     `judgment_share` of them drawn from gen_judgment on top of its share of the mixture."""
     jobs = [(seed * 1_000_003 + i, min(chunk, n - i * chunk), os.path.join(DEMO, "chat_template.jinja"),
-             os.path.join(DEMO, "tokenizer.json"), judgment_share) for i in range((n + chunk - 1) // chunk)]
+             DEMO, judgment_share) for i in range((n + chunk - 1) // chunk)]
     kinds, texts, ids, masks, dropped = [], [], [], [], []
     data.stdlib_functions()  # parsed once, shared by the forked workers
     with mp.get_context("fork").Pool(workers) as pool:
@@ -595,8 +594,7 @@ def main():
         logf.write(msg + "\n")
         logf.flush()
 
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(os.path.join(DEMO, "tokenizer.json"))
+    tok = data.load_tokenizer(DEMO)
     EOS, EOT, MASK = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>")
     if args.smoke:
         TARGET.update(hidden_size=64, num_hidden_layers=4, layer_types=TARGET["layer_types"][:4], intermediate_size=96,
