@@ -4,18 +4,13 @@ vision-language fixture `tests/fixtures/qwen35-vl-tied`. Each page reaches the m
 prefix cache treat pages as they treat images, and bad files get a 400 in each API's shape.
 """
 
-import base64
-
 import anthropic
 import httpx
 import openai
 import pytest
 
-from splash_server import ROOT, Server
-from test_images import claude, image_part, oai, png
+from test_images import MODEL, b64, claude, image_part, oai, png, vl  # noqa: F401 (vl: the server fixture)
 
-FIXTURE = ROOT / "tests" / "fixtures" / "qwen35-vl-tied"
-MODEL = "qwen35-vl-tied"
 SHOWN = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
@@ -52,10 +47,6 @@ LOCKED = pdf([["secret"]], "/Encrypt << /Filter /Standard /V 1 /R 2 /Length 40 /
              "/ID [<00112233445566778899aabbccddeeff> <00112233445566778899aabbccddeeff>]")
 
 
-def b64(data):
-    return base64.b64encode(data).decode()
-
-
 def file_part(data, url=True):
     return {"type": "file", "file": {"filename": "invoice.pdf",
                                      "file_data": f"data:application/pdf;base64,{b64(data)}" if url else b64(data)}}
@@ -64,13 +55,6 @@ def file_part(data, url=True):
 def document(data, **extra):
     return {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": b64(data)},
             **extra}
-
-
-@pytest.fixture(scope="module")
-def vl():
-    s = Server(model=str(FIXTURE))
-    yield s
-    s.stop()
 
 
 def ask(part):

@@ -158,7 +158,8 @@ fn read_pdf(bytes: &[u8], digest: [u8; 32], limits: PdfLimits) -> Result<Vec<Pag
             settings.clone(),
         );
         interpret_page(page, &mut context, &mut device);
-        let text = device.text();
+        // Counted as the prompt takes it, as a cached file is counted again (`check_limits`).
+        let text = format!("PDF page {}:\n{}\n", i + 1, device.text());
         chars += text.chars().count();
         if chars > limits.text_chars {
             return Err(too_much_text(limits.text_chars));
@@ -193,7 +194,7 @@ fn read_pdf(bytes: &[u8], digest: [u8; 32], limits: PdfLimits) -> Result<Vec<Pag
         hasher.update(digest);
         hasher.update((i as u64).to_le_bytes());
         out.push(Page {
-            text: format!("PDF page {}:\n{text}\n", i + 1),
+            text,
             image: Arc::new(RgbImage {
                 width: pw,
                 height: ph,
