@@ -3,7 +3,8 @@
 //! Pages are rendered by hayro (pure Rust); the text is assembled in reading order from the
 //! glyphs hayro interprets, one line per baseline.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use hayro::hayro_interpret::font::GlyphRun;
 use hayro::hayro_interpret::hayro_syntax::{DecryptionError, LoadPdfError, Pdf};
@@ -29,6 +30,10 @@ const CACHE_ENTRIES: usize = 16;
 const CACHE_BYTES: usize = 64 << 20;
 /// Stack of the thread a PDF is read on: deeply nested content recurses in the interpreter.
 const READER_STACK: usize = 64 << 20;
+/// Longest a PDF may take to read, waiting for a reader included: hayro cannot be stopped
+/// inside a page, so a file that takes longer is answered with an error and its reader
+/// stops at the next page.
+const READ_TIME: Duration = Duration::from_secs(60);
 
 /// One page of a PDF as the prompt takes it.
 pub struct Page {
@@ -48,38 +53,75 @@ pub struct PdfLimits {
     pub text_chars: usize,
 }
 
+/// Why a PDF was not read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The file: damaged, encrypted, over a limit, too slow to render. What to send instead.
+    File(String),
+    /// Every reader is busy with other PDFs: try again.
+    Busy(String),
+}
+
 /// Rendered PDFs by the SHA-256 of the file.
 pub struct DocumentCache {
     entries: Mutex<ContentCache<Arc<[Page]>>>,
+    readers: Arc<Readers>,
+    read_time: Duration,
 }
 
 impl Default for DocumentCache {
     fn default() -> Self {
-        Self {
-            entries: Mutex::new(ContentCache::new(CACHE_BYTES, CACHE_ENTRIES)),
-        }
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self::new((cores / 4).max(2), READ_TIME)
     }
 }
 
 impl DocumentCache {
-    /// The pages of the PDF in `bytes`, from the cache or read within `limits`. The error says
-    /// what is wrong with the file and what to send instead.
-    pub fn read(&self, bytes: &[u8], limits: PdfLimits) -> Result<Arc<[Page]>, String> {
+    /// At most `readers` PDFs read at once, each within `read_time`.
+    fn new(readers: usize, read_time: Duration) -> Self {
+        Self {
+            entries: Mutex::new(ContentCache::new(CACHE_BYTES, CACHE_ENTRIES)),
+            readers: Arc::new(Readers {
+                free: Mutex::new(readers),
+                freed: Condvar::new(),
+            }),
+            read_time,
+        }
+    }
+
+    /// The pages of the PDF in `bytes`, from the cache or read within `limits` and the read
+    /// time. The error says what is wrong with the file and what to send instead.
+    pub fn read(&self, bytes: &[u8], limits: PdfLimits) -> Result<Arc<[Page]>, ReadError> {
         let digest: [u8; 32] = Sha256::digest(bytes).into();
         if let Some(hit) = self.entries.lock().unwrap().get(&digest) {
-            check_limits(&hit, limits)?;
+            check_limits(&hit, limits).map_err(ReadError::File)?;
             return Ok(hit);
         }
+        let deadline = Instant::now() + self.read_time;
+        let seconds = self.read_time.as_secs_f64();
+        let reader = Readers::take(&self.readers, deadline).ok_or_else(|| {
+            ReadError::Busy(format!(
+                "every PDF reader stayed busy with other files for {seconds} s: try again later"
+            ))
+        })?;
         let owned = bytes.to_vec();
-        let reader = std::thread::Builder::new()
+        let (done, pages) = mpsc::channel();
+        std::thread::Builder::new()
             .name("splash-pdf".into())
             .stack_size(READER_STACK)
-            .spawn(move || read_pdf(&owned, digest, limits))
-            .map_err(|e| format!("could not start the PDF reader: {e}"))?;
-        let pages: Arc<[Page]> = reader
-            .join()
-            .map_err(|_| "the PDF could not be read (the renderer failed on it): send the pages as images, or the text".to_string())??
-            .into();
+            .spawn(move || {
+                let _reader = reader;
+                let _ = done.send(read_pdf(&owned, digest, limits, deadline));
+            })
+            .map_err(|e| ReadError::Busy(format!("could not start the PDF reader: {e}")))?;
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let pages: Arc<[Page]> = match pages.recv_timeout(wait) {
+            Ok(read) => read.map_err(ReadError::File)?.into(),
+            Err(mpsc::RecvTimeoutError::Timeout) => return Err(ReadError::File(too_slow(seconds))),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(ReadError::File(
+                "the PDF could not be read (the renderer failed on it): send the pages as images, or the text".into(),
+            )),
+        };
         let size = pages
             .iter()
             .map(|p| p.text.len() + p.image.pixels.len())
@@ -104,6 +146,39 @@ fn check_limits(pages: &[Page], limits: PdfLimits) -> Result<(), String> {
     Ok(())
 }
 
+/// Readers free to start; a reader given up on by its request keeps its place until it stops.
+struct Readers {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+/// A place among the readers, given back when dropped.
+struct Reader(Arc<Readers>);
+
+impl Readers {
+    /// A place, waiting for one until `deadline`.
+    fn take(this: &Arc<Self>, deadline: Instant) -> Option<Reader> {
+        let mut free = this.free.lock().unwrap();
+        while *free == 0 {
+            let wait = deadline.checked_duration_since(Instant::now())?;
+            free = this.freed.wait_timeout(free, wait).unwrap().0;
+        }
+        *free -= 1;
+        Some(Reader(this.clone()))
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap() += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+fn too_slow(seconds: f64) -> String {
+    format!("the PDF took longer than {seconds} s to read: send fewer or simpler pages, the pages as images, or the text")
+}
+
 fn too_many_pages(n: usize, max: usize) -> String {
     format!("the PDF has {n} pages, more than the {max} images and PDF pages this request may still hold: send fewer pages")
 }
@@ -112,8 +187,14 @@ fn too_much_text(max: usize) -> String {
     format!("the PDFs of this request hold more than {max} characters of text: send fewer pages")
 }
 
-/// Reads every page of a PDF: its text and its rendering.
-fn read_pdf(bytes: &[u8], digest: [u8; 32], limits: PdfLimits) -> Result<Vec<Page>, String> {
+/// Reads every page of a PDF: its text and its rendering, giving up at the first page that
+/// starts after `deadline`.
+fn read_pdf(
+    bytes: &[u8],
+    digest: [u8; 32],
+    limits: PdfLimits,
+    deadline: Instant,
+) -> Result<Vec<Page>, String> {
     let pdf = Pdf::new(bytes.to_vec()).map_err(|e| match e {
         LoadPdfError::Decryption(DecryptionError::PasswordProtected) => {
             "the PDF needs a password to open: send it without the password protection".to_string()
@@ -137,7 +218,17 @@ fn read_pdf(bytes: &[u8], digest: [u8; 32], limits: PdfLimits) -> Result<Vec<Pag
     let text_cache = InterpreterCache::new();
     let mut chars = 0;
     let mut out = Vec::with_capacity(pages.len());
+    // The request has been answered by then; the message is for the log of a test.
+    let past = |i: usize| match Instant::now() > deadline {
+        true => Err(format!(
+            "stopped at page {} of {}: out of time",
+            i + 1,
+            pages.len()
+        )),
+        false => Ok(()),
+    };
     for (i, page) in pages.iter().enumerate() {
+        past(i)?;
         let (w, h) = page.render_dimensions();
         let (w, h) = (w as f64, h as f64);
         if !(w.is_finite() && h.is_finite() && w > 0.0 && h > 0.0)
@@ -164,6 +255,7 @@ fn read_pdf(bytes: &[u8], digest: [u8; 32], limits: PdfLimits) -> Result<Vec<Pag
         if chars > limits.text_chars {
             return Err(too_much_text(limits.text_chars));
         }
+        past(i)?;
         let scale = page_scale(w, h);
         let pixmap = hayro::render(
             page,
@@ -308,18 +400,28 @@ pub(crate) mod tests {
     /// A PDF of US Letter pages, each line of each page in 12-point Helvetica (the standard
     /// font, not embedded), with `extra` added to the trailer dictionary.
     pub(crate) fn pdf(pages: &[&[&str]], extra: &str) -> Vec<u8> {
+        let streams: Vec<String> = pages
+            .iter()
+            .map(|lines| {
+                let mut stream = String::from("BT /F1 12 Tf 72 720 Td 14 TL\n");
+                for line in *lines {
+                    stream.push_str(&format!("({line}) Tj T*\n"));
+                }
+                stream + "ET\n"
+            })
+            .collect();
+        pdf_of_streams(&streams, extra)
+    }
+
+    /// A PDF of US Letter pages with these content streams (font `/F1` is Helvetica).
+    fn pdf_of_streams(streams: &[String], extra: &str) -> Vec<u8> {
         let mut objects = vec![
             "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
             String::new(),
             "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".to_string(),
         ];
         let mut kids = Vec::new();
-        for lines in pages {
-            let mut stream = String::from("BT /F1 12 Tf 72 720 Td 14 TL\n");
-            for line in *lines {
-                stream.push_str(&format!("({line}) Tj T*\n"));
-            }
-            stream.push_str("ET\n");
+        for stream in streams {
             objects.push(format!(
                 "<< /Length {} >>\nstream\n{stream}endstream",
                 stream.len()
@@ -333,7 +435,7 @@ pub(crate) mod tests {
         objects[1] = format!(
             "<< /Type /Pages /Kids [{}] /Count {} >>",
             kids.join(" "),
-            pages.len()
+            streams.len()
         );
         let mut out = b"%PDF-1.4\n".to_vec();
         let mut offsets = Vec::new();
@@ -392,7 +494,10 @@ pub(crate) mod tests {
     #[test]
     fn bad_files_say_what_is_wrong() {
         let cache = DocumentCache::default();
-        let err = |bytes: &[u8], limits| cache.read(bytes, limits).err().unwrap();
+        let err = |bytes: &[u8], limits| match cache.read(bytes, limits) {
+            Err(ReadError::File(e)) => e,
+            other => panic!("{:?}", other.map(|p| p.len())),
+        };
         assert!(err(b"%PDF-1.4 nothing here", LIMITS).contains("not a PDF, or it is damaged"));
         assert!(err(b"GIF89a", LIMITS).contains("not a PDF"));
         let three = pdf(&[&["a"], &["b"], &["c"]], "");
@@ -419,6 +524,43 @@ pub(crate) mod tests {
             "{}",
             err(&locked, LIMITS)
         );
+    }
+
+    /// A page that takes hayro seconds to render: thousands of large, stroked, dashed curves.
+    fn slow_page() -> String {
+        let mut stream = String::from("0.5 w [3 2] 0 d\n");
+        for i in 0..6_000 {
+            let (a, b) = (i % 600, (i * 7) % 780);
+            stream.push_str(&format!("{a} 0 m {b} 792 612 {a} 0 {b} c S\n"));
+        }
+        stream
+    }
+
+    #[test]
+    fn a_slow_pdf_is_given_up_at_its_deadline_and_keeps_its_reader() {
+        let cache = DocumentCache::new(1, Duration::from_millis(300));
+        let slow = pdf_of_streams(&vec![slow_page(); 3], "");
+        let start = Instant::now();
+        match cache.read(&slow, LIMITS) {
+            Err(ReadError::File(e)) => assert!(e.contains("took longer than 0.3 s"), "{e}"),
+            other => panic!("{:?}", other.map(|p| p.len())),
+        }
+        let waited = start.elapsed();
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        // The reader given up on still renders its page: a second file waits for it, then
+        // is told to come back.
+        let quick = pdf(&[&["quick"]], "");
+        match cache.read(&quick, LIMITS) {
+            Err(ReadError::Busy(e)) => assert!(e.contains("try again later"), "{e}"),
+            other => panic!("{:?}", other.map(|p| p.len())),
+        }
+        // It stops at the end of that page; then the next file is read.
+        let relaxed = DocumentCache {
+            read_time: Duration::from_secs(120),
+            readers: cache.readers.clone(),
+            ..DocumentCache::default()
+        };
+        assert_eq!(relaxed.read(&quick, LIMITS).unwrap().len(), 1);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use splash_model::vision::{
 use splash_model::{ImageSpan, Model};
 
 use crate::content_cache::ContentCache;
-use crate::documents::{DocumentCache, Page, PdfLimits};
+use crate::documents::{DocumentCache, Page, PdfLimits, ReadError};
 use crate::error::ApiError;
 use crate::prompt::{tokenize, Tokens};
 use crate::state::AppState;
@@ -182,7 +182,7 @@ impl Vision {
     }
 
     /// The pages of the PDF in `bytes` (rendered once, then cached by content).
-    pub fn pdf(&self, bytes: &[u8], limits: PdfLimits) -> Result<Arc<[Page]>, String> {
+    pub fn pdf(&self, bytes: &[u8], limits: PdfLimits) -> Result<Arc<[Page]>, ReadError> {
         self.documents.read(bytes, limits)
     }
 
@@ -372,7 +372,10 @@ fn pieces(
                     pages: MAX_IMAGES.saturating_sub(count + later),
                     text_chars: MAX_PDF_TEXT_CHARS - chars,
                 };
-                let pages = vision.pdf(bytes, limits).map_err(invalid)?;
+                let pages = vision.pdf(bytes, limits).map_err(|e| match e {
+                    ReadError::File(e) => invalid(e),
+                    ReadError::Busy(e) => ApiError::overloaded(e),
+                })?;
                 for page in pages.iter() {
                     count += 1;
                     chars += page.text.chars().count();
