@@ -10,7 +10,7 @@ use std::sync::Arc;
 use safetensors::SafeTensors;
 
 mod common;
-use common::{argmax, fixture, max_rel};
+use common::{argmax, fixture, max_rel, vl_gguf};
 use splash_model::vision::VisionTower;
 use splash_model::vision::{prepare, DecodeLimits, ImageProcessorConfig, PreparedImage};
 use splash_model::{
@@ -119,11 +119,15 @@ fn prepared_images(
     images
 }
 
-fn cases(m: &Model) -> Vec<Case> {
-    let dir = fixture("qwen35-vl-tied");
-    let tower = VisionTower::load(&dir)
+/// The fixture's own tower.
+fn fixture_tower() -> VisionTower {
+    VisionTower::load(&fixture("qwen35-vl-tied"))
         .unwrap()
-        .expect("the fixture has a tower");
+        .expect("the fixture has a tower")
+}
+
+fn cases(m: &Model, tower: &VisionTower) -> Vec<Case> {
+    let dir = fixture("qwen35-vl-tied");
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("preprocessor_config.json")).unwrap())
             .unwrap();
@@ -203,13 +207,28 @@ fn last_row(logits: &[f32], vocab: usize) -> &[f32] {
 #[test]
 fn image_prompts_match_transformers() {
     let m = load(&fixture("qwen35-vl-tied")).unwrap();
+    prompts_match_transformers(&m, &fixture_tower());
+}
+
+/// The fixture as llama.cpp's converter writes it: the text model in a GGUF file and the tower
+/// in the `mmproj` file found beside it.
+#[test]
+fn a_gguf_model_and_its_mmproj_match_transformers() {
+    let path = vl_gguf();
+    let m = load(&path).unwrap();
+    let mmproj = splash_model::mmproj_beside(&path).expect("the mmproj beside the model");
+    prompts_match_transformers(&m, &VisionTower::load_gguf(&mmproj).unwrap());
+}
+
+/// Every case's logits within 1e-4 of transformers' and its 24 greedy tokens.
+fn prompts_match_transformers(m: &Model, tower: &VisionTower) {
     let reference = Reference::open();
     let vocab = m.config.vocab_size;
-    for case in cases(&m) {
+    for case in cases(m, tower) {
         let name = case.name;
         assert!(!case.merged.is_empty());
         let mut state = m.graph.new_state_with(KvFormat::F32);
-        let logits = run(&m, &mut state, &case.ids, &case.spans, Logits::All).unwrap();
+        let logits = run(m, &mut state, &case.ids, &case.spans, Logits::All).unwrap();
         let err = max_rel(&logits, &reference.f32(&format!("{name}.logits")));
         assert!(
             err < 1e-4,
@@ -221,7 +240,7 @@ fn image_prompts_match_transformers() {
             shift,
             "{name}: the state's rotary shift"
         );
-        let tokens = greedy(&m, &mut state, last_row(&logits, vocab), 24);
+        let tokens = greedy(m, &mut state, last_row(&logits, vocab), 24);
         assert_eq!(
             tokens,
             reference.ids(&format!("{name}.greedy")),
@@ -233,7 +252,7 @@ fn image_prompts_match_transformers() {
 #[test]
 fn chunked_prefill_cut_inside_images_gives_the_same_logits() {
     let m = load(&fixture("qwen35-vl-tied")).unwrap();
-    for case in cases(&m) {
+    for case in cases(&m, &fixture_tower()) {
         let mut whole = m.graph.new_state_with(KvFormat::F32);
         let want = run(&m, &mut whole, &case.ids, &case.spans, Logits::All).unwrap();
         // Cuts inside each image, at its edges and in the text between.
@@ -275,7 +294,7 @@ fn chunked_prefill_cut_inside_images_gives_the_same_logits() {
 fn a_saved_state_after_an_image_keeps_its_rotary_shift() {
     let m = load(&fixture("qwen35-vl-tied")).unwrap();
     let vocab = m.config.vocab_size;
-    let case = cases(&m)
+    let case = cases(&m, &fixture_tower())
         .into_iter()
         .find(|c| c.name == "interleaved")
         .unwrap();
@@ -316,7 +335,10 @@ fn a_saved_state_after_an_image_keeps_its_rotary_shift() {
 #[test]
 fn image_rows_must_cover_placeholders() {
     let m = load(&fixture("qwen35-vl-tied")).unwrap();
-    let case = cases(&m).into_iter().find(|c| c.name == "one").unwrap();
+    let case = cases(&m, &fixture_tower())
+        .into_iter()
+        .find(|c| c.name == "one")
+        .unwrap();
     let mut moved = case.spans.clone();
     moved[0].start -= 1; // now covers `<|vision_start|>`
     let mut state = m.graph.new_state();

@@ -6,7 +6,7 @@
 #[path = "../../../../tests/fixtures/derived.rs"]
 mod derived;
 #[allow(unused_imports)] // each test binary uses some
-pub use derived::{dir, fixture, gguf, realvocab, twin, FOR_THE_GPU};
+pub use derived::{dir, fixture, gguf, realvocab, twin, vl_gguf, FOR_THE_GPU};
 
 /// Largest |a - b| relative to the largest |b| (infinite if `a` holds a NaN).
 pub fn max_rel(a: &[f32], b: &[f32]) -> f32 {
