@@ -19,7 +19,10 @@ GDN 16 k heads / 16 v heads of 128, conv 4, layers linear x3 + full, vocab 24832
 patch 16, merge 2, 2,304 positions; the merger's output the text hidden size) as
 `model.visual.*` with `vision_config` in config.json, for `splash bench --image`; --vision-out
 sets the merger's output width alone (5120: the 27B's tower, 2048: the 35B-A3B's) to time those
-towers beside a small text model (`splash serve` refuses such a checkpoint; the bench does not).
+towers beside a small text model (`splash serve` refuses such a checkpoint; the bench does not). --mmproj FILE writes that tower
+(F16, as llama.cpp's mmproj files) into a GGUF `mmproj` file instead, to serve beside a
+synthetic GGUF text model (bench/make_synthetic_gguf.py; needs `gguf`); with --config-only it
+is the only weights written.
 With 248320 x hidden per embedding matrix, an untied 0.5B model cannot keep hidden 1024
 (embed + lm_head alone would be 0.51B), hence hidden 512 for the 0.5b preset.
 """
@@ -99,6 +102,25 @@ def vision_specs(v):
     return out
 
 
+def write_mmproj(path, cfg, vision, specs, seed):
+    """The tower `specs` as an F16 mmproj file (tests/fixtures/gguf/make_gguf_fixture.py names
+    and keys)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures", "gguf"))
+    import numpy as np
+    from make_gguf_fixture import Q, write_mmproj_tensors
+    from st_writer import _chunks
+
+    def tower():
+        for k, spec in enumerate(specs):
+            values = np.concatenate(list(_chunks(spec, seed + k)))
+            yield spec.name.removeprefix("model.visual."), values.reshape(spec.shape)
+
+    config = {"vision_config": vision, "text_config": cfg}
+    t0 = time.time()
+    write_mmproj_tensors(path, config, tower(), Q.F16, [0.5] * 3, [0.5] * 3)
+    print(f"wrote {path}: {os.path.getsize(path):,} bytes in {time.time() - t0:.1f}s")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir")
@@ -108,6 +130,7 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="print the parameter count, write nothing")
     ap.add_argument("--vision", action="store_true", help="add Qwen3.5's vision tower (real size, random weights)")
     ap.add_argument("--vision-out", type=int, help="the tower's output width (default: the text hidden size)")
+    ap.add_argument("--mmproj", help="write the tower into this mmproj GGUF file instead of model.safetensors")
     ap.add_argument("--config-only", action="store_true",
                     help="write config and tokenizer files but no weights (input of make_synthetic_gguf.py)")
     args = ap.parse_args()
@@ -120,8 +143,11 @@ def main():
         vision = dict(depth=27, hidden_size=1152, num_heads=16, intermediate_size=4304,
                       out_hidden_size=args.vision_out or cfg["hidden_size"], patch_size=16, temporal_patch_size=2,
                       spatial_merge_size=2, num_position_embeddings=2304, in_channels=3)
-        cfg["vision_config"] = vision
-        specs += vision_specs(vision)
+        if args.mmproj:
+            write_mmproj(args.mmproj, cfg, vision, vision_specs(vision), args.seed)
+        else:
+            cfg["vision_config"] = vision
+            specs += vision_specs(vision)
     n = qwen35_layout.count_params(specs)
     nbytes = sum(s.nbytes for s in specs)
     print(f"{cfg['model_type']} size={args.size}: {n:,} parameters ({n / 1e9:.3f}B), "

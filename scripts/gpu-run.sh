@@ -3,10 +3,13 @@
 # staged in .device/: the GPU tests (cuda_ops, cuda_parity, speculative_cuda, scheduler_cuda),
 # then `splash bench` on synthetic checkpoints of the real sizes (made there: they are too
 # large to carry).
-#   bash scripts/gpu-run.sh [tests|vision|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|ttft|ab|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|vision|ttft-image|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|ttft|ab|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `vision`: the vision tower's time at the real tower sizes, and transformers' beside it.
+# `ttft-image`: `splash serve` on each model's synthetic GGUF with a synthetic full-size mmproj
+# beside it: time to first token of a 1-Mpx and a 4-Mpx image and a 10-page PDF
+# (bench/ttft_image.py); PEER_PREFILL=1 adds transformers' text prefill at those prompt sizes.
 # `decode`: plain decoding speed with and without CUDA graphs.
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
@@ -136,7 +139,7 @@ fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
   [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ] || [ "$what" = serve ] || [ "$what" = ttft ] ||
-  [ "$what" = ab ]; then
+  [ "$what" = ab ] || [ "$what" = ttft-image ]; then
   # The server on `$1` (a model), `$2` a name for its files: /ready, a chat completion, a
   # streamed Anthropic message and a tool call, each printed.
   serve_once() {
@@ -245,6 +248,21 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
         timeout 300 python3 bench/ttft_behind_prefill.py --bin ".device/$bin" --model "$f" --device cuda \
           --tokens 32000 --timeout 240 2>&1 | tee "$out/ttft-$m-$bin.txt" | tail -3
       done
+    elif [ "$what" = ttft-image ]; then
+      hidden=$(python3 -c "import json; print(json.load(open('.device/cfg-$m/config.json'))['hidden_size'])")
+      p=/tmp/mmproj-$m-F16.gguf
+      [ -f "$p" ] || python3 bench/make_synthetic.py "/tmp/mmproj-cfg-$m" --size tiny --vision --vision-out "$hidden" \
+        --mmproj "$p" --config-only | head -1
+      echo "== ttft-image $m"
+      timeout 400 python3 bench/ttft_image.py --bin .device/splash --model "$f" --mmproj "$p" --device cuda \
+        --repeat 3 2>&1 | tee "$out/ttft-image-$m.txt" | tail -5
+      if [ -n "${PEER_PREFILL:-}" ]; then
+        for n in $(grep -oE '^[^:]+: [0-9]+ prompt tokens' "$out/ttft-image-$m.txt" | awk '{print $(NF-2)}' | sort -un); do
+          echo "== transformers bf16 $m, prefill $n"
+          timeout 300 python3 bench/peers/transformers_bench.py ".device/cfg-$m" --prompt-tokens "$n" --decode-tokens 1 \
+            --repeat 3 2>&1 | tee "$out/ttft-image-$m-transformers-$n.txt" | grep -E '^prefill'
+        done
+      fi
     elif [ "$what" = serve ]; then
       echo "== serve $m"
       serve_once "$f" "$m"
