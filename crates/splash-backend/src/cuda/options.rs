@@ -33,6 +33,9 @@ pub struct GpuOptions {
     pub gdn_chunked: bool,
     /// The grouped expert kernel of prefill passes (`SPLASH_PREFILL_EXPERTS`, `gemm`).
     pub prefill_experts: PrefillExperts,
+    /// Tiles of 16 queries each warp of the vision tower's attention takes, 1 or 2
+    /// (`SPLASH_VISION_QUERY_TILES`, 1); 2 only for head dims up to 80.
+    pub vision_query_tiles: usize,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
     pub tensor_core_warps: Option<usize>,
@@ -55,6 +58,7 @@ impl Default for GpuOptions {
             flash_async: true,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
+            vision_query_tiles: 1,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -174,6 +178,8 @@ impl GpuOptions {
             flash_async: flag("SPLASH_FLASH_ASYNC", d.flash_async)?,
             gdn_chunked: flag("SPLASH_GDN_CHUNKED", d.gdn_chunked)?,
             prefill_experts,
+            vision_query_tiles: number("SPLASH_VISION_QUERY_TILES", 1..=2)?
+                .unwrap_or(d.vision_query_tiles),
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions {

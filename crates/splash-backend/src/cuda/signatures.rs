@@ -225,7 +225,7 @@ kernels! {
     kernel add_position_taps(x: *mut f32, table: *const f32, taps: *const i32, weights: *const f32, d: i32);
     kernel vision_qkv(qkv: *const f32, cos_t: *const f32, sin_t: *const f32, q: *mut u16, k: *mut u16, v: *mut u16, n: i32, heads: i32, hd: i32, hdp: i32, scale: f32);
     /// The vision tower's attention, one kernel per head dim padded to a multiple of 16.
-    family vision_attention ["vision_attention_16", "vision_attention_32", "vision_attention_48", "vision_attention_64", "vision_attention_80", "vision_attention_96", "vision_attention_128"](q: *const u16, k: *const u16, v: *const u16, out: *mut f32, n: i32, heads: i32, hd: i32);
+    family vision_attention ["vision_attention_16", "vision_attention_32", "vision_attention_48", "vision_attention_64", "vision_attention_80", "vision_attention_96", "vision_attention_128", "vision_attention_16x2", "vision_attention_32x2", "vision_attention_48x2", "vision_attention_64x2", "vision_attention_80x2"](q: *const u16, k: *const u16, v: *const u16, out: *mut f32, n: i32, heads: i32, hd: i32);
     // kernels/sampling.cu
     kernel top_k_part(logits: *const f32, v: i32, k: i32, mult: f32, cap: f32, parts: i32, ids: *mut i32, vals: *mut f32);
     kernel top_k_merge(ids_in: *const i32, vals_in: *const f32, n_in: i32, k: i32, ids: *mut i32, vals: *mut f32);

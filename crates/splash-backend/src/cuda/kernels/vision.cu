@@ -96,7 +96,8 @@ extern "C" __global__ void vision_qkv(const float* qkv, const float* cos_t, cons
     }
 }
 
-#define VA_WARPS 8
+// Queries of one block of vision_attention.
+#define VA_QUERIES 128
 
 #ifndef KERNEL_EMULATION  // kernels_on_host.h defines them on the CPU
 // Closes this thread's group of cp.async copies; waits until all but the latest group landed.
@@ -124,12 +125,15 @@ static __device__ __forceinline__ void va_fetch(u16 (*kt)[HDP + 8], u16 (*vt)[HD
 }
 
 // Attention of every patch to every patch of one image, flash style (see flash_prefill in
-// attention.cu, whose fragment layouts this follows): block (tile, head) takes VA_WARPS·16
-// queries of one head, its warps share each tile of KEYS keys and values in shared memory (two
-// tiles: the next one is copied while this one is used), S = Q·Kᵀ and O += P·V are mma.sync
-// m16n8k16 with f32 accumulation, the softmax online and in base 2 (q carries log2 e). q, k, v
-// are f16 `[heads, n, HDP]` (q scaled, padding zero); out is f32 `[n, heads · hd]`.
-template <int HDP>
+// attention.cu, whose fragment layouts this follows): block (tile, head) takes VA_QUERIES
+// queries of one head, each of its VA_QUERIES / (16·QT) warps QT tiles of 16, and the warps
+// share each tile of KEYS keys and values in shared memory (two tiles: the next one is copied
+// while this one is used). S = Q·Kᵀ and O += P·V are mma.sync m16n8k16 with f32 accumulation,
+// the softmax online and in base 2 (q carries log2 e). With QT = 2 each key and value fragment
+// read from shared memory serves two query tiles: at head dim 80 one tile's reads take longer
+// than its products. q, k, v are f16 `[heads, n, HDP]` (q scaled, padding zero); out is f32
+// `[n, heads · hd]`.
+template <int HDP, int QT>
 static __device__ __forceinline__ void vision_attention_body(const u16* q, const u16* k, const u16* v, float* out,
                                                              int n, int heads, int hd) {
     // Two tiles of keys and values within 48 KB of static shared memory.
@@ -137,30 +141,42 @@ static __device__ __forceinline__ void vision_attention_body(const u16* q, const
     const int DK = HDP / 16, DN = HDP / 8, NK = KEYS / 8;
     __shared__ __align__(16) u16 kt[2][KEYS][HDP + 8];
     __shared__ __align__(16) u16 vt[2][KEYS][HDP + 8];
-    int h = blockIdx.x % heads, t0 = (blockIdx.x / heads) * 16 * VA_WARPS;
+    int h = blockIdx.x % heads, t0 = (blockIdx.x / heads) * VA_QUERIES;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
-    int ta = t0 + 16 * warp + g, tb = ta + 8;
+    // Rows g and g + 8 of each of this warp's query tiles.
+    int ta[QT], tb[QT];
+#pragma unroll
+    for (int r = 0; r < QT; r++) {
+        ta[r] = t0 + 16 * (QT * warp + r) + g;
+        tb[r] = ta[r] + 8;
+    }
     const u16 *qh = q + (long)h * n * HDP, *kh = k + (long)h * n * HDP, *vh = v + (long)h * n * HDP;
 
     va_fetch<HDP, KEYS>(kt[0], vt[0], kh, vh, 0, n);
     cp_async_commit();
-    u32 qf[DK][4];
-    {
-        const u16* qa = qh + (long)min(ta, n - 1) * HDP;
-        const u16* qb = qh + (long)min(tb, n - 1) * HDP;
+    u32 qf[QT][DK][4];
+#pragma unroll
+    for (int r = 0; r < QT; r++) {
+        const u16* qa = qh + (long)min(ta[r], n - 1) * HDP;
+        const u16* qb = qh + (long)min(tb[r], n - 1) * HDP;
 #pragma unroll
         for (int s = 0; s < DK; s++) {
             int d = 16 * s + 2 * qd;
-            qf[s][0] = *(const u32*)&qa[d];
-            qf[s][1] = *(const u32*)&qb[d];
-            qf[s][2] = *(const u32*)&qa[d + 8];
-            qf[s][3] = *(const u32*)&qb[d + 8];
+            qf[r][s][0] = *(const u32*)&qa[d];
+            qf[r][s][1] = *(const u32*)&qb[d];
+            qf[r][s][2] = *(const u32*)&qa[d + 8];
+            qf[r][s][3] = *(const u32*)&qb[d + 8];
         }
     }
-    float o[DN][4];
+    float o[QT][DN][4];
+    float ma[QT], mb[QT], sa[QT], sb[QT];
 #pragma unroll
-    for (int i = 0; i < DN; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float ma = NEG_INF, mb = NEG_INF, sa = 0.0f, sb = 0.0f;
+    for (int r = 0; r < QT; r++) {
+#pragma unroll
+        for (int i = 0; i < DN; i++) o[r][i][0] = o[r][i][1] = o[r][i][2] = o[r][i][3] = 0.0f;
+        ma[r] = mb[r] = NEG_INF;
+        sa[r] = sb[r] = 0.0f;
+    }
 
     for (int j0 = 0, t = 0; j0 < n; j0 += KEYS, t ^= 1) {
         if (j0 + KEYS < n) {
@@ -172,22 +188,29 @@ static __device__ __forceinline__ void vision_attention_body(const u16* q, const
         }
         __syncthreads();  // tile t is in for every thread
 
-        float sc[NK][4];
+        float sc[QT][NK][4];
 #pragma unroll
         for (int i = 0; i < NK; i++) {
-            sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+#pragma unroll
+            for (int r = 0; r < QT; r++) sc[r][i][0] = sc[r][i][1] = sc[r][i][2] = sc[r][i][3] = 0.0f;
 #pragma unroll
             for (int s = 0; s + 1 < DK; s += 2) {
                 u32 b[4];
                 ldmatrix_x4<false>(b, &kt[t][8 * i + (lane & 7)][16 * s + 8 * (lane >> 3)]);
-                mma_f16_16816(sc[i], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b[0], b[1]);
-                mma_f16_16816(sc[i], qf[s + 1][0], qf[s + 1][1], qf[s + 1][2], qf[s + 1][3], b[2], b[3]);
+#pragma unroll
+                for (int r = 0; r < QT; r++) {
+                    mma_f16_16816(sc[r][i], qf[r][s][0], qf[r][s][1], qf[r][s][2], qf[r][s][3], b[0], b[1]);
+                    mma_f16_16816(sc[r][i], qf[r][s + 1][0], qf[r][s + 1][1], qf[r][s + 1][2], qf[r][s + 1][3],
+                                  b[2], b[3]);
+                }
             }
             if (DK & 1) {
                 const int s = DK - 1;
                 u32 b0 = *(const u32*)&kt[t][8 * i + g][16 * s + 2 * qd];
                 u32 b1 = *(const u32*)&kt[t][8 * i + g][16 * s + 8 + 2 * qd];
-                mma_f16_16816(sc[i], qf[s][0], qf[s][1], qf[s][2], qf[s][3], b0, b1);
+#pragma unroll
+                for (int r = 0; r < QT; r++)
+                    mma_f16_16816(sc[r][i], qf[r][s][0], qf[r][s][1], qf[r][s][2], qf[r][s][3], b0, b1);
             }
         }
         if (j0 + KEYS > n) {  // the last tile: keys past n do not count
@@ -195,89 +218,115 @@ static __device__ __forceinline__ void vision_attention_body(const u16* q, const
             for (int i = 0; i < NK; i++)
 #pragma unroll
                 for (int e = 0; e < 2; e++)
-                    if (j0 + 8 * i + 2 * qd + e >= n) sc[i][e] = sc[i][2 + e] = NEG_INF;
+                    if (j0 + 8 * i + 2 * qd + e >= n)
+#pragma unroll
+                        for (int r = 0; r < QT; r++) sc[r][i][e] = sc[r][i][2 + e] = NEG_INF;
         }
-        float mxa = NEG_INF, mxb = NEG_INF;
+        float ca[QT], cb[QT];
 #pragma unroll
-        for (int i = 0; i < NK; i++) {
+        for (int r = 0; r < QT; r++) {
+            float mxa = NEG_INF, mxb = NEG_INF;
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                mxa = fmaxf(mxa, sc[i][e]);
-                mxb = fmaxf(mxb, sc[i][2 + e]);
+            for (int i = 0; i < NK; i++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    mxa = fmaxf(mxa, sc[r][i][e]);
+                    mxb = fmaxf(mxb, sc[r][i][2 + e]);
+                }
             }
-        }
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
-        // Every tile holds a key (j0 < n): the new max is finite.
-        float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-        float ca = fast_exp2(ma - na), cb = fast_exp2(mb - nb);
-        ma = na;
-        mb = nb;
-        sa *= ca;
-        sb *= cb;
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+            // Every tile holds a key (j0 < n): the new max is finite.
+            float na = fmaxf(ma[r], mxa), nb = fmaxf(mb[r], mxb);
+            ca[r] = fast_exp2(ma[r] - na);
+            cb[r] = fast_exp2(mb[r] - nb);
+            ma[r] = na;
+            mb[r] = nb;
+            sa[r] *= ca[r];
+            sb[r] *= cb[r];
 #pragma unroll
-        for (int i = 0; i < NK; i++) {
+            for (int i = 0; i < NK; i++) {
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                sc[i][e] = fast_exp2(sc[i][e] - ma);
-                sc[i][2 + e] = fast_exp2(sc[i][2 + e] - mb);
-                sa += sc[i][e];
-                sb += sc[i][2 + e];
+                for (int e = 0; e < 2; e++) {
+                    sc[r][i][e] = fast_exp2(sc[r][i][e] - ma[r]);
+                    sc[r][i][2 + e] = fast_exp2(sc[r][i][2 + e] - mb[r]);
+                    sa[r] += sc[r][i][e];
+                    sb[r] += sc[r][i][2 + e];
+                }
             }
-        }
 #pragma unroll
-        for (int i = 0; i < DN; i++) {
-            o[i][0] *= ca;
-            o[i][1] *= ca;
-            o[i][2] *= cb;
-            o[i][3] *= cb;
+            for (int i = 0; i < DN; i++) {
+                o[r][i][0] *= ca[r];
+                o[r][i][1] *= ca[r];
+                o[r][i][2] *= cb[r];
+                o[r][i][3] *= cb[r];
+            }
         }
 #pragma unroll
         for (int kk = 0; kk < KEYS / 16; kk++) {
-            u32 a0 = pack_f16(sc[2 * kk][0], sc[2 * kk][1]), a1 = pack_f16(sc[2 * kk][2], sc[2 * kk][3]);
-            u32 a2 = pack_f16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-            u32 a3 = pack_f16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            u32 a[QT][4];
+#pragma unroll
+            for (int r = 0; r < QT; r++) {
+                a[r][0] = pack_f16(sc[r][2 * kk][0], sc[r][2 * kk][1]);
+                a[r][1] = pack_f16(sc[r][2 * kk][2], sc[r][2 * kk][3]);
+                a[r][2] = pack_f16(sc[r][2 * kk + 1][0], sc[r][2 * kk + 1][1]);
+                a[r][3] = pack_f16(sc[r][2 * kk + 1][2], sc[r][2 * kk + 1][3]);
+            }
             const u16* vrow = &vt[t][16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)][8 * (lane >> 4)];
 #pragma unroll
             for (int i = 0; i < DN; i += 2) {
                 u32 b[4];
                 ldmatrix_x4<true>(b, vrow + 8 * i);
-                mma_f16_16816(o[i], a0, a1, a2, a3, b[0], b[1]);
-                mma_f16_16816(o[i + 1], a0, a1, a2, a3, b[2], b[3]);
+#pragma unroll
+                for (int r = 0; r < QT; r++) {
+                    mma_f16_16816(o[r][i], a[r][0], a[r][1], a[r][2], a[r][3], b[0], b[1]);
+                    mma_f16_16816(o[r][i + 1], a[r][0], a[r][1], a[r][2], a[r][3], b[2], b[3]);
+                }
             }
         }
         __syncthreads();  // tile t is consumed before the next iteration copies over it
     }
-    sa += __shfl_xor_sync(0xffffffffu, sa, 1);
-    sa += __shfl_xor_sync(0xffffffffu, sa, 2);
-    sb += __shfl_xor_sync(0xffffffffu, sb, 1);
-    sb += __shfl_xor_sync(0xffffffffu, sb, 2);
     int d = heads * hd;
 #pragma unroll
-    for (int i = 0; i < DN; i++) {
+    for (int r = 0; r < QT; r++) {
+        float fa = sa[r], fb = sb[r];
+        fa += __shfl_xor_sync(0xffffffffu, fa, 1);
+        fa += __shfl_xor_sync(0xffffffffu, fa, 2);
+        fb += __shfl_xor_sync(0xffffffffu, fb, 1);
+        fb += __shfl_xor_sync(0xffffffffu, fb, 2);
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            int c = 8 * i + 2 * qd + e;
-            if (c >= hd) continue;
-            if (ta < n) out[(long)ta * d + h * hd + c] = o[i][e] / sa;
-            if (tb < n) out[(long)tb * d + h * hd + c] = o[i][2 + e] / sb;
+        for (int i = 0; i < DN; i++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int c = 8 * i + 2 * qd + e;
+                if (c >= hd) continue;
+                if (ta[r] < n) out[(long)ta[r] * d + h * hd + c] = o[r][i][e] / fa;
+                if (tb[r] < n) out[(long)tb[r] * d + h * hd + c] = o[r][i][2 + e] / fb;
+            }
         }
     }
 }
 
-// One kernel per padded head dim; grid ceil(n / (16·VA_WARPS)) · heads blocks of 32·VA_WARPS.
-#define VISION_ATTENTION(HDP)                                                                             \
-    extern "C" __global__ void vision_attention_##HDP(const u16* q, const u16* k, const u16* v, float* out, \
-                                                      int n, int heads, int hd) {                          \
-        GRID_PROLOGUE();                                                                                  \
-        vision_attention_body<HDP>(q, k, v, out, n, heads, hd);                                           \
+// One kernel per padded head dim and query tiles a warp; grid ceil(n / VA_QUERIES) · heads
+// blocks of 2·VA_QUERIES / QT threads.
+#define VISION_ATTENTION(HDP, QT, NAME)                                                                 \
+    extern "C" __global__ void NAME(const u16* q, const u16* k, const u16* v, float* out, int n, int heads, \
+                                    int hd) {                                                           \
+        GRID_PROLOGUE();                                                                                \
+        vision_attention_body<HDP, QT>(q, k, v, out, n, heads, hd);                                     \
     }
-VISION_ATTENTION(16)
-VISION_ATTENTION(32)
-VISION_ATTENTION(48)
-VISION_ATTENTION(64)
-VISION_ATTENTION(80)
-VISION_ATTENTION(96)
-VISION_ATTENTION(128)
+VISION_ATTENTION(16, 1, vision_attention_16)
+VISION_ATTENTION(32, 1, vision_attention_32)
+VISION_ATTENTION(48, 1, vision_attention_48)
+VISION_ATTENTION(64, 1, vision_attention_64)
+VISION_ATTENTION(80, 1, vision_attention_80)
+VISION_ATTENTION(96, 1, vision_attention_96)
+VISION_ATTENTION(128, 1, vision_attention_128)
+// Two query tiles a warp, where the registers allow it.
+VISION_ATTENTION(16, 2, vision_attention_16x2)
+VISION_ATTENTION(32, 2, vision_attention_32x2)
+VISION_ATTENTION(48, 2, vision_attention_48x2)
+VISION_ATTENTION(64, 2, vision_attention_64x2)
+VISION_ATTENTION(80, 2, vision_attention_80x2)

@@ -163,11 +163,14 @@ fn vision_attention_on_the_host_matches_the_reference() {
             vec![0u16; heads * n * hdp],
         );
         let out = vec![0.0f32; n * heads * hd];
+        let out2 = vec![0.0f32; n * heads * hd];
         // SAFETY: the signatures of vision_qkv and vision_attention_*, over buffers of the
         // sizes they index.
         unsafe {
             let split: host::vision_qkv = kern.kernel("vision_qkv");
             let attend: host::vision_attention = kern.kernel(&format!("vision_attention_{hdp}"));
+            let attend2: Option<host::vision_attention> =
+                (hdp <= 80).then(|| kern.kernel(&format!("vision_attention_{hdp}x2")));
             let (xa, ca, sa) = (Addr::of(&qkv), Addr::of(&cos), Addr::of(&sin));
             let (qa, ka, va, oa) = (Addr::of(&q), Addr::of(&k), Addr::of(&v), Addr::of(&out));
             let (ni, hi, di, pi) = (n as i32, heads as i32, hd as i32, hdp as i32);
@@ -186,11 +189,24 @@ fn vision_attention_on_the_host_matches_the_reference() {
                     scale2,
                 )
             });
-            // Blocks of VA_WARPS (8) warps, 16 queries each.
+            // Blocks of VA_QUERIES (128) queries: 8 warps of one tile of 16 each, or 4 of two.
             let grid = n.div_ceil(128) * heads;
             kern.launch(grid as u32, 256, &|| {
                 attend(qa.ptr(), ka.ptr(), va.ptr(), oa.ptr(), ni, hi, di)
             });
+            if let Some(attend2) = attend2 {
+                let o2 = Addr::of(&out2);
+                kern.launch(grid as u32, 128, &|| {
+                    attend2(qa.ptr(), ka.ptr(), va.ptr(), o2.ptr(), ni, hi, di)
+                });
+            }
+        }
+        // Two query tiles a warp compute each row exactly as one does.
+        if hdp <= 80 {
+            assert!(
+                out2 == out,
+                "hd {hd}: two query tiles a warp changed the output"
+            );
         }
         // Padding is zero; q carries the scale and log2 e.
         let half16 = |h: u16| f16::from_bits(h).to_f32();

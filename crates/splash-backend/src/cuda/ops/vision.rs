@@ -105,7 +105,8 @@ pub fn vision_qkv(
 }
 
 /// Attention of each of `n` patches to all `n`, per head, from [`vision_qkv`]'s f16 heads (head
-/// dim `hd`, padded to `hdp`), into `out` `[n, heads · hd]` f32.
+/// dim `hd`, padded to `hdp`), into `out` `[n, heads · hd]` f32; each warp takes two tiles of
+/// 16 queries where the options and the head dim allow it.
 #[allow(clippy::too_many_arguments)]
 pub fn vision_attention(
     gpu: &Gpu,
@@ -115,9 +116,12 @@ pub fn vision_attention(
     n: usize,
     (heads, hd, hdp): (usize, usize, usize),
 ) -> Result<(), GpuError> {
-    const WARPS: usize = 8; // VA_WARPS in kernels/vision.cu
-    let name = format!("vision_attention_{hdp}");
-    let grid = (blocks(n, 16 * WARPS) * heads as u32, 32 * WARPS as u32);
+    const QUERIES: usize = 128; // VA_QUERIES in kernels/vision.cu
+    let (name, warps) = match gpu.options().vision_query_tiles == 2 && hdp <= 80 {
+        true => (format!("vision_attention_{hdp}x2"), QUERIES / 32),
+        false => (format!("vision_attention_{hdp}"), QUERIES / 16),
+    };
+    let grid = (blocks(n, QUERIES) * heads as u32, 32 * warps as u32);
     let (n, heads, hd) = (n as i32, heads as i32, hd as i32);
     launch::vision_attention(gpu, kernels, &name, grid, q, k, v, out, n, heads, hd)
 }
