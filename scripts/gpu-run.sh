@@ -252,7 +252,7 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       hidden=$(python3 -c "import json; print(json.load(open('.device/cfg-$m/config.json'))['hidden_size'])")
       p=/tmp/mmproj-$m-F16.gguf
       [ -f "$p" ] || python3 bench/make_synthetic.py "/tmp/mmproj-cfg-$m" --size tiny --vision --vision-out "$hidden" \
-        --mmproj "$p" --config-only | head -1
+        --mmproj "$p" --config-only | grep '^wrote /'
       echo "== ttft-image $m"
       timeout 400 python3 bench/ttft_image.py --bin .device/splash --model "$f" --mmproj "$p" --device cuda \
         --repeat 3 2>&1 | tee "$out/ttft-image-$m.txt" | tail -5
