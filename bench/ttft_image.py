@@ -28,6 +28,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sdk"))
+from pdf_file import pdf_of_streams  # noqa: E402
 from splash_server import Server  # noqa: E402
 
 WORDS = ("river stone cloud lantern harbor meadow copper violet signal orchard anchor "
@@ -49,29 +50,13 @@ def png(w, h, salt):
 
 def pdf(pages, salt):
     """US Letter pages of 40 lines of 12-point Helvetica text each, a frame and a diagonal."""
-    objects = ["<< /Type /Catalog /Pages 2 0 R >>", "",
-               "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
-    kids = []
+    streams = []
     for p in range(pages):
         lines = [f"Report {salt}, page {p + 1}, line {i + 1}: " + " ".join(WORDS[(i * 3 + p + k) % len(WORDS)]
                                                                           for k in range(8)) for i in range(40)]
         stream = "2 w 36 36 540 720 re S 36 36 m 576 756 l S\nBT /F1 12 Tf 54 730 Td 17 TL\n"
-        stream += "".join(f"({line}) Tj T*\n" for line in lines) + "ET\n"
-        objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream}endstream")
-        kids.append(f"{len(objects) + 1} 0 R")
-        objects.append("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
-                       f"/Resources << /Font << /F1 3 0 R >> >> /Contents {len(objects)} 0 R >>")
-    objects[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {pages} >>"
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for i, o in enumerate(objects):
-        offsets.append(len(out))
-        out += f"{i + 1} 0 obj\n{o}\nendobj\n".encode()
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    out += "".join(f"{o:010} 00000 n \n" for o in offsets).encode()
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    return bytes(out)
+        streams.append(stream + "".join(f"({line}) Tj T*\n" for line in lines) + "ET\n")
+    return pdf_of_streams(streams)
 
 
 def ask(client, content):
