@@ -2022,6 +2022,21 @@ def _call_reasoning(rng, name, args, what):
                        f"{name} fits. Arguments: {vals}.", f"I'll call {name} with {vals}."])
 
 
+def opaque_names(rng, tools):
+    """Run 9: every offered tool renamed to an opaque name (`tool_529`, a made-up word), in
+    place: only the descriptions and the parameters tell the right tool from the others, as
+    for a held-out tool whose name the model never saw."""
+    taken = set()
+    for t in tools:
+        while True:
+            name = (f"{rng.choice(['tool', 'fn', 'api', 'svc', 'op', 'action'])}_{rng.randrange(1, 1000)}"
+                    if rng.random() < 0.5 else invented_word(rng))
+            if name not in taken and name not in _HELDOUT_NAMES and heldout_leak(name) is None:
+                break
+        taken.add(name)
+        t["function"]["name"] = name
+
+
 def gen_tool_synth(rng):
     """The right tool invented for this conversation, among invented distractors (some sharing
     its words), renamed tools of the fixed set, or nothing; sometimes a second request for
@@ -2045,6 +2060,8 @@ def gen_tool_synth(rng):
             names.add(t["function"]["name"])
             tools.append(t)
     rng.shuffle(tools)
+    if len(tools) > 1 and rng.random() < 0.2 and all("description" in t["function"] for t in tools):
+        opaque_names(rng, tools)
     messages = []
     rounds = [(schema, ask)]
     asks = [(t, a) for t, a in asks if t in tools]
