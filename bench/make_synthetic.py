@@ -19,10 +19,10 @@ GDN 16 k heads / 16 v heads of 128, conv 4, layers linear x3 + full, vocab 24832
 patch 16, merge 2, 2,304 positions; the merger's output the text hidden size) as
 `model.visual.*` with `vision_config` in config.json, for `splash bench --image`; --vision-out
 sets the merger's output width alone (5120: the 27B's tower, 2048: the 35B-A3B's) to time those
-towers beside a small text model (`splash serve` refuses such a checkpoint; the bench does not). --mmproj FILE writes that tower
-(F16, as llama.cpp's mmproj files) into a GGUF `mmproj` file instead, to serve beside a
-synthetic GGUF text model (bench/make_synthetic_gguf.py; needs `gguf`); with --config-only it
-is the only weights written.
+towers beside a small text model (`splash serve` refuses such a checkpoint; the bench does not).
+--mmproj FILE writes that tower (F16, as llama.cpp's mmproj files) into a GGUF `mmproj` file
+instead, to serve beside a synthetic GGUF text model (bench/make_synthetic_gguf.py; needs
+`gguf`); with --config-only it is the only weights written.
 With 248320 x hidden per embedding matrix, an untied 0.5B model cannot keep hidden 1024
 (embed + lm_head alone would be 0.51B), hence hidden 512 for the 0.5b preset.
 """

@@ -1823,11 +1823,16 @@ def _slug(words):
     return re.sub(r"[^a-z0-9_]", "", words.lower().replace(" ", "_").replace("-", "_"))
 
 
+def numbered_name(rng):
+    """An opaque tool name: `tool_529`, `svc_12`."""
+    return f"{rng.choice(['tool', 'fn', 'api', 'svc', 'op', 'action'])}_{rng.randrange(1, 1000)}"
+
+
 def _tool_name(rng, verb, obj):
     """A tool name from a verb and an object, in one of many styles (sometimes opaque)."""
     r = rng.random()
     if r < 0.07:
-        name = f"{rng.choice(['tool', 'fn', 'api', 'svc', 'op', 'action'])}_{rng.randrange(1, 1000)}"
+        name = numbered_name(rng)
     elif r < 0.13:
         name = invented_word(rng)
     else:
@@ -2029,8 +2034,7 @@ def opaque_names(rng, tools):
     taken = set()
     for t in tools:
         while True:
-            name = (f"{rng.choice(['tool', 'fn', 'api', 'svc', 'op', 'action'])}_{rng.randrange(1, 1000)}"
-                    if rng.random() < 0.5 else invented_word(rng))
+            name = numbered_name(rng) if rng.random() < 0.5 else invented_word(rng)
             if name not in taken and name not in _HELDOUT_NAMES and heldout_leak(name) is None:
                 break
         taken.add(name)

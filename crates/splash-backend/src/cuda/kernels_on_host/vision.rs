@@ -164,13 +164,14 @@ fn vision_attention_on_the_host_matches_the_reference() {
         );
         let out = vec![0.0f32; n * heads * hd];
         let out2 = vec![0.0f32; n * heads * hd];
+        let two_tiles = hdp <= crate::cuda::ops::TWO_TILES_MAX_HDP;
         // SAFETY: the signatures of vision_qkv and vision_attention_*, over buffers of the
         // sizes they index.
         unsafe {
             let split: host::vision_qkv = kern.kernel("vision_qkv");
             let attend: host::vision_attention = kern.kernel(&format!("vision_attention_{hdp}"));
             let attend2: Option<host::vision_attention> =
-                (hdp <= 80).then(|| kern.kernel(&format!("vision_attention_{hdp}x2")));
+                two_tiles.then(|| kern.kernel(&format!("vision_attention_{hdp}x2")));
             let (xa, ca, sa) = (Addr::of(&qkv), Addr::of(&cos), Addr::of(&sin));
             let (qa, ka, va, oa) = (Addr::of(&q), Addr::of(&k), Addr::of(&v), Addr::of(&out));
             let (ni, hi, di, pi) = (n as i32, heads as i32, hd as i32, hdp as i32);
@@ -202,7 +203,7 @@ fn vision_attention_on_the_host_matches_the_reference() {
             }
         }
         // Two query tiles a warp compute each row exactly as one does.
-        if hdp <= 80 {
+        if two_tiles {
             assert!(
                 out2 == out,
                 "hd {hd}: two query tiles a warp changed the output"

@@ -104,6 +104,9 @@ pub fn vision_qkv(
     )
 }
 
+/// The largest padded head dim with a two-tile attention kernel (`vision_attention_{hdp}x2`).
+pub(crate) const TWO_TILES_MAX_HDP: usize = 80;
+
 /// Attention of each of `n` patches to all `n`, per head, from [`vision_qkv`]'s f16 heads (head
 /// dim `hd`, padded to `hdp`), into `out` `[n, heads · hd]` f32; each warp takes two tiles of
 /// 16 queries where the options and the head dim allow it.
@@ -117,7 +120,7 @@ pub fn vision_attention(
     (heads, hd, hdp): (usize, usize, usize),
 ) -> Result<(), GpuError> {
     const QUERIES: usize = 128; // VA_QUERIES in kernels/vision.cu
-    let (name, warps) = match gpu.options().vision_query_tiles == 2 && hdp <= 80 {
+    let (name, warps) = match gpu.options().vision_query_tiles == 2 && hdp <= TWO_TILES_MAX_HDP {
         true => (format!("vision_attention_{hdp}x2"), QUERIES / 32),
         false => (format!("vision_attention_{hdp}"), QUERIES / 16),
     };
