@@ -9,6 +9,7 @@ Nothing here needs a network or a GPU; the only outside input is the Python stan
 library's own source (for the code conversations), read from this interpreter's stdlib.
 """
 import ast
+import copy
 import json
 import os
 import random
@@ -2043,7 +2044,7 @@ def opaque_names(rng, tools):
 
 def gen_tool_synth(rng):
     """The right tool invented for this conversation, among invented distractors (some sharing
-    its words), renamed tools of the fixed set, or nothing; sometimes a second request for
+    its words), tools of the fixed set (renamed, or under their own schemas), or nothing; sometimes a second request for
     another offered tool follows."""
     schema, ask, words = invented_tool(rng)
     k = rng.choice([0, 0, 1, 2, 2, 3, 3, 4, 5, 6])
@@ -2058,8 +2059,13 @@ def gen_tool_synth(rng):
             others.append(o_schema)
             asks.append((o_schema, o_ask))
         others += [variant(rng, t, [])[0] for t, _ in rng.sample(TOOLS, rng.randrange(0, 3))]
+    # Run 10: known tools under their own schemas beside the invented right one, as clients
+    # offer them beside a tool the model never saw (a held-out `track_package` among
+    # `get_stock_price` and `read_file`): a known name is no sign of the right tool.
+    # Copies: `opaque_names` below renames the offered tools in place.
+    known = [copy.deepcopy(t) for t, _ in rng.sample(TOOLS, rng.randrange(1, 4))] if rng.random() < 0.5 else []
     names, tools = set(), []
-    for t in [schema] + others[:max(k, 1)]:
+    for t in [schema] + others[:max(k, 1)] + known:
         if t["function"]["name"] not in names:
             names.add(t["function"]["name"])
             tools.append(t)
