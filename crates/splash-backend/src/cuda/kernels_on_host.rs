@@ -676,6 +676,91 @@ fn the_fused_swiglu_conversion_has_the_bits_of_the_two_kernels() {
     assert_eq!(convert(true), convert(false));
 }
 
+/// The gates' fused conversions write the bits of their kernel then `to_f16_tc`: the GDN
+/// output norm (`rms_norm_gated_to_f16_tc`, rows of 128 and 256: two rows and one a 256-value
+/// block) and the attention output gate (`sigmoid_gate_to_f16_tc`), both the f16 rows and the
+/// f32 ones.
+#[test]
+fn the_fused_gate_conversions_have_the_bits_of_the_two_kernels() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let blocks = 6usize;
+    let n = 256 * blocks;
+    let (x, z, gate) = (random(n, 31), random(n, 32), random(n, 33));
+    let converted = |rows: &[f32]| {
+        let (xh, xs) = tc_input(&kern, rows);
+        (xh, bits(&xs))
+    };
+    let fused = |launch: &dyn Fn(Addr, Addr, Addr)| {
+        let (out, xh, xs) = (vec![0f32; n], vec![0u16; n], vec![0f32; blocks]);
+        launch(Addr::of(&out), Addr::of(&xh), Addr::of(&xs));
+        (bits(&out), (xh, bits(&xs)))
+    };
+    // Two warps a block of threads: the last block's second warp has no 256 values.
+    let grid = (blocks.div_ceil(2) as u32, 64);
+    for d in [128usize, 256] {
+        let w = random(d, 34);
+        let rows = n / d;
+        let plain = vec![0f32; n];
+        let pa = Addr::of(&plain);
+        // SAFETY: rms_norm_gated's and rms_norm_gated_to_f16_tc's signatures, over buffers of
+        // `rows` rows of `d` (ops/norm.rs's grids).
+        kern.launch(rows.div_ceil(8) as u32, 256, &|| unsafe {
+            let f: host::rms_norm_gated = kern.kernel("rms_norm_gated");
+            f(
+                x.as_ptr(),
+                z.as_ptr(),
+                w.as_ptr(),
+                pa.ptr(),
+                rows as i32,
+                d as i32,
+                1e-6,
+            )
+        });
+        let got = fused(&|out, xh, xs| {
+            kern.launch(grid.0, grid.1, &|| unsafe {
+                let f: host::rms_norm_gated_to_f16_tc = kern.kernel("rms_norm_gated_to_f16_tc");
+                f(
+                    x.as_ptr(),
+                    z.as_ptr(),
+                    w.as_ptr(),
+                    out.ptr(),
+                    xh.ptr(),
+                    xs.ptr(),
+                    d as i32,
+                    1e-6,
+                    blocks as i64,
+                )
+            })
+        });
+        assert_eq!(
+            got,
+            (bits(&plain), converted(&plain)),
+            "rms_norm_gated_to_f16_tc d={d}"
+        );
+    }
+    let plain = x.clone();
+    let pa = Addr::of(&plain);
+    // SAFETY: sigmoid_gate's and sigmoid_gate_to_f16_tc's signatures over n values.
+    kern.launch(blocks as u32, 256, &|| unsafe {
+        let f: host::sigmoid_gate = kern.kernel("sigmoid_gate");
+        f(pa.ptr(), gate.as_ptr(), n as i64)
+    });
+    let got = fused(&|out, xh, xs| {
+        // The kernel gates in place: `out` starts as x.
+        // SAFETY: out holds n values.
+        unsafe { std::ptr::copy_nonoverlapping(x.as_ptr(), out.ptr(), n) };
+        kern.launch(grid.0, grid.1, &|| unsafe {
+            let f: host::sigmoid_gate_to_f16_tc = kern.kernel("sigmoid_gate_to_f16_tc");
+            f(out.ptr(), gate.as_ptr(), xh.ptr(), xs.ptr(), blocks as i64)
+        })
+    });
+    assert_eq!(
+        got,
+        (bits(&plain), converted(&plain)),
+        "sigmoid_gate_to_f16_tc"
+    );
+}
+
 /// `x` `[tokens, kd]` through to_f16_tc: the f16 rows and the scales per 256 values that the
 /// tensor-core GEMVs read.
 fn tc_input(kern: &HostKernels, x: &[f32]) -> (Vec<u16>, Vec<f32>) {

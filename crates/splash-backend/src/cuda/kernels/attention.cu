@@ -651,3 +651,20 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= sigmoid(gate[i]);
 }
+
+// sigmoid_gate, then to_f16_tc of x for the output product (the bits of the two kernels): a warp
+// per 256-value block.
+extern "C" __global__ void sigmoid_gate_to_f16_tc(float* x, const float* gate, u16* xh, float* xscale, long blocks) {
+    GRID_PROLOGUE();
+    long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (blk >= blocks) return;
+    float* xb = x + 256 * blk;
+    const float* gb = gate + 256 * blk;
+    to_f16_tc_block(
+        [&](int i) {
+            float v = xb[i] * sigmoid(gb[i]);
+            xb[i] = v;
+            return v;
+        },
+        xh, xscale, blk);
+}

@@ -119,6 +119,34 @@ extern "C" __global__ void rms_norm_gated_to_bf16(const float* x, const float* z
     rms_norm_gated_row(x, z, w, out, ob, rows, d, eps);
 }
 
+// rms_norm_gated, then to_f16_tc of the output (the bits of the two kernels) for the product that
+// reads it: a warp per 256-value block, which is 256 / d whole rows (d divides 256, d >= 32),
+// each row's sum as rms_norm_gated_row makes it. `blocks` = rows · d / 256.
+extern "C" __global__ void rms_norm_gated_to_f16_tc(const float* x, const float* z, const float* w, float* out,
+                                                    u16* xh, float* xscale, int d, float eps, long blocks) {
+    GRID_PROLOGUE();
+    int lane = threadIdx.x & 31;
+    long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (blk >= blocks) return;  // the whole warp
+    long base = 256 * blk;
+    int per = 256 / d;
+    float inv[8];
+    for (int r = 0; r < per; r++) {
+        const float* xr = x + base + (long)r * d;
+        float ss = 0.0f;
+        for (int i = lane; i < d; i += 32) ss += xr[i] * xr[i];
+        inv[r] = rsqrtf(warp_sum(ss) / (float)d + eps);
+    }
+    to_f16_tc_block(
+        [&](int i) {
+            int r = i / d, c = i - r * d;
+            float o = w[c] * (x[base + i] * inv[r]) * silu(z[base + i]);
+            out[base + i] = o;
+            return o;
+        },
+        xh, xscale, blk);
+}
+
 extern "C" __global__ void add_in_place(float* x, const float* y, long n) {
     GRID_PROLOGUE();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;

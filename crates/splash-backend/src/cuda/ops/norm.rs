@@ -133,6 +133,27 @@ pub fn rms_norm_gated_activations(
     next: &DeviceWeight,
 ) -> Result<Activations, GpuError> {
     let kdim = rows * d / tokens;
+    if fuses_f16(gpu, next, tokens, kdim) && 256 % d == 0 && d >= 32 {
+        let (xh, xscale) = f16_rows(gpu, rows * d)?;
+        let blocks256 = rows * d / 256;
+        let (xhp, xsp) = (ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0));
+        let (d_i, n) = (d as i32, blocks256 as i64);
+        launch::rms_norm_gated_to_f16_tc(
+            gpu,
+            k,
+            warp_grid(blocks256),
+            x,
+            z,
+            w,
+            out,
+            xhp,
+            xsp,
+            d_i,
+            eps,
+            n,
+        )?;
+        return Ok(Activations::with_f16(out, tokens, kdim, (xh, xscale)));
+    }
     if !reads_bf16(gpu, next, tokens) {
         rms_norm_gated(gpu, k, out, x, z, w, rows, d, eps)?;
         return Ok(Activations::new(out, tokens, kdim));
@@ -142,6 +163,22 @@ pub fn rms_norm_gated_activations(
     let (rows_i, d_i) = (rows as i32, d as i32);
     launch::rms_norm_gated_to_bf16(gpu, k, grid, x, z, w, out, obp, rows_i, d_i, eps)?;
     Ok(Activations::with_bf16(out, tokens, kdim, ob))
+}
+
+/// Whether a gate's launch writes the f16 input of the tensor-core GEMV by `next` after it
+/// (`GpuOptions::fused_gate_conversions`; whole 256-value blocks a row).
+fn fuses_f16(gpu: &Gpu, next: &DeviceWeight, tokens: usize, kdim: usize) -> bool {
+    gpu.options().fused_gate_conversions && reads_f16(gpu, next, tokens) && kdim.is_multiple_of(256)
+}
+
+/// Buffers for `n` values in the tensor-core GEMV's f16 and their scales per 256.
+fn f16_rows(gpu: &Gpu, n: usize) -> Result<F16Rows, GpuError> {
+    Ok((gpu.uninit::<u16>(n)?, gpu.uninit::<f32>(n / 256)?))
+}
+
+/// A warp per 256-value block, eight a block of threads.
+fn warp_grid(blocks256: usize) -> (u32, u32) {
+    (blocks(blocks256 * 32, 256), 256)
 }
 
 /// The grid of `rms_norm_gated*` over `rows` rows: a warp a row.
@@ -173,6 +210,37 @@ pub fn silu_mul(gpu: &Gpu, k: &Kernels, g: u64, u: u64, n: usize) -> Result<(), 
 /// `x *= sigmoid(gate)` over `n` values.
 pub fn sigmoid_gate(gpu: &Gpu, k: &Kernels, x: u64, gate: u64, n: usize) -> Result<(), GpuError> {
     launch::sigmoid_gate(gpu, k, elementwise_grid(n), x, gate, n as i64)
+}
+
+/// [`sigmoid_gate`] of `[tokens, kdim]` rows that are the input of products by `next`: when
+/// those read the tensor-core GEMV's f16, the same launch writes it
+/// (`sigmoid_gate_to_f16_tc`, the bits of the two kernels).
+pub fn sigmoid_gate_activations(
+    gpu: &Gpu,
+    k: &Kernels,
+    (x, gate): (u64, u64),
+    tokens: usize,
+    kdim: usize,
+    next: &DeviceWeight,
+) -> Result<Activations, GpuError> {
+    let n = tokens * kdim;
+    if !fuses_f16(gpu, next, tokens, kdim) {
+        sigmoid_gate(gpu, k, x, gate, n)?;
+        return Ok(Activations::new(x, tokens, kdim));
+    }
+    let (xh, xscale) = f16_rows(gpu, n)?;
+    let (xhp, xsp) = (ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0));
+    launch::sigmoid_gate_to_f16_tc(
+        gpu,
+        k,
+        warp_grid(n / 256),
+        x,
+        gate,
+        xhp,
+        xsp,
+        (n / 256) as i64,
+    )?;
+    Ok(Activations::with_f16(x, tokens, kdim, (xh, xscale)))
 }
 
 /// `x[r, :] *= sigmoid(g[r])` for `rows` rows of `d`.

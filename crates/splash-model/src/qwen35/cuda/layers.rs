@@ -638,18 +638,16 @@ impl GpuAttn {
         let attn = m.scratch(t * hq * d)?;
         let scale = (d as f32).powf(-0.5);
         dev::attention_seqs(gpu, k, ptr(gpu, &attn, 0), qp, kv, &seqs, (hq, hkv), scale)?;
-        dev::sigmoid_gate(gpu, k, ptr(gpu, &attn, 0), ptr(gpu, &gate, 0), t * hq * d)?;
-        let out = m.scratch(t * self.o.rows())?;
-        dev::matmul(
+        let gated = dev::sigmoid_gate_activations(
             gpu,
             k,
-            ptr(gpu, &out, 0),
-            ptr(gpu, &attn, 0),
-            &self.o,
-            0,
-            self.o.rows(),
+            (ptr(gpu, &attn, 0), ptr(gpu, &gate, 0)),
             t,
+            hq * d,
+            &self.o,
         )?;
+        let out = m.scratch(t * self.o.rows())?;
+        dev::matmul_activations(gpu, k, ptr(gpu, &out, 0), &gated, &self.o, 0, self.o.rows())?;
         Ok(out)
     }
 }
