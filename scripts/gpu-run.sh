@@ -3,7 +3,7 @@
 # staged in .device/: the GPU tests (cuda_ops, cuda_parity, speculative_cuda, scheduler_cuda),
 # then `splash bench` on synthetic checkpoints of the real sizes (made there: they are too
 # large to carry).
-#   bash scripts/gpu-run.sh [tests|vision|ttft-image|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|peers|table|serve|ttft|ab|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|vision|ttft-image|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|decode-ab|peers|table|serve|ttft|ab|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `vision`: the vision tower's time at the real tower sizes, and transformers' beside it.
@@ -18,6 +18,8 @@
 # timed (SPLASH_GPU_PROFILE=1).
 # `prefill-ab`: the prefill runs (PREFILL_RUNS, default 8K in 2,048-token passes) under each of
 # the settings in AB, one machine, no profile: e.g. AB="- SPLASH_PREFILL_EXPERTS=gemm" ("-": none).
+# `decode-ab`: plain decode with the 1- and 16-row pass costs at 1K of context under each of
+# the settings in AB (default "- SPLASH_FUSED_GATES=1"), alternating, AB_ROUNDS rounds (2).
 # `draft-profile`: one draft block's launches, each synchronised and timed
 # (SPLASH_GPU_PROFILE=1), for each DRAFT_WEIGHTS (the full output is kept under $OUT).
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
@@ -139,7 +141,7 @@ fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
   [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ] || [ "$what" = serve ] || [ "$what" = ttft ] ||
-  [ "$what" = ab ] || [ "$what" = ttft-image ]; then
+  [ "$what" = ab ] || [ "$what" = ttft-image ] || [ "$what" = decode-ab ]; then
   # The server on `$1` (a model), `$2` a name for its files: /ready, a chat completion, a
   # streamed Anthropic message and a tool call, each printed.
   serve_once() {
@@ -222,6 +224,16 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
           env $setting ./.device/splash bench --model "$f" --device cuda --prompt-tokens "$n" --prefill-chunk "$chunk" \
             --decode-tokens 8 --repeat 2 --speculative off 2>&1 |
             tee "$out/prefill-ab-$m-$n-$chunk-${setting//[^A-Za-z0-9]/_}.txt" | grep -E '^prefill'
+        done
+      done
+    elif [ "$what" = decode-ab ]; then
+      for round in $(seq "${AB_ROUNDS:-2}"); do
+        for setting in ${AB:-- SPLASH_FUSED_GATES=1}; do
+          [ "$setting" = - ] && setting=""
+          echo "== decode $m, ${setting:-default}, round $round"
+          env $setting ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 128 \
+            --repeat 3 --speculative off --verify-rows 16 2>&1 |
+            tee "$out/decode-ab-$m-${setting//[^A-Za-z0-9]/_}-$round.txt" | grep -E '^(decode|pass)'
         done
       done
     elif [ "$what" = ab ]; then

@@ -3,7 +3,7 @@
 //! GPU: skipped without one unless `SPLASH_REQUIRE_GPU` is set.
 #![cfg(feature = "cuda")]
 
-use splash_backend::cuda::Gpu;
+use splash_backend::cuda::{Gpu, GpuOptions};
 
 mod common;
 use common::{argmax, dir, fixture, gguf, max_rel, ragged_batches, FOR_THE_GPU};
@@ -16,7 +16,9 @@ fn pair(name: &str) -> Option<(Model, Model)> {
 
 /// [`pair`], and the GPU.
 fn pair_on_gpu(name: &str) -> Option<(Model, Model, std::sync::Arc<Gpu>)> {
-    let gpu = match Gpu::new(0) {
+    // The SPLASH_* variables choose kernel variants here as for `splash` (SPLASH_FUSED_GATES...).
+    let options = GpuOptions::from_env().expect("the SPLASH_* variables");
+    let gpu = match Gpu::with_options(0, options) {
         Ok(g) => g,
         Err(e) => {
             assert!(

@@ -1839,6 +1839,8 @@ fn batched_gdn_gives_each_sequence_its_bits(kd: KernelDims) {
                 hk as i32,
                 hv as i32,
                 0,
+                std::ptr::null(),
+                std::ptr::null(),
             )
         });
     }
@@ -1862,6 +1864,88 @@ fn batched_gdn_gives_each_sequence_its_bits(kd: KernelDims) {
         bits(&beta[o * hv..(o + n) * hv]),
         "saved beta"
     );
+}
+
+/// The scan given the raw `a` and `b` with `dt_bias` and `neg_a` (`GpuOptions::fused_gates`)
+/// makes its gates as `gdn_gates` does: the outputs, the states and a recorded pass's saved gates
+/// have the bits of `gdn_gates` then the scan, for a decode row and a 16-row verify block.
+#[test]
+fn the_scan_makes_its_gates_as_gdn_gates_does() {
+    let Some(kern) = kernels(DIMS_256) else {
+        return;
+    };
+    let kd = DIMS_256;
+    let (hk, hv, dk, dv) = (2usize, 4usize, kd.gdn_dk, kd.gdn_dv);
+    let c = 2 * hk * dk + hv * dv;
+    let blocks = hv
+        * dv.div_ceil(super::ops::scan_columns(
+            super::KernelOptions::default().gdn_slices(dk),
+        ));
+    let (dt_bias, neg_a) = (
+        random(hv, 91),
+        random(hv, 92).iter().map(|v| -v.abs()).collect::<Vec<_>>(),
+    );
+    for rows in [1usize, 16] {
+        let mixed = random(rows * c, 93);
+        let (a, b) = (random(rows * hv, 94), random(rows * hv, 95));
+        let state0 = random(hv * dk * dv, 96);
+        let scan = |fused: bool| {
+            let (g, beta) = (a.clone(), b.clone());
+            let (ga, ba) = (Addr::of(&g), Addr::of(&beta));
+            if !fused {
+                kern.launch((rows * hv).div_ceil(256) as u32, 256, &|| unsafe {
+                    let f: host::gdn_gates = kern.kernel("gdn_gates");
+                    f(
+                        ba.ptr(),
+                        ga.ptr(),
+                        dt_bias.as_ptr(),
+                        neg_a.as_ptr(),
+                        hv as i32,
+                        (rows * hv) as i64,
+                    )
+                });
+            }
+            let state = state0.clone();
+            let out = vec![f32::NAN; rows * hv * dv];
+            let (saved_rec, saved_g, saved_beta) = (
+                vec![f32::NAN; hv * dk * dv],
+                vec![f32::NAN; rows * hv],
+                vec![f32::NAN; rows * hv],
+            );
+            let mut slots = super::SeqSlots::default();
+            slots.state[0] = state.as_ptr() as u64;
+            slots.n[0] = rows as i32;
+            slots.save[0][0] = saved_rec.as_ptr() as u64;
+            slots.save[1][0] = saved_g.as_ptr() as u64;
+            slots.save[2][0] = saved_beta.as_ptr() as u64;
+            let (ma, oa) = (Addr::of(&mixed), Addr::of(&out));
+            let (dt, na) = if fused {
+                (dt_bias.as_ptr(), neg_a.as_ptr())
+            } else {
+                (std::ptr::null(), std::ptr::null())
+            };
+            let (dta, naa) = (Addr(dt as usize), Addr(na as usize));
+            // SAFETY: gdn_gates' and gdn_recurrent_seqs' signatures, ops.rs's grids, over one
+            // sequence of `rows` rows.
+            kern.launch(blocks as u32, 128, &|| unsafe {
+                let f: host::gdn_recurrent_seqs = kern.kernel("gdn_recurrent_seqs");
+                f(
+                    ma.ptr(),
+                    ga.ptr(),
+                    ba.ptr(),
+                    slots,
+                    oa.ptr(),
+                    hk as i32,
+                    hv as i32,
+                    0,
+                    dta.ptr(),
+                    naa.ptr(),
+                )
+            });
+            [out, state, saved_rec, saved_g, saved_beta].map(|v| bits(&v))
+        };
+        assert_eq!(scan(true), scan(false), "{rows} rows");
+    }
 }
 
 /// A rollback's replay (`conv1d_silu_replay`, `gdn_recurrent_replay`: every GDN layer of a

@@ -185,7 +185,7 @@ kernels! {
     kernel conv1d_silu_seqs(x: *const f32, y: *mut f32, seqs: SeqSlots, w: *const f32, per: i32, c: i32, k: i32);
     kernel gdn_gates(b: *mut f32, a: *mut f32, dt_bias: *const f32, neg_a: *const f32, hv: i32, n: i64);
     kernel gdn_recurrent(mixed: *const f32, g: *const f32, beta: *const f32, state: *mut f32, out: *mut f32, t: i32, hk: i32, hv: i32, tiled: i32);
-    kernel gdn_recurrent_seqs(mixed: *const f32, g: *const f32, beta: *const f32, seqs: SeqSlots, out: *mut f32, hk: i32, hv: i32, tiled: i32);
+    kernel gdn_recurrent_seqs(mixed: *const f32, g: *const f32, beta: *const f32, seqs: SeqSlots, out: *mut f32, hk: i32, hv: i32, tiled: i32, dt_bias: *const f32, neg_a: *const f32);
     kernel conv1d_silu_replay(layers: LayerSlots, per: i32, t: i32, c: i32, k: i32);
     kernel gdn_recurrent_replay(layers: LayerSlots, t: i32, hk: i32, hv: i32, tiled: i32);
     // kernels/gdn_chunked.cu

@@ -61,7 +61,9 @@ pub fn demo_draft(quantize: bool) -> Arc<dyn Drafter> {
 /// GPU 0, or `None` (the test is skipped) without one unless `SPLASH_REQUIRE_GPU` is set.
 #[cfg(feature = "cuda")]
 pub fn gpu() -> Option<Arc<splash_backend::cuda::Gpu>> {
-    match splash_backend::cuda::Gpu::new(0) {
+    // The SPLASH_* variables choose kernel variants here as for `splash` (SPLASH_FUSED_GATES...).
+    let options = splash_backend::cuda::GpuOptions::from_env().expect("the SPLASH_* variables");
+    match splash_backend::cuda::Gpu::with_options(0, options) {
         Ok(g) => Some(g),
         Err(e) => {
             assert!(

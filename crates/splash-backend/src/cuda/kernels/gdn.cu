@@ -121,7 +121,8 @@ static_assert(GDN_DV % 4 == 0, "the GDN scan loads values four at a time");
 static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float* mixed, const float* g, const float* beta,
                                                     const float* state_in, float* state, float* out, int T, int hk,
                                                     int hv, int tiled, float* save_state = nullptr,
-                                                    float* save_g = nullptr, float* save_beta = nullptr) {
+                                                    float* save_g = nullptr, float* save_beta = nullptr,
+                                                    const float* dt_bias = nullptr, const float* neg_a = nullptr) {
     const int DK = GDN_DK, DV = GDN_DV, R = GDN_DK / GDN_SLICES, ROW = GDN_DK + 4 * GDN_SLICES;
     int groups = (DV + GDN_COLS - 1) / GDN_COLS;
     int h = blk / groups, r = threadIdx.x % GDN_SLICES;
@@ -173,6 +174,10 @@ static __device__ __forceinline__ void gdn_recurrent_block(int blk, const float*
         if ((int)threadIdx.x < n) {
             pg = g[(long)(t0 + threadIdx.x) * hv + h];
             pb = beta[(long)(t0 + threadIdx.x) * hv + h];
+            if (neg_a) {  // raw a and b: gdn_gates' values
+                pb = sigmoid(pb);
+                pg = neg_a[h] * softplus(pg + dt_bias[h]);
+            }
         }
     };
     fetch(0);
@@ -281,16 +286,18 @@ extern "C" __global__ void GDN_BOUNDS gdn_recurrent(const float* mixed, const fl
 
 // gdn_recurrent over the sequences of a pass in one launch: hv · ceil(GDN_DV / GDN_COLS) blocks a
 // sequence, each sequence's rows and recurrent state from `seqs`; a recorded sequence saves its
-// recurrent state to save[0] and its gates g, beta to save[1], save[2].
+// recurrent state to save[0] and its gates g, beta to save[1], save[2]. With neg_a, g and beta
+// are the raw a and b, made gates here as gdn_gates makes them (a launch fewer).
 extern "C" __global__ void GDN_BOUNDS gdn_recurrent_seqs(const float* mixed, const float* g, const float* beta, SeqSlots seqs,
-                                              float* out, int hk, int hv, int tiled) {
+                                              float* out, int hk, int hv, int tiled, const float* dt_bias,
+                                              const float* neg_a) {
     GRID_PROLOGUE();
     int per = hv * ((GDN_DV + GDN_COLS - 1) / GDN_COLS), i = blockIdx.x / per;
     long off = seqs.off[i];
     float* state = (float*)seqs.state[i];
     gdn_recurrent_block(blockIdx.x % per, mixed + off * (2 * hk * GDN_DK + hv * GDN_DV), g + off * hv,
                         beta + off * hv, state, state, out + off * hv * GDN_DV, seqs.n[i], hk, hv, tiled,
-                        (float*)seqs.save[0][i], (float*)seqs.save[1][i], (float*)seqs.save[2][i]);
+                        (float*)seqs.save[0][i], (float*)seqs.save[1][i], (float*)seqs.save[2][i], dt_bias, neg_a);
 }
 
 // The GDN layers of one sequence in a rollback after a recorded pass, by value in a kernel's

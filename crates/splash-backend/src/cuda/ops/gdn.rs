@@ -126,20 +126,22 @@ pub fn conv1d_silu_seqs(
 /// [`gdn_recurrent`] of every sequence of a pass, each on its own recurrent state, in one launch
 /// per [`SEQ_SLOTS`] sequences: the same bits as a launch each. A recorded sequence saves
 /// its recurrent state before the pass to `save[0]` and its gates `g`, `beta` to `save[1]`,
-/// `save[2]`.
+/// `save[2]`. With `raw_gates` = `(dt_bias, neg_a)`, `g` and `beta` are the raw `a` and `b`
+/// and the kernel makes them gates as [`gdn_gates`] does (the same bits, a launch fewer).
 #[allow(clippy::too_many_arguments)]
 pub fn gdn_recurrent_seqs(
     gpu: &Gpu,
     k: &Kernels,
     out: u64,
     mixed: u64,
-    g: u64,
-    beta: u64,
+    (g, beta): (u64, u64),
+    raw_gates: Option<(u64, u64)>,
     parts: &[SeqPart],
     hk: usize,
     hv: usize,
     tiled: bool,
 ) -> Result<(), GpuError> {
+    let (dt_bias, neg_a) = raw_gates.unwrap_or((0, 0));
     let per = scan_blocks(k, hv);
     for (count, slots, _) in seq_groups(parts) {
         launch::gdn_recurrent_seqs(
@@ -154,6 +156,8 @@ pub fn gdn_recurrent_seqs(
             hk as i32,
             hv as i32,
             tiled as i32,
+            dt_bias,
+            neg_a,
         )?;
     }
     Ok(())

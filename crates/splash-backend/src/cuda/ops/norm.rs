@@ -166,9 +166,9 @@ pub fn rms_norm_gated_activations(
 }
 
 /// Whether a gate's launch writes the f16 input of the tensor-core GEMV by `next` after it
-/// (`GpuOptions::fused_gate_conversions`; whole 256-value blocks a row).
+/// (`GpuOptions::fused_gates`; whole 256-value blocks a row).
 fn fuses_f16(gpu: &Gpu, next: &DeviceWeight, tokens: usize, kdim: usize) -> bool {
-    gpu.options().fused_gate_conversions && reads_f16(gpu, next, tokens) && kdim.is_multiple_of(256)
+    gpu.options().fused_gates && reads_f16(gpu, next, tokens) && kdim.is_multiple_of(256)
 }
 
 /// Buffers for `n` values in the tensor-core GEMV's f16 and their scales per 256.

@@ -406,16 +406,25 @@ impl GpuGdn {
         let a = m.scratch(t * self.hv)?;
         self.in_b_a
             .multiply(m, (ptr(gpu, &b, 0), ptr(gpu, &a, 0)), x)?;
-        dev::gdn_gates(
-            gpu,
-            k,
-            ptr(gpu, &b, 0),
-            ptr(gpu, &a, 0),
-            ptr(gpu, &self.dt_bias, 0),
-            ptr(gpu, &self.neg_a, 0),
-            self.hv,
-            t * self.hv,
-        )?;
+        // With GpuOptions::fused_gates the per-token scan makes the gates from the raw a and b
+        // itself; only chunked prefill parts get them from gdn_gates (below).
+        let fused_gates = gpu.options().fused_gates;
+        let gates = |off: usize, n: usize| {
+            let at = (off * self.hv * 4) as u64;
+            dev::gdn_gates(
+                gpu,
+                k,
+                ptr(gpu, &b, 0) + at,
+                ptr(gpu, &a, 0) + at,
+                ptr(gpu, &self.dt_bias, 0),
+                ptr(gpu, &self.neg_a, 0),
+                self.hv,
+                n * self.hv,
+            )
+        };
+        if !fused_gates {
+            gates(0, t)?;
+        }
         let mixed = m.scratch(t * c)?;
         let o = m.scratch(t * vd)?;
         // Conv and scan of every sequence in one launch each, on their own states; a recorded
@@ -459,13 +468,14 @@ impl GpuGdn {
         let (long, short): (Vec<_>, Vec<_>) = seqs(true).into_iter().partition(|p| {
             chunked && p.save == [0; 3] && p.n > splash_backend::cpu::ROW_BY_ROW_TOKENS
         });
+        let raw_gates = fused_gates.then(|| (ptr(gpu, &self.dt_bias, 0), ptr(gpu, &self.neg_a, 0)));
         dev::gdn_recurrent_seqs(
             gpu,
             k,
             ptr(gpu, &o, 0),
             ptr(gpu, &mixed, 0),
-            ptr(gpu, &a, 0),
-            ptr(gpu, &b, 0),
+            (ptr(gpu, &a, 0), ptr(gpu, &b, 0)),
+            raw_gates,
             &short,
             self.hk,
             self.hv,
@@ -473,6 +483,9 @@ impl GpuGdn {
         )?;
         let dims = k.dims();
         for p in &long {
+            if fused_gates {
+                gates(p.off, p.n)?;
+            }
             let scratch = m.scratch(dev::gdn_chunk_scratch_len(
                 p.n,
                 self.hv,
