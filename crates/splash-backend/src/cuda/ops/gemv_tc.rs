@@ -98,6 +98,19 @@ pub(super) enum F16Input {
     Rows(u64),
     /// `silu(g) · u` of the rows of `g` and `u` (`silu_mul_to_f16_tc`).
     SiluMul(u64, u64),
+    /// `x · sigmoid(gate)`, also left in `x` (`sigmoid_gate_to_f16_tc`, the attention output
+    /// gate).
+    SigmoidGate { x: u64, gate: u64 },
+    /// `w · rms_norm(x) · silu(z)` over rows of `d` (a divisor of 256, from 32), also written
+    /// to `out` (`rms_norm_gated_to_f16_tc`, the GDN output norm).
+    GatedNorm {
+        x: u64,
+        z: u64,
+        w: u64,
+        out: u64,
+        d: usize,
+        eps: f32,
+    },
 }
 
 /// `rows` rows of `kdim` activations as the tensor-core GEMV reads them (f16 in its k order,
@@ -118,6 +131,19 @@ pub(super) fn convert_f16_tc(
     match input {
         F16Input::Rows(x) => launch::to_f16_tc(gpu, k, grid, x, xhp, xsp, n)?,
         F16Input::SiluMul(g, u) => launch::silu_mul_to_f16_tc(gpu, k, grid, g, u, xhp, xsp, n)?,
+        F16Input::SigmoidGate { x, gate } => {
+            launch::sigmoid_gate_to_f16_tc(gpu, k, grid, x, gate, xhp, xsp, n)?
+        }
+        F16Input::GatedNorm {
+            x,
+            z,
+            w,
+            out,
+            d,
+            eps,
+        } => launch::rms_norm_gated_to_f16_tc(
+            gpu, k, grid, x, z, w, out, xhp, xsp, d as i32, eps, n,
+        )?,
     }
     Ok((xh, xscale))
 }

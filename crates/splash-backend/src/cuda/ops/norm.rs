@@ -134,25 +134,16 @@ pub fn rms_norm_gated_activations(
 ) -> Result<Activations, GpuError> {
     let kdim = rows * d / tokens;
     if fuses_f16(gpu, next, tokens, kdim) && 256 % d == 0 && d >= 32 {
-        let (xh, xscale) = f16_rows(gpu, rows * d)?;
-        let blocks256 = rows * d / 256;
-        let (xhp, xsp) = (ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0));
-        let (d_i, n) = (d as i32, blocks256 as i64);
-        launch::rms_norm_gated_to_f16_tc(
-            gpu,
-            k,
-            warp_grid(blocks256),
+        let input = F16Input::GatedNorm {
             x,
             z,
             w,
             out,
-            xhp,
-            xsp,
-            d_i,
+            d,
             eps,
-            n,
-        )?;
-        return Ok(Activations::with_f16(out, tokens, kdim, (xh, xscale)));
+        };
+        let f16 = convert_f16_tc(gpu, k, input, tokens, kdim)?;
+        return Ok(Activations::with_f16(out, tokens, kdim, f16));
     }
     if !reads_bf16(gpu, next, tokens) {
         rms_norm_gated(gpu, k, out, x, z, w, rows, d, eps)?;
@@ -169,16 +160,6 @@ pub fn rms_norm_gated_activations(
 /// (`GpuOptions::fused_gates`; whole 256-value blocks a row).
 fn fuses_f16(gpu: &Gpu, next: &DeviceWeight, tokens: usize, kdim: usize) -> bool {
     gpu.options().fused_gates && reads_f16(gpu, next, tokens) && kdim.is_multiple_of(256)
-}
-
-/// Buffers for `n` values in the tensor-core GEMV's f16 and their scales per 256.
-fn f16_rows(gpu: &Gpu, n: usize) -> Result<F16Rows, GpuError> {
-    Ok((gpu.uninit::<u16>(n)?, gpu.uninit::<f32>(n / 256)?))
-}
-
-/// A warp per 256-value block, eight a block of threads.
-fn warp_grid(blocks256: usize) -> (u32, u32) {
-    (blocks(blocks256 * 32, 256), 256)
 }
 
 /// The grid of `rms_norm_gated*` over `rows` rows: a warp a row.
@@ -223,24 +204,12 @@ pub fn sigmoid_gate_activations(
     kdim: usize,
     next: &DeviceWeight,
 ) -> Result<Activations, GpuError> {
-    let n = tokens * kdim;
     if !fuses_f16(gpu, next, tokens, kdim) {
-        sigmoid_gate(gpu, k, x, gate, n)?;
+        sigmoid_gate(gpu, k, x, gate, tokens * kdim)?;
         return Ok(Activations::new(x, tokens, kdim));
     }
-    let (xh, xscale) = f16_rows(gpu, n)?;
-    let (xhp, xsp) = (ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0));
-    launch::sigmoid_gate_to_f16_tc(
-        gpu,
-        k,
-        warp_grid(n / 256),
-        x,
-        gate,
-        xhp,
-        xsp,
-        (n / 256) as i64,
-    )?;
-    Ok(Activations::with_f16(x, tokens, kdim, (xh, xscale)))
+    let f16 = convert_f16_tc(gpu, k, F16Input::SigmoidGate { x, gate }, tokens, kdim)?;
+    Ok(Activations::with_f16(x, tokens, kdim, f16))
 }
 
 /// `x[r, :] *= sigmoid(g[r])` for `rows` rows of `d`.

@@ -409,6 +409,7 @@ impl GpuGdn {
         // With GpuOptions::fused_gates the per-token scan makes the gates from the raw a and b
         // itself; only chunked prefill parts get them from gdn_gates (below).
         let fused_gates = gpu.options().fused_gates;
+        let (dt_bias, neg_a) = (ptr(gpu, &self.dt_bias, 0), ptr(gpu, &self.neg_a, 0));
         let gates = |off: usize, n: usize| {
             let at = (off * self.hv * 4) as u64;
             dev::gdn_gates(
@@ -416,8 +417,8 @@ impl GpuGdn {
                 k,
                 ptr(gpu, &b, 0) + at,
                 ptr(gpu, &a, 0) + at,
-                ptr(gpu, &self.dt_bias, 0),
-                ptr(gpu, &self.neg_a, 0),
+                dt_bias,
+                neg_a,
                 self.hv,
                 n * self.hv,
             )
@@ -468,14 +469,13 @@ impl GpuGdn {
         let (long, short): (Vec<_>, Vec<_>) = seqs(true).into_iter().partition(|p| {
             chunked && p.save == [0; 3] && p.n > splash_backend::cpu::ROW_BY_ROW_TOKENS
         });
-        let raw_gates = fused_gates.then(|| (ptr(gpu, &self.dt_bias, 0), ptr(gpu, &self.neg_a, 0)));
         dev::gdn_recurrent_seqs(
             gpu,
             k,
             ptr(gpu, &o, 0),
             ptr(gpu, &mixed, 0),
             (ptr(gpu, &a, 0), ptr(gpu, &b, 0)),
-            raw_gates,
+            fused_gates.then_some((dt_bias, neg_a)),
             &short,
             self.hk,
             self.hv,
