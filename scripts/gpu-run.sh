@@ -19,7 +19,7 @@
 # `prefill-ab`: the prefill runs (PREFILL_RUNS, default 8K in 2,048-token passes) under each of
 # the settings in AB, one machine, no profile: e.g. AB="- SPLASH_PREFILL_EXPERTS=gemm" ("-": none).
 # `decode-ab`: plain decode with the 1- and 16-row pass costs at 1K of context under each of
-# the settings in AB (default "- SPLASH_FUSED_GATES=1"), alternating, AB_ROUNDS rounds (2).
+# the settings in AB (default "- SPLASH_FOLD_LAUNCHES=1"), alternating, AB_ROUNDS rounds (2).
 # `draft-profile`: one draft block's launches, each synchronised and timed
 # (SPLASH_GPU_PROFILE=1), for each DRAFT_WEIGHTS (the full output is kept under $OUT).
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
@@ -228,7 +228,7 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       done
     elif [ "$what" = decode-ab ]; then
       for round in $(seq "${AB_ROUNDS:-2}"); do
-        for setting in ${AB:-- SPLASH_FUSED_GATES=1}; do
+        for setting in ${AB:-- SPLASH_FOLD_LAUNCHES=1}; do
           [ "$setting" = - ] && setting=""
           echo "== decode $m, ${setting:-default}, round $round"
           env $setting ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 128 \

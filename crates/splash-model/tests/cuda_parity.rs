@@ -16,7 +16,7 @@ fn pair(name: &str) -> Option<(Model, Model)> {
 
 /// [`pair`], and the GPU.
 fn pair_on_gpu(name: &str) -> Option<(Model, Model, std::sync::Arc<Gpu>)> {
-    // The SPLASH_* variables choose kernel variants here as for `splash` (SPLASH_FUSED_GATES...).
+    // The SPLASH_* variables choose kernel variants here as for `splash` (SPLASH_FOLD_LAUNCHES...).
     let options = GpuOptions::from_env().expect("the SPLASH_* variables");
     let gpu = match Gpu::with_options(0, options) {
         Ok(g) => g,

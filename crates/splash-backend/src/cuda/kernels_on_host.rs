@@ -1866,7 +1866,7 @@ fn batched_gdn_gives_each_sequence_its_bits(kd: KernelDims) {
     );
 }
 
-/// The scan given the raw `a` and `b` with `dt_bias` and `neg_a` (`GpuOptions::fused_gates`)
+/// The scan given the raw `a` and `b` with `dt_bias` and `neg_a` (`GpuOptions::fold_launches`)
 /// makes its gates as `gdn_gates` does: the outputs, the states and a recorded pass's saved gates
 /// have the bits of `gdn_gates` then the scan, for a decode row and a 16-row verify block.
 #[test]
@@ -2244,7 +2244,8 @@ fn the_position_table_rope_on_the_host_matches_the_cpu() {
 
 /// The residual add, the norm and the tensor-core GEMV's f16 conversion in one launch
 /// (`add_rms_norm_to_f16_tc`) write the bits of `add_rms_norm` then `to_f16_tc`: the residual,
-/// the normed rows, their f16 halves and their block scales.
+/// the normed rows, their f16 halves and their block scales; and, asked for, those of
+/// `quantize_q8` (the dp4a GEMV's int8 codes, scales and sums).
 #[test]
 fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
     let Some(kern) = kernels(DIMS_32) else { return };
@@ -2253,10 +2254,16 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
         let threads = (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
         let (x0, y, w) = (random(rows * d, 91), random(rows * d, 92), random(d, 93));
         let eps = 1e-6f32;
-        let blocks256 = rows * d / 256;
+        let (blocks256, blocks32) = (rows * d / 256, rows * d / 32);
         let run = |fused: bool| {
             let (x, out) = (x0.clone(), vec![f32::NAN; rows * d]);
             let (xh, xs) = (vec![0u16; rows * d], vec![f32::NAN; blocks256]);
+            let (q, qd, qs) = (
+                vec![0i8; rows * d],
+                vec![f32::NAN; blocks32],
+                vec![f32::NAN; blocks32],
+            );
+            let (qa, qda, qsa) = (Addr::of(&q), Addr::of(&qd), Addr::of(&qs));
             let (xa, ya, wa, oa, ha, sa) = (
                 Addr::of(&x),
                 Addr::of(&y),
@@ -2265,8 +2272,8 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                 Addr::of(&xh),
                 Addr::of(&xs),
             );
-            // SAFETY: the signatures of add_rms_norm, to_f16_tc and add_rms_norm_to_f16_tc, and
-            // ops.rs's grids.
+            // SAFETY: the signatures of add_rms_norm, to_f16_tc, quantize_q8 and
+            // add_rms_norm_to_f16_tc, and ops.rs's grids.
             unsafe {
                 if fused {
                     type Fused = host::add_rms_norm_to_f16_tc;
@@ -2281,6 +2288,9 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                             sa.ptr(),
                             d as i32,
                             eps,
+                            qa.ptr(),
+                            qda.ptr(),
+                            qsa.ptr(),
                         )
                     });
                 } else {
@@ -2293,11 +2303,22 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                     kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
                         f(oa.ptr(), ha.ptr(), sa.ptr(), blocks256 as i64)
                     });
+                    let f: host::quantize_q8 = kern.kernel("quantize_q8");
+                    kern.launch(blocks32.div_ceil(8) as u32, 256, &|| {
+                        f(oa.ptr(), qa.ptr(), qda.ptr(), qsa.ptr(), blocks32 as i64)
+                    });
                 }
             }
-            (bits(&x), bits(&out), xh, bits(&xs))
+            (
+                bits(&x),
+                bits(&out),
+                xh,
+                bits(&xs),
+                (q, bits(&qd), bits(&qs)),
+            )
         };
         let (fused, two) = (run(true), run(false));
+        assert_eq!(fused.4, two.4, "d={d}: the int8 codes, scales and sums");
         assert_eq!(fused.0, two.0, "d={d}: the residual");
         assert_eq!(fused.1, two.1, "d={d}: the norm");
         assert_eq!(fused.2, two.2, "d={d}: the f16 halves");

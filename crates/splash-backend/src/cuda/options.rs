@@ -37,12 +37,13 @@ pub struct GpuOptions {
     /// (`SPLASH_VISION_QUERY_TILES`, 2: 1.24× faster at 4 Mpx on the H200); 2 only for head
     /// dims up to 80.
     pub vision_query_tiles: usize,
-    /// The gates' launches folded into their neighbours, the same bits (`SPLASH_FUSED_GATES`,
-    /// off until measured on the H200): the GDN scan makes its gates from the raw `a`, `b`
-    /// (no `gdn_gates`), and the GDN output norm and the attention output gate write the f16
-    /// input of the tensor-core GEMV after them (no `to_f16_tc`): two launches fewer per GDN
-    /// layer of a decode step, one per attention layer.
-    pub fused_gates: bool,
+    /// Small launches of a decode step folded into their neighbours, the same bits
+    /// (`SPLASH_FOLD_LAUNCHES`, off until measured on the H200): the GDN scan makes its gates
+    /// from the raw `a`, `b` (no `gdn_gates`); the GDN output norm and the attention output gate
+    /// write the f16 input of the tensor-core GEMV after them (no `to_f16_tc`); the norm before
+    /// a GDN layer writes the int8 input of its b and a product too (no `quantize_q8`). Three
+    /// launches fewer per GDN layer, one per attention layer.
+    pub fold_launches: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
     pub tensor_core_warps: Option<usize>,
@@ -66,7 +67,7 @@ impl Default for GpuOptions {
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
-            fused_gates: false,
+            fold_launches: false,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -188,7 +189,7 @@ impl GpuOptions {
             prefill_experts,
             vision_query_tiles: number("SPLASH_VISION_QUERY_TILES", 1..=2)?
                 .unwrap_or(d.vision_query_tiles),
-            fused_gates: flag("SPLASH_FUSED_GATES", d.fused_gates)?,
+            fold_launches: flag("SPLASH_FOLD_LAUNCHES", d.fold_launches)?,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions {
@@ -237,10 +238,10 @@ mod tests {
             ("SPLASH_GEMV_L2_AHEAD", "2"),
             ("SPLASH_EXPERT_REGS", "96"),
             ("SPLASH_VISION_QUERY_TILES", "1"),
-            ("SPLASH_FUSED_GATES", "1"),
+            ("SPLASH_FOLD_LAUNCHES", "1"),
         ])
         .unwrap();
-        assert!(o.fused_gates);
+        assert!(o.fold_launches);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);
         assert_eq!(o.stream_k_blocks_per_sm, 3);

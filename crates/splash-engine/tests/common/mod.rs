@@ -61,7 +61,7 @@ pub fn demo_draft(quantize: bool) -> Arc<dyn Drafter> {
 /// GPU 0, or `None` (the test is skipped) without one unless `SPLASH_REQUIRE_GPU` is set.
 #[cfg(feature = "cuda")]
 pub fn gpu() -> Option<Arc<splash_backend::cuda::Gpu>> {
-    // The SPLASH_* variables choose kernel variants here as for `splash` (SPLASH_FUSED_GATES...).
+    // The SPLASH_* variables choose kernel variants here as for `splash` (SPLASH_FOLD_LAUNCHES...).
     let options = splash_backend::cuda::GpuOptions::from_env().expect("the SPLASH_* variables");
     match splash_backend::cuda::Gpu::with_options(0, options) {
         Ok(g) => Some(g),

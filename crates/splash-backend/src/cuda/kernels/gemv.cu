@@ -229,13 +229,9 @@ WEIGHT_KERNELS(affine8, FMT_AFFINE8)
 // to f32; the activation rounding is llama.cpp's (Q8_1). The f32 kernels above stay the exact
 // reference (Gpu::set_exact).
 
-// One warp per 32 values of x [T, K]: xq [T, K] int8, xd and xs [T, K/32].
-extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float* xs, long blocks) {
-    GRID_PROLOGUE();
-    long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+// Block blk of 32 values, v the lane's, by one warp: xq[32·blk + lane], xd[blk], xs[blk].
+__device__ __forceinline__ void quantize_q8_block(float v, i8* xq, float* xd, float* xs, long blk) {
     int lane = threadIdx.x & 31;
-    if (blk >= blocks) return;
-    float v = x[blk * 32 + lane];
     float amax = warp_max(fabsf(v));
     float sum = warp_sum(v);
     float d = amax / 127.0f;
@@ -244,6 +240,14 @@ extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float*
         xd[blk] = d;
         xs[blk] = sum;
     }
+}
+
+// One warp per 32 values of x [T, K]: xq [T, K] int8, xd and xs [T, K/32].
+extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float* xs, long blocks) {
+    GRID_PROLOGUE();
+    long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (blk >= blocks) return;
+    quantize_q8_block(x[blk * 32 + (threadIdx.x & 31)], xq, xd, xs, blk);
 }
 
 

@@ -64,9 +64,9 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
 
 // add_rms_norm, then to_f16_tc of each out row, in one launch: the block's warps convert the
 // row's 256-value blocks once the row is written (the bits of the two kernels). d is a multiple
-// of 256.
+// of 256. With xq, also quantize_q8 of the row (for a dp4a product of the same rows).
 extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
-                                                  float* xscale, int d, float eps) {
+                                                  float* xscale, int d, float eps, i8* xq, float* xd, float* xs) {
     GRID_PROLOGUE();
     float *xr = x + (long)blockIdx.x * d, *o = out + (long)blockIdx.x * d;
     add_row(xr, y + (long)blockIdx.x * d, d);
@@ -77,6 +77,9 @@ extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, cons
         const float* ob = o + 256 * b;
         to_f16_tc_block([&](int i) { return ob[i]; }, xh, xscale, (long)blockIdx.x * per_row + b);
     }
+    if (!xq) return;
+    for (int b = threadIdx.x >> 5; b < d / 32; b += blockDim.x >> 5)
+        quantize_q8_block(o[32 * b + (threadIdx.x & 31)], xq, xd, xs, (long)blockIdx.x * (d / 32) + b);
 }
 
 // add_rms_norm, each out row also in bf16 (ob, cuBLAS's input: the bits of to_bf16 of out).

@@ -53,6 +53,15 @@ type F16Rows = (CudaSlice<u16>, CudaSlice<f32>);
 /// Activations as the dp4a GEMV reads them: int8 codes, their scale and their sum per 32 values.
 type Int8Rows = (CudaSlice<i8>, CudaSlice<f32>, CudaSlice<f32>);
 
+/// Buffers of [`Int8Rows`] for `n` values (`quantize_q8`'s outputs).
+fn int8_rows(gpu: &Gpu, n: usize) -> Result<Int8Rows, GpuError> {
+    Ok((
+        gpu.uninit::<i8>(n)?,
+        gpu.uninit::<f32>(n / 32)?,
+        gpu.uninit::<f32>(n / 32)?,
+    ))
+}
+
 /// `tokens` rows of `kdim` f32 activations at `x`, the input of one or more products. Each
 /// GEMV family reads them converted (f16 for the tensor-core GEMV, int8 for the dp4a one,
 /// bf16 for cuBLAS), a launch each; a conversion is made at the first product that needs it
@@ -117,9 +126,7 @@ impl Activations {
     fn int8(&self, gpu: &Gpu, k: &Kernels) -> Result<&Int8Rows, GpuError> {
         converted(&self.int8, || {
             let blocks32 = self.tokens * self.kdim / 32;
-            let xq = gpu.uninit::<i8>(self.tokens * self.kdim)?;
-            let xd = gpu.uninit::<f32>(blocks32)?;
-            let xs = gpu.uninit::<f32>(blocks32)?;
+            let (xq, xd, xs) = int8_rows(gpu, self.tokens * self.kdim)?;
             launch::quantize_q8(
                 gpu,
                 k,

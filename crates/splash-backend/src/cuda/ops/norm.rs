@@ -46,10 +46,12 @@ fn check_add_rms_norm(out: u64, x: u64, y: u64) {
     );
 }
 
-/// [`add_rms_norm`], its output returned as the activations of the products that read it. When
-/// those products run on the tensor-core GEMV (`f16_for`, see [`reads_f16`]) the same launch
-/// writes their f16 conversion too (`add_rms_norm_to_f16_tc`: the bits of the two kernels), one
-/// launch fewer than converting at the first product.
+/// [`add_rms_norm`], its output returned as the activations of the products that read it
+/// (`readers`: the first one's weight, and maybe another's). When the first runs on the
+/// tensor-core GEMV (see [`reads_f16`]) the same launch writes its f16 conversion too
+/// (`add_rms_norm_to_f16_tc`: the bits of the two kernels), one launch fewer than converting at
+/// the product; with `GpuOptions::fold_launches` also the other's int8 when it runs on the dp4a
+/// GEMV (a GDN layer's b and a), the bits of `quantize_q8`.
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_activations(
     gpu: &Gpu,
@@ -61,7 +63,7 @@ pub fn add_rms_norm_activations(
     rows: usize,
     d: usize,
     eps: f32,
-    f16_for: &DeviceWeight,
+    (f16_for, other): (&DeviceWeight, Option<&DeviceWeight>),
 ) -> Result<Activations, GpuError> {
     check_add_rms_norm(out, x, y);
     let (grid, d_i) = ((rows as u32, norm_threads(d)), d as i32);
@@ -79,14 +81,35 @@ pub fn add_rms_norm_activations(
     let xh = gpu.uninit::<u16>(rows * d)?;
     let xscale = gpu.uninit::<f32>(rows * d / 256)?;
     let (xhp, xsp) = (ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0));
-    launch::add_rms_norm_to_f16_tc(gpu, k, grid, x, y, w, out, xhp, xsp, d_i, eps)?;
-    Ok(Activations::with_f16(out, rows, d, (xh, xscale)))
+    let int8 = match other {
+        Some(o) if gpu.options().fold_launches && reads_int8(gpu, o, rows) => {
+            Some(int8_rows(gpu, rows * d)?)
+        }
+        _ => None,
+    };
+    let [xq, xd, xs] = int8.as_ref().map_or([0; 3], |(q, d, s)| {
+        [ptr(gpu, q, 0), ptr(gpu, d, 0), ptr(gpu, s, 0)]
+    });
+    launch::add_rms_norm_to_f16_tc(gpu, k, grid, x, y, w, out, xhp, xsp, d_i, eps, xq, xd, xs)?;
+    let a = Activations::with_f16(out, rows, d, (xh, xscale));
+    if let Some(int8) = int8 {
+        let _ = a.int8.set(int8);
+    }
+    Ok(a)
 }
 
 /// Whether a product of `tokens` rows by `w` reads its input in bf16 (cuBLAS, outside the
 /// exact mode).
 pub(super) fn reads_bf16(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
     !gpu.exact() && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_some()
+}
+
+/// Whether a product of `tokens` rows by `w` reads its input in the dp4a GEMV's int8.
+fn reads_int8(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
+    !gpu.exact()
+        && int8_format(w.format)
+        && !tensor_core(gpu, w)
+        && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none()
 }
 
 /// Whether a product of `tokens` rows by `w` reads its input in the tensor-core GEMV's f16
@@ -157,9 +180,9 @@ pub fn rms_norm_gated_activations(
 }
 
 /// Whether a gate's launch writes the f16 input of the tensor-core GEMV by `next` after it
-/// (`GpuOptions::fused_gates`; whole 256-value blocks a row).
+/// (`GpuOptions::fold_launches`; whole 256-value blocks a row).
 fn fuses_f16(gpu: &Gpu, next: &DeviceWeight, tokens: usize, kdim: usize) -> bool {
-    gpu.options().fused_gates && reads_f16(gpu, next, tokens) && kdim.is_multiple_of(256)
+    gpu.options().fold_launches && reads_f16(gpu, next, tokens) && kdim.is_multiple_of(256)
 }
 
 /// The grid of `rms_norm_gated*` over `rows` rows: a warp a row.

@@ -385,6 +385,11 @@ impl GpuGdn {
         self.in_qkv_z.first()
     }
 
+    /// The weight of the gates' product (b and a) of the layer's input.
+    pub(super) fn gates_weight(&self) -> &DeviceWeight {
+        self.in_b_a.first()
+    }
+
     /// The layer over the rows of `x` belonging to the sequences `parts`: projections for all
     /// rows, conv and scan of every sequence in one launch each, each on its own state. For a
     /// part that records, those kernels also save its conv and recurrent state before the pass
@@ -406,9 +411,9 @@ impl GpuGdn {
         let a = m.scratch(t * self.hv)?;
         self.in_b_a
             .multiply(m, (ptr(gpu, &b, 0), ptr(gpu, &a, 0)), x)?;
-        // With GpuOptions::fused_gates the per-token scan makes the gates from the raw a and b
+        // With GpuOptions::fold_launches the per-token scan makes the gates from the raw a and b
         // itself; only chunked prefill parts get them from gdn_gates (below).
-        let fused_gates = gpu.options().fused_gates;
+        let fold = gpu.options().fold_launches;
         let (dt_bias, neg_a) = (ptr(gpu, &self.dt_bias, 0), ptr(gpu, &self.neg_a, 0));
         let gates = |off: usize, n: usize| {
             let at = (off * self.hv * 4) as u64;
@@ -423,7 +428,7 @@ impl GpuGdn {
                 n * self.hv,
             )
         };
-        if !fused_gates {
+        if !fold {
             gates(0, t)?;
         }
         let mixed = m.scratch(t * c)?;
@@ -475,7 +480,7 @@ impl GpuGdn {
             ptr(gpu, &o, 0),
             ptr(gpu, &mixed, 0),
             (ptr(gpu, &a, 0), ptr(gpu, &b, 0)),
-            fused_gates.then_some((dt_bias, neg_a)),
+            fold.then_some((dt_bias, neg_a)),
             &short,
             self.hk,
             self.hv,
@@ -483,7 +488,7 @@ impl GpuGdn {
         )?;
         let dims = k.dims();
         for p in &long {
-            if fused_gates {
+            if fold {
                 gates(p.off, p.n)?;
             }
             let scratch = m.scratch(dev::gdn_chunk_scratch_len(

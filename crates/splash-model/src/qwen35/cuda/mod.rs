@@ -76,11 +76,12 @@ enum GpuFfn {
 }
 
 impl GpuMixer {
-    /// The weight of the first product of the mixer's input.
-    fn input_weight(&self) -> &DeviceWeight {
+    /// The weights of the first product of the mixer's input and of another that reads it in
+    /// another form (a GDN layer's b and a: int8 for the dp4a GEMV).
+    fn input_weights(&self) -> (&DeviceWeight, Option<&DeviceWeight>) {
         match self {
-            Self::Gdn(g) => g.input_weight(),
-            Self::Attn(a) => a.input_weight(),
+            Self::Gdn(g) => (g.input_weight(), Some(g.gates_weight())),
+            Self::Attn(a) => (a.input_weight(), None),
         }
     }
 }
@@ -492,7 +493,7 @@ impl GpuModel {
                 t,
                 h,
                 eps,
-                layer.ffn.input_weight(),
+                (layer.ffn.input_weight(), None),
             )?;
             let ffn = match &layer.ffn {
                 GpuFfn::Dense(m) => m.forward(self, &ffn_in)?,
@@ -513,7 +514,7 @@ impl GpuModel {
                         t,
                         h,
                         eps,
-                        next.mixer.input_weight(),
+                        next.mixer.input_weights(),
                     )?);
                 }
                 None => dev::add_in_place(gpu, k, xp, fp, t * h)?,
