@@ -761,6 +761,59 @@ fn the_fused_gate_conversions_have_the_bits_of_the_two_kernels() {
     );
 }
 
+/// The attention's query / gate split and its q and k norms in one launch
+/// (`split_q_gate_qk_norm`) write the bits of `split_q_gate` then two `rms_norm`s in place.
+#[test]
+fn the_split_and_qk_norms_in_one_launch_have_the_bits_of_the_three() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (q_rows, k_rows, d) = (6usize, 2usize, 256usize);
+    let threads = (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+    let (qg, k0) = (random(q_rows * 2 * d, 101), random(k_rows * d, 102));
+    let (wq, wk) = (random(d, 103), random(d, 104));
+    let run = |fused: bool| {
+        let (q, gate, keys) = (
+            vec![f32::NAN; q_rows * d],
+            vec![f32::NAN; q_rows * d],
+            k0.clone(),
+        );
+        let (qa, ga, ka) = (Addr::of(&q), Addr::of(&gate), Addr::of(&keys));
+        // SAFETY: the signatures of split_q_gate, rms_norm and split_q_gate_qk_norm, and the
+        // grids of ops/rope.rs and ops/norm.rs.
+        unsafe {
+            if fused {
+                let f: host::split_q_gate_qk_norm = kern.kernel("split_q_gate_qk_norm");
+                kern.launch((q_rows + k_rows) as u32, threads, &|| {
+                    f(
+                        qg.as_ptr(),
+                        qa.ptr(),
+                        ga.ptr(),
+                        ka.ptr(),
+                        wq.as_ptr(),
+                        wk.as_ptr(),
+                        d as i32,
+                        1e-6,
+                        q_rows as i32,
+                    )
+                });
+            } else {
+                let split: host::split_q_gate = kern.kernel("split_q_gate");
+                kern.launch(q_rows as u32, 128, &|| {
+                    split(qg.as_ptr(), qa.ptr(), ga.ptr(), d as i32)
+                });
+                let norm: host::rms_norm = kern.kernel("rms_norm");
+                kern.launch(q_rows as u32, threads, &|| {
+                    norm(qa.ptr(), wq.as_ptr(), qa.ptr(), d as i32, 1e-6)
+                });
+                kern.launch(k_rows as u32, threads, &|| {
+                    norm(ka.ptr(), wk.as_ptr(), ka.ptr(), d as i32, 1e-6)
+                });
+            }
+        }
+        [bits(&q), bits(&gate), bits(&keys)]
+    };
+    assert_eq!(run(true), run(false));
+}
+
 /// `x` `[tokens, kd]` through to_f16_tc: the f16 rows and the scales per 256 values that the
 /// tensor-core GEMVs read.
 fn tc_input(kern: &HostKernels, x: &[f32]) -> (Vec<u16>, Vec<f32>) {

@@ -164,6 +164,7 @@ kernels! {
     kernel scatter_add_rows(y: *const f32, idx: *const i32, w: *const f32, out: *mut f32, d: i32);
     // kernels/rope.cu
     kernel split_q_gate(qg: *const f32, q: *mut f32, gate: *mut f32, d: i32);
+    kernel split_q_gate_qk_norm(qg: *const f32, q: *mut f32, gate: *mut f32, k: *mut f32, wq: *const f32, wk: *const f32, d: i32, eps: f32, q_rows: i32);
     kernel rope(x: *mut f32, inv_freq: *const f32, heads: i32, d: i32, rot: i32, pos0: i32, pos_at: *const i32);
     kernel rope_seqs(q: *mut f32, k: *mut f32, inv_freq: *const f32, hq: i32, hkv: i32, d: i32, rot: i32, s: AttnSlots, per: i32);
     kernel rope_table(q: *mut f32, k: *mut f32, inv_freq: *const f32, table: *const f32, hq: i32, hkv: i32, d: i32, rot: i32);

@@ -10,6 +10,22 @@ extern "C" __global__ void split_q_gate(const float* qg, float* q, float* gate, 
     }
 }
 
+// split_q_gate, then rms_norm of the q rows (weight wq) and of the key rows k in place (weight
+// wk), in one launch with the bits of the three: blocks below q_rows take a query head row each
+// (its q read straight from qg), the others a key head row each. Block size: rms_norm's.
+extern "C" __global__ void split_q_gate_qk_norm(const float* qg, float* q, float* gate, float* k, const float* wq,
+                                                const float* wk, int d, float eps, int q_rows) {
+    GRID_PROLOGUE();
+    long r = blockIdx.x;
+    if (r >= q_rows) {
+        float* kr = k + (r - q_rows) * d;
+        rms_norm_row(kr, wk, kr, d, eps);
+        return;
+    }
+    rms_norm_row(qg + r * 2 * d, wq, q + r * d, d, eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) gate[r * d + i] = qg[r * 2 * d + d + i];
+}
+
 // A pass's first position: pos0, plus the int at pos_at when it is set (a captured graph
 // replayed at many positions reads it from there).
 __device__ __forceinline__ int position(int pos0, const int* pos_at) { return pos_at ? pos0 + *pos_at : pos0; }

@@ -17,6 +17,24 @@ pub fn split_q_gate(
     launch::split_q_gate(gpu, k, grid, qg, q, gate, d as i32)
 }
 
+/// [`split_q_gate`] of `q_rows` heads, then [`rms_norm`] of the `q` rows (weight `wq`) and of
+/// `k_rows` key rows in place (`wk`), in one launch with the bits of the three.
+#[allow(clippy::too_many_arguments)]
+pub fn split_q_gate_qk_norm(
+    gpu: &Gpu,
+    k: &Kernels,
+    (q, gate, qg): (u64, u64, u64),
+    keys: u64,
+    (wq, wk): (u64, u64),
+    (q_rows, k_rows): (usize, usize),
+    d: usize,
+    eps: f32,
+) -> Result<(), GpuError> {
+    let grid = ((q_rows + k_rows) as u32, norm_threads(d));
+    let (d, q_rows) = (d as i32, q_rows as i32);
+    launch::split_q_gate_qk_norm(gpu, k, grid, qg, q, gate, keys, wq, wk, d, eps, q_rows)
+}
+
 /// The position of a pass's first token, as the position-dependent kernels (RoPE, KV append,
 /// attention) take it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

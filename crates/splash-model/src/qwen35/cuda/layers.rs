@@ -562,41 +562,27 @@ impl GpuAttn {
         let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
         let qg = m.scratch(t * hq * 2 * d)?;
         dev::matmul_activations(gpu, k, ptr(gpu, &qg, 0), x, &self.q, 0, hq * 2 * d)?;
-        let q = m.scratch(t * hq * d)?;
-        let gate = m.scratch(t * hq * d)?;
-        dev::split_q_gate(
-            gpu,
-            k,
-            ptr(gpu, &q, 0),
-            ptr(gpu, &gate, 0),
-            ptr(gpu, &qg, 0),
-            t * hq,
-            d,
-        )?;
         let kb = m.scratch(t * hkv * d)?;
         dev::matmul_activations(gpu, k, ptr(gpu, &kb, 0), x, &self.k, 0, hkv * d)?;
         let vb = m.scratch(t * hkv * d)?;
         dev::matmul_activations(gpu, k, ptr(gpu, &vb, 0), x, &self.v, 0, hkv * d)?;
-        dev::rms_norm(
-            gpu,
-            k,
+        let q = m.scratch(t * hq * d)?;
+        let gate = m.scratch(t * hq * d)?;
+        let (qp, gp, qgp, kp) = (
             ptr(gpu, &q, 0),
-            ptr(gpu, &q, 0),
-            ptr(gpu, &self.q_norm, 0),
-            t * hq,
-            d,
-            eps,
-        )?;
-        dev::rms_norm(
-            gpu,
-            k,
+            ptr(gpu, &gate, 0),
+            ptr(gpu, &qg, 0),
             ptr(gpu, &kb, 0),
-            ptr(gpu, &kb, 0),
-            ptr(gpu, &self.k_norm, 0),
-            t * hkv,
-            d,
-            eps,
-        )?;
+        );
+        let (wq, wk) = (ptr(gpu, &self.q_norm, 0), ptr(gpu, &self.k_norm, 0));
+        if gpu.options().fold_launches {
+            let rows = (t * hq, t * hkv);
+            dev::split_q_gate_qk_norm(gpu, k, (qp, gp, qgp), kp, (wq, wk), rows, d, eps)?;
+        } else {
+            dev::split_q_gate(gpu, k, qp, gp, qgp, t * hq, d)?;
+            dev::rms_norm(gpu, k, qp, qp, wq, t * hq, d, eps)?;
+            dev::rms_norm(gpu, k, kp, kp, wk, t * hkv, d, eps)?;
+        }
         // RoPE, the cache appends and attention of every sequence in one launch each, on its
         // own caches at its own positions.
         let mut seqs = Vec::with_capacity(parts.len());
@@ -626,7 +612,7 @@ impl GpuAttn {
                 n,
             });
         }
-        let (qp, kp, vp) = (ptr(gpu, &q, 0), ptr(gpu, &kb, 0), ptr(gpu, &vb, 0));
+        let vp = ptr(gpu, &vb, 0);
         let inv = ptr(gpu, &m.inv_freq, 0);
         if parts.iter().all(|p| p.table.is_none()) {
             dev::rope_seqs(gpu, k, qp, kp, inv, &seqs, (hq, hkv, d), m.rotary_dim)?;
