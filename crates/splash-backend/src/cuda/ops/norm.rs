@@ -47,7 +47,7 @@ fn check_add_rms_norm(out: u64, x: u64, y: u64) {
 }
 
 /// [`add_rms_norm`], its output returned as the activations of the products that read it
-/// (`readers`: the first one's weight, and maybe another's). When the first runs on the
+/// (`f16_for`: the first one's weight; `other`: maybe another's). When the first runs on the
 /// tensor-core GEMV (see [`reads_f16`]) the same launch writes its f16 conversion too
 /// (`add_rms_norm_to_f16_tc`: the bits of the two kernels), one launch fewer than converting at
 /// the product; with `GpuOptions::fold_launches` also the other's int8 when it runs on the dp4a
