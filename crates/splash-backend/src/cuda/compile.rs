@@ -84,8 +84,8 @@ pub fn compile_ptx(
     ];
     // Measurement options (GRID_PROLOGUE in kernels/common.cuh, TC_L2_AHEAD and EXPERT_REGS
     // in kernels/gemv_tc.cu).
-    if options.trigger_late {
-        defines.push("-DGRID_TRIGGER_LATE".into());
+    if options.trigger_early {
+        defines.push("-DGRID_TRIGGER_EARLY".into());
     }
     if let Some(ahead) = options.l2_ahead {
         defines.push(format!("-DTC_L2_AHEAD={ahead}"));

@@ -109,11 +109,11 @@ impl Drop for Gpu {
 /// addresses, and later captures reuse the same memory. That is safe because only captures
 /// allocate from this pool, a pass's buffers live within that pass (its inputs, outputs and
 /// states are allocated outside the capture), and graphs replay one at a time on one stream,
-/// each waiting for the work before it. The pool keeps its memory mapped for good. Opt-in
-/// (`SPLASH_CAPTURE_POOL=1`, which also relaxes the capture mode: the thread-local one refuses
-/// an allocation on another stream): with every edge programmatic, 16-token passes measured
-/// slower on the H200 (BENCHMARKS.md, 2026-12-01), kept for the next measurement (with
-/// `SPLASH_DEPENDENT_LAUNCH=late`).
+/// each waiting for the work before it. The pool keeps its memory mapped for good. On by
+/// default (`SPLASH_CAPTURE_POOL=0` turns it off); it relaxes the capture mode, since the
+/// thread-local one refuses an allocation on another stream. With kernels that let the next one
+/// launch only after their wait (GRID_PROLOGUE), a 1-token pass took 8 % less time on the
+/// 35B-A3B and 4 % less on the 27B (H100, BENCHMARKS.md, 2026-12-06).
 struct CapturePool {
     pool: cudarc::driver::sys::CUmemoryPool,
     stream: Arc<CudaStream>,

@@ -15,9 +15,11 @@ pub struct GpuOptions {
     /// off). Launches then cannot be captured: graphs are off with it.
     pub profile: bool,
     /// Let a kernel start while the one before it finishes, on Hopper and later
-    /// (`SPLASH_DEPENDENT_LAUNCH`: `1`, `0`, or `late` for [`KernelOptions::trigger_late`]).
+    /// (`SPLASH_DEPENDENT_LAUNCH`: `late`, the default, or `1`; `early` for
+    /// [`KernelOptions::trigger_early`]; `0`: off).
     pub dependent_launch: bool,
-    /// Allocate the buffers of a capture from a pool of their own (`SPLASH_CAPTURE_POOL`, off).
+    /// Allocate the buffers of a capture from a pool of their own, so that a graph's kernels
+    /// follow each other without memory nodes between them (`SPLASH_CAPTURE_POOL`, on).
     pub capture_pool: bool,
     /// Split tensor-core GEMVs stream-K over the SMs (`SPLASH_STREAM_K`, off: on the H200 it
     /// was faster only for the one-token 27B Q4_K down product and the 16-token Q6_K one).
@@ -38,7 +40,7 @@ pub struct GpuOptions {
     /// dims up to 80.
     pub vision_query_tiles: usize,
     /// Small launches of a decode step folded into their neighbours, the same bits
-    /// (`SPLASH_FOLD_LAUNCHES`, off until measured on the H200): the GDN scan makes its gates
+    /// (`SPLASH_FOLD_LAUNCHES`, on): the GDN scan makes its gates
     /// from the raw `a`, `b` (no `gdn_gates`); the GDN output norm and the attention output gate
     /// write the f16 input of the tensor-core GEMV after them (no `to_f16_tc`); the norm before
     /// a GDN layer writes the int8 input of its b and a product too (no `quantize_q8`); the
@@ -61,14 +63,14 @@ impl Default for GpuOptions {
             graphs: true,
             profile: false,
             dependent_launch: true,
-            capture_pool: false,
+            capture_pool: true,
             stream_k: false,
             stream_k_blocks_per_sm: 4,
             flash_async: true,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
-            fold_launches: false,
+            fold_launches: true,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -82,9 +84,9 @@ pub struct KernelOptions {
     /// Lanes sharing a column of the GDN scan's state, 4, 8 or 16 (`SPLASH_GDN_SLICES`;
     /// `None`: 8 for key dims from 32 on, 4 below).
     pub gdn_slices: Option<usize>,
-    /// A kernel signals its dependents at its end rather than its start
-    /// (`SPLASH_DEPENDENT_LAUNCH=late`).
-    pub trigger_late: bool,
+    /// A kernel lets the next one launch as it starts rather than once its wait for the one
+    /// before is over (`SPLASH_DEPENDENT_LAUNCH=early`; see GRID_PROLOGUE in common.cuh).
+    pub trigger_early: bool,
     /// Weight tiles the tensor-core GEMV prefetches into L2 ahead, 0..=16
     /// (`SPLASH_GEMV_L2_AHEAD`; `None`: the kernel's default).
     pub l2_ahead: Option<u32>,
@@ -147,13 +149,13 @@ impl GpuOptions {
                     },
                 }
             };
-        let (dependent_launch, trigger_late) = match var("SPLASH_DEPENDENT_LAUNCH").as_deref() {
-            None | Some("") | Some("1") => (true, false),
+        let (dependent_launch, trigger_early) = match var("SPLASH_DEPENDENT_LAUNCH").as_deref() {
+            None | Some("") | Some("1") | Some("late") => (true, false),
             Some("0") => (false, false),
-            Some("late") => (true, true),
+            Some("early") => (true, true),
             Some(v) => {
                 return Err(format!(
-                    "SPLASH_DEPENDENT_LAUNCH={v}: expected 1 (on), 0 (off) or late"
+                    "SPLASH_DEPENDENT_LAUNCH={v}: expected late (the default; also 1), early or 0 (off)"
                 ))
             }
         };
@@ -195,7 +197,7 @@ impl GpuOptions {
             expert_warps: None,
             kernels: KernelOptions {
                 gdn_slices,
-                trigger_late,
+                trigger_early,
                 l2_ahead: number("SPLASH_GEMV_L2_AHEAD", 0..=16)?.map(|n| n as u32),
                 expert_regs: number("SPLASH_EXPERT_REGS", 64..=255)?.map(|n| n as u32),
             },
@@ -229,7 +231,8 @@ mod tests {
         let o = parse(&[
             ("SPLASH_CUDA_GRAPHS", "0"),
             ("SPLASH_GPU_PROFILE", "1"),
-            ("SPLASH_DEPENDENT_LAUNCH", "late"),
+            ("SPLASH_DEPENDENT_LAUNCH", "early"),
+            ("SPLASH_CAPTURE_POOL", "0"),
             ("SPLASH_STREAM_K", "1"),
             ("SPLASH_STREAM_K_BLOCKS", "3"),
             ("SPLASH_FLASH_ASYNC", "0"),
@@ -239,10 +242,10 @@ mod tests {
             ("SPLASH_GEMV_L2_AHEAD", "2"),
             ("SPLASH_EXPERT_REGS", "96"),
             ("SPLASH_VISION_QUERY_TILES", "1"),
-            ("SPLASH_FOLD_LAUNCHES", "1"),
+            ("SPLASH_FOLD_LAUNCHES", "0"),
         ])
         .unwrap();
-        assert!(o.fold_launches);
+        assert!(!o.fold_launches && !o.capture_pool);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);
         assert_eq!(o.stream_k_blocks_per_sm, 3);
@@ -252,7 +255,7 @@ mod tests {
             o.kernels,
             KernelOptions {
                 gdn_slices: Some(16),
-                trigger_late: true,
+                trigger_early: true,
                 l2_ahead: Some(2),
                 expert_regs: Some(96),
             }
@@ -271,8 +274,8 @@ mod tests {
             ("SPLASH_PREFILL_EXPERTS", "fast", "expected gemm or gemv"),
             (
                 "SPLASH_DEPENDENT_LAUNCH",
-                "early",
-                "expected 1 (on), 0 (off) or late",
+                "soon",
+                "expected late (the default; also 1), early or 0 (off)",
             ),
             ("SPLASH_GDN_SLICES", "6", "expected 4, 8 or 16"),
             ("SPLASH_STREAM_K_BLOCKS", "9", "from 1 to 8"),

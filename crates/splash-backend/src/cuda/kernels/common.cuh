@@ -35,9 +35,12 @@ typedef unsigned long long u64;
 // first loads overlap the other's last wave. Every kernel therefore waits for the one before it
 // (and so, transitively, for everything earlier) to complete before it touches memory that
 // another kernel writes or reads; only weights, which no kernel writes, may be loaded before.
-// It lets the next kernel launch first: that one's blocks take SM slots only once all of this
-// one's blocks have started, so the earliest kernel always runs (no kernel here waits on another
-// block).
+// Once its wait is over it lets the next kernel launch: so at most one launched kernel waits
+// behind the running one, holding few SM slots (letting it launch before the wait, which
+// SPLASH_DEPENDENT_LAUNCH=early compiles as GRID_TRIGGER_EARLY, chains waiting kernels that hold
+// slots the running one needs: slower on the H100, BENCHMARKS.md 2026-12-06). Its blocks take SM
+// slots only once all of this one's blocks have started, so the earliest kernel always runs (no
+// kernel here waits on another block).
 #if !defined(KERNEL_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #define GRID_LAUNCH_NEXT() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
@@ -45,20 +48,17 @@ typedef unsigned long long u64;
 #define GRID_WAIT()
 #define GRID_LAUNCH_NEXT()
 #endif
-// GRID_TRIGGER_LATE (SPLASH_DEPENDENT_LAUNCH=late, a measurement switch): the next kernel may
-// launch only once this one's wait is over, which bounds the chain of launched, waiting kernels
-// to one.
-#ifdef GRID_TRIGGER_LATE
+#ifdef GRID_TRIGGER_EARLY
 #define GRID_PROLOGUE()     \
     do {                    \
-        GRID_WAIT();        \
         GRID_LAUNCH_NEXT(); \
+        GRID_WAIT();        \
     } while (0)
 #else
 #define GRID_PROLOGUE()     \
     do {                    \
-        GRID_LAUNCH_NEXT(); \
         GRID_WAIT();        \
+        GRID_LAUNCH_NEXT(); \
     } while (0)
 #endif
 
