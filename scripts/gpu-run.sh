@@ -12,7 +12,8 @@
 # (bench/ttft_image.py); PEER_PREFILL=1 adds transformers' text prefill at those prompt sizes.
 # `decode`: plain decoding speed with and without CUDA graphs.
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
-# `profile`: Nsight Compute's GPU time per kernel for a short prefill and decode.
+# `profile`: Nsight Compute's GPU time and DRAM bytes per kernel for a short prefill and decode;
+# one decode pass's kernels with the bandwidth each reached (bench/ncu_passes.py).
 # `prefill`: prefill speed at 8K and 32K tokens in the engine's passes (2,048 tokens) and at
 # 8K in one pass (PREFILL_RUNS, tokens:passes pairs), then one 8K prefill with every launch
 # timed (SPLASH_GPU_PROFILE=1).
@@ -309,14 +310,14 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
         done
       done
     elif [ "$what" = profile ]; then
-      # GPU time per kernel from Nsight Compute, graphs replayed as in decoding (each graph
-      # node is profiled as a kernel): prefill of 16 tokens, then 8 decode steps. The summary
-      # (launches and time per kernel) is at the end of the file.
-      echo "== profile $m (ncu: GPU time per kernel, no launch gaps)"
-      /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
-        ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 --decode-tokens 8 --repeat 1 \
-        --speculative off > "$out/profile-$m.txt" 2>&1
-      grep -E -B2 'gpu__time_duration' "$out/profile-$m.txt" | tail -120
+      # GPU time and DRAM bytes per kernel from Nsight Compute, graphs replayed as in decoding
+      # (each graph node is profiled as a kernel): prefill of 16 tokens, then 8 decode steps;
+      # the last but one decode pass kernel by kernel, with the bandwidth each reached.
+      echo "== profile $m (ncu: GPU time and DRAM bytes per kernel, no launch gaps)"
+      /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+        --log-file "$out/profile-$m.csv" ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 \
+        --decode-tokens 8 --repeat 1 --speculative off > "$out/profile-$m.txt" 2>&1
+      python3 bench/ncu_passes.py "$out/profile-$m.csv" -2 | tee "$out/profile-$m-pass.txt" | tail -60
     else
       # Random drafts of the published shapes, 5 layers, block 16: DFlash (v1), and DFlash2
       # (dynamic convolutions on the GPU, its selector on the host). DRAFTS picks.
