@@ -87,6 +87,9 @@ pub fn compile_ptx(
     if options.trigger_early {
         defines.push("-DGRID_TRIGGER_EARLY".into());
     }
+    if options.bridge_early {
+        defines.push("-DGRID_BRIDGE_EARLY".into());
+    }
     if let Some(ahead) = options.l2_ahead {
         defines.push(format!("-DTC_L2_AHEAD={ahead}"));
     }

@@ -16,7 +16,8 @@ pub struct GpuOptions {
     pub profile: bool,
     /// Let a kernel start while the one before it finishes, on Hopper and later
     /// (`SPLASH_DEPENDENT_LAUNCH`: `late`, the default, or `1`; `early` for
-    /// [`KernelOptions::trigger_early`]; `0`: off).
+    /// [`KernelOptions::trigger_early`], `bridge` for [`KernelOptions::bridge_early`]; `0`:
+    /// off).
     pub dependent_launch: bool,
     /// Allocate the buffers of a capture from a pool of their own, so that a graph's kernels
     /// follow each other without memory nodes between them (`SPLASH_CAPTURE_POOL`, on).
@@ -87,6 +88,10 @@ pub struct KernelOptions {
     /// A kernel lets the next one launch as it starts rather than once its wait for the one
     /// before is over (`SPLASH_DEPENDENT_LAUNCH=early`; see GRID_PROLOGUE in common.cuh).
     pub trigger_early: bool,
+    /// The small kernels between two products (norms, input conversions) let the next one
+    /// launch as they start, the others after their wait (`SPLASH_DEPENDENT_LAUNCH=bridge`; see
+    /// GRID_PROLOGUE_BRIDGE in common.cuh).
+    pub bridge_early: bool,
     /// Weight tiles the tensor-core GEMV prefetches into L2 ahead, 0..=16
     /// (`SPLASH_GEMV_L2_AHEAD`; `None`: the kernel's default).
     pub l2_ahead: Option<u32>,
@@ -149,16 +154,16 @@ impl GpuOptions {
                     },
                 }
             };
-        let (dependent_launch, trigger_early) = match var("SPLASH_DEPENDENT_LAUNCH").as_deref() {
-            None | Some("") | Some("1") | Some("late") => (true, false),
-            Some("0") => (false, false),
-            Some("early") => (true, true),
-            Some(v) => {
-                return Err(format!(
-                    "SPLASH_DEPENDENT_LAUNCH={v}: expected late (the default; also 1), early or 0 (off)"
-                ))
-            }
-        };
+        let (dependent_launch, trigger_early, bridge_early) =
+            match var("SPLASH_DEPENDENT_LAUNCH").as_deref() {
+                None | Some("") | Some("1") | Some("late") => (true, false, false),
+                Some("0") => (false, false, false),
+                Some("early") => (true, true, false),
+                Some("bridge") => (true, false, true),
+                Some(v) => return Err(format!(
+                    "SPLASH_DEPENDENT_LAUNCH={v}: expected late (the default; also 1), early, bridge or 0 (off)"
+                )),
+            };
         let prefill_experts = match var("SPLASH_PREFILL_EXPERTS").as_deref() {
             None | Some("") => d.prefill_experts,
             Some(v) => PrefillExperts::ALL
@@ -198,6 +203,7 @@ impl GpuOptions {
             kernels: KernelOptions {
                 gdn_slices,
                 trigger_early,
+                bridge_early,
                 l2_ahead: number("SPLASH_GEMV_L2_AHEAD", 0..=16)?.map(|n| n as u32),
                 expert_regs: number("SPLASH_EXPERT_REGS", 64..=255)?.map(|n| n as u32),
             },
@@ -256,6 +262,7 @@ mod tests {
             KernelOptions {
                 gdn_slices: Some(16),
                 trigger_early: true,
+                bridge_early: false,
                 l2_ahead: Some(2),
                 expert_regs: Some(96),
             }
@@ -265,6 +272,9 @@ mod tests {
                 .unwrap()
                 .dependent_launch
         );
+        let bridge = parse(&[("SPLASH_DEPENDENT_LAUNCH", "bridge")]).unwrap();
+        assert!(bridge.dependent_launch && bridge.kernels.bridge_early);
+        assert!(!bridge.kernels.trigger_early);
     }
 
     #[test]
@@ -275,7 +285,7 @@ mod tests {
             (
                 "SPLASH_DEPENDENT_LAUNCH",
                 "soon",
-                "expected late (the default; also 1), early or 0 (off)",
+                "expected late (the default; also 1), early, bridge or 0 (off)",
             ),
             ("SPLASH_GDN_SLICES", "6", "expected 4, 8 or 16"),
             ("SPLASH_STREAM_K_BLOCKS", "9", "from 1 to 8"),

@@ -655,7 +655,7 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
 // sigmoid_gate, then to_f16_tc of x for the output product (the bits of the two kernels): a warp
 // per 256-value block.
 extern "C" __global__ void sigmoid_gate_to_f16_tc(float* x, const float* gate, u16* xh, float* xscale, long blocks) {
-    GRID_PROLOGUE();
+    GRID_PROLOGUE_BRIDGE();
     long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (blk >= blocks) return;
     float* xb = x + 256 * blk;

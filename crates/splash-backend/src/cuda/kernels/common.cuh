@@ -61,6 +61,19 @@ typedef unsigned long long u64;
         GRID_LAUNCH_NEXT(); \
     } while (0)
 #endif
+// The prologue of a kernel of a few blocks between two products (a norm, an input conversion).
+// With GRID_BRIDGE_EARLY (SPLASH_DEPENDENT_LAUNCH=bridge) it lets the next kernel launch before
+// its own wait: the product after it then takes the SM slots that the product before it frees in
+// its last wave and loads its first weights there, while the bridge itself holds a few slots.
+#if defined(GRID_BRIDGE_EARLY) && !defined(GRID_TRIGGER_EARLY)
+#define GRID_PROLOGUE_BRIDGE() \
+    do {                       \
+        GRID_LAUNCH_NEXT();    \
+        GRID_WAIT();           \
+    } while (0)
+#else
+#define GRID_PROLOGUE_BRIDGE() GRID_PROLOGUE()
+#endif
 
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 

@@ -244,7 +244,7 @@ __device__ __forceinline__ void quantize_q8_block(float v, i8* xq, float* xd, fl
 
 // One warp per 32 values of x [T, K]: xq [T, K] int8, xd and xs [T, K/32].
 extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float* xs, long blocks) {
-    GRID_PROLOGUE();
+    GRID_PROLOGUE_BRIDGE();
     long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (blk >= blocks) return;
     quantize_q8_block(x[blk * 32 + (threadIdx.x & 31)], xq, xd, xs, blk);

@@ -721,7 +721,7 @@ __device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xsc
 
 // x [T, K] f32 → xh [T, K] and xscale [T, K / 256] (to_f16_tc_block).
 extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, long blocks) {
-    GRID_PROLOGUE();
+    GRID_PROLOGUE_BRIDGE();
     long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (w >= blocks) return;
     const float* xb = x + 256 * w;
@@ -731,7 +731,7 @@ extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, lon
 // to_f16_tc of silu(g) * u (SwiGLU, the values silu_mul writes), for the MLP's down product.
 extern "C" __global__ void silu_mul_to_f16_tc(const float* g, const float* u, u16* xh, float* xscale,
                                               long blocks) {
-    GRID_PROLOGUE();
+    GRID_PROLOGUE_BRIDGE();
     long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (w >= blocks) return;
     const float *gb = g + 256 * w, *ub = u + 256 * w;

@@ -56,7 +56,7 @@ __device__ __forceinline__ void add_row(float* xr, const float* yr, int d) {
 }
 
 extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps) {
-    GRID_PROLOGUE();
+    GRID_PROLOGUE_BRIDGE();
     float* xr = x + (long)blockIdx.x * d;
     add_row(xr, y + (long)blockIdx.x * d, d);
     rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps);
@@ -67,7 +67,7 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
 // of 256. With xq, also quantize_q8 of the row (for a dp4a product of the same rows).
 extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
                                                   float* xscale, int d, float eps, i8* xq, float* xd, float* xs) {
-    GRID_PROLOGUE();
+    GRID_PROLOGUE_BRIDGE();
     float *xr = x + (long)blockIdx.x * d, *o = out + (long)blockIdx.x * d;
     add_row(xr, y + (long)blockIdx.x * d, d);
     rms_norm_row(xr, w, o, d, eps);
@@ -127,7 +127,7 @@ extern "C" __global__ void rms_norm_gated_to_bf16(const float* x, const float* z
 // each row's sum as rms_norm_gated_row makes it. `blocks` = rows · d / 256.
 extern "C" __global__ void rms_norm_gated_to_f16_tc(const float* x, const float* z, const float* w, float* out,
                                                     u16* xh, float* xscale, int d, float eps, long blocks) {
-    GRID_PROLOGUE();
+    GRID_PROLOGUE_BRIDGE();
     int lane = threadIdx.x & 31;
     long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (blk >= blocks) return;  // the whole warp
