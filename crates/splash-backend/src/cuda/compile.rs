@@ -83,7 +83,7 @@ pub fn compile_ptx(
         format!("-DGDN_SLICES={}", options.gdn_slices(dims.gdn_dk)),
     ];
     // Measurement options (GRID_PROLOGUE in kernels/common.cuh, TC_L2_AHEAD and EXPERT_REGS
-    // in kernels/gemv_tc.cu).
+    // in kernels/gemv_tc.cu, ATTN_HEADS_MAX in kernels/attention.cu).
     if options.trigger_early {
         defines.push("-DGRID_TRIGGER_EARLY".into());
     }
@@ -92,6 +92,9 @@ pub fn compile_ptx(
     }
     if let Some(ahead) = options.l2_ahead {
         defines.push(format!("-DTC_L2_AHEAD={ahead}"));
+    }
+    if let Some(heads) = options.attention_heads {
+        defines.push(format!("-DATTN_HEADS_MAX={heads}"));
     }
     if let Some(regs) = options.expert_regs {
         defines.push(format!("-DEXPERT_REGS={regs}"));

@@ -30,6 +30,10 @@ type LaunchFn = unsafe extern "C" fn(u32, u32, extern "C" fn(*mut c_void), *mut 
 /// The emulator's launch state is global: one launch at a time across the test threads.
 static LAUNCH: Mutex<()> = Mutex::new(());
 
+/// Most query heads a decode-attention block takes in the host build (`ATTN_HEADS_MAX`): the
+/// widest, so that every block size the GPU may run is checked.
+const ATTENTION_HEADS: usize = 4;
+
 /// The kernels for `dims`, built on first use; `None` (test skipped) without g++, unless
 /// `SPLASH_REQUIRE_HOST_KERNELS` is set.
 fn kernels(dims: KernelDims) -> Option<Arc<HostKernels>> {
@@ -82,6 +86,7 @@ impl HostKernels {
                 "-DGDN_SLICES={}",
                 super::KernelOptions::default().gdn_slices(dims.gdn_dk)
             ))
+            .arg(format!("-DATTN_HEADS_MAX={ATTENTION_HEADS}"))
             .arg("-include")
             .arg(src.join("kernels_on_host.h"))
             .args(["-x", "c++"])
@@ -1309,7 +1314,8 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
                 )
             });
             let part_fn: PartSeqs = kern.kernel("attention_part_seqs");
-            kern.launch((n_seqs * qrows * chunks) as u32, 128, &|| {
+            let heads = super::ops::attention_heads(hq, hkv, ATTENTION_HEADS);
+            kern.launch((n_seqs * qrows / heads * chunks) as u32, 128, &|| {
                 part_fn(
                     qa.ptr(),
                     pa.ptr(),
@@ -1320,6 +1326,7 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
                     slots,
                     qrows as i32,
                     chunks as i32,
+                    heads as i32,
                 )
             });
             let comb: CombineSeqs = kern.kernel("attention_combine_seqs");
@@ -2105,14 +2112,62 @@ fn rollback_replay_leaves_the_kept_rows(kd: KernelDims) {
 /// query gets alone.
 #[test]
 fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
-    for (dims, format) in [
-        (DIMS_32, KvFormat::Int8),
-        (DIMS_256, KvFormat::Int8),
-        (DIMS_256, KvFormat::Bf16),
-        (DIMS_256, KvFormat::F32),
+    // (hq, hkv): blocks of 2, 4, 3 (a group of 6, as the 27B's) and 1 query heads.
+    for (dims, format, heads) in [
+        (DIMS_32, KvFormat::Int8, (2, 1)),
+        (DIMS_32, KvFormat::Int8, (8, 2)),
+        (DIMS_32, KvFormat::Bf16, (6, 1)),
+        (DIMS_32, KvFormat::F32, (3, 3)),
+        (DIMS_256, KvFormat::Int8, (8, 1)),
+        (DIMS_256, KvFormat::Bf16, (2, 1)),
+        (DIMS_256, KvFormat::F32, (2, 1)),
     ] {
-        split_attention_case(dims, format);
+        split_attention_case(dims, format, heads);
     }
+}
+
+/// ops::attention's one-launch kernel (`attention`, for long passes without the flash kernel)
+/// of `q` `[t, hq, d]` at positions `pos0..`.
+#[allow(clippy::too_many_arguments)]
+fn whole_attention(
+    kern: &HostKernels,
+    q: &[f32],
+    cache: &HostCache,
+    format: KvFormat,
+    (hq, hkv, d): (usize, usize, usize),
+    pos0: usize,
+    scale: f32,
+    window: Option<usize>,
+) -> Vec<f32> {
+    let t = q.len() / (hq * d);
+    let out = vec![f32::NAN; t * hq * d];
+    let (qa, oa) = (Addr::of(q), Addr::of(&out));
+    let (ka, ksa, va, vsa) = cache.addrs();
+    let heads = super::ops::attention_heads(hq, hkv, ATTENTION_HEADS);
+    // SAFETY: the signature of attention in kernels/attention.cu.
+    unsafe {
+        let f: host::attention = kern.kernel("attention");
+        kern.launch((t * hq / heads) as u32, 128, &|| {
+            f(
+                qa.ptr(),
+                ka.ptr(),
+                ksa.ptr(),
+                va.ptr(),
+                vsa.ptr(),
+                oa.ptr(),
+                kv_code(format),
+                hq as i32,
+                hkv as i32,
+                pos0 as i32,
+                std::ptr::null(),
+                scale,
+                0,
+                window.unwrap_or(0) as i32,
+                heads as i32,
+            )
+        });
+    }
+    out
 }
 
 /// ops::attention for ≤ 32 rows on the host: `attention_part` of `q` `[t, hq, d]` at positions
@@ -2140,7 +2195,8 @@ fn split_attention(
     unsafe {
         type Part = host::attention_part;
         let part_fn: Part = kern.kernel("attention_part");
-        kern.launch((rows * chunks) as u32, 128, &|| {
+        let heads = super::ops::attention_heads(hq, hkv, ATTENTION_HEADS);
+        kern.launch((rows / heads * chunks) as u32, 128, &|| {
             part_fn(
                 qa.ptr(),
                 ka.ptr(),
@@ -2157,6 +2213,7 @@ fn split_attention(
                 0,
                 window.unwrap_or(0) as i32,
                 chunks as i32,
+                heads as i32,
             )
         });
         combine(kern, pa, oa, rows, chunks);
@@ -2164,9 +2221,9 @@ fn split_attention(
     out
 }
 
-fn split_attention_case(dims: KernelDims, format: KvFormat) {
+fn split_attention_case(dims: KernelDims, format: KvFormat, (hq, hkv): (usize, usize)) {
     let Some(kern) = kernels(dims) else { return };
-    let (d, hq, hkv, pos0, t) = (dims.head_dim, 2, 1, 1030, 3);
+    let (d, pos0, t) = (dims.head_dim, 1030, 3);
     let s = pos0 + t;
     let keys = random(s * hkv * d, 71);
     let values = random(s * hkv * d, 72);
@@ -2184,7 +2241,13 @@ fn split_attention_case(dims: KernelDims, format: KvFormat) {
         let err = rel_err(&block, &want);
         assert!(
             err < 1e-4,
-            "d={d} {format:?} {window:?}: relative error {err}"
+            "d={d} {format:?} hq={hq} hkv={hkv} {window:?}: relative error {err}"
+        );
+        let whole = whole_attention(&kern, &q, &cache, format, (hq, hkv, d), pos0, scale, window);
+        let err = rel_err(&whole, &want);
+        assert!(
+            err < 1e-4,
+            "d={d} {format:?} hq={hq} hkv={hkv} {window:?}: one launch, relative error {err}"
         );
         for ti in 0..t {
             let alone = split(&q[ti * hq * d..(ti + 1) * hq * d], pos0 + ti);

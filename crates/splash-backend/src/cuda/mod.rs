@@ -869,6 +869,11 @@ impl Kernels {
         self.options.gdn_slices(self.dims.gdn_dk)
     }
 
+    /// The options compiled into this module.
+    pub(crate) fn options(&self) -> &KernelOptions {
+        &self.options
+    }
+
     fn function(&self, name: &str) -> Result<CudaFunction, GpuError> {
         let mut f = self.functions.lock().expect("function cache lock");
         if let Some(func) = f.get(name) {

@@ -98,12 +98,20 @@ pub struct KernelOptions {
     /// Register cap of the grouped expert kernels, 64..=255 (`SPLASH_EXPERT_REGS`; `None`: the
     /// kernel's default per format).
     pub expert_regs: Option<u32>,
+    /// Most query heads of one KV head a decode-attention block takes, sharing each key it
+    /// loads, 1..=4 (`SPLASH_ATTENTION_HEADS`; `None`: 1, until measured on a GPU).
+    pub attention_heads: Option<u32>,
 }
 
 impl KernelOptions {
     /// Lanes sharing a GDN state column for key dim `dk`: as set, else 8 from 32 on, 4 below.
     pub fn gdn_slices(&self, dk: usize) -> usize {
         self.gdn_slices.unwrap_or(if dk >= 32 { 8 } else { 4 })
+    }
+
+    /// Most query heads a decode-attention block takes (`ATTN_HEADS_MAX`).
+    pub fn attention_heads(&self) -> usize {
+        self.attention_heads.unwrap_or(1) as usize
     }
 
     /// Whether these options fit a model whose GDN key dim is `dk`.
@@ -206,6 +214,7 @@ impl GpuOptions {
                 bridge_early,
                 l2_ahead: number("SPLASH_GEMV_L2_AHEAD", 0..=16)?.map(|n| n as u32),
                 expert_regs: number("SPLASH_EXPERT_REGS", 64..=255)?.map(|n| n as u32),
+                attention_heads: number("SPLASH_ATTENTION_HEADS", 1..=4)?.map(|n| n as u32),
             },
         })
     }
@@ -249,6 +258,7 @@ mod tests {
             ("SPLASH_EXPERT_REGS", "96"),
             ("SPLASH_VISION_QUERY_TILES", "1"),
             ("SPLASH_FOLD_LAUNCHES", "0"),
+            ("SPLASH_ATTENTION_HEADS", "4"),
         ])
         .unwrap();
         assert!(!o.fold_launches && !o.capture_pool);
@@ -265,6 +275,7 @@ mod tests {
                 bridge_early: false,
                 l2_ahead: Some(2),
                 expert_regs: Some(96),
+                attention_heads: Some(4),
             }
         );
         assert!(
@@ -291,6 +302,7 @@ mod tests {
             ("SPLASH_STREAM_K_BLOCKS", "9", "from 1 to 8"),
             ("SPLASH_EXPERT_REGS", "lots", "from 64 to 255"),
             ("SPLASH_VISION_QUERY_TILES", "4", "from 1 to 2"),
+            ("SPLASH_ATTENTION_HEADS", "6", "from 1 to 4"),
         ] {
             let err = parse(&[(var, value)]).unwrap_err();
             assert!(err.contains(&format!("{var}={value}")), "{err}");

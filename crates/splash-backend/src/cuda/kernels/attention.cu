@@ -117,29 +117,60 @@ __device__ __forceinline__ void key_range(int t, int pos0, int block, int window
 // a time waited a memory latency per key (a 1K-context decode block walked 256 keys a warp).
 #define ATTN_UNROLL 4
 
-// Attention of query row `row` (token, query head) of q [T, hq, HEAD_DIM] over cache rows
-// [lo, hi) of [S, hkv, HEAD_DIM], by the whole block: each warp runs an online softmax over
-// runs of ATTN_UNROLL keys (warp w takes keys lo + ATTN_UNROLL·(w + ATTN_WARPS·i) + u), lane i
-// holding dims [i·DPL, (i+1)·DPL); the warps are then merged. The order of the sums depends
-// only on [lo, hi), so a row gets the same bits in any pass.
-// Writes dst[i] = Σ_j e_j · v_j (relative to the block's max), divided by the sum when
-// `normalise`; otherwise thread 0 also writes the max and the sum to *m_out and *l_out.
-__device__ void attend(const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs,
-                       int fmt, int row, int hq, int hkv, int lo, int hi, float scale, float* dst,
-                       bool normalise, float* m_out, float* l_out) {
+// Query heads of one KV head that a block of decode attention may take at once: each key run it
+// loads serves all of them, where one head a block reads every key once per head of its GQA
+// group (6 or 8), from L2 at best. The host passes the largest divisor of hq / hkv up to this
+// (ops::attention_heads); 1..4, SPLASH_ATTENTION_HEADS (KernelOptions::attention_heads), 1 until
+// measured on a GPU: more heads take more registers (142 against 96 at head dim 256 for 4).
+#ifndef ATTN_HEADS_MAX
+#define ATTN_HEADS_MAX 1
+#endif
+// One head a block: at most 96 registers, five blocks an SM, as the one-head kernel had.
+#if ATTN_HEADS_MAX == 1
+#define ATTN_BOUNDS __launch_bounds__(32 * ATTN_WARPS, 5)
+#else
+#define ATTN_BOUNDS
+#endif
+
+// The shared memory of attend_heads, declared by each kernel that calls it (one copy for every
+// instantiation): the heads' queries, lane-major so that a warp's reads take distinct banks, and
+// each warp's running max, sum and output per head for the merge.
+struct AttnShared {
+    float q[ATTN_HEADS_MAX][HEAD_DPL][32];
+    float m[ATTN_HEADS_MAX][ATTN_WARPS], l[ATTN_HEADS_MAX][ATTN_WARPS];
+    float acc[ATTN_HEADS_MAX][ATTN_WARPS][32 * HEAD_DPL];
+};
+
+// Attention of the HB query heads h0.. (of one KV head) of one token, q [hq, HEAD_DIM] its query
+// rows, over cache rows [lo, hi) of [S, hkv, HEAD_DIM], by the whole block: each warp runs an
+// online softmax per head over runs of ATTN_UNROLL keys (warp w takes keys lo + ATTN_UNROLL·(w +
+// ATTN_WARPS·i) + u), loading each run once for all the heads, lane i holding dims [i·DPL,
+// (i+1)·DPL); the warps are then merged per head. A head's sums depend only on its query and
+// [lo, hi), so a row gets the same bits in any pass and with any HB. Head g's record is at
+// dst + g·stride: with `normalise`, its output Σ_j e_j · v_j / Σ_j e_j; otherwise its max, its
+// sum and its unnormalised output (relative to that max), for attention_combine.
+template <int HB>
+__device__ void attend_heads(AttnShared* sh, const float* q, const u8* kc, const float* ks, const u8* vc,
+                             const float* vs, int fmt, int h0, int hq, int hkv, int lo, int hi, float scale,
+                             float* dst, long stride, bool normalise) {
     const int DPL = HEAD_DPL;
-    int h = row % hq, kvh = h / (hq / hkv);
+    int kvh = h0 / (hq / hkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const float* qv = q + (long)row * HEAD_DIM + lane * DPL;
-    float qr[DPL], acc[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; i++) {
-        qr[i] = IN_HEAD(lane * DPL + i) ? qv[i] : 0.0f;
-        acc[i] = 0.0f;
+    for (int e = threadIdx.x; e < HB * 32 * DPL; e += blockDim.x) {
+        int g = e / (32 * DPL), dim = e % (32 * DPL);
+        sh->q[g][dim % DPL][dim / DPL] = IN_HEAD(dim) ? q[(long)(h0 + g) * HEAD_DIM + dim] : 0.0f;
     }
-    float m = NEG_INF, l = 0.0f;
+    __syncthreads();
+    float m[HB], l[HB], acc[HB][DPL];
+#pragma unroll
+    for (int g = 0; g < HB; g++) {
+        m[g] = NEG_INF;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[g][i] = 0.0f;
+    }
     for (int j0 = lo + ATTN_UNROLL * warp; j0 < hi; j0 += ATTN_UNROLL * ATTN_WARPS) {
-        float kr[ATTN_UNROLL][DPL], vr[ATTN_UNROLL][DPL], sc[ATTN_UNROLL];
+        float kr[ATTN_UNROLL][DPL], vr[ATTN_UNROLL][DPL];
 #pragma unroll
         for (int u = 0; u < ATTN_UNROLL; u++) {
             if (j0 + u < hi) {
@@ -151,114 +182,149 @@ __device__ void attend(const float* q, const u8* kc, const float* ks, const u8* 
                 for (int i = 0; i < DPL; i++) kr[u][i] = vr[u][i] = 0.0f;
             }
         }
-        // Key j0 is in range, so the new max is finite; keys past hi score −inf (weight 0).
-        float m2 = m;
 #pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; u++) {
-            float p = 0.0f;
+        for (int g = 0; g < HB; g++) {
+            // Key j0 is in range, so the new max is finite; keys past hi score −inf (weight 0).
+            float sc[ATTN_UNROLL], m2 = m[g];
 #pragma unroll
-            for (int i = 0; i < DPL; i++) p += qr[i] * kr[u][i];
-            sc[u] = j0 + u < hi ? warp_sum(p) * scale : NEG_INF;
-            m2 = fmaxf(m2, sc[u]);
+            for (int u = 0; u < ATTN_UNROLL; u++) {
+                float p = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) p += sh->q[g][i][lane] * kr[u][i];
+                sc[u] = j0 + u < hi ? warp_sum(p) * scale : NEG_INF;
+                m2 = fmaxf(m2, sc[u]);
+            }
+            float corr = expf(m[g] - m2);
+            l[g] *= corr;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[g][i] *= corr;
+#pragma unroll
+            for (int u = 0; u < ATTN_UNROLL; u++) {
+                float e = expf(sc[u] - m2);
+                l[g] += e;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[g][i] += e * vr[u][i];
+            }
+            m[g] = m2;
         }
-        float corr = expf(m - m2);
-        l *= corr;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] *= corr;
-#pragma unroll
-        for (int u = 0; u < ATTN_UNROLL; u++) {
-            float e = expf(sc[u] - m2);
-            l += e;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] += e * vr[u][i];
-        }
-        m = m2;
-    }
-    __shared__ float sm[ATTN_WARPS], sl[ATTN_WARPS], sacc[ATTN_WARPS][32 * HEAD_DPL];
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
     }
 #pragma unroll
-    for (int i = 0; i < DPL; i++) sacc[warp][lane * DPL + i] = acc[i];
+    for (int g = 0; g < HB; g++) {
+        if (lane == 0) {
+            sh->m[g][warp] = m[g];
+            sh->l[g][warp] = l[g];
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; i++) sh->acc[g][warp][lane * DPL + i] = acc[g][i];
+    }
     __syncthreads();
-    float mt = NEG_INF;
-    for (int w = 0; w < ATTN_WARPS; w++) mt = fmaxf(mt, sm[w]);
-    float lt = 0.0f;
-    for (int w = 0; w < ATTN_WARPS; w++) lt += sl[w] * (sm[w] == NEG_INF ? 0.0f : expf(sm[w] - mt));
-    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
-        float v = 0.0f;
-        for (int w = 0; w < ATTN_WARPS; w++)
-            if (sm[w] != NEG_INF) v += sacc[w][i] * expf(sm[w] - mt);
-        dst[i] = normalise ? v / lt : v;
-    }
-    if (!normalise && threadIdx.x == 0) {
-        *m_out = mt;
-        *l_out = lt;
+    for (int g = 0; g < HB; g++) {
+        float mt = NEG_INF;
+        for (int w = 0; w < ATTN_WARPS; w++) mt = fmaxf(mt, sh->m[g][w]);
+        float lt = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) lt += sh->l[g][w] * (sh->m[g][w] == NEG_INF ? 0.0f : expf(sh->m[g][w] - mt));
+        float* d = dst + g * stride;
+        for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
+            float v = 0.0f;
+            for (int w = 0; w < ATTN_WARPS; w++)
+                if (sh->m[g][w] != NEG_INF) v += sh->acc[g][w][i] * expf(sh->m[g][w] - mt);
+            if (normalise)
+                d[i] = v / lt;
+            else
+                d[2 + i] = v;
+        }
+        if (!normalise && threadIdx.x == 0) {
+            d[0] = mt;
+            d[1] = lt;
+        }
     }
 }
 
+// attend_heads for the `hb` (1..ATTN_HEADS_MAX) heads the host chose.
+__device__ __forceinline__ void attend_group(int hb, AttnShared* sh, const float* q, const u8* kc, const float* ks,
+                                             const u8* vc, const float* vs, int fmt, int h0, int hq, int hkv, int lo,
+                                             int hi, float scale, float* dst, long stride, bool normalise) {
+#define ATTEND_HEADS(HB) attend_heads<HB>(sh, q, kc, ks, vc, vs, fmt, h0, hq, hkv, lo, hi, scale, dst, stride, normalise)
+    // Only the counts up to ATTN_HEADS_MAX are compiled (their registers are the kernel's).
+    if (ATTN_HEADS_MAX >= 4 && hb == 4)
+        ATTEND_HEADS(ATTN_HEADS_MAX >= 4 ? 4 : 1);
+    else if (ATTN_HEADS_MAX >= 3 && hb == 3)
+        ATTEND_HEADS(ATTN_HEADS_MAX >= 3 ? 3 : 1);
+    else if (ATTN_HEADS_MAX >= 2 && hb == 2)
+        ATTEND_HEADS(ATTN_HEADS_MAX >= 2 ? 2 : 1);
+    else
+        ATTEND_HEADS(1);
+#undef ATTEND_HEADS
+}
+
 // GQA attention: q [T, hq, HEAD_DIM] at positions pos0.. over the cache [S, hkv, HEAD_DIM]
-// (row j = position j), keys as `key_range` says. One block per (token, query head).
-extern "C" __global__ void attention(const float* q, const u8* kc, const float* ks, const u8* vc,
+// (row j = position j), keys as `key_range` says. One block per (token, `hb` query heads).
+extern "C" __global__ void ATTN_BOUNDS attention(const float* q, const u8* kc, const float* ks, const u8* vc,
                                      const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
-                                     const int* pos_at, float scale, int block, int window) {
+                                     const int* pos_at, float scale, int block, int window, int hb) {
     GRID_PROLOGUE();
-    int lo, hi;
-    key_range(blockIdx.x / hq, position(pos0, pos_at), block, window, &lo, &hi);
-    attend(q, kc, ks, vc, vs, fmt, blockIdx.x, hq, hkv, lo, hi, scale, out + (long)blockIdx.x * HEAD_DIM,
-           true, nullptr, nullptr);
+    __shared__ AttnShared sh;
+    int t = blockIdx.x / (hq / hb), h0 = blockIdx.x % (hq / hb) * hb, lo, hi;
+    key_range(t, position(pos0, pos_at), block, window, &lo, &hi);
+    attend_group(hb, &sh, q + (long)t * hq * HEAD_DIM, kc, ks, vc, vs, fmt, h0, hq, hkv, lo, hi, scale,
+                 out + ((long)t * hq + h0) * HEAD_DIM, HEAD_DIM, true);
 }
 
 // Keys per chunk of the split attention below.
 #define ATTN_CHUNK 256
 
 // Split attention for a few query rows over a long context (flash-decoding): block
-// (row, chunk c) attends to the keys of its row's range that fall in
-// [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK), and writes its max, sum and unnormalised output to
-// part[row, c, 0 | 1 | 2..]; attention_combine merges the chunks in order. The chunks are
-// fixed by position, so a query's result depends only on its own key range: a verify block
-// gives each row what token-by-token decoding gives. 1-D grid, chunk-major: block = c · rows +
-// row, so the blocks running at once read a few chunks of keys, which stay in L2 for all the
-// rows (row-major, they spanned the whole context: at 32K that no longer fits L2, and every
-// row of a verify block read its keys from memory again). With a window, the chunks start at
-// the one holding the first query's first key (the keys before it are outside every query's
-// window), so a sliding layer's launch covers its window, not the whole context.
-extern "C" __global__ void attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
+// (token, hb heads, chunk c) attends to the keys of its token's range that fall in
+// [c·ATTN_CHUNK, (c+1)·ATTN_CHUNK), and writes each head's max, sum and unnormalised output to
+// part[row, c, 0 | 1 | 2..] (row = token · hq + head); attention_combine merges the chunks in
+// order. The chunks are fixed by position, so a query's result depends only on its own key
+// range: a verify block gives each row what token-by-token decoding gives. 1-D grid,
+// chunk-major: block = c · (T · hq / hb) + group, so the blocks running at once read a few
+// chunks of keys, which stay in L2 for all the rows (row-major, they spanned the whole context:
+// at 32K that no longer fits L2, and every row of a verify block read its keys from memory
+// again). With a window, the chunks start at the one holding the first query's first key (the
+// keys before it are outside every query's window), so a sliding layer's launch covers its
+// window, not the whole context.
+extern "C" __global__ void ATTN_BOUNDS attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
                                           const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
-                                          const int* pos_at, float scale, int block, int window, int nchunks) {
+                                          const int* pos_at, float scale, int block, int window, int nchunks,
+                                          int hb) {
     GRID_PROLOGUE();
-    int rows = gridDim.x / nchunks, row = blockIdx.x % rows, c = blockIdx.x / rows;
+    __shared__ AttnShared sh;
+    int groups = gridDim.x / nchunks, gi = blockIdx.x % groups, c = blockIdx.x / groups;
+    int t = gi / (hq / hb), h0 = gi % (hq / hb) * hb;
     int pos = position(pos0, pos_at), lo, hi;
-    key_range(row / hq, pos, block, window, &lo, &hi);
+    key_range(t, pos, block, window, &lo, &hi);
     int first = window > 0 ? max(0, pos - window + 1) / ATTN_CHUNK : 0, at = (first + c) * ATTN_CHUNK;
-    float* dst = part + ((long)row * nchunks + c) * (HEAD_DIM + 2);
-    attend(q, kc, ks, vc, vs, fmt, row, hq, hkv, max(lo, at), min(hi, at + ATTN_CHUNK), scale, dst + 2, false,
-           dst, dst + 1);
+    float* dst = part + (((long)t * hq + h0) * nchunks + c) * (HEAD_DIM + 2);
+    attend_group(hb, &sh, q + (long)t * hq * HEAD_DIM, kc, ks, vc, vs, fmt, h0, hq, hkv, max(lo, at),
+                 min(hi, at + ATTN_CHUNK), scale, dst, (long)nchunks * (HEAD_DIM + 2), false);
 }
 
 // Split attention of every sequence's rows (causal, no window: the target's layers) over its
-// own caches: block (chunk c, sequence i, row) as attention_part's, `rows` = hq · the most
-// tokens of a sequence, writing part[i, row, c]. Every sequence takes `nchunks` chunks, the most
-// any needs: past its keys a chunk is empty (max −inf), which attention_combine skips, so each
-// row gets the bits of its sequence's own launch.
-extern "C" __global__ void attention_part_seqs(const float* q, float* part, int fmt, int hq, int hkv, float scale,
-                                               AttnSlots s, int rows, int nchunks) {
+// own caches: block (chunk c, sequence i, hb heads of a row) as attention_part's, `rows` = hq ·
+// the most tokens of a sequence, writing part[i, row, c]. Every sequence takes `nchunks` chunks,
+// the most any needs: past its keys a chunk is empty (max −inf), which attention_combine skips,
+// so each row gets the bits of its sequence's own launch.
+extern "C" __global__ void ATTN_BOUNDS attention_part_seqs(const float* q, float* part, int fmt, int hq, int hkv, float scale,
+                                               AttnSlots s, int rows, int nchunks, int hb) {
     GRID_PROLOGUE();
-    int seqs = gridDim.x / (rows * nchunks);
-    int c = blockIdx.x / (seqs * rows), i = blockIdx.x / rows % seqs, row = blockIdx.x % rows;
+    __shared__ AttnShared sh;
+    int groups = rows / hb, seqs = gridDim.x / (groups * nchunks);
+    int c = blockIdx.x / (seqs * groups), i = blockIdx.x / groups % seqs, row = blockIdx.x % groups * hb;
     if (row >= s.n[i] * hq) return;
-    int lo, hi;
-    key_range(row / hq, slot_position(s, i), 0, 0, &lo, &hi);
+    int t = row / hq, lo, hi;
+    key_range(t, slot_position(s, i), 0, 0, &lo, &hi);
     float* dst = part + (((long)i * rows + row) * nchunks + c) * (HEAD_DIM + 2);
+    long stride = (long)nchunks * (HEAD_DIM + 2);
     if (max(lo, c * ATTN_CHUNK) >= min(hi, (c + 1) * ATTN_CHUNK)) {
         // No key of this chunk (a sequence shorter than the longest): its max alone, −inf.
-        if (threadIdx.x == 0) dst[0] = NEG_INF;
+        if (threadIdx.x < hb) dst[threadIdx.x * stride] = NEG_INF;
         return;
     }
-    attend(q + (long)s.off[i] * hq * HEAD_DIM, (const u8*)s.kc[i], (const float*)s.ks[i], (const u8*)s.vc[i],
-           (const float*)s.vs[i], fmt, row, hq, hkv, max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK), scale,
-           dst + 2, false, dst, dst + 1);
+    attend_group(hb, &sh, q + ((long)s.off[i] * hq + (long)t * hq) * HEAD_DIM, (const u8*)s.kc[i],
+                 (const float*)s.ks[i], (const u8*)s.vc[i], (const float*)s.vs[i], fmt, row % hq, hq, hkv,
+                 max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK), scale, dst, stride, false);
 }
 
 // The chunks of a row's partial results p [nchunks, HEAD_DIM + 2] merged in order into o.

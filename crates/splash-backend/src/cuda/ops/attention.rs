@@ -43,6 +43,17 @@ pub fn kv_append(
     launch::kv_append(gpu, k, grid, x, cache, scales, fmt, d, heads, p0, p_at)
 }
 
+/// Query heads of one KV head that a block of decode attention takes at once: the largest
+/// divisor of the group size `hq / hkv` up to `most` (`ATTN_HEADS_MAX` in kernels/attention.cu,
+/// [`KernelOptions::attention_heads`]), so that each key a block loads serves that many heads.
+pub(crate) fn attention_heads(hq: usize, hkv: usize, most: usize) -> usize {
+    let group = hq / hkv;
+    (1..=most)
+        .rev()
+        .find(|h| group.is_multiple_of(*h))
+        .unwrap_or(1)
+}
+
 /// Chunks of [`ATTN_CHUNK`] keys the split attention (`attention_part`) gives each query row of
 /// a pass of `tokens` at `pos`: up to the furthest key of any query (a draft block sees the
 /// whole block), and with a window at most the chunks the window and the pass's keys span
@@ -93,12 +104,13 @@ pub fn attention(
     let (fmt, hq_i, hkv_i) = (kv_code(format), hq as i32, hkv as i32);
     let (block, window) = (mask.block as i32, mask.window.unwrap_or(0) as i32);
     let (kc, ks, vc, vs) = (keys.0, keys.1, values.0, values.1);
+    let heads = attention_heads(hq, hkv, k.options().attention_heads());
     if tokens <= SPLIT_ATTENTION_ROWS {
         let chunks = split_chunks(pos, tokens, mask);
         let rows = tokens * hq;
         let part = gpu.uninit::<f32>(rows * chunks * (k.dims().head_dim + 2))?;
         let pp = ptr(gpu, &part, 0);
-        let grid = ((rows * chunks) as u32, 128);
+        let grid = ((rows / heads * chunks) as u32, 128);
         launch::attention_part(
             gpu,
             k,
@@ -118,6 +130,7 @@ pub fn attention(
             block,
             window,
             chunks as i32,
+            heads as i32,
         )?;
         return launch::attention_combine(gpu, k, (rows as u32, 128), pp, out, chunks as i32);
     }
@@ -154,9 +167,26 @@ pub fn attention(
         }
         return Ok(());
     }
-    let grid = ((tokens * hq) as u32, 128);
+    let grid = ((tokens * hq / heads) as u32, 128);
     launch::attention(
-        gpu, k, grid, q, kc, ks, vc, vs, out, fmt, hq_i, hkv_i, p0, p_at, scale, block, window,
+        gpu,
+        k,
+        grid,
+        q,
+        kc,
+        ks,
+        vc,
+        vs,
+        out,
+        fmt,
+        hq_i,
+        hkv_i,
+        p0,
+        p_at,
+        scale,
+        block,
+        window,
+        heads as i32,
     )
 }
 
@@ -299,11 +329,24 @@ pub fn attention_seqs(
         let rows = longest * hq;
         let part = gpu.uninit::<f32>(group.len() * rows * chunks * (d + 2))?;
         let pp = ptr(gpu, &part, 0);
-        let grid = ((group.len() * rows * chunks) as u32, 128);
+        let heads = attention_heads(hq, hkv, k.options().attention_heads());
+        let grid = ((group.len() * rows / heads * chunks) as u32, 128);
         let (fmt, hq_i, hkv_i) = (kv_code(format), hq as i32, hkv as i32);
         let (rows_i, n) = (rows as i32, chunks as i32);
         launch::attention_part_seqs(
-            gpu, k, grid, q, pp, fmt, hq_i, hkv_i, scale, slots, rows_i, n,
+            gpu,
+            k,
+            grid,
+            q,
+            pp,
+            fmt,
+            hq_i,
+            hkv_i,
+            scale,
+            slots,
+            rows_i,
+            n,
+            heads as i32,
         )?;
         let grid = ((group.len() * rows) as u32, 128);
         launch::attention_combine_seqs(gpu, k, grid, pp, out, hq_i, slots, rows_i, n)?;
@@ -339,5 +382,22 @@ mod tests {
         }
         let (_, n) = flash_split(24, 32_768);
         assert!(24 * n >= FLASH_MIN_BLOCKS, "{n} chunks");
+    }
+
+    #[test]
+    fn a_block_takes_the_most_heads_of_a_group_up_to_the_limit() {
+        // (hq, hkv) of the 27B (groups of 6), the 35B-A3B (8), a draft (4) and small fixtures.
+        for ((hq, hkv), heads) in [
+            ((24, 4), 3),
+            ((16, 2), 4),
+            ((32, 8), 4),
+            ((2, 1), 2),
+            ((5, 5), 1),
+            ((10, 2), 1),
+        ] {
+            assert_eq!(attention_heads(hq, hkv, 4), heads, "hq {hq}, hkv {hkv}");
+            assert_eq!(attention_heads(hq, hkv, 1), 1);
+        }
+        assert_eq!(attention_heads(16, 2, 2), 2);
     }
 }
