@@ -167,26 +167,9 @@ pub fn attention(
         }
         return Ok(());
     }
-    let grid = ((tokens * hq / heads) as u32, 128);
+    let (grid, hb) = (((tokens * hq / heads) as u32, 128), heads as i32);
     launch::attention(
-        gpu,
-        k,
-        grid,
-        q,
-        kc,
-        ks,
-        vc,
-        vs,
-        out,
-        fmt,
-        hq_i,
-        hkv_i,
-        p0,
-        p_at,
-        scale,
-        block,
-        window,
-        heads as i32,
+        gpu, k, grid, q, kc, ks, vc, vs, out, fmt, hq_i, hkv_i, p0, p_at, scale, block, window, hb,
     )
 }
 
