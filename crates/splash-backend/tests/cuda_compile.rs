@@ -54,6 +54,7 @@ fn every_kernel_compiles_for_the_served_shapes() {
     // Each compile left its PTX in the disk cache.
     let n = std::fs::read_dir(&tmp).unwrap().count();
     assert_eq!(n, 8, "one cached PTX per (dims, arch)");
+    check_launch_triggers();
     std::fs::remove_dir_all(&tmp).unwrap();
 }
 
@@ -102,5 +103,58 @@ fn check_kernels(dims: KernelDims, arch: &'static str) {
             ptx.contains(&format!(".entry {kernel}(")),
             "{kernel} missing from the PTX"
         );
+    }
+}
+
+/// Whether kernel `name` of `ptx` lets the next kernel launch before it waits for the one before.
+fn triggers_before_waiting(ptx: &str, name: &str) -> bool {
+    let start = ptx
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("{name} missing from the PTX"));
+    let body = &ptx[start..];
+    let body = &body[..body[1..].find(".entry ").map_or(body.len(), |e| e + 1)];
+    let (launch, wait) = (
+        body.find("griddepcontrol.launch_dependents"),
+        body.find("griddepcontrol.wait"),
+    );
+    launch.expect("launch_dependents") < wait.expect("wait")
+}
+
+/// The dependent-launch variants compile as their options say (SPLASH_DEPENDENT_LAUNCH): by
+/// default every kernel waits, then lets the next launch; `bridge` turns that around in the
+/// small kernels between products only; `early` everywhere. Four-head decode attention
+/// (SPLASH_ATTENTION_HEADS=4) compiles too.
+fn check_launch_triggers() {
+    let dims = KernelDims {
+        head_dim: 256,
+        gdn_dk: 128,
+        gdn_dv: 128,
+    };
+    let bridges = [
+        "add_rms_norm_to_f16_tc",
+        "silu_mul_to_f16_tc",
+        "quantize_q8",
+    ];
+    let others = ["gemv_tc8_q4_k", "attention_part", "gdn_recurrent_seqs"];
+    let compile = |options: KernelOptions| compile_ptx(dims, &options, "compute_90").unwrap();
+    let default = compile(KernelOptions::default());
+    let bridge = compile(KernelOptions {
+        bridge_early: true,
+        ..Default::default()
+    });
+    let early = compile(KernelOptions {
+        trigger_early: true,
+        attention_heads: Some(4),
+        ..Default::default()
+    });
+    for name in bridges {
+        assert!(!triggers_before_waiting(&default, name), "{name}, default");
+        assert!(triggers_before_waiting(&bridge, name), "{name}, bridge");
+        assert!(triggers_before_waiting(&early, name), "{name}, early");
+    }
+    for name in others {
+        assert!(!triggers_before_waiting(&default, name), "{name}, default");
+        assert!(!triggers_before_waiting(&bridge, name), "{name}, bridge");
+        assert!(triggers_before_waiting(&early, name), "{name}, early");
     }
 }
