@@ -112,8 +112,9 @@ impl Drop for Gpu {
 /// each waiting for the work before it. The pool keeps its memory mapped for good. On by
 /// default (`SPLASH_CAPTURE_POOL=0` turns it off); it relaxes the capture mode, since the
 /// thread-local one refuses an allocation on another stream. With kernels that let the next one
-/// launch only after their wait (GRID_PROLOGUE), a 1-token pass took 8 % less time on the
-/// 35B-A3B and 4 % less on the 27B (H100, BENCHMARKS.md, 2026-12-06).
+/// launch only after their wait (GRID_PROLOGUE), a 1-token pass took 5–8 % less time on the
+/// 35B-A3B and 3–4 % less on the 27B, whose 16-row pass took 0.2–1.5 ms more (H100,
+/// BENCHMARKS.md, 2026-12-06).
 struct CapturePool {
     pool: cudarc::driver::sys::CUmemoryPool,
     stream: Arc<CudaStream>,

@@ -41,12 +41,11 @@ pub struct GpuOptions {
     /// dims up to 80.
     pub vision_query_tiles: usize,
     /// Small launches of a decode step folded into their neighbours, the same bits
-    /// (`SPLASH_FOLD_LAUNCHES`, on): the GDN scan makes its gates
-    /// from the raw `a`, `b` (no `gdn_gates`); the GDN output norm and the attention output gate
-    /// write the f16 input of the tensor-core GEMV after them (no `to_f16_tc`); the norm before
-    /// a GDN layer writes the int8 input of its b and a product too (no `quantize_q8`); the
-    /// attention's query / gate split and its q and k norms are one launch. Three launches fewer
-    /// per layer of either kind.
+    /// (`SPLASH_FOLD_LAUNCHES`, on): the GDN scan makes its gates from the raw `a`, `b` (no
+    /// `gdn_gates`); the GDN output norm and the attention output gate write the f16 input of
+    /// the tensor-core GEMV after them (no `to_f16_tc`); the norm before a GDN layer writes the
+    /// int8 input of its b and a product too (no `quantize_q8`); the attention's query / gate
+    /// split and its q and k norms are one launch. Three launches fewer per layer of either kind.
     pub fold_launches: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.

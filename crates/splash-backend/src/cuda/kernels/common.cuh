@@ -36,11 +36,11 @@ typedef unsigned long long u64;
 // (and so, transitively, for everything earlier) to complete before it touches memory that
 // another kernel writes or reads; only weights, which no kernel writes, may be loaded before.
 // Once its wait is over it lets the next kernel launch: so at most one launched kernel waits
-// behind the running one, holding few SM slots (letting it launch before the wait, which
-// SPLASH_DEPENDENT_LAUNCH=early compiles as GRID_TRIGGER_EARLY, chains waiting kernels that hold
-// slots the running one needs: slower on the H100, BENCHMARKS.md 2026-12-06). Its blocks take SM
-// slots only once all of this one's blocks have started, so the earliest kernel always runs (no
-// kernel here waits on another block).
+// behind the running one, holding few SM slots. Letting it launch before the wait
+// (SPLASH_DEPENDENT_LAUNCH=early, GRID_TRIGGER_EARLY) chains waiting kernels that can hold slots
+// the running one needs; it was no faster on the H100 (BENCHMARKS.md, 2026-12-06). The next
+// kernel's blocks take SM slots only once all of this one's blocks have started, so the earliest
+// kernel always runs (no kernel here waits on another block).
 #if !defined(KERNEL_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #define GRID_LAUNCH_NEXT() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
