@@ -146,9 +146,9 @@ struct AttnShared {
 // online softmax per head over runs of ATTN_UNROLL keys (warp w takes keys lo + ATTN_UNROLL·(w +
 // ATTN_WARPS·i) + u), loading each run once for all the heads, lane i holding dims [i·DPL,
 // (i+1)·DPL); the warps are then merged per head. A head's sums depend only on its query and
-// [lo, hi), so a row gets the same bits in any pass and with any HB. Head g's record is at
-// dst + g·stride: with `normalise`, its output Σ_j e_j · v_j / Σ_j e_j; otherwise its max, its
-// sum and its unnormalised output (relative to that max), for attention_combine.
+// [lo, hi) (HB is fixed by the model's shape), so a row gets the same bits in any pass. Head g's
+// record is at dst + g·stride: with `normalise`, its output Σ_j e_j · v_j / Σ_j e_j; otherwise
+// its max, its sum and its unnormalised output (relative to that max), for attention_combine.
 template <int HB>
 __device__ void attend_heads(AttnShared* sh, const float* q, const u8* kc, const float* ks, const u8* vc,
                              const float* vs, int fmt, int h0, int hq, int hkv, int lo, int hi, float scale,

@@ -315,21 +315,9 @@ pub fn attention_seqs(
         let heads = attention_heads(hq, hkv, k.options().attention_heads());
         let grid = ((group.len() * rows / heads * chunks) as u32, 128);
         let (fmt, hq_i, hkv_i) = (kv_code(format), hq as i32, hkv as i32);
-        let (rows_i, n) = (rows as i32, chunks as i32);
+        let (rows_i, n, hb) = (rows as i32, chunks as i32, heads as i32);
         launch::attention_part_seqs(
-            gpu,
-            k,
-            grid,
-            q,
-            pp,
-            fmt,
-            hq_i,
-            hkv_i,
-            scale,
-            slots,
-            rows_i,
-            n,
-            heads as i32,
+            gpu, k, grid, q, pp, fmt, hq_i, hkv_i, scale, slots, rows_i, n, hb,
         )?;
         let grid = ((group.len() * rows) as u32, 128);
         launch::attention_combine_seqs(gpu, k, grid, pp, out, hq_i, slots, rows_i, n)?;
