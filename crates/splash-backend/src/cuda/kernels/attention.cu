@@ -246,14 +246,16 @@ __device__ __forceinline__ void attend_group(int hb, AttnShared* sh, const float
                                              int hi, float scale, float* dst, long stride, bool normalise) {
 #define ATTEND_HEADS(HB) attend_heads<HB>(sh, q, kc, ks, vc, vs, fmt, h0, hq, hkv, lo, hi, scale, dst, stride, normalise)
     // Only the counts up to ATTN_HEADS_MAX are compiled (their registers are the kernel's).
-    if (ATTN_HEADS_MAX >= 4 && hb == 4)
-        ATTEND_HEADS(ATTN_HEADS_MAX >= 4 ? 4 : 1);
-    else if (ATTN_HEADS_MAX >= 3 && hb == 3)
-        ATTEND_HEADS(ATTN_HEADS_MAX >= 3 ? 3 : 1);
-    else if (ATTN_HEADS_MAX >= 2 && hb == 2)
-        ATTEND_HEADS(ATTN_HEADS_MAX >= 2 ? 2 : 1);
-    else
-        ATTEND_HEADS(1);
+#if ATTN_HEADS_MAX >= 4
+    if (hb == 4) return ATTEND_HEADS(4);
+#endif
+#if ATTN_HEADS_MAX >= 3
+    if (hb == 3) return ATTEND_HEADS(3);
+#endif
+#if ATTN_HEADS_MAX >= 2
+    if (hb == 2) return ATTEND_HEADS(2);
+#endif
+    ATTEND_HEADS(1);
 #undef ATTEND_HEADS
 }
 
