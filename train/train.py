@@ -60,6 +60,7 @@ OTHER_WEIGHT = 0.15  # loss weight of the text outside assistant turns (assistan
 # Loss weight of the assistant tokens of scoring conversations (`judgment`: the empty think block,
 # the option letter, <|im_end|>); at 1 the letter, their only informative token, is lost in the mean.
 JUDGMENT_WEIGHT = 1.0
+SHARD_BYTES = 12 << 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,7 +297,25 @@ def save_target(model, out):
         if k == "lm_head.weight":
             continue  # tied to model.embed_tokens.weight
         sd[k] = v.detach().to(torch.float32 if k.endswith("A_log") else torch.bfloat16).cpu().contiguous()
-    save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    # Shards of at most SHARD_BYTES (the device tool returns files of at most 16 MiB), listed in
+    # model.safetensors.index.json as transformers writes them; one file when it fits.
+    shards, size = [{}], 0
+    for k in sorted(sd):
+        nbytes = sd[k].numel() * sd[k].element_size()
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][k] = sd[k]
+        size += nbytes
+    if len(shards) == 1:
+        save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        for name, shard in zip(names, shards):
+            save_file(shard, os.path.join(out, name), metadata={"format": "pt"})
+        index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in sd.values())},
+                 "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
+        json.dump(index, open(os.path.join(out, "model.safetensors.index.json"), "w"), indent=1)
     json.dump(TARGET | {"eos_token_id": [EOS, EOT], "pad_token_id": EOT}, open(os.path.join(out, "config.json"), "w"),
               indent=2)
     return sum(v.numel() for v in sd.values())
@@ -579,11 +598,19 @@ def main():
     ap.add_argument("--init-draft", help="a draft to go on training (a draft/ folder such as models/demo/draft) "
                     "instead of a fresh one: for a target fine-tuned from the one that draft was trained on")
     ap.add_argument("--draft-peak-lr", type=float, default=2e-3, help="the draft's peak learning rate")
+    ap.add_argument("--append-layers", help="with --init-target: layers to add after its last one, e.g. "
+                    "linear,full,linear,full; they start as identities (output projections zero)")
     args = ap.parse_args()
     if args.data_seed == SEED + 1:
         ap.error(f"--data-seed {SEED + 1} is the held-out text's seed: choose another")
     if args.target and args.init_target:
         ap.error("--target trains the draft only; --init-target goes on training the target: give one")
+    appended = [{"linear": "linear_attention", "full": "full_attention"}.get(k.strip())
+                for k in args.append_layers.split(",")] if args.append_layers else []
+    if None in appended:
+        ap.error("--append-layers takes a comma-separated list of `linear` and `full`")
+    if appended and not args.init_target:
+        ap.error("--append-layers grows a trained target: give it --init-target")
     OTHER_WEIGHT, JUDGMENT_WEIGHT = args.other_weight, args.judgment_weight
     os.makedirs(args.out, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -627,14 +654,32 @@ def main():
 
     # --- target
     torch.backends.cuda.matmul.allow_tf32 = True
+    grown_from = TARGET["num_hidden_layers"]
+    TARGET["layer_types"] = TARGET["layer_types"] + appended
+    TARGET["num_hidden_layers"] = len(TARGET["layer_types"])
     model = target_model(device)
     nparams = sum(p.numel() for p in model.parameters())
     log(f"target: {nparams / 1e6:.2f}M parameters")
     def load_target(path):
         from safetensors.torch import load_file
-        sd = load_file(os.path.join(path, "model.safetensors"))
+        index = os.path.join(path, "model.safetensors.index.json")
+        files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+        sd = {k: v for f in files for k, v in load_file(os.path.join(path, f)).items()}
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
-        model.load_state_dict({k: v.float() for k, v in sd.items()})
+        missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+        new = [k for k in missing if int(k.split(".")[2]) >= grown_from] if missing and appended else []
+        if unexpected or len(new) != len(missing):
+            raise SystemExit(f"{path} does not fit the target: missing {sorted(set(missing) - set(new))}, "
+                             f"unexpected {unexpected}")
+        if appended:
+            # New layers add nothing to the residual stream until trained: the grown model starts
+            # as the loaded one (same logits), and gradients reach the zeroed projections first.
+            for layer in model.model.layers[grown_from:]:
+                mixer = layer.self_attn.o_proj if hasattr(layer, "self_attn") else layer.linear_attn.out_proj
+                for w in (mixer.weight, layer.mlp.down_proj.weight):
+                    torch.nn.init.zeros_(w)
+            log(f"target: {len(appended)} layers appended ({','.join(args.append_layers.split(','))}), "
+                f"{TARGET['num_hidden_layers']} in all")
         metrics_path = os.path.join(path, "metrics.json")
         log(f"target: loaded from {path}")
         return json.load(open(metrics_path))["target"]["steps"] if os.path.exists(metrics_path) else 0
