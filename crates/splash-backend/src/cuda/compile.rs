@@ -93,9 +93,7 @@ pub fn compile_ptx(
     if let Some(ahead) = options.l2_ahead {
         defines.push(format!("-DTC_L2_AHEAD={ahead}"));
     }
-    if let Some(heads) = options.attention_heads {
-        defines.push(format!("-DATTN_HEADS_MAX={heads}"));
-    }
+    defines.push(format!("-DATTN_HEADS_MAX={}", options.attention_heads()));
     if let Some(regs) = options.expert_regs {
         defines.push(format!("-DEXPERT_REGS={regs}"));
     }

@@ -1314,7 +1314,7 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
                 )
             });
             let part_fn: PartSeqs = kern.kernel("attention_part_seqs");
-            let heads = super::ops::attention_heads(hq, hkv, ATTENTION_HEADS);
+            let heads = super::ops::attention_heads(longest, hq, hkv, ATTENTION_HEADS);
             kern.launch((n_seqs * qrows / heads * chunks) as u32, 128, &|| {
                 part_fn(
                     qa.ptr(),
@@ -2143,7 +2143,7 @@ fn whole_attention(
     let out = vec![f32::NAN; t * hq * d];
     let (qa, oa) = (Addr::of(q), Addr::of(&out));
     let (ka, ksa, va, vsa) = cache.addrs();
-    let heads = super::ops::attention_heads(hq, hkv, ATTENTION_HEADS);
+    let heads = super::ops::attention_heads(t, hq, hkv, ATTENTION_HEADS);
     // SAFETY: the signature of attention in kernels/attention.cu.
     unsafe {
         let f: host::attention = kern.kernel("attention");
@@ -2195,7 +2195,7 @@ fn split_attention(
     unsafe {
         type Part = host::attention_part;
         let part_fn: Part = kern.kernel("attention_part");
-        let heads = super::ops::attention_heads(hq, hkv, ATTENTION_HEADS);
+        let heads = super::ops::attention_heads(t, hq, hkv, ATTENTION_HEADS);
         kern.launch((rows / heads * chunks) as u32, 128, &|| {
             part_fn(
                 qa.ptr(),

@@ -97,8 +97,8 @@ pub struct KernelOptions {
     /// Register cap of the grouped expert kernels, 64..=255 (`SPLASH_EXPERT_REGS`; `None`: the
     /// kernel's default per format).
     pub expert_regs: Option<u32>,
-    /// Most query heads of one KV head a decode-attention block takes, sharing each key it
-    /// loads, 1..=4 (`SPLASH_ATTENTION_HEADS`; `None`: 1, until measured on a GPU).
+    /// Most query heads of one KV head a decode-attention block of a several-row pass takes,
+    /// sharing each key it loads, 1..=4 (`SPLASH_ATTENTION_HEADS`; `None`: 4).
     pub attention_heads: Option<u32>,
 }
 
@@ -110,7 +110,7 @@ impl KernelOptions {
 
     /// Most query heads a decode-attention block takes (`ATTN_HEADS_MAX`).
     pub fn attention_heads(&self) -> usize {
-        self.attention_heads.unwrap_or(1) as usize
+        self.attention_heads.unwrap_or(4) as usize
     }
 
     /// Whether these options fit a model whose GDN key dim is `dk`.
@@ -257,7 +257,7 @@ mod tests {
             ("SPLASH_EXPERT_REGS", "96"),
             ("SPLASH_VISION_QUERY_TILES", "1"),
             ("SPLASH_FOLD_LAUNCHES", "0"),
-            ("SPLASH_ATTENTION_HEADS", "4"),
+            ("SPLASH_ATTENTION_HEADS", "1"),
         ])
         .unwrap();
         assert!(!o.fold_launches && !o.capture_pool);
@@ -274,7 +274,7 @@ mod tests {
                 bridge_early: false,
                 l2_ahead: Some(2),
                 expert_regs: Some(96),
-                attention_heads: Some(4),
+                attention_heads: Some(1),
             }
         );
         assert!(

@@ -119,9 +119,10 @@ __device__ __forceinline__ void key_range(int t, int pos0, int block, int window
 
 // Query heads of one KV head that a block of decode attention may take at once: each key run it
 // loads serves all of them, where one head a block reads every key once per head of its GQA
-// group (6 or 8), from L2 at best. The host passes the largest divisor of hq / hkv up to this
-// (ops::attention_heads); 1..4, SPLASH_ATTENTION_HEADS (KernelOptions::attention_heads), 1 until
-// measured on a GPU: more heads take more registers (142 against 96 at head dim 256 for 4).
+// group (6 or 8), from L2 at best. For a pass of several rows the host passes the largest divisor
+// of hq / hkv up to this, for one row 1 (ops::attention_heads); 1..4, SPLASH_ATTENTION_HEADS
+// (KernelOptions::attention_heads, 4 unless set): more heads take more registers (142 against 96
+// at head dim 256 for 4).
 #ifndef ATTN_HEADS_MAX
 #define ATTN_HEADS_MAX 1
 #endif

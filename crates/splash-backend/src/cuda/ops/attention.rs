@@ -43,10 +43,15 @@ pub fn kv_append(
     launch::kv_append(gpu, k, grid, x, cache, scales, fmt, d, heads, p0, p_at)
 }
 
-/// Query heads of one KV head that a block of decode attention takes at once: the largest
-/// divisor of the group size `hq / hkv` up to `most` (`ATTN_HEADS_MAX` in kernels/attention.cu,
-/// [`KernelOptions::attention_heads`]), so that each key a block loads serves that many heads.
-pub(crate) fn attention_heads(hq: usize, hkv: usize, most: usize) -> usize {
+/// Query heads of one KV head that a block of decode attention takes at once in a pass of `rows`
+/// query rows (per sequence): the largest divisor of the group size `hq / hkv` up to `most`
+/// (`ATTN_HEADS_MAX` in kernels/attention.cu, [`KernelOptions::attention_heads`]), so that each
+/// key a block loads serves that many heads; one for a one-row pass, whose few blocks would
+/// otherwise leave most SMs idle (measured: BENCHMARKS.md, 2026-12-06, twentieth session).
+pub(crate) fn attention_heads(rows: usize, hq: usize, hkv: usize, most: usize) -> usize {
+    if rows == 1 {
+        return 1;
+    }
     let group = hq / hkv;
     (1..=most)
         .rev()
@@ -104,7 +109,7 @@ pub fn attention(
     let (fmt, hq_i, hkv_i) = (kv_code(format), hq as i32, hkv as i32);
     let (block, window) = (mask.block as i32, mask.window.unwrap_or(0) as i32);
     let (kc, ks, vc, vs) = (keys.0, keys.1, values.0, values.1);
-    let heads = attention_heads(hq, hkv, k.options().attention_heads());
+    let heads = attention_heads(tokens, hq, hkv, k.options().attention_heads());
     if tokens <= SPLIT_ATTENTION_ROWS {
         let chunks = split_chunks(pos, tokens, mask);
         let rows = tokens * hq;
@@ -312,7 +317,7 @@ pub fn attention_seqs(
         let rows = longest * hq;
         let part = gpu.uninit::<f32>(group.len() * rows * chunks * (d + 2))?;
         let pp = ptr(gpu, &part, 0);
-        let heads = attention_heads(hq, hkv, k.options().attention_heads());
+        let heads = attention_heads(longest, hq, hkv, k.options().attention_heads());
         let grid = ((group.len() * rows / heads * chunks) as u32, 128);
         let (fmt, hq_i, hkv_i) = (kv_code(format), hq as i32, hkv as i32);
         let (rows_i, n, hb) = (rows as i32, chunks as i32, heads as i32);
@@ -366,9 +371,15 @@ mod tests {
             ((5, 5), 1),
             ((10, 2), 1),
         ] {
-            assert_eq!(attention_heads(hq, hkv, 4), heads, "hq {hq}, hkv {hkv}");
-            assert_eq!(attention_heads(hq, hkv, 1), 1);
+            assert_eq!(attention_heads(16, hq, hkv, 4), heads, "hq {hq}, hkv {hkv}");
+            assert_eq!(attention_heads(2, hq, hkv, 4), heads, "hq {hq}, hkv {hkv}");
+            assert_eq!(attention_heads(16, hq, hkv, 1), 1);
+            assert_eq!(
+                attention_heads(1, hq, hkv, 4),
+                1,
+                "one row: a block per head"
+            );
         }
-        assert_eq!(attention_heads(16, 2, 2), 2);
+        assert_eq!(attention_heads(16, 16, 2, 2), 2);
     }
 }
