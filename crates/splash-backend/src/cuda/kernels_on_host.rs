@@ -2106,6 +2106,51 @@ fn rollback_replay_leaves_the_kept_rows(kd: KernelDims) {
     }
 }
 
+/// attention_combine merges a row's chunks as a serial walk in chunk order would, term for term
+/// (bit for bit on the host), over more chunks than one shared-memory tile (a 282K-token
+/// context), skipping empty chunks (max −inf, their values garbage).
+#[test]
+fn the_combine_merges_the_chunks_in_order_over_several_tiles() {
+    let Some(kern) = kernels(DIMS_256) else {
+        return;
+    };
+    let (rows, nchunks, d) = (3, 1100, DIMS_256.head_dim);
+    let s = d + 2;
+    let mut part = random(rows * nchunks * s, 91);
+    for r in 0..rows {
+        for c in 0..nchunks {
+            let at = (r * nchunks + c) * s;
+            if (c + r) % 97 == 5 {
+                part[at] = f32::NEG_INFINITY;
+                part[at + 1] = 0.0;
+                part[at + 2..at + s].fill(f32::NAN);
+            } else {
+                part[at] *= 8.0;
+                part[at + 1] = part[at + 1].abs() + 0.5;
+            }
+        }
+    }
+    let out = vec![f32::NAN; rows * d];
+    // SAFETY: part holds [rows, nchunks, d + 2] values, out [rows, d].
+    unsafe { combine(&kern, Addr::of(&part), Addr::of(&out), rows, nchunks) };
+    for r in 0..rows {
+        let p = &part[r * nchunks * s..(r + 1) * nchunks * s];
+        let mt = (0..nchunks)
+            .map(|c| p[c * s])
+            .fold(f32::NEG_INFINITY, f32::max);
+        let (mut lt, mut v) = (0.0f32, vec![0.0f32; d]);
+        for c in (0..nchunks).filter(|c| p[c * s] != f32::NEG_INFINITY) {
+            let e = (p[c * s] - mt).exp();
+            lt += p[c * s + 1] * e;
+            for (i, v) in v.iter_mut().enumerate() {
+                *v += p[c * s + 2 + i] * e;
+            }
+        }
+        let want: Vec<f32> = v.iter().map(|v| v / lt).collect();
+        assert_eq!(bits(&out[r * d..(r + 1) * d]), bits(&want), "row {r}");
+    }
+}
+
 /// The split attention of decode and verify passes (chunks of `ops::ATTN_CHUNK` keys, merged
 /// in order) matches the CPU over a context of several chunks, for head dims 32 and 256 (the
 /// vector loads) and every cache format, and each row of a 3-token block has the bits the same

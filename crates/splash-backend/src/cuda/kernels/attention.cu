@@ -330,22 +330,56 @@ extern "C" __global__ void ATTN_BOUNDS attention_part_seqs(const float* q, float
                  max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK), scale, dst, stride, false);
 }
 
-// The chunks of a row's partial results p [nchunks, HEAD_DIM + 2] merged in order into o.
+// Chunk weights combine_row holds in shared memory at once, and its threads (the launches' 128).
+#define COMBINE_TILE 512
+#define COMBINE_THREADS 128
+#define COMBINE_DIMS ((HEAD_DIM + COMBINE_THREADS - 1) / COMBINE_THREADS)
+
+// The chunks of a row's partial results p [nchunks, HEAD_DIM + 2] merged in order into o by the
+// whole block. Chunk c's weight expf(m_c - max) is computed once, by one thread, into shared
+// memory; each thread then sums its dims over the chunks in order with the loads of several
+// chunks in flight (a 32K context has 128 chunks: one thread walking them, a load and an expf at
+// a time, took longer than the attention itself). The sums are those of the serial merge, term
+// for term, so the bits are too.
 __device__ __forceinline__ void combine_row(const float* p, float* o, int nchunks) {
+    __shared__ float w[COMBINE_TILE];
+    __shared__ float total;
+    const long S = HEAD_DIM + 2;
     float mt = NEG_INF;
-    for (int c = 0; c < nchunks; c++) mt = fmaxf(mt, p[c * (HEAD_DIM + 2)]);
-    float lt = 0.0f;
-    for (int c = 0; c < nchunks; c++) {
-        float mc = p[c * (HEAD_DIM + 2)];
-        if (mc != NEG_INF) lt += p[c * (HEAD_DIM + 2) + 1] * expf(mc - mt);
-    }
-    for (int i = threadIdx.x; i < HEAD_DIM; i += blockDim.x) {
-        float v = 0.0f;
-        for (int c = 0; c < nchunks; c++) {
-            float mc = p[c * (HEAD_DIM + 2)];
-            if (mc != NEG_INF) v += p[c * (HEAD_DIM + 2) + 2 + i] * expf(mc - mt);
+    for (int c = threadIdx.x; c < nchunks; c += COMBINE_THREADS) mt = fmaxf(mt, p[c * S]);
+    mt = block_max(mt);
+    float lt = 0.0f, v[COMBINE_DIMS];
+#pragma unroll
+    for (int k = 0; k < COMBINE_DIMS; k++) v[k] = 0.0f;
+    for (int t0 = 0; t0 < nchunks; t0 += COMBINE_TILE) {
+        int n = min(COMBINE_TILE, nchunks - t0);
+        const float* pt = p + t0 * S;
+        __syncthreads();  // the previous tile's weights are read
+        for (int c = threadIdx.x; c < n; c += COMBINE_THREADS) {
+            float mc = pt[c * S];
+            w[c] = mc == NEG_INF ? -1.0f : expf(mc - mt);  // -1: an empty chunk, skipped
         }
-        o[i] = v / lt;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int c = 0; c < n; c++)
+                if (w[c] >= 0.0f) lt += pt[c * S + 1] * w[c];
+#pragma unroll
+        for (int k = 0; k < COMBINE_DIMS; k++) {
+            int i = threadIdx.x + k * COMBINE_THREADS;
+            if (i >= HEAD_DIM) break;
+#pragma unroll 8
+            for (int c = 0; c < n; c++) {
+                float x = pt[c * S + 2 + i];  // loaded for an empty chunk too: in bounds, unused
+                if (w[c] >= 0.0f) v[k] += x * w[c];
+            }
+        }
+    }
+    if (threadIdx.x == 0) total = lt;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < COMBINE_DIMS; k++) {
+        int i = threadIdx.x + k * COMBINE_THREADS;
+        if (i < HEAD_DIM) o[i] = v[k] / total;
     }
 }
 
