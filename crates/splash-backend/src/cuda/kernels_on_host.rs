@@ -1313,8 +1313,9 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
                     per as i32,
                 )
             });
-            let part_fn: PartSeqs = kern.kernel("attention_part_seqs");
             let heads = super::ops::attention_heads(longest, hq, hkv, ATTENTION_HEADS);
+            let part_fn: PartSeqs =
+                kern.kernel(super::ops::split_kernel("attention_part_seqs", heads));
             kern.launch((n_seqs * qrows / heads * chunks) as u32, 128, &|| {
                 part_fn(
                     qa.ptr(),
@@ -2239,8 +2240,8 @@ fn split_attention(
     // SAFETY: the signatures of attention_part and attention_combine in kernels/attention.cu.
     unsafe {
         type Part = host::attention_part;
-        let part_fn: Part = kern.kernel("attention_part");
         let heads = super::ops::attention_heads(t, hq, hkv, ATTENTION_HEADS);
+        let part_fn: Part = kern.kernel(super::ops::split_kernel("attention_part", heads));
         kern.launch((rows / heads * chunks) as u32, 128, &|| {
             part_fn(
                 qa.ptr(),

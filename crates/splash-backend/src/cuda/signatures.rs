@@ -172,8 +172,10 @@ kernels! {
     kernel kv_append(x: *const f32, cache: *mut u8, scales: *mut f32, fmt: i32, d: i32, hkv: i32, pos0: i32, pos_at: *const i32);
     kernel kv_append_seqs(k: *const f32, v: *const f32, fmt: i32, d: i32, hkv: i32, s: AttnSlots, per: i32);
     kernel attention(q: *const f32, kc: *const u8, ks: *const f32, vc: *const u8, vs: *const f32, out: *mut f32, fmt: i32, hq: i32, hkv: i32, pos0: i32, pos_at: *const i32, scale: f32, block: i32, window: i32, hb: i32);
-    kernel attention_part(q: *const f32, kc: *const u8, ks: *const f32, vc: *const u8, vs: *const f32, part: *mut f32, fmt: i32, hq: i32, hkv: i32, pos0: i32, pos_at: *const i32, scale: f32, block: i32, window: i32, nchunks: i32, hb: i32);
-    kernel attention_part_seqs(q: *const f32, part: *mut f32, fmt: i32, hq: i32, hkv: i32, scale: f32, s: AttnSlots, rows: i32, nchunks: i32, hb: i32);
+    /// Split decode attention, one head a block (`attention_part`) or grouped heads.
+    family attention_part ["attention_part", "attention_part_grouped"](q: *const f32, kc: *const u8, ks: *const f32, vc: *const u8, vs: *const f32, part: *mut f32, fmt: i32, hq: i32, hkv: i32, pos0: i32, pos_at: *const i32, scale: f32, block: i32, window: i32, nchunks: i32, hb: i32);
+    /// attention_part over several sequences' caches, one head a block or grouped.
+    family attention_part_seqs ["attention_part_seqs", "attention_part_seqs_grouped"](q: *const f32, part: *mut f32, fmt: i32, hq: i32, hkv: i32, scale: f32, s: AttnSlots, rows: i32, nchunks: i32, hb: i32);
     kernel attention_combine(part: *const f32, out: *mut f32, nchunks: i32);
     kernel attention_combine_seqs(part: *const f32, out: *mut f32, hq: i32, s: AttnSlots, rows: i32, nchunks: i32);
     kernel sigmoid_gate(x: *mut f32, gate: *const f32, n: i64);

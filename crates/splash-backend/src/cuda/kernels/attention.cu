@@ -126,20 +126,24 @@ __device__ __forceinline__ void key_range(int t, int pos0, int block, int window
 #ifndef ATTN_HEADS_MAX
 #define ATTN_HEADS_MAX 1
 #endif
-// One head a block: at most 96 registers, five blocks an SM, as the one-head kernel had.
+// One head a block: at most 96 registers, five blocks an SM (the one-row kernels always; a 32K
+// one-row pass lost 13 % to the grouped kernel's 142 registers). The grouped kernels are bound
+// only when they too take one head.
+#define ATTN_ONE_HEAD_BOUNDS __launch_bounds__(32 * ATTN_WARPS, 5)
 #if ATTN_HEADS_MAX == 1
-#define ATTN_BOUNDS __launch_bounds__(32 * ATTN_WARPS, 5)
+#define ATTN_BOUNDS ATTN_ONE_HEAD_BOUNDS
 #else
 #define ATTN_BOUNDS
 #endif
 
-// The shared memory of attend_heads, declared by each kernel that calls it (one copy for every
-// instantiation): the heads' queries, lane-major so that a warp's reads take distinct banks, and
-// each warp's running max, sum and output per head for the merge.
+// The shared memory of attend_heads for up to MAXH heads, declared by each kernel that calls it
+// (one copy for every instantiation): the heads' queries, lane-major so that a warp's reads take
+// distinct banks, and each warp's running max, sum and output per head for the merge.
+template <int MAXH>
 struct AttnShared {
-    float q[ATTN_HEADS_MAX][HEAD_DPL][32];
-    float m[ATTN_HEADS_MAX][ATTN_WARPS], l[ATTN_HEADS_MAX][ATTN_WARPS];
-    float acc[ATTN_HEADS_MAX][ATTN_WARPS][32 * HEAD_DPL];
+    float q[MAXH][HEAD_DPL][32];
+    float m[MAXH][ATTN_WARPS], l[MAXH][ATTN_WARPS];
+    float acc[MAXH][ATTN_WARPS][32 * HEAD_DPL];
 };
 
 // Attention of the HB query heads h0.. (of one KV head) of one token, q [hq, HEAD_DIM] its query
@@ -150,8 +154,8 @@ struct AttnShared {
 // [lo, hi) (HB is fixed by the model's shape), so a row gets the same bits in any pass. Head g's
 // record is at dst + g·stride: with `normalise`, its output Σ_j e_j · v_j / Σ_j e_j; otherwise
 // its max, its sum and its unnormalised output (relative to that max), for attention_combine.
-template <int HB>
-__device__ void attend_heads(AttnShared* sh, const float* q, const u8* kc, const float* ks, const u8* vc,
+template <int HB, int MAXH>
+__device__ void attend_heads(AttnShared<MAXH>* sh, const float* q, const u8* kc, const float* ks, const u8* vc,
                              const float* vs, int fmt, int h0, int hq, int hkv, int lo, int hi, float scale,
                              float* dst, long stride, bool normalise) {
     const int DPL = HEAD_DPL;
@@ -241,21 +245,21 @@ __device__ void attend_heads(AttnShared* sh, const float* q, const u8* kc, const
     }
 }
 
-// attend_heads for the `hb` (1..ATTN_HEADS_MAX) heads the host chose.
-__device__ __forceinline__ void attend_group(int hb, AttnShared* sh, const float* q, const u8* kc, const float* ks,
-                                             const u8* vc, const float* vs, int fmt, int h0, int hq, int hkv, int lo,
-                                             int hi, float scale, float* dst, long stride, bool normalise) {
-#define ATTEND_HEADS(HB) attend_heads<HB>(sh, q, kc, ks, vc, vs, fmt, h0, hq, hkv, lo, hi, scale, dst, stride, normalise)
-    // Only the counts up to ATTN_HEADS_MAX are compiled (their registers are the kernel's).
-#if ATTN_HEADS_MAX >= 4
-    if (hb == 4) return ATTEND_HEADS(4);
-#endif
-#if ATTN_HEADS_MAX >= 3
-    if (hb == 3) return ATTEND_HEADS(3);
-#endif
-#if ATTN_HEADS_MAX >= 2
-    if (hb == 2) return ATTEND_HEADS(2);
-#endif
+// attend_heads for the `hb` (1..MAXH) heads the host chose.
+template <int MAXH>
+__device__ __forceinline__ void attend_group(int hb, AttnShared<MAXH>* sh, const float* q, const u8* kc,
+                                             const float* ks, const u8* vc, const float* vs, int fmt, int h0, int hq,
+                                             int hkv, int lo, int hi, float scale, float* dst, long stride,
+                                             bool normalise) {
+#define ATTEND_HEADS(HB) \
+    attend_heads<HB, MAXH>(sh, q, kc, ks, vc, vs, fmt, h0, hq, hkv, lo, hi, scale, dst, stride, normalise)
+    // Only the counts up to MAXH are compiled (their registers are the kernel's).
+    if constexpr (MAXH >= 4)
+        if (hb == 4) return ATTEND_HEADS(4);
+    if constexpr (MAXH >= 3)
+        if (hb == 3) return ATTEND_HEADS(3);
+    if constexpr (MAXH >= 2)
+        if (hb == 2) return ATTEND_HEADS(2);
     ATTEND_HEADS(1);
 #undef ATTEND_HEADS
 }
@@ -266,7 +270,7 @@ extern "C" __global__ void ATTN_BOUNDS attention(const float* q, const u8* kc, c
                                      const float* vs, float* out, int fmt, int hq, int hkv, int pos0,
                                      const int* pos_at, float scale, int block, int window, int hb) {
     GRID_PROLOGUE();
-    __shared__ AttnShared sh;
+    __shared__ AttnShared<ATTN_HEADS_MAX> sh;
     int t = blockIdx.x / (hq / hb), h0 = blockIdx.x % (hq / hb) * hb, lo, hi;
     key_range(t, position(pos0, pos_at), block, window, &lo, &hi);
     attend_group(hb, &sh, q + (long)t * hq * HEAD_DIM, kc, ks, vc, vs, fmt, h0, hq, hkv, lo, hi, scale,
@@ -287,13 +291,15 @@ extern "C" __global__ void ATTN_BOUNDS attention(const float* q, const u8* kc, c
 // at 32K that no longer fits L2, and every row of a verify block read its keys from memory
 // again). With a window, the chunks start at the one holding the first query's first key (the
 // keys before it are outside every query's window), so a sliding layer's launch covers its
-// window, not the whole context.
-extern "C" __global__ void ATTN_BOUNDS attention_part(const float* q, const u8* kc, const float* ks, const u8* vc,
-                                          const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
-                                          const int* pos_at, float scale, int block, int window, int nchunks,
-                                          int hb) {
+// window, not the whole context. Two kernels: `attention_part` takes one head a block (hb 1,
+// at most 96 registers), `attention_part_grouped` up to ATTN_HEADS_MAX.
+template <int MAXH>
+__device__ __forceinline__ void attention_part_body(const float* q, const u8* kc, const float* ks, const u8* vc,
+                                                    const float* vs, float* part, int fmt, int hq, int hkv, int pos0,
+                                                    const int* pos_at, float scale, int block, int window,
+                                                    int nchunks, int hb) {
     GRID_PROLOGUE();
-    __shared__ AttnShared sh;
+    __shared__ AttnShared<MAXH> sh;
     int groups = gridDim.x / nchunks, gi = blockIdx.x % groups, c = blockIdx.x / groups;
     int t = gi / (hq / hb), h0 = gi % (hq / hb) * hb;
     int pos = position(pos0, pos_at), lo, hi;
@@ -304,15 +310,28 @@ extern "C" __global__ void ATTN_BOUNDS attention_part(const float* q, const u8* 
                  min(hi, at + ATTN_CHUNK), scale, dst, (long)nchunks * (HEAD_DIM + 2), false);
 }
 
+#define ATTENTION_PART(NAME, BOUNDS, MAXH)                                                                     \
+    extern "C" __global__ void BOUNDS NAME(const float* q, const u8* kc, const float* ks, const u8* vc,          \
+                                           const float* vs, float* part, int fmt, int hq, int hkv, int pos0,   \
+                                           const int* pos_at, float scale, int block, int window, int nchunks, \
+                                           int hb) {                                                           \
+        attention_part_body<MAXH>(q, kc, ks, vc, vs, part, fmt, hq, hkv, pos0, pos_at, scale, block, window,    \
+                                  nchunks, hb);                                                                \
+    }
+ATTENTION_PART(attention_part, ATTN_ONE_HEAD_BOUNDS, 1)
+ATTENTION_PART(attention_part_grouped, ATTN_BOUNDS, ATTN_HEADS_MAX)
+
 // Split attention of every sequence's rows (causal, no window: the target's layers) over its
 // own caches: block (chunk c, sequence i, hb heads of a row) as attention_part's, `rows` = hq ·
 // the most tokens of a sequence, writing part[i, row, c]. Every sequence takes `nchunks` chunks,
 // the most any needs: past its keys a chunk is empty (max −inf), which attention_combine skips,
-// so each row gets the bits of its sequence's own launch.
-extern "C" __global__ void ATTN_BOUNDS attention_part_seqs(const float* q, float* part, int fmt, int hq, int hkv, float scale,
-                                               AttnSlots s, int rows, int nchunks, int hb) {
+// so each row gets the bits of its sequence's own launch. One head a block or grouped, as
+// attention_part.
+template <int MAXH>
+__device__ __forceinline__ void attention_part_seqs_body(const float* q, float* part, int fmt, int hq, int hkv,
+                                                         float scale, AttnSlots s, int rows, int nchunks, int hb) {
     GRID_PROLOGUE();
-    __shared__ AttnShared sh;
+    __shared__ AttnShared<MAXH> sh;
     int groups = rows / hb, seqs = gridDim.x / (groups * nchunks);
     int c = blockIdx.x / (seqs * groups), i = blockIdx.x / groups % seqs, row = blockIdx.x % groups * hb;
     if (row >= s.n[i] * hq) return;
@@ -329,6 +348,14 @@ extern "C" __global__ void ATTN_BOUNDS attention_part_seqs(const float* q, float
                  (const float*)s.ks[i], (const u8*)s.vc[i], (const float*)s.vs[i], fmt, row % hq, hq, hkv,
                  max(lo, c * ATTN_CHUNK), min(hi, (c + 1) * ATTN_CHUNK), scale, dst, stride, false);
 }
+
+#define ATTENTION_PART_SEQS(NAME, BOUNDS, MAXH)                                                                   \
+    extern "C" __global__ void BOUNDS NAME(const float* q, float* part, int fmt, int hq, int hkv, float scale,     \
+                                           AttnSlots s, int rows, int nchunks, int hb) {                          \
+        attention_part_seqs_body<MAXH>(q, part, fmt, hq, hkv, scale, s, rows, nchunks, hb);                      \
+    }
+ATTENTION_PART_SEQS(attention_part_seqs, ATTN_ONE_HEAD_BOUNDS, 1)
+ATTENTION_PART_SEQS(attention_part_seqs_grouped, ATTN_BOUNDS, ATTN_HEADS_MAX)
 
 // Chunk weights combine_row holds in shared memory at once, and its threads (the launches' 128).
 #define COMBINE_TILE 512

@@ -59,6 +59,17 @@ pub(crate) fn attention_heads(rows: usize, hq: usize, hkv: usize, most: usize) -
         .unwrap_or(1)
 }
 
+/// The split-attention kernel of `family` (`attention_part` or `attention_part_seqs`) for
+/// `heads` heads a block: the one-head kernel keeps its register bound (more blocks an SM).
+pub(crate) fn split_kernel(family: &'static str, heads: usize) -> &'static str {
+    match (family, heads) {
+        ("attention_part", 1) => "attention_part",
+        ("attention_part", _) => "attention_part_grouped",
+        ("attention_part_seqs", 1) => "attention_part_seqs",
+        _ => "attention_part_seqs_grouped",
+    }
+}
+
 /// Chunks of [`ATTN_CHUNK`] keys the split attention (`attention_part`) gives each query row of
 /// a pass of `tokens` at `pos`: up to the furthest key of any query (a draft block sees the
 /// whole block), and with a window at most the chunks the window and the pass's keys span
@@ -119,6 +130,7 @@ pub fn attention(
         launch::attention_part(
             gpu,
             k,
+            split_kernel("attention_part", heads),
             grid,
             q,
             kc,
@@ -321,8 +333,9 @@ pub fn attention_seqs(
         let grid = ((group.len() * rows / heads * chunks) as u32, 128);
         let (fmt, hq_i, hkv_i) = (kv_code(format), hq as i32, hkv as i32);
         let (rows_i, n, hb) = (rows as i32, chunks as i32, heads as i32);
+        let kernel = split_kernel("attention_part_seqs", heads);
         launch::attention_part_seqs(
-            gpu, k, grid, q, pp, fmt, hq_i, hkv_i, scale, slots, rows_i, n, hb,
+            gpu, k, kernel, grid, q, pp, fmt, hq_i, hkv_i, scale, slots, rows_i, n, hb,
         )?;
         let grid = ((group.len() * rows) as u32, 128);
         launch::attention_combine_seqs(gpu, k, grid, pp, out, hq_i, slots, rows_i, n)?;
