@@ -21,8 +21,8 @@
 # the settings in AB, one machine, no profile: e.g. AB="- SPLASH_PREFILL_EXPERTS=gemm" ("-": none).
 # `decode-ab`: plain decode with the 1- and VERIFY_ROWS-row (16) pass costs at CONTEXT (1,024)
 # tokens of context under each of the settings in AB, alternating, AB_ROUNDS rounds (2); a
-# setting is "-" (none) or VAR=value pairs joined by commas (default "- SPLASH_DEPENDENT_LAUNCH=bridge
-# SPLASH_ATTENTION_HEADS=4"; the launch chain of before 2026-12-06 is
+# setting is "-" (none) or VAR=value pairs joined by commas (default "- SPLASH_ATTENTION_HEADS=1";
+# the launch chain of before 2026-12-06 is
 # SPLASH_CAPTURE_POOL=0,SPLASH_DEPENDENT_LAUNCH=early).
 # `draft-profile`: one draft block's launches, each synchronised and timed
 # (SPLASH_GPU_PROFILE=1), for each DRAFT_WEIGHTS (the full output is kept under $OUT).
@@ -232,7 +232,7 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       done
     elif [ "$what" = decode-ab ]; then
       for round in $(seq "${AB_ROUNDS:-2}"); do
-        for setting in ${AB:-- SPLASH_DEPENDENT_LAUNCH=bridge SPLASH_ATTENTION_HEADS=4}; do
+        for setting in ${AB:-- SPLASH_ATTENTION_HEADS=1}; do
           [ "$setting" = - ] && setting=""
           echo "== decode $m, ${setting:-default}, round $round"
           env ${setting//,/ } ./.device/splash bench --model "$f" --device cuda --prompt-tokens "${CONTEXT:-1024}" --decode-tokens 128 \

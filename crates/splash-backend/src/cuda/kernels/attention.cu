@@ -366,15 +366,21 @@ ATTENTION_PART_SEQS(attention_part_seqs_grouped, ATTN_BOUNDS, ATTN_HEADS_MAX)
 // whole block. Chunk c's weight expf(m_c - max) is computed once, by one thread, into shared
 // memory; each thread then sums its dims over the chunks in order with the loads of several
 // chunks in flight (a 32K context has 128 chunks: one thread walking them, a load and an expf at
-// a time, took longer than the attention itself). The sums are those of the serial merge, term
-// for term, so the bits are too.
+// a time, took longer than the attention itself). Chunks after the last one with keys are not
+// read: a graph's pass is launched for the cache's capacity, not the context. The sums are those
+// of the serial merge, term for term, so the bits are too.
 __device__ __forceinline__ void combine_row(const float* p, float* o, int nchunks) {
     __shared__ float w[COMBINE_TILE];
     __shared__ float total;
     const long S = HEAD_DIM + 2;
-    float mt = NEG_INF;
-    for (int c = threadIdx.x; c < nchunks; c += COMBINE_THREADS) mt = fmaxf(mt, p[c * S]);
+    float mt = NEG_INF, live = 0.0f;  // live: one past the last chunk with keys (exact in a float)
+    for (int c = threadIdx.x; c < nchunks; c += COMBINE_THREADS) {
+        float mc = p[c * S];
+        mt = fmaxf(mt, mc);
+        if (mc != NEG_INF) live = (float)(c + 1);
+    }
     mt = block_max(mt);
+    nchunks = (int)block_max(live);
     float lt = 0.0f, v[COMBINE_DIMS];
 #pragma unroll
     for (int k = 0; k < COMBINE_DIMS; k++) v[k] = 0.0f;
