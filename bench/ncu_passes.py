@@ -13,6 +13,10 @@ difference. Negative pass numbers count from the end.
     python3 bench/ncu_passes.py prof.csv            # the list of passes
     python3 bench/ncu_passes.py prof.csv -2         # the last but one pass, kernel by kernel
     python3 bench/ncu_passes.py prof.csv 6 14       # pass 6 against pass 14
+    python3 bench/ncu_passes.py prof.csv --tail 40  # the last 40 launches, then their kernels
+
+`--tail` is for a profile of some kernels only (`ncu -k regex:...`, `gpu-run.sh profile` with
+PROFILE_KERNELS), where there are no LM-head launches to cut passes at.
 
 Nsight Compute locks the clock and flushes the caches around each kernel, so its times are
 longer than the bench's (BENCHMARKS.md gives the factor per run) and every kernel reads its
@@ -94,7 +98,20 @@ def pass_table(launches_of_pass):
     print(f"{'all':44s} {sum(row[0] for row in table.values()):5d} {us:9.1f} {'':8s} {moved / 1e6:18.1f} {moved / (us * 1e3):7.0f}")
 
 
+def tail(rows, n):
+    """The last n launches, one a line, then their kernels as pass_table lists them."""
+    print(f"{'kernel':44s} {'grid':>7s} {'us':>9s} {'MB read':>9s} {'MB wr':>8s} {'GB/s':>7s}")
+    for launch in rows[-n:]:
+        rate = (launch.read + launch.written) / (launch.us * 1e3) if launch.us else 0.0
+        print(f"{launch.name[:44]:44s} {launch.grid:7d} {launch.us:9.2f} {launch.read / 1e6:9.2f} "
+              f"{launch.written / 1e6:8.2f} {rate:7.0f}")
+    print()
+    pass_table(rows[-n:])
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[2] == "--tail":
+        return tail(launches(sys.argv[1]), int(sys.argv[3]))
     if len(sys.argv) not in (2, 3, 4):
         sys.exit(__doc__)
     cut = passes(launches(sys.argv[1]))

@@ -312,13 +312,22 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       done
     elif [ "$what" = profile ]; then
       # GPU time and DRAM bytes per kernel from Nsight Compute, graphs replayed as in decoding
-      # (each graph node is profiled as a kernel): prefill of 16 tokens, then 8 decode steps;
-      # the last but one decode pass kernel by kernel, with the bandwidth each reached.
+      # (each graph node is profiled as a kernel): prefill of PROFILE_CONTEXT tokens (16), then 8
+      # decode steps; the last but one decode pass kernel by kernel, with the bandwidth each
+      # reached. PROFILE_KERNELS (a regex, e.g. 'attention_part|attention_combine') profiles
+      # those kernels only, caches as they are (ncu flushes them around each kernel otherwise,
+      # and the heads of a group share their keys through L2), and lists the last 64 launches.
       echo "== profile $m (ncu: GPU time and DRAM bytes per kernel, no launch gaps)"
-      /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
-        --log-file "$out/profile-$m.csv" ./.device/splash bench --model "$f" --device cuda --prompt-tokens 16 \
-        --decode-tokens 8 --repeat 1 --speculative off > "$out/profile-$m.txt" 2>&1
-      python3 bench/ncu_passes.py "$out/profile-$m.csv" -2 | tee "$out/profile-$m-pass.txt" | tail -60
+      only=()
+      [ -n "${PROFILE_KERNELS:-}" ] && only=(-k "regex:$PROFILE_KERNELS" --cache-control none)
+      /usr/local/cuda/bin/ncu "${only[@]}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        --csv --log-file "$out/profile-$m.csv" ./.device/splash bench --model "$f" --device cuda \
+        --prompt-tokens "${PROFILE_CONTEXT:-16}" --decode-tokens 8 --repeat 1 --speculative off > "$out/profile-$m.txt" 2>&1
+      if [ -n "${PROFILE_KERNELS:-}" ]; then
+        python3 bench/ncu_passes.py "$out/profile-$m.csv" --tail 64 | tee "$out/profile-$m-pass.txt" | tail -80
+      else
+        python3 bench/ncu_passes.py "$out/profile-$m.csv" -2 | tee "$out/profile-$m-pass.txt" | tail -60
+      fi
     else
       # Random drafts of the published shapes, 5 layers, block 16: DFlash (v1), and DFlash2
       # (dynamic convolutions on the GPU, its selector on the host). DRAFTS picks.
