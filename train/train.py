@@ -654,7 +654,13 @@ def main():
 
     # --- target
     torch.backends.cuda.matmul.allow_tf32 = True
-    grown_from = TARGET["num_hidden_layers"]
+    loaded = args.target or args.init_target
+    if loaded:  # its layers (a grown target has more than TARGET's)
+        cfg = json.load(open(os.path.join(loaded, "config.json")))
+        if cfg["hidden_size"] != TARGET["hidden_size"]:
+            raise SystemExit(f"{loaded}: hidden_size {cfg['hidden_size']}, this script trains {TARGET['hidden_size']}")
+        TARGET["layer_types"] = cfg["layer_types"]
+    grown_from = len(TARGET["layer_types"])
     TARGET["layer_types"] = TARGET["layer_types"] + appended
     TARGET["num_hidden_layers"] = len(TARGET["layer_types"])
     model = target_model(device)
@@ -667,7 +673,7 @@ def main():
         sd = {k: v for f in files for k, v in load_file(os.path.join(path, f)).items()}
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
         missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
-        new = [k for k in missing if int(k.split(".")[2]) >= grown_from] if missing and appended else []
+        new = [k for k in missing if k.startswith("model.layers.") and int(k.split(".")[2]) >= grown_from]
         if unexpected or len(new) != len(missing):
             raise SystemExit(f"{path} does not fit the target: missing {sorted(set(missing) - set(new))}, "
                              f"unexpected {unexpected}")
