@@ -1868,9 +1868,26 @@ def _value(rng, kind):
     return VALUES[kind](rng)
 
 
+# Run 12: lookups of a made-up object ("the vikvespol index in Oslo" → get_vikvespol_index(city)),
+# beside tools of real objects with the very same parameter. Runs 7–11 picked a tool the request's
+# parameter fitted whenever its object was a word no trained tool had (a parcel, music, air
+# quality): with about a hundred real objects, each was learnt as a word, not copied as a string.
+INVENTED_NOUN_SHARE = 0.4
+_NOUN_HEADS = ["index", "level", "status", "count", "report", "score", "forecast", "rate", "schedule", "prices",
+               "hours", "times", "data", "", "", ""]
+
+
+def invented_noun(rng):
+    """A made-up object for a lookup: a made-up word, sometimes with a common head noun."""
+    head = rng.choice(_NOUN_HEADS)
+    return f"{invented_word(rng)} {head}" if head else invented_word(rng)
+
+
 def invented_lookup(rng, entry=None):
     """A made-up lookup tool: (schema, ask) where ask(rng) gives (request, arguments, result, answer)."""
     noun, kind, pnames, pdescs, what = entry or rng.choice(LOOKUPS)
+    if entry is None and rng.random() < INVENTED_NOUN_SHARE:
+        noun = invented_noun(rng)
     slug = _slug(noun)
     name = _tool_name(rng, rng.choice(["get", "get", "fetch", "check", "lookup", "query", "find", "show", ""]), slug)
     param = _param_name(rng, pnames, ())
@@ -1974,8 +1991,11 @@ def contrast_tools(rng, schema, k):
     verb = m.group(1).lower() if m else rng.choice(["get", "get", "fetch", "check", "find", "show"])
     right = set(re.findall(r"[a-z]+", re.sub(r"([a-z])([A-Z])", r"\1 \2", f["name"]).lower()))
     if verb in _LOOKUP_VERBS or rng.random() < 0.3:
+        # Run 12: made-up objects among the real ones, as the right tool's may be.
+        nouns = [invented_noun(rng) if rng.random() < INVENTED_NOUN_SHARE / 2 else noun
+                 for noun, *_ in rng.sample(LOOKUPS, 2 * k)]
         objects = [(noun, rng.choice([f"Get the {noun}.", f"Returns the current {noun}.", f"{noun[0].upper() + noun[1:]} lookup.",
-                                      f"Look up the {noun}.", f"Fetches {noun} data."])) for noun, *_ in rng.sample(LOOKUPS, 2 * k)]
+                                      f"Look up the {noun}.", f"Fetches {noun} data."])) for noun in nouns]
     else:
         objects = [(o.replace("_", " "), rng.choice(a[2])) for a in rng.sample(ACTIONS, min(len(ACTIONS), 2 * k))
                    for o in [rng.choice(a[1])]]
