@@ -48,12 +48,13 @@ typedef unsigned long long u64;
 #define GRID_WAIT()
 #define GRID_LAUNCH_NEXT()
 #endif
-#ifdef GRID_TRIGGER_EARLY
-#define GRID_PROLOGUE()     \
-    do {                    \
-        GRID_LAUNCH_NEXT(); \
-        GRID_WAIT();        \
+#define GRID_PROLOGUE_EARLY() \
+    do {                      \
+        GRID_LAUNCH_NEXT();   \
+        GRID_WAIT();          \
     } while (0)
+#ifdef GRID_TRIGGER_EARLY
+#define GRID_PROLOGUE() GRID_PROLOGUE_EARLY()
 #else
 #define GRID_PROLOGUE()     \
     do {                    \
@@ -65,12 +66,8 @@ typedef unsigned long long u64;
 // With GRID_BRIDGE_EARLY (SPLASH_DEPENDENT_LAUNCH=bridge) it lets the next kernel launch before
 // its own wait: the product after it then takes the SM slots that the product before it frees in
 // its last wave and loads its first weights there, while the bridge itself holds a few slots.
-#if defined(GRID_BRIDGE_EARLY) && !defined(GRID_TRIGGER_EARLY)
-#define GRID_PROLOGUE_BRIDGE() \
-    do {                       \
-        GRID_LAUNCH_NEXT();    \
-        GRID_WAIT();           \
-    } while (0)
+#ifdef GRID_BRIDGE_EARLY
+#define GRID_PROLOGUE_BRIDGE() GRID_PROLOGUE_EARLY()
 #else
 #define GRID_PROLOGUE_BRIDGE() GRID_PROLOGUE()
 #endif
