@@ -124,7 +124,7 @@ __device__ __forceinline__ void key_range(int t, int pos0, int block, int window
 // (KernelOptions::attention_heads, 4 unless set): more heads take more registers (142 against 96
 // at head dim 256 for 4).
 #ifndef ATTN_HEADS_MAX
-#define ATTN_HEADS_MAX 1
+#define ATTN_HEADS_MAX 4
 #endif
 // One head a block: at most 96 registers, five blocks an SM (the one-row kernels always; a 32K
 // one-row pass lost 13 % to the grouped kernel's 142 registers). The grouped kernels are bound
