@@ -5,7 +5,8 @@
 //! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
 //! launch cost. Each shape is also timed with its input converted once, outside the graph (the
 //! GEMV kernels alone), and on the stream-K GEMV. `GEMV_SWEEP=1` also times the tensor-core
-//! GEMV at each warps-per-tile count. Then the grouped expert products of a 35B-A3B MoE layer
+//! GEMV at each warps-per-tile count. The tiled formats are timed on the int8 GEMV
+//! (`SPLASH_TILED_GEMV=int8`) too. Then the grouped expert products of a 35B-A3B MoE layer
 //! (256 experts, 8 a token) at each warps-per-block count (`GEMV_EXPERTS_ONLY=1`: these
 //! alone). Last, the time to download a verify block's logits.
 
@@ -167,6 +168,14 @@ fn main() {
             println!("{line}");
             alone("stream-K");
             tune(&gpu, |o| o.stream_k = false);
+            tune(&gpu, |o| o.tiled_int8 = true);
+            let mut line = format!("{:<28} {:>6} {:>10} |", "    int8", "", "");
+            for tokens in [1, 2, 4, 8, 16] {
+                line += &format!(" {tokens}: {}", cell(time(tokens)));
+            }
+            println!("{line}");
+            alone("int8");
+            tune(&gpu, |o| o.tiled_int8 = false);
         }
         if std::env::var_os("GEMV_SWEEP").is_some() && tensor_core {
             for warps in [1, 2, 4, 8] {

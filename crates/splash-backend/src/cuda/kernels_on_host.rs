@@ -262,6 +262,109 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     }
 }
 
+/// The int8 GEMV of the tiles (`gemv_q8t_*`, and `gemv1_q8t_*` for one token) gives the CPU's
+/// product within the int8 rounding of the activations, for Q4_K and Q6_K over chains of one
+/// and several blocks; rows from 16 on go to a second output when asked, with the same bits;
+/// and each token of a 16-token launch gets the bits of the one-token build.
+#[test]
+fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let n = 40;
+    for (kd, warps) in [(768, 3), (6144, 8), (6144, 4)] {
+        for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
+            let w = kquant(t, n, kd, fields, 5);
+            let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
+            let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
+            // `x` `[tokens, kd]`: rows below `split` into one output, the others into a second,
+            // returned one after the other.
+            let run = |x: &[f32], split: usize| -> Vec<f32> {
+                let tokens = x.len() / kd;
+                let blocks32 = tokens * kd / 32;
+                let (xq, xd, xs) = (
+                    vec![0i8; tokens * kd],
+                    vec![0.0f32; blocks32],
+                    vec![0.0f32; blocks32],
+                );
+                let (y, y2) = (
+                    vec![f32::NAN; tokens * split],
+                    vec![f32::NAN; tokens * (n - split)],
+                );
+                let (xa, qa, da, sa, ya, y2a, wa) = (
+                    Addr::of(x),
+                    Addr::of(&xq),
+                    Addr::of(&xd),
+                    Addr::of(&xs),
+                    Addr::of(&y),
+                    Addr::of(&y2),
+                    Addr::of(&tiles),
+                );
+                let row_bytes = t.row_bytes(kd) as i64;
+                // SAFETY: the signatures of quantize_q8 (kernels/gemv.cu) and gemv_q8t_* /
+                // gemv1_q8t_* (kernels/gemv_tc.cu), over buffers of the sizes ops.rs gives them.
+                unsafe {
+                    let quantize: host::quantize_q8 = kern.kernel("quantize_q8");
+                    kern.launch((blocks32 * 32).div_ceil(256) as u32, 256, &|| {
+                        quantize(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks32 as i64)
+                    });
+                    let one = if tokens == 1 { "1" } else { "" };
+                    let gemv: host::gemv_q8t = kern.kernel(&format!("gemv{one}_q8t_{suffix}"));
+                    kern.launch(n.div_ceil(16) as u32, 32 * warps, &|| {
+                        gemv(
+                            wa.ptr(),
+                            row_bytes,
+                            qa.ptr(),
+                            da.ptr(),
+                            sa.ptr(),
+                            ya.ptr(),
+                            y2a.ptr(),
+                            split as i32,
+                            n as i32,
+                            kd as i32,
+                            tokens as i32,
+                        )
+                    });
+                }
+                [y, y2].concat()
+            };
+            for tokens in [1usize, 5, 16] {
+                let x = random(tokens * kd, 7 + tokens as u64);
+                let mut want = vec![0.0f32; tokens * n];
+                cpu::matmul(&mut want, &x, &w);
+                let y = run(&x, n);
+                let err = rel_err(&y, &want);
+                // Activations rounded to int8 per 32 values: about 4e-3.
+                assert!(
+                    err < 1e-2,
+                    "{t} k={kd} warps={warps} tokens={tokens}: relative error {err}"
+                );
+                let stacked = run(&x, 16);
+                let (lo, hi) = stacked.split_at(tokens * 16);
+                for ti in 0..tokens {
+                    let row = &y[ti * n..(ti + 1) * n];
+                    let parts = [&lo[ti * 16..(ti + 1) * 16], &hi[ti * 24..(ti + 1) * 24]];
+                    assert!(
+                        row.iter()
+                            .zip(parts.concat())
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{t} k={kd}: token {ti}'s rows differ when stacked"
+                    );
+                }
+                if tokens == 16 {
+                    for (ti, row) in y.chunks_exact(n).enumerate() {
+                        let alone = run(&x[ti * kd..(ti + 1) * kd], n);
+                        assert!(
+                            row.iter()
+                                .zip(&alone)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{t} k={kd}: token {ti} of 16 differs from the token alone"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A grouped expert product on the host (`gemv_tc_experts*`) as ops.rs launches it: the pairs'
 /// routing (`active` experts, `offsets` into `order`, one slot an entry of `active`), the
 /// activations converted for the tensor cores, and the experts' shape.

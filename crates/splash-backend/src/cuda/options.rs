@@ -25,6 +25,10 @@ pub struct GpuOptions {
     /// Split tensor-core GEMVs stream-K over the SMs (`SPLASH_STREAM_K`, off: on the H200 it
     /// was faster only for the one-token 27B Q4_K down product and the 16-token Q6_K one).
     pub stream_k: bool,
+    /// The GEMV of the tiled formats (Q4_K, Q6_K) takes int8 activations and dp4a instead of
+    /// f16 and tensor cores (`SPLASH_TILED_GEMV`: `tensor-cores`, the default, or `int8`). A
+    /// GPU runs one of the two for every token count, so tokens keep their bits in any batch.
+    pub tiled_int8: bool,
     /// Blocks per SM of a stream-K launch (`SPLASH_STREAM_K_BLOCKS`, 1..=8, 4: 128 registers
     /// a thread fit four).
     pub stream_k_blocks_per_sm: usize,
@@ -65,6 +69,7 @@ impl Default for GpuOptions {
             dependent_launch: true,
             capture_pool: true,
             stream_k: false,
+            tiled_int8: false,
             stream_k_blocks_per_sm: 4,
             flash_async: true,
             gdn_chunked: false,
@@ -190,6 +195,15 @@ impl GpuOptions {
             }
             s => s,
         };
+        let tiled_int8 = match var("SPLASH_TILED_GEMV").as_deref() {
+            None | Some("") | Some("tensor-cores") => false,
+            Some("int8") => true,
+            Some(v) => {
+                return Err(format!(
+                    "SPLASH_TILED_GEMV={v}: expected tensor-cores (the default) or int8"
+                ))
+            }
+        };
         let profile = flag("SPLASH_GPU_PROFILE", false)?;
         Ok(Self {
             graphs: flag("SPLASH_CUDA_GRAPHS", d.graphs)?,
@@ -197,6 +211,7 @@ impl GpuOptions {
             dependent_launch,
             capture_pool: flag("SPLASH_CAPTURE_POOL", d.capture_pool)?,
             stream_k: flag("SPLASH_STREAM_K", d.stream_k)?,
+            tiled_int8,
             stream_k_blocks_per_sm: number("SPLASH_STREAM_K_BLOCKS", 1..=8)?
                 .unwrap_or(d.stream_k_blocks_per_sm),
             flash_async: flag("SPLASH_FLASH_ASYNC", d.flash_async)?,
@@ -258,9 +273,10 @@ mod tests {
             ("SPLASH_VISION_QUERY_TILES", "1"),
             ("SPLASH_FOLD_LAUNCHES", "0"),
             ("SPLASH_ATTENTION_HEADS", "1"),
+            ("SPLASH_TILED_GEMV", "int8"),
         ])
         .unwrap();
-        assert!(!o.fold_launches && !o.capture_pool);
+        assert!(!o.fold_launches && !o.capture_pool && o.tiled_int8);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);
         assert_eq!(o.stream_k_blocks_per_sm, 3);
@@ -302,6 +318,11 @@ mod tests {
             ("SPLASH_EXPERT_REGS", "lots", "from 64 to 255"),
             ("SPLASH_VISION_QUERY_TILES", "4", "from 1 to 2"),
             ("SPLASH_ATTENTION_HEADS", "6", "from 1 to 4"),
+            (
+                "SPLASH_TILED_GEMV",
+                "dp4a",
+                "expected tensor-cores (the default) or int8",
+            ),
         ] {
             let err = parse(&[(var, value)]).unwrap_err();
             assert!(err.contains(&format!("{var}={value}")), "{err}");

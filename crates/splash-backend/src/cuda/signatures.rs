@@ -206,6 +206,8 @@ kernels! {
     kernel gemv_tc_fixup(partials: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32, grid: i32, max_pieces: i32);
     /// The tensor-core GEMV: up to 8 (`gemv_tc8_*`) or 16 (`gemv_tc16_*`) tokens, a tile per block.
     family gemv_tc ["gemv_tc8_q4_k", "gemv_tc8_q6_k", "gemv_tc16_q4_k", "gemv_tc16_q6_k"](w: *const u8, row_bytes: i64, xh: *const u16, xscale: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
+    /// The int8 GEMV of the tiled formats: up to 16 tokens (`gemv_q8t_*`) or one (`gemv1_q8t_*`), a tile per block.
+    family gemv_q8t ["gemv_q8t_q4_k", "gemv_q8t_q6_k", "gemv1_q8t_q4_k", "gemv1_q8t_q6_k"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
     /// The tensor-core GEMV stream-K, partial sums in `partials` (`gemv_tc_fixup`).
     family gemv_tcs ["gemv_tcs8_q4_k", "gemv_tcs8_q6_k", "gemv_tcs16_q4_k", "gemv_tcs16_q6_k"](w: *const u8, row_bytes: i64, xh: *const u16, xscale: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32, partials: *mut f32, max_pieces: i32);
     kernel to_f16_tc(x: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64);

@@ -264,41 +264,16 @@ __device__ __forceinline__ void tc_tile_sum(float (*part)[32][4 * NT], int chain
     }
 }
 
-// y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: the
-// 16-row tile `tile_index`, its K blocks split into `chains` sums (chain j: b = j, j + chains,
-// ...), added in chain order. The block's warps take the chains in turn (warp w: chains w,
-// w + warps, ...), so the warp count sets the parallelism and `chains` alone the bits: a row's
-// sums depend on the shape only, and any token count gives each token the bits it gets alone.
-// Rows n < split go to y [T, split], the others to y2 [T, N - split] (two products of one input
-// stacked into one weight). With `cols`, column t reads activation row cols[t] / col_div and
-// writes row cols[t] of y (the pairs of a MoE layer, see gemv_tc_experts).
-template <int F, int NT>
-__device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
-                        int split, int N, int K, int T, int tile_index, const int* cols, int col_div, int chains) {
-    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+// Walks this warp's units (chain j, 256-value block b) of a 16-row tile of `nb` blocks in order:
+// chain j = warp from block b = j, then b = j + chains, ...; then chain j + warps (chains ≤ nb,
+// so every chain has a block). `unit(r0, r1, b)` works on a unit's two halves (rows g and g + 8)
+// while the next unit's loads are in flight; `chain_done(j)` follows the last unit of chain j.
+// The first weights are asked for before GRID_PROLOGUE: everything else comes from the kernels
+// before.
+template <int F, class Unit, class ChainDone>
+__device__ __forceinline__ void tile_units(const u8* tile, int nb, int chains, Unit unit, ChainDone chain_done) {
     int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int g = lane >> 2, q = lane & 3;
-    int n0 = tile_index * 16, nb = K >> 8;
     constexpr int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
-    // The tile's segments (rows are padded to whole tiles on the device).
-    const u8* tile = W + (long)n0 * row_bytes;
-    // Tokens past T repeat the last one (their columns are not written).
-#define TC_XROW(t) (cols ? cols[t] / col_div : (t))
-    const uint4* x[NT];
-#pragma unroll
-    for (int i = 0; i < NT; i++) x[i] = (const uint4*)(xh + (long)TC_XROW(min(8 * i + g, T - 1)) * K + 8 * q);
-    float c[NT][4];
-#pragma unroll
-    for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
-    // The scales of this lane's C tokens 8i + 2q + {0, 1}.
-    const float* xs[NT][2];
-#pragma unroll
-    for (int i = 0; i < NT; i++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)TC_XROW(min(8 * i + 2 * q + e, T - 1)) * nb;
-#undef TC_XROW
-    // This warp's units (chain j, block b) in order: chain j = warp from block b = j, then chain
-    // j + warps, ... (chains ≤ nb, so every chain has a block).
     auto after = [&](int& uj, int& ub) {
         ub += chains;
         if (ub >= nb) uj = ub = uj + warps;
@@ -319,7 +294,6 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
         l2_prefetch(tile + (long)pb * seg_bytes, seg_bytes, lane);
         after(pj, pb);
     }
-    // The first weights are in flight; everything else comes from the kernels before.
     GRID_PROLOGUE();
     while (have) {
         // The next unit's loads are in flight while this one is decoded and multiplied (more
@@ -337,19 +311,197 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
             n0r = tc_load<F>(tile + (long)nbk * seg_bytes, 0, lane);
             n1r = tc_load<F>(tile + (long)nbk * seg_bytes, 1, lane);
         }
-        tc_block<F, NT>(r0, r1, b, q, x, xs, c);
-        if (nj != j) {
-            tc_chain_store<NT>(c, part, j);
-#pragma unroll
-            for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
-        }
+        unit(r0, r1, b);
+        if (nj != j) chain_done(j);
         r0 = n0r;
         r1 = n1r;
         j = nj;
         b = nbk;
         have = next;
     }
+}
+
+// y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: the
+// 16-row tile `tile_index`, its K blocks split into `chains` sums (chain j: b = j, j + chains,
+// ...), added in chain order. The block's warps take the chains in turn (warp w: chains w,
+// w + warps, ...), so the warp count sets the parallelism and `chains` alone the bits: a row's
+// sums depend on the shape only, and any token count gives each token the bits it gets alone.
+// Rows n < split go to y [T, split], the others to y2 [T, N - split] (two products of one input
+// stacked into one weight). With `cols`, column t reads activation row cols[t] / col_div and
+// writes row cols[t] of y (the pairs of a MoE layer, see gemv_tc_experts).
+template <int F, int NT>
+__device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float* xscale, float* y, float* y2,
+                        int split, int N, int K, int T, int tile_index, const int* cols, int col_div, int chains) {
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    int lane = threadIdx.x & 31;
+    int g = lane >> 2, q = lane & 3;
+    int n0 = tile_index * 16, nb = K >> 8;
+    // The tile's segments (rows are padded to whole tiles on the device).
+    const u8* tile = W + (long)n0 * row_bytes;
+    // Tokens past T repeat the last one (their columns are not written).
+#define TC_XROW(t) (cols ? cols[t] / col_div : (t))
+    const uint4* x[NT];
+#pragma unroll
+    for (int i = 0; i < NT; i++) x[i] = (const uint4*)(xh + (long)TC_XROW(min(8 * i + g, T - 1)) * K + 8 * q);
+    float c[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+    // The scales of this lane's C tokens 8i + 2q + {0, 1}.
+    const float* xs[NT][2];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) xs[i][e] = xscale + (long)TC_XROW(min(8 * i + 2 * q + e, T - 1)) * nb;
+#undef TC_XROW
+    tile_units<F>(
+        tile, nb, chains, [&](const TcRaw& r0, const TcRaw& r1, int b) { tc_block<F, NT>(r0, r1, b, q, x, xs, c); },
+        [&](int j) {
+            tc_chain_store<NT>(c, part, j);
+#pragma unroll
+            for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+        });
     tc_tile_sum<NT>(part, chains, n0, y, y2, split, N, T, cols);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The int8 GEMV of the same tiles (`SPLASH_TILED_GEMV=int8`): activations rounded to int8 per 32
+// values (quantize_q8: codes, scale xd, exact sum xs), the weights' integer codes multiplied
+// four at a time with dp4a, each sub-block's integer sum scaled once in f32. A 4-bit code costs
+// a mask and a quarter of a dp4a where the tensor-core GEMV's f16 decoding costs about one and
+// a half f16x2 operations: a one-token product issues about half the instructions. A lane
+// reads the tensor-core GEMV's loads (tc_load, tile_units): lane (g, q) holds rows g and g + 8,
+// the values 128·(q>>1) + 32m + 16·(q&1) + 4j + {0..3} of each block in word j of sub-block m,
+// in byte order. A token's sums never meet another's, so any token count gives the same bits.
+
+// A small integer as f32, exactly (|i| < 2^22), in two full-rate operations.
+__device__ __forceinline__ float small_int_to_float(int i) { return __int_as_float(0x4B400000 + i) - 12582912.0f; }
+
+// Byte `b` (0..3) of w, unsigned, as f32.
+__device__ __forceinline__ float byte_to_float(u32 w, int b) {
+    return __int_as_float((int)__byte_perm(w, 0x4B000000u, 0x7540u | b)) - 8388608.0f;
+}
+
+// One row's share of a block for lane (g, q), decoded once for every token: v[m][j] the signed
+// byte codes (Q4_K: 0..15; Q6_K: code − 32) of the values above; value = mul[m]·code −
+// minus[m]·(Σx over the sub-block) / 32-values, the Q4_K minimum taken by the even lane of the
+// pair that shares the sub-block (0 in the odd one and in Q6_K).
+struct Q8Row {
+    u32 v[4][4];
+    float mul[4], minus[4];
+};
+
+template <int F>
+__device__ __forceinline__ Q8Row q8_row(const TcRaw& r, int q) {
+    Q8Row w;
+    if (F == FMT_Q4_K) {
+        float d = f16_to_f32((u16)(r.a.x & 0xffff)), dmin = f16_to_f32((u16)(r.a.x >> 16));
+        // Sub-blocks 4n..4n+3 (n = q>>1; llama.cpp's get_scale_min_k4, four at a time).
+        u32 sc, mn;
+        if ((q >> 1) == 0) {
+            sc = r.a.y & 0x3f3f3f3fu;
+            mn = r.a.z & 0x3f3f3f3fu;
+        } else {
+            sc = (r.a.w & 0x0f0f0f0fu) | ((r.a.y >> 2) & 0x30303030u);
+            mn = ((r.a.w >> 4) & 0x0f0f0f0fu) | ((r.a.z >> 2) & 0x30303030u);
+        }
+        float keep = (q & 1) ? 0.0f : 1.0f;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            w.mul[m] = d * byte_to_float(sc, m);
+            w.minus[m] = keep * dmin * byte_to_float(mn, m);
+#pragma unroll
+            for (int j = 0; j < 4; j++) w.v[m][j] = (word_of(m < 2 ? r.b : r.c, j) >> (4 * (m & 1))) & 0x0f0f0f0fu;
+        }
+    } else {
+        float d = f16_to_f32((u16)(r.d & 0xffff));
+        u32 o = q & 1;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            // Sub-block m's scale is byte (q&1) + 2m of the lane's eight, signed: flipping the
+            // sign bit maps it to c + 128.
+            u32 sw = (m < 2 ? r.s.x : r.s.y) ^ 0x80808080u;
+            w.mul[m] = d * (byte_to_float(sw, o + 2 * (m & 1)) - 128.0f);
+            w.minus[m] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                u32 lo = word_of(r.a, j), hi = word_of(r.b, j), h = word_of(r.c, j), v;
+                if (m == 0) v = (lo & 0x0f0f0f0fu) | ((h << 4) & 0x30303030u);
+                else if (m == 1) v = (hi & 0x0f0f0f0fu) | ((h << 2) & 0x30303030u);
+                else if (m == 2) v = ((lo >> 4) & 0x0f0f0f0fu) | (h & 0x30303030u);
+                else v = ((hi >> 4) & 0x0f0f0f0fu) | ((h >> 2) & 0x30303030u);
+                // code − 32 as a signed byte: bit 5 flipped, then sign-extended from it.
+                u32 u = v ^ 0x20202020u;
+                w.v[m][j] = u | ((u & 0x20202020u) * 6u);
+            }
+        }
+    }
+    return w;
+}
+
+// acc + one token's Σ over a row's share of a block: xv[m] the token's 16 int8 values of
+// sub-block m for this lane, xd / xs the sub-blocks' scales and sums.
+__device__ __forceinline__ float q8_row_dot(const Q8Row& w, const uint4 (&xv)[4], float4 xd, float4 xs, float acc) {
+    float d[4] = {xd.x, xd.y, xd.z, xd.w}, s[4] = {xs.x, xs.y, xs.z, xs.w};
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+        int isum = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) isum = __dp4a((int)w.v[m][j], (int)word_of(xv[m], j), isum);
+        acc = fmaf(w.mul[m], d[m] * small_int_to_float(isum), acc);
+        acc = fmaf(-w.minus[m], s[m], acc);
+    }
+    return acc;
+}
+
+// y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ MAXT, over the tiles as gemv_tc walks them (the same
+// chains and their order, `split` and the outputs), from xq [T, K], xd and xs [T, K / 32].
+template <int F, int MAXT>
+__device__ void gemv_q8_tiles(const u8* W, long row_bytes, const i8* xq, const float* xd, const float* xs, float* y,
+                              float* y2, int split, int N, int K, int T, int chains) {
+    constexpr int NT = (MAXT + 7) / 8;
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    int lane = threadIdx.x & 31, q = lane & 3;
+    int n0 = blockIdx.x * 16, nb = K >> 8, subs = K >> 5;
+    const u8* tile = W + (long)n0 * row_bytes;
+    // This lane's values of token 0's block 0, and its sub-blocks' scales and sums.
+    const i8* xl = xq + 128 * (q >> 1) + 16 * (q & 1);
+    const float *dl = xd + 4 * (q >> 1), *sl = xs + 4 * (q >> 1);
+    float acc[MAXT][2];
+#pragma unroll
+    for (int t = 0; t < MAXT; t++) acc[t][0] = acc[t][1] = 0.0f;
+    tile_units<F>(
+        tile, nb, chains,
+        [&](const TcRaw& r0, const TcRaw& r1, int b) {
+            Q8Row w0 = q8_row<F>(r0, q), w1 = q8_row<F>(r1, q);
+#pragma unroll
+            for (int t = 0; t < MAXT; t++) {
+                if (t < T) {
+                    const uint4* xp = (const uint4*)(xl + (long)t * K + 256 * b);
+                    uint4 xv[4] = {xp[0], xp[2], xp[4], xp[6]};
+                    float4 d4 = *(const float4*)(dl + (long)t * subs + 8 * b);
+                    float4 s4 = *(const float4*)(sl + (long)t * subs + 8 * b);
+                    acc[t][0] = q8_row_dot(w0, xv, d4, s4, acc[t][0]);
+                    acc[t][1] = q8_row_dot(w1, xv, d4, s4, acc[t][1]);
+                }
+            }
+        },
+        [&](int j) {
+            // The chain's sums over the quad's lanes, into the tensor-core GEMV's layout of
+            // partial sums: lane (g, q') holds tokens 8i + 2q' + {0, 1} at 4i + {0, 1} (row g)
+            // and 4i + {2, 3} (row g + 8).
+#pragma unroll
+            for (int t = 0; t < MAXT; t++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float v = acc[t][h];
+                    v += __shfl_xor_sync(0xffffffffu, v, 1);
+                    v += __shfl_xor_sync(0xffffffffu, v, 2);
+                    if (((t & 7) >> 1) == q) part[j][lane][4 * (t >> 3) + (t & 1) + 2 * h] = v;
+                    acc[t][h] = 0.0f;
+                }
+            }
+        });
+    tc_tile_sum<NT>(part, chains, n0, y, y2, split, N, T, nullptr);
 }
 
 // Stream-K: the same products with the work of the whole matrix, (tile, 256-value block)
@@ -689,8 +841,24 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
     EXPERT_KERNEL(EXPERT_REGS_##NAME, gemv_tc_experts_##NAME, gemv_tc_experts<F>)               \
     EXPERT_KERNEL(GEMM_EXPERT_REGS, gemm_tc_experts_##NAME, gemm_tc_experts<F>)
 
+// gemv_q8t_*: the int8 GEMV of the tiles for up to 16 tokens; gemv1_q8t_*: one token, few
+// registers (a token's bits are the same in both).
+#define Q8_TILES_KERNEL(NAME, F)                                                                  \
+    extern "C" __global__ void gemv_q8t_##NAME(const u8* W, long row_bytes, const i8* xq,         \
+                                               const float* xd, const float* xs, float* y,        \
+                                               float* y2, int split, int N, int K, int T) {       \
+        gemv_q8_tiles<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5); \
+    }                                                                                             \
+    extern "C" __global__ void gemv1_q8t_##NAME(const u8* W, long row_bytes, const i8* xq,        \
+                                                const float* xd, const float* xs, float* y,       \
+                                                float* y2, int split, int N, int K, int T) {      \
+        gemv_q8_tiles<F, 1>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5);     \
+    }
+
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)
+Q8_TILES_KERNEL(q4_k, FMT_Q4_K)
+Q8_TILES_KERNEL(q6_k, FMT_Q6_K)
 
 // Activation block w (256 values, value(i) its i-th) → xh[256·w..] f16 in the tensor-core GEMV's
 // k order, scaled by the power of two xscale[w] that puts its largest magnitude below 2^14. One

@@ -76,9 +76,16 @@ pub(super) fn gemm_blas(
 }
 
 /// Whether GEMVs by `w` run on the tensor-core kernel: the tiled formats (it reads the tiles),
-/// outside the exact mode.
+/// outside the exact mode, unless [`GpuOptions::tiled_int8`] gives them to the int8 GEMV.
 pub(super) fn tensor_core(gpu: &Gpu, w: &DeviceWeight) -> bool {
-    !gpu.exact() && weights::is_tiled(w.format)
+    !gpu.exact() && weights::is_tiled(w.format) && !gpu.options().tiled_int8
+}
+
+/// Whether GEMVs by `w` run on an int8 (dp4a) kernel: Q5_K and Q8_0, and the tiled formats
+/// under [`GpuOptions::tiled_int8`], outside the exact mode.
+pub(super) fn int8_gemv(gpu: &Gpu, w: &DeviceWeight) -> bool {
+    !gpu.exact()
+        && (int8_format(w.format) || (weights::is_tiled(w.format) && gpu.options().tiled_int8))
 }
 
 /// The product, by cuBLAS from `gemm_min_t` tokens on.
@@ -107,7 +114,7 @@ pub(super) fn product(
     if tensor_core(gpu, w) {
         return gemv_tc(gpu, k, (out, 0, n), x.f16(gpu, k)?, w, base, n, tokens);
     }
-    if !gpu.exact() && int8_format(w.format) {
+    if int8_gemv(gpu, w) {
         return gemv_q8(gpu, k, (out, 0, n), x.int8(gpu, k)?, w, base, n, tokens);
     }
     gemv_float(gpu, k, (out, 0, n), x.x, w, base, row0, n, tokens)
@@ -297,7 +304,7 @@ pub fn matmul_pair(
     if tensor_core(gpu, w) {
         return gemv_tc(gpu, k, out, x.f16(gpu, k)?, w, base, w.rows, tokens);
     }
-    if !gpu.exact() && int8_format(w.format) {
+    if int8_gemv(gpu, w) {
         return gemv_q8(gpu, k, out, x.int8(gpu, k)?, w, base, w.rows, tokens);
     }
     gemv_float(gpu, k, out, x.x, w, base, 0, w.rows, tokens)
@@ -386,8 +393,11 @@ pub(super) fn gemv_q8(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
-    let suffix = format!("q8_{}", w.format.kernel_suffix());
     let row_bytes = w.row_bytes as i64;
+    if weights::is_tiled(w.format) {
+        return gemv_q8_tiles(gpu, k, out, (xq, xd, xs), w, base, n, tokens);
+    }
+    let suffix = format!("q8_{}", w.format.kernel_suffix());
     RowGemv::new(n, tokens).launch(&suffix, out, kdim, |name, grid, t0, r| {
         let xq = ptr(gpu, xq, t0 * kdim);
         let (xd, xs) = (ptr(gpu, xd, t0 * kdim / 32), ptr(gpu, xs, t0 * kdim / 32));
@@ -396,6 +406,51 @@ pub(super) fn gemv_q8(
             r.rows1,
         )
     })
+}
+
+/// The int8 GEMV of a tiled weight (`gemv_q8t_*` in kernels/gemv_tc.cu): a block per 16-row
+/// tile with the tensor-core GEMV's warps, one launch per 16 tokens, the one-token build for a
+/// single token (the same bits).
+#[allow(clippy::too_many_arguments)]
+fn gemv_q8_tiles(
+    gpu: &Gpu,
+    k: &Kernels,
+    (y, y2, split): (u64, u64, usize),
+    (xq, xd, xs): (&CudaSlice<i8>, &CudaSlice<f32>, &CudaSlice<f32>),
+    w: &DeviceWeight,
+    base: u64,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let kdim = w.cols;
+    let warps = tensor_core_warps(&gpu.options(), n, kdim) as u32;
+    let suffix = w.format.kernel_suffix();
+    for (t0, tc) in token_chunks(tokens) {
+        let name = format!("gemv{}_q8t_{suffix}", if tc == 1 { "1" } else { "" });
+        let (xq, xd, xs) = (
+            ptr(gpu, xq, t0 * kdim),
+            ptr(gpu, xd, t0 * kdim / 32),
+            ptr(gpu, xs, t0 * kdim / 32),
+        );
+        launch::gemv_q8t(
+            gpu,
+            k,
+            &name,
+            (blocks(n, 16), 32 * warps),
+            base,
+            w.row_bytes as i64,
+            xq,
+            xd,
+            xs,
+            row_at(y, t0, split),
+            row_at(y2, t0, n - split),
+            split as i32,
+            n as i32,
+            kdim as i32,
+            tc as i32,
+        )?;
+    }
+    Ok(())
 }
 
 /// The outputs and shape a row GEMV launch ends its arguments with (see [`RowGemv::launch`]).

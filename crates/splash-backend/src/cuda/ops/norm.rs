@@ -106,10 +106,7 @@ pub(super) fn reads_bf16(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
 
 /// Whether a product of `tokens` rows by `w` reads its input in the dp4a GEMV's int8.
 fn reads_int8(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
-    !gpu.exact()
-        && int8_format(w.format)
-        && !tensor_core(gpu, w)
-        && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none()
+    int8_gemv(gpu, w) && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none()
 }
 
 /// Whether a product of `tokens` rows by `w` reads its input in the tensor-core GEMV's f16
