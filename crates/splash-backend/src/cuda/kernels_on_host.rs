@@ -262,7 +262,7 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     }
 }
 
-/// The int8 GEMV of the tiles (`gemv_q8t_*`, and `gemv1_q8t_*` for one token) gives the CPU's
+/// The int8 GEMV of the tiles (`gemv1_q8t_*`, `gemv8_q8t_*`, `gemv_q8t_*` by token count) gives the CPU's
 /// product within the int8 rounding of the activations, for Q4_K and Q6_K over chains of one
 /// and several blocks; rows from 16 on go to a second output when asked, with the same bits;
 /// and each token of a 16-token launch gets the bits of the one-token build.
@@ -306,8 +306,12 @@ fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
                     kern.launch((blocks32 * 32).div_ceil(256) as u32, 256, &|| {
                         quantize(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks32 as i64)
                     });
-                    let one = if tokens == 1 { "1" } else { "" };
-                    let gemv: host::gemv_q8t = kern.kernel(&format!("gemv{one}_q8t_{suffix}"));
+                    let build = match tokens {
+                        1 => "1",
+                        5 => "8",
+                        _ => "",
+                    };
+                    let gemv: host::gemv_q8t = kern.kernel(&format!("gemv{build}_q8t_{suffix}"));
                     kern.launch(n.div_ceil(16) as u32, 32 * warps, &|| {
                         gemv(
                             wa.ptr(),
@@ -349,14 +353,14 @@ fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
                         "{t} k={kd}: token {ti}'s rows differ when stacked"
                     );
                 }
-                if tokens == 16 {
+                if tokens > 1 {
                     for (ti, row) in y.chunks_exact(n).enumerate() {
                         let alone = run(&x[ti * kd..(ti + 1) * kd], n);
                         assert!(
                             row.iter()
                                 .zip(&alone)
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{t} k={kd}: token {ti} of 16 differs from the token alone"
+                            "{t} k={kd}: token {ti} of {tokens} differs from the token alone"
                         );
                     }
                 }
@@ -2510,7 +2514,8 @@ fn the_position_table_rope_on_the_host_matches_the_cpu() {
 /// The residual add, the norm and the tensor-core GEMV's f16 conversion in one launch
 /// (`add_rms_norm_to_f16_tc`) write the bits of `add_rms_norm` then `to_f16_tc`: the residual,
 /// the normed rows, their f16 halves and their block scales; and, asked for, those of
-/// `quantize_q8` (the dp4a GEMV's int8 codes, scales and sums).
+/// `quantize_q8` (the dp4a GEMV's int8 codes, scales and sums), also without the f16 (for the
+/// int8 GEMV of the tiles).
 #[test]
 fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
     let Some(kern) = kernels(DIMS_32) else { return };
@@ -2520,7 +2525,8 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
         let (x0, y, w) = (random(rows * d, 91), random(rows * d, 92), random(d, 93));
         let eps = 1e-6f32;
         let (blocks256, blocks32) = (rows * d / 256, rows * d / 32);
-        let run = |fused: bool| {
+        // `fused`: one launch; `f16`: with the f16 conversion (always in the two kernels).
+        let run = |fused: bool, f16: bool| {
             let (x, out) = (x0.clone(), vec![f32::NAN; rows * d]);
             let (xh, xs) = (vec![0u16; rows * d], vec![f32::NAN; blocks256]);
             let (q, qd, qs) = (
@@ -2549,8 +2555,8 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                             ya.ptr(),
                             wa.ptr(),
                             oa.ptr(),
-                            ha.ptr(),
-                            sa.ptr(),
+                            if f16 { ha.ptr() } else { std::ptr::null_mut() },
+                            if f16 { sa.ptr() } else { std::ptr::null_mut() },
                             d as i32,
                             eps,
                             qa.ptr(),
@@ -2582,13 +2588,70 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                 (q, bits(&qd), bits(&qs)),
             )
         };
-        let (fused, two) = (run(true), run(false));
+        let (fused, two, int8) = (run(true, true), run(false, true), run(true, false));
+        assert_eq!(
+            int8.4, two.4,
+            "d={d}: the int8 codes, scales and sums alone"
+        );
+        assert_eq!((&int8.0, &int8.1), (&two.0, &two.1), "d={d}: int8 alone");
         assert_eq!(fused.4, two.4, "d={d}: the int8 codes, scales and sums");
         assert_eq!(fused.0, two.0, "d={d}: the residual");
         assert_eq!(fused.1, two.1, "d={d}: the norm");
         assert_eq!(fused.2, two.2, "d={d}: the f16 halves");
         assert_eq!(fused.3, two.3, "d={d}: the block scales");
     }
+}
+
+/// `silu_mul_to_q8` writes the bits of `silu_mul` then `quantize_q8` (the MLP down product's
+/// int8 input).
+#[test]
+fn the_gated_int8_conversion_has_the_bits_of_the_two_kernels() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let n = 3 * 5120;
+    let (g0, u) = (random(n, 94), random(n, 95));
+    let blocks32 = n / 32;
+    let run = |fused: bool| {
+        let g = g0.clone();
+        let (q, qd, qs) = (
+            vec![0i8; n],
+            vec![f32::NAN; blocks32],
+            vec![f32::NAN; blocks32],
+        );
+        let (ga, ua, qa, da, sa) = (
+            Addr::of(&g),
+            Addr::of(&u),
+            Addr::of(&q),
+            Addr::of(&qd),
+            Addr::of(&qs),
+        );
+        // SAFETY: the signatures of silu_mul, quantize_q8 and silu_mul_to_q8, and ops.rs's grids.
+        unsafe {
+            if fused {
+                let f: host::silu_mul_to_q8 = kern.kernel("silu_mul_to_q8");
+                kern.launch(n.div_ceil(256) as u32, 256, &|| {
+                    f(
+                        ga.ptr(),
+                        ua.ptr(),
+                        qa.ptr(),
+                        da.ptr(),
+                        sa.ptr(),
+                        blocks32 as i64,
+                    )
+                });
+            } else {
+                let f: host::silu_mul = kern.kernel("silu_mul");
+                kern.launch(n.div_ceil(256) as u32, 256, &|| {
+                    f(ga.ptr(), ua.ptr(), n as i64)
+                });
+                let f: host::quantize_q8 = kern.kernel("quantize_q8");
+                kern.launch(n.div_ceil(256) as u32, 256, &|| {
+                    f(ga.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks32 as i64)
+                });
+            }
+        }
+        (q, bits(&qd), bits(&qs))
+    };
+    assert_eq!(run(true), run(false));
 }
 
 /// The candidates of DFlash2's selector picked on the device: the best k of each row as

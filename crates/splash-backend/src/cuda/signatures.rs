@@ -200,14 +200,15 @@ kernels! {
     /// A weight dequantised to bf16 or f32 rows (`out`), for the cuBLAS prefill.
     family dequant ["dequant_bf16_f32", "dequant_bf16_f16", "dequant_bf16_bf16", "dequant_bf16_q4_0", "dequant_bf16_q4_1", "dequant_bf16_q5_0", "dequant_bf16_q5_1", "dequant_bf16_q8_0", "dequant_bf16_q2_k", "dequant_bf16_q3_k", "dequant_bf16_q4_k", "dequant_bf16_q5_k", "dequant_bf16_q6_k", "dequant_bf16_iq4_nl", "dequant_bf16_iq4_xs", "dequant_bf16_affine4", "dequant_bf16_affine8", "dequant_f32_f32", "dequant_f32_f16", "dequant_f32_bf16", "dequant_f32_q4_0", "dequant_f32_q4_1", "dequant_f32_q5_0", "dequant_f32_q5_1", "dequant_f32_q8_0", "dequant_f32_q2_k", "dequant_f32_q3_k", "dequant_f32_q4_k", "dequant_f32_q5_k", "dequant_f32_q6_k", "dequant_f32_iq4_nl", "dequant_f32_iq4_xs", "dequant_f32_affine4", "dequant_f32_affine8"](w: *const u8, row_bytes: i64, scales: *const f32, biases: *const f32, group: i32, out: *mut c_void, n: i32, k: i32);
     kernel quantize_q8(x: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut f32, blocks: i64);
+    kernel silu_mul_to_q8(g: *const f32, u: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut f32, blocks: i64);
     /// The GEMV over int8 activations (`quantize_q8`).
     family gemv_q8 ["gemv_q8_q5_k", "gemv_q8_q8_0", "gemv1_q8_q5_k", "gemv1_q8_q8_0"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const f32, y: *mut f32, y2: *mut f32, n: i32, k: i32, t: i32, split: i32, rows1: i32);
     // kernels/gemv_tc.cu
     kernel gemv_tc_fixup(partials: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32, grid: i32, max_pieces: i32);
     /// The tensor-core GEMV: up to 8 (`gemv_tc8_*`) or 16 (`gemv_tc16_*`) tokens, a tile per block.
     family gemv_tc ["gemv_tc8_q4_k", "gemv_tc8_q6_k", "gemv_tc16_q4_k", "gemv_tc16_q6_k"](w: *const u8, row_bytes: i64, xh: *const u16, xscale: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
-    /// The int8 GEMV of the tiled formats: up to 16 tokens (`gemv_q8t_*`) or one (`gemv1_q8t_*`), a tile per block.
-    family gemv_q8t ["gemv_q8t_q4_k", "gemv_q8t_q6_k", "gemv1_q8t_q4_k", "gemv1_q8t_q6_k"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
+    /// The int8 GEMV of the tiled formats: up to 1, 2, 4, 8 (`gemv{n}_q8t_*`) or 16 (`gemv_q8t_*`) tokens, a tile per block.
+    family gemv_q8t ["gemv_q8t_q4_k", "gemv_q8t_q6_k", "gemv1_q8t_q4_k", "gemv1_q8t_q6_k", "gemv2_q8t_q4_k", "gemv2_q8t_q6_k", "gemv4_q8t_q4_k", "gemv4_q8t_q6_k", "gemv8_q8t_q4_k", "gemv8_q8t_q6_k"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
     /// The tensor-core GEMV stream-K, partial sums in `partials` (`gemv_tc_fixup`).
     family gemv_tcs ["gemv_tcs8_q4_k", "gemv_tcs8_q6_k", "gemv_tcs16_q4_k", "gemv_tcs16_q6_k"](w: *const u8, row_bytes: i64, xh: *const u16, xscale: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32, partials: *mut f32, max_pieces: i32);
     kernel to_f16_tc(x: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64);

@@ -250,7 +250,15 @@ extern "C" __global__ void quantize_q8(const float* x, i8* xq, float* xd, float*
     quantize_q8_block(x[blk * 32 + (threadIdx.x & 31)], xq, xd, xs, blk);
 }
 
-
+// quantize_q8 of silu(g) · u (the values silu_mul writes): the int8 input of an MLP's down
+// product, one warp per 32 values.
+extern "C" __global__ void silu_mul_to_q8(const float* g, const float* u, i8* xq, float* xd, float* xs, long blocks) {
+    GRID_PROLOGUE_BRIDGE();
+    long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (blk >= blocks) return;
+    long i = blk * 32 + (threadIdx.x & 31);
+    quantize_q8_block(silu(g[i]) * u[i], xq, xd, xs, blk);
+}
 
 // Σ over one sub-block of w · x, from its codes and one token's quantised activations.
 template <int F>

@@ -841,19 +841,20 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
     EXPERT_KERNEL(EXPERT_REGS_##NAME, gemv_tc_experts_##NAME, gemv_tc_experts<F>)               \
     EXPERT_KERNEL(GEMM_EXPERT_REGS, gemm_tc_experts_##NAME, gemm_tc_experts<F>)
 
-// gemv_q8t_*: the int8 GEMV of the tiles for up to 16 tokens; gemv1_q8t_*: one token, few
-// registers (a token's bits are the same in both).
-#define Q8_TILES_KERNEL(NAME, F)                                                                  \
-    extern "C" __global__ void gemv_q8t_##NAME(const u8* W, long row_bytes, const i8* xq,         \
-                                               const float* xd, const float* xs, float* y,        \
-                                               float* y2, int split, int N, int K, int T) {       \
-        gemv_q8_tiles<F, GEMV_MAX_T>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5); \
-    }                                                                                             \
-    extern "C" __global__ void gemv1_q8t_##NAME(const u8* W, long row_bytes, const i8* xq,        \
-                                                const float* xd, const float* xs, float* y,       \
-                                                float* y2, int split, int N, int K, int T) {      \
-        gemv_q8_tiles<F, 1>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5);     \
+// gemv{1,2,4,8}_q8t_*: the int8 GEMV of the tiles for up to that many tokens, gemv_q8t_*: up to
+// 16. Each build keeps the registers its tokens need (a token's bits are the same in all).
+#define Q8_TILES_BUILD(NAME, F, PREFIX, MAXT)                                                     \
+    extern "C" __global__ void PREFIX##_q8t_##NAME(const u8* W, long row_bytes, const i8* xq,     \
+                                                   const float* xd, const float* xs, float* y,    \
+                                                   float* y2, int split, int N, int K, int T) {   \
+        gemv_q8_tiles<F, MAXT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5); \
     }
+#define Q8_TILES_KERNEL(NAME, F)              \
+    Q8_TILES_BUILD(NAME, F, gemv1, 1)         \
+    Q8_TILES_BUILD(NAME, F, gemv2, 2)         \
+    Q8_TILES_BUILD(NAME, F, gemv4, 4)         \
+    Q8_TILES_BUILD(NAME, F, gemv8, 8)         \
+    Q8_TILES_BUILD(NAME, F, gemv, GEMV_MAX_T)
 
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)

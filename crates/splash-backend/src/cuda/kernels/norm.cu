@@ -64,7 +64,8 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
 
 // add_rms_norm, then to_f16_tc of each out row, in one launch: the block's warps convert the
 // row's 256-value blocks once the row is written (the bits of the two kernels). d is a multiple
-// of 256. With xq, also quantize_q8 of the row (for a dp4a product of the same rows).
+// of 256 when xh is given. With xq, also (or only, without xh) quantize_q8 of the row (for a
+// dp4a product of the same rows).
 extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
                                                   float* xscale, int d, float eps, i8* xq, float* xd, float* xs) {
     GRID_PROLOGUE_BRIDGE();
@@ -72,7 +73,7 @@ extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, cons
     add_row(xr, y + (long)blockIdx.x * d, d);
     rms_norm_row(xr, w, o, d, eps);
     __syncthreads();  // the row is written
-    int per_row = d >> 8;
+    int per_row = xh ? d >> 8 : 0;
     for (int b = threadIdx.x >> 5; b < per_row; b += blockDim.x >> 5) {
         const float* ob = o + 256 * b;
         to_f16_tc_block([&](int i) { return ob[i]; }, xh, xscale, (long)blockIdx.x * per_row + b);

@@ -312,7 +312,8 @@ pub fn matmul_pair(
 
 /// `out = W · (silu(g) ⊙ u)` `[tokens, W rows]` for `g`, `u` `[tokens, W cols]`: SwiGLU and the
 /// MLP's down product. The tensor-core GEMV takes the gated values straight into its f16
-/// conversion (one launch fewer, the same bits); other paths write them into `g` first.
+/// conversion, the int8 ones (with `GpuOptions::fold_launches`) into their int8 (one launch
+/// fewer, the same bits); other paths write them into `g` first.
 pub fn matmul_swiglu(
     gpu: &Gpu,
     k: &Kernels,
@@ -330,6 +331,24 @@ pub fn matmul_swiglu(
             k,
             (out, 0, w.rows),
             &converted,
+            w,
+            base,
+            w.rows,
+            tokens,
+        );
+    }
+    if gpu.options().fold_launches && reads_int8(gpu, w, tokens) {
+        let n = tokens * w.cols;
+        let (xq, xd, xs) = int8_rows(gpu, n)?;
+        let [qp, dp, sp] = [ptr(gpu, &xq, 0), ptr(gpu, &xd, 0), ptr(gpu, &xs, 0)];
+        let grid = (blocks(n, 256), 256);
+        launch::silu_mul_to_q8(gpu, k, grid, g, u, qp, dp, sp, (n / 32) as i64)?;
+        let base = ptr(gpu, &w.data, 0);
+        return gemv_q8(
+            gpu,
+            k,
+            (out, 0, w.rows),
+            &(xq, xd, xs),
             w,
             base,
             w.rows,
@@ -409,8 +428,8 @@ pub(super) fn gemv_q8(
 }
 
 /// The int8 GEMV of a tiled weight (`gemv_q8t_*` in kernels/gemv_tc.cu): a block per 16-row
-/// tile with the tensor-core GEMV's warps, one launch per 16 tokens, the one-token build for a
-/// single token (the same bits).
+/// tile with the tensor-core GEMV's warps, one launch per 16 tokens, by the build for 1, 2, 4,
+/// 8 or 16 tokens that fits the chunk (each token's bits are the same in all).
 #[allow(clippy::too_many_arguments)]
 fn gemv_q8_tiles(
     gpu: &Gpu,
@@ -426,7 +445,13 @@ fn gemv_q8_tiles(
     let warps = tensor_core_warps(&gpu.options(), n, kdim) as u32;
     let suffix = w.format.kernel_suffix();
     for (t0, tc) in token_chunks(tokens) {
-        let name = format!("gemv{}_q8t_{suffix}", if tc == 1 { "1" } else { "" });
+        let build = match tc {
+            1 | 2 | 4 | 8 => tc.to_string(),
+            3 => "4".into(),
+            5..=7 => "8".into(),
+            _ => String::new(),
+        };
+        let name = format!("gemv{build}_q8t_{suffix}");
         let (xq, xd, xs) = (
             ptr(gpu, xq, t0 * kdim),
             ptr(gpu, xd, t0 * kdim / 32),

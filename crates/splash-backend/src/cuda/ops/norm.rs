@@ -51,7 +51,8 @@ fn check_add_rms_norm(out: u64, x: u64, y: u64) {
 /// tensor-core GEMV (see [`reads_f16`]) the same launch writes its f16 conversion too
 /// (`add_rms_norm_to_f16_tc`: the bits of the two kernels), one launch fewer than converting at
 /// the product; with `GpuOptions::fold_launches` also the other's int8 when it runs on the dp4a
-/// GEMV (a GDN layer's b and a), the bits of `quantize_q8`.
+/// GEMV (a GDN layer's b and a), the bits of `quantize_q8`, or only the first's int8 when it
+/// runs on the int8 GEMV of the tiles (`GpuOptions::tiled_int8`).
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_activations(
     gpu: &Gpu,
@@ -74,24 +75,39 @@ pub fn add_rms_norm_activations(
         return Ok(Activations::with_bf16(out, rows, d, xb));
     }
     // The kernel converts whole 256-value blocks (a tiled weight's rows are made of them).
-    if !reads_f16(gpu, f16_for, rows) || !d.is_multiple_of(256) {
+    let f16 = reads_f16(gpu, f16_for, rows) && d.is_multiple_of(256);
+    let fold = gpu.options().fold_launches && d.is_multiple_of(256);
+    let int8_for = |w: Option<&DeviceWeight>| w.is_some_and(|w| fold && reads_int8(gpu, w, rows));
+    // The int8 rows of the first product, when it runs on the int8 GEMV of the tiles, or of
+    // the other beside the first's f16.
+    let int8 = if int8_for(Some(f16_for)) || (f16 && int8_for(other)) {
+        Some(int8_rows(gpu, rows * d)?)
+    } else {
+        None
+    };
+    if !f16 && int8.is_none() {
         launch::add_rms_norm(gpu, k, grid, x, y, w, out, d_i, eps)?;
         return Ok(Activations::new(out, rows, d));
     }
-    let xh = gpu.uninit::<u16>(rows * d)?;
-    let xscale = gpu.uninit::<f32>(rows * d / 256)?;
-    let (xhp, xsp) = (ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0));
-    let int8 = match other {
-        Some(o) if gpu.options().fold_launches && reads_int8(gpu, o, rows) => {
-            Some(int8_rows(gpu, rows * d)?)
-        }
-        _ => None,
+    let f16_rows = if f16 {
+        Some((
+            gpu.uninit::<u16>(rows * d)?,
+            gpu.uninit::<f32>(rows * d / 256)?,
+        ))
+    } else {
+        None
     };
+    let [xhp, xsp] = f16_rows
+        .as_ref()
+        .map_or([0; 2], |(h, s)| [ptr(gpu, h, 0), ptr(gpu, s, 0)]);
     let [xq, xd, xs] = int8.as_ref().map_or([0; 3], |(q, d, s)| {
         [ptr(gpu, q, 0), ptr(gpu, d, 0), ptr(gpu, s, 0)]
     });
     launch::add_rms_norm_to_f16_tc(gpu, k, grid, x, y, w, out, xhp, xsp, d_i, eps, xq, xd, xs)?;
-    let a = Activations::with_f16(out, rows, d, (xh, xscale));
+    let a = Activations::new(out, rows, d);
+    if let Some(f16_rows) = f16_rows {
+        let _ = a.f16.set(f16_rows);
+    }
     if let Some(int8) = int8 {
         let _ = a.int8.set(int8);
     }
@@ -105,7 +121,7 @@ pub(super) fn reads_bf16(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
 }
 
 /// Whether a product of `tokens` rows by `w` reads its input in the dp4a GEMV's int8.
-fn reads_int8(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
+pub(super) fn reads_int8(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
     int8_gemv(gpu, w) && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none()
 }
 
