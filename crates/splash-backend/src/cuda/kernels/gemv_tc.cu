@@ -124,6 +124,18 @@ __device__ __forceinline__ u32 h2_1024_plus_byte(u32 w, u32 byte) {
     return __byte_perm(w, 0x64u, byte | 0x4040u | (byte << 8));
 }
 
+// The 6-bit scales (sc) and minimums (mn) of lane q's four Q4_K sub-blocks 4n..4n+3 (n = q>>1),
+// a byte each, from the row's header in r.a (llama.cpp's get_scale_min_k4, four at a time).
+__device__ __forceinline__ void q4k_scale_words(const TcRaw& r, int q, u32& sc, u32& mn) {
+    if ((q >> 1) == 0) {
+        sc = r.a.y & 0x3f3f3f3fu;
+        mn = r.a.z & 0x3f3f3f3fu;
+    } else {
+        sc = (r.a.w & 0x0f0f0f0fu) | ((r.a.y >> 2) & 0x30303030u);
+        mn = ((r.a.w >> 4) & 0x0f0f0f0fu) | ((r.a.z >> 2) & 0x30303030u);
+    }
+}
+
 // The scales in f16 arithmetic: code factor × block scale, each a 6-bit (Q4_K) or 8-bit (Q6_K)
 // integer times an f16, rounded once, as the f32 product converted to f16 rounds.
 template <int F>
@@ -131,15 +143,8 @@ __device__ __forceinline__ TcScales tc_scales(const TcRaw& r, int q) {
     TcScales s;
     if (F == FMT_Q4_K) {
         u32 d = __byte_perm(r.a.x, 0, 0x1010u), neg_dmin = __byte_perm(r.a.x, 0, 0x3232u) ^ 0x80008000u;
-        // Sub-blocks 4n..4n+3 (llama.cpp's get_scale_min_k4, four at a time).
         u32 sc, mn;
-        if ((q >> 1) == 0) {
-            sc = r.a.y & 0x3f3f3f3fu;
-            mn = r.a.z & 0x3f3f3f3fu;
-        } else {
-            sc = (r.a.w & 0x0f0f0f0fu) | ((r.a.y >> 2) & 0x30303030u);
-            mn = ((r.a.w >> 4) & 0x0f0f0f0fu) | ((r.a.z >> 2) & 0x30303030u);
-        }
+        q4k_scale_words(r, q, sc, mn);
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             s.mul[m] = h2_mul(h2_sub(h2_1024_plus_byte(sc, m), 0x64006400u), d);
@@ -395,15 +400,8 @@ __device__ __forceinline__ Q8Row q8_row(const TcRaw& r, int q) {
     Q8Row w;
     if (F == FMT_Q4_K) {
         float d = f16_to_f32((u16)(r.a.x & 0xffff)), dmin = f16_to_f32((u16)(r.a.x >> 16));
-        // Sub-blocks 4n..4n+3 (n = q>>1; llama.cpp's get_scale_min_k4, four at a time).
         u32 sc, mn;
-        if ((q >> 1) == 0) {
-            sc = r.a.y & 0x3f3f3f3fu;
-            mn = r.a.z & 0x3f3f3f3fu;
-        } else {
-            sc = (r.a.w & 0x0f0f0f0fu) | ((r.a.y >> 2) & 0x30303030u);
-            mn = ((r.a.w >> 4) & 0x0f0f0f0fu) | ((r.a.z >> 2) & 0x30303030u);
-        }
+        q4k_scale_words(r, q, sc, mn);
         float keep = (q & 1) ? 0.0f : 1.0f;
 #pragma unroll
         for (int m = 0; m < 4; m++) {
