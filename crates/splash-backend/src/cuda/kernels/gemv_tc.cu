@@ -387,9 +387,9 @@ __device__ __forceinline__ float byte_to_float(u32 w, int b) {
 }
 
 // One row's share of a block for lane (g, q), decoded once for every token: v[m][j] the signed
-// byte codes (Q4_K: 0..15; Q6_K: code − 32) of the values above; value = mul[m]·code −
-// minus[m]·(Σx over the sub-block) / 32-values, the Q4_K minimum taken by the even lane of the
-// pair that shares the sub-block (0 in the odd one and in Q6_K).
+// byte codes (Q4_K: 0..15; Q6_K: code − 32) of the values above, value = mul[m]·code −
+// minus[m]. The minimum is subtracted once per sub-block, as minus[m]·Σx over its 32 values, by
+// the even lane of the pair that shares it (minus is 0 in the odd lane and in Q6_K).
 struct Q8Row {
     u32 v[4][4];
     float mul[4], minus[4];

@@ -339,21 +339,12 @@ pub fn matmul_swiglu(
     }
     if gpu.options().fold_launches && reads_int8(gpu, w, tokens) {
         let n = tokens * w.cols;
-        let (xq, xd, xs) = int8_rows(gpu, n)?;
-        let [qp, dp, sp] = [ptr(gpu, &xq, 0), ptr(gpu, &xd, 0), ptr(gpu, &xs, 0)];
+        let rows = int8_rows(gpu, n)?;
+        let (qp, dp, sp) = int8_at(gpu, &rows, 0);
         let grid = (blocks(n, 256), 256);
         launch::silu_mul_to_q8(gpu, k, grid, g, u, qp, dp, sp, (n / 32) as i64)?;
         let base = ptr(gpu, &w.data, 0);
-        return gemv_q8(
-            gpu,
-            k,
-            (out, 0, w.rows),
-            &(xq, xd, xs),
-            w,
-            base,
-            w.rows,
-            tokens,
-        );
+        return gemv_q8(gpu, k, (out, 0, w.rows), &rows, w, base, w.rows, tokens);
     }
     if reads_bf16(gpu, w, tokens) {
         let n = tokens * w.cols;
@@ -405,26 +396,33 @@ pub(super) fn gemv_q8(
     gpu: &Gpu,
     k: &Kernels,
     out: (u64, u64, usize),
-    (xq, xd, xs): &Int8Rows,
+    x: &Int8Rows,
     w: &DeviceWeight,
     base: u64,
     n: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    let kdim = w.cols;
-    let row_bytes = w.row_bytes as i64;
     if weights::is_tiled(w.format) {
-        return gemv_q8_tiles(gpu, k, out, (xq, xd, xs), w, base, n, tokens);
+        return gemv_q8_tiles(gpu, k, out, x, w, base, n, tokens);
     }
+    let (kdim, row_bytes) = (w.cols, w.row_bytes as i64);
     let suffix = format!("q8_{}", w.format.kernel_suffix());
     RowGemv::new(n, tokens).launch(&suffix, out, kdim, |name, grid, t0, r| {
-        let xq = ptr(gpu, xq, t0 * kdim);
-        let (xd, xs) = (ptr(gpu, xd, t0 * kdim / 32), ptr(gpu, xs, t0 * kdim / 32));
+        let (xq, xd, xs) = int8_at(gpu, x, t0 * kdim);
         launch::gemv_q8(
             gpu, k, name, grid, base, row_bytes, xq, xd, xs, r.y, r.y2, r.n, r.k, r.t, r.split,
             r.rows1,
         )
     })
+}
+
+/// The device addresses of int8 rows from value `at` on (a token's start): codes, scales, sums.
+pub(super) fn int8_at(gpu: &Gpu, (xq, xd, xs): &Int8Rows, at: usize) -> (u64, u64, u64) {
+    (
+        ptr(gpu, xq, at),
+        ptr(gpu, xd, at / 32),
+        ptr(gpu, xs, at / 32),
+    )
 }
 
 /// The int8 GEMV of a tiled weight (`gemv_q8t_*` in kernels/gemv_tc.cu): a block per 16-row
@@ -435,7 +433,7 @@ fn gemv_q8_tiles(
     gpu: &Gpu,
     k: &Kernels,
     (y, y2, split): (u64, u64, usize),
-    (xq, xd, xs): (&CudaSlice<i8>, &CudaSlice<f32>, &CudaSlice<f32>),
+    x: &Int8Rows,
     w: &DeviceWeight,
     base: u64,
     n: usize,
@@ -446,17 +444,14 @@ fn gemv_q8_tiles(
     let suffix = w.format.kernel_suffix();
     for (t0, tc) in token_chunks(tokens) {
         let build = match tc {
-            1 | 2 | 4 | 8 => tc.to_string(),
-            3 => "4".into(),
-            5..=7 => "8".into(),
-            _ => String::new(),
+            1 => "1",
+            2 => "2",
+            3 | 4 => "4",
+            5..=8 => "8",
+            _ => "",
         };
         let name = format!("gemv{build}_q8t_{suffix}");
-        let (xq, xd, xs) = (
-            ptr(gpu, xq, t0 * kdim),
-            ptr(gpu, xd, t0 * kdim / 32),
-            ptr(gpu, xs, t0 * kdim / 32),
-        );
+        let (xq, xd, xs) = int8_at(gpu, x, t0 * kdim);
         launch::gemv_q8t(
             gpu,
             k,

@@ -126,18 +126,11 @@ impl Activations {
     fn int8(&self, gpu: &Gpu, k: &Kernels) -> Result<&Int8Rows, GpuError> {
         converted(&self.int8, || {
             let blocks32 = self.tokens * self.kdim / 32;
-            let (xq, xd, xs) = int8_rows(gpu, self.tokens * self.kdim)?;
-            launch::quantize_q8(
-                gpu,
-                k,
-                (blocks(blocks32 * 32, 256), 256),
-                self.x,
-                super::ptr(gpu, &xq, 0),
-                super::ptr(gpu, &xd, 0),
-                super::ptr(gpu, &xs, 0),
-                blocks32 as i64,
-            )?;
-            Ok((xq, xd, xs))
+            let rows = int8_rows(gpu, self.tokens * self.kdim)?;
+            let (xq, xd, xs) = int8_at(gpu, &rows, 0);
+            let grid = (blocks(blocks32 * 32, 256), 256);
+            launch::quantize_q8(gpu, k, grid, self.x, xq, xd, xs, blocks32 as i64)?;
+            Ok(rows)
         })
     }
 

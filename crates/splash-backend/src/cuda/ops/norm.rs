@@ -77,10 +77,10 @@ pub fn add_rms_norm_activations(
     // The kernel converts whole 256-value blocks (a tiled weight's rows are made of them).
     let f16 = reads_f16(gpu, f16_for, rows) && d.is_multiple_of(256);
     let fold = gpu.options().fold_launches && d.is_multiple_of(256);
-    let int8_for = |w: Option<&DeviceWeight>| w.is_some_and(|w| fold && reads_int8(gpu, w, rows));
+    let int8_for = |w: &DeviceWeight| fold && reads_int8(gpu, w, rows);
     // The int8 rows of the first product, when it runs on the int8 GEMV of the tiles, or of
     // the other beside the first's f16.
-    let int8 = if int8_for(Some(f16_for)) || (f16 && int8_for(other)) {
+    let int8 = if int8_for(f16_for) || (f16 && other.is_some_and(int8_for)) {
         Some(int8_rows(gpu, rows * d)?)
     } else {
         None
@@ -100,9 +100,7 @@ pub fn add_rms_norm_activations(
     let [xhp, xsp] = f16_rows
         .as_ref()
         .map_or([0; 2], |(h, s)| [ptr(gpu, h, 0), ptr(gpu, s, 0)]);
-    let [xq, xd, xs] = int8.as_ref().map_or([0; 3], |(q, d, s)| {
-        [ptr(gpu, q, 0), ptr(gpu, d, 0), ptr(gpu, s, 0)]
-    });
+    let (xq, xd, xs) = int8.as_ref().map_or((0, 0, 0), |r| int8_at(gpu, r, 0));
     launch::add_rms_norm_to_f16_tc(gpu, k, grid, x, y, w, out, xhp, xsp, d_i, eps, xq, xd, xs)?;
     let a = Activations::new(out, rows, d);
     if let Some(f16_rows) = f16_rows {
