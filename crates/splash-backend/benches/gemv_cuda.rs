@@ -168,14 +168,21 @@ fn main() {
             println!("{line}");
             alone("stream-K");
             tune(&gpu, |o| o.stream_k = false);
-            tune(&gpu, |o| o.tiled_int8 = true);
-            let mut line = format!("{:<28} {:>6} {:>10} |", "    int8", "", "");
-            for tokens in [1, 2, 4, 8, 16] {
-                line += &format!(" {tokens}: {}", cell(time(tokens)));
+            // The other families of the tiled formats (int8-mma runs Q4_K only).
+            for family in [dev::TiledGemv::Int8, dev::TiledGemv::Int8Mma] {
+                if family == dev::TiledGemv::Int8Mma && t != Some(Q4_K) {
+                    continue;
+                }
+                tune(&gpu, |o| o.tiled_gemv = family);
+                let label = format!("    {}", family.name());
+                let mut line = format!("{label:<28} {:>6} {:>10} |", "", "");
+                for tokens in [1, 2, 4, 8, 16] {
+                    line += &format!(" {tokens}: {}", cell(time(tokens)));
+                }
+                println!("{line}");
+                alone(family.name());
             }
-            println!("{line}");
-            alone("int8");
-            tune(&gpu, |o| o.tiled_int8 = false);
+            tune(&gpu, |o| o.tiled_gemv = dev::TiledGemv::TensorCores);
         }
         if std::env::var_os("GEMV_SWEEP").is_some() && tensor_core {
             for warps in [1, 2, 4, 8] {

@@ -236,17 +236,28 @@ fn matmul_every_format_matches_the_cpu() {
     }
 }
 
-/// The tensor-core GEMV of the 4-bit checkpoints' k-quants at a real row length (its warps
-/// split the row's 10 blocks unevenly): close to the CPU, and each token's row bit-identical
-/// to that token multiplied alone, so verify blocks and batched passes reproduce decoding.
+/// Every GEMV family of the 4-bit checkpoints' k-quants at a real row length (its warps split
+/// the row's 10 blocks unevenly): close to the CPU, and each token's row bit-identical to that
+/// token multiplied alone, so verify blocks and batched passes reproduce decoding.
 #[test]
 fn tensor_core_gemv_is_batch_invariant() {
     let Some(gpu) = gpu() else { return };
     let k = gpu.kernels(FIXTURE_DIMS).unwrap();
     let (n, kd) = (100, 2560);
-    // A block per tile, and stream-K (tiles cut between blocks).
-    for stream_k in [false, true] {
-        tune(&gpu, |o| o.stream_k = stream_k);
+    // A block per tile, stream-K (tiles cut between blocks), and the int8 families.
+    use dev::TiledGemv::{Int8, Int8Mma, TensorCores};
+    for (family, stream_k) in [
+        (TensorCores, false),
+        (TensorCores, true),
+        (Int8, false),
+        (Int8Mma, false),
+    ] {
+        tune(&gpu, |o| {
+            o.stream_k = stream_k;
+            o.tiled_gemv = family;
+        });
+        // Activations rounded to int8 (per 32 or 256 values) rather than f16.
+        let tol = if family == TensorCores { 5e-3 } else { 1e-2 };
         for (name, w) in weights(n, kd, 5) {
             if name != "Q4_K" && name != "Q6_K" {
                 continue;
@@ -270,8 +281,8 @@ fn tensor_core_gemv_is_batch_invariant() {
                     let rows = ti * n..(ti + 1) * n;
                     let err = rel_err(&got[rows.clone()], &want[rows.clone()]);
                     assert!(
-                        err < 5e-3,
-                        "{name} t={t} token {ti} stream-K {stream_k}: relative error {err}"
+                        err < tol,
+                        "{name} {family:?} t={t} token {ti} stream-K {stream_k}: relative error {err}"
                     );
                     let alone = product(&x[ti * kd..(ti + 1) * kd], 1);
                     let same = alone
@@ -280,13 +291,16 @@ fn tensor_core_gemv_is_batch_invariant() {
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
                         same,
-                        "{name} t={t} token {ti} stream-K {stream_k}: differs from the token alone"
+                        "{name} {family:?} t={t} token {ti} stream-K {stream_k}: differs from the token alone"
                     );
                 }
             }
         }
     }
-    tune(&gpu, |o| o.stream_k = false);
+    tune(&gpu, |o| {
+        o.stream_k = false;
+        o.tiled_gemv = TensorCores;
+    });
 }
 
 /// Two products of one input from one stacked weight (`matmul_pair`): each part gets the bits

@@ -82,8 +82,8 @@ pub fn compile_ptx(
         format!("-DGDN_DV={}", dims.gdn_dv),
         format!("-DGDN_SLICES={}", options.gdn_slices(dims.gdn_dk)),
     ];
-    // Measurement options (GRID_PROLOGUE in kernels/common.cuh, TC_L2_AHEAD and EXPERT_REGS
-    // in kernels/gemv_tc.cu, ATTN_HEADS_MAX in kernels/attention.cu).
+    // Measurement options (GRID_PROLOGUE in kernels/common.cuh, TC_L2_AHEAD, EXPERT_REGS and
+    // I8TC8_REGS in kernels/gemv_tc.cu, ATTN_HEADS_MAX in kernels/attention.cu).
     if options.trigger_early {
         defines.push("-DGRID_TRIGGER_EARLY".into());
     }
@@ -96,6 +96,9 @@ pub fn compile_ptx(
     defines.push(format!("-DATTN_HEADS_MAX={}", options.attention_heads()));
     if let Some(regs) = options.expert_regs {
         defines.push(format!("-DEXPERT_REGS={regs}"));
+    }
+    if let Some(regs) = options.int8_mma_regs {
+        defines.push(format!("-DI8TC8_REGS={regs}"));
     }
     let mut h = Sha256::new();
     h.update(kernel_source().as_bytes());

@@ -233,6 +233,13 @@ inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
     return c;
 }
+// dp2a: two int16 halves of a times bytes 0, 1 (lo) or 2, 3 (hi) of b, signed, plus c.
+inline int __dp2a_lo(int a, int b, int c) {
+    return c + (int)(short)(a & 0xffff) * (int)(signed char)b + (int)(short)(a >> 16) * (int)(signed char)(b >> 8);
+}
+inline int __dp2a_hi(int a, int b, int c) {
+    return c + (int)(short)(a & 0xffff) * (int)(signed char)(b >> 16) + (int)(short)(a >> 16) * (int)(signed char)(b >> 24);
+}
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
@@ -331,6 +338,27 @@ inline void mma_f16_16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsig
         for (int k = 0; k < 16; k++) acc += A(k) * B(k);
         return acc;
     });
+}
+
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32, lane = 4g + q (PTX ISA fragment layout):
+// A (16×32) a0 = A[g][4q..4q+3], a1 = A[g+8][4q..4q+3], a2 = A[g][16+4q..], a3 = A[g+8][16+4q..];
+// B (32×8) b0 = B[4q..4q+3][g], b1 = B[16+4q..][g]; C as m16n8k16's. Lowest byte = lowest k.
+// The int accumulators travel through warp_mma's float slots as bits.
+inline void mma_s8_16832(int* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    float bits[4];
+    std::memcpy(bits, c, sizeof bits);
+    warp_mma(bits, {a0, a1, a2, a3, b0, b1}, [](auto reg, int row, int col, float acc) {
+        auto byte = [](unsigned r, int k) { return (int)(signed char)(r >> (8 * (k & 3))); };
+        auto A = [&](int k) { return byte(reg(4 * (row & 7) + ((k & 15) >> 2), (row >> 3) + 2 * (k >> 4)), k); };
+        auto B = [&](int k) { return byte(reg(4 * col + ((k & 15) >> 2), 4 + (k >> 4)), k); };
+        int sum;
+        std::memcpy(&sum, &acc, 4);
+        for (int k = 0; k < 32; k++) sum += A(k) * B(k);
+        float out;
+        std::memcpy(&out, &sum, 4);
+        return out;
+    });
+    std::memcpy(c, bits, sizeof bits);
 }
 
 // cvt.rna.tf32.f32: the f32 rounded to 10 mantissa bits, to nearest with ties away from zero

@@ -369,6 +369,117 @@ fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
     }
 }
 
+/// The int8 tensor-core GEMV of Q4_K tiles (`gemv8_i8tc_q4_k` up to 8 tokens, `gemv_i8tc_q4_k`
+/// up to 16) gives the CPU's product within the int8 rounding of the activations per 256
+/// values, over chains of one and several blocks and warps; rows from 16 on go to a second
+/// output with the same bits; and every token of 5 and of 16 gets the bits it gets alone.
+#[test]
+fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let n = 40;
+    for (kd, warps) in [(768, 3), (6144, 8), (6144, 4)] {
+        let t = GgmlType::Q4_K;
+        let w = kquant(t, n, kd, &[0, 2], 5);
+        let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
+        // `x` `[tokens, kd]`: rows below `split` into one output, the others into a second,
+        // returned one after the other.
+        let run = |x: &[f32], split: usize| -> Vec<f32> {
+            let tokens = x.len() / kd;
+            let values = tokens * kd;
+            let (xq, xd, xs) = (
+                vec![0i8; values],
+                vec![0.0f32; values / 256],
+                vec![0i16; values / 32],
+            );
+            let (y, y2) = (
+                vec![f32::NAN; tokens * split],
+                vec![f32::NAN; tokens * (n - split)],
+            );
+            let (xa, qa, da, sa, ya, y2a, wa) = (
+                Addr::of(x),
+                Addr::of(&xq),
+                Addr::of(&xd),
+                Addr::of(&xs),
+                Addr::of(&y),
+                Addr::of(&y2),
+                Addr::of(&tiles),
+            );
+            let row_bytes = t.row_bytes(kd) as i64;
+            // SAFETY: the signatures of quantize_q8_blocks and gemv*_i8tc_q4_k
+            // (kernels/gemv_tc.cu), over buffers of the sizes ops.rs gives them.
+            unsafe {
+                let quantize: host::quantize_q8_blocks = kern.kernel("quantize_q8_blocks");
+                kern.launch((values / 8).div_ceil(256) as u32, 256, &|| {
+                    quantize(
+                        xa.ptr(),
+                        qa.ptr(),
+                        da.ptr(),
+                        sa.ptr(),
+                        (values / 256) as i64,
+                    )
+                });
+                let name = if tokens <= 8 {
+                    "gemv8_i8tc_q4_k"
+                } else {
+                    "gemv_i8tc_q4_k"
+                };
+                let gemv: host::gemv_i8tc = kern.kernel(name);
+                kern.launch(n.div_ceil(16) as u32, 32 * warps, &|| {
+                    gemv(
+                        wa.ptr(),
+                        row_bytes,
+                        qa.ptr(),
+                        da.ptr(),
+                        sa.ptr(),
+                        ya.ptr(),
+                        y2a.ptr(),
+                        split as i32,
+                        n as i32,
+                        kd as i32,
+                        tokens as i32,
+                    )
+                });
+            }
+            [y, y2].concat()
+        };
+        for tokens in [1usize, 5, 16] {
+            let x = random(tokens * kd, 7 + tokens as u64);
+            let mut want = vec![0.0f32; tokens * n];
+            cpu::matmul(&mut want, &x, &w);
+            let y = run(&x, n);
+            let err = rel_err(&y, &want);
+            // Activations rounded to int8 per 256 values.
+            assert!(
+                err < 1e-2,
+                "k={kd} warps={warps} tokens={tokens}: relative error {err}"
+            );
+            let stacked = run(&x, 16);
+            let (lo, hi) = stacked.split_at(tokens * 16);
+            for ti in 0..tokens {
+                let row = &y[ti * n..(ti + 1) * n];
+                let parts = [&lo[ti * 16..(ti + 1) * 16], &hi[ti * 24..(ti + 1) * 24]];
+                assert!(
+                    row.iter()
+                        .zip(parts.concat())
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "k={kd}: token {ti}'s rows differ when stacked"
+                );
+            }
+            if tokens > 1 {
+                for (ti, row) in y.chunks_exact(n).enumerate() {
+                    let alone = run(&x[ti * kd..(ti + 1) * kd], n);
+                    assert!(
+                        row.iter()
+                            .zip(&alone)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "k={kd}: token {ti} of {tokens} differs from the token alone"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A grouped expert product on the host (`gemv_tc_experts*`) as ops.rs launches it: the pairs'
 /// routing (`active` experts, `offsets` into `order`, one slot an entry of `active`), the
 /// activations converted for the tensor cores, and the experts' shape.
@@ -2650,6 +2761,48 @@ fn the_gated_int8_conversion_has_the_bits_of_the_two_kernels() {
             }
         }
         (q, bits(&qd), bits(&qs))
+    };
+    assert_eq!(run(true), run(false));
+}
+
+/// `silu_mul_to_q8_blocks` writes the bits of `silu_mul` then `quantize_q8_blocks` (the MLP
+/// down product's input on the int8 tensor-core GEMV).
+#[test]
+fn the_gated_int8_block_conversion_has_the_bits_of_the_two_kernels() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let n = 3 * 5120;
+    let (g0, u) = (random(n, 96), random(n, 97));
+    let run = |fused: bool| {
+        let g = g0.clone();
+        let (q, qd, qs) = (vec![0i8; n], vec![f32::NAN; n / 256], vec![-1i16; n / 32]);
+        let (ga, ua, qa, da, sa) = (
+            Addr::of(&g),
+            Addr::of(&u),
+            Addr::of(&q),
+            Addr::of(&qd),
+            Addr::of(&qs),
+        );
+        let (grid, blocks) = ((n / 8).div_ceil(256) as u32, (n / 256) as i64);
+        // SAFETY: the signatures of silu_mul, quantize_q8_blocks and silu_mul_to_q8_blocks, and
+        // ops.rs's grids.
+        unsafe {
+            if fused {
+                let f: host::silu_mul_to_q8_blocks = kern.kernel("silu_mul_to_q8_blocks");
+                kern.launch(grid, 256, &|| {
+                    f(ga.ptr(), ua.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks)
+                });
+            } else {
+                let f: host::silu_mul = kern.kernel("silu_mul");
+                kern.launch(n.div_ceil(256) as u32, 256, &|| {
+                    f(ga.ptr(), ua.ptr(), n as i64)
+                });
+                let f: host::quantize_q8_blocks = kern.kernel("quantize_q8_blocks");
+                kern.launch(grid, 256, &|| {
+                    f(ga.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks)
+                });
+            }
+        }
+        (q, bits(&qd), qs)
     };
     assert_eq!(run(true), run(false));
 }

@@ -26,7 +26,7 @@ use cudarc::driver::{
 
 pub use compile::{compile_ptx, KernelDims};
 pub use ops::*;
-pub use options::{GpuOptions, KernelOptions};
+pub use options::{GpuOptions, KernelOptions, TiledGemv};
 pub use weights::{is_tiled, DeviceWeight, GpuFormat};
 
 /// What went wrong on the GPU side.

@@ -25,10 +25,9 @@ pub struct GpuOptions {
     /// Split tensor-core GEMVs stream-K over the SMs (`SPLASH_STREAM_K`, off: on the H200 it
     /// was faster only for the one-token 27B Q4_K down product and the 16-token Q6_K one).
     pub stream_k: bool,
-    /// The GEMV of the tiled formats (Q4_K, Q6_K) takes int8 activations and dp4a instead of
-    /// f16 and tensor cores (`SPLASH_TILED_GEMV`: `tensor-cores`, the default, or `int8`). A
-    /// GPU runs one of the two for every token count, so tokens keep their bits in any batch.
-    pub tiled_int8: bool,
+    /// The GEMV family of the tiled formats (Q4_K, Q6_K) (`SPLASH_TILED_GEMV`). A GPU runs one
+    /// family for every token count, so tokens keep their bits in any batch.
+    pub tiled_gemv: TiledGemv,
     /// Blocks per SM of a stream-K launch (`SPLASH_STREAM_K_BLOCKS`, 1..=8, 4: 128 registers
     /// a thread fit four).
     pub stream_k_blocks_per_sm: usize,
@@ -69,7 +68,7 @@ impl Default for GpuOptions {
             dependent_launch: true,
             capture_pool: true,
             stream_k: false,
-            tiled_int8: false,
+            tiled_gemv: TiledGemv::TensorCores,
             stream_k_blocks_per_sm: 4,
             flash_async: true,
             gdn_chunked: false,
@@ -79,6 +78,32 @@ impl Default for GpuOptions {
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
+        }
+    }
+}
+
+/// The GEMV family of the tiled formats (`SPLASH_TILED_GEMV`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TiledGemv {
+    /// f16 activations on the f16 tensor cores (`tensor-cores`, the default).
+    TensorCores,
+    /// int8 activations per 32 values by dp4a (`int8`): faster for one token, slower for many.
+    Int8,
+    /// Q4_K: int8 activations per 256 values on the int8 tensor cores, integer sums until one
+    /// f32 step a block (`int8-mma`); Q6_K stays on the f16 tensor cores.
+    Int8Mma,
+}
+
+impl TiledGemv {
+    /// Every family, in the order the error message lists them.
+    pub const ALL: [TiledGemv; 3] = [Self::TensorCores, Self::Int8, Self::Int8Mma];
+
+    /// The value of `SPLASH_TILED_GEMV` that picks it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TensorCores => "tensor-cores",
+            Self::Int8 => "int8",
+            Self::Int8Mma => "int8-mma",
         }
     }
 }
@@ -102,6 +127,9 @@ pub struct KernelOptions {
     /// Register cap of the grouped expert kernels, 64..=255 (`SPLASH_EXPERT_REGS`; `None`: the
     /// kernel's default per format).
     pub expert_regs: Option<u32>,
+    /// Register cap of the int8 tensor-core GEMV's 8-token build, 64..=255
+    /// (`SPLASH_INT8_MMA_REGS`; `None`: the kernel's default).
+    pub int8_mma_regs: Option<u32>,
     /// Most query heads of one KV head a decode-attention block of a several-row pass takes,
     /// sharing each key it loads, 1..=4 (`SPLASH_ATTENTION_HEADS`; `None`: 4).
     pub attention_heads: Option<u32>,
@@ -195,14 +223,18 @@ impl GpuOptions {
             }
             s => s,
         };
-        let tiled_int8 = match var("SPLASH_TILED_GEMV").as_deref() {
-            None | Some("") | Some("tensor-cores") => false,
-            Some("int8") => true,
-            Some(v) => {
-                return Err(format!(
-                    "SPLASH_TILED_GEMV={v}: expected tensor-cores (the default) or int8"
-                ))
-            }
+        let tiled_gemv = match var("SPLASH_TILED_GEMV").as_deref() {
+            None | Some("") => d.tiled_gemv,
+            Some(v) => TiledGemv::ALL
+                .into_iter()
+                .find(|k| k.name() == v)
+                .ok_or_else(|| {
+                    let names: Vec<_> = TiledGemv::ALL.iter().map(|k| k.name()).collect();
+                    format!(
+                        "SPLASH_TILED_GEMV={v}: expected one of {} (default tensor-cores)",
+                        names.join(", ")
+                    )
+                })?,
         };
         let profile = flag("SPLASH_GPU_PROFILE", false)?;
         Ok(Self {
@@ -211,7 +243,7 @@ impl GpuOptions {
             dependent_launch,
             capture_pool: flag("SPLASH_CAPTURE_POOL", d.capture_pool)?,
             stream_k: flag("SPLASH_STREAM_K", d.stream_k)?,
-            tiled_int8,
+            tiled_gemv,
             stream_k_blocks_per_sm: number("SPLASH_STREAM_K_BLOCKS", 1..=8)?
                 .unwrap_or(d.stream_k_blocks_per_sm),
             flash_async: flag("SPLASH_FLASH_ASYNC", d.flash_async)?,
@@ -228,6 +260,7 @@ impl GpuOptions {
                 bridge_early,
                 l2_ahead: number("SPLASH_GEMV_L2_AHEAD", 0..=16)?.map(|n| n as u32),
                 expert_regs: number("SPLASH_EXPERT_REGS", 64..=255)?.map(|n| n as u32),
+                int8_mma_regs: number("SPLASH_INT8_MMA_REGS", 64..=255)?.map(|n| n as u32),
                 attention_heads: number("SPLASH_ATTENTION_HEADS", 1..=4)?.map(|n| n as u32),
             },
         })
@@ -270,13 +303,15 @@ mod tests {
             ("SPLASH_GDN_SLICES", "16"),
             ("SPLASH_GEMV_L2_AHEAD", "2"),
             ("SPLASH_EXPERT_REGS", "96"),
+            ("SPLASH_INT8_MMA_REGS", "128"),
             ("SPLASH_VISION_QUERY_TILES", "1"),
             ("SPLASH_FOLD_LAUNCHES", "0"),
             ("SPLASH_ATTENTION_HEADS", "1"),
-            ("SPLASH_TILED_GEMV", "int8"),
+            ("SPLASH_TILED_GEMV", "int8-mma"),
         ])
         .unwrap();
-        assert!(!o.fold_launches && !o.capture_pool && o.tiled_int8);
+        assert!(!o.fold_launches && !o.capture_pool);
+        assert_eq!(o.tiled_gemv, TiledGemv::Int8Mma);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);
         assert_eq!(o.stream_k_blocks_per_sm, 3);
@@ -290,6 +325,7 @@ mod tests {
                 bridge_early: false,
                 l2_ahead: Some(2),
                 expert_regs: Some(96),
+                int8_mma_regs: Some(128),
                 attention_heads: Some(1),
             }
         );
@@ -321,7 +357,7 @@ mod tests {
             (
                 "SPLASH_TILED_GEMV",
                 "dp4a",
-                "expected tensor-cores (the default) or int8",
+                "expected one of tensor-cores, int8, int8-mma (default tensor-cores)",
             ),
         ] {
             let err = parse(&[(var, value)]).unwrap_err();

@@ -46,6 +46,8 @@ pointer_params! {
     *mut u16 => "u16*",
     *const i8 => "const i8*",
     *mut i8 => "i8*",
+    *const i16 => "const short*",
+    *mut i16 => "short*",
     *const i32 => "const int*",
     *mut i32 => "int*",
     *const u64 => "const u64*",
@@ -209,6 +211,12 @@ kernels! {
     family gemv_tc ["gemv_tc8_q4_k", "gemv_tc8_q6_k", "gemv_tc16_q4_k", "gemv_tc16_q6_k"](w: *const u8, row_bytes: i64, xh: *const u16, xscale: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
     /// The int8 GEMV of the tiled formats: up to 1, 2, 4, 8 (`gemv{n}_q8t_*`) or 16 (`gemv_q8t_*`) tokens, a tile per block.
     family gemv_q8t ["gemv_q8t_q4_k", "gemv_q8t_q6_k", "gemv1_q8t_q4_k", "gemv1_q8t_q6_k", "gemv2_q8t_q4_k", "gemv2_q8t_q6_k", "gemv4_q8t_q4_k", "gemv4_q8t_q6_k", "gemv8_q8t_q4_k", "gemv8_q8t_q6_k"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
+    /// The int8 tensor-core GEMV of Q4_K tiles: up to 8 (`gemv8_i8tc_q4_k`) or 16 tokens.
+    family gemv_i8tc ["gemv8_i8tc_q4_k", "gemv_i8tc_q4_k"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const i16, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
+    /// Activations for `gemv_i8tc`: int8 per 256 values in its order, a scale a block, sums per 32.
+    kernel quantize_q8_blocks(x: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut i16, blocks: i64);
+    /// `quantize_q8_blocks` of `silu(g) · u`.
+    kernel silu_mul_to_q8_blocks(g: *const f32, u: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut i16, blocks: i64);
     /// The tensor-core GEMV stream-K, partial sums in `partials` (`gemv_tc_fixup`).
     family gemv_tcs ["gemv_tcs8_q4_k", "gemv_tcs8_q6_k", "gemv_tcs16_q4_k", "gemv_tcs16_q6_k"](w: *const u8, row_bytes: i64, xh: *const u16, xscale: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32, partials: *mut f32, max_pieces: i32);
     kernel to_f16_tc(x: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64);

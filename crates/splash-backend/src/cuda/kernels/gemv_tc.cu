@@ -502,6 +502,153 @@ __device__ void gemv_q8_tiles(const u8* W, long row_bytes, const i8* xq, const f
     tc_tile_sum<NT>(part, chains, n0, y, y2, split, N, T, nullptr);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The int8 tensor-core GEMV of Q4_K tiles (`SPLASH_TILED_GEMV=int8-mma`): activations rounded to
+// int8 per 256-value block (quantize_q8_blocks: the codes in this kernel's k order, one scale xd
+// a block, the codes' sum xs per 32 values), each 32-value sub-block s multiplied by
+// mma.sync m16n8k32 (s8 × s8 → s32), the sub-blocks' sums weighted by the 6-bit scales sc and
+// minimums mn in integer arithmetic, and each block scaled once in f32:
+//     y += xd · (d · Σ_s sc_s · Σ_k code·x  −  dmin · Σ_s mn_s · xs_s).
+// Everything before that step is exact, so a block's two integers are the same whatever
+// instructions made them, and a token's column never meets another's: any batch gives a token
+// its bits. The f32 work is per block and token, not per sub-block, so 16 tokens cost little
+// more than one (the dp4a kernel above scales every sub-block of every token).
+//
+// Fragments (m16n8k32 .s8, lane = 4g + q): a0 = row g, k 4q..4q+3; a1 = row g + 8, the same k;
+// a2, a3 = those rows at k 16+4q..16+4q+3; b0 = token g, k 4q..4q+3; b1 = k 16+4q..; C as
+// m16n8k16's (c0, c1 = row g, tokens 2q, 2q+1; c2, c3 = row g + 8). The tile's loads (tc_load)
+// give lane q the values 16·(q&1) + 0..15 of sub-blocks 4·(q>>1)..+3 (word j: values 4j..4j+3
+// of that half). Lanes q and q^2 swap their words 2 and 3, so that lane q holds the values
+// 16·(q&1) + 8·[s>>2 != q>>1] + 0..7 of every sub-block s: the first four are its k 4q..4q+3,
+// the last four its k 16+4q... quantize_q8_blocks writes a token's bytes in that order: lane
+// q's 8 of sub-block s at byte 64q + 8s of the block.
+
+#ifndef KERNEL_EMULATION  // kernels_on_host.h defines it on the CPU
+__device__ __forceinline__ void mma_s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+#endif
+
+// Where lane q's 8 values of sub-block s start within it (see above).
+__device__ __forceinline__ int q8_blocks_offset(int q, int s) { return 16 * (q & 1) + ((s >> 2) != (q >> 1) ? 8 : 0); }
+
+// One Q4_K row of a tile (rows g or g + 8 of lane (g, q)) as the mma takes it: w[s][0] and
+// w[s][1] the codes of its a0/a1 and a2/a3 registers for sub-block s; sc[h] and mn[h] the
+// scales and minimums of sub-blocks 4h..4h+3, a byte each; the block scales d and dmin.
+struct I8Row {
+    u32 w[8][2];
+    u32 sc[2], mn[2];
+    float d, dmin;
+};
+
+__device__ __forceinline__ I8Row i8_row(const TcRaw& r) {
+    I8Row o;
+    int q = threadIdx.x & 3;
+    // The partner's words 2 and 3 of both code halves, for the sub-blocks this lane lacks.
+    u32 pb[2] = {__shfl_xor_sync(0xffffffffu, r.b.z, 2), __shfl_xor_sync(0xffffffffu, r.b.w, 2)};
+    u32 pc[2] = {__shfl_xor_sync(0xffffffffu, r.c.z, 2), __shfl_xor_sync(0xffffffffu, r.c.w, 2)};
+    bool low = (q >> 1) == 0;  // this lane's own sub-blocks are 0..3
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        u32 ob = h ? r.b.y : r.b.x, oc = h ? r.c.y : r.c.x;
+        // Nibble words of sub-blocks 0..3 (lo) and 4..7 (hi): low nibbles m = 0 / 2, high m = 1 / 3.
+        u32 lb = low ? ob : pb[h], lc = low ? oc : pc[h], hb = low ? pb[h] : ob, hc = low ? pc[h] : oc;
+        o.w[0][h] = lb & 0x0f0f0f0fu;
+        o.w[1][h] = (lb >> 4) & 0x0f0f0f0fu;
+        o.w[2][h] = lc & 0x0f0f0f0fu;
+        o.w[3][h] = (lc >> 4) & 0x0f0f0f0fu;
+        o.w[4][h] = hb & 0x0f0f0f0fu;
+        o.w[5][h] = (hb >> 4) & 0x0f0f0f0fu;
+        o.w[6][h] = hc & 0x0f0f0f0fu;
+        o.w[7][h] = (hc >> 4) & 0x0f0f0f0fu;
+    }
+    q4k_scale_words(r, 0, o.sc[0], o.mn[0]);
+    q4k_scale_words(r, 2, o.sc[1], o.mn[1]);
+    o.d = f16_to_f32((u16)(r.a.x & 0xffff));
+    o.dmin = f16_to_f32((u16)(r.a.x >> 16));
+    return o;
+}
+
+// Byte s & 3 of the word of sub-blocks 4·(s>>2)..: a scale or a minimum.
+__device__ __forceinline__ int i8_byte(const u32 (&w)[2], int s) { return (int)((w[s >> 2] >> (8 * (s & 3))) & 0xffu); }
+
+// Σ_s mn_s · xs_s over a block's 8 sub-blocks: xs the token's 8 sums (int16 pairs).
+__device__ __forceinline__ int i8_minimums(const u32 (&mn)[2], uint4 xs) {
+    int v = __dp2a_lo((int)xs.x, (int)mn[0], 0);
+    v = __dp2a_hi((int)xs.y, (int)mn[0], v);
+    v = __dp2a_lo((int)xs.z, (int)mn[1], v);
+    return __dp2a_hi((int)xs.w, (int)mn[1], v);
+}
+
+// y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ 8·NT over the tiles as gemv_tc walks them (the same
+// chains and their order, `split` and the outputs), from xq [T, K] (quantize_q8_blocks' order),
+// xd [T, K / 256] and xs [T, K / 32].
+template <int NT>
+__device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float* xd, const short* xs, float* y,
+                          float* y2, int split, int N, int K, int T, int chains) {
+    __shared__ float part[TC_WARPS_MAX][32][4 * NT];
+    int lane = threadIdx.x & 31;
+    int g = lane >> 2, q = lane & 3;
+    int n0 = blockIdx.x * 16, nb = K >> 8;
+    const u8* tile = W + (long)n0 * row_bytes;
+    // Token 8i + g's codes (this lane's 64 bytes of each block); tokens 8i + 2q + e's block
+    // scales and sums. Tokens past T repeat the last one (their columns are not written).
+    const uint4* x[NT];
+    const float* xdt[NT][2];
+    const uint4* xst[NT][2];
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        x[i] = (const uint4*)(xq + (long)min(8 * i + g, T - 1) * K) + 4 * q;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            long t = min(8 * i + 2 * q + e, T - 1);
+            xdt[i][e] = xd + t * nb;
+            xst[i][e] = (const uint4*)(xs + t * (K >> 5));
+        }
+    }
+    float c[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+    tile_units<FMT_Q4_K>(
+        tile, nb, chains,
+        [&](const TcRaw& r0, const TcRaw& r1, int b) {
+            I8Row w0 = i8_row(r0), w1 = i8_row(r1);
+#pragma unroll
+            for (int i = 0; i < NT; i++) {
+                uint4 v[4] = {x[i][16 * b], x[i][16 * b + 1], x[i][16 * b + 2], x[i][16 * b + 3]};
+                int s1[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int s = 0; s < 8; s++) {
+                    int cs[4] = {0, 0, 0, 0};
+                    u32 b0 = word_of(v[s >> 1], 2 * (s & 1)), b1 = word_of(v[s >> 1], 2 * (s & 1) + 1);
+                    mma_s8_16832(cs, w0.w[s][0], w1.w[s][0], w0.w[s][1], w1.w[s][1], b0, b1);
+                    int sg = i8_byte(w0.sc, s), sg8 = i8_byte(w1.sc, s);
+                    s1[0] += sg * cs[0];
+                    s1[1] += sg * cs[1];
+                    s1[2] += sg8 * cs[2];
+                    s1[3] += sg8 * cs[3];
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const I8Row& w = e < 2 ? w0 : w1;
+                    int s2 = i8_minimums(w.mn, xst[i][e & 1][b]);
+                    float block = fmaf(w.d, (float)s1[e], -(w.dmin * (float)s2));
+                    c[i][e] = fmaf(xdt[i][e & 1][b], block, c[i][e]);
+                }
+            }
+        },
+        [&](int j) {
+            tc_chain_store<NT>(c, part, j);
+#pragma unroll
+            for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+        });
+    tc_tile_sum<NT>(part, chains, n0, y, y2, split, N, T, nullptr);
+}
+
 // Stream-K: the same products with the work of the whole matrix, (tile, 256-value block)
 // units in tile-major order, cut into gridDim.x equal ranges, one per block. A launch of a
 // mid-sized matrix then keeps every SM streaming weights to the end, where a block per tile
@@ -854,6 +1001,26 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
     Q8_TILES_BUILD(NAME, F, gemv8, 8)         \
     Q8_TILES_BUILD(NAME, F, gemv, GEMV_MAX_T)
 
+// gemv8_i8tc_q4_k: the int8 tensor-core GEMV for up to 8 tokens, gemv_i8tc_q4_k: up to 16. The
+// 8-token build at most I8TC8_REGS registers (occupancy hides the weights' latency).
+#if !defined(KERNEL_EMULATION) && !defined(I8TC8_REGS)
+#define I8TC8_REGS 128
+#endif
+#ifdef KERNEL_EMULATION
+#define I8TC_REGS_gemv8
+#else
+#define I8TC_REGS_gemv8 __maxnreg__(I8TC8_REGS)
+#endif
+#define I8TC_REGS_gemv
+#define I8TC_BUILD(PREFIX, NT)                                                                          \
+    extern "C" __global__ void I8TC_REGS_##PREFIX PREFIX##_i8tc_q4_k(const u8* W, long row_bytes, const i8* xq, const float* xd, \
+                                                  const short* xs, float* y, float* y2, int split, int N,     \
+                                                  int K, int T) {                                             \
+        gemv_i8tc<NT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5);                      \
+    }
+I8TC_BUILD(gemv8, 1)
+I8TC_BUILD(gemv, 2)
+
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)
 Q8_TILES_KERNEL(q4_k, FMT_Q4_K)
@@ -884,6 +1051,58 @@ __device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xsc
 #pragma unroll
     for (int i = 0; i < 4; i++) h[i] = (u32)f32_to_f16(v[2 * i] * inv) | ((u32)f32_to_f16(v[2 * i + 1] * inv) << 16);
     ((uint4*)(xh + 256 * w))[lane] = make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// Activation block w (256 values, value(i) its i-th) → the int8 tensor-core GEMV's input: xq
+// [256·w..] int8 in its k order (lane q's 8 values of sub-block s at byte 64q + 8s), the scale
+// xd[w] = max |value| / 127 (codes rounded as quantize_q8 rounds), and the codes' sum per 32
+// values xs[8w..8w+7]. One warp per block; lane l = 8q + s writes those 8 bytes.
+template <class Value>
+__device__ __forceinline__ void q8_blocks_block(Value value, i8* xq, float* xd, short* xs, long w) {
+    int lane = threadIdx.x & 31, q = lane >> 3, s = lane & 7;
+    int base = 32 * s + q8_blocks_offset(q, s);
+    float v[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        v[i] = value(base + i);
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    amax = warp_max(amax);
+    float d = amax / 127.0f;
+    u32 packed[2] = {0, 0};
+    int sum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int code = d > 0.0f ? (int)roundf(v[i] / d) : 0;
+        sum += code;
+        packed[i >> 2] |= (u32)(code & 0xff) << (8 * (i & 3));
+    }
+    ((uint2*)(xq + 256 * w))[lane] = make_uint2(packed[0], packed[1]);
+    // Sub-block s is in lanes s, s + 8, s + 16, s + 24.
+    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    if (q == 0) xs[8 * w + s] = (short)sum;
+    if (lane == 0) xd[w] = d;
+}
+
+// x [T, K] f32 → xq [T, K], xd [T, K / 256], xs [T, K / 32] (q8_blocks_block).
+extern "C" __global__ void quantize_q8_blocks(const float* x, i8* xq, float* xd, short* xs, long blocks) {
+    GRID_PROLOGUE_BRIDGE();
+    long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= blocks) return;
+    const float* xb = x + 256 * w;
+    q8_blocks_block([&](int i) { return xb[i]; }, xq, xd, xs, w);
+}
+
+// quantize_q8_blocks of silu(g) · u (the values silu_mul writes): the MLP's down product input.
+extern "C" __global__ void silu_mul_to_q8_blocks(const float* g, const float* u, i8* xq, float* xd, short* xs,
+                                                 long blocks) {
+    GRID_PROLOGUE_BRIDGE();
+    long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= blocks) return;
+    const float *gb = g + 256 * w, *ub = u + 256 * w;
+    q8_blocks_block([&](int i) { return silu(gb[i]) * ub[i]; }, xq, xd, xs, w);
 }
 
 // x [T, K] f32 → xh [T, K] and xscale [T, K / 256] (to_f16_tc_block).

@@ -75,18 +75,33 @@ pub(super) fn gemm_blas(
     wanted.then(|| gpu.blas()).flatten()
 }
 
-/// Whether GEMVs by `w` run on the tensor-core kernel: the tiled formats (it reads the tiles),
-/// outside the exact mode, unless [`GpuOptions::tiled_int8`] gives them to the int8 GEMV.
+/// Whether GEMVs by `w` run on the f16 tensor-core kernel: the tiled formats (it reads the
+/// tiles), outside the exact mode, unless [`GpuOptions::tiled_gemv`] gives them to another.
 pub(super) fn tensor_core(gpu: &Gpu, w: &DeviceWeight) -> bool {
-    !gpu.exact() && weights::is_tiled(w.format) && !gpu.options().tiled_int8
+    !gpu.exact()
+        && match gpu.options().tiled_gemv {
+            TiledGemv::TensorCores => weights::is_tiled(w.format),
+            TiledGemv::Int8 => false,
+            TiledGemv::Int8Mma => w.format == Q6_K,
+        }
 }
 
 /// Whether GEMVs by `w` run on an int8 (dp4a) kernel: Q5_K and Q8_0, and the tiled formats
-/// under [`GpuOptions::tiled_int8`], outside the exact mode.
+/// under [`TiledGemv::Int8`], outside the exact mode.
 pub(super) fn int8_gemv(gpu: &Gpu, w: &DeviceWeight) -> bool {
     !gpu.exact()
-        && (int8_format(w.format) || (weights::is_tiled(w.format) && gpu.options().tiled_int8))
+        && (int8_format(w.format)
+            || (weights::is_tiled(w.format) && gpu.options().tiled_gemv == TiledGemv::Int8))
 }
+
+/// Whether GEMVs by `w` run on the int8 tensor-core kernel: Q4_K under [`TiledGemv::Int8Mma`],
+/// outside the exact mode.
+pub(super) fn int8_mma(gpu: &Gpu, w: &DeviceWeight) -> bool {
+    !gpu.exact() && w.format == Q4_K && gpu.options().tiled_gemv == TiledGemv::Int8Mma
+}
+
+const Q4_K: GpuFormat = GpuFormat::Ggml(crate::ggml::GgmlType::Q4_K);
+const Q6_K: GpuFormat = GpuFormat::Ggml(crate::ggml::GgmlType::Q6_K);
 
 /// The product, by cuBLAS from `gemm_min_t` tokens on.
 #[allow(clippy::too_many_arguments)]
@@ -116,6 +131,18 @@ pub(super) fn product(
     }
     if int8_gemv(gpu, w) {
         return gemv_q8(gpu, k, (out, 0, n), x.int8(gpu, k)?, w, base, n, tokens);
+    }
+    if int8_mma(gpu, w) {
+        return gemv_i8tc(
+            gpu,
+            k,
+            (out, 0, n),
+            x.int8_blocks(gpu, k)?,
+            w,
+            base,
+            n,
+            tokens,
+        );
     }
     gemv_float(gpu, k, (out, 0, n), x.x, w, base, row0, n, tokens)
 }
@@ -307,6 +334,9 @@ pub fn matmul_pair(
     if int8_gemv(gpu, w) {
         return gemv_q8(gpu, k, out, x.int8(gpu, k)?, w, base, w.rows, tokens);
     }
+    if int8_mma(gpu, w) {
+        return gemv_i8tc(gpu, k, out, x.int8_blocks(gpu, k)?, w, base, w.rows, tokens);
+    }
     gemv_float(gpu, k, out, x.x, w, base, 0, w.rows, tokens)
 }
 
@@ -345,6 +375,15 @@ pub fn matmul_swiglu(
         launch::silu_mul_to_q8(gpu, k, grid, g, u, qp, dp, sp, (n / 32) as i64)?;
         let base = ptr(gpu, &w.data, 0);
         return gemv_q8(gpu, k, (out, 0, w.rows), &rows, w, base, w.rows, tokens);
+    }
+    if int8_mma(gpu, w) && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() {
+        let n = tokens * w.cols;
+        let rows = int8_blocks(gpu, n)?;
+        let (qp, dp, sp) = int8_blocks_at(gpu, &rows, 0);
+        let grid = (blocks(n / 8, 256), 256);
+        launch::silu_mul_to_q8_blocks(gpu, k, grid, g, u, qp, dp, sp, (n / 256) as i64)?;
+        let base = ptr(gpu, &w.data, 0);
+        return gemv_i8tc(gpu, k, (out, 0, w.rows), &rows, w, base, w.rows, tokens);
     }
     if reads_bf16(gpu, w, tokens) {
         let n = tokens * w.cols;
@@ -456,6 +495,59 @@ fn gemv_q8_tiles(
             gpu,
             k,
             &name,
+            (blocks(n, 16), 32 * warps),
+            base,
+            w.row_bytes as i64,
+            xq,
+            xd,
+            xs,
+            row_at(y, t0, split),
+            row_at(y2, t0, n - split),
+            split as i32,
+            n as i32,
+            kdim as i32,
+            tc as i32,
+        )?;
+    }
+    Ok(())
+}
+
+/// The device addresses of int8 blocks from value `at` on (a token's start): codes, scales, sums.
+pub(super) fn int8_blocks_at(gpu: &Gpu, (xq, xd, xs): &Int8Blocks, at: usize) -> (u64, u64, u64) {
+    (
+        ptr(gpu, xq, at),
+        ptr(gpu, xd, at / 256),
+        ptr(gpu, xs, at / 32),
+    )
+}
+
+/// The int8 tensor-core GEMV of a Q4_K weight (`gemv_i8tc_q4_k` in kernels/gemv_tc.cu): a block
+/// per 16-row tile with the tensor-core GEMV's warps, one launch per 16 tokens, the 8-token
+/// build for up to 8 (each token's bits are the same in both).
+#[allow(clippy::too_many_arguments)]
+fn gemv_i8tc(
+    gpu: &Gpu,
+    k: &Kernels,
+    (y, y2, split): (u64, u64, usize),
+    x: &Int8Blocks,
+    w: &DeviceWeight,
+    base: u64,
+    n: usize,
+    tokens: usize,
+) -> Result<(), GpuError> {
+    let kdim = w.cols;
+    let warps = tensor_core_warps(&gpu.options(), n, kdim) as u32;
+    for (t0, tc) in token_chunks(tokens) {
+        let name = if tc <= 8 {
+            "gemv8_i8tc_q4_k"
+        } else {
+            "gemv_i8tc_q4_k"
+        };
+        let (xq, xd, xs) = int8_blocks_at(gpu, x, t0 * kdim);
+        launch::gemv_i8tc(
+            gpu,
+            k,
+            name,
             (blocks(n, 16), 32 * warps),
             base,
             w.row_bytes as i64,

@@ -9,7 +9,7 @@ use cudarc::driver::CudaSlice;
 use super::signatures::launch;
 use super::{
     ptr, weights, AttnSlots, DeviceWeight, Gpu, GpuError, GpuFormat, GpuOptions, Kernels,
-    LayerSlots, SeqSlots, ATTN_SLOTS, LAYER_SLOTS, SEQ_SLOTS,
+    LayerSlots, SeqSlots, TiledGemv, ATTN_SLOTS, LAYER_SLOTS, SEQ_SLOTS,
 };
 use crate::cpu::KvFormat;
 
@@ -53,6 +53,19 @@ type F16Rows = (CudaSlice<u16>, CudaSlice<f32>);
 /// Activations as the dp4a GEMV reads them: int8 codes, their scale and their sum per 32 values.
 type Int8Rows = (CudaSlice<i8>, CudaSlice<f32>, CudaSlice<f32>);
 
+/// Activations as the int8 tensor-core GEMV reads them: int8 codes in its k order, a scale per
+/// 256 values and the codes' sum per 32 (`quantize_q8_blocks`).
+type Int8Blocks = (CudaSlice<i8>, CudaSlice<f32>, CudaSlice<i16>);
+
+/// Buffers of [`Int8Blocks`] for `n` values.
+fn int8_blocks(gpu: &Gpu, n: usize) -> Result<Int8Blocks, GpuError> {
+    Ok((
+        gpu.uninit::<i8>(n)?,
+        gpu.uninit::<f32>(n / 256)?,
+        gpu.uninit::<i16>(n / 32)?,
+    ))
+}
+
 /// Buffers of [`Int8Rows`] for `n` values (`quantize_q8`'s outputs).
 fn int8_rows(gpu: &Gpu, n: usize) -> Result<Int8Rows, GpuError> {
     Ok((
@@ -74,6 +87,7 @@ pub struct Activations {
     kdim: usize,
     f16: OnceCell<F16Rows>,
     int8: OnceCell<Int8Rows>,
+    int8_blocks: OnceCell<Int8Blocks>,
     bf16: OnceCell<CudaSlice<u16>>,
 }
 
@@ -86,6 +100,7 @@ impl Activations {
             kdim,
             f16: OnceCell::new(),
             int8: OnceCell::new(),
+            int8_blocks: OnceCell::new(),
             bf16: OnceCell::new(),
         }
     }
@@ -130,6 +145,18 @@ impl Activations {
             let (xq, xd, xs) = int8_at(gpu, &rows, 0);
             let grid = (blocks(blocks32 * 32, 256), 256);
             launch::quantize_q8(gpu, k, grid, self.x, xq, xd, xs, blocks32 as i64)?;
+            Ok(rows)
+        })
+    }
+
+    /// `x` as the int8 tensor-core GEMV reads it (`quantize_q8_blocks`).
+    fn int8_blocks(&self, gpu: &Gpu, k: &Kernels) -> Result<&Int8Blocks, GpuError> {
+        converted(&self.int8_blocks, || {
+            let n = self.tokens * self.kdim;
+            let rows = int8_blocks(gpu, n)?;
+            let (xq, xd, xs) = int8_blocks_at(gpu, &rows, 0);
+            let grid = (blocks(n / 8, 256), 256);
+            launch::quantize_q8_blocks(gpu, k, grid, self.x, xq, xd, xs, (n / 256) as i64)?;
             Ok(rows)
         })
     }

@@ -52,7 +52,7 @@ fn check_add_rms_norm(out: u64, x: u64, y: u64) {
 /// (`add_rms_norm_to_f16_tc`: the bits of the two kernels), one launch fewer than converting at
 /// the product; with `GpuOptions::fold_launches` also the other's int8 when it runs on the dp4a
 /// GEMV (a GDN layer's b and a), the bits of `quantize_q8`, or only the first's int8 when it
-/// runs on the int8 GEMV of the tiles (`GpuOptions::tiled_int8`).
+/// runs on the int8 GEMV of the tiles (`TiledGemv::Int8`).
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_activations(
     gpu: &Gpu,
