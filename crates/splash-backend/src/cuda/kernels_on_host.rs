@@ -899,24 +899,41 @@ fn the_fused_swiglu_conversion_has_the_bits_of_the_two_kernels() {
     assert_eq!(convert(true), convert(false));
 }
 
-/// The gates' fused conversions write the bits of their kernel then `to_f16_tc`: the GDN
-/// output norm (`rms_norm_gated_to_f16_tc`, rows of 128 and 256: two rows and one a 256-value
-/// block) and the attention output gate (`sigmoid_gate_to_f16_tc`), both the f16 rows and the
-/// f32 ones.
+/// The gates' fused conversions write the bits of their kernel then `to_f16_tc`, or with no
+/// f16 output `quantize_q8_blocks`: the GDN output norm (`rms_norm_gated_to_f16_tc`, rows of
+/// 128 and 256: two rows and one a 256-value block) and the attention output gate
+/// (`sigmoid_gate_to_f16_tc`), both the converted rows and the f32 ones.
 #[test]
 fn the_fused_gate_conversions_have_the_bits_of_the_two_kernels() {
     let Some(kern) = kernels(DIMS_32) else { return };
     let blocks = 6usize;
     let n = 256 * blocks;
     let (x, z, gate) = (random(n, 31), random(n, 32), random(n, 33));
-    let converted = |rows: &[f32]| {
+    type Converted = (Vec<u16>, Vec<u32>, Vec<i8>, Vec<u32>, Vec<i16>);
+    let converted = |rows: &[f32]| -> Converted {
         let (xh, xs) = tc_input(&kern, rows);
-        (xh, bits(&xs))
+        let (q, qd, qs) = q8_blocks_input(&kern, rows);
+        (xh, bits(&xs), q, bits(&qd), qs)
     };
-    let fused = |launch: &dyn Fn(Addr, Addr, Addr)| {
+    // The kernel run twice: into the f16 rows, then into the int8 blocks (f16 pointers null).
+    let fused = |launch: &dyn Fn(Addr, [Addr; 5])| -> (Vec<u32>, Converted) {
         let (out, xh, xs) = (vec![0f32; n], vec![0u16; n], vec![0f32; blocks]);
-        launch(Addr::of(&out), Addr::of(&xh), Addr::of(&xs));
-        (bits(&out), (xh, bits(&xs)))
+        let (out2, q, qd, qs) = (
+            vec![0f32; n],
+            vec![0i8; n],
+            vec![0f32; blocks],
+            vec![0i16; n / 32],
+        );
+        launch(
+            Addr::of(&out),
+            [Addr::of(&xh), Addr::of(&xs), Addr(0), Addr(0), Addr(0)],
+        );
+        launch(
+            Addr::of(&out2),
+            [Addr(0), Addr(0), Addr::of(&q), Addr::of(&qd), Addr::of(&qs)],
+        );
+        assert_eq!(bits(&out), bits(&out2));
+        (bits(&out), (xh, bits(&xs), q, bits(&qd), qs))
     };
     // Two warps a block of threads: the last block's second warp has no 256 values.
     let grid = (blocks.div_ceil(2) as u32, 64);
@@ -939,7 +956,7 @@ fn the_fused_gate_conversions_have_the_bits_of_the_two_kernels() {
                 1e-6,
             )
         });
-        let got = fused(&|out, xh, xs| {
+        let got = fused(&|out, [xh, xs, q, qd, qs]| {
             kern.launch(grid.0, grid.1, &|| unsafe {
                 let f: host::rms_norm_gated_to_f16_tc = kern.kernel("rms_norm_gated_to_f16_tc");
                 f(
@@ -952,6 +969,9 @@ fn the_fused_gate_conversions_have_the_bits_of_the_two_kernels() {
                     d as i32,
                     1e-6,
                     blocks as i64,
+                    q.ptr(),
+                    qd.ptr(),
+                    qs.ptr(),
                 )
             })
         });
@@ -968,13 +988,22 @@ fn the_fused_gate_conversions_have_the_bits_of_the_two_kernels() {
         let f: host::sigmoid_gate = kern.kernel("sigmoid_gate");
         f(pa.ptr(), gate.as_ptr(), n as i64)
     });
-    let got = fused(&|out, xh, xs| {
+    let got = fused(&|out, [xh, xs, q, qd, qs]| {
         // The kernel gates in place: `out` starts as x.
         // SAFETY: out holds n values.
         unsafe { std::ptr::copy_nonoverlapping(x.as_ptr(), out.ptr(), n) };
         kern.launch(grid.0, grid.1, &|| unsafe {
             let f: host::sigmoid_gate_to_f16_tc = kern.kernel("sigmoid_gate_to_f16_tc");
-            f(out.ptr(), gate.as_ptr(), xh.ptr(), xs.ptr(), blocks as i64)
+            f(
+                out.ptr(),
+                gate.as_ptr(),
+                xh.ptr(),
+                xs.ptr(),
+                blocks as i64,
+                q.ptr(),
+                qd.ptr(),
+                qs.ptr(),
+            )
         })
     });
     assert_eq!(
@@ -1051,6 +1080,25 @@ fn tc_input(kern: &HostKernels, x: &[f32]) -> (Vec<u16>, Vec<f32>) {
         });
     }
     (xh, xscale)
+}
+
+/// `x` as the int8 tensor-core GEMV reads it (`quantize_q8_blocks`): codes, scales, sums.
+fn q8_blocks_input(kern: &HostKernels, x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<i16>) {
+    let blocks256 = x.len() / 256;
+    let (q, qd, qs) = (
+        vec![0i8; x.len()],
+        vec![0.0f32; blocks256],
+        vec![0i16; x.len() / 32],
+    );
+    let (xa, qa, da, sa) = (Addr::of(x), Addr::of(&q), Addr::of(&qd), Addr::of(&qs));
+    // SAFETY: quantize_q8_blocks's signature, over buffers of the sizes ops.rs gives it.
+    unsafe {
+        let f: host::quantize_q8_blocks = kern.kernel("quantize_q8_blocks");
+        kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
+            f(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks256 as i64)
+        });
+    }
+    (q, qd, qs)
 }
 
 /// How [`TcGemv::run`] launches the tensor-core GEMV.
@@ -2626,7 +2674,7 @@ fn the_position_table_rope_on_the_host_matches_the_cpu() {
 /// (`add_rms_norm_to_f16_tc`) write the bits of `add_rms_norm` then `to_f16_tc`: the residual,
 /// the normed rows, their f16 halves and their block scales; and, asked for, those of
 /// `quantize_q8` (the dp4a GEMV's int8 codes, scales and sums), also without the f16 (for the
-/// int8 GEMV of the tiles).
+/// int8 GEMV of the tiles), and those of `quantize_q8_blocks` (the int8 tensor-core GEMV's).
 #[test]
 fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
     let Some(kern) = kernels(DIMS_32) else { return };
@@ -2636,8 +2684,9 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
         let (x0, y, w) = (random(rows * d, 91), random(rows * d, 92), random(d, 93));
         let eps = 1e-6f32;
         let (blocks256, blocks32) = (rows * d / 256, rows * d / 32);
-        // `fused`: one launch; `f16`: with the f16 conversion (always in the two kernels).
-        let run = |fused: bool, f16: bool| {
+        // `fused`: one launch; `f16`, `blocks8`: with the f16 conversion, with the int8 blocks
+        // (always in the separate kernels).
+        let run = |fused: bool, f16: bool, blocks8: bool| {
             let (x, out) = (x0.clone(), vec![f32::NAN; rows * d]);
             let (xh, xs) = (vec![0u16; rows * d], vec![f32::NAN; blocks256]);
             let (q, qd, qs) = (
@@ -2646,6 +2695,16 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                 vec![f32::NAN; blocks32],
             );
             let (qa, qda, qsa) = (Addr::of(&q), Addr::of(&qd), Addr::of(&qs));
+            let (b, bd, bs) = (
+                vec![0i8; rows * d],
+                vec![f32::NAN; blocks256],
+                vec![0i16; blocks32],
+            );
+            let [ba, bda, bsa] = if fused && !blocks8 {
+                [Addr(0); 3]
+            } else {
+                [Addr::of(&b), Addr::of(&bd), Addr::of(&bs)]
+            };
             let (xa, ya, wa, oa, ha, sa) = (
                 Addr::of(&x),
                 Addr::of(&y),
@@ -2673,6 +2732,9 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                             qa.ptr(),
                             qda.ptr(),
                             qsa.ptr(),
+                            ba.ptr(),
+                            bda.ptr(),
+                            bsa.ptr(),
                         )
                     });
                 } else {
@@ -2689,6 +2751,10 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                     kern.launch(blocks32.div_ceil(8) as u32, 256, &|| {
                         f(oa.ptr(), qa.ptr(), qda.ptr(), qsa.ptr(), blocks32 as i64)
                     });
+                    let f: host::quantize_q8_blocks = kern.kernel("quantize_q8_blocks");
+                    kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
+                        f(oa.ptr(), ba.ptr(), bda.ptr(), bsa.ptr(), blocks256 as i64)
+                    });
                 }
             }
             (
@@ -2697,9 +2763,22 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                 xh,
                 bits(&xs),
                 (q, bits(&qd), bits(&qs)),
+                (b, bits(&bd), bs),
             )
         };
-        let (fused, two, int8) = (run(true, true), run(false, true), run(true, false));
+        let (fused, two, int8) = (
+            run(true, true, false),
+            run(false, true, true),
+            run(true, false, false),
+        );
+        let blocks8 = run(true, false, true);
+        assert_eq!(blocks8.5, two.5, "d={d}: the int8 blocks");
+        assert_eq!(blocks8.4, two.4, "d={d}: the int8 codes beside the blocks");
+        assert_eq!(
+            (&blocks8.0, &blocks8.1),
+            (&two.0, &two.1),
+            "d={d}: blocks alone"
+        );
         assert_eq!(
             int8.4, two.4,
             "d={d}: the int8 codes, scales and sums alone"

@@ -154,11 +154,11 @@ kernels! {
     // kernels/norm.cu
     kernel rms_norm(x: *const f32, w: *const f32, out: *mut f32, d: i32, eps: f32);
     kernel add_rms_norm(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, d: i32, eps: f32);
-    kernel add_rms_norm_to_f16_tc(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, xh: *mut u16, xscale: *mut f32, d: i32, eps: f32, xq: *mut i8, xd: *mut f32, xs: *mut f32);
+    kernel add_rms_norm_to_f16_tc(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, xh: *mut u16, xscale: *mut f32, d: i32, eps: f32, xq: *mut i8, xd: *mut f32, xs: *mut f32, bq: *mut i8, bd: *mut f32, bs: *mut i16);
     kernel add_rms_norm_to_bf16(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, ob: *mut u16, d: i32, eps: f32);
     kernel rms_norm_gated(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, rows: i32, d: i32, eps: f32);
     kernel rms_norm_gated_to_bf16(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, ob: *mut u16, rows: i32, d: i32, eps: f32);
-    kernel rms_norm_gated_to_f16_tc(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, xh: *mut u16, xscale: *mut f32, d: i32, eps: f32, blocks: i64);
+    kernel rms_norm_gated_to_f16_tc(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, xh: *mut u16, xscale: *mut f32, d: i32, eps: f32, blocks: i64, bq: *mut i8, bd: *mut f32, bs: *mut i16);
     kernel add_in_place(x: *mut f32, y: *const f32, n: i64);
     kernel silu_mul(g: *mut f32, u: *const f32, n: i64);
     kernel scale_rows_sigmoid(x: *mut f32, g: *const f32, d: i32);
@@ -181,7 +181,7 @@ kernels! {
     kernel attention_combine(part: *const f32, out: *mut f32, nchunks: i32);
     kernel attention_combine_seqs(part: *const f32, out: *mut f32, hq: i32, s: AttnSlots, rows: i32, nchunks: i32);
     kernel sigmoid_gate(x: *mut f32, gate: *const f32, n: i64);
-    kernel sigmoid_gate_to_f16_tc(x: *mut f32, gate: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64);
+    kernel sigmoid_gate_to_f16_tc(x: *mut f32, gate: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64, bq: *mut i8, bd: *mut f32, bs: *mut i16);
     /// The flash prefill attention (`attention_prefill`), and the one that copies each int8
     /// tile ahead (`attention_prefill_async`).
     family attention_prefill ["attention_prefill", "attention_prefill_async"](q: *const f32, kc: *const u8, ks: *const f32, vc: *const u8, vs: *const f32, out: *mut f32, fmt: i32, hq: i32, hkv: i32, pos0: i32, pos_at: *const i32, scale: f32, block: i32, window: i32, t: i32, chunk: i32, nchunks: i32, part: *mut f32);

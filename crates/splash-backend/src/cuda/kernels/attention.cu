@@ -790,17 +790,18 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
 
 // sigmoid_gate, then to_f16_tc of x for the output product (the bits of the two kernels): a warp
 // per 256-value block.
-extern "C" __global__ void sigmoid_gate_to_f16_tc(float* x, const float* gate, u16* xh, float* xscale, long blocks) {
+extern "C" __global__ void sigmoid_gate_to_f16_tc(float* x, const float* gate, u16* xh, float* xscale, long blocks,
+                                                   i8* bq, float* bd, short* bs) {
     GRID_PROLOGUE_BRIDGE();
     long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (blk >= blocks) return;
     float* xb = x + 256 * blk;
     const float* gb = gate + 256 * blk;
-    to_f16_tc_block(
+    tc_input_block(
         [&](int i) {
             float v = xb[i] * sigmoid(gb[i]);
             xb[i] = v;
             return v;
         },
-        xh, xscale, blk);
+        xh, xscale, bq, bd, bs, blk);
 }

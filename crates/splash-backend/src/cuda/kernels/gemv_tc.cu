@@ -1086,6 +1086,17 @@ __device__ __forceinline__ void q8_blocks_block(Value value, i8* xq, float* xd, 
     if (lane == 0) xd[w] = d;
 }
 
+// A conversion's output block w: the tensor-core GEMV's f16 (xh, xscale), or with xh null the
+// int8 tensor-core GEMV's int8 blocks (bq, bd, bs).
+template <class Value>
+__device__ __forceinline__ void tc_input_block(Value value, u16* xh, float* xscale, i8* bq, float* bd, short* bs,
+                                               long w) {
+    if (xh)
+        to_f16_tc_block(value, xh, xscale, w);
+    else
+        q8_blocks_block(value, bq, bd, bs, w);
+}
+
 // x [T, K] f32 → xq [T, K], xd [T, K / 256], xs [T, K / 32] (q8_blocks_block).
 extern "C" __global__ void quantize_q8_blocks(const float* x, i8* xq, float* xd, short* xs, long blocks) {
     GRID_PROLOGUE_BRIDGE();

@@ -67,16 +67,17 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
 // of 256 when xh is given. With xq, also (or only, without xh) quantize_q8 of the row (for a
 // dp4a product of the same rows).
 extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
-                                                  float* xscale, int d, float eps, i8* xq, float* xd, float* xs) {
+                                                  float* xscale, int d, float eps, i8* xq, float* xd, float* xs,
+                                                  i8* bq, float* bd, short* bs) {
     GRID_PROLOGUE_BRIDGE();
     float *xr = x + (long)blockIdx.x * d, *o = out + (long)blockIdx.x * d;
     add_row(xr, y + (long)blockIdx.x * d, d);
     rms_norm_row(xr, w, o, d, eps);
     __syncthreads();  // the row is written
-    int per_row = xh ? d >> 8 : 0;
+    int per_row = xh || bq ? d >> 8 : 0;
     for (int b = threadIdx.x >> 5; b < per_row; b += blockDim.x >> 5) {
         const float* ob = o + 256 * b;
-        to_f16_tc_block([&](int i) { return ob[i]; }, xh, xscale, (long)blockIdx.x * per_row + b);
+        tc_input_block([&](int i) { return ob[i]; }, xh, xscale, bq, bd, bs, (long)blockIdx.x * per_row + b);
     }
     if (!xq) return;
     for (int b = threadIdx.x >> 5; b < d / 32; b += blockDim.x >> 5)
@@ -127,7 +128,8 @@ extern "C" __global__ void rms_norm_gated_to_bf16(const float* x, const float* z
 // reads it: a warp per 256-value block, which is 256 / d whole rows (d divides 256, d >= 32),
 // each row's sum as rms_norm_gated_row makes it. `blocks` = rows · d / 256.
 extern "C" __global__ void rms_norm_gated_to_f16_tc(const float* x, const float* z, const float* w, float* out,
-                                                    u16* xh, float* xscale, int d, float eps, long blocks) {
+                                                    u16* xh, float* xscale, int d, float eps, long blocks, i8* bq,
+                                                    float* bd, short* bs) {
     GRID_PROLOGUE_BRIDGE();
     int lane = threadIdx.x & 31;
     long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -141,14 +143,14 @@ extern "C" __global__ void rms_norm_gated_to_f16_tc(const float* x, const float*
         for (int i = lane; i < d; i += 32) ss += xr[i] * xr[i];
         inv[r] = rsqrtf(warp_sum(ss) / (float)d + eps);
     }
-    to_f16_tc_block(
+    tc_input_block(
         [&](int i) {
             int r = i / d, c = i - r * d;
             float o = w[c] * (x[base + i] * inv[r]) * silu(z[base + i]);
             out[base + i] = o;
             return o;
         },
-        xh, xscale, blk);
+        xh, xscale, bq, bd, bs, blk);
 }
 
 extern "C" __global__ void add_in_place(float* x, const float* y, long n) {

@@ -354,7 +354,7 @@ pub fn matmul_swiglu(
     tokens: usize,
 ) -> Result<(), GpuError> {
     if reads_f16(gpu, w, tokens) {
-        let converted = convert_f16_tc(gpu, k, F16Input::SiluMul(g, u), tokens, w.cols)?;
+        let converted = convert_f16_tc(gpu, k, TcInput::SiluMul(g, u), tokens, w.cols)?;
         let base = ptr(gpu, &w.data, 0);
         return gemv_tc(
             gpu,
@@ -376,12 +376,8 @@ pub fn matmul_swiglu(
         let base = ptr(gpu, &w.data, 0);
         return gemv_q8(gpu, k, (out, 0, w.rows), &rows, w, base, w.rows, tokens);
     }
-    if int8_mma(gpu, w) && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none() {
-        let n = tokens * w.cols;
-        let rows = int8_blocks(gpu, n)?;
-        let (qp, dp, sp) = int8_blocks_at(gpu, &rows, 0);
-        let grid = (blocks(n / 8, 256), 256);
-        launch::silu_mul_to_q8_blocks(gpu, k, grid, g, u, qp, dp, sp, (n / 256) as i64)?;
+    if reads_int8_blocks(gpu, w, tokens) {
+        let rows = convert_int8_blocks(gpu, k, TcInput::SiluMul(g, u), tokens, w.cols)?;
         let base = ptr(gpu, &w.data, 0);
         return gemv_i8tc(gpu, k, (out, 0, w.rows), &rows, w, base, w.rows, tokens);
     }

@@ -92,11 +92,11 @@ pub(super) fn stream_k(gpu: &Gpu, n: usize, kdim: usize) -> Option<StreamK> {
         .then(|| StreamK::new(n, kdim, gpu.sms(), o.stream_k_blocks_per_sm))
 }
 
-/// What a conversion to the tensor-core GEMV's input reads (`[rows, kdim]` f32 each).
-pub(super) enum F16Input {
-    /// The rows themselves (`to_f16_tc`).
+/// What a conversion to a tensor-core GEMV's input reads (`[rows, kdim]` f32 each).
+pub(super) enum TcInput {
+    /// The rows themselves (`to_f16_tc`, `quantize_q8_blocks`).
     Rows(u64),
-    /// `silu(g) · u` of the rows of `g` and `u` (`silu_mul_to_f16_tc`).
+    /// `silu(g) · u` of the rows of `g` and `u` (`silu_mul_to_f16_tc`, `silu_mul_to_q8_blocks`).
     SiluMul(u64, u64),
     /// `x · sigmoid(gate)`, also left in `x` (`sigmoid_gate_to_f16_tc`, the attention output
     /// gate).
@@ -118,23 +118,56 @@ pub(super) enum F16Input {
 pub(super) fn convert_f16_tc(
     gpu: &Gpu,
     k: &Kernels,
-    input: F16Input,
+    input: TcInput,
     rows: usize,
     kdim: usize,
 ) -> Result<F16Rows, GpuError> {
     let blocks256 = rows * kdim / 256;
     let xh = gpu.uninit::<u16>(rows * kdim)?;
     let xscale = gpu.uninit::<f32>(blocks256)?;
-    let (xhp, xsp) = (ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0));
+    let out = [ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0), 0, 0, 0];
+    convert(gpu, k, input, blocks256, out)?;
+    Ok((xh, xscale))
+}
+
+/// `rows` rows of `kdim` activations as the int8 tensor-core GEMV reads them (int8 in its k
+/// order, a scale per 256 values, the codes' sum per 32), from `input`.
+pub(super) fn convert_int8_blocks(
+    gpu: &Gpu,
+    k: &Kernels,
+    input: TcInput,
+    rows: usize,
+    kdim: usize,
+) -> Result<Int8Blocks, GpuError> {
+    let converted = int8_blocks(gpu, rows * kdim)?;
+    let (xq, xd, xs) = int8_blocks_at(gpu, &converted, 0);
+    convert(gpu, k, input, rows * kdim / 256, [0, 0, xq, xd, xs])?;
+    Ok(converted)
+}
+
+/// The launch of a conversion of `blocks256` blocks into the f16 rows (`xh`, `xscale`) or,
+/// with `xh` 0, the int8 blocks (`bq`, `bd`, `bs`): a warp a block.
+fn convert(
+    gpu: &Gpu,
+    k: &Kernels,
+    input: TcInput,
+    blocks256: usize,
+    [xh, xscale, bq, bd, bs]: [u64; 5],
+) -> Result<(), GpuError> {
     let grid = (blocks(blocks256 * 32, 256), 256);
     let n = blocks256 as i64;
+    let f16 = xh != 0;
     match input {
-        F16Input::Rows(x) => launch::to_f16_tc(gpu, k, grid, x, xhp, xsp, n)?,
-        F16Input::SiluMul(g, u) => launch::silu_mul_to_f16_tc(gpu, k, grid, g, u, xhp, xsp, n)?,
-        F16Input::SigmoidGate { x, gate } => {
-            launch::sigmoid_gate_to_f16_tc(gpu, k, grid, x, gate, xhp, xsp, n)?
+        TcInput::Rows(x) if f16 => launch::to_f16_tc(gpu, k, grid, x, xh, xscale, n),
+        TcInput::Rows(x) => launch::quantize_q8_blocks(gpu, k, grid, x, bq, bd, bs, n),
+        TcInput::SiluMul(g, u) if f16 => {
+            launch::silu_mul_to_f16_tc(gpu, k, grid, g, u, xh, xscale, n)
         }
-        F16Input::GatedNorm {
+        TcInput::SiluMul(g, u) => launch::silu_mul_to_q8_blocks(gpu, k, grid, g, u, bq, bd, bs, n),
+        TcInput::SigmoidGate { x, gate } => {
+            launch::sigmoid_gate_to_f16_tc(gpu, k, grid, x, gate, xh, xscale, n, bq, bd, bs)
+        }
+        TcInput::GatedNorm {
             x,
             z,
             w,
@@ -142,10 +175,9 @@ pub(super) fn convert_f16_tc(
             d,
             eps,
         } => launch::rms_norm_gated_to_f16_tc(
-            gpu, k, grid, x, z, w, out, xhp, xsp, d as i32, eps, n,
-        )?,
+            gpu, k, grid, x, z, w, out, xh, xscale, d as i32, eps, n, bq, bd, bs,
+        ),
     }
-    Ok((xh, xscale))
 }
 
 #[cfg(test)]

@@ -112,6 +112,13 @@ impl Activations {
         a
     }
 
+    /// The activations at `x` whose int8 blocks a kernel has already written.
+    fn with_int8_blocks(x: u64, tokens: usize, kdim: usize, int8_blocks: Int8Blocks) -> Self {
+        let a = Self::new(x, tokens, kdim);
+        let _ = a.int8_blocks.set(int8_blocks);
+        a
+    }
+
     /// The activations at `x` whose bf16 conversion a kernel has already written.
     fn with_bf16(x: u64, tokens: usize, kdim: usize, bf16: CudaSlice<u16>) -> Self {
         let a = Self::new(x, tokens, kdim);
@@ -133,7 +140,7 @@ impl Activations {
     /// 256 values (`to_f16_tc`).
     fn f16(&self, gpu: &Gpu, k: &Kernels) -> Result<&F16Rows, GpuError> {
         converted(&self.f16, || {
-            convert_f16_tc(gpu, k, F16Input::Rows(self.x), self.tokens, self.kdim)
+            convert_f16_tc(gpu, k, TcInput::Rows(self.x), self.tokens, self.kdim)
         })
     }
 
@@ -152,12 +159,7 @@ impl Activations {
     /// `x` as the int8 tensor-core GEMV reads it (`quantize_q8_blocks`).
     fn int8_blocks(&self, gpu: &Gpu, k: &Kernels) -> Result<&Int8Blocks, GpuError> {
         converted(&self.int8_blocks, || {
-            let n = self.tokens * self.kdim;
-            let rows = int8_blocks(gpu, n)?;
-            let (xq, xd, xs) = int8_blocks_at(gpu, &rows, 0);
-            let grid = (blocks(n / 8, 256), 256);
-            launch::quantize_q8_blocks(gpu, k, grid, self.x, xq, xd, xs, (n / 256) as i64)?;
-            Ok(rows)
+            convert_int8_blocks(gpu, k, TcInput::Rows(self.x), self.tokens, self.kdim)
         })
     }
 

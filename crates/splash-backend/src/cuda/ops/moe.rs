@@ -141,7 +141,7 @@ pub fn matmul_experts_swiglu(
     routing: &ExpertRouting,
     pairs: usize,
 ) -> Result<(), GpuError> {
-    let converted = convert_f16_tc(gpu, k, F16Input::SiluMul(g, u), pairs, proto.cols)?;
+    let converted = convert_f16_tc(gpu, k, TcInput::SiluMul(g, u), pairs, proto.cols)?;
     let x = Activations::with_f16(g, pairs, proto.cols, converted);
     matmul_experts(gpu, k, out, &x, table, proto, routing, 1)
 }

@@ -51,8 +51,9 @@ fn check_add_rms_norm(out: u64, x: u64, y: u64) {
 /// tensor-core GEMV (see [`reads_f16`]) the same launch writes its f16 conversion too
 /// (`add_rms_norm_to_f16_tc`: the bits of the two kernels), one launch fewer than converting at
 /// the product; with `GpuOptions::fold_launches` also the other's int8 when it runs on the dp4a
-/// GEMV (a GDN layer's b and a), the bits of `quantize_q8`, or only the first's int8 when it
-/// runs on the int8 GEMV of the tiles (`TiledGemv::Int8`).
+/// GEMV (a GDN layer's b and a), the bits of `quantize_q8`; or instead of the f16 the first's
+/// int8 when it runs on the int8 GEMV of the tiles (`TiledGemv::Int8`), or its int8 blocks
+/// when it runs on the int8 tensor-core GEMV (`TiledGemv::Int8Mma`, `quantize_q8_blocks`).
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_activations(
     gpu: &Gpu,
@@ -78,14 +79,21 @@ pub fn add_rms_norm_activations(
     let f16 = reads_f16(gpu, f16_for, rows) && d.is_multiple_of(256);
     let fold = gpu.options().fold_launches && d.is_multiple_of(256);
     let int8_for = |w: &DeviceWeight| fold && reads_int8(gpu, w, rows);
+    // The int8 blocks of the first product, when it runs on the int8 tensor-core GEMV.
+    let blocks8 = if fold && reads_int8_blocks(gpu, f16_for, rows) {
+        Some(int8_blocks(gpu, rows * d)?)
+    } else {
+        None
+    };
     // The int8 rows of the first product, when it runs on the int8 GEMV of the tiles, or of
-    // the other beside the first's f16.
-    let int8 = if int8_for(f16_for) || (f16 && other.is_some_and(int8_for)) {
+    // the other beside the first's converted input.
+    let converts = f16 || blocks8.is_some();
+    let int8 = if int8_for(f16_for) || (converts && other.is_some_and(int8_for)) {
         Some(int8_rows(gpu, rows * d)?)
     } else {
         None
     };
-    if !f16 && int8.is_none() {
+    if !converts && int8.is_none() {
         launch::add_rms_norm(gpu, k, grid, x, y, w, out, d_i, eps)?;
         return Ok(Activations::new(out, rows, d));
     }
@@ -101,10 +109,18 @@ pub fn add_rms_norm_activations(
         .as_ref()
         .map_or([0; 2], |(h, s)| [ptr(gpu, h, 0), ptr(gpu, s, 0)]);
     let (xq, xd, xs) = int8.as_ref().map_or((0, 0, 0), |r| int8_at(gpu, r, 0));
-    launch::add_rms_norm_to_f16_tc(gpu, k, grid, x, y, w, out, xhp, xsp, d_i, eps, xq, xd, xs)?;
+    let (bq, bd, bs) = blocks8
+        .as_ref()
+        .map_or((0, 0, 0), |b| int8_blocks_at(gpu, b, 0));
+    launch::add_rms_norm_to_f16_tc(
+        gpu, k, grid, x, y, w, out, xhp, xsp, d_i, eps, xq, xd, xs, bq, bd, bs,
+    )?;
     let a = Activations::new(out, rows, d);
     if let Some(f16_rows) = f16_rows {
         let _ = a.f16.set(f16_rows);
+    }
+    if let Some(blocks8) = blocks8 {
+        let _ = a.int8_blocks.set(blocks8);
     }
     if let Some(int8) = int8 {
         let _ = a.int8.set(int8);
@@ -121,6 +137,12 @@ pub(super) fn reads_bf16(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
 /// Whether a product of `tokens` rows by `w` reads its input in the dp4a GEMV's int8.
 pub(super) fn reads_int8(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
     int8_gemv(gpu, w) && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none()
+}
+
+/// Whether a product of `tokens` rows by `w` reads its input in the int8 tensor-core GEMV's
+/// int8 blocks.
+pub(super) fn reads_int8_blocks(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
+    int8_mma(gpu, w) && gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_none()
 }
 
 /// Whether a product of `tokens` rows by `w` reads its input in the tensor-core GEMV's f16
@@ -153,7 +175,8 @@ pub fn rms_norm_gated(
 }
 
 /// [`rms_norm_gated`] whose `[tokens, rows / tokens · d]` output is the input of products by
-/// `next`: when those run on cuBLAS the same launch writes its bf16 conversion too.
+/// `next`: the same launch writes the conversion those read (bf16 for cuBLAS; with
+/// `GpuOptions::fold_launches` the tensor-core GEMV's f16 or the int8 one's blocks).
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_gated_activations(
     gpu: &Gpu,
@@ -168,7 +191,7 @@ pub fn rms_norm_gated_activations(
 ) -> Result<Activations, GpuError> {
     let kdim = rows * d / tokens;
     if fuses_f16(gpu, next, tokens, kdim) && 256 % d == 0 && d >= 32 {
-        let input = F16Input::GatedNorm {
+        let input = TcInput::GatedNorm {
             x,
             z,
             w,
@@ -178,6 +201,18 @@ pub fn rms_norm_gated_activations(
         };
         let f16 = convert_f16_tc(gpu, k, input, tokens, kdim)?;
         return Ok(Activations::with_f16(out, tokens, kdim, f16));
+    }
+    if fuses_int8_blocks(gpu, next, tokens, kdim) && 256 % d == 0 && d >= 32 {
+        let input = TcInput::GatedNorm {
+            x,
+            z,
+            w,
+            out,
+            d,
+            eps,
+        };
+        let blocks8 = convert_int8_blocks(gpu, k, input, tokens, kdim)?;
+        return Ok(Activations::with_int8_blocks(out, tokens, kdim, blocks8));
     }
     if !reads_bf16(gpu, next, tokens) {
         rms_norm_gated(gpu, k, out, x, z, w, rows, d, eps)?;
@@ -194,6 +229,12 @@ pub fn rms_norm_gated_activations(
 /// (`GpuOptions::fold_launches`; whole 256-value blocks a row).
 fn fuses_f16(gpu: &Gpu, next: &DeviceWeight, tokens: usize, kdim: usize) -> bool {
     gpu.options().fold_launches && reads_f16(gpu, next, tokens) && kdim.is_multiple_of(256)
+}
+
+/// Whether a gate's launch writes the int8 blocks of the int8 tensor-core GEMV by `next` after
+/// it (`GpuOptions::fold_launches`; whole 256-value blocks a row).
+fn fuses_int8_blocks(gpu: &Gpu, next: &DeviceWeight, tokens: usize, kdim: usize) -> bool {
+    gpu.options().fold_launches && reads_int8_blocks(gpu, next, tokens) && kdim.is_multiple_of(256)
 }
 
 /// The grid of `rms_norm_gated*` over `rows` rows: a warp a row.
@@ -228,7 +269,7 @@ pub fn sigmoid_gate(gpu: &Gpu, k: &Kernels, x: u64, gate: u64, n: usize) -> Resu
 }
 
 /// [`sigmoid_gate`] of `[tokens, kdim]` rows that are the input of products by `next`: when
-/// those read the tensor-core GEMV's f16, the same launch writes it
+/// those read the tensor-core GEMV's f16 or the int8 one's blocks, the same launch writes them
 /// (`sigmoid_gate_to_f16_tc`, the bits of the two kernels).
 pub fn sigmoid_gate_activations(
     gpu: &Gpu,
@@ -238,12 +279,17 @@ pub fn sigmoid_gate_activations(
     kdim: usize,
     next: &DeviceWeight,
 ) -> Result<Activations, GpuError> {
-    if !fuses_f16(gpu, next, tokens, kdim) {
-        sigmoid_gate(gpu, k, x, gate, tokens * kdim)?;
-        return Ok(Activations::new(x, tokens, kdim));
+    let input = TcInput::SigmoidGate { x, gate };
+    if fuses_f16(gpu, next, tokens, kdim) {
+        let f16 = convert_f16_tc(gpu, k, input, tokens, kdim)?;
+        return Ok(Activations::with_f16(x, tokens, kdim, f16));
     }
-    let f16 = convert_f16_tc(gpu, k, F16Input::SigmoidGate { x, gate }, tokens, kdim)?;
-    Ok(Activations::with_f16(x, tokens, kdim, f16))
+    if fuses_int8_blocks(gpu, next, tokens, kdim) {
+        let blocks8 = convert_int8_blocks(gpu, k, input, tokens, kdim)?;
+        return Ok(Activations::with_int8_blocks(x, tokens, kdim, blocks8));
+    }
+    sigmoid_gate(gpu, k, x, gate, tokens * kdim)?;
+    Ok(Activations::new(x, tokens, kdim))
 }
 
 /// `x[r, :] *= sigmoid(g[r])` for `rows` rows of `d`.
