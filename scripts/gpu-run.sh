@@ -330,16 +330,17 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       fi
     else
       # Random drafts of the published shapes, 5 layers, block 16: DFlash (v1), and DFlash2
-      # (dynamic convolutions on the GPU, its selector on the host). DRAFTS picks.
+      # (dynamic convolutions on the GPU, its selector on the host). DRAFTS picks; CONTEXT sets
+      # the prompt (1,024 tokens).
       for kind in ${DRAFTS:-dflash dflash2}; do
         d=$(synthetic_draft "$m" "$kind")
         # DRAFT_WEIGHTS: the draft's matrices as held (`--draft-weights`), one run each.
         for dw in ${DRAFT_WEIGHTS:-auto}; do
           echo "== bench $m, $kind draft, weights $dw"
           memory_watch "$out/mem-$m-$kind-$dw.txt"
-          ./.device/splash bench --model "$f" --device cuda --prompt-tokens 1024 --decode-tokens 64 --repeat 3 \
+          ./.device/splash bench --model "$f" --device cuda --prompt-tokens "${CONTEXT:-1024}" --decode-tokens 64 --repeat 3 \
             --verify-rows 16 --draft-model "$d" --draft-weights "$dw" --speculative always 2>&1 |
-            tee "$out/bench-$m-$kind-$dw.txt" | tail -16
+            tee "$out/bench-$m-$kind-$dw-${CONTEXT:-1024}.txt" | tail -16
           memory_peak "$out/mem-$m-$kind-$dw.txt"
         done
       done

@@ -88,6 +88,8 @@ fn main() {
         "MB",
         COPY_BANDWIDTH / 1e12
     );
+    // A tiled shape's first row is the f16 tensor-core GEMV, the other families below it.
+    tune(&gpu, |o| o.tiled_gemv = dev::TiledGemv::TensorCores);
     if std::env::var_os("GEMV_EXPERTS_ONLY").is_some() {
         experts(&gpu, &k);
         return;

@@ -231,8 +231,9 @@ impl GpuOptions {
                 .ok_or_else(|| {
                     let names: Vec<_> = TiledGemv::ALL.iter().map(|k| k.name()).collect();
                     format!(
-                        "SPLASH_TILED_GEMV={v}: expected one of {} (default tensor-cores)",
-                        names.join(", ")
+                        "SPLASH_TILED_GEMV={v}: expected one of {} (default {})",
+                        names.join(", "),
+                        d.tiled_gemv.name()
                     )
                 })?,
         };

@@ -675,7 +675,7 @@ impl GpuDraft {
             layer.gate_up.multiply_on(gpu, k, (gp, up), &m_in, true)?;
             let mut m = self.scratch(block * h)?;
             let mp = ptr(gpu, &m, 0);
-            if dev::reads_f16(gpu, &layer.down, block) {
+            if dev::swiglu_fused(gpu, &layer.down, block) {
                 // silu(g)·u converted straight into the tensor-core GEMV's input.
                 dev::matmul_swiglu(gpu, k, mp, gp, up, &layer.down, block)?;
             } else {

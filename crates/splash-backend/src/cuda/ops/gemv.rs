@@ -1,6 +1,6 @@
-//! Matrix products: the routing of a product to its kernel (cuBLAS GEMM over bf16 rows, the
-//! tensor-core GEMV, the dp4a GEMV, the warp-per-row GEMV) and the warp-per-row and dp4a
-//! launches (kernels/gemv.cu).
+//! Matrix products: the routing of a product to its kernel (cuBLAS GEMM over bf16 rows, the f16
+//! and int8 tensor-core GEMVs, the dp4a GEMV, the warp-per-row GEMV), the warp-per-row and dp4a
+//! launches (kernels/gemv.cu) and those of the int8 GEMVs of the tiles (kernels/gemv_tc.cu).
 
 use super::*;
 
@@ -340,10 +340,16 @@ pub fn matmul_pair(
     gemv_float(gpu, k, out, x.x, w, base, 0, w.rows, tokens)
 }
 
+/// Whether [`matmul_swiglu`] by `w` over `tokens` rows converts `silu(g) ⊙ u` straight into the
+/// product's input (the tensor-core GEMVs) rather than writing it into `g` first.
+pub fn swiglu_fused(gpu: &Gpu, w: &DeviceWeight, tokens: usize) -> bool {
+    reads_f16(gpu, w, tokens) || reads_int8_blocks(gpu, w, tokens)
+}
+
 /// `out = W · (silu(g) ⊙ u)` `[tokens, W rows]` for `g`, `u` `[tokens, W cols]`: SwiGLU and the
-/// MLP's down product. The tensor-core GEMV takes the gated values straight into its f16
-/// conversion, the int8 ones (with `GpuOptions::fold_launches`) into their int8 (one launch
-/// fewer, the same bits); other paths write them into `g` first.
+/// MLP's down product. The tensor-core GEMVs take the gated values straight into their input
+/// (f16 or int8 blocks), the dp4a ones (with `GpuOptions::fold_launches`) into their int8 (one
+/// launch fewer, the same bits); other paths write them into `g` first.
 pub fn matmul_swiglu(
     gpu: &Gpu,
     k: &Kernels,
