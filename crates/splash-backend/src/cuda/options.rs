@@ -68,7 +68,7 @@ impl Default for GpuOptions {
             dependent_launch: true,
             capture_pool: true,
             stream_k: false,
-            tiled_gemv: TiledGemv::TensorCores,
+            tiled_gemv: TiledGemv::Int8Mma,
             stream_k_blocks_per_sm: 4,
             flash_async: true,
             gdn_chunked: false,
@@ -85,12 +85,12 @@ impl Default for GpuOptions {
 /// The GEMV family of the tiled formats (`SPLASH_TILED_GEMV`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TiledGemv {
-    /// f16 activations on the f16 tensor cores (`tensor-cores`, the default).
+    /// f16 activations on the f16 tensor cores (`tensor-cores`).
     TensorCores,
     /// int8 activations per 32 values by dp4a (`int8`): faster for one token, slower for many.
     Int8,
     /// Q4_K: int8 activations per 256 values on the int8 tensor cores, integer sums until one
-    /// f32 step a block (`int8-mma`); Q6_K stays on the f16 tensor cores.
+    /// f32 step a block (`int8-mma`, the default); Q6_K stays on the f16 tensor cores.
     Int8Mma,
 }
 
@@ -308,11 +308,11 @@ mod tests {
             ("SPLASH_VISION_QUERY_TILES", "1"),
             ("SPLASH_FOLD_LAUNCHES", "0"),
             ("SPLASH_ATTENTION_HEADS", "1"),
-            ("SPLASH_TILED_GEMV", "int8-mma"),
+            ("SPLASH_TILED_GEMV", "tensor-cores"),
         ])
         .unwrap();
         assert!(!o.fold_launches && !o.capture_pool);
-        assert_eq!(o.tiled_gemv, TiledGemv::Int8Mma);
+        assert_eq!(o.tiled_gemv, TiledGemv::TensorCores);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);
         assert_eq!(o.stream_k_blocks_per_sm, 3);
@@ -358,7 +358,7 @@ mod tests {
             (
                 "SPLASH_TILED_GEMV",
                 "dp4a",
-                "expected one of tensor-cores, int8, int8-mma (default tensor-cores)",
+                "expected one of tensor-cores, int8, int8-mma (default int8-mma)",
             ),
         ] {
             let err = parse(&[(var, value)]).unwrap_err();
