@@ -466,24 +466,21 @@ pub(super) fn int8_at(gpu: &Gpu, (xq, xd, xs): &Int8Rows, at: usize) -> (u64, u6
     )
 }
 
-/// The int8 GEMV of a tiled weight (`gemv_q8t_*` in kernels/gemv_tc.cu): a block per 16-row
-/// tile with the tensor-core GEMV's warps, one launch per 16 tokens, by the build for 1, 2, 4,
-/// 8 or 16 tokens that fits the chunk (each token's bits are the same in all).
+/// The int8 GEMV of a tiled weight (`gemv_q8t_*` in kernels/gemv_tc.cu), by the build for 1,
+/// 2, 4, 8 or 16 tokens that fits each chunk (see [`int8_tile_launches`]).
 #[allow(clippy::too_many_arguments)]
 fn gemv_q8_tiles(
     gpu: &Gpu,
     k: &Kernels,
-    (y, y2, split): (u64, u64, usize),
+    out: (u64, u64, usize),
     x: &Int8Rows,
     w: &DeviceWeight,
     base: u64,
     n: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
-    let kdim = w.cols;
-    let warps = tensor_core_warps(&gpu.options(), n, kdim) as u32;
     let suffix = w.format.kernel_suffix();
-    for (t0, tc) in token_chunks(tokens) {
+    let name = |tc: usize| {
         let build = match tc {
             1 => "1",
             2 => "2",
@@ -491,27 +488,19 @@ fn gemv_q8_tiles(
             5..=8 => "8",
             _ => "",
         };
-        let name = format!("gemv{build}_q8t_{suffix}");
-        let (xq, xd, xs) = int8_at(gpu, x, t0 * kdim);
-        launch::gemv_q8t(
-            gpu,
-            k,
-            &name,
-            (blocks(n, 16), 32 * warps),
-            base,
-            w.row_bytes as i64,
-            xq,
-            xd,
-            xs,
-            row_at(y, t0, split),
-            row_at(y2, t0, n - split),
-            split as i32,
-            n as i32,
-            kdim as i32,
-            tc as i32,
-        )?;
-    }
-    Ok(())
+        format!("gemv{build}_q8t_{suffix}")
+    };
+    let at = |value: usize| int8_at(gpu, x, value);
+    int8_tile_launches(
+        gpu,
+        k,
+        out,
+        w,
+        (base, n, tokens),
+        name,
+        at,
+        launch::gemv_q8t,
+    )
 }
 
 /// The device addresses of int8 blocks from value `at` on (a token's start): codes, scales, sums.
@@ -523,33 +512,78 @@ pub(super) fn int8_blocks_at(gpu: &Gpu, (xq, xd, xs): &Int8Blocks, at: usize) ->
     )
 }
 
-/// The int8 tensor-core GEMV of a Q4_K weight (`gemv_i8tc_q4_k` in kernels/gemv_tc.cu): a block
-/// per 16-row tile with the tensor-core GEMV's warps, one launch per 16 tokens, the 8-token
-/// build for up to 8 (each token's bits are the same in both).
+/// The int8 tensor-core GEMV of a Q4_K weight (`gemv_i8tc_q4_k` in kernels/gemv_tc.cu), the
+/// 8-token build for chunks of up to 8 (see [`int8_tile_launches`]).
 #[allow(clippy::too_many_arguments)]
 fn gemv_i8tc(
     gpu: &Gpu,
     k: &Kernels,
-    (y, y2, split): (u64, u64, usize),
+    out: (u64, u64, usize),
     x: &Int8Blocks,
     w: &DeviceWeight,
     base: u64,
     n: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
+    let name = |tc: usize| {
+        let build = if tc <= 8 { "gemv8" } else { "gemv" };
+        format!("{build}_i8tc_q4_k")
+    };
+    let at = |value: usize| int8_blocks_at(gpu, x, value);
+    int8_tile_launches(
+        gpu,
+        k,
+        out,
+        w,
+        (base, n, tokens),
+        name,
+        at,
+        launch::gemv_i8tc,
+    )
+}
+
+/// A launcher of the int8 GEMVs of the tiles (`launch::gemv_q8t`, `launch::gemv_i8tc`).
+type TileLauncher = fn(
+    &Gpu,
+    &Kernels,
+    &str,
+    (u32, u32),
+    u64,
+    i64,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    i32,
+    i32,
+    i32,
+    i32,
+) -> Result<(), GpuError>;
+
+/// The launches of an int8 GEMV of `n` rows of a tiled weight from `base` over `tokens`: a block
+/// per 16-row tile with the tensor-core GEMV's warps, one launch per 16 tokens by the build
+/// `name(tokens)` (each token's bits are the same in every build); `at(value)` gives the int8
+/// input's addresses from a token's first value.
+#[allow(clippy::too_many_arguments)]
+fn int8_tile_launches(
+    gpu: &Gpu,
+    k: &Kernels,
+    (y, y2, split): (u64, u64, usize),
+    w: &DeviceWeight,
+    (base, n, tokens): (u64, usize, usize),
+    name: impl Fn(usize) -> String,
+    at: impl Fn(usize) -> (u64, u64, u64),
+    launcher: TileLauncher,
+) -> Result<(), GpuError> {
     let kdim = w.cols;
     let warps = tensor_core_warps(&gpu.options(), n, kdim) as u32;
     for (t0, tc) in token_chunks(tokens) {
-        let name = if tc <= 8 {
-            "gemv8_i8tc_q4_k"
-        } else {
-            "gemv_i8tc_q4_k"
-        };
-        let (xq, xd, xs) = int8_blocks_at(gpu, x, t0 * kdim);
-        launch::gemv_i8tc(
+        let (xq, xd, xs) = at(t0 * kdim);
+        launcher(
             gpu,
             k,
-            name,
+            &name(tc),
             (blocks(n, 16), 32 * warps),
             base,
             w.row_bytes as i64,
