@@ -93,6 +93,7 @@ pub(super) fn stream_k(gpu: &Gpu, n: usize, kdim: usize) -> Option<StreamK> {
 }
 
 /// What a conversion to a tensor-core GEMV's input reads (`[rows, kdim]` f32 each).
+#[derive(Clone, Copy)]
 pub(super) enum TcInput {
     /// The rows themselves (`to_f16_tc`, `quantize_q8_blocks`).
     Rows(u64),

@@ -190,27 +190,21 @@ pub fn rms_norm_gated_activations(
     next: &DeviceWeight,
 ) -> Result<Activations, GpuError> {
     let kdim = rows * d / tokens;
-    if fuses_f16(gpu, next, tokens, kdim) && 256 % d == 0 && d >= 32 {
-        let input = TcInput::GatedNorm {
-            x,
-            z,
-            w,
-            out,
-            d,
-            eps,
-        };
+    // The conversions take whole 256-value blocks, a warp each.
+    let blocks_of_rows = 256 % d == 0 && d >= 32;
+    let input = TcInput::GatedNorm {
+        x,
+        z,
+        w,
+        out,
+        d,
+        eps,
+    };
+    if blocks_of_rows && fuses_f16(gpu, next, tokens, kdim) {
         let f16 = convert_f16_tc(gpu, k, input, tokens, kdim)?;
         return Ok(Activations::with_f16(out, tokens, kdim, f16));
     }
-    if fuses_int8_blocks(gpu, next, tokens, kdim) && 256 % d == 0 && d >= 32 {
-        let input = TcInput::GatedNorm {
-            x,
-            z,
-            w,
-            out,
-            d,
-            eps,
-        };
+    if blocks_of_rows && fuses_int8_blocks(gpu, next, tokens, kdim) {
         let blocks8 = convert_int8_blocks(gpu, k, input, tokens, kdim)?;
         return Ok(Activations::with_int8_blocks(out, tokens, kdim, blocks8));
     }
