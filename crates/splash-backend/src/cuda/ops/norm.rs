@@ -200,13 +200,10 @@ pub fn rms_norm_gated_activations(
         d,
         eps,
     };
-    if blocks_of_rows && fuses_f16(gpu, next, tokens, kdim) {
-        let f16 = convert_f16_tc(gpu, k, input, tokens, kdim)?;
-        return Ok(Activations::with_f16(out, tokens, kdim, f16));
-    }
-    if blocks_of_rows && fuses_int8_blocks(gpu, next, tokens, kdim) {
-        let blocks8 = convert_int8_blocks(gpu, k, input, tokens, kdim)?;
-        return Ok(Activations::with_int8_blocks(out, tokens, kdim, blocks8));
+    if blocks_of_rows {
+        if let Some(a) = fused_conversion(gpu, k, (input, out), tokens, kdim, next)? {
+            return Ok(a);
+        }
     }
     if !reads_bf16(gpu, next, tokens) {
         rms_norm_gated(gpu, k, out, x, z, w, rows, d, eps)?;
@@ -219,16 +216,32 @@ pub fn rms_norm_gated_activations(
     Ok(Activations::with_bf16(out, tokens, kdim, ob))
 }
 
-/// Whether a gate's launch writes the f16 input of the tensor-core GEMV by `next` after it
-/// (`GpuOptions::fold_launches`; whole 256-value blocks a row).
-fn fuses_f16(gpu: &Gpu, next: &DeviceWeight, tokens: usize, kdim: usize) -> bool {
-    gpu.options().fold_launches && reads_f16(gpu, next, tokens) && kdim.is_multiple_of(256)
-}
-
-/// Whether a gate's launch writes the int8 blocks of the int8 tensor-core GEMV by `next` after
-/// it (`GpuOptions::fold_launches`; whole 256-value blocks a row).
-fn fuses_int8_blocks(gpu: &Gpu, next: &DeviceWeight, tokens: usize, kdim: usize) -> bool {
-    gpu.options().fold_launches && reads_int8_blocks(gpu, next, tokens) && kdim.is_multiple_of(256)
+/// The activations a gate's launch (`input`, its rows at `rows`) writes together with the input
+/// of the products by `next`, when those run on a tensor-core GEMV: its f16 or its int8 blocks
+/// (`GpuOptions::fold_launches`; whole 256-value blocks a row). `None`, launching nothing, when
+/// they read another conversion.
+fn fused_conversion(
+    gpu: &Gpu,
+    k: &Kernels,
+    (input, rows): (TcInput, u64),
+    tokens: usize,
+    kdim: usize,
+    next: &DeviceWeight,
+) -> Result<Option<Activations>, GpuError> {
+    if !gpu.options().fold_launches || !kdim.is_multiple_of(256) {
+        return Ok(None);
+    }
+    if reads_f16(gpu, next, tokens) {
+        let f16 = convert_f16_tc(gpu, k, input, tokens, kdim)?;
+        return Ok(Some(Activations::with_f16(rows, tokens, kdim, f16)));
+    }
+    if reads_int8_blocks(gpu, next, tokens) {
+        let blocks8 = convert_int8_blocks(gpu, k, input, tokens, kdim)?;
+        return Ok(Some(Activations::with_int8_blocks(
+            rows, tokens, kdim, blocks8,
+        )));
+    }
+    Ok(None)
 }
 
 /// The grid of `rms_norm_gated*` over `rows` rows: a warp a row.
@@ -274,13 +287,8 @@ pub fn sigmoid_gate_activations(
     next: &DeviceWeight,
 ) -> Result<Activations, GpuError> {
     let input = TcInput::SigmoidGate { x, gate };
-    if fuses_f16(gpu, next, tokens, kdim) {
-        let f16 = convert_f16_tc(gpu, k, input, tokens, kdim)?;
-        return Ok(Activations::with_f16(x, tokens, kdim, f16));
-    }
-    if fuses_int8_blocks(gpu, next, tokens, kdim) {
-        let blocks8 = convert_int8_blocks(gpu, k, input, tokens, kdim)?;
-        return Ok(Activations::with_int8_blocks(x, tokens, kdim, blocks8));
+    if let Some(a) = fused_conversion(gpu, k, (input, x), tokens, kdim, next)? {
+        return Ok(a);
     }
     sigmoid_gate(gpu, k, x, gate, tokens * kdim)?;
     Ok(Activations::new(x, tokens, kdim))
