@@ -262,6 +262,94 @@ fn the_tensor_core_gemv_on_the_host_matches_the_cpu() {
     }
 }
 
+/// A tiled weight (`n` rows of `kd`) multiplied on the host by an int8 GEMV of the tiles with
+/// `warps` warps a tile, as ops.rs launches it.
+struct TileWeight<'a> {
+    tiles: &'a [u8],
+    row_bytes: i64,
+    n: usize,
+    kd: usize,
+    warps: u32,
+}
+
+impl TileWeight<'_> {
+    /// `x` `[tokens, kd]` quantised by `quantize` (a thread per `per_thread` values, a scale
+    /// per `scale_span` values, sums of `S` per 32), then multiplied by the kernel `gemv`: rows
+    /// below `split` into one output, the others into a second, returned one after the other.
+    ///
+    /// # Safety
+    /// `quantize` and `gemv` must have the signatures of `quantize_q8` / `gemv_q8t_*` with
+    /// their sums of type `S`.
+    unsafe fn run<S: Copy + Default>(
+        &self,
+        kern: &HostKernels,
+        (quantize, per_thread, scale_span): (&str, usize, usize),
+        gemv: &str,
+        x: &[f32],
+        split: usize,
+    ) -> Vec<f32> {
+        type Quantize<S> = unsafe extern "C" fn(*const f32, *mut i8, *mut f32, *mut S, i64);
+        type Gemv<S> = unsafe extern "C" fn(
+            *const u8,
+            i64,
+            *const i8,
+            *const f32,
+            *const S,
+            *mut f32,
+            *mut f32,
+            i32,
+            i32,
+            i32,
+            i32,
+        );
+        let (n, kd) = (self.n, self.kd);
+        let (tokens, values) = (x.len() / kd, x.len());
+        let (xq, xd, xs) = (
+            vec![0i8; values],
+            vec![0.0f32; values / scale_span],
+            vec![S::default(); values / 32],
+        );
+        let (y, y2) = (
+            vec![f32::NAN; tokens * split],
+            vec![f32::NAN; tokens * (n - split)],
+        );
+        let (xa, qa, da, sa, ya, y2a, wa) = (
+            Addr::of(x),
+            Addr::of(&xq),
+            Addr::of(&xd),
+            Addr::of(&xs),
+            Addr::of(&y),
+            Addr::of(&y2),
+            Addr::of(self.tiles),
+        );
+        // SAFETY: the caller's signatures, over buffers of the sizes ops.rs gives them.
+        unsafe {
+            let q: Quantize<S> = kern.kernel(quantize);
+            let blocks = (values / scale_span) as i64;
+            kern.launch((values / per_thread).div_ceil(256) as u32, 256, &|| {
+                q(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks)
+            });
+            let g: Gemv<S> = kern.kernel(gemv);
+            kern.launch(n.div_ceil(16) as u32, 32 * self.warps, &|| {
+                g(
+                    wa.ptr(),
+                    self.row_bytes,
+                    qa.ptr(),
+                    da.ptr(),
+                    sa.ptr(),
+                    ya.ptr(),
+                    y2a.ptr(),
+                    split as i32,
+                    n as i32,
+                    kd as i32,
+                    tokens as i32,
+                )
+            });
+        }
+        [y, y2].concat()
+    }
+}
+
 /// Checks an int8 GEMV of the tiles of `w` (`n` rows of `kd`), run by `run(x, split)` (rows
 /// below `split` into one output, the others into a second, returned one after the other):
 /// within 1e-2 of the CPU for 1, 5 and 16 tokens, rows stacked into two outputs bit-equal to
@@ -318,60 +406,23 @@ fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
             let w = kquant(t, n, kd, fields, 5);
             let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
             let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
-            // `x` `[tokens, kd]`: rows below `split` into one output, the others into a second,
-            // returned one after the other.
-            let run = |x: &[f32], split: usize| -> Vec<f32> {
-                let tokens = x.len() / kd;
-                let blocks32 = tokens * kd / 32;
-                let (xq, xd, xs) = (
-                    vec![0i8; tokens * kd],
-                    vec![0.0f32; blocks32],
-                    vec![0.0f32; blocks32],
-                );
-                let (y, y2) = (
-                    vec![f32::NAN; tokens * split],
-                    vec![f32::NAN; tokens * (n - split)],
-                );
-                let (xa, qa, da, sa, ya, y2a, wa) = (
-                    Addr::of(x),
-                    Addr::of(&xq),
-                    Addr::of(&xd),
-                    Addr::of(&xs),
-                    Addr::of(&y),
-                    Addr::of(&y2),
-                    Addr::of(&tiles),
-                );
-                let row_bytes = t.row_bytes(kd) as i64;
-                // SAFETY: the signatures of quantize_q8 (kernels/gemv.cu) and gemv_q8t_* /
-                // gemv1_q8t_* (kernels/gemv_tc.cu), over buffers of the sizes ops.rs gives them.
-                unsafe {
-                    let quantize: host::quantize_q8 = kern.kernel("quantize_q8");
-                    kern.launch((blocks32 * 32).div_ceil(256) as u32, 256, &|| {
-                        quantize(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks32 as i64)
-                    });
-                    let build = match tokens {
-                        1 => "1",
-                        5 => "8",
-                        _ => "",
-                    };
-                    let gemv: host::gemv_q8t = kern.kernel(&format!("gemv{build}_q8t_{suffix}"));
-                    kern.launch(n.div_ceil(16) as u32, 32 * warps, &|| {
-                        gemv(
-                            wa.ptr(),
-                            row_bytes,
-                            qa.ptr(),
-                            da.ptr(),
-                            sa.ptr(),
-                            ya.ptr(),
-                            y2a.ptr(),
-                            split as i32,
-                            n as i32,
-                            kd as i32,
-                            tokens as i32,
-                        )
-                    });
-                }
-                [y, y2].concat()
+            let tile = TileWeight {
+                tiles: &tiles,
+                row_bytes: t.row_bytes(kd) as i64,
+                n,
+                kd,
+                warps,
+            };
+            let run = |x: &[f32], split: usize| {
+                let build = match x.len() / kd {
+                    1 => "1",
+                    5 => "8",
+                    _ => "",
+                };
+                let gemv = format!("gemv{build}_q8t_{suffix}");
+                // SAFETY: quantize_q8 (kernels/gemv.cu, a thread a value, a scale and a sum
+                // per 32) and gemv*_q8t_* (kernels/gemv_tc.cu) have these signatures.
+                unsafe { tile.run::<f32>(&kern, ("quantize_q8", 1, 32), &gemv, x, split) }
             };
             // Activations rounded to int8 per 32 values: about 4e-3.
             check_tile_gemv(&w, n, kd, &format!("{t} k={kd} warps={warps}"), run);
@@ -391,66 +442,22 @@ fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
         let t = GgmlType::Q4_K;
         let w = kquant(t, n, kd, &[0, 2], 5);
         let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
-        // `x` `[tokens, kd]`: rows below `split` into one output, the others into a second,
-        // returned one after the other.
-        let run = |x: &[f32], split: usize| -> Vec<f32> {
-            let tokens = x.len() / kd;
-            let values = tokens * kd;
-            let (xq, xd, xs) = (
-                vec![0i8; values],
-                vec![0.0f32; values / 256],
-                vec![0i16; values / 32],
-            );
-            let (y, y2) = (
-                vec![f32::NAN; tokens * split],
-                vec![f32::NAN; tokens * (n - split)],
-            );
-            let (xa, qa, da, sa, ya, y2a, wa) = (
-                Addr::of(x),
-                Addr::of(&xq),
-                Addr::of(&xd),
-                Addr::of(&xs),
-                Addr::of(&y),
-                Addr::of(&y2),
-                Addr::of(&tiles),
-            );
-            let row_bytes = t.row_bytes(kd) as i64;
-            // SAFETY: the signatures of quantize_q8_blocks and gemv*_i8tc_q4_k
-            // (kernels/gemv_tc.cu), over buffers of the sizes ops.rs gives them.
-            unsafe {
-                let quantize: host::quantize_q8_blocks = kern.kernel("quantize_q8_blocks");
-                kern.launch((values / 8).div_ceil(256) as u32, 256, &|| {
-                    quantize(
-                        xa.ptr(),
-                        qa.ptr(),
-                        da.ptr(),
-                        sa.ptr(),
-                        (values / 256) as i64,
-                    )
-                });
-                let name = if tokens <= 8 {
-                    "gemv8_i8tc_q4_k"
-                } else {
-                    "gemv_i8tc_q4_k"
-                };
-                let gemv: host::gemv_i8tc = kern.kernel(name);
-                kern.launch(n.div_ceil(16) as u32, 32 * warps, &|| {
-                    gemv(
-                        wa.ptr(),
-                        row_bytes,
-                        qa.ptr(),
-                        da.ptr(),
-                        sa.ptr(),
-                        ya.ptr(),
-                        y2a.ptr(),
-                        split as i32,
-                        n as i32,
-                        kd as i32,
-                        tokens as i32,
-                    )
-                });
-            }
-            [y, y2].concat()
+        let tile = TileWeight {
+            tiles: &tiles,
+            row_bytes: t.row_bytes(kd) as i64,
+            n,
+            kd,
+            warps,
+        };
+        let run = |x: &[f32], split: usize| {
+            let gemv = if x.len() / kd <= 8 {
+                "gemv8_i8tc_q4_k"
+            } else {
+                "gemv_i8tc_q4_k"
+            };
+            // SAFETY: quantize_q8_blocks (a warp per 256 values, a scale per 256, an int16 sum
+            // per 32) and gemv*_i8tc_q4_k (kernels/gemv_tc.cu) have these signatures.
+            unsafe { tile.run::<i16>(&kern, ("quantize_q8_blocks", 8, 256), gemv, x, split) }
         };
         // Activations rounded to int8 per 256 values.
         check_tile_gemv(&w, n, kd, &format!("k={kd} warps={warps}"), run);
