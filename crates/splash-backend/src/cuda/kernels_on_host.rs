@@ -2422,6 +2422,224 @@ fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
     }
 }
 
+/// ops::attention's split path with the staged kernel (`attention_part_staged`, `heads` query
+/// heads a block) over an int8 cache, then `attention_combine`.
+#[allow(clippy::too_many_arguments)]
+fn staged_split_attention(
+    kern: &HostKernels,
+    q: &[f32],
+    cache: &HostCache,
+    (hq, hkv, d): (usize, usize, usize),
+    pos0: usize,
+    scale: f32,
+    window: Option<usize>,
+    heads: usize,
+) -> Vec<f32> {
+    let t = q.len() / (hq * d);
+    let mask = super::ops::KeyMask { block: 0, window };
+    let chunks = super::ops::split_chunks(pos0.into(), t, mask);
+    let rows = t * hq;
+    let part = vec![f32::NAN; rows * chunks * (d + 2)];
+    let out = vec![f32::NAN; rows * d];
+    let (qa, pa, oa) = (Addr::of(q), Addr::of(&part), Addr::of(&out));
+    let (ka, ksa, va, vsa) = cache.addrs();
+    // SAFETY: the signatures of attention_part_staged and attention_combine in
+    // kernels/attention.cu, over buffers of the sizes ops::attention gives them.
+    unsafe {
+        let f: host::attention_part_staged = kern.kernel("attention_part_staged");
+        kern.launch((rows / heads * chunks) as u32, 128, &|| {
+            f(
+                qa.ptr(),
+                ka.ptr(),
+                ksa.ptr(),
+                va.ptr(),
+                vsa.ptr(),
+                pa.ptr(),
+                hq as i32,
+                hkv as i32,
+                pos0 as i32,
+                std::ptr::null(),
+                scale,
+                0,
+                window.unwrap_or(0) as i32,
+                chunks as i32,
+                heads as i32,
+            )
+        });
+        combine(kern, pa, oa, rows, chunks);
+    }
+    out
+}
+
+/// The divisors of a GQA group a staged block may take (up to `ops::STAGED_HEADS`).
+fn staged_groupings(hq: usize, hkv: usize) -> Vec<usize> {
+    let group = hq / hkv;
+    (1..=group.min(super::ops::STAGED_HEADS))
+        .filter(|h| group.is_multiple_of(*h))
+        .collect()
+}
+
+/// The staged split attention (int8 cache, head dim 256) matches the CPU over five chunks, the
+/// last one partly filled, with and without a sliding window whose first key is inside a tile;
+/// every grouping of a block's heads gives the same bits, and so does each row of a 3-token
+/// block against its query alone.
+#[test]
+fn the_staged_split_attention_matches_the_cpu_in_any_grouping() {
+    let Some(kern) = kernels(DIMS_256) else {
+        return;
+    };
+    let (d, pos0, t) = (256, 1030, 3);
+    // Groups of 8 (the 35B-A3B's) and 6 (the 27B's), over one and two KV heads.
+    for (hq, hkv) in [(8, 1), (12, 2)] {
+        let s = pos0 + t;
+        let keys = random(s * hkv * d, 171);
+        let values = random(s * hkv * d, 172);
+        let q = random(t * hq * d, 173);
+        let scale = (d as f32).powf(-0.5);
+        let cache = HostCache::new(&kern, KvFormat::Int8, &keys, &values, hkv, d);
+        let groupings = staged_groupings(hq, hkv);
+        for window in [None, Some(300)] {
+            let want = cpu_attention(
+                &q,
+                &keys,
+                &values,
+                KvFormat::Int8,
+                hq,
+                hkv,
+                d,
+                pos0,
+                scale,
+                window,
+            );
+            let staged = |q: &[f32], pos0: usize, heads: usize| {
+                staged_split_attention(&kern, q, &cache, (hq, hkv, d), pos0, scale, window, heads)
+            };
+            let block = staged(&q, pos0, 1);
+            let err = rel_err(&block, &want);
+            assert!(
+                err < 1e-4,
+                "hq={hq} hkv={hkv} {window:?}: relative error {err}"
+            );
+            for &heads in &groupings[1..] {
+                assert_eq!(
+                    bits(&staged(&q, pos0, heads)),
+                    bits(&block),
+                    "hq={hq} hkv={hkv} {window:?}: {heads} heads a block differ from one"
+                );
+            }
+            let most = *groupings.last().unwrap();
+            for ti in 0..t {
+                let alone = staged(&q[ti * hq * d..(ti + 1) * hq * d], pos0 + ti, most);
+                assert_eq!(
+                    bits(&alone),
+                    bits(&block[ti * hq * d..(ti + 1) * hq * d]),
+                    "hq={hq} hkv={hkv} {window:?}: row {ti} of the block differs from its query alone"
+                );
+            }
+        }
+    }
+}
+
+/// The staged split attention of several sequences in one launch
+/// (`attention_part_seqs_staged`, `attention_combine_seqs`) gives every sequence the bits of its
+/// own `attention_part_staged` launch, in other groupings of the heads, over contexts of 1,030,
+/// 5 and 300 keys (the short ones take the long one's chunk count, their extra chunks empty).
+#[test]
+fn the_staged_attention_of_several_sequences_has_each_ones_bits() {
+    let Some(kern) = kernels(DIMS_256) else {
+        return;
+    };
+    let (d, hq, hkv) = (256usize, 12usize, 2usize);
+    let seqs = [(1030usize, 3usize), (5, 1), (300, 2)];
+    let scale = (d as f32).powf(-0.5);
+    let rows: usize = seqs.iter().map(|s| s.1).sum();
+    let q = random(rows * hq * d, 181);
+    let caches: Vec<HostCache> = seqs
+        .iter()
+        .enumerate()
+        .map(|(i, &(pos0, n))| {
+            let s = pos0 + n;
+            let (k, v) = (
+                random(s * hkv * d, 182 + 2 * i as u64),
+                random(s * hkv * d, 183 + 2 * i as u64),
+            );
+            HostCache::new(&kern, KvFormat::Int8, &k, &v, hkv, d)
+        })
+        .collect();
+    let mut solo = Vec::new();
+    let mut off = 0;
+    for (&(pos0, n), cache) in seqs.iter().zip(&caches) {
+        let q = &q[off * hq * d..(off + n) * hq * d];
+        solo.extend(staged_split_attention(
+            &kern,
+            q,
+            cache,
+            (hq, hkv, d),
+            pos0,
+            scale,
+            None,
+            1,
+        ));
+        off += n;
+    }
+    let mut slots = super::AttnSlots::default();
+    let mut off = 0;
+    for (i, (&(pos0, n), c)) in seqs.iter().zip(&caches).enumerate() {
+        let (kc, ksa, vc, vsa) = c.addrs();
+        (slots.kc[i], slots.ks[i], slots.vc[i], slots.vs[i]) =
+            (kc.0 as u64, ksa.0 as u64, vc.0 as u64, vsa.0 as u64);
+        (slots.pos0[i], slots.off[i], slots.n[i]) = (pos0 as i32, off as i32, n as i32);
+        off += n;
+    }
+    let longest = seqs.iter().map(|s| s.1).max().unwrap();
+    let chunks = seqs
+        .iter()
+        .map(|s| s.0 + s.1)
+        .max()
+        .unwrap()
+        .div_ceil(super::ops::ATTN_CHUNK);
+    let (n_seqs, qrows) = (seqs.len(), longest * hq);
+    for heads in staged_groupings(hq, hkv) {
+        let part = vec![f32::NAN; n_seqs * qrows * chunks * (d + 2)];
+        let out = vec![f32::NAN; rows * hq * d];
+        let (qa, pa, oa) = (Addr::of(&q), Addr::of(&part), Addr::of(&out));
+        // SAFETY: the signatures of attention_part_seqs_staged and attention_combine_seqs in
+        // kernels/attention.cu, over buffers of the sizes ops::attention_seqs gives them.
+        unsafe {
+            let f: host::attention_part_seqs_staged = kern.kernel("attention_part_seqs_staged");
+            kern.launch((n_seqs * qrows / heads * chunks) as u32, 128, &|| {
+                f(
+                    qa.ptr(),
+                    pa.ptr(),
+                    hq as i32,
+                    hkv as i32,
+                    scale,
+                    slots,
+                    qrows as i32,
+                    chunks as i32,
+                    heads as i32,
+                )
+            });
+            let comb: host::attention_combine_seqs = kern.kernel("attention_combine_seqs");
+            kern.launch((n_seqs * qrows) as u32, 128, &|| {
+                comb(
+                    pa.ptr(),
+                    oa.ptr(),
+                    hq as i32,
+                    slots,
+                    qrows as i32,
+                    chunks as i32,
+                )
+            });
+        }
+        assert_eq!(
+            bits(&out),
+            bits(&solo),
+            "{heads} heads a block: outputs differ"
+        );
+    }
+}
+
 /// ops::attention's one-launch kernel (`attention`, for long passes without the flash kernel)
 /// of `q` `[t, hq, d]` at positions `pos0..`.
 #[allow(clippy::too_many_arguments)]

@@ -39,6 +39,10 @@ pub struct GpuOptions {
     pub gdn_chunked: bool,
     /// The grouped expert kernel of prefill passes (`SPLASH_PREFILL_EXPERTS`, `gemm`).
     pub prefill_experts: PrefillExperts,
+    /// Decode and verify attention over an int8 cache stages each tile of keys in shared memory
+    /// for all the query heads of a block (`SPLASH_STAGED_ATTENTION`, on; `0`: the warp-per-key
+    /// kernels).
+    pub staged_attention: bool,
     /// Tiles of 16 queries each warp of the vision tower's attention takes, 1 or 2
     /// (`SPLASH_VISION_QUERY_TILES`, 2: 1.24× faster at 4 Mpx on the H200); 2 only for head
     /// dims up to 80.
@@ -71,6 +75,7 @@ impl Default for GpuOptions {
             tiled_gemv: TiledGemv::Int8Mma,
             stream_k_blocks_per_sm: 4,
             flash_async: true,
+            staged_attention: true,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
@@ -248,6 +253,7 @@ impl GpuOptions {
             stream_k_blocks_per_sm: number("SPLASH_STREAM_K_BLOCKS", 1..=8)?
                 .unwrap_or(d.stream_k_blocks_per_sm),
             flash_async: flag("SPLASH_FLASH_ASYNC", d.flash_async)?,
+            staged_attention: flag("SPLASH_STAGED_ATTENTION", d.staged_attention)?,
             gdn_chunked: flag("SPLASH_GDN_CHUNKED", d.gdn_chunked)?,
             prefill_experts,
             vision_query_tiles: number("SPLASH_VISION_QUERY_TILES", 1..=2)?
@@ -299,6 +305,7 @@ mod tests {
             ("SPLASH_STREAM_K", "1"),
             ("SPLASH_STREAM_K_BLOCKS", "3"),
             ("SPLASH_FLASH_ASYNC", "0"),
+            ("SPLASH_STAGED_ATTENTION", "0"),
             ("SPLASH_GDN_CHUNKED", "1"),
             ("SPLASH_PREFILL_EXPERTS", "gemv"),
             ("SPLASH_GDN_SLICES", "16"),
@@ -316,7 +323,7 @@ mod tests {
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);
         assert_eq!(o.stream_k_blocks_per_sm, 3);
-        assert!(!o.flash_async && o.gdn_chunked);
+        assert!(!o.flash_async && !o.staged_attention && o.gdn_chunked);
         assert_eq!(o.prefill_experts, PrefillExperts::Gemv);
         assert_eq!(
             o.kernels,

@@ -178,6 +178,11 @@ kernels! {
     family attention_part ["attention_part", "attention_part_grouped"](q: *const f32, kc: *const u8, ks: *const f32, vc: *const u8, vs: *const f32, part: *mut f32, fmt: i32, hq: i32, hkv: i32, pos0: i32, pos_at: *const i32, scale: f32, block: i32, window: i32, nchunks: i32, hb: i32);
     /// attention_part over several sequences' caches, one head a block or grouped.
     family attention_part_seqs ["attention_part_seqs", "attention_part_seqs_grouped"](q: *const f32, part: *mut f32, fmt: i32, hq: i32, hkv: i32, scale: f32, s: AttnSlots, rows: i32, nchunks: i32, hb: i32);
+    /// Split decode attention over an int8 cache, its keys staged in shared memory, up to 8
+    /// heads a block (head dims that are multiples of 128).
+    kernel attention_part_staged(q: *const f32, kc: *const u8, ks: *const f32, vc: *const u8, vs: *const f32, part: *mut f32, hq: i32, hkv: i32, pos0: i32, pos_at: *const i32, scale: f32, block: i32, window: i32, nchunks: i32, hb: i32);
+    /// attention_part_staged over several sequences' caches.
+    kernel attention_part_seqs_staged(q: *const f32, part: *mut f32, hq: i32, hkv: i32, scale: f32, s: AttnSlots, rows: i32, nchunks: i32, hb: i32);
     kernel attention_combine(part: *const f32, out: *mut f32, nchunks: i32);
     kernel attention_combine_seqs(part: *const f32, out: *mut f32, hq: i32, s: AttnSlots, rows: i32, nchunks: i32);
     kernel sigmoid_gate(x: *mut f32, gate: *const f32, n: i64);

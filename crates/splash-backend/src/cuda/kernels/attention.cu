@@ -487,6 +487,226 @@ __device__ __forceinline__ void cp_async_wait_all() {
 }
 #endif
 
+// Split attention over an int8 cache with the keys staged in shared memory (`*_staged`, the
+// default for int8 caches whose head dim is a multiple of 128): a block takes the hb query heads
+// h0.. of one KV head of one row over one ATTN_CHUNK chunk and reads each key and value once for
+// all of them, in tiles of STAGED_KEYS keys copied a tile ahead (cp.async). A tile's scores:
+// warp w sums dims [w·D/4, (w+1)·D/4) of the lane-th key against every head's query (the keys'
+// codes converted once for all heads; the four quarters added in order), times the key's scale and
+// `scale`. Then an online softmax per head over the tiles (warp g % 4 keeps head g's max and sum),
+// and each thread accumulates D/128 dims of every head's output from the values' codes times
+// e_j · value scale. The warp-per-key kernels above reduced every (head, key) score across a warp
+// and read each key once per head: at 32K of context they reached about 8 % of the bandwidth.
+// A head's sums depend only on its query and key range and on tile boundaries fixed by position,
+// never on hb or the pass, so a row gets the same bits in any pass and any grouping. The record is
+// attention_part's (max, sum, unnormalised output), for attention_combine.
+#if HEAD_DIM % 128 == 0 && HEAD_DIM <= 256
+#define STAGED_KEYS 32
+#define STAGED_HEADS 8
+// Bytes per staged key row: 16 more than the head puts the 16-byte reads of 8 lanes (8 rows) on
+// distinct banks.
+#define STAGED_KEY_STRIDE (HEAD_DIM + 16)
+#define STAGED_QUARTER (HEAD_DIM / 4)
+#define STAGED_DIMS (HEAD_DIM / 128)
+
+struct alignas(16) StagedTile {
+    u8 k[STAGED_KEYS][STAGED_KEY_STRIDE];
+    u8 v[STAGED_KEYS][HEAD_DIM];
+    float ks[STAGED_KEYS], vs[STAGED_KEYS];
+};
+
+struct alignas(16) StagedShared {
+    float q[STAGED_HEADS][HEAD_DIM];
+    StagedTile tile[2];
+    float part[4][STAGED_HEADS][STAGED_KEYS];  // each quarter's partial scores
+    float p[STAGED_HEADS][STAGED_KEYS];        // e_j times the value's scale
+    float corr[STAGED_HEADS];                  // how much the running output shrinks this tile
+};
+
+// Byte i of w as the signed int8 it stores, in f32: 2^23 + (b ^ 0x80) built in the mantissa,
+// less 2^23 + 128 (exact; a byte permute and an add where a conversion takes a slower pipe).
+__device__ __forceinline__ float staged_code(u32 w, int i) {
+    return __int_as_float((int)__byte_perm(w ^ 0x80808080u, 0x4B000000u, 0x7540u + i)) - 8388736.0f;
+}
+
+// Keys and values j0 .. j0 + STAGED_KEYS of head kvh into `t`, in flight: rows outside [lo, hi)
+// read nothing and are zero (their scores are masked).
+__device__ __forceinline__ void staged_fetch(StagedTile* t, const u8* kc, const float* ks, const u8* vc,
+                                             const float* vs, int j0, int lo, int hi, int kvh, int hkv) {
+    for (int c = threadIdx.x; c < STAGED_KEYS * (HEAD_DIM / 16); c += blockDim.x) {
+        int jj = c / (HEAD_DIM / 16), d = 16 * (c % (HEAD_DIM / 16)), j = j0 + jj;
+        bool in = j >= lo && j < hi;
+        long e = ((long)(in ? j : lo) * hkv + kvh) * HEAD_DIM + d;  // in the cache either way
+        cp_async16(&t->k[jj][d], kc + e, in ? 16 : 0);
+        cp_async16(&t->v[jj][d], vc + e, in ? 16 : 0);
+    }
+    for (int jj = threadIdx.x; jj < STAGED_KEYS; jj += blockDim.x) {
+        int j = j0 + jj;
+        bool in = j >= lo && j < hi;
+        long r = (long)(in ? j : lo) * hkv + kvh;
+        cp_async4(&t->ks[jj], ks + r, in ? 4 : 0);
+        cp_async4(&t->vs[jj], vs + r, in ? 4 : 0);
+    }
+}
+
+// The hb (1..STAGED_HEADS) heads h0.. of one row, q [hq, HEAD_DIM] its queries, over the keys
+// [lo, hi) ∩ [at, at + ATTN_CHUNK); head g's record at dst + g·stride. 128 threads.
+__device__ void attend_staged(StagedShared* sh, const float* q, const u8* kc, const float* ks, const u8* vc,
+                              const float* vs, int h0, int hb, int hq, int hkv, int lo, int hi, int at, float scale,
+                              float* dst, long stride) {
+    int kvh = h0 / (hq / hkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int k0 = max(lo, at), k1 = min(hi, at + ATTN_CHUNK);
+    for (int e = threadIdx.x; e < hb * HEAD_DIM; e += blockDim.x)
+        sh->q[e / HEAD_DIM][e % HEAD_DIM] = q[(long)h0 * HEAD_DIM + e];
+    // Tiles start at fixed positions (at + STAGED_KEYS·n); those without keys in range are skipped.
+    int first = at + max(0, k0 - at) / STAGED_KEYS * STAGED_KEYS;
+    if (k0 < k1) staged_fetch(&sh->tile[0], kc, ks, vc, vs, first, k0, k1, kvh, hkv);
+    // Warp w keeps the max and sum of heads w and w + 4.
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f}, acc[STAGED_HEADS][STAGED_DIMS];
+#pragma unroll
+    for (int g = 0; g < STAGED_HEADS; g++)
+#pragma unroll
+        for (int i = 0; i < STAGED_DIMS; i++) acc[g][i] = 0.0f;
+    int b = 0;
+    for (int j0 = first; j0 < k1; j0 += STAGED_KEYS, b ^= 1) {
+        cp_async_wait_all();
+        __syncthreads();  // the tile is in; every thread is done with the other one
+        if (j0 + STAGED_KEYS < k1)
+            staged_fetch(&sh->tile[b ^ 1], kc, ks, vc, vs, j0 + STAGED_KEYS, k0, k1, kvh, hkv);
+        const StagedTile* t = &sh->tile[b];
+        // Scores: this warp's quarter of the dims of key `lane`.
+        float s[STAGED_HEADS];
+#pragma unroll
+        for (int g = 0; g < STAGED_HEADS; g++) s[g] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < STAGED_QUARTER / 16; c++) {
+            int d0 = warp * STAGED_QUARTER + 16 * c;
+            uint4 w = *(const uint4*)&t->k[lane][d0];
+            u32 ws[4] = {w.x, w.y, w.z, w.w};
+            float kf[16];
+#pragma unroll
+            for (int i = 0; i < 16; i++) kf[i] = staged_code(ws[i / 4], i % 4);
+#pragma unroll
+            for (int g = 0; g < STAGED_HEADS; g++) {
+                if (g >= hb) break;
+#pragma unroll
+                for (int i = 0; i < 16; i += 4) {
+                    float4 qq = *(const float4*)&sh->q[g][d0 + i];
+                    s[g] = fmaf(qq.x, kf[i], s[g]);
+                    s[g] = fmaf(qq.y, kf[i + 1], s[g]);
+                    s[g] = fmaf(qq.z, kf[i + 2], s[g]);
+                    s[g] = fmaf(qq.w, kf[i + 3], s[g]);
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < STAGED_HEADS; g++)
+            if (g < hb) sh->part[warp][g][lane] = s[g];
+        __syncthreads();
+        // The softmax of heads warp and warp + 4 over this tile.
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int g = warp + 4 * k, j = j0 + lane;
+            if (g >= hb) break;
+            bool in = j >= k0 && j < k1;
+            float sc = ((sh->part[0][g][lane] + sh->part[1][g][lane]) + (sh->part[2][g][lane] + sh->part[3][g][lane])) *
+                       t->ks[lane] * scale;
+            // The tile has a key in range, so the new max is finite.
+            float m2 = fmaxf(m[k], warp_max(in ? sc : NEG_INF));
+            float e = in ? expf(sc - m2) : 0.0f, corr = expf(m[k] - m2);
+            l[k] = l[k] * corr + warp_sum(e);
+            m[k] = m2;
+            sh->p[g][lane] = e * t->vs[lane];
+            if (lane == 0) sh->corr[g] = corr;
+        }
+        __syncthreads();
+        // Outputs: dims threadIdx.x·STAGED_DIMS.. of every head.
+#pragma unroll
+        for (int g = 0; g < STAGED_HEADS; g++) {
+            if (g >= hb) break;
+            float corr = sh->corr[g];
+#pragma unroll
+            for (int i = 0; i < STAGED_DIMS; i++) acc[g][i] *= corr;
+        }
+#pragma unroll
+        for (int jj = 0; jj < STAGED_KEYS; jj += 4) {
+            float vf[4][STAGED_DIMS];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const u8* vr = &t->v[jj + u][threadIdx.x * STAGED_DIMS];
+                u32 w = STAGED_DIMS == 2 ? (u32)*(const u16*)vr : (u32)*vr;
+#pragma unroll
+                for (int i = 0; i < STAGED_DIMS; i++) vf[u][i] = staged_code(w, i);
+            }
+#pragma unroll
+            for (int g = 0; g < STAGED_HEADS; g++) {
+                if (g >= hb) break;
+                float4 pp = *(const float4*)&sh->p[g][jj];
+                float pu[4] = {pp.x, pp.y, pp.z, pp.w};
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int i = 0; i < STAGED_DIMS; i++) acc[g][i] = fmaf(pu[u], vf[u][i], acc[g][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < STAGED_HEADS; g++) {
+        if (g >= hb) break;
+#pragma unroll
+        for (int i = 0; i < STAGED_DIMS; i++) dst[g * stride + 2 + threadIdx.x * STAGED_DIMS + i] = acc[g][i];
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        int g = warp + 4 * k;
+        if (g < hb && lane == 0) {
+            dst[g * stride] = m[k];
+            dst[g * stride + 1] = l[k];
+        }
+    }
+}
+
+// attention_part over an int8 cache, staged: the same grid and record, hb up to STAGED_HEADS.
+extern "C" __global__ void __launch_bounds__(128) attention_part_staged(
+    const float* q, const u8* kc, const float* ks, const u8* vc, const float* vs, float* part, int hq, int hkv,
+    int pos0, const int* pos_at, float scale, int block, int window, int nchunks, int hb) {
+    GRID_PROLOGUE();
+    __shared__ StagedShared sh;
+    int groups = gridDim.x / nchunks, gi = blockIdx.x % groups, c = blockIdx.x / groups;
+    int t = gi / (hq / hb), h0 = gi % (hq / hb) * hb;
+    int pos = position(pos0, pos_at), lo, hi;
+    key_range(t, pos, block, window, &lo, &hi);
+    int first = window > 0 ? max(0, pos - window + 1) / ATTN_CHUNK : 0;
+    float* dst = part + (((long)t * hq + h0) * nchunks + c) * (HEAD_DIM + 2);
+    attend_staged(&sh, q + (long)t * hq * HEAD_DIM, kc, ks, vc, vs, h0, hb, hq, hkv, lo, hi,
+                  (first + c) * ATTN_CHUNK, scale, dst, (long)nchunks * (HEAD_DIM + 2));
+}
+
+// attention_part_seqs over int8 caches, staged: the same grid and records.
+extern "C" __global__ void __launch_bounds__(128) attention_part_seqs_staged(const float* q, float* part, int hq,
+                                                                             int hkv, float scale, AttnSlots s,
+                                                                             int rows, int nchunks, int hb) {
+    GRID_PROLOGUE();
+    __shared__ StagedShared sh;
+    int groups = rows / hb, seqs = gridDim.x / (groups * nchunks);
+    int c = blockIdx.x / (seqs * groups), i = blockIdx.x / groups % seqs, row = blockIdx.x % groups * hb;
+    if (row >= s.n[i] * hq) return;
+    int t = row / hq, lo, hi;
+    key_range(t, slot_position(s, i), 0, 0, &lo, &hi);
+    float* dst = part + (((long)i * rows + row) * nchunks + c) * (HEAD_DIM + 2);
+    attend_staged(&sh, q + ((long)s.off[i] + t) * hq * HEAD_DIM, (const u8*)s.kc[i], (const float*)s.ks[i],
+                  (const u8*)s.vc[i], (const float*)s.vs[i], row % hq, hb, hq, hkv, lo, hi, c * ATTN_CHUNK, scale,
+                  dst, (long)nchunks * (HEAD_DIM + 2));
+}
+#else
+// Other head dims keep the warp-per-key kernels (ops::staged_attention); these are declared so
+// that every build has the kernels cuda/signatures.rs lists, and are never launched.
+extern "C" __global__ void attention_part_staged(const float*, const u8*, const float*, const u8*, const float*,
+                                                 float*, int, int, int, const int*, float, int, int, int, int) {}
+extern "C" __global__ void attention_part_seqs_staged(const float*, float*, int, int, float, AttnSlots, int, int,
+                                                      int) {}
+#endif
+
 #if HEAD_DIM % 16 == 0
 #define FA_WARPS 4
 #define FA_KEYS 32

@@ -70,6 +70,47 @@ pub(crate) fn split_kernel(family: &'static str, heads: usize) -> &'static str {
     }
 }
 
+/// Most query heads a block of the staged split attention takes (`STAGED_HEADS`).
+pub(crate) const STAGED_HEADS: usize = 8;
+
+/// Whether the split attention over these caches takes the staged kernels
+/// (`attention_part_staged`, `attention_part_seqs_staged`): int8 caches whose rows the kernels
+/// copy 16 bytes at a time (aligned bases, a head dim that is a multiple of 128, up to 256). It
+/// depends on the caches alone, never on the pass, so decode and verify rows keep equal bits;
+/// `SPLASH_STAGED_ATTENTION=0` keeps the warp-per-key kernels.
+pub(crate) fn staged_attention(
+    gpu: &Gpu,
+    k: &Kernels,
+    format: KvFormat,
+    caches: impl IntoIterator<Item = u64>,
+) -> bool {
+    let d = k.dims().head_dim;
+    gpu.options().staged_attention
+        && format == KvFormat::Int8
+        && d.is_multiple_of(128)
+        && d <= 256
+        && caches.into_iter().all(|c| c.is_multiple_of(16))
+}
+
+/// Query heads of one KV head a staged block takes, for `queries` (row, head) pairs over
+/// `chunks` chunks: the most (a divisor of the group up to [`STAGED_HEADS`]) that still leave
+/// one and a half blocks per SM, since each block walks its chunk's keys in turn; one head when
+/// even that leaves too few. A head's bits do not depend on it.
+pub(crate) fn staged_heads(
+    queries: usize,
+    chunks: usize,
+    hq: usize,
+    hkv: usize,
+    sms: usize,
+) -> usize {
+    let group = hq / hkv;
+    (1..=STAGED_HEADS.min(group))
+        .rev()
+        .filter(|h| group.is_multiple_of(*h))
+        .find(|h| queries / h * chunks >= 3 * sms / 2)
+        .unwrap_or(1)
+}
+
 /// Chunks of [`ATTN_CHUNK`] keys the split attention (`attention_part`) gives each query row of
 /// a pass of `tokens` at `pos`: up to the furthest key of any query (a draft block sees the
 /// whole block), and with a window at most the chunks the window and the pass's keys span
@@ -126,6 +167,16 @@ pub fn attention(
         let rows = tokens * hq;
         let part = gpu.uninit::<f32>(rows * chunks * (k.dims().head_dim + 2))?;
         let pp = ptr(gpu, &part, 0);
+        if staged_attention(gpu, k, format, [kc, vc]) {
+            let heads = staged_heads(rows, chunks, hq, hkv, gpu.sms());
+            let grid = ((rows / heads * chunks) as u32, 128);
+            let (n, hb) = (chunks as i32, heads as i32);
+            launch::attention_part_staged(
+                gpu, k, grid, q, kc, ks, vc, vs, pp, hq_i, hkv_i, p0, p_at, scale, block, window,
+                n, hb,
+            )?;
+            return launch::attention_combine(gpu, k, (rows as u32, 128), pp, out, n);
+        }
         let grid = ((rows / heads * chunks) as u32, 128);
         launch::attention_part(
             gpu,
@@ -329,14 +380,25 @@ pub fn attention_seqs(
         let rows = longest * hq;
         let part = gpu.uninit::<f32>(group.len() * rows * chunks * (d + 2))?;
         let pp = ptr(gpu, &part, 0);
-        let heads = attention_heads(longest, hq, hkv, k.options().attention_heads());
-        let grid = ((group.len() * rows / heads * chunks) as u32, 128);
         let (fmt, hq_i, hkv_i) = (kv_code(format), hq as i32, hkv as i32);
-        let (rows_i, n, hb) = (rows as i32, chunks as i32, heads as i32);
-        let kernel = split_kernel("attention_part_seqs", heads);
-        launch::attention_part_seqs(
-            gpu, k, kernel, grid, q, pp, fmt, hq_i, hkv_i, scale, slots, rows_i, n, hb,
-        )?;
+        let (rows_i, n) = (rows as i32, chunks as i32);
+        let caches = group.iter().flat_map(|p| [p.keys.0, p.values.0]);
+        if staged_attention(gpu, k, format, caches) {
+            let heads = staged_heads(group.len() * rows, chunks, hq, hkv, gpu.sms());
+            let grid = ((group.len() * rows / heads * chunks) as u32, 128);
+            let hb = heads as i32;
+            launch::attention_part_seqs_staged(
+                gpu, k, grid, q, pp, hq_i, hkv_i, scale, slots, rows_i, n, hb,
+            )?;
+        } else {
+            let heads = attention_heads(longest, hq, hkv, k.options().attention_heads());
+            let grid = ((group.len() * rows / heads * chunks) as u32, 128);
+            let hb = heads as i32;
+            let kernel = split_kernel("attention_part_seqs", heads);
+            launch::attention_part_seqs(
+                gpu, k, kernel, grid, q, pp, fmt, hq_i, hkv_i, scale, slots, rows_i, n, hb,
+            )?;
+        }
         let grid = ((group.len() * rows) as u32, 128);
         launch::attention_combine_seqs(gpu, k, grid, pp, out, hq_i, slots, rows_i, n)?;
     }
