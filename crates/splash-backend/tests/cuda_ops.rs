@@ -470,6 +470,9 @@ fn the_norms_with_their_bf16_conversion_have_the_bits_of_the_separate_kernels() 
 #[test]
 fn experts_route_and_multiply_on_the_device() {
     let Some(gpu) = gpu() else { return };
+    // The experts' products are on the f16 tensor cores under every family; the tokens alone
+    // are multiplied by that family (the default takes Q4_K products to int8 activations).
+    tune(&gpu, |o| o.tiled_gemv = dev::TiledGemv::TensorCores);
     let k = gpu.kernels(FIXTURE_DIMS).unwrap();
     let (experts, top_k, n, kd) = (12, 3, 40, 512);
     let weights_of = |e: usize| {
