@@ -1398,6 +1398,29 @@ unsafe fn combine(kern: &HostKernels, part: Addr, out: Addr, rows: usize, nchunk
     });
 }
 
+/// The slot table of sequences `seqs` ((context, new rows) each, rows in order) over `caches`,
+/// as ops::attn_groups makes it; the most rows of a sequence, and the chunks the longest context
+/// needs.
+fn attn_slots(seqs: &[(usize, usize)], caches: &[HostCache]) -> (super::AttnSlots, usize, usize) {
+    let mut slots = super::AttnSlots::default();
+    let mut off = 0;
+    for (i, (&(pos0, n), c)) in seqs.iter().zip(caches).enumerate() {
+        let (kc, ksa, vc, vsa) = c.addrs();
+        (slots.kc[i], slots.ks[i], slots.vc[i], slots.vs[i]) =
+            (kc.0 as u64, ksa.0 as u64, vc.0 as u64, vsa.0 as u64);
+        (slots.pos0[i], slots.off[i], slots.n[i]) = (pos0 as i32, off as i32, n as i32);
+        off += n;
+    }
+    let longest = seqs.iter().map(|s| s.1).max().unwrap();
+    let chunks = seqs
+        .iter()
+        .map(|s| s.0 + s.1)
+        .max()
+        .unwrap()
+        .div_ceil(super::ops::ATTN_CHUNK);
+    (slots, longest, chunks)
+}
+
 /// An attention layer's position-dependent work for several sequences in one launch each
 /// (`rope_seqs`, `kv_append_seqs`, `attention_part_seqs` and `attention_combine_seqs`) gives
 /// every sequence the bits of its own launches (`rope`, `kv_append`, `attention_part`,
@@ -1505,22 +1528,7 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
         // All of them at once.
         let (q, kn, vn) = (q.clone(), kn.clone(), vn.clone());
         let caches = caches(90);
-        let mut slots = AttnSlots::default();
-        let mut off = 0;
-        for (i, (&(pos0, n), c)) in seqs.iter().zip(&caches).enumerate() {
-            let (kc, ksa, vc, vsa) = c.addrs();
-            (slots.kc[i], slots.ks[i], slots.vc[i], slots.vs[i]) =
-                (kc.0 as u64, ksa.0 as u64, vc.0 as u64, vsa.0 as u64);
-            (slots.pos0[i], slots.off[i], slots.n[i]) = (pos0 as i32, off as i32, n as i32);
-            off += n;
-        }
-        let longest = seqs.iter().map(|s| s.1).max().unwrap();
-        let chunks = seqs
-            .iter()
-            .map(|s| s.0 + s.1)
-            .max()
-            .unwrap()
-            .div_ceil(super::ops::ATTN_CHUNK);
+        let (slots, longest, chunks) = attn_slots(&seqs, &caches);
         let (n_seqs, qrows) = (seqs.len(), longest * hq);
         let part = vec![f32::NAN; n_seqs * qrows * chunks * (d + 2)];
         let out = vec![f32::NAN; rows * hq * d];
@@ -2582,22 +2590,7 @@ fn the_staged_attention_of_several_sequences_has_each_ones_bits() {
         ));
         off += n;
     }
-    let mut slots = super::AttnSlots::default();
-    let mut off = 0;
-    for (i, (&(pos0, n), c)) in seqs.iter().zip(&caches).enumerate() {
-        let (kc, ksa, vc, vsa) = c.addrs();
-        (slots.kc[i], slots.ks[i], slots.vc[i], slots.vs[i]) =
-            (kc.0 as u64, ksa.0 as u64, vc.0 as u64, vsa.0 as u64);
-        (slots.pos0[i], slots.off[i], slots.n[i]) = (pos0 as i32, off as i32, n as i32);
-        off += n;
-    }
-    let longest = seqs.iter().map(|s| s.1).max().unwrap();
-    let chunks = seqs
-        .iter()
-        .map(|s| s.0 + s.1)
-        .max()
-        .unwrap()
-        .div_ceil(super::ops::ATTN_CHUNK);
+    let (slots, longest, chunks) = attn_slots(&seqs, &caches);
     let (n_seqs, qrows) = (seqs.len(), longest * hq);
     for heads in staged_groupings(hq, hkv) {
         let part = vec![f32::NAN; n_seqs * qrows * chunks * (d + 2)];

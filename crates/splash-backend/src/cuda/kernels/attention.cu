@@ -321,6 +321,24 @@ __device__ __forceinline__ void attention_part_body(const float* q, const u8* kc
 ATTENTION_PART(attention_part, ATTN_ONE_HEAD_BOUNDS, 1)
 ATTENTION_PART(attention_part_grouped, ATTN_BOUNDS, ATTN_HEADS_MAX)
 
+// Block blockIdx.x of a `*_seqs` split attention: chunk c, sequence i, its first query row
+// `row` (token t, head row % hq), the token's keys [lo, hi) and the record dst; false when the
+// sequence has no such row (fewer tokens than the longest).
+struct SeqsBlock {
+    int c, i, row, t, lo, hi;
+    float* dst;
+};
+__device__ __forceinline__ bool seqs_block(const AttnSlots& s, float* part, int hq, int rows, int nchunks, int hb,
+                                           SeqsBlock* b) {
+    int groups = rows / hb, seqs = gridDim.x / (groups * nchunks);
+    b->c = blockIdx.x / (seqs * groups), b->i = blockIdx.x / groups % seqs, b->row = blockIdx.x % groups * hb;
+    if (b->row >= s.n[b->i] * hq) return false;
+    b->t = b->row / hq;
+    key_range(b->t, slot_position(s, b->i), 0, 0, &b->lo, &b->hi);
+    b->dst = part + (((long)b->i * rows + b->row) * nchunks + b->c) * (HEAD_DIM + 2);
+    return true;
+}
+
 // Split attention of every sequence's rows (causal, no window: the target's layers) over its
 // own caches: block (chunk c, sequence i, hb heads of a row) as attention_part's, `rows` = hq ·
 // the most tokens of a sequence, writing part[i, row, c]. Every sequence takes `nchunks` chunks,
@@ -332,12 +350,10 @@ __device__ __forceinline__ void attention_part_seqs_body(const float* q, float* 
                                                          float scale, AttnSlots s, int rows, int nchunks, int hb) {
     GRID_PROLOGUE();
     __shared__ AttnShared<MAXH> sh;
-    int groups = rows / hb, seqs = gridDim.x / (groups * nchunks);
-    int c = blockIdx.x / (seqs * groups), i = blockIdx.x / groups % seqs, row = blockIdx.x % groups * hb;
-    if (row >= s.n[i] * hq) return;
-    int t = row / hq, lo, hi;
-    key_range(t, slot_position(s, i), 0, 0, &lo, &hi);
-    float* dst = part + (((long)i * rows + row) * nchunks + c) * (HEAD_DIM + 2);
+    SeqsBlock b;
+    if (!seqs_block(s, part, hq, rows, nchunks, hb, &b)) return;
+    int c = b.c, i = b.i, row = b.row, t = b.t, lo = b.lo, hi = b.hi;
+    float* dst = b.dst;
     long stride = (long)nchunks * (HEAD_DIM + 2);
     if (max(lo, c * ATTN_CHUNK) >= min(hi, (c + 1) * ATTN_CHUNK)) {
         // No key of this chunk (a sequence shorter than the longest): its max alone, −inf.
@@ -688,15 +704,12 @@ extern "C" __global__ void __launch_bounds__(128) attention_part_seqs_staged(con
                                                                              int rows, int nchunks, int hb) {
     GRID_PROLOGUE();
     __shared__ StagedShared sh;
-    int groups = rows / hb, seqs = gridDim.x / (groups * nchunks);
-    int c = blockIdx.x / (seqs * groups), i = blockIdx.x / groups % seqs, row = blockIdx.x % groups * hb;
-    if (row >= s.n[i] * hq) return;
-    int t = row / hq, lo, hi;
-    key_range(t, slot_position(s, i), 0, 0, &lo, &hi);
-    float* dst = part + (((long)i * rows + row) * nchunks + c) * (HEAD_DIM + 2);
-    attend_staged(&sh, q + ((long)s.off[i] + t) * hq * HEAD_DIM, (const u8*)s.kc[i], (const float*)s.ks[i],
-                  (const u8*)s.vc[i], (const float*)s.vs[i], row % hq, hb, hq, hkv, lo, hi, c * ATTN_CHUNK, scale,
-                  dst, (long)nchunks * (HEAD_DIM + 2));
+    SeqsBlock b;
+    if (!seqs_block(s, part, hq, rows, nchunks, hb, &b)) return;
+    int i = b.i;
+    attend_staged(&sh, q + ((long)s.off[i] + b.t) * hq * HEAD_DIM, (const u8*)s.kc[i], (const float*)s.ks[i],
+                  (const u8*)s.vc[i], (const float*)s.vs[i], b.row % hq, hb, hq, hkv, b.lo, b.hi, b.c * ATTN_CHUNK,
+                  scale, b.dst, (long)nchunks * (HEAD_DIM + 2));
 }
 #else
 // Other head dims keep the warp-per-key kernels (ops::staged_attention); these are declared so

@@ -435,6 +435,28 @@ mod tests {
         assert!(24 * n >= FLASH_MIN_BLOCKS, "{n} chunks");
     }
 
+    /// A staged block takes the whole group when the chunks leave enough blocks, fewer heads
+    /// over a shorter context, and one head when even that is too few (132 SMs).
+    #[test]
+    fn a_staged_block_takes_as_many_heads_as_the_gpu_allows() {
+        // (queries, chunks, (hq, hkv)) → heads: the 27B (groups of 6), the 35B-A3B (8).
+        for (queries, chunks, (hq, hkv), heads) in [
+            (24, 129, (24, 4), 6),
+            (24, 33, (24, 4), 3),
+            (24, 5, (24, 4), 1),
+            (16 * 24, 5, (24, 4), 6),
+            (16, 129, (16, 2), 8),
+            (16, 17, (16, 2), 1),
+            (64, 129, (64, 4), 8),
+        ] {
+            assert_eq!(
+                staged_heads(queries, chunks, hq, hkv, 132),
+                heads,
+                "{queries} queries, {chunks} chunks, hq {hq}, hkv {hkv}"
+            );
+        }
+    }
+
     #[test]
     fn a_block_takes_the_most_heads_of_a_group_up_to_the_limit() {
         // (hq, hkv) of the 27B (groups of 6), the 35B-A3B (8), a draft (4) and small fixtures.
