@@ -1445,7 +1445,6 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
     type AppendSeqs = host::kv_append_seqs;
     type PartSeqs = host::attention_part_seqs;
     type CombineSeqs = host::attention_combine_seqs;
-    use super::AttnSlots;
     for format in [KvFormat::F32, KvFormat::Bf16, KvFormat::Int8] {
         let fmt = kv_code(format);
         // Each sequence's cache holds its context and room for its new rows (garbage there).
