@@ -184,6 +184,12 @@ const DIMS_256: KernelDims = KernelDims {
     gdn_dk: 128,
     gdn_dv: 128,
 };
+/// The DFlash drafts' head dim: the staged attention's one-dim-a-thread build.
+const DIMS_128: KernelDims = KernelDims {
+    head_dim: 128,
+    gdn_dk: 16,
+    gdn_dv: 16,
+};
 const DIMS_32: KernelDims = KernelDims {
     head_dim: 32,
     gdn_dk: 16,
@@ -2486,18 +2492,18 @@ fn staged_groupings(hq: usize, hkv: usize) -> Vec<usize> {
         .collect()
 }
 
-/// The staged split attention (int8 cache, head dim 256) matches the CPU over five chunks, the
-/// last one partly filled, with and without a sliding window whose first key is inside a tile;
-/// every grouping of a block's heads gives the same bits, and so does each row of a 3-token
-/// block against its query alone.
+/// The staged split attention (int8 cache, head dims 256 and 128) matches the CPU over five
+/// chunks, the last one partly filled, with and without a sliding window whose first key is
+/// inside a tile; every grouping of a block's heads gives the same bits, and so does each row
+/// of a 3-token block against its query alone.
 #[test]
 fn the_staged_split_attention_matches_the_cpu_in_any_grouping() {
-    let Some(kern) = kernels(DIMS_256) else {
-        return;
-    };
-    let (d, pos0, t) = (256, 1030, 3);
-    // Groups of 8 (the 35B-A3B's) and 6 (the 27B's), over one and two KV heads.
-    for (hq, hkv) in [(8, 1), (12, 2)] {
+    // Groups of 8 (the 35B-A3B's) and 6 (the 27B's), over one and two KV heads; a draft's 4.
+    for (dims, (hq, hkv)) in [(DIMS_256, (8, 1)), (DIMS_256, (12, 2)), (DIMS_128, (8, 2))] {
+        let Some(kern) = kernels(dims) else {
+            return;
+        };
+        let (d, pos0, t) = (dims.head_dim, 1030, 3);
         let s = pos0 + t;
         let keys = random(s * hkv * d, 171);
         let values = random(s * hkv * d, 172);
@@ -2525,13 +2531,13 @@ fn the_staged_split_attention_matches_the_cpu_in_any_grouping() {
             let err = rel_err(&block, &want);
             assert!(
                 err < 1e-4,
-                "hq={hq} hkv={hkv} {window:?}: relative error {err}"
+                "d={d} hq={hq} hkv={hkv} {window:?}: relative error {err}"
             );
             for &heads in &groupings[1..] {
                 assert_eq!(
                     bits(&staged(&q, pos0, heads)),
                     bits(&block),
-                    "hq={hq} hkv={hkv} {window:?}: {heads} heads a block differ from one"
+                    "d={d} hq={hq} hkv={hkv} {window:?}: {heads} heads a block differ from one"
                 );
             }
             let most = *groupings.last().unwrap();
@@ -2540,7 +2546,7 @@ fn the_staged_split_attention_matches_the_cpu_in_any_grouping() {
                 assert_eq!(
                     bits(&alone),
                     bits(&block[ti * hq * d..(ti + 1) * hq * d]),
-                    "hq={hq} hkv={hkv} {window:?}: row {ti} of the block differs from its query alone"
+                    "d={d} hq={hq} hkv={hkv} {window:?}: row {ti} of the block differs from its query alone"
                 );
             }
         }
