@@ -504,7 +504,7 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 
 // Split attention over an int8 cache with the keys staged in shared memory (`*_staged`, the
-// default for int8 caches whose head dim is a multiple of 128): a block takes the hb query heads
+// default for int8 caches of head dim 128 or 256): a block takes the hb query heads
 // h0.. of one KV head of one row over one ATTN_CHUNK chunk and reads each key and value once for
 // all of them, in tiles of STAGED_KEYS keys copied a tile ahead (cp.async). A tile's scores:
 // warp w sums dims [w·D/4, (w+1)·D/4) of the lane-th key against every head's query (the keys'
