@@ -1524,6 +1524,7 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
                     pos0,
                     scale,
                     None,
+                    SplitKernel::Warps,
                 );
                 out[rows].copy_from_slice(&alone);
                 off += n;
@@ -2435,55 +2436,6 @@ fn the_split_attention_on_the_host_matches_the_cpu_and_is_row_invariant() {
     }
 }
 
-/// ops::attention's split path with the staged kernel (`attention_part_staged`, `heads` query
-/// heads a block) over an int8 cache, then `attention_combine`.
-#[allow(clippy::too_many_arguments)]
-fn staged_split_attention(
-    kern: &HostKernels,
-    q: &[f32],
-    cache: &HostCache,
-    (hq, hkv, d): (usize, usize, usize),
-    pos0: usize,
-    scale: f32,
-    window: Option<usize>,
-    heads: usize,
-) -> Vec<f32> {
-    let t = q.len() / (hq * d);
-    let mask = super::ops::KeyMask { block: 0, window };
-    let chunks = super::ops::split_chunks(pos0.into(), t, mask);
-    let rows = t * hq;
-    let part = vec![f32::NAN; rows * chunks * (d + 2)];
-    let out = vec![f32::NAN; rows * d];
-    let (qa, pa, oa) = (Addr::of(q), Addr::of(&part), Addr::of(&out));
-    let (ka, ksa, va, vsa) = cache.addrs();
-    // SAFETY: the signatures of attention_part_staged and attention_combine in
-    // kernels/attention.cu, over buffers of the sizes ops::attention gives them.
-    unsafe {
-        let f: host::attention_part_staged = kern.kernel("attention_part_staged");
-        kern.launch((rows / heads * chunks) as u32, 128, &|| {
-            f(
-                qa.ptr(),
-                ka.ptr(),
-                ksa.ptr(),
-                va.ptr(),
-                vsa.ptr(),
-                pa.ptr(),
-                hq as i32,
-                hkv as i32,
-                pos0 as i32,
-                std::ptr::null(),
-                scale,
-                0,
-                window.unwrap_or(0) as i32,
-                chunks as i32,
-                heads as i32,
-            )
-        });
-        combine(kern, pa, oa, rows, chunks);
-    }
-    out
-}
-
 /// The divisors of a GQA group a staged block may take (up to `ops::STAGED_HEADS`).
 fn staged_groupings(hq: usize, hkv: usize) -> Vec<usize> {
     let group = hq / hkv;
@@ -2525,7 +2477,9 @@ fn the_staged_split_attention_matches_the_cpu_in_any_grouping() {
                 window,
             );
             let staged = |q: &[f32], pos0: usize, heads: usize| {
-                staged_split_attention(&kern, q, &cache, (hq, hkv, d), pos0, scale, window, heads)
+                let kernel = SplitKernel::Staged { heads };
+                let (format, dims) = (KvFormat::Int8, (hq, hkv, d));
+                split_attention(&kern, q, &cache, format, dims, pos0, scale, window, kernel)
             };
             let block = staged(&q, pos0, 1);
             let err = rel_err(&block, &want);
@@ -2583,15 +2537,16 @@ fn the_staged_attention_of_several_sequences_has_each_ones_bits() {
     let mut off = 0;
     for (&(pos0, n), cache) in seqs.iter().zip(&caches) {
         let q = &q[off * hq * d..(off + n) * hq * d];
-        solo.extend(staged_split_attention(
+        solo.extend(split_attention(
             &kern,
             q,
             cache,
+            KvFormat::Int8,
             (hq, hkv, d),
             pos0,
             scale,
             None,
-            1,
+            SplitKernel::Staged { heads: 1 },
         ));
         off += n;
     }
@@ -2682,8 +2637,17 @@ fn whole_attention(
     out
 }
 
-/// ops::attention for ≤ 32 rows on the host: `attention_part` of `q` `[t, hq, d]` at positions
-/// `pos0..` over ceil(span / ATTN_CHUNK) chunks of `cache`, then `attention_combine`.
+/// Which split-attention kernel [`split_attention`] launches.
+#[derive(Clone, Copy)]
+enum SplitKernel {
+    /// `attention_part` (or its grouped twin), heads a block as ops::attention_heads picks them.
+    Warps,
+    /// `attention_part_staged` (int8 caches) with `heads` query heads a block.
+    Staged { heads: usize },
+}
+
+/// ops::attention for ≤ 32 rows on the host: `kernel` over `q` `[t, hq, d]` at positions
+/// `pos0..` and ceil(span / ATTN_CHUNK) chunks of `cache`, then `attention_combine`.
 #[allow(clippy::too_many_arguments)]
 fn split_attention(
     kern: &HostKernels,
@@ -2694,6 +2658,7 @@ fn split_attention(
     pos0: usize,
     scale: f32,
     window: Option<usize>,
+    kernel: SplitKernel,
 ) -> Vec<f32> {
     let t = q.len() / (hq * d);
     let mask = super::ops::KeyMask { block: 0, window };
@@ -2703,31 +2668,65 @@ fn split_attention(
     let out = vec![f32::NAN; rows * d];
     let (qa, pa, oa) = (Addr::of(q), Addr::of(&part), Addr::of(&out));
     let (ka, ksa, va, vsa) = cache.addrs();
-    // SAFETY: the signatures of attention_part and attention_combine in kernels/attention.cu.
+    let (hq_i, hkv_i, pos0_i) = (hq as i32, hkv as i32, pos0 as i32);
+    let (window_i, chunks_i) = (window.unwrap_or(0) as i32, chunks as i32);
+    // SAFETY: the signatures of attention_part, attention_part_staged and attention_combine in
+    // kernels/attention.cu, over buffers of the sizes ops::attention gives them.
     unsafe {
-        type Part = host::attention_part;
-        let heads = super::ops::attention_heads(t, hq, hkv, ATTENTION_HEADS);
-        let part_fn: Part = kern.kernel(super::ops::split_kernel("attention_part", heads));
-        kern.launch((rows / heads * chunks) as u32, 128, &|| {
-            part_fn(
-                qa.ptr(),
-                ka.ptr(),
-                ksa.ptr(),
-                va.ptr(),
-                vsa.ptr(),
-                pa.ptr(),
-                kv_code(format),
-                hq as i32,
-                hkv as i32,
-                pos0 as i32,
-                std::ptr::null(),
-                scale,
-                0,
-                window.unwrap_or(0) as i32,
-                chunks as i32,
-                heads as i32,
-            )
-        });
+        match kernel {
+            SplitKernel::Warps => {
+                let heads = super::ops::attention_heads(t, hq, hkv, ATTENTION_HEADS);
+                let f: host::attention_part =
+                    kern.kernel(super::ops::split_kernel("attention_part", heads));
+                kern.launch((rows / heads * chunks) as u32, 128, &|| {
+                    f(
+                        qa.ptr(),
+                        ka.ptr(),
+                        ksa.ptr(),
+                        va.ptr(),
+                        vsa.ptr(),
+                        pa.ptr(),
+                        kv_code(format),
+                        hq_i,
+                        hkv_i,
+                        pos0_i,
+                        std::ptr::null(),
+                        scale,
+                        0,
+                        window_i,
+                        chunks_i,
+                        heads as i32,
+                    )
+                });
+            }
+            SplitKernel::Staged { heads } => {
+                assert_eq!(
+                    format,
+                    KvFormat::Int8,
+                    "the staged kernel reads int8 caches"
+                );
+                let f: host::attention_part_staged = kern.kernel("attention_part_staged");
+                kern.launch((rows / heads * chunks) as u32, 128, &|| {
+                    f(
+                        qa.ptr(),
+                        ka.ptr(),
+                        ksa.ptr(),
+                        va.ptr(),
+                        vsa.ptr(),
+                        pa.ptr(),
+                        hq_i,
+                        hkv_i,
+                        pos0_i,
+                        std::ptr::null(),
+                        scale,
+                        0,
+                        window_i,
+                        chunks_i,
+                        heads as i32,
+                    )
+                });
+            }
+        }
         combine(kern, pa, oa, rows, chunks);
     }
     out
@@ -2747,7 +2746,18 @@ fn split_attention_case(dims: KernelDims, format: KvFormat, (hq, hkv): (usize, u
     for window in [None, Some(300)] {
         let want = cpu_attention(&q, &keys, &values, format, hq, hkv, d, pos0, scale, window);
         let split = |q: &[f32], pos0: usize| {
-            split_attention(&kern, q, &cache, format, (hq, hkv, d), pos0, scale, window)
+            let kernel = SplitKernel::Warps;
+            split_attention(
+                &kern,
+                q,
+                &cache,
+                format,
+                (hq, hkv, d),
+                pos0,
+                scale,
+                window,
+                kernel,
+            )
         };
         let block = split(&q, pos0);
         let err = rel_err(&block, &want);
