@@ -170,11 +170,8 @@ fn main() {
             println!("{line}");
             alone("stream-K");
             tune(&gpu, |o| o.stream_k = false);
-            // The other families of the tiled formats (int8-mma runs Q4_K only).
+            // The other families of the tiled formats.
             for family in [dev::TiledGemv::Int8, dev::TiledGemv::Int8Mma] {
-                if family == dev::TiledGemv::Int8Mma && t != Some(Q4_K) {
-                    continue;
-                }
                 tune(&gpu, |o| o.tiled_gemv = family);
                 let label = format!("    {}", family.name());
                 let mut line = format!("{label:<28} {:>6} {:>10} |", "", "");

@@ -245,12 +245,13 @@ fn tensor_core_gemv_is_batch_invariant() {
     let k = gpu.kernels(FIXTURE_DIMS).unwrap();
     let (n, kd) = (100, 2560);
     // A block per tile, stream-K (tiles cut between blocks), and the int8 families.
-    use dev::TiledGemv::{Int8, Int8Mma, TensorCores};
+    use dev::TiledGemv::{Int8, Int8Mma, Int8MmaQ4K, TensorCores};
     for (family, stream_k) in [
         (TensorCores, false),
         (TensorCores, true),
         (Int8, false),
         (Int8Mma, false),
+        (Int8MmaQ4K, false),
     ] {
         tune(&gpu, |o| {
             o.stream_k = stream_k;

@@ -436,37 +436,37 @@ fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
     }
 }
 
-/// The int8 tensor-core GEMV of Q4_K tiles (`gemv8_i8tc_q4_k` up to 8 tokens, `gemv_i8tc_q4_k`
-/// up to 16) gives the CPU's product within the int8 rounding of the activations per 256
-/// values, over chains of one and several blocks and warps; rows from 16 on go to a second
-/// output with the same bits; and every token of 5 and of 16 gets the bits it gets alone.
+/// The int8 tensor-core GEMV of Q4_K and Q6_K tiles (`gemv8_i8tc_*` up to 8 tokens,
+/// `gemv_i8tc_*` up to 16) gives the CPU's product within the int8 rounding of the activations
+/// per 256 values, over chains of one and several blocks and warps; rows from 16 on go to a
+/// second output with the same bits; and every token of 5 and of 16 gets the bits it gets
+/// alone.
 #[test]
 fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
     let n = 40;
     for (kd, warps) in [(768, 3), (6144, 8), (6144, 4)] {
-        let t = GgmlType::Q4_K;
-        let w = kquant(t, n, kd, &[0, 2], 5);
-        let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
-        let tile = TileWeight {
-            tiles: &tiles,
-            row_bytes: t.row_bytes(kd) as i64,
-            n,
-            kd,
-            warps,
-        };
-        let run = |x: &[f32], split: usize| {
-            let gemv = if x.len() / kd <= 8 {
-                "gemv8_i8tc_q4_k"
-            } else {
-                "gemv_i8tc_q4_k"
+        for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
+            let w = kquant(t, n, kd, fields, 5);
+            let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
+            let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
+            let tile = TileWeight {
+                tiles: &tiles,
+                row_bytes: t.row_bytes(kd) as i64,
+                n,
+                kd,
+                warps,
             };
-            // SAFETY: quantize_q8_blocks (a warp per 256 values, a scale per 256, an int16 sum
-            // per 32) and gemv*_i8tc_q4_k (kernels/gemv_tc.cu) have these signatures.
-            unsafe { tile.run::<i16>(&kern, ("quantize_q8_blocks", 8, 256), gemv, x, split) }
-        };
-        // Activations rounded to int8 per 256 values.
-        check_tile_gemv(&w, n, kd, &format!("k={kd} warps={warps}"), run);
+            let run = |x: &[f32], split: usize| {
+                let build = if x.len() / kd <= 8 { "gemv8" } else { "gemv" };
+                let gemv = format!("{build}_i8tc_{suffix}");
+                // SAFETY: quantize_q8_blocks (a warp per 256 values, a scale per 256, an int16
+                // sum per 32) and gemv*_i8tc_* (kernels/gemv_tc.cu) have these signatures.
+                unsafe { tile.run::<i16>(&kern, ("quantize_q8_blocks", 8, 256), &gemv, x, split) }
+            };
+            // Activations rounded to int8 per 256 values.
+            check_tile_gemv(&w, n, kd, &format!("{t} k={kd} warps={warps}"), run);
+        }
     }
 }
 

@@ -94,14 +94,22 @@ pub enum TiledGemv {
     TensorCores,
     /// int8 activations per 32 values by dp4a (`int8`): faster for one token, slower for many.
     Int8,
-    /// Q4_K: int8 activations per 256 values on the int8 tensor cores, integer sums until one
-    /// f32 step a block (`int8-mma`, the default); Q6_K stays on the f16 tensor cores.
+    /// Q4_K and Q6_K: int8 activations per 256 values on the int8 tensor cores, integer sums
+    /// until one f32 step a block (`int8-mma`, the default).
     Int8Mma,
+    /// Q4_K as `int8-mma`, Q6_K on the f16 tensor cores (`int8-mma-q4k`, the default of
+    /// 2026-12-06).
+    Int8MmaQ4K,
 }
 
 impl TiledGemv {
     /// Every family, in the order the error message lists them.
-    pub const ALL: [TiledGemv; 3] = [Self::TensorCores, Self::Int8, Self::Int8Mma];
+    pub const ALL: [TiledGemv; 4] = [
+        Self::TensorCores,
+        Self::Int8,
+        Self::Int8Mma,
+        Self::Int8MmaQ4K,
+    ];
 
     /// The value of `SPLASH_TILED_GEMV` that picks it.
     pub fn name(self) -> &'static str {
@@ -109,6 +117,7 @@ impl TiledGemv {
             Self::TensorCores => "tensor-cores",
             Self::Int8 => "int8",
             Self::Int8Mma => "int8-mma",
+            Self::Int8MmaQ4K => "int8-mma-q4k",
         }
     }
 }
@@ -365,7 +374,7 @@ mod tests {
             (
                 "SPLASH_TILED_GEMV",
                 "dp4a",
-                "expected one of tensor-cores, int8, int8-mma (default int8-mma)",
+                "expected one of tensor-cores, int8, int8-mma, int8-mma-q4k (default int8-mma)",
             ),
         ] {
             let err = parse(&[(var, value)]).unwrap_err();

@@ -112,6 +112,21 @@ __device__ __forceinline__ TcRaw tc_load(const u8* seg, int half, int lane) {
     return r;
 }
 
+// The 6-bit Q6_K codes (0..63, a byte each) of sub-block m of a lane's word: lo and hi its low
+// bits (ql words of r.a and r.b), h its high bits (qh, r.c).
+__device__ __forceinline__ u32 q6k_codes(u32 lo, u32 hi, u32 h, int m) {
+    if (m == 0) return (lo & 0x0f0f0f0fu) | ((h << 4) & 0x30303030u);
+    if (m == 1) return (hi & 0x0f0f0f0fu) | ((h << 2) & 0x30303030u);
+    if (m == 2) return ((lo >> 4) & 0x0f0f0f0fu) | (h & 0x30303030u);
+    return ((hi >> 4) & 0x0f0f0f0fu) | ((h >> 2) & 0x30303030u);
+}
+
+// Four Q6_K codes less 32, as signed bytes: bit 5 flipped, then sign-extended from it.
+__device__ __forceinline__ u32 q6k_signed(u32 v) {
+    u32 u = v ^ 0x20202020u;
+    return u | ((u & 0x20202020u) * 6u);
+}
+
 // The f16x2 factors of lane q's four sub-blocks m: Q4_K value = mul·code + add (mul = d·sc,
 // add = −dmin·m); Q6_K value = mul·(code − 32) (mul = d·sc).
 struct TcScales {
@@ -175,12 +190,7 @@ __device__ __forceinline__ void tc_pairs(const TcRaw& r, const TcScales& s, int 
         p0 = h2_fma(h2_sub(h0, magic), s.mul[m], s.add[m]);
         p1 = h2_fma(h2_sub(h1, magic), s.mul[m], s.add[m]);
     } else {
-        u32 lo = word_of(r.a, j), hi = word_of(r.b, j), h = word_of(r.c, j);
-        u32 v;
-        if (m == 0) v = (lo & 0x0f0f0f0fu) | ((h << 4) & 0x30303030u);
-        else if (m == 1) v = (hi & 0x0f0f0f0fu) | ((h << 2) & 0x30303030u);
-        else if (m == 2) v = ((lo >> 4) & 0x0f0f0f0fu) | (h & 0x30303030u);
-        else v = ((hi >> 4) & 0x0f0f0f0fu) | ((h >> 2) & 0x30303030u);
+        u32 v = q6k_codes(word_of(r.a, j), word_of(r.b, j), word_of(r.c, j), m);
         const u32 bias = 0x64206420u;  // f16 1056 = 1024 + the code offset 32
         u32 h0 = (v & 0x003f003fu) | magic, h1 = ((v >> 8) & 0x003f003fu) | magic;
         p0 = h2_mul(h2_sub(h0, bias), s.mul[m]);
@@ -421,16 +431,7 @@ __device__ __forceinline__ Q8Row q8_row(const TcRaw& r, int q) {
             w.mul[m] = d * (byte_to_float(sw, o + 2 * (m & 1)) - 128.0f);
             w.minus[m] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                u32 lo = word_of(r.a, j), hi = word_of(r.b, j), h = word_of(r.c, j), v;
-                if (m == 0) v = (lo & 0x0f0f0f0fu) | ((h << 4) & 0x30303030u);
-                else if (m == 1) v = (hi & 0x0f0f0f0fu) | ((h << 2) & 0x30303030u);
-                else if (m == 2) v = ((lo >> 4) & 0x0f0f0f0fu) | (h & 0x30303030u);
-                else v = ((hi >> 4) & 0x0f0f0f0fu) | ((h >> 2) & 0x30303030u);
-                // code − 32 as a signed byte: bit 5 flipped, then sign-extended from it.
-                u32 u = v ^ 0x20202020u;
-                w.v[m][j] = u | ((u & 0x20202020u) * 6u);
-            }
+            for (int j = 0; j < 4; j++) w.v[m][j] = q6k_signed(q6k_codes(word_of(r.a, j), word_of(r.b, j), word_of(r.c, j), m));
         }
     }
     return w;
@@ -503,13 +504,14 @@ __device__ void gemv_q8_tiles(const u8* W, long row_bytes, const i8* xq, const f
 }
 
 // ---------------------------------------------------------------------------------------------
-// The int8 tensor-core GEMV of Q4_K tiles (`SPLASH_TILED_GEMV=int8-mma`): activations rounded to
-// int8 per 256-value block (quantize_q8_blocks: the codes in this kernel's k order, one scale xd
-// a block, the codes' sum xs per 32 values), each 32-value sub-block s multiplied by
-// mma.sync m16n8k32 (s8 × s8 → s32), the sub-blocks' sums weighted by the 6-bit scales sc and
-// minimums mn in integer arithmetic, and each block scaled once in f32:
-//     y += xd · (d · Σ_s sc_s · Σ_k code·x  −  dmin · Σ_s mn_s · xs_s).
-// Everything before that step is exact, so a block's two integers are the same whatever
+// The int8 tensor-core GEMV of Q4_K and Q6_K tiles (`SPLASH_TILED_GEMV=int8-mma`): activations
+// rounded to int8 per 256-value block (quantize_q8_blocks: the codes in this kernel's k order,
+// one scale xd a block, the codes' sum xs per 32 values), each 32-value sub-block s multiplied
+// by mma.sync m16n8k32 (s8 × s8 → s32), the sub-blocks' sums weighted by their scales in integer
+// arithmetic, and each block scaled once in f32:
+//     Q4_K: y += xd · (d · Σ_s sc_s · Σ_k code·x  −  dmin · Σ_s mn_s · xs_s)
+//     Q6_K: y += xd · d · Σ_h sc_h · Σ_k (code − 32)·x    (h: the block's 16-value halves)
+// Everything before that step is exact, so a block's integers are the same whatever
 // instructions made them, and a token's column never meets another's: any batch gives a token
 // its bits. The f32 work is per block and token, not per sub-block, so 16 tokens cost little
 // more than one (the dp4a kernel above scales every sub-block of every token).
@@ -522,6 +524,10 @@ __device__ void gemv_q8_tiles(const u8* W, long row_bytes, const i8* xq, const f
 // 16·(q&1) + 8·[s>>2 != q>>1] + 0..7 of every sub-block s: the first four are its k 4q..4q+3,
 // the last four its k 16+4q... quantize_q8_blocks writes a token's bytes in that order: lane
 // q's 8 of sub-block s at byte 64q + 8s of the block.
+//
+// A Q6_K scale covers 16 values, one half of a sub-block, and lane q's values are all of half
+// q&1. So each sub-block takes two mmas: one over all 32 values and one with the odd lanes'
+// activations zeroed (half 0 alone); half 1 is their difference.
 
 #ifndef KERNEL_EMULATION  // kernels_on_host.h defines it on the CPU
 __device__ __forceinline__ void mma_s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -536,48 +542,81 @@ __device__ __forceinline__ void mma_s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32
 // Where lane q's 8 values of sub-block s start within it (see above).
 __device__ __forceinline__ int q8_blocks_offset(int q, int s) { return 16 * (q & 1) + ((s >> 2) != (q >> 1) ? 8 : 0); }
 
-// One Q4_K row of a tile (rows g or g + 8 of lane (g, q)) as the mma takes it: w[s][0] and
-// w[s][1] the codes of its a0/a1 and a2/a3 registers for sub-block s; sc[h] and mn[h] the
-// scales and minimums of sub-blocks 4h..4h+3, a byte each; the block scales d and dmin.
+// One row of a tile (rows g or g + 8 of lane (g, q)) as the mma takes it: w[s][0] and w[s][1]
+// the codes of its a0/a1 and a2/a3 registers for sub-block s (Q4_K: 0..15; Q6_K: code − 32,
+// signed). Q4_K: sc[h] and mn[h] the 6-bit scales and minimums of sub-blocks 4h..4h+3, a byte
+// each, and the block scales d and dmin. Q6_K: sc[0..3] the row's 16 signed scales, d.
 struct I8Row {
     u32 w[8][2];
-    u32 sc[2], mn[2];
+    u32 sc[4], mn[2];
     float d, dmin;
 };
 
+template <int F>
 __device__ __forceinline__ I8Row i8_row(const TcRaw& r) {
     I8Row o;
     int q = threadIdx.x & 3;
-    // The partner's words 2 and 3 of both code halves, for the sub-blocks this lane lacks.
-    u32 pb[2] = {__shfl_xor_sync(0xffffffffu, r.b.z, 2), __shfl_xor_sync(0xffffffffu, r.b.w, 2)};
-    u32 pc[2] = {__shfl_xor_sync(0xffffffffu, r.c.z, 2), __shfl_xor_sync(0xffffffffu, r.c.w, 2)};
     bool low = (q >> 1) == 0;  // this lane's own sub-blocks are 0..3
+    if (F == FMT_Q4_K) {
+        // The partner's words 2 and 3 of both code halves, for the sub-blocks this lane lacks.
+        u32 pb[2] = {__shfl_xor_sync(0xffffffffu, r.b.z, 2), __shfl_xor_sync(0xffffffffu, r.b.w, 2)};
+        u32 pc[2] = {__shfl_xor_sync(0xffffffffu, r.c.z, 2), __shfl_xor_sync(0xffffffffu, r.c.w, 2)};
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        u32 ob = h ? r.b.y : r.b.x, oc = h ? r.c.y : r.c.x;
-        // Nibble words of sub-blocks 0..3 (lo) and 4..7 (hi): low nibbles m = 0 / 2, high m = 1 / 3.
-        u32 lb = low ? ob : pb[h], lc = low ? oc : pc[h], hb = low ? pb[h] : ob, hc = low ? pc[h] : oc;
-        o.w[0][h] = lb & 0x0f0f0f0fu;
-        o.w[1][h] = (lb >> 4) & 0x0f0f0f0fu;
-        o.w[2][h] = lc & 0x0f0f0f0fu;
-        o.w[3][h] = (lc >> 4) & 0x0f0f0f0fu;
-        o.w[4][h] = hb & 0x0f0f0f0fu;
-        o.w[5][h] = (hb >> 4) & 0x0f0f0f0fu;
-        o.w[6][h] = hc & 0x0f0f0f0fu;
-        o.w[7][h] = (hc >> 4) & 0x0f0f0f0fu;
+        for (int h = 0; h < 2; h++) {
+            u32 ob = h ? r.b.y : r.b.x, oc = h ? r.c.y : r.c.x;
+            // Nibble words of sub-blocks 0..3 (lo) and 4..7 (hi): low nibbles m = 0 / 2, high
+            // m = 1 / 3.
+            u32 lb = low ? ob : pb[h], lc = low ? oc : pc[h], hb = low ? pb[h] : ob, hc = low ? pc[h] : oc;
+            o.w[0][h] = lb & 0x0f0f0f0fu;
+            o.w[1][h] = (lb >> 4) & 0x0f0f0f0fu;
+            o.w[2][h] = lc & 0x0f0f0f0fu;
+            o.w[3][h] = (lc >> 4) & 0x0f0f0f0fu;
+            o.w[4][h] = hb & 0x0f0f0f0fu;
+            o.w[5][h] = (hb >> 4) & 0x0f0f0f0fu;
+            o.w[6][h] = hc & 0x0f0f0f0fu;
+            o.w[7][h] = (hc >> 4) & 0x0f0f0f0fu;
+        }
+        q4k_scale_words(r, 0, o.sc[0], o.mn[0]);
+        q4k_scale_words(r, 2, o.sc[1], o.mn[1]);
+        o.d = f16_to_f32((u16)(r.a.x & 0xffff));
+        o.dmin = f16_to_f32((u16)(r.a.x >> 16));
+    } else {
+        // The partner's words 2 and 3 of the low bits (a, b) and the high bits (c).
+        u32 pa[2] = {__shfl_xor_sync(0xffffffffu, r.a.z, 2), __shfl_xor_sync(0xffffffffu, r.a.w, 2)};
+        u32 pb[2] = {__shfl_xor_sync(0xffffffffu, r.b.z, 2), __shfl_xor_sync(0xffffffffu, r.b.w, 2)};
+        u32 pc[2] = {__shfl_xor_sync(0xffffffffu, r.c.z, 2), __shfl_xor_sync(0xffffffffu, r.c.w, 2)};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            u32 oa = h ? r.a.y : r.a.x, ob = h ? r.b.y : r.b.x, oc = h ? r.c.y : r.c.x;
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                u32 own = q6k_signed(q6k_codes(oa, ob, oc, m));
+                u32 other = q6k_signed(q6k_codes(pa[h], pb[h], pc[h], m));
+                o.w[m][h] = low ? own : other;
+                o.w[4 + m][h] = low ? other : own;
+            }
+        }
+        // The row's 16 scales: this lane has 8n..8n+7 (n = q>>1), its partner the others.
+        u32 ps[2] = {__shfl_xor_sync(0xffffffffu, r.s.x, 2), __shfl_xor_sync(0xffffffffu, r.s.y, 2)};
+        o.sc[0] = low ? r.s.x : ps[0];
+        o.sc[1] = low ? r.s.y : ps[1];
+        o.sc[2] = low ? ps[0] : r.s.x;
+        o.sc[3] = low ? ps[1] : r.s.y;
+        o.d = f16_to_f32((u16)(r.d & 0xffff));
     }
-    q4k_scale_words(r, 0, o.sc[0], o.mn[0]);
-    q4k_scale_words(r, 2, o.sc[1], o.mn[1]);
-    o.d = f16_to_f32((u16)(r.a.x & 0xffff));
-    o.dmin = f16_to_f32((u16)(r.a.x >> 16));
     return o;
 }
 
-// Byte s & 3 of the word of sub-blocks 4·(s>>2)..: a scale or a minimum.
-__device__ __forceinline__ int i8_byte(const u32 (&w)[2], int s) { return (int)((w[s >> 2] >> (8 * (s & 3))) & 0xffu); }
+// Byte s & 3 of the word of sub-blocks 4·(s>>2)..: a Q4_K scale or minimum.
+__device__ __forceinline__ int i8_byte(const u32* w, int s) { return (int)((w[s >> 2] >> (8 * (s & 3))) & 0xffu); }
+
+// Q6_K scale i (0..15) of a row, signed.
+__device__ __forceinline__ int i8_signed_byte(const u32 (&w)[4], int i) {
+    return (int)(w[i >> 2] << (24 - 8 * (i & 3))) >> 24;
+}
 
 // Σ_s mn_s · xs_s over a block's 8 sub-blocks: xs the token's 8 sums (int16 pairs).
-__device__ __forceinline__ int i8_minimums(const u32 (&mn)[2], uint4 xs) {
+__device__ __forceinline__ int i8_minimums(const u32* mn, uint4 xs) {
     int v = __dp2a_lo((int)xs.x, (int)mn[0], 0);
     v = __dp2a_hi((int)xs.y, (int)mn[0], v);
     v = __dp2a_lo((int)xs.z, (int)mn[1], v);
@@ -586,8 +625,8 @@ __device__ __forceinline__ int i8_minimums(const u32 (&mn)[2], uint4 xs) {
 
 // y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ 8·NT over the tiles as gemv_tc walks them (the same
 // chains and their order, `split` and the outputs), from xq [T, K] (quantize_q8_blocks' order),
-// xd [T, K / 256] and xs [T, K / 32].
-template <int NT>
+// xd [T, K / 256] and xs [T, K / 32] (Q4_K only).
+template <int F, int NT>
 __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float* xd, const short* xs, float* y,
                           float* y2, int split, int N, int K, int T, int chains) {
     __shared__ float part[TC_WARPS_MAX][32][4 * NT];
@@ -610,13 +649,15 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
             xst[i][e] = (const uint4*)(xs + t * (K >> 5));
         }
     }
+    // Q6_K: the activations of half 0 (even lanes) alone.
+    const u32 half0 = (q & 1) ? 0u : 0xffffffffu;
     float c[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
-    tile_units<FMT_Q4_K>(
+    tile_units<F>(
         tile, nb, chains,
         [&](const TcRaw& r0, const TcRaw& r1, int b) {
-            I8Row w0 = i8_row(r0), w1 = i8_row(r1);
+            I8Row w0 = i8_row<F>(r0), w1 = i8_row<F>(r1);
 #pragma unroll
             for (int i = 0; i < NT; i++) {
                 uint4 v[4] = {x[i][16 * b], x[i][16 * b + 1], x[i][16 * b + 2], x[i][16 * b + 3]};
@@ -626,17 +667,32 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
                     int cs[4] = {0, 0, 0, 0};
                     u32 b0 = word_of(v[s >> 1], 2 * (s & 1)), b1 = word_of(v[s >> 1], 2 * (s & 1) + 1);
                     mma_s8_16832(cs, w0.w[s][0], w1.w[s][0], w0.w[s][1], w1.w[s][1], b0, b1);
-                    int sg = i8_byte(w0.sc, s), sg8 = i8_byte(w1.sc, s);
-                    s1[0] += sg * cs[0];
-                    s1[1] += sg * cs[1];
-                    s1[2] += sg8 * cs[2];
-                    s1[3] += sg8 * cs[3];
+                    if (F == FMT_Q4_K) {
+                        int sg = i8_byte(w0.sc, s), sg8 = i8_byte(w1.sc, s);
+                        s1[0] += sg * cs[0];
+                        s1[1] += sg * cs[1];
+                        s1[2] += sg8 * cs[2];
+                        s1[3] += sg8 * cs[3];
+                    } else {
+                        int h0[4] = {0, 0, 0, 0};
+                        mma_s8_16832(h0, w0.w[s][0], w1.w[s][0], w0.w[s][1], w1.w[s][1], b0 & half0, b1 & half0);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const I8Row& w = e < 2 ? w0 : w1;
+                            int lo = i8_signed_byte(w.sc, 2 * s), hi = i8_signed_byte(w.sc, 2 * s + 1);
+                            // lo·h0 + hi·(all − h0)
+                            s1[e] += hi * cs[e] + (lo - hi) * h0[e];
+                        }
+                    }
                 }
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const I8Row& w = e < 2 ? w0 : w1;
-                    int s2 = i8_minimums(w.mn, xst[i][e & 1][b]);
-                    float block = fmaf(w.d, (float)s1[e], -(w.dmin * (float)s2));
+                    float block;
+                    if (F == FMT_Q4_K)
+                        block = fmaf(w.d, (float)s1[e], -(w.dmin * (float)i8_minimums(w.mn, xst[i][e & 1][b])));
+                    else
+                        block = w.d * (float)s1[e];
                     c[i][e] = fmaf(xdt[i][e & 1][b], block, c[i][e]);
                 }
             }
@@ -1001,8 +1057,8 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
     Q8_TILES_BUILD(NAME, F, gemv8, 8)         \
     Q8_TILES_BUILD(NAME, F, gemv, GEMV_MAX_T)
 
-// gemv8_i8tc_q4_k: the int8 tensor-core GEMV for up to 8 tokens, gemv_i8tc_q4_k: up to 16. The
-// 8-token build at most I8TC8_REGS registers (occupancy hides the weights' latency).
+// gemv8_i8tc_*: the int8 tensor-core GEMV for up to 8 tokens, gemv_i8tc_*: up to 16. The 8-token
+// builds at most I8TC8_REGS registers (occupancy hides the weights' latency).
 #if !defined(KERNEL_EMULATION) && !defined(I8TC8_REGS)
 #define I8TC8_REGS 128
 #endif
@@ -1012,14 +1068,16 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
 #define I8TC_REGS_gemv8 __maxnreg__(I8TC8_REGS)
 #endif
 #define I8TC_REGS_gemv
-#define I8TC_BUILD(PREFIX, NT)                                                                          \
-    extern "C" __global__ void I8TC_REGS_##PREFIX PREFIX##_i8tc_q4_k(const u8* W, long row_bytes, const i8* xq, const float* xd, \
-                                                  const short* xs, float* y, float* y2, int split, int N,     \
-                                                  int K, int T) {                                             \
-        gemv_i8tc<NT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5);                      \
+#define I8TC_BUILD(PREFIX, NT, NAME, F)                                                                 \
+    extern "C" __global__ void I8TC_REGS_##PREFIX PREFIX##_i8tc_##NAME(const u8* W, long row_bytes, const i8* xq, \
+                                                  const float* xd, const short* xs, float* y, float* y2,      \
+                                                  int split, int N, int K, int T) {                           \
+        gemv_i8tc<F, NT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5);                   \
     }
-I8TC_BUILD(gemv8, 1)
-I8TC_BUILD(gemv, 2)
+I8TC_BUILD(gemv8, 1, q4_k, FMT_Q4_K)
+I8TC_BUILD(gemv, 2, q4_k, FMT_Q4_K)
+I8TC_BUILD(gemv8, 1, q6_k, FMT_Q6_K)
+I8TC_BUILD(gemv, 2, q6_k, FMT_Q6_K)
 
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)

@@ -82,7 +82,8 @@ pub(super) fn tensor_core(gpu: &Gpu, w: &DeviceWeight) -> bool {
         && match gpu.options().tiled_gemv {
             TiledGemv::TensorCores => weights::is_tiled(w.format),
             TiledGemv::Int8 => false,
-            TiledGemv::Int8Mma => w.format == Q6_K,
+            TiledGemv::Int8Mma => false,
+            TiledGemv::Int8MmaQ4K => w.format == Q6_K,
         }
 }
 
@@ -94,10 +95,15 @@ pub(super) fn int8_gemv(gpu: &Gpu, w: &DeviceWeight) -> bool {
             || (weights::is_tiled(w.format) && gpu.options().tiled_gemv == TiledGemv::Int8))
 }
 
-/// Whether GEMVs by `w` run on the int8 tensor-core kernel: Q4_K under [`TiledGemv::Int8Mma`],
-/// outside the exact mode.
+/// Whether GEMVs by `w` run on the int8 tensor-core kernel: Q4_K and Q6_K under
+/// [`TiledGemv::Int8Mma`], Q4_K under [`TiledGemv::Int8MmaQ4K`], outside the exact mode.
 pub(super) fn int8_mma(gpu: &Gpu, w: &DeviceWeight) -> bool {
-    !gpu.exact() && w.format == Q4_K && gpu.options().tiled_gemv == TiledGemv::Int8Mma
+    !gpu.exact()
+        && match gpu.options().tiled_gemv {
+            TiledGemv::Int8Mma => weights::is_tiled(w.format),
+            TiledGemv::Int8MmaQ4K => w.format == Q4_K,
+            TiledGemv::TensorCores | TiledGemv::Int8 => false,
+        }
 }
 
 const Q4_K: GpuFormat = GpuFormat::Ggml(crate::ggml::GgmlType::Q4_K);
@@ -512,7 +518,7 @@ pub(super) fn int8_blocks_at(gpu: &Gpu, (xq, xd, xs): &Int8Blocks, at: usize) ->
     )
 }
 
-/// The int8 tensor-core GEMV of a Q4_K weight (`gemv_i8tc_q4_k` in kernels/gemv_tc.cu), the
+/// The int8 tensor-core GEMV of a Q4_K or Q6_K weight (`gemv_i8tc_*` in kernels/gemv_tc.cu), the
 /// 8-token build for chunks of up to 8 (see [`int8_tile_launches`]).
 #[allow(clippy::too_many_arguments)]
 fn gemv_i8tc(
@@ -525,9 +531,10 @@ fn gemv_i8tc(
     n: usize,
     tokens: usize,
 ) -> Result<(), GpuError> {
+    let suffix = w.format.kernel_suffix();
     let name = |tc: usize| {
         let build = if tc <= 8 { "gemv8" } else { "gemv" };
-        format!("{build}_i8tc_q4_k")
+        format!("{build}_i8tc_{suffix}")
     };
     let at = |value: usize| int8_blocks_at(gpu, x, value);
     int8_tile_launches(
