@@ -5,8 +5,9 @@
 //! Each product is replayed from a CUDA graph, so the times are the GPU's, without the host's
 //! launch cost. Each shape is also timed with its input converted once, outside the graph (the
 //! GEMV kernels alone), and on the stream-K GEMV. `GEMV_SWEEP=1` also times the tensor-core
-//! GEMV at each warps-per-tile count. The tiled formats are timed on the int8 GEMV
-//! (`SPLASH_TILED_GEMV=int8`) too. Then the grouped expert products of a 35B-A3B MoE layer
+//! GEMV at each warps-per-tile count; `GEMV_ONLY=words` (comma-separated) times the shapes whose
+//! names contain one of them. The tiled formats are timed on the int8 GEMVs
+//! (`SPLASH_TILED_GEMV=int8`, `int8-mma`) too. Then the grouped expert products of a 35B-A3B MoE layer
 //! (256 experts, 8 a token) at each warps-per-block count (`GEMV_EXPERTS_ONLY=1`: these
 //! alone). Last, the time to download a verify block's logits.
 
@@ -94,7 +95,13 @@ fn main() {
         experts(&gpu, &k);
         return;
     }
-    for &(name, t, n, kd) in shapes {
+    // GEMV_ONLY: the shapes whose names contain one of these comma-separated words.
+    let only = std::env::var("GEMV_ONLY").ok();
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|w| name.contains(w)))
+    };
+    for &(name, t, n, kd) in shapes.iter().filter(|s| wanted(s.0)) {
         let w = random_weight(t, n, kd, n as u64 * 31 + kd as u64);
         let bytes = w.raw_bytes().len() as f64;
         let dw = gpu.upload_weight(&w).unwrap();
@@ -191,6 +198,9 @@ fn main() {
             }
             tune(&gpu, |o| o.tensor_core_warps = None);
         }
+    }
+    if only.is_some() {
+        return;
     }
     experts(&gpu, &k);
     // What a verify block's logits (16 rows of the 248,320-token vocabulary) cost to bring
