@@ -13,7 +13,8 @@
 # `decode`: plain decoding speed with and without CUDA graphs.
 # `peers`: PyTorch transformers in bf16 at the 27B / 35B-A3B geometries (bench/peers/).
 # `profile`: Nsight Compute's GPU time and DRAM bytes per kernel for a short prefill and decode;
-# one decode pass's kernels with the bandwidth each reached (bench/ncu_passes.py).
+# one decode pass's kernels with the bandwidth each reached (bench/ncu_passes.py); PROFILE_AS_RUN=1
+# keeps the GPU's clocks and caches as they are (Nsight Compute locks and flushes them otherwise).
 # `prefill`: prefill speed at 8K and 32K tokens in the engine's passes (2,048 tokens) and at
 # 8K in one pass (PREFILL_RUNS, tokens:passes pairs), then one 8K prefill with every launch
 # timed (SPLASH_GPU_PROFILE=1).
@@ -320,6 +321,8 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       echo "== profile $m (ncu: GPU time and DRAM bytes per kernel, no launch gaps)"
       only=()
       [ -n "${PROFILE_KERNELS:-}" ] && only=(-k "regex:$PROFILE_KERNELS" --cache-control none)
+      # PROFILE_AS_RUN=1: the GPU's own clocks and warm caches (each kernel as the pass runs it).
+      [ -n "${PROFILE_AS_RUN:-}" ] && only+=(--clock-control none --cache-control none)
       /usr/local/cuda/bin/ncu "${only[@]}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         --csv --log-file "$out/profile-$m.csv" ./.device/splash bench --model "$f" --device cuda \
         --prompt-tokens "${PROFILE_CONTEXT:-16}" --decode-tokens 8 --repeat 1 --speculative off > "$out/profile-$m.txt" 2>&1
