@@ -269,7 +269,8 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                 .map(|i| ((i * 2_654_435_761usize) % 10_007) as f32 / 1000.0)
                 .collect();
             let logits = gpu.upload(&logits).unwrap();
-            let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), tokens, e, top_k).unwrap();
+            let routing =
+                dev::moe_route(gpu, k, ptr(gpu, &logits, 0), tokens, (e, top_k), None).unwrap();
             let mut ids = gpu.download(&routing.ids, tokens * top_k).unwrap();
             ids.sort_unstable();
             ids.dedup();

@@ -492,7 +492,8 @@ fn experts_route_and_multiply_on_the_device() {
         let mut logits = random(t * experts, 7 + t as u64);
         logits[1] = logits[0]; // a tie: expert 0 goes first
         let ld = gpu.upload(&logits).unwrap();
-        let routing = dev::moe_route(&gpu, &k, ptr(&gpu, &ld, 0), t, experts, top_k).unwrap();
+        let routing =
+            dev::moe_route(&gpu, &k, ptr(&gpu, &ld, 0), t, (experts, top_k), None).unwrap();
         let ids = gpu.download(&routing.ids, t * top_k).unwrap();
         let wts = gpu.download(&routing.weights, t * top_k).unwrap();
         for (ti, row) in logits.chunks_exact(experts).enumerate() {
@@ -545,14 +546,14 @@ fn experts_route_and_multiply_on_the_device() {
         tune(&gpu, |o| {
             o.prefill_experts = dev::GpuOptions::default().prefill_experts
         });
-        // The weighted sum into a residual.
+        // The weighted sum alone (without a gate `out` is not read: poisoned here).
         let base = random(t * n, 60 + t as u64);
-        let bd = gpu.upload(&base).unwrap();
-        dev::moe_combine(&gpu, &k, ptr(&gpu, &bd, 0), op, None, &routing, t, top_k, n).unwrap();
+        let bd = poisoned(&gpu, t * n);
+        dev::moe_combine(&gpu, &k, ptr(&gpu, &bd, 0), op, None, &routing, t, n).unwrap();
         let sum = gpu.download(&bd, t * n).unwrap();
         for ti in 0..t {
             for i in 0..n {
-                let mut want = base[ti * n + i];
+                let mut want = 0.0f32;
                 for j in 0..top_k {
                     want += wts[ti * top_k + j] * got[(ti * top_k + j) * n + i];
                 }
@@ -600,23 +601,28 @@ fn experts_route_and_multiply_on_the_device() {
             bits(&gpu.download(&apart, pairs * n).unwrap()),
             "t={t}: the fused down products differ from silu_mul then the products"
         );
-        // The shared expert's gate in the weighted sum: the bits of scale_rows_sigmoid first.
+        // The shared expert's output gated in the weighted sum: scale_rows_sigmoid's row first.
         let g = random(t, 70 + t as u64);
         let gd = gpu.upload(&g).unwrap();
-        let (fused, apart) = (gpu.upload(&base).unwrap(), gpu.upload(&base).unwrap());
-        let (fp, ap, gdp) = (
+        let (fused, scaled) = (gpu.upload(&base).unwrap(), gpu.upload(&base).unwrap());
+        let (fp, sp, gdp) = (
             ptr(&gpu, &fused, 0),
-            ptr(&gpu, &apart, 0),
+            ptr(&gpu, &scaled, 0),
             ptr(&gpu, &gd, 0),
         );
-        dev::moe_combine(&gpu, &k, fp, op, Some(gdp), &routing, t, top_k, n).unwrap();
-        dev::scale_rows_sigmoid(&gpu, &k, ap, gdp, t, n).unwrap();
-        dev::moe_combine(&gpu, &k, ap, op, None, &routing, t, top_k, n).unwrap();
-        assert_eq!(
-            bits(&gpu.download(&fused, t * n).unwrap()),
-            bits(&gpu.download(&apart, t * n).unwrap()),
-            "t={t}: the gated sum differs from scale_rows_sigmoid then the sum"
+        dev::moe_combine(&gpu, &k, fp, op, Some(gdp), &routing, t, n).unwrap();
+        dev::scale_rows_sigmoid(&gpu, &k, sp, gdp, t, n).unwrap();
+        let (fused, scaled) = (
+            gpu.download(&fused, t * n).unwrap(),
+            gpu.download(&scaled, t * n).unwrap(),
         );
+        for (at, (&f, &s)) in fused.iter().zip(&scaled).enumerate() {
+            let want = s + sum[at];
+            assert!(
+                (f - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "t={t} value {at}: the gated sum {f} against {want}"
+            );
+        }
     }
 }
 

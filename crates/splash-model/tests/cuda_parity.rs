@@ -490,6 +490,51 @@ fn a_batched_gpu_pass_matches_separate_passes() {
     }
 }
 
+/// The shared expert routed as one more pair of the grouped expert products
+/// (`GpuOptions::shared_expert_grouped`) computes what running it on its own does: the fast
+/// MoE checkpoints' logits over a short prompt and three decode steps, each setting on its own
+/// GPU context, agree within the kernels' rounding; on the Q4_K_M one (whose shared expert has
+/// the routed experts' formats) they are not the same bits, so the grouped path did run.
+#[test]
+fn the_shared_expert_grouped_with_the_routed_ones_gives_its_logits() {
+    for (name, exact) in exact_and_fast_cases() {
+        if exact || !name.contains("moe") {
+            continue;
+        }
+        let logits = |grouped: bool| -> Option<Vec<f32>> {
+            let mut options = GpuOptions::from_env().expect("the SPLASH_* variables");
+            options.shared_expert_grouped = grouped;
+            let gpu = Gpu::with_options(0, options).ok()?;
+            let mut model = load(&checkpoint(&name)).unwrap();
+            model.graph.to_gpu(gpu).unwrap();
+            let g = &model.graph;
+            let mut s = g.new_state_with(KvFormat::Int8);
+            let prompt: Vec<u32> = (0..12).map(|i| 7 + 31 * i).collect();
+            let mut all = g.forward(&mut s, &prompt, Logits::All).unwrap();
+            for t in [5, 17, 99] {
+                all.extend(g.forward(&mut s, &[t], Logits::All).unwrap());
+            }
+            Some(all)
+        };
+        let (Some(apart), Some(grouped)) = (logits(false), logits(true)) else {
+            assert!(std::env::var_os("SPLASH_REQUIRE_GPU").is_none(), "no GPU");
+            return;
+        };
+        let err = max_rel(&grouped, &apart);
+        println!("{name}: shared expert grouped vs apart, logits within {err:.2e}");
+        assert!(
+            err < 2e-2,
+            "{name}: the grouped shared expert is off by {err}"
+        );
+        if name.contains("Q4_K_M") {
+            assert!(
+                grouped != apart,
+                "{name}: the shared expert was not grouped"
+            );
+        }
+    }
+}
+
 /// Passes replayed from captured CUDA graphs give the bits of the same passes launched kernel
 /// by kernel: two sequences decoding in turn (a graph each), then together in batched passes,
 /// past the device cache's first growth at 1,024 positions (which moves the caches: captured

@@ -697,7 +697,9 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
 /// `moe_group_counts`, `moe_group_slots` and `moe_group_scatter`, a prefill pass's grouping),
 /// and `moe_combine` adds the weighted products to the gated residual with the bits of the
 /// formula, value by value. Expert counts below, at and above a thread each (12, 256, 1,000),
-/// and more pairs than threads.
+/// and more pairs than threads. With the shared expert routed as each token's first pair
+/// (expert E, weight sigmoid(gate)), the grouping counts it as one more expert and the sum
+/// starts from zero.
 #[test]
 fn the_moe_routing_kernels_on_the_host_match_the_reference() {
     let Some(kern) = kernels(DIMS_32) else { return };
@@ -709,13 +711,15 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
     type Combine = host::moe_combine;
     // (256, 8, 200): 1,600 pairs, grouped over two stagings of 1,024 (and 7 chunks of 256);
     // (1000, 10, 110): 1,100 pairs of up to 1,000 experts.
-    for (experts, top_k, tokens) in [
-        (12usize, 3usize, 5usize),
-        (256, 8, 1),
-        (256, 8, 40),
-        (1000, 10, 3),
-        (256, 8, 200),
-        (1000, 10, 110),
+    for (experts, top_k, tokens, shared) in [
+        (12usize, 3usize, 5usize, false),
+        (12, 3, 5, true),
+        (256, 8, 1, false),
+        (256, 8, 40, true),
+        (1000, 10, 3, false),
+        (256, 8, 200, false),
+        (256, 8, 200, true),
+        (1000, 10, 110, false),
     ] {
         let mut logits = random(tokens * experts, (experts + tokens) as u64);
         // Ties among the chosen, to go to the lower index: across lanes (0, 1), within a lane's
@@ -727,16 +731,32 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         }
         let last = (tokens - 1) * experts;
         (logits[last + 2], logits[last + 40.min(experts - 1)]) = (8.0, 8.0);
-        let pairs = tokens * top_k;
+        // The grouping's experts and each token's pairs, the shared expert's included.
+        let (grouped, per) = (experts + usize::from(shared), top_k + usize::from(shared));
+        let pairs = tokens * per;
         let (ids, weights) = (vec![-1i32; pairs], vec![f32::NAN; pairs]);
-        let slots = experts.min(pairs);
+        let slots = grouped.min(pairs);
+        let shared_gate = random(tokens, 9);
         let (la, ia, wa) = (Addr::of(&logits), Addr::of(&ids), Addr::of(&weights));
+        let sga = Addr::of(&shared_gate);
         // SAFETY: moe_route's signature in kernels/moe.cu, over buffers of the sizes ops::moe_route
         // gives them.
         unsafe {
             let route: Route = kern.kernel("moe_route");
             kern.launch(tokens as u32, 256, &|| {
-                route(la.ptr(), ia.ptr(), wa.ptr(), experts as i32, top_k as i32)
+                let sg = if shared {
+                    sga.ptr()
+                } else {
+                    std::ptr::null_mut()
+                };
+                route(
+                    la.ptr(),
+                    ia.ptr(),
+                    wa.ptr(),
+                    experts as i32,
+                    top_k as i32,
+                    sg,
+                )
             });
         }
         // The grouping by one block, then by chunks: (active, offsets, order) of each.
@@ -747,10 +767,10 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
                 vec![-7i32; pairs],
             );
             let chunks = pairs.div_ceil(256);
-            let counts = vec![-7i32; chunks * experts];
+            let counts = vec![-7i32; chunks * grouped];
             let (aa, oa, ra) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
             let ca = Addr::of(&counts);
-            let (p, e, s) = (pairs as i32, experts as i32, slots as i32);
+            let (p, e, s) = (pairs as i32, grouped as i32, slots as i32);
             // SAFETY: the signatures of the grouping kernels in kernels/moe.cu, over buffers of the
             // sizes ops::moe_route gives them.
             unsafe {
@@ -781,8 +801,16 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
             let mut by_p: Vec<usize> = (0..experts).collect();
             by_p.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
             let norm: f32 = by_p[..top_k].iter().map(|&e| p[e] / sum).sum();
+            if shared {
+                assert_eq!(ids[ti * per], experts as i32, "token {ti}: the shared pair");
+                let want = 1.0 / (1.0 + (-shared_gate[ti]).exp());
+                assert!(
+                    (weights[ti * per] - want).abs() < 1e-6,
+                    "token {ti}: its gate"
+                );
+            }
             for (j, &e) in by_p[..top_k].iter().enumerate() {
-                let at = ti * top_k + j;
+                let at = ti * per + usize::from(shared) + j;
                 assert_eq!(ids[at], e as i32, "E={experts} token {ti} slot {j}");
                 assert!(
                     (weights[at] - p[e] / sum / norm).abs() < 1e-5,
@@ -821,9 +849,13 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         let want: Vec<f32> = (0..tokens * d)
             .map(|at| {
                 let (t, i) = (at / d, at % d);
-                let mut acc = out[at] * (1.0 / (1.0 + (-gate[t]).exp()));
-                for j in 0..top_k {
-                    acc += weights[t * top_k + j] * y[(t * top_k + j) * d + i];
+                let mut acc = if shared {
+                    0.0
+                } else {
+                    out[at] * (1.0 / (1.0 + (-gate[t]).exp()))
+                };
+                for j in 0..per {
+                    acc += weights[t * per + j] * y[(t * per + j) * d + i];
                 }
                 acc
             })
@@ -838,14 +870,12 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         unsafe {
             let combine: Combine = kern.kernel("moe_combine");
             kern.launch((tokens * d.div_ceil(256)) as u32, 256, &|| {
-                combine(
-                    ya.ptr(),
-                    wa.ptr(),
-                    outa.ptr(),
-                    ga.ptr(),
-                    top_k as i32,
-                    d as i32,
-                )
+                let gate = if shared {
+                    std::ptr::null_mut()
+                } else {
+                    ga.ptr()
+                };
+                combine(ya.ptr(), wa.ptr(), outa.ptr(), gate, per as i32, d as i32)
             });
         }
         let err = rel_err(&out, &want);

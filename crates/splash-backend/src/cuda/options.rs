@@ -43,6 +43,10 @@ pub struct GpuOptions {
     /// for all the query heads of a block (`SPLASH_STAGED_ATTENTION`, on; `0`: the warp-per-key
     /// kernels).
     pub staged_attention: bool,
+    /// A MoE layer's shared expert runs as one more pair of each token in the routed experts'
+    /// grouped products (`SPLASH_SHARED_EXPERT_GROUPED`, off), where its shape and formats are
+    /// theirs: three launches fewer a layer in decode and verify passes.
+    pub shared_expert_grouped: bool,
     /// Tiles of 16 queries each warp of the vision tower's attention takes, 1 or 2
     /// (`SPLASH_VISION_QUERY_TILES`, 2: 1.24× faster at 4 Mpx on the H200); 2 only for head
     /// dims up to 80.
@@ -76,6 +80,7 @@ impl Default for GpuOptions {
             stream_k_blocks_per_sm: 4,
             flash_async: true,
             staged_attention: true,
+            shared_expert_grouped: false,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
@@ -263,6 +268,7 @@ impl GpuOptions {
                 .unwrap_or(d.stream_k_blocks_per_sm),
             flash_async: flag("SPLASH_FLASH_ASYNC", d.flash_async)?,
             staged_attention: flag("SPLASH_STAGED_ATTENTION", d.staged_attention)?,
+            shared_expert_grouped: flag("SPLASH_SHARED_EXPERT_GROUPED", d.shared_expert_grouped)?,
             gdn_chunked: flag("SPLASH_GDN_CHUNKED", d.gdn_chunked)?,
             prefill_experts,
             vision_query_tiles: number("SPLASH_VISION_QUERY_TILES", 1..=2)?
@@ -325,9 +331,10 @@ mod tests {
             ("SPLASH_FOLD_LAUNCHES", "0"),
             ("SPLASH_ATTENTION_HEADS", "1"),
             ("SPLASH_TILED_GEMV", "tensor-cores"),
+            ("SPLASH_SHARED_EXPERT_GROUPED", "1"),
         ])
         .unwrap();
-        assert!(!o.fold_launches && !o.capture_pool);
+        assert!(!o.fold_launches && !o.capture_pool && o.shared_expert_grouped);
         assert_eq!(o.tiled_gemv, TiledGemv::TensorCores);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);

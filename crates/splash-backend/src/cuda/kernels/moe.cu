@@ -37,7 +37,12 @@ __device__ __forceinline__ void warp_best(float* v, int* id, int n, float* best_
     *best_k = bk;
 }
 
-extern "C" __global__ void moe_route(const float* logits, int* ids, float* weights, int E, int top_k) {
+//
+// With shared_gate, the shared expert is one more pair of every token, its first: expert E with
+// weight sigmoid(shared_gate[t]), so that the grouped products run it with the routed experts
+// (ids, weights [T, top_k + 1]).
+extern "C" __global__ void moe_route(const float* logits, int* ids, float* weights, int E, int top_k,
+                                     const float* shared_gate) {
     GRID_PROLOGUE();
     __shared__ float p[1024];
     const float* l = logits + (long)blockIdx.x * E;
@@ -53,8 +58,17 @@ extern "C" __global__ void moe_route(const float* logits, int* ids, float* weigh
     s = block_sum(s);
     for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] /= s;
     __syncthreads();
-    int* out_i = ids + (long)blockIdx.x * top_k;
-    float* out_w = weights + (long)blockIdx.x * top_k;
+    int per = shared_gate ? top_k + 1 : top_k;
+    int* out_i = ids + (long)blockIdx.x * per;
+    float* out_w = weights + (long)blockIdx.x * per;
+    if (shared_gate) {
+        if (threadIdx.x == 0) {
+            out_i[0] = E;
+            out_w[0] = sigmoid(shared_gate[blockIdx.x]);
+        }
+        out_i++;
+        out_w++;
+    }
     // Each warp's top_k of its experts (e = threadIdx.x, + blockDim.x, ...), then warp 0's top_k
     // of those: the block's top_k in order, with no block-wide round per expert chosen.
     __shared__ float cand_v[MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX];
@@ -239,8 +253,9 @@ extern "C" __global__ void moe_group_scatter(const int* ids, int pairs, int E, c
     order[counts[(long)blockIdx.x * E + id] + rank] = p0 + t;
 }
 
-// out[t, :] = out[t, :] · sigmoid(gate[t]) (without a gate: as it is) + Σ_j w[t, j] · y[t·k + j, :],
-// the experts added in order j.
+// out[t, :] = out[t, :] · sigmoid(gate[t]) + Σ_j w[t, j] · y[t·k + j, :], the experts added in
+// order j; without a gate, the sum alone (out is not read: the shared expert is one of the
+// pairs, see moe_route).
 extern "C" __global__ void moe_combine(const float* y, const float* w, float* out, const float* gate, int top_k,
                                        int d) {
     GRID_PROLOGUE();
@@ -252,7 +267,7 @@ extern "C" __global__ void moe_combine(const float* y, const float* w, float* ou
     float s = gate ? sigmoid(gate[t]) : 1.0f;
     int i0 = blockIdx.x % chunks * blockDim.x;
     for (int i = i0 + threadIdx.x; i < min(d, i0 + (int)blockDim.x); i += blockDim.x) {
-        float acc = gate ? out[t * d + i] * s : out[t * d + i];
+        float acc = gate ? out[t * d + i] * s : 0.0f;
         for (int j = 0; j < top_k; j++) acc += w[t * top_k + j] * y[(t * top_k + j) * d + i];
         out[t * d + i] = acc;
     }

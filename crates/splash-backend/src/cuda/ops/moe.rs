@@ -12,10 +12,14 @@ pub fn has_expert_kernel(w: &DeviceWeight) -> bool {
 /// A MoE layer's routing on the device: each token's experts and weights, and its pairs
 /// (token, expert) grouped by expert for [`matmul_experts`].
 pub struct ExpertRouting {
-    /// Expert of pair `t · top_k + j` (`[tokens, top_k]`), most probable first.
+    /// Expert of pair `t · per_token + j` (`[tokens, per_token]`): the shared expert first when
+    /// routed with the others (id `experts`), then the routed ones, most probable first.
     pub ids: CudaSlice<i32>,
-    /// Its weight, renormalised over the token's `top_k`.
+    /// Its weight: the shared expert's gate, the routed ones renormalised over the token's
+    /// `top_k`.
     pub weights: CudaSlice<f32>,
+    /// Pairs a token: `top_k`, and one more with the shared expert.
+    pub per_token: usize,
     active: CudaSlice<i32>,
     offsets: CudaSlice<i32>,
     order: CudaSlice<i32>,
@@ -36,25 +40,32 @@ pub(super) const MOE_TOP_K_MAX: usize = 32;
 
 /// Routes `tokens` rows of router logits `[tokens, experts]` on the device: softmax, the
 /// `top_k` most probable experts, their probabilities renormalised (as the CPU's `route`).
+/// With `shared_gate` (`[tokens]`), the shared expert is each token's first pair too: expert
+/// `experts` (its tables' last entry) with weight `sigmoid(shared_gate[t])`.
 pub fn moe_route(
     gpu: &Gpu,
     k: &Kernels,
     logits: u64,
     tokens: usize,
-    experts: usize,
-    top_k: usize,
+    (routed, top_k): (usize, usize),
+    shared_gate: Option<u64>,
 ) -> Result<ExpertRouting, GpuError> {
-    if experts > 1024 || top_k > experts || top_k > MOE_TOP_K_MAX {
+    // The grouping's experts: the shared one is the last.
+    let shared = usize::from(shared_gate.is_some());
+    let experts = routed + shared;
+    if experts > 1024 || top_k > routed || top_k > MOE_TOP_K_MAX {
         return Err(GpuError::Unsupported(format!(
-            "device routing takes up to 1024 experts and top-k ≤ min(experts, {MOE_TOP_K_MAX}) (got {experts}, {top_k})"
+            "device routing takes up to 1024 experts, the shared one included, and top-k ≤ min(experts, {MOE_TOP_K_MAX}) (got {routed} + {shared}, {top_k})"
         )));
     }
-    let pairs = tokens * top_k;
+    let per_token = top_k + shared;
+    let pairs = tokens * per_token;
     let slots = experts.min(pairs);
     let chunks = pairs.div_ceil(MOE_GROUP_CHUNK);
     let r = ExpertRouting {
         ids: gpu.uninit::<i32>(pairs)?,
         weights: gpu.uninit::<f32>(pairs)?,
+        per_token,
         active: gpu.uninit::<i32>(slots)?,
         offsets: gpu.uninit::<i32>(slots + 1)?,
         order: gpu.uninit::<i32>(pairs)?,
@@ -73,8 +84,9 @@ pub fn moe_route(
         logits,
         p(&r.ids),
         ptr(gpu, &r.weights, 0),
-        experts as i32,
+        routed as i32,
         top_k as i32,
+        shared_gate.unwrap_or(0),
     )?;
     let (ids, e, slots) = (p(&r.ids), experts as i32, slots as i32);
     let (active, offsets, order) = (p(&r.active), p(&r.offsets), p(&r.order));
@@ -258,9 +270,9 @@ pub(super) fn expert_warps(blocks: usize, chains: usize, in_flight: usize) -> us
     (1usize << fill.ilog2()).min(chains)
 }
 
-/// `out[t, :] = out[t, :] · sigmoid(gate[t]) + Σ_j weights[t, j] · y[t · top_k + j, :]` (`d`
-/// values per row; without a `gate`, `out` as it is), the experts added in order `j`: the
-/// bits of [`scale_rows_sigmoid`] then the sum.
+/// `out[t, :] = out[t, :] · sigmoid(gate[t]) + Σ_j weights[t, j] · y[t · per_token + j, :]`
+/// (`d` values per row), the pairs added in order `j`: the bits of [`scale_rows_sigmoid`]
+/// then the sum. Without a `gate` (the shared expert routed as a pair), the sum alone.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     gpu: &Gpu,
@@ -270,7 +282,6 @@ pub fn moe_combine(
     gate: Option<u64>,
     routing: &ExpertRouting,
     tokens: usize,
-    top_k: usize,
     d: usize,
 ) -> Result<(), GpuError> {
     launch::moe_combine(
@@ -281,7 +292,7 @@ pub fn moe_combine(
         ptr(gpu, &routing.weights, 0),
         out,
         gate.unwrap_or(0),
-        top_k as i32,
+        routing.per_token as i32,
         d as i32,
     )
 }

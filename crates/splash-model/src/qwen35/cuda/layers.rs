@@ -155,36 +155,70 @@ pub(super) struct ExpertTables {
     gate: CudaSlice<u64>,
     up: CudaSlice<u64>,
     down: CudaSlice<u64>,
+    /// The tables end with the shared expert (entry `experts.len()`): it has the routed
+    /// experts' formats and shapes, so the grouped products can run it as one more pair.
+    with_shared: bool,
 }
 
 impl ExpertTables {
-    /// The tables of `experts`, or `None` when one projection mixes formats or shapes or has
-    /// no device kernel for grouped experts.
-    fn new(gpu: &Gpu, experts: &[GpuMlp]) -> Result<Option<Self>, ModelError> {
-        let table =
-            |pick: fn(&GpuMlp) -> &DeviceWeight| -> Result<Option<CudaSlice<u64>>, ModelError> {
-                let first = pick(&experts[0]);
-                let uniform = experts.iter().map(pick).all(|w| same_layout(w, first));
-                if !uniform || !dev::has_expert_kernel(first) {
-                    return Ok(None);
-                }
-                let ptrs: Vec<u64> = experts.iter().map(|e| pick(e).device_ptr(gpu)).collect();
-                Ok(Some(gpu.upload(&ptrs)?))
-            };
-        if experts.is_empty() {
+    /// The tables of `experts` (and of `shared` after them where it fits), or `None` when one
+    /// projection mixes formats or shapes or has no device kernel for grouped experts.
+    fn new(gpu: &Gpu, experts: &[GpuMlp], shared: &GpuMlp) -> Result<Option<Self>, ModelError> {
+        let Some(first) = experts.first() else {
+            return Ok(None);
+        };
+        let (gate, up) = first.expert_weights();
+        let protos = [gate, up, &first.down];
+        let uniform = |pick: fn(&GpuMlp) -> &DeviceWeight, proto: &DeviceWeight| {
+            dev::has_expert_kernel(proto) && experts.iter().map(pick).all(|w| same_layout(w, proto))
+        };
+        if !(uniform(|e| e.expert_weights().0, gate)
+            && uniform(|e| e.expert_weights().1, up)
+            && uniform(|e| &e.down, &first.down))
+        {
             return Ok(None);
         }
-        Ok(
-            match (
-                table(|e| e.expert_weights().0)?,
-                table(|e| e.expert_weights().1)?,
-                table(|e| &e.down)?,
-            ) {
-                (Some(gate), Some(up), Some(down)) => Some(Self { gate, up, down }),
-                _ => None,
-            },
-        )
+        let extra = shared_entries(gpu, shared, protos);
+        let table = |i: usize| -> Result<CudaSlice<u64>, ModelError> {
+            let mut ptrs: Vec<u64> = experts
+                .iter()
+                .map(|e| {
+                    let (g, u) = e.expert_weights();
+                    [g, u, &e.down][i].device_ptr(gpu)
+                })
+                .collect();
+            ptrs.extend(extra.map(|p| p[i]));
+            Ok(gpu.upload(&ptrs)?)
+        };
+        Ok(Some(Self {
+            gate: table(0)?,
+            up: table(1)?,
+            down: table(2)?,
+            with_shared: extra.is_some(),
+        }))
     }
+}
+
+/// The device addresses of the shared expert's gate, up and down weights when each has the
+/// format and shape of `protos` (a routed expert's gate, up and down), stacked or not.
+fn shared_entries(gpu: &Gpu, shared: &GpuMlp, protos: [&DeviceWeight; 3]) -> Option<[u64; 3]> {
+    // `rows` rows of `w` laid out as `proto`.
+    let like = |w: &DeviceWeight, rows: usize, proto: &DeviceWeight| {
+        w.format() == proto.format()
+            && (rows, w.cols(), w.row_bytes()) == (proto.rows(), proto.cols(), proto.row_bytes())
+    };
+    let (gate, up) = match &shared.gate_up {
+        WeightPair::Apart(g, u) => (like(g, g.rows(), protos[0]) && like(u, u.rows(), protos[1]))
+            .then(|| (g.device_ptr(gpu), u.device_ptr(gpu)))?,
+        // The up rows start at row `split`, a whole tile (tiles are 16 rows of row_bytes).
+        WeightPair::Stacked { w, split } => {
+            (like(w, *split, protos[0]) && like(w, w.rows() - split, protos[1])).then(|| {
+                let base = w.device_ptr(gpu);
+                (base, base + (split * w.row_bytes()) as u64)
+            })?
+        }
+    };
+    same_layout(&shared.down, protos[2]).then(|| [gate, up, shared.down.device_ptr(gpu)])
 }
 
 /// A sequence's share of a GDN layer in a batched pass.
@@ -272,10 +306,28 @@ impl GpuModel {
         let logits = self.scratch(t * e)?;
         let sg = self.scratch(t)?;
         gates.multiply(self, (ptr(gpu, &logits, 0), ptr(gpu, &sg, 0)), xa)?;
-        let out = shared.forward(self, xa)?;
         if let Some(tables) = moe.device_tables(gpu) {
-            let routing = dev::moe_route(gpu, k, ptr(gpu, &logits, 0), t, e, *top_k)?;
-            let (pairs, first) = (t * top_k, &experts[0]);
+            // The shared expert as each token's first pair where it would run as GEMVs
+            // (passes of a few tokens, and batch-invariant ones), else on its own before them.
+            let grouped = tables.with_shared
+                && gpu.options().shared_expert_grouped
+                && dev::swiglu_fused(gpu, &shared.down, t);
+            let out = if grouped {
+                self.scratch(t * h)?
+            } else {
+                shared.forward(self, xa)?
+            };
+            let sg = ptr(gpu, &sg, 0);
+            let routing = dev::moe_route(
+                gpu,
+                k,
+                ptr(gpu, &logits, 0),
+                t,
+                (e, *top_k),
+                grouped.then_some(sg),
+            )?;
+            let (per, first) = (routing.per_token, &experts[0]);
+            let pairs = t * per;
             let (first_gate, first_up) = first.expert_weights();
             let inter = first_gate.rows();
             let g = self.scratch(pairs * inter)?;
@@ -284,21 +336,23 @@ impl GpuModel {
             let table = |b: &CudaSlice<u64>| ptr(gpu, b, 0);
             let (gate_p, up_p) = ((table(&tables.gate), gp), (table(&tables.up), up));
             if same_layout(first_gate, first_up) {
-                dev::matmul_expert_pair(gpu, k, [gate_p, up_p], xa, first_gate, &routing, *top_k)?;
+                dev::matmul_expert_pair(gpu, k, [gate_p, up_p], xa, first_gate, &routing, per)?;
             } else {
                 for ((tp, op), w) in [(gate_p, first_gate), (up_p, first_up)] {
-                    dev::matmul_experts(gpu, k, op, xa, tp, w, &routing, *top_k)?;
+                    dev::matmul_experts(gpu, k, op, xa, tp, w, &routing, per)?;
                 }
             }
             let y = self.scratch(pairs * h)?;
             let yp = ptr(gpu, &y, 0);
             let down = table(&tables.down);
             dev::matmul_experts_swiglu(gpu, k, yp, (gp, up), down, &first.down, &routing, pairs)?;
-            // The shared expert's gate is applied in the same launch as the experts' sum.
-            let (op, gate) = (ptr(gpu, &out, 0), Some(ptr(gpu, &sg, 0)));
-            dev::moe_combine(gpu, k, op, yp, gate, &routing, t, *top_k, h)?;
+            // The shared expert's gate is applied in the same launch as the experts' sum (or
+            // is its pair's weight).
+            let (op, gate) = (ptr(gpu, &out, 0), (!grouped).then_some(sg));
+            dev::moe_combine(gpu, k, op, yp, gate, &routing, t, h)?;
             return Ok(out);
         }
+        let out = shared.forward(self, xa)?;
         dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
         let mut probs = gpu.download(&logits, t * e)?;
         let routed = crate::qwen35::ffn::route(&mut probs, e, *top_k);
@@ -370,12 +424,14 @@ pub(super) fn upload_moe(gpu: &Gpu, m: &Moe) -> Result<GpuFfn, ModelError> {
         .iter()
         .map(|e| GpuMlp::upload(gpu, e, false))
         .collect::<Result<Vec<_>, _>>()?;
+    let shared = GpuMlp::upload(gpu, &m.shared, true)?;
+    let tables = ExpertTables::new(gpu, &experts, &shared)?;
     Ok(GpuFfn::Moe(Box::new(GpuMoe {
         gates: WeightPair::upload(gpu, &m.router, &m.shared_gate, true)?,
-        tables: ExpertTables::new(gpu, &experts)?,
+        tables,
         experts,
         top_k: m.top_k,
-        shared: GpuMlp::upload(gpu, &m.shared, true)?,
+        shared,
     })))
 }
 
