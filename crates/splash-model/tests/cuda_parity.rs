@@ -3,7 +3,7 @@
 //! GPU: skipped without one unless `SPLASH_REQUIRE_GPU` is set.
 #![cfg(feature = "cuda")]
 
-use splash_backend::cuda::{Gpu, GpuOptions};
+use splash_backend::cuda::{Gpu, GpuOptions, TiledGemv};
 
 mod common;
 use common::{argmax, dir, fixture, gguf, max_rel, ragged_batches, FOR_THE_GPU};
@@ -491,19 +491,21 @@ fn a_batched_gpu_pass_matches_separate_passes() {
 }
 
 /// The shared expert routed as one more pair of the grouped expert products
-/// (`GpuOptions::shared_expert_grouped`) computes what running it on its own does: the fast
-/// MoE checkpoints' logits over a short prompt and three decode steps, each setting on its own
-/// GPU context, agree within the kernels' rounding; on the Q4_K_M one (whose shared expert has
-/// the routed experts' formats) they are not the same bits, so the grouped path did run.
+/// (`GpuOptions::shared_expert_grouped`) gives the bits of running it on its own when both run
+/// on the f16 tensor cores (a pair's product has the bits of its token's GEMV alone, and the
+/// weighted sum starts from the gated shared output either way), in fewer launches: the fast
+/// MoE checkpoints, a short prompt and three decode steps, each setting on its own GPU context.
 #[test]
-fn the_shared_expert_grouped_with_the_routed_ones_gives_its_logits() {
+fn the_shared_expert_grouped_with_the_routed_ones_gives_its_bits() {
     for (name, exact) in exact_and_fast_cases() {
         if exact || !name.contains("moe") {
             continue;
         }
-        let logits = |grouped: bool| -> Option<Vec<f32>> {
+        let run = |grouped: bool| -> Option<(Vec<f32>, u64)> {
             let mut options = GpuOptions::from_env().expect("the SPLASH_* variables");
             options.shared_expert_grouped = grouped;
+            options.tiled_gemv = TiledGemv::TensorCores;
+            options.profile = true;
             let gpu = Gpu::with_options(0, options).ok()?;
             let mut model = load(&checkpoint(&name)).unwrap();
             model.graph.to_gpu(gpu).unwrap();
@@ -514,22 +516,35 @@ fn the_shared_expert_grouped_with_the_routed_ones_gives_its_logits() {
             for t in [5, 17, 99] {
                 all.extend(g.forward(&mut s, &[t], Logits::All).unwrap());
             }
-            Some(all)
+            let launches = g
+                .gpu_profile()
+                .unwrap_or_default()
+                .iter()
+                .map(|r| r.1)
+                .sum();
+            Some((all, launches))
         };
-        let (Some(apart), Some(grouped)) = (logits(false), logits(true)) else {
+        let (Some(apart), Some(grouped)) = (run(false), run(true)) else {
             assert!(std::env::var_os("SPLASH_REQUIRE_GPU").is_none(), "no GPU");
             return;
         };
-        let err = max_rel(&grouped, &apart);
-        println!("{name}: shared expert grouped vs apart, logits within {err:.2e}");
+        println!(
+            "{name}: shared expert grouped vs apart: {} vs {} launches, logits within {:.2e}",
+            grouped.1,
+            apart.1,
+            max_rel(&grouped.0, &apart.0)
+        );
         assert!(
-            err < 2e-2,
-            "{name}: the grouped shared expert is off by {err}"
+            grouped.0 == apart.0,
+            "{name}: the grouped shared expert differs by {:e}",
+            max_rel(&grouped.0, &apart.0)
         );
         if name.contains("Q4_K_M") {
             assert!(
-                grouped != apart,
-                "{name}: the shared expert was not grouped"
+                grouped.1 < apart.1,
+                "{name}: the shared expert was not grouped ({} launches, {} apart)",
+                grouped.1,
+                apart.1
             );
         }
     }

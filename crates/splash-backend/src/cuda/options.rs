@@ -44,7 +44,7 @@ pub struct GpuOptions {
     /// kernels).
     pub staged_attention: bool,
     /// A MoE layer's shared expert runs as one more pair of each token in the routed experts'
-    /// grouped products (`SPLASH_SHARED_EXPERT_GROUPED`, off), where its shape and formats are
+    /// grouped products (`SPLASH_SHARED_EXPERT_GROUPED`, on), where its shape and formats are
     /// theirs: three launches fewer a layer in decode and verify passes.
     pub shared_expert_grouped: bool,
     /// Tiles of 16 queries each warp of the vision tower's attention takes, 1 or 2
@@ -80,7 +80,7 @@ impl Default for GpuOptions {
             stream_k_blocks_per_sm: 4,
             flash_async: true,
             staged_attention: true,
-            shared_expert_grouped: false,
+            shared_expert_grouped: true,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
@@ -331,10 +331,10 @@ mod tests {
             ("SPLASH_FOLD_LAUNCHES", "0"),
             ("SPLASH_ATTENTION_HEADS", "1"),
             ("SPLASH_TILED_GEMV", "tensor-cores"),
-            ("SPLASH_SHARED_EXPERT_GROUPED", "1"),
+            ("SPLASH_SHARED_EXPERT_GROUPED", "0"),
         ])
         .unwrap();
-        assert!(!o.fold_launches && !o.capture_pool && o.shared_expert_grouped);
+        assert!(!o.fold_launches && !o.capture_pool && !o.shared_expert_grouped);
         assert_eq!(o.tiled_gemv, TiledGemv::TensorCores);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);
