@@ -406,6 +406,27 @@ fn check_tile_gemv(
 #[test]
 fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
+    for_each_tile_case(|w, tile, suffix, label| {
+        let run = |x: &[f32], split: usize| {
+            let build = match x.len() / tile.kd {
+                1 => "1",
+                5 => "8",
+                _ => "",
+            };
+            let gemv = format!("gemv{build}_q8t_{suffix}");
+            // SAFETY: quantize_q8 (kernels/gemv.cu, a thread a value, a scale and a sum per 32)
+            // and gemv*_q8t_* (kernels/gemv_tc.cu) have these signatures.
+            unsafe { tile.run::<f32>(&kern, ("quantize_q8", 1, 32), &gemv, x, split) }
+        };
+        // Activations rounded to int8 per 32 values: about 4e-3.
+        check_tile_gemv(w, tile.n, tile.kd, label, run);
+    });
+}
+
+/// Runs `check(weight, tiles, kernel suffix, label)` on the cases of the int8 GEMVs of the tiles:
+/// Q4_K and Q6_K weights of 40 rows (three tiles, the last partly padding) over chains of one
+/// and several blocks (768 and 6,144 values a row, 3, 8 and 4 warps).
+fn for_each_tile_case(check: impl Fn(&Weight, &TileWeight, &str, &str)) {
     let n = 40;
     for (kd, warps) in [(768, 3), (6144, 8), (6144, 4)] {
         for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
@@ -419,19 +440,7 @@ fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
                 kd,
                 warps,
             };
-            let run = |x: &[f32], split: usize| {
-                let build = match x.len() / kd {
-                    1 => "1",
-                    5 => "8",
-                    _ => "",
-                };
-                let gemv = format!("gemv{build}_q8t_{suffix}");
-                // SAFETY: quantize_q8 (kernels/gemv.cu, a thread a value, a scale and a sum
-                // per 32) and gemv*_q8t_* (kernels/gemv_tc.cu) have these signatures.
-                unsafe { tile.run::<f32>(&kern, ("quantize_q8", 1, 32), &gemv, x, split) }
-            };
-            // Activations rounded to int8 per 32 values: about 4e-3.
-            check_tile_gemv(&w, n, kd, &format!("{t} k={kd} warps={warps}"), run);
+            check(&w, &tile, suffix, &format!("{t} k={kd} warps={warps}"));
         }
     }
 }
@@ -444,30 +453,21 @@ fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
 #[test]
 fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    let n = 40;
-    for (kd, warps) in [(768, 3), (6144, 8), (6144, 4)] {
-        for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
-            let w = kquant(t, n, kd, fields, 5);
-            let tiles = super::weights::tiled(t, w.raw_bytes(), n, kd / 256);
-            let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
-            let tile = TileWeight {
-                tiles: &tiles,
-                row_bytes: t.row_bytes(kd) as i64,
-                n,
-                kd,
-                warps,
+    for_each_tile_case(|w, tile, suffix, label| {
+        let run = |x: &[f32], split: usize| {
+            let build = if x.len() / tile.kd <= 8 {
+                "gemv8"
+            } else {
+                "gemv"
             };
-            let run = |x: &[f32], split: usize| {
-                let build = if x.len() / kd <= 8 { "gemv8" } else { "gemv" };
-                let gemv = format!("{build}_i8tc_{suffix}");
-                // SAFETY: quantize_q8_blocks (a warp per 256 values, a scale per 256, an int16
-                // sum per 32) and gemv*_i8tc_* (kernels/gemv_tc.cu) have these signatures.
-                unsafe { tile.run::<i16>(&kern, ("quantize_q8_blocks", 8, 256), &gemv, x, split) }
-            };
-            // Activations rounded to int8 per 256 values.
-            check_tile_gemv(&w, n, kd, &format!("{t} k={kd} warps={warps}"), run);
-        }
-    }
+            let gemv = format!("{build}_i8tc_{suffix}");
+            // SAFETY: quantize_q8_blocks (a warp per 256 values, a scale per 256, an int16 sum
+            // per 32) and gemv*_i8tc_* (kernels/gemv_tc.cu) have these signatures.
+            unsafe { tile.run::<i16>(&kern, ("quantize_q8_blocks", 8, 256), &gemv, x, split) }
+        };
+        // Activations rounded to int8 per 256 values.
+        check_tile_gemv(w, tile.n, tile.kd, label, run);
+    });
 }
 
 /// A grouped expert product on the host (`gemv_tc_experts*`) as ops.rs launches it: the pairs'
