@@ -1,5 +1,6 @@
 // Mixture of experts on the device (few tokens: decode, verify blocks, batched passes). Pair
-// p = t·k + j is token t's j-th expert; the expert products are gemv_tc_experts_* (gemv_tc.cu).
+// p = t·k + j is token t's j-th expert (k: top_k, or top_k + 1 with the shared expert routed as
+// a pair, see moe_route); the expert products are gemv_tc_experts_* (gemv_tc.cu).
 
 // The router of one token per block (E ≤ 1024 experts): softmax over its logits, the top_k most
 // probable experts (ties: the lower index first), their probabilities renormalised to sum 1,
@@ -37,7 +38,6 @@ __device__ __forceinline__ void warp_best(float* v, int* id, int n, float* best_
     *best_k = bk;
 }
 
-//
 // With shared_gate, the shared expert is one more pair of every token, its first: expert E with
 // weight sigmoid(shared_gate[t]), so that the grouped products run it with the routed experts
 // (ids, weights [T, top_k + 1]).

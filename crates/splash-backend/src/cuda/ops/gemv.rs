@@ -81,8 +81,7 @@ pub(super) fn tensor_core(gpu: &Gpu, w: &DeviceWeight) -> bool {
     !gpu.exact()
         && match gpu.options().tiled_gemv {
             TiledGemv::TensorCores => weights::is_tiled(w.format),
-            TiledGemv::Int8 => false,
-            TiledGemv::Int8Mma => false,
+            TiledGemv::Int8 | TiledGemv::Int8Mma => false,
             TiledGemv::Int8MmaQ4K => w.format == Q6_K,
         }
 }

@@ -13,7 +13,8 @@ pub fn has_expert_kernel(w: &DeviceWeight) -> bool {
 /// (token, expert) grouped by expert for [`matmul_experts`].
 pub struct ExpertRouting {
     /// Expert of pair `t · per_token + j` (`[tokens, per_token]`): the shared expert first when
-    /// routed with the others (id `experts`), then the routed ones, most probable first.
+    /// routed with the others (its id the number of routed experts), then the routed ones, most
+    /// probable first.
     pub ids: CudaSlice<i32>,
     /// Its weight: the shared expert's gate, the routed ones renormalised over the token's
     /// `top_k`.
@@ -41,7 +42,7 @@ pub(super) const MOE_TOP_K_MAX: usize = 32;
 /// Routes `tokens` rows of router logits `[tokens, experts]` on the device: softmax, the
 /// `top_k` most probable experts, their probabilities renormalised (as the CPU's `route`).
 /// With `shared_gate` (`[tokens]`), the shared expert is each token's first pair too: expert
-/// `experts` (its tables' last entry) with weight `sigmoid(shared_gate[t])`.
+/// `routed` (its tables' last entry) with weight `sigmoid(shared_gate[t])`.
 pub fn moe_route(
     gpu: &Gpu,
     k: &Kernels,
