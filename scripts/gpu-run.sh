@@ -20,7 +20,7 @@
 # timed (SPLASH_GPU_PROFILE=1).
 # `prefill-ab`: the prefill runs (PREFILL_RUNS, default 8K in 2,048-token passes) under each of
 # the settings in AB, one machine, no profile: e.g. AB="- SPLASH_PREFILL_EXPERTS=gemm" ("-": none).
-# `decode-ab`: plain decode with the 1- and VERIFY_ROWS-row (16) pass costs at CONTEXT (1,024)
+# `decode-ab`: plain decode with the 1- and VERIFY_ROWS-row (16; a list: 4,8,16) pass costs at CONTEXT (1,024)
 # tokens of context under each of the settings in AB, alternating, AB_ROUNDS rounds (2); a
 # setting is "-" (none) or VAR=value pairs joined by commas (default "- SPLASH_ATTENTION_HEADS=1";
 # the launch chain of before 2026-12-06 is

@@ -200,11 +200,17 @@ fn bench_reports_both_speeds() {
         "4",
         "--repeat",
         "1",
+        "--verify-rows",
+        "4,16",
         "--json",
     ]);
     assert!(
         v["prefill_tok_s"].as_f64().unwrap() > 0.0 && v["decode_tok_s"].as_f64().unwrap() > 0.0
     );
+    // A pass cost for one token and for each asked row count.
+    for rows in ["rows_1", "rows_4", "rows_16"] {
+        assert!(v["pass_ms"][rows].as_f64().unwrap() > 0.0, "{rows}: {v}");
+    }
 }
 
 #[test]

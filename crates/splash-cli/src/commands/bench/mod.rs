@@ -46,9 +46,10 @@ pub struct Args {
     #[arg(long, default_value = "int8")]
     kv_format: splash_model::KvFormat,
     /// Also time one forward pass of this many tokens (a speculative verify block, all rows'
-    /// logits) against a one-token pass, after the prompt as context.
-    #[arg(long, default_value_t = 0)]
-    verify_rows: usize,
+    /// logits) against a one-token pass, after the prompt as context; a list (e.g. 4,8,16)
+    /// times each.
+    #[arg(long, value_delimiter = ',')]
+    verify_rows: Vec<usize>,
     /// Also time the first token of an agent-style prompt of this many tokens: uncached, from
     /// the prefix cache in memory, for the next turn, and from the disk tier.
     #[arg(long, value_parser = splash_server::parse_size)]
@@ -128,9 +129,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let rows = (a.verify_rows > 0)
-        .then(|| row_costs(&model, &prompt, a.verify_rows, a.kv_format, repeat))
-        .transpose()?;
+    let rows = row_costs(&model, &prompt, &a.verify_rows, a.kv_format, repeat)?;
     let replay = a
         .replay_tokens
         .map(|n| replay::run(&model, n, a.kv_format, repeat))
@@ -181,8 +180,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 }).collect::<Vec<_>>(),
             });
         }
-        if let Some((one, many)) = rows {
-            v["pass_ms"] = json!({"rows_1": one, format!("rows_{}", a.verify_rows): many});
+        if let Some(RowCosts { one, many }) = &rows {
+            let mut costs = json!({"rows_1": one});
+            for (n, ms) in many {
+                costs[format!("rows_{n}")] = json!(ms);
+            }
+            v["pass_ms"] = costs;
         }
         if let Some(r) = &replay {
             v["replay"] = json!({
@@ -222,12 +225,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.decode_tokens,
             decode_prompt.len(),
         );
-        if let Some((one, many)) = rows {
+        if let Some(RowCosts { one, many }) = &rows {
+            let each: Vec<String> = many
+                .iter()
+                .map(|(n, ms)| format!("{n} tokens {ms:.2} ms ({:.2}x)", ms / one))
+                .collect();
             println!(
-                "pass cost (context {}): 1 token {one:.2} ms; {} tokens {many:.2} ms ({:.2}x)",
+                "pass cost (context {}): 1 token {one:.2} ms; {}",
                 prompt.len(),
-                a.verify_rows,
-                many / one
+                each.join("; ")
             );
         }
         if let Some((tok_s, st, c)) = &spec {
@@ -421,16 +427,29 @@ fn pass_costs(
     })
 }
 
-/// Median milliseconds of a one-token pass and of a `rows`-token pass (every row's logits),
-/// each after `prompt`, in steady state (after [`WARM_UP_PASSES`]).
+/// Pass costs after a prompt: a one-token pass and passes of several tokens (ms).
+struct RowCosts {
+    one: f64,
+    /// (tokens, ms) for each asked row count.
+    many: Vec<(usize, f64)>,
+}
+
+/// Median milliseconds of a one-token pass and of a pass of each of `rows` tokens (every row's
+/// logits; 0 is skipped), each after `prompt`, in steady state (after [`WARM_UP_PASSES`]);
+/// `None` when no row count is asked.
 fn row_costs(
     model: &Model,
     prompt: &[u32],
-    rows: usize,
+    rows: &[usize],
     kv: splash_model::KvFormat,
     repeat: usize,
-) -> anyhow::Result<(f64, f64)> {
-    let tokens: Vec<u32> = (0..rows as u32)
+) -> anyhow::Result<Option<RowCosts>> {
+    let rows: Vec<usize> = rows.iter().copied().filter(|&n| n > 0).collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let most = rows.iter().copied().max().unwrap_or(1);
+    let tokens: Vec<u32> = (0..most as u32)
         .map(|i| prompt[i as usize % prompt.len()])
         .collect();
     let cost = |n: usize| -> anyhow::Result<f64> {
@@ -448,7 +467,12 @@ fn row_costs(
         }
         Ok(median(&mut times))
     };
-    Ok((cost(1)?, cost(rows)?))
+    let one = cost(1)?;
+    let many = rows
+        .iter()
+        .map(|&n| Ok((n, cost(n)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(RowCosts { one, many }))
 }
 
 /// A deterministic pseudo-random prompt (xorshift from `seed`): speed does not depend on the ids.
