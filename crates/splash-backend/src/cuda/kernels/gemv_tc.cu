@@ -557,10 +557,11 @@ __device__ __forceinline__ I8Row i8_row(const TcRaw& r) {
     I8Row o;
     int q = threadIdx.x & 3;
     bool low = (q >> 1) == 0;  // this lane's own sub-blocks are 0..3
+    // The partner's words 2 and 3 of the code words b and c (and of a, Q6_K's low bits below),
+    // for the sub-blocks this lane lacks.
+    u32 pb[2] = {__shfl_xor_sync(0xffffffffu, r.b.z, 2), __shfl_xor_sync(0xffffffffu, r.b.w, 2)};
+    u32 pc[2] = {__shfl_xor_sync(0xffffffffu, r.c.z, 2), __shfl_xor_sync(0xffffffffu, r.c.w, 2)};
     if (F == FMT_Q4_K) {
-        // The partner's words 2 and 3 of both code halves, for the sub-blocks this lane lacks.
-        u32 pb[2] = {__shfl_xor_sync(0xffffffffu, r.b.z, 2), __shfl_xor_sync(0xffffffffu, r.b.w, 2)};
-        u32 pc[2] = {__shfl_xor_sync(0xffffffffu, r.c.z, 2), __shfl_xor_sync(0xffffffffu, r.c.w, 2)};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             u32 ob = h ? r.b.y : r.b.x, oc = h ? r.c.y : r.c.x;
@@ -581,10 +582,7 @@ __device__ __forceinline__ I8Row i8_row(const TcRaw& r) {
         o.d = f16_to_f32((u16)(r.a.x & 0xffff));
         o.dmin = f16_to_f32((u16)(r.a.x >> 16));
     } else {
-        // The partner's words 2 and 3 of the low bits (a, b) and the high bits (c).
         u32 pa[2] = {__shfl_xor_sync(0xffffffffu, r.a.z, 2), __shfl_xor_sync(0xffffffffu, r.a.w, 2)};
-        u32 pb[2] = {__shfl_xor_sync(0xffffffffu, r.b.z, 2), __shfl_xor_sync(0xffffffffu, r.b.w, 2)};
-        u32 pc[2] = {__shfl_xor_sync(0xffffffffu, r.c.z, 2), __shfl_xor_sync(0xffffffffu, r.c.w, 2)};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             u32 oa = h ? r.a.y : r.a.x, ob = h ? r.b.y : r.b.x, oc = h ? r.c.y : r.c.x;
