@@ -401,7 +401,7 @@ fn the_norms_with_their_bf16_conversion_have_the_bits_of_the_separate_kernels() 
             t,
             kd,
             1e-6,
-            (&dw, None),
+            dev::NextProducts::Weights(&dw, None),
         )
         .unwrap();
         dev::matmul_activations(&gpu, &k, ptr(&gpu, &o1, 0), &a, &dw, 0, n).unwrap();

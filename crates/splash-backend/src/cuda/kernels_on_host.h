@@ -241,6 +241,12 @@ inline int __dp2a_hi(int a, int b, int c) {
     return c + (int)(short)(a & 0xffff) * (int)(signed char)(b >> 16) + (int)(short)(a >> 16) * (int)(signed char)(b >> 24);
 }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+// Blocks run one after another on one OS thread: every write is seen by the blocks after it.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+template <class T>
+T __ldcg(const T* p) {
+    return *p;
+}
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
 

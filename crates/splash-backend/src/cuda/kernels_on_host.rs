@@ -692,9 +692,10 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
 }
 
 /// Device routing on the host: `moe_route` picks each token's top-k experts by probability
-/// (ties to the lower index, here from equal logits) with renormalised weights, `moe_group`
-/// lists the active experts in order with their pairs in increasing order (as do
-/// `moe_group_counts`, `moe_group_slots` and `moe_group_scatter`, a prefill pass's grouping),
+/// (ties to the lower index, here from equal logits) with renormalised weights; given its
+/// counter, its last block lists the active experts in order with their pairs in increasing
+/// order and leaves the counter at 0 (as do `moe_group_counts`, `moe_group_slots` and
+/// `moe_group_scatter`, a prefill pass's grouping),
 /// and `moe_combine` adds the weighted products to the gated residual with the bits of the
 /// formula, value by value. Expert counts below, at and above a thread each (12, 256, 1,000),
 /// and more pairs than threads. With the shared expert routed as each token's first pair
@@ -704,7 +705,6 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
 fn the_moe_routing_kernels_on_the_host_match_the_reference() {
     let Some(kern) = kernels(DIMS_32) else { return };
     type Route = host::moe_route;
-    type Group = host::moe_group;
     type Counts = host::moe_group_counts;
     type Slots = host::moe_group_slots;
     type Scatter = host::moe_group_scatter;
@@ -739,27 +739,40 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         let shared_gate = random(tokens, 9);
         let (la, ia, wa) = (Addr::of(&logits), Addr::of(&ids), Addr::of(&weights));
         let sga = Addr::of(&shared_gate);
-        // SAFETY: moe_route's signature in kernels/moe.cu, over buffers of the sizes ops::moe_route
-        // gives them.
-        unsafe {
-            let route: Route = kern.kernel("moe_route");
-            kern.launch(tokens as u32, 256, &|| {
-                let sg = if shared {
-                    sga.ptr()
-                } else {
-                    std::ptr::null_mut()
-                };
-                route(
-                    la.ptr(),
-                    ia.ptr(),
-                    wa.ptr(),
-                    experts as i32,
-                    top_k as i32,
-                    sg,
-                )
-            });
-        }
-        // The grouping by one block, then by chunks: (active, offsets, order) of each.
+        // The routing, and with `grouping` (active, offsets, order and the counter) the grouping
+        // by its last block.
+        let route = |grouping: Option<[Addr; 4]>| {
+            // SAFETY: moe_route's signature in kernels/moe.cu, over buffers of the sizes
+            // ops::moe_route gives them.
+            unsafe {
+                let route: Route = kern.kernel("moe_route");
+                kern.launch(tokens as u32, 1024, &|| {
+                    let sg = if shared {
+                        sga.ptr()
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    let null = std::ptr::null_mut();
+                    let [aa, oa, ra, da] = grouping.map_or([null; 4], |g| g.map(|a| a.ptr()));
+                    route(
+                        la.ptr(),
+                        ia.ptr(),
+                        wa.ptr(),
+                        experts as i32,
+                        top_k as i32,
+                        sg,
+                        da,
+                        slots as i32,
+                        aa,
+                        oa,
+                        ra,
+                    )
+                });
+            }
+        };
+        route(None);
+        // The grouping by the routing's last block, then by chunks: (active, offsets, order) of
+        // each.
         let grouped = |chunked: bool| {
             let (active, offsets, order) = (
                 vec![-7i32; slots],
@@ -771,26 +784,25 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
             let (aa, oa, ra) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
             let ca = Addr::of(&counts);
             let (p, e, s) = (pairs as i32, grouped as i32, slots as i32);
+            if !chunked {
+                let done = [0i32];
+                route(Some([aa, oa, ra, Addr::of(&done)]));
+                assert_eq!(done[0], 0, "E={experts} T={tokens}: the counter left at 0");
+                return (active, offsets, order);
+            }
             // SAFETY: the signatures of the grouping kernels in kernels/moe.cu, over buffers of the
             // sizes ops::moe_route gives them.
             unsafe {
-                if chunked {
-                    let f: Counts = kern.kernel("moe_group_counts");
-                    kern.launch(chunks as u32, 256, &|| f(ia.ptr(), p, e, ca.ptr()));
-                    let f: Slots = kern.kernel("moe_group_slots");
-                    kern.launch(1, 1024, &|| {
-                        f(ca.ptr(), chunks as i32, e, s, aa.ptr(), oa.ptr())
-                    });
-                    let f: Scatter = kern.kernel("moe_group_scatter");
-                    kern.launch(chunks as u32, 256, &|| {
-                        f(ia.ptr(), p, e, ca.ptr(), ra.ptr())
-                    });
-                } else {
-                    let f: Group = kern.kernel("moe_group");
-                    kern.launch(1, 1024, &|| {
-                        f(ia.ptr(), p, e, s, aa.ptr(), oa.ptr(), ra.ptr())
-                    });
-                }
+                let f: Counts = kern.kernel("moe_group_counts");
+                kern.launch(chunks as u32, 256, &|| f(ia.ptr(), p, e, ca.ptr()));
+                let f: Slots = kern.kernel("moe_group_slots");
+                kern.launch(1, 1024, &|| {
+                    f(ca.ptr(), chunks as i32, e, s, aa.ptr(), oa.ptr())
+                });
+                let f: Scatter = kern.kernel("moe_group_scatter");
+                kern.launch(chunks as u32, 256, &|| {
+                    f(ia.ptr(), p, e, ca.ptr(), ra.ptr())
+                });
             }
             (active, offsets, order)
         };

@@ -85,6 +85,9 @@ pub struct Gpu {
     /// Page-locked host memory that large downloads go through (a pageable copy is staged
     /// by the driver at a fraction of the bus speed); grown on demand, reused.
     staging: Mutex<Option<cudarc::driver::PinnedHostSlice<u8>>>,
+    /// The counter with which `moe_route`'s last block finds itself to group the pairs (at 0
+    /// between launches; one serves all, as everything runs in order on one stream).
+    route_done: CudaSlice<i32>,
 }
 
 impl Drop for Gpu {
@@ -400,6 +403,7 @@ impl Gpu {
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )? as usize;
         let profile = options.profile.then(|| Mutex::new(HashMap::new()));
+        let route_done = stream.alloc_zeros::<i32>(1)?;
         // Profiling synchronises every launch, which a capture cannot contain.
         let graphs = options.graphs && !options.profile;
         Ok(Arc::new(Self {
@@ -419,6 +423,7 @@ impl Gpu {
             capture_pool: options.capture_pool.then(|| Mutex::new(None)),
             options: std::sync::RwLock::new(options),
             staging: Mutex::new(None),
+            route_done,
         }))
     }
 
@@ -440,6 +445,11 @@ impl Gpu {
     /// Free and total device memory in bytes.
     pub fn memory(&self) -> Result<(usize, usize), GpuError> {
         Ok(self.ctx.mem_get_info()?)
+    }
+
+    /// The device address of `moe_route`'s grouping counter (see the field).
+    pub(crate) fn route_done(&self) -> u64 {
+        ptr(self, &self.route_done, 0)
     }
 
     /// The stream all work is queued on.

@@ -5,8 +5,9 @@
 // The router of one token per block (E ≤ 1024 experts): softmax over its logits, the top_k most
 // probable experts (ties: the lower index first), their probabilities renormalised to sum 1,
 // summed in that order (as ffn.rs::route). ids, weights [T, top_k].
-// Threads of a moe_route block, the most experts a token keeps, and the experts a thread holds.
-#define MOE_ROUTE_THREADS 256
+// Threads of a moe_route block (a thread an expert, so that its last block can group the pairs,
+// see group_pairs), the most experts a token keeps, and the experts a thread holds.
+#define MOE_ROUTE_THREADS 1024
 #define MOE_TOP_K_MAX 32
 #define MOE_PER_THREAD (1024 / MOE_ROUTE_THREADS)
 
@@ -38,11 +39,17 @@ __device__ __forceinline__ void warp_best(float* v, int* id, int n, float* best_
     *best_k = bk;
 }
 
+static __device__ void group_pairs(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
+                                   int* order);
+
 // With shared_gate, the shared expert is one more pair of every token, its first: expert E with
 // weight sigmoid(shared_gate[t]), so that the grouped products run it with the routed experts
 // (ids, weights [T, top_k + 1]).
+// With `done` (a counter at 0, left at 0), the last block to finish also groups the pairs
+// (group_pairs, up to 1,024 pairs): routing and grouping in one launch.
 extern "C" __global__ void moe_route(const float* logits, int* ids, float* weights, int E, int top_k,
-                                     const float* shared_gate) {
+                                     const float* shared_gate, int* done, int slots, int* active, int* offsets,
+                                     int* order) {
     GRID_PROLOGUE();
     __shared__ float p[1024];
     const float* l = logits + (long)blockIdx.x * E;
@@ -116,6 +123,18 @@ extern "C" __global__ void moe_route(const float* logits, int* ids, float* weigh
         for (int j = 0; j < top_k; j++) sum += out_w[j];
         for (int j = 0; j < top_k; j++) out_w[j] /= sum;
     }
+    if (!done) return;
+    // Thread 0 wrote the token's pairs: they are visible to every block before it is counted.
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(done, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    group_pairs(ids, (int)gridDim.x * per, shared_gate ? E + 1 : E, slots, active, offsets, order);
+    if (threadIdx.x == 0) *done = 0;
 }
 
 // The slots of a MoE layer's active experts, from thread e's count c of expert e's pairs (one
@@ -177,17 +196,17 @@ static __device__ int group_slots(int c, int E, int slots, int* active, int* off
 }
 
 // The pairs of a MoE layer grouped by expert for gemv_tc_experts: the slots (group_slots) and
-// in `order` each expert's pairs in increasing order. One block of 1,024 threads, E ≤ 1024; for
-// up to 1,024 pairs (decode steps, verify blocks, short passes: ops::moe_route gives longer
-// passes moe_group_counts, moe_group_slots and moe_group_scatter).
-extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
-                                     int* order) {
-    GRID_PROLOGUE();
+// in `order` each expert's pairs in increasing order. One block of 1,024 threads (moe_route's
+// last), E ≤ 1024; for up to 1,024 pairs (decode steps, verify blocks, short passes:
+// ops::moe_route gives longer passes moe_group_counts, moe_group_slots and moe_group_scatter).
+// The ids are read past L1: other blocks of the launch wrote them.
+static __device__ void group_pairs(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
+                                   int* order) {
     __shared__ int count[1024];
     int e = threadIdx.x;
     if (e < E) count[e] = 0;
     __syncthreads();
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[ids[p]], 1);
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[__ldcg(ids + p)], 1);
     __syncthreads();
     int c = e < E ? count[e] : 0, on = c > 0;
     int before_p = group_slots(c, E, slots, active, offsets);
@@ -199,7 +218,7 @@ extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots
     for (int p0 = 0; p0 < pairs; p0 += blockDim.x) {
         int n = min((int)blockDim.x, pairs - p0);
         __syncthreads();
-        if (threadIdx.x < n) stage[threadIdx.x] = ids[p0 + threadIdx.x];
+        if (threadIdx.x < n) stage[threadIdx.x] = __ldcg(ids + p0 + threadIdx.x);
         __syncthreads();
         if (on)
             for (int i = 0; i < n; i++)
@@ -207,7 +226,7 @@ extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots
     }
 }
 
-// A prefill pass's grouping (moe_group's result for thousands of pairs, over many blocks), in
+// A prefill pass's grouping (group_pairs' result for thousands of pairs, over many blocks), in
 // three launches: each chunk of MOE_GROUP_CHUNK pairs counts its pairs per expert into
 // counts [chunks, E]; one block sums them, writes the slots and turns counts into each chunk's
 // first position per expert; each chunk writes its pairs there in order.

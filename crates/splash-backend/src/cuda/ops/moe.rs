@@ -29,8 +29,8 @@ pub struct ExpertRouting {
     chunk_counts: Option<CudaSlice<i32>>,
 }
 
-/// Pairs above which the grouping takes its three-launch form over many blocks (`moe_group`,
-/// one block, scans every pair once per active expert).
+/// Pairs above which the grouping takes its three-launch form over many blocks (up to it the
+/// routing's last block groups them, scanning every pair once per active expert).
 pub(super) const MOE_GROUP_ONE_BLOCK: usize = 1024;
 
 /// Pairs a block of `moe_group_counts` and `moe_group_scatter` takes (`MOE_GROUP_CHUNK`).
@@ -78,25 +78,35 @@ pub fn moe_route(
         },
     };
     let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
+    let (ids, e, slots) = (p(&r.ids), experts as i32, slots as i32);
+    let (active, offsets, order) = (p(&r.active), p(&r.offsets), p(&r.order));
+    // Up to MOE_GROUP_ONE_BLOCK pairs the routing's last block groups them (`done`: its
+    // counter), else the grouping's launches follow.
+    let done = if r.chunk_counts.is_none() {
+        gpu.route_done()
+    } else {
+        0
+    };
     launch::moe_route(
         gpu,
         k,
-        (tokens as u32, 256),
+        (tokens as u32, 1024),
         logits,
-        p(&r.ids),
+        ids,
         ptr(gpu, &r.weights, 0),
         routed as i32,
         top_k as i32,
         shared_gate.unwrap_or(0),
+        done,
+        slots,
+        active,
+        offsets,
+        order,
     )?;
-    let (ids, e, slots) = (p(&r.ids), experts as i32, slots as i32);
-    let (active, offsets, order) = (p(&r.active), p(&r.offsets), p(&r.order));
-    let pairs = pairs as i32;
     let Some(counts) = &r.chunk_counts else {
-        let grid = (1, 1024);
-        launch::moe_group(gpu, k, grid, ids, pairs, e, slots, active, offsets, order)?;
         return Ok(r);
     };
+    let pairs = pairs as i32;
     let counts = p(counts);
     let spread = (chunks as u32, MOE_GROUP_CHUNK as u32);
     launch::moe_group_counts(gpu, k, spread, ids, pairs, e, counts)?;

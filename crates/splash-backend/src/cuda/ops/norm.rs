@@ -46,14 +46,24 @@ fn check_add_rms_norm(out: u64, x: u64, y: u64) {
     );
 }
 
-/// [`add_rms_norm`], its output returned as the activations of the products that read it
-/// (`f16_for`: the first one's weight; `other`: maybe another's). When the first runs on the
-/// tensor-core GEMV (see [`reads_f16`]) the same launch writes its f16 conversion too
-/// (`add_rms_norm_to_f16_tc`: the bits of the two kernels), one launch fewer than converting at
-/// the product; with `GpuOptions::fold_launches` also the other's int8 when it runs on the dp4a
-/// GEMV (a GDN layer's b and a), the bits of `quantize_q8`; or instead of the f16 the first's
-/// int8 when it runs on the int8 GEMV of the tiles (`TiledGemv::Int8`), or its int8 blocks
-/// when it runs on the int8 tensor-core GEMV (`TiledGemv::Int8Mma`, `quantize_q8_blocks`).
+/// What reads a norm's output first, so that the norm's launch writes the conversion it takes.
+#[derive(Clone, Copy)]
+pub enum NextProducts<'a> {
+    /// Products by the first weight, and maybe by the second.
+    Weights(&'a DeviceWeight, Option<&'a DeviceWeight>),
+    /// A MoE layer's grouped expert products ([`matmul_experts`]), its shared expert among
+    /// them: they read the tensor-core GEMV's f16 whatever the tiled GEMV.
+    Experts,
+}
+
+/// [`add_rms_norm`], its output returned as the activations of the products `next` that read
+/// it. When the first runs on the tensor-core GEMV (see [`reads_f16`]), or the next are grouped
+/// experts, the same launch writes its f16 conversion too (`add_rms_norm_to_f16_tc`: the bits of
+/// the two kernels), one launch fewer than converting at the product; with
+/// `GpuOptions::fold_launches` also the other's int8 when it runs on the dp4a GEMV (a GDN
+/// layer's b and a), the bits of `quantize_q8`; or instead of the f16 the first's int8 when it
+/// runs on the int8 GEMV of the tiles (`TiledGemv::Int8`), or its int8 blocks when it runs on
+/// the int8 tensor-core GEMV (`TiledGemv::Int8Mma`, `quantize_q8_blocks`).
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_activations(
     gpu: &Gpu,
@@ -65,22 +75,27 @@ pub fn add_rms_norm_activations(
     rows: usize,
     d: usize,
     eps: f32,
-    (f16_for, other): (&DeviceWeight, Option<&DeviceWeight>),
+    next: NextProducts<'_>,
 ) -> Result<Activations, GpuError> {
     check_add_rms_norm(out, x, y);
     let (grid, d_i) = ((rows as u32, norm_threads(d)), d as i32);
-    if reads_bf16(gpu, f16_for, rows) {
+    let (first, other) = match next {
+        NextProducts::Weights(first, other) => (Some(first), other),
+        // Grouped experts run outside the exact mode only.
+        NextProducts::Experts => (None, None),
+    };
+    if first.is_some_and(|f| reads_bf16(gpu, f, rows)) {
         let xb = gpu.uninit::<u16>(rows * d)?;
         let xbp = ptr(gpu, &xb, 0);
         launch::add_rms_norm_to_bf16(gpu, k, grid, x, y, w, out, xbp, d_i, eps)?;
         return Ok(Activations::with_bf16(out, rows, d, xb));
     }
     // The kernel converts whole 256-value blocks (a tiled weight's rows are made of them).
-    let f16 = reads_f16(gpu, f16_for, rows) && d.is_multiple_of(256);
+    let f16 = first.map_or(!gpu.exact(), |f| reads_f16(gpu, f, rows)) && d.is_multiple_of(256);
     let fold = gpu.options().fold_launches && d.is_multiple_of(256);
     let int8_for = |w: &DeviceWeight| fold && reads_int8(gpu, w, rows);
     // The int8 blocks of the first product, when it runs on the int8 tensor-core GEMV.
-    let blocks8 = if fold && reads_int8_blocks(gpu, f16_for, rows) {
+    let blocks8 = if fold && first.is_some_and(|f| reads_int8_blocks(gpu, f, rows)) {
         Some(int8_blocks(gpu, rows * d)?)
     } else {
         None
@@ -88,7 +103,7 @@ pub fn add_rms_norm_activations(
     // The int8 rows of the first product, when it runs on the int8 GEMV of the tiles, or of
     // the other beside the first's converted input.
     let converts = f16 || blocks8.is_some();
-    let int8 = if int8_for(f16_for) || (converts && other.is_some_and(int8_for)) {
+    let int8 = if first.is_some_and(int8_for) || (converts && other.is_some_and(int8_for)) {
         Some(int8_rows(gpu, rows * d)?)
     } else {
         None

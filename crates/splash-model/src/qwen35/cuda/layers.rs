@@ -133,14 +133,28 @@ pub(super) struct GpuMoe {
 }
 
 impl GpuMoe {
-    /// The weight of the first dense product of the layer's input (the shared expert's).
-    pub(super) fn input_weight(&self) -> &DeviceWeight {
-        self.shared.input_weight()
+    /// The first products of the layer's input over `tokens` rows: the grouped experts when the
+    /// shared expert is one of their pairs, else the shared expert's.
+    pub(super) fn input_products(&self, gpu: &Gpu, tokens: usize) -> dev::NextProducts<'_> {
+        if self.shared_grouped(gpu, tokens) {
+            dev::NextProducts::Experts
+        } else {
+            dev::NextProducts::Weights(self.shared.input_weight(), None)
+        }
     }
 
     /// The expert tables when this layer routes on the device (not in the exact mode).
     pub(super) fn device_tables(&self, gpu: &Gpu) -> Option<&ExpertTables> {
         self.tables.as_ref().filter(|_| !gpu.exact())
+    }
+
+    /// Whether the shared expert runs as each token's first pair of the grouped products: where
+    /// it would run as GEMVs (passes of a few tokens, and batch-invariant ones), else on its own
+    /// before them.
+    fn shared_grouped(&self, gpu: &Gpu, tokens: usize) -> bool {
+        self.device_tables(gpu).is_some_and(|t| t.with_shared)
+            && gpu.options().shared_expert_grouped
+            && dev::swiglu_fused(gpu, &self.shared.down, tokens)
     }
 }
 
@@ -307,11 +321,7 @@ impl GpuModel {
         let sg = self.scratch(t)?;
         gates.multiply(self, (ptr(gpu, &logits, 0), ptr(gpu, &sg, 0)), xa)?;
         if let Some(tables) = moe.device_tables(gpu) {
-            // The shared expert as each token's first pair where it would run as GEMVs
-            // (passes of a few tokens, and batch-invariant ones), else on its own before them.
-            let grouped = tables.with_shared
-                && gpu.options().shared_expert_grouped
-                && dev::swiglu_fused(gpu, &shared.down, t);
+            let grouped = moe.shared_grouped(gpu, t);
             let out = if grouped {
                 self.scratch(t * h)?
             } else {

@@ -76,22 +76,22 @@ enum GpuFfn {
 }
 
 impl GpuMixer {
-    /// The weights of the first product of the mixer's input and of another that reads it in
-    /// another form (a GDN layer's b and a: int8 for the dp4a GEMV).
-    fn input_weights(&self) -> (&DeviceWeight, Option<&DeviceWeight>) {
+    /// The products of the mixer's input: the first and another that reads it in another form
+    /// (a GDN layer's b and a: int8 for the dp4a GEMV).
+    fn input_products(&self) -> dev::NextProducts<'_> {
         match self {
-            Self::Gdn(g) => (g.input_weight(), Some(g.gates_weight())),
-            Self::Attn(a) => (a.input_weight(), None),
+            Self::Gdn(g) => dev::NextProducts::Weights(g.input_weight(), Some(g.gates_weight())),
+            Self::Attn(a) => dev::NextProducts::Weights(a.input_weight(), None),
         }
     }
 }
 
 impl GpuFfn {
-    /// The weight of the first product of the FFN's input.
-    fn input_weight(&self) -> &DeviceWeight {
+    /// The first products of the FFN's input over `tokens` rows.
+    fn input_products(&self, gpu: &Gpu, tokens: usize) -> dev::NextProducts<'_> {
         match self {
-            Self::Dense(m) => m.input_weight(),
-            Self::Moe(m) => m.input_weight(),
+            Self::Dense(m) => dev::NextProducts::Weights(m.input_weight(), None),
+            Self::Moe(m) => m.input_products(gpu, tokens),
         }
     }
 }
@@ -493,7 +493,7 @@ impl GpuModel {
                 t,
                 h,
                 eps,
-                (layer.ffn.input_weight(), None),
+                layer.ffn.input_products(gpu, t),
             )?;
             let ffn = match &layer.ffn {
                 GpuFfn::Dense(m) => m.forward(self, &ffn_in)?,
@@ -514,7 +514,7 @@ impl GpuModel {
                         t,
                         h,
                         eps,
-                        next.mixer.input_weights(),
+                        next.mixer.input_products(),
                     )?);
                 }
                 None => dev::add_in_place(gpu, k, xp, fp, t * h)?,
