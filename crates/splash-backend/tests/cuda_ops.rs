@@ -396,7 +396,7 @@ fn the_norms_with_their_bf16_conversion_have_the_bits_of_the_separate_kernels() 
             &k,
             ptr(&gpu, &n1, 0),
             ptr(&gpu, &x1, 0),
-            yp,
+            dev::Addend::Rows(yp),
             nwp,
             t,
             kd,

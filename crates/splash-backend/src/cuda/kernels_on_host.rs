@@ -867,7 +867,7 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
                     out[at] * (1.0 / (1.0 + (-gate[t]).exp()))
                 };
                 for j in 0..per {
-                    acc += weights[t * per + j] * y[(t * per + j) * d + i];
+                    acc = weights[t * per + j].mul_add(y[(t * per + j) * d + i], acc);
                 }
                 acc
             })
@@ -890,9 +890,54 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
                 combine(ya.ptr(), wa.ptr(), outa.ptr(), gate, per as i32, d as i32)
             });
         }
-        let err = rel_err(&out, &want);
-        assert!(err < 1e-6, "E={experts}: the weighted sum is off by {err}");
+        assert_eq!(bits(&out), bits(&want), "E={experts}: the weighted sum");
+        if shared {
+            pairs_through_the_norm(&kern, &y, &weights, per, &out, tokens, d);
+        }
     }
+}
+
+/// The residual add before a norm, given a MoE layer's pairs (`add_rms_norm` with `per`), has
+/// the bits of `moe_combine` (`sum`: its output, no gate) then the add of rows.
+fn pairs_through_the_norm(
+    kern: &HostKernels,
+    y: &[f32],
+    weights: &[f32],
+    per: usize,
+    sum: &[f32],
+    tokens: usize,
+    d: usize,
+) {
+    let (x0, w) = (random(tokens * d, 31), random(d, 32));
+    let threads = (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
+    let run = |addend: &[f32], pairs: bool| {
+        let (x, out) = (x0.clone(), vec![f32::NAN; tokens * d]);
+        let (xa, ya, wa, oa) = (Addr::of(&x), Addr::of(addend), Addr::of(&w), Addr::of(&out));
+        let pw = Addr::of(weights);
+        // SAFETY: add_rms_norm's signature, over rows of d (pairs: tokens · per of them).
+        unsafe {
+            let norm: host::add_rms_norm = kern.kernel("add_rms_norm");
+            kern.launch(tokens as u32, threads, &|| {
+                let (pw, per) = if pairs {
+                    (pw.ptr(), per as i32)
+                } else {
+                    (std::ptr::null_mut(), 0)
+                };
+                norm(
+                    xa.ptr(),
+                    ya.ptr(),
+                    wa.ptr(),
+                    oa.ptr(),
+                    d as i32,
+                    1e-6,
+                    pw,
+                    per,
+                )
+            });
+        }
+        (bits(&x), bits(&out))
+    };
+    assert_eq!(run(y, true), run(sum, false), "d={d}: the pairs' sum added");
 }
 
 /// The MLP's fused conversion (`silu_mul_to_f16_tc`) writes the bits of `silu_mul` then
@@ -2865,7 +2910,16 @@ fn the_fused_add_and_norm_on_the_host_has_the_bits_of_the_two_kernels() {
                 Addr::of(&one_out),
             );
             kern.launch(rows as u32, threads, &|| {
-                fused(xa.ptr(), ya.ptr(), wa.ptr(), oa.ptr(), d as i32, eps)
+                fused(
+                    xa.ptr(),
+                    ya.ptr(),
+                    wa.ptr(),
+                    oa.ptr(),
+                    d as i32,
+                    eps,
+                    std::ptr::null(),
+                    0,
+                )
             });
         }
         assert_eq!(bits(&one_x), bits(&two_x), "d={d}: the residual");
@@ -2987,13 +3041,24 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                             ba.ptr(),
                             bda.ptr(),
                             bsa.ptr(),
+                            std::ptr::null(),
+                            0,
                         )
                     });
                 } else {
                     type Norm = host::add_rms_norm;
                     let norm: Norm = kern.kernel("add_rms_norm");
                     kern.launch(rows as u32, threads, &|| {
-                        norm(xa.ptr(), ya.ptr(), wa.ptr(), oa.ptr(), d as i32, eps)
+                        norm(
+                            xa.ptr(),
+                            ya.ptr(),
+                            wa.ptr(),
+                            oa.ptr(),
+                            d as i32,
+                            eps,
+                            std::ptr::null(),
+                            0,
+                        )
                     });
                     let f: host::to_f16_tc = kern.kernel("to_f16_tc");
                     kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
@@ -3468,7 +3533,16 @@ fn the_bf16_conversions_have_the_bits_of_rounding_the_f32_rows() {
         let (x1a, x2a, ya, wa) = (Addr::of(&x1), Addr::of(&x2), Addr::of(&y), Addr::of(&w));
         let (o1a, o2a, oba) = (Addr::of(&o1), Addr::of(&o2), Addr::of(&ob));
         kern.launch(rows as u32, threads, &|| unsafe {
-            norm(x1a.ptr(), ya.ptr(), wa.ptr(), o1a.ptr(), d as i32, 1e-6)
+            norm(
+                x1a.ptr(),
+                ya.ptr(),
+                wa.ptr(),
+                o1a.ptr(),
+                d as i32,
+                1e-6,
+                std::ptr::null(),
+                0,
+            )
         });
         kern.launch(rows as u32, threads, &|| unsafe {
             norm_bf16(
@@ -3479,6 +3553,8 @@ fn the_bf16_conversions_have_the_bits_of_rounding_the_f32_rows() {
                 oba.ptr(),
                 d as i32,
                 1e-6,
+                std::ptr::null(),
+                0,
             )
         });
         assert_eq!(

@@ -153,9 +153,9 @@ macro_rules! kernels {
 kernels! {
     // kernels/norm.cu
     kernel rms_norm(x: *const f32, w: *const f32, out: *mut f32, d: i32, eps: f32);
-    kernel add_rms_norm(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, d: i32, eps: f32);
-    kernel add_rms_norm_to_f16_tc(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, xh: *mut u16, xscale: *mut f32, d: i32, eps: f32, xq: *mut i8, xd: *mut f32, xs: *mut f32, bq: *mut i8, bd: *mut f32, bs: *mut i16);
-    kernel add_rms_norm_to_bf16(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, ob: *mut u16, d: i32, eps: f32);
+    kernel add_rms_norm(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, d: i32, eps: f32, pw: *const f32, per: i32);
+    kernel add_rms_norm_to_f16_tc(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, xh: *mut u16, xscale: *mut f32, d: i32, eps: f32, xq: *mut i8, xd: *mut f32, xs: *mut f32, bq: *mut i8, bd: *mut f32, bs: *mut i16, pw: *const f32, per: i32);
+    kernel add_rms_norm_to_bf16(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, ob: *mut u16, d: i32, eps: f32, pw: *const f32, per: i32);
     kernel rms_norm_gated(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, rows: i32, d: i32, eps: f32);
     kernel rms_norm_gated_to_bf16(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, ob: *mut u16, rows: i32, d: i32, eps: f32);
     kernel rms_norm_gated_to_f16_tc(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, xh: *mut u16, xscale: *mut f32, d: i32, eps: f32, blocks: i64, bq: *mut i8, bd: *mut f32, bs: *mut i16);

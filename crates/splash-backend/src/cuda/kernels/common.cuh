@@ -139,6 +139,14 @@ __device__ float block_max(float v) {
     return warp_max(m);
 }
 
+// A MoE layer's sum of its pairs for token t, value i: Σ_j w[t·per + j] · y[(t·per + j)·d + i]
+// added to acc in order j, one fma each (moe_combine, and the residual add that takes its place,
+// add_row, with the same bits).
+__device__ __forceinline__ float pair_sum(const float* y, const float* w, int per, long t, int d, int i, float acc) {
+    for (int j = 0; j < per; j++) acc = fmaf(w[t * per + j], y[(t * per + j) * d + i], acc);
+    return acc;
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

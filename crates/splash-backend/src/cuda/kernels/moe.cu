@@ -285,9 +285,6 @@ extern "C" __global__ void moe_combine(const float* y, const float* w, float* ou
     // The shared expert's gate first, as scale_rows_sigmoid applies it.
     float s = gate ? sigmoid(gate[t]) : 1.0f;
     int i0 = blockIdx.x % chunks * blockDim.x;
-    for (int i = i0 + threadIdx.x; i < min(d, i0 + (int)blockDim.x); i += blockDim.x) {
-        float acc = gate ? out[t * d + i] * s : 0.0f;
-        for (int j = 0; j < top_k; j++) acc += w[t * top_k + j] * y[(t * top_k + j) * d + i];
-        out[t * d + i] = acc;
-    }
+    for (int i = i0 + threadIdx.x; i < min(d, i0 + (int)blockDim.x); i += blockDim.x)
+        out[t * d + i] = pair_sum(y, w, top_k, t, d, i, gate ? out[t * d + i] * s : 0.0f);
 }

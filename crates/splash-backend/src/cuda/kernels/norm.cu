@@ -41,24 +41,34 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 
 // The residual add and the next norm in one launch: x[r] += y[r], then out[r] = rms_norm(x[r])
 // · w, with the bits of add_in_place then rms_norm (each thread adds the values it then reads).
-// One block per row; out must not alias x or y.
-// xr += yr for one row, by the whole block, each thread adding the values rms_norm_row then
-// gives it.
-__device__ __forceinline__ void add_row(float* xr, const float* yr, int d) {
+// One block per row; out must not alias x or y. With per > 0, y [T·per, d] holds a MoE layer's
+// pairs and pw [T·per] their weights: x[r] += their sum, the bits of moe_combine (no gate) then
+// add_in_place, a launch fewer.
+// xr += row blockIdx.x of y (or its pairs' sum) for one row, by the whole block, each thread
+// adding the values rms_norm_row then gives it.
+__device__ __forceinline__ void add_row(float* xr, const float* y, int d, const float* pw, int per) {
+    long t = blockIdx.x;
     if ((d & 3) == 0) {
         for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
-            float4 a = ((float4*)xr)[i], b = ((const float4*)yr)[i];
+            float4 a = ((float4*)xr)[i], b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (!per) b = ((const float4*)(y + t * d))[i];
+            for (int j = 0; j < per; j++) {  // pair_sum, four values at a time
+                float wj = pw[t * per + j];
+                float4 v = ((const float4*)(y + (t * per + j) * d))[i];
+                b = make_float4(fmaf(wj, v.x, b.x), fmaf(wj, v.y, b.y), fmaf(wj, v.z, b.z), fmaf(wj, v.w, b.w));
+            }
             ((float4*)xr)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
         }
     } else {
-        for (int i = threadIdx.x; i < d; i += blockDim.x) xr[i] += yr[i];
+        for (int i = threadIdx.x; i < d; i += blockDim.x) xr[i] += per ? pair_sum(y, pw, per, t, d, i, 0.0f) : y[t * d + i];
     }
 }
 
-extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps) {
+extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps,
+                                        const float* pw, int per) {
     GRID_PROLOGUE_BRIDGE();
     float* xr = x + (long)blockIdx.x * d;
-    add_row(xr, y + (long)blockIdx.x * d, d);
+    add_row(xr, y, d, pw, per);
     rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps);
 }
 
@@ -68,10 +78,10 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
 // dp4a product of the same rows).
 extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
                                                   float* xscale, int d, float eps, i8* xq, float* xd, float* xs,
-                                                  i8* bq, float* bd, short* bs) {
+                                                  i8* bq, float* bd, short* bs, const float* pw, int per) {
     GRID_PROLOGUE_BRIDGE();
     float *xr = x + (long)blockIdx.x * d, *o = out + (long)blockIdx.x * d;
-    add_row(xr, y + (long)blockIdx.x * d, d);
+    add_row(xr, y, d, pw, per);
     rms_norm_row(xr, w, o, d, eps);
     __syncthreads();  // the row is written
     int per_row = xh || bq ? d >> 8 : 0;
@@ -86,10 +96,10 @@ extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, cons
 
 // add_rms_norm, each out row also in bf16 (ob, cuBLAS's input: the bits of to_bf16 of out).
 extern "C" __global__ void add_rms_norm_to_bf16(float* x, const float* y, const float* w, float* out, u16* ob,
-                                                int d, float eps) {
+                                                int d, float eps, const float* pw, int per) {
     GRID_PROLOGUE();
     float* xr = x + (long)blockIdx.x * d;
-    add_row(xr, y + (long)blockIdx.x * d, d);
+    add_row(xr, y, d, pw, per);
     rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps, ob + (long)blockIdx.x * d);
 }
 

@@ -35,7 +35,29 @@ pub fn add_rms_norm(
 ) -> Result<(), GpuError> {
     check_add_rms_norm(out, x, y);
     let grid = (rows as u32, norm_threads(d));
-    launch::add_rms_norm(gpu, k, grid, x, y, w, out, d as i32, eps)
+    launch::add_rms_norm(gpu, k, grid, x, y, w, out, d as i32, eps, 0, 0)
+}
+
+/// What a residual add adds to each row.
+#[derive(Clone, Copy)]
+pub enum Addend<'a> {
+    /// Rows `[rows, d]` at this address.
+    Rows(u64),
+    /// A MoE layer's pair outputs `[rows · per_token, d]` at `y`, weighted and summed in the
+    /// same launch as [`moe_combine`] without a gate sums them (the same bits, a launch fewer).
+    Pairs { y: u64, routing: &'a ExpertRouting },
+}
+
+impl Addend<'_> {
+    /// The kernels' `y`, pair weights and pairs a row (0: rows).
+    fn args(self, gpu: &Gpu) -> (u64, u64, i32) {
+        match self {
+            Self::Rows(y) => (y, 0, 0),
+            Self::Pairs { y, routing } => {
+                (y, ptr(gpu, &routing.weights, 0), routing.per_token as i32)
+            }
+        }
+    }
 }
 
 /// The fused add and norm kernels write `out` while they read `x` and `y`.
@@ -56,8 +78,8 @@ pub enum NextProducts<'a> {
     Experts,
 }
 
-/// [`add_rms_norm`], its output returned as the activations of the products `next` that read
-/// it. When the first runs on the tensor-core GEMV (see [`reads_f16`]), or the next are grouped
+/// [`add_rms_norm`] of `y`, its output returned as the activations of the products `next` that
+/// read it. When the first runs on the tensor-core GEMV (see [`reads_f16`]), or the next are grouped
 /// experts, the same launch writes its f16 conversion too (`add_rms_norm_to_f16_tc`: the bits of
 /// the two kernels), one launch fewer than converting at the product; with
 /// `GpuOptions::fold_launches` also the other's int8 when it runs on the dp4a GEMV (a GDN
@@ -70,13 +92,14 @@ pub fn add_rms_norm_activations(
     k: &Kernels,
     out: u64,
     x: u64,
-    y: u64,
+    y: Addend<'_>,
     w: u64,
     rows: usize,
     d: usize,
     eps: f32,
     next: NextProducts<'_>,
 ) -> Result<Activations, GpuError> {
+    let (y, pw, per) = y.args(gpu);
     check_add_rms_norm(out, x, y);
     let (grid, d_i) = ((rows as u32, norm_threads(d)), d as i32);
     let (first, other) = match next {
@@ -87,7 +110,7 @@ pub fn add_rms_norm_activations(
     if first.is_some_and(|f| reads_bf16(gpu, f, rows)) {
         let xb = gpu.uninit::<u16>(rows * d)?;
         let xbp = ptr(gpu, &xb, 0);
-        launch::add_rms_norm_to_bf16(gpu, k, grid, x, y, w, out, xbp, d_i, eps)?;
+        launch::add_rms_norm_to_bf16(gpu, k, grid, x, y, w, out, xbp, d_i, eps, pw, per)?;
         return Ok(Activations::with_bf16(out, rows, d, xb));
     }
     // The kernel converts whole 256-value blocks (a tiled weight's rows are made of them).
@@ -109,7 +132,7 @@ pub fn add_rms_norm_activations(
         None
     };
     if !converts && int8.is_none() {
-        launch::add_rms_norm(gpu, k, grid, x, y, w, out, d_i, eps)?;
+        launch::add_rms_norm(gpu, k, grid, x, y, w, out, d_i, eps, pw, per)?;
         return Ok(Activations::new(out, rows, d));
     }
     let f16_rows = if f16 {
@@ -128,7 +151,7 @@ pub fn add_rms_norm_activations(
         .as_ref()
         .map_or((0, 0, 0), |b| int8_blocks_at(gpu, b, 0));
     launch::add_rms_norm_to_f16_tc(
-        gpu, k, grid, x, y, w, out, xhp, xsp, d_i, eps, xq, xd, xs, bq, bd, bs,
+        gpu, k, grid, x, y, w, out, xhp, xsp, d_i, eps, xq, xd, xs, bq, bd, bs, pw, per,
     )?;
     let a = Activations::new(out, rows, d);
     if let Some(f16_rows) = f16_rows {

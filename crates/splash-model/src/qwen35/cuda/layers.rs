@@ -235,6 +235,48 @@ fn shared_entries(gpu: &Gpu, shared: &GpuMlp, protos: [&DeviceWeight; 3]) -> Opt
     same_layout(&shared.down, protos[2]).then(|| [gate, up, shared.down.device_ptr(gpu)])
 }
 
+/// A FFN's output: rows `[T, hidden]`, or a MoE layer's pair outputs that the residual add after
+/// it weights and sums (the shared expert routed as a pair: one launch fewer).
+pub(super) enum FfnOut {
+    Rows(Buf),
+    Pairs {
+        y: Buf,
+        routing: Box<dev::ExpertRouting>,
+    },
+}
+
+impl FfnOut {
+    /// What the residual add after the FFN adds.
+    pub(super) fn addend(&self, gpu: &Gpu) -> dev::Addend<'_> {
+        match self {
+            Self::Rows(b) => dev::Addend::Rows(ptr(gpu, b, 0)),
+            Self::Pairs { y, routing } => dev::Addend::Pairs {
+                y: ptr(gpu, y, 0),
+                routing,
+            },
+        }
+    }
+
+    /// The output as rows `[tokens, d]` (pairs summed by `moe_combine`).
+    pub(super) fn into_rows(
+        self,
+        m: &GpuModel,
+        tokens: usize,
+        d: usize,
+    ) -> Result<Buf, ModelError> {
+        match self {
+            Self::Rows(b) => Ok(b),
+            Self::Pairs { y, routing } => {
+                let (gpu, k) = (&*m.gpu, &*m.k);
+                let out = m.scratch(tokens * d)?;
+                let (op, yp) = (ptr(gpu, &out, 0), ptr(gpu, &y, 0));
+                dev::moe_combine(gpu, k, op, yp, None, &routing, tokens, d)?;
+                Ok(out)
+            }
+        }
+    }
+}
+
 /// A sequence's share of a GDN layer in a batched pass.
 pub(super) struct GdnSeq<'a> {
     pub(super) rows: SeqRows,
@@ -305,7 +347,7 @@ impl GpuModel {
     /// product per projection, the weighted sum. Otherwise routing (softmax, top-k,
     /// renormalise) runs on the host over the downloaded router logits, exactly as the CPU
     /// does, and each chosen expert runs on its tokens.
-    pub(super) fn moe(&self, moe: &GpuMoe, xa: &dev::Activations) -> Result<Buf, ModelError> {
+    pub(super) fn moe(&self, moe: &GpuMoe, xa: &dev::Activations) -> Result<FfnOut, ModelError> {
         let GpuMoe {
             gates,
             experts,
@@ -323,9 +365,9 @@ impl GpuModel {
         if let Some(tables) = moe.device_tables(gpu) {
             let grouped = moe.shared_grouped(gpu, t);
             let out = if grouped {
-                self.scratch(t * h)?
+                None
             } else {
-                shared.forward(self, xa)?
+                Some(shared.forward(self, xa)?)
             };
             let sg = ptr(gpu, &sg, 0);
             let routing = dev::moe_route(
@@ -356,11 +398,16 @@ impl GpuModel {
             let yp = ptr(gpu, &y, 0);
             let down = table(&tables.down);
             dev::matmul_experts_swiglu(gpu, k, yp, (gp, up), down, &first.down, &routing, pairs)?;
-            // The shared expert's gate is applied in the same launch as the experts' sum (or
-            // is its pair's weight).
-            let (op, gate) = (ptr(gpu, &out, 0), (!grouped).then_some(sg));
-            dev::moe_combine(gpu, k, op, yp, gate, &routing, t, h)?;
-            return Ok(out);
+            // The shared expert's gate is applied in the same launch as the experts' sum; as
+            // a pair's weight, the residual add after the layer sums the pairs.
+            let Some(out) = out else {
+                return Ok(FfnOut::Pairs {
+                    y,
+                    routing: Box::new(routing),
+                });
+            };
+            dev::moe_combine(gpu, k, ptr(gpu, &out, 0), yp, Some(sg), &routing, t, h)?;
+            return Ok(FfnOut::Rows(out));
         }
         let out = shared.forward(self, xa)?;
         dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
@@ -389,7 +436,7 @@ impl GpuModel {
                 h,
             )?;
         }
-        Ok(out)
+        Ok(FfnOut::Rows(out))
     }
 }
 

@@ -488,7 +488,7 @@ impl GpuModel {
                 k,
                 np,
                 xp,
-                ptr(gpu, &mixed, 0),
+                dev::Addend::Rows(ptr(gpu, &mixed, 0)),
                 post_norm,
                 t,
                 h,
@@ -496,11 +496,10 @@ impl GpuModel {
                 layer.ffn.input_products(gpu, t),
             )?;
             let ffn = match &layer.ffn {
-                GpuFfn::Dense(m) => m.forward(self, &ffn_in)?,
+                GpuFfn::Dense(m) => FfnOut::Rows(m.forward(self, &ffn_in)?),
                 GpuFfn::Moe(moe) => self.moe(moe, &ffn_in)?,
             };
             drop(ffn_in);
-            let fp = ptr(gpu, &ffn, 0);
             match self.layers.get(li + 1) {
                 Some(next) => {
                     let next_norm = ptr(gpu, &next.input_norm, 0);
@@ -509,7 +508,7 @@ impl GpuModel {
                         k,
                         np,
                         xp,
-                        fp,
+                        ffn.addend(gpu),
                         next_norm,
                         t,
                         h,
@@ -517,7 +516,10 @@ impl GpuModel {
                         next.mixer.input_products(),
                     )?);
                 }
-                None => dev::add_in_place(gpu, k, xp, fp, t * h)?,
+                None => {
+                    let rows = ffn.into_rows(self, t, h)?;
+                    dev::add_in_place(gpu, k, xp, ptr(gpu, &rows, 0), t * h)?
+                }
             }
             for (j, _) in taps.0.iter().enumerate().filter(|(_, &l)| l == li) {
                 gpu.copy(taps.1 + (j * t * h * 4) as u64, xp, t * h * 4)?;
