@@ -470,6 +470,160 @@ fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
     });
 }
 
+/// The products of one input in one launch (`gemv8_group`, `gemv_group`) as `ops::matmul_group`
+/// launches them: a stacked Q4_K pair (3 tiles split at 16, 3 chains), a Q6_K weight whose 8
+/// chains outnumber the launch's 4 warps, and a stacked Q8_0 pair of few rows on the row GEMV.
+/// Each product gets the bits of its own launch, for 1, 5 and 16 tokens.
+#[test]
+fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    // 8 blocks a row: chains of one block each for the Q6_K weight (the host keeps chains ≤ blocks).
+    let kd = 2048;
+    let q4 = kquant(GgmlType::Q4_K, 48, kd, &[0, 2], 41);
+    let q6 = kquant(GgmlType::Q6_K, 40, kd, &[208], 42);
+    let q8 = kquant(GgmlType::Q8_0, 24, kd, &[0], 43);
+    let tiled =
+        |w: &Weight, t: GgmlType| super::weights::tiled(t, w.raw_bytes(), w.rows(), kd / 256);
+    let (t4, t6) = (tiled(&q4, GgmlType::Q4_K), tiled(&q6, GgmlType::Q6_K));
+    // (weights as the device holds them, format code, rows, split, chains, row bytes)
+    type Product<'a> = (&'a [u8], i32, usize, usize, usize, i64);
+    let products: [Product<'_>; 3] = [
+        (&t4, 10, 48, 16, 3, GgmlType::Q4_K.row_bytes(kd) as i64),
+        (&t6, 12, 40, 40, 8, GgmlType::Q6_K.row_bytes(kd) as i64),
+        (
+            q8.raw_bytes(),
+            7,
+            24,
+            8,
+            0,
+            GgmlType::Q8_0.row_bytes(kd) as i64,
+        ),
+    ];
+    for tokens in [1usize, 5, 16] {
+        let x = random(tokens * kd, 44 + tokens as u64);
+        let (bq, bd, bs) = q8_blocks_input(&kern, &x);
+        let blocks32 = tokens * kd / 32;
+        let (xq, xd, xs) = (
+            vec![0i8; tokens * kd],
+            vec![0f32; blocks32],
+            vec![0f32; blocks32],
+        );
+        let (xa, qa, da, sa) = (Addr::of(&x), Addr::of(&xq), Addr::of(&xd), Addr::of(&xs));
+        let (bqa, bda, bsa) = (Addr::of(&bq), Addr::of(&bd), Addr::of(&bs));
+        // SAFETY: quantize_q8's signature (a thread a value), over buffers of these sizes.
+        unsafe {
+            let quantize: host::quantize_q8 = kern.kernel("quantize_q8");
+            kern.launch((blocks32 * 32).div_ceil(256) as u32, 256, &|| {
+                quantize(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks32 as i64)
+            });
+        }
+        let outputs = || -> Vec<(Vec<f32>, Vec<f32>)> {
+            products
+                .iter()
+                .map(|&(_, _, n, split, _, _)| {
+                    (
+                        vec![f32::NAN; tokens * split],
+                        vec![f32::NAN; tokens * (n - split)],
+                    )
+                })
+                .collect()
+        };
+        let (apart, together) = (outputs(), outputs());
+        let build = if tokens <= 8 { "gemv8" } else { "gemv" };
+        let (t, k) = (tokens as i32, kd as i32);
+        // Each product in its own launch, as ops::matmul launches it.
+        for (&(w, fmt, n, split, chains, row_bytes), (y, y2)) in products.iter().zip(&apart) {
+            let (wa, ya, y2a) = (Addr::of(w), Addr::of(y), Addr::of(y2));
+            let (n_i, split_i) = (n as i32, split as i32);
+            // SAFETY: the signatures of gemv*_i8tc_* (kernels/gemv_tc.cu) and gemv1_q8_q8_0
+            // (kernels/gemv.cu), over buffers of the sizes ops.rs gives them.
+            unsafe {
+                if fmt == 7 {
+                    let gemv: host::gemv_q8 = kern.kernel("gemv1_q8_q8_0");
+                    kern.launch((n * tokens) as u32, 128, &|| {
+                        let (q, d, s) = (qa.ptr(), da.ptr(), sa.ptr());
+                        gemv(
+                            wa.ptr(),
+                            row_bytes,
+                            q,
+                            d,
+                            s,
+                            ya.ptr(),
+                            y2a.ptr(),
+                            n_i,
+                            k,
+                            t,
+                            4,
+                            split_i,
+                        )
+                    });
+                } else {
+                    let suffix = if fmt == 10 { "q4_k" } else { "q6_k" };
+                    let gemv: host::gemv_i8tc = kern.kernel(&format!("{build}_i8tc_{suffix}"));
+                    kern.launch(n.div_ceil(16) as u32, 32 * chains as u32, &|| {
+                        let (q, d, s) = (bqa.ptr(), bda.ptr(), bsa.ptr());
+                        gemv(
+                            wa.ptr(),
+                            row_bytes,
+                            q,
+                            d,
+                            s,
+                            ya.ptr(),
+                            y2a.ptr(),
+                            split_i,
+                            n_i,
+                            k,
+                            t,
+                        )
+                    });
+                }
+            }
+        }
+        // All three in one launch.
+        let mut g = super::ProductGroup::default();
+        let mut end = 0;
+        for (i, (&(w, fmt, n, split, chains, row_bytes), (y, y2))) in
+            products.iter().zip(&together).enumerate()
+        {
+            (g.w[i], g.y[i], g.y2[i]) = (
+                Addr::of(w).0 as u64,
+                Addr::of(y).0 as u64,
+                Addr::of(y2).0 as u64,
+            );
+            (g.row_bytes[i], g.fmt[i], g.n[i], g.split[i]) =
+                (row_bytes, fmt, n as i32, split as i32);
+            g.chains[i] = chains as i32;
+            end += if fmt == 7 { n * tokens } else { n.div_ceil(16) };
+            g.end[i] = end as i32;
+        }
+        g.end[3] = end as i32;
+        // SAFETY: gemv*_group's signature (kernels/gemv_tc.cu), over the buffers above.
+        unsafe {
+            let gemv: host::gemv_group = kern.kernel(&format!("{build}_group"));
+            kern.launch(end as u32, 128, &|| {
+                let (q, d, s) = (qa.ptr(), da.ptr(), sa.ptr());
+                gemv(g, bqa.ptr(), bda.ptr(), bsa.ptr(), q, d, s, k, t)
+            });
+        }
+        for (i, ((a, a2), (b, b2))) in apart.iter().zip(&together).enumerate() {
+            assert!(
+                a.iter().all(|v| v.is_finite()),
+                "product {i}: written apart"
+            );
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "tokens={tokens} product {i}: the first rows"
+            );
+            assert_eq!(
+                bits(a2),
+                bits(b2),
+                "tokens={tokens} product {i}: the second rows"
+            );
+        }
+    }
+}
+
 /// A grouped expert product on the host (`gemv_tc_experts*`) as ops.rs launches it: the pairs'
 /// routing (`active` experts, `offsets` into `order`, one slot an entry of `active`), the
 /// activations converted for the tensor cores, and the experts' shape.

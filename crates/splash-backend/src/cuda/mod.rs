@@ -279,6 +279,8 @@ pub(crate) enum Arg {
     Layers(Box<LayerSlots>),
     /// The sequences of an attention layer's pass, by value (`AttnSlots` in kernels/rope.cu).
     Attn(Box<AttnSlots>),
+    /// The products of one launch, by value (`ProductGroup` in kernels/gemv_tc.cu).
+    Group(Box<ProductGroup>),
 }
 
 /// Sequences a `*_seqs` kernel takes in one launch (`SEQ_SLOTS` in kernels/gdn.cu).
@@ -322,6 +324,31 @@ pub struct AttnSlots {
 
 // SAFETY: plain data with the C layout of AttnSlots (kernels/rope.cu).
 unsafe impl DeviceRepr for AttnSlots {}
+
+/// Products of one input a `*_group` launch takes (`PRODUCT_GROUP_MAX` in kernels/gemv_tc.cu).
+pub const PRODUCT_GROUP_MAX: usize = 4;
+
+/// Up to [`PRODUCT_GROUP_MAX`] products of one input in one launch, by value in the kernel's
+/// parameters: product `i` by the weight at `w[i]` (`row_bytes[i]`, format code `fmt[i]`, `n[i]`
+/// rows, the first `split[i]` into `y[i]`, the others into `y2[i]`, its K blocks in `chains[i]`
+/// sums) takes the blocks before `end[i]` and from `end[i - 1]`. `ProductGroup` in
+/// kernels/gemv_tc.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProductGroup {
+    pub w: [u64; PRODUCT_GROUP_MAX],
+    pub y: [u64; PRODUCT_GROUP_MAX],
+    pub y2: [u64; PRODUCT_GROUP_MAX],
+    pub row_bytes: [i64; PRODUCT_GROUP_MAX],
+    pub fmt: [i32; PRODUCT_GROUP_MAX],
+    pub n: [i32; PRODUCT_GROUP_MAX],
+    pub split: [i32; PRODUCT_GROUP_MAX],
+    pub chains: [i32; PRODUCT_GROUP_MAX],
+    pub end: [i32; PRODUCT_GROUP_MAX],
+}
+
+// SAFETY: plain data with the C layout of ProductGroup (kernels/gemv_tc.cu).
+unsafe impl DeviceRepr for ProductGroup {}
 
 /// GDN layers a `*_replay` kernel takes in one launch (`LAYER_SLOTS` in kernels/gdn.cu).
 pub const LAYER_SLOTS: usize = 64;
@@ -800,6 +827,7 @@ impl Gpu {
                     Arg::Seqs(v) => b.arg(&**v),
                     Arg::Layers(v) => b.arg(&**v),
                     Arg::Attn(v) => b.arg(&**v),
+                    Arg::Group(v) => b.arg(&**v),
                 };
             }
             let cfg = LaunchConfig {
@@ -835,6 +863,7 @@ impl Gpu {
                 Arg::Seqs(v) => &**v as *const SeqSlots as *mut std::ffi::c_void,
                 Arg::Layers(v) => &**v as *const LayerSlots as *mut std::ffi::c_void,
                 Arg::Attn(v) => &**v as *const AttnSlots as *mut std::ffi::c_void,
+                Arg::Group(v) => &**v as *const ProductGroup as *mut std::ffi::c_void,
             })
             .collect();
         // SAFETY: a zeroed attribute is a valid plain-data value; its id and value are set next.

@@ -47,6 +47,10 @@ pub struct GpuOptions {
     /// grouped products (`SPLASH_SHARED_EXPERT_GROUPED`, on), where its shape and formats are
     /// theirs: three launches fewer a layer in decode and verify passes.
     pub shared_expert_grouped: bool,
+    /// The products of one input in one launch where their kernels allow
+    /// (`SPLASH_PRODUCT_GROUPS`, on; see `ops::matmul_group`): a GDN layer's b and a beside its
+    /// q/k/v/z, an attention layer's k and v beside its q.
+    pub product_groups: bool,
     /// Tiles of 16 queries each warp of the vision tower's attention takes, 1 or 2
     /// (`SPLASH_VISION_QUERY_TILES`, 2: 1.24× faster at 4 Mpx on the H200); 2 only for head
     /// dims up to 80.
@@ -81,6 +85,7 @@ impl Default for GpuOptions {
             flash_async: true,
             staged_attention: true,
             shared_expert_grouped: true,
+            product_groups: true,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
@@ -269,6 +274,7 @@ impl GpuOptions {
             flash_async: flag("SPLASH_FLASH_ASYNC", d.flash_async)?,
             staged_attention: flag("SPLASH_STAGED_ATTENTION", d.staged_attention)?,
             shared_expert_grouped: flag("SPLASH_SHARED_EXPERT_GROUPED", d.shared_expert_grouped)?,
+            product_groups: flag("SPLASH_PRODUCT_GROUPS", d.product_groups)?,
             gdn_chunked: flag("SPLASH_GDN_CHUNKED", d.gdn_chunked)?,
             prefill_experts,
             vision_query_tiles: number("SPLASH_VISION_QUERY_TILES", 1..=2)?

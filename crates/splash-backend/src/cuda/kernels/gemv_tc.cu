@@ -623,14 +623,14 @@ __device__ __forceinline__ int i8_minimums(const u32* mn, uint4 xs) {
 
 // y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ 8·NT over the tiles as gemv_tc walks them (the same
 // chains and their order, `split` and the outputs), from xq [T, K] (quantize_q8_blocks' order),
-// xd [T, K / 256] and xs [T, K / 32] (Q4_K only).
+// xd [T, K / 256] and xs [T, K / 32] (Q4_K only). The block takes 16-row tile `tile`.
 template <int F, int NT>
 __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float* xd, const short* xs, float* y,
-                          float* y2, int split, int N, int K, int T, int chains) {
+                          float* y2, int split, int N, int K, int T, int chains, int tile_index) {
     __shared__ float part[TC_WARPS_MAX][32][4 * NT];
     int lane = threadIdx.x & 31;
     int g = lane >> 2, q = lane & 3;
-    int n0 = blockIdx.x * 16, nb = K >> 8;
+    int n0 = tile_index * 16, nb = K >> 8;
     const u8* tile = W + (long)n0 * row_bytes;
     // Token 8i + g's codes (this lane's 64 bytes of each block); tokens 8i + 2q + e's block
     // scales and sums. Tokens past T repeat the last one (their columns are not written).
@@ -1070,12 +1070,58 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
     extern "C" __global__ void I8TC_REGS_##PREFIX PREFIX##_i8tc_##NAME(const u8* W, long row_bytes, const i8* xq, \
                                                   const float* xd, const short* xs, float* y, float* y2,      \
                                                   int split, int N, int K, int T) {                           \
-        gemv_i8tc<F, NT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5);                   \
+        gemv_i8tc<F, NT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5, blockIdx.x);       \
     }
 I8TC_BUILD(gemv8, 1, q4_k, FMT_Q4_K)
 I8TC_BUILD(gemv, 2, q4_k, FMT_Q4_K)
 I8TC_BUILD(gemv8, 1, q6_k, FMT_Q6_K)
 I8TC_BUILD(gemv, 2, q6_k, FMT_Q6_K)
+
+// The products of one input by up to PRODUCT_GROUP_MAX weights in one launch (a GDN layer's
+// q/k/v/z and b/a, an attention layer's q, k and v), so that the small ones run beside the large
+// one instead of after it: product i takes blocks end[i - 1] .. end[i] - 1. A Q4_K or Q6_K
+// product runs gemv_i8tc on tile (block − its first) with its own `chains` (the bits of its own
+// launch; the block's warps take the chains in turn); a Q8_0 one (few rows) runs gemv1_q8_q8_0's
+// blocks, end[i] − end[i − 1] = T · its blocks a token. Blocks of 4 warps, the row GEMV's.
+#define PRODUCT_GROUP_MAX 4
+struct ProductGroup {
+    u64 w[PRODUCT_GROUP_MAX], y[PRODUCT_GROUP_MAX], y2[PRODUCT_GROUP_MAX];
+    long row_bytes[PRODUCT_GROUP_MAX];
+    int fmt[PRODUCT_GROUP_MAX], n[PRODUCT_GROUP_MAX], split[PRODUCT_GROUP_MAX], chains[PRODUCT_GROUP_MAX],
+        end[PRODUCT_GROUP_MAX];
+};
+
+template <int NT>
+__device__ __forceinline__ void product_group(const ProductGroup& g, const i8* bq, const float* bd, const short* bs,
+                                           const i8* xq, const float* xd, const float* xs, int K, int T) {
+    int i = 0;
+    while (i < PRODUCT_GROUP_MAX - 1 && (int)blockIdx.x >= g.end[i]) i++;
+    int first = i ? g.end[i - 1] : 0, local = blockIdx.x - first;
+    const u8* W = (const u8*)g.w[i];
+    float *y = (float*)g.y[i], *y2 = (float*)g.y2[i];
+    int N = g.n[i], split = g.split[i];
+    if (g.fmt[i] == FMT_Q4_K) {
+        gemv_i8tc<FMT_Q4_K, NT>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i], local);
+    } else if (g.fmt[i] == FMT_Q6_K) {
+        gemv_i8tc<FMT_Q6_K, NT>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i], local);
+    } else {
+        GRID_PROLOGUE();
+        int per = (g.end[i] - first) / T, t = local / per;
+        long subs = (long)t * (K / 32);
+        gemv_q8<FMT_Q8_0, 1>(W, g.row_bytes[i], xq + (long)t * K, xd + subs, xs + subs, y + (long)t * split,
+                             y2 + (long)t * (N - split), N, K, 1, 4, split, local % per);
+    }
+}
+
+#define GROUP_BUILD(PREFIX, NT)                                                                            \
+    extern "C" __global__ void I8TC_REGS_##PREFIX PREFIX##_group(ProductGroup g, const i8* bq, const float* bd, \
+                                                                  const short* bs, const i8* xq,             \
+                                                                  const float* xd, const float* xs, int K,   \
+                                                                  int T) {                                   \
+        product_group<NT>(g, bq, bd, bs, xq, xd, xs, K, T);                                                 \
+    }
+GROUP_BUILD(gemv8, 1)
+GROUP_BUILD(gemv, 2)
 
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)

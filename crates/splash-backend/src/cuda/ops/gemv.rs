@@ -517,6 +517,106 @@ pub(super) fn int8_blocks_at(gpu: &Gpu, (xq, xd, xs): &Int8Blocks, at: usize) ->
     )
 }
 
+/// The format codes of kernels/quant.cuh that `gemv_group` takes.
+const FMT_Q8_0: i32 = 7;
+const FMT_Q4_K: i32 = 10;
+const FMT_Q6_K: i32 = 12;
+
+/// One product of [`matmul_group`]: `x · W[..split]ᵀ` into `out.0` `[tokens, split]` and
+/// `x · W[split..]ᵀ` into `out.1` (none when `split` is all of W's rows), as [`matmul_pair`].
+#[derive(Clone, Copy)]
+pub struct GroupProduct<'a> {
+    pub w: &'a DeviceWeight,
+    pub split: usize,
+    pub out: (u64, u64),
+}
+
+/// The products of one input in one launch (`gemv_group`), when every one runs on the int8
+/// tensor-core GEMV (Q4_K, Q6_K) or is a Q8_0 weight of few rows on the dp4a row GEMV, at most
+/// [`PRODUCT_GROUP_MAX`] of them, over up to [`GEMV_MAX_T`] tokens, with
+/// [`GpuOptions::product_groups`]. The small products (a GDN layer's b and a, an attention
+/// layer's k and v) then run beside the large one instead of after it, each with the bits of
+/// its own launch. Returns whether it launched; otherwise the caller runs them apart.
+pub fn matmul_group(
+    gpu: &Gpu,
+    k: &Kernels,
+    x: &Activations,
+    products: &[GroupProduct<'_>],
+) -> Result<bool, GpuError> {
+    const Q8_0: GpuFormat = GpuFormat::Ggml(crate::ggml::GgmlType::Q8_0);
+    let tokens = x.tokens;
+    let rows_gemv = |w: &DeviceWeight| {
+        w.format == Q8_0 && reads_int8(gpu, w, tokens) && RowGemv::new(w.rows, tokens).split == 4
+    };
+    let grouped = gpu.options().product_groups
+        && (2..=PRODUCT_GROUP_MAX).contains(&products.len())
+        && tokens <= GEMV_MAX_T
+        && products
+            .iter()
+            .all(|p| reads_int8_blocks(gpu, p.w, tokens) || rows_gemv(p.w));
+    if !grouped {
+        return Ok(false);
+    }
+    let mut g = ProductGroup::default();
+    let (mut end, kdim) = (0usize, products[0].w.cols);
+    let options = gpu.options();
+    for (i, p) in products.iter().enumerate() {
+        x.check(p.w);
+        let w = p.w;
+        g.w[i] = ptr(gpu, &w.data, 0);
+        (g.y[i], g.y2[i]) = p.out;
+        g.row_bytes[i] = w.row_bytes as i64;
+        g.n[i] = w.rows as i32;
+        g.split[i] = p.split as i32;
+        if rows_gemv(w) {
+            g.fmt[i] = FMT_Q8_0;
+            end += tokens * RowGemv::new(w.rows, tokens).group as usize;
+        } else {
+            g.fmt[i] = if w.format == Q4_K { FMT_Q4_K } else { FMT_Q6_K };
+            g.chains[i] = tensor_core_warps(&options, w.rows, kdim) as i32;
+            end += w.rows.div_ceil(16);
+        }
+        g.end[i] = end as i32;
+    }
+    // Unused entries end where the last does (no block reaches them).
+    for i in products.len()..PRODUCT_GROUP_MAX {
+        g.end[i] = end as i32;
+    }
+    let used = &g.fmt[..products.len()];
+    let (bq, bd, bs) = if used.iter().any(|&f| f != FMT_Q8_0) {
+        int8_blocks_at(gpu, x.int8_blocks(gpu, k)?, 0)
+    } else {
+        (0, 0, 0)
+    };
+    let (xq, xd, xs) = if used.contains(&FMT_Q8_0) {
+        int8_at(gpu, x.int8(gpu, k)?, 0)
+    } else {
+        (0, 0, 0)
+    };
+    let name = if tokens <= 8 {
+        "gemv8_group"
+    } else {
+        "gemv_group"
+    };
+    let (kd, t) = (kdim as i32, tokens as i32);
+    launch::gemv_group(
+        gpu,
+        k,
+        name,
+        (end as u32, 128),
+        g,
+        bq,
+        bd,
+        bs,
+        xq,
+        xd,
+        xs,
+        kd,
+        t,
+    )?;
+    Ok(true)
+}
+
 /// The int8 tensor-core GEMV of a Q4_K or Q6_K weight (`gemv_i8tc_*` in kernels/gemv_tc.cu), the
 /// 8-token build for chunks of up to 8 (see [`int8_tile_launches`]).
 #[allow(clippy::too_many_arguments)]

@@ -9,7 +9,8 @@ use cudarc::driver::CudaSlice;
 use super::signatures::launch;
 use super::{
     ptr, weights, AttnSlots, DeviceWeight, Gpu, GpuError, GpuFormat, GpuOptions, Kernels,
-    LayerSlots, SeqSlots, TiledGemv, ATTN_SLOTS, LAYER_SLOTS, SEQ_SLOTS,
+    LayerSlots, ProductGroup, SeqSlots, TiledGemv, ATTN_SLOTS, LAYER_SLOTS, PRODUCT_GROUP_MAX,
+    SEQ_SLOTS,
 };
 use crate::cpu::KvFormat;
 

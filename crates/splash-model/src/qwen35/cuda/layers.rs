@@ -83,6 +83,27 @@ impl WeightPair {
         }
     }
 
+    /// The products `x · Aᵀ` into `out.0` and `x · Bᵀ` into `out.1` as entries of a
+    /// [`dev::matmul_group`], pushed onto `group`.
+    fn group_products<'a>(&'a self, out: (u64, u64), group: &mut Vec<dev::GroupProduct<'a>>) {
+        match self {
+            Self::Stacked { w, split } => group.push(dev::GroupProduct {
+                w,
+                split: *split,
+                out,
+            }),
+            Self::Apart(a, b) => {
+                for (w, y) in [(a, out.0), (b, out.1)] {
+                    group.push(dev::GroupProduct {
+                        w,
+                        split: w.rows(),
+                        out: (y, 0),
+                    });
+                }
+            }
+        }
+    }
+
     /// `x · Aᵀ` into `out.0` and `x · Bᵀ` into `out.1`.
     fn multiply(
         &self,
@@ -518,12 +539,20 @@ impl GpuGdn {
         let (c, vd) = self.in_qkv_z.rows();
         let qkv = m.scratch(t * c)?;
         let z = m.scratch(t * vd)?;
-        self.in_qkv_z
-            .multiply(m, (ptr(gpu, &qkv, 0), ptr(gpu, &z, 0)), x)?;
         let b = m.scratch(t * self.hv)?;
         let a = m.scratch(t * self.hv)?;
-        self.in_b_a
-            .multiply(m, (ptr(gpu, &b, 0), ptr(gpu, &a, 0)), x)?;
+        // The gates' small product in the same launch as the large one where it can be.
+        let (qkv_z, b_a) = (
+            (ptr(gpu, &qkv, 0), ptr(gpu, &z, 0)),
+            (ptr(gpu, &b, 0), ptr(gpu, &a, 0)),
+        );
+        let mut group = Vec::with_capacity(4);
+        self.in_qkv_z.group_products(qkv_z, &mut group);
+        self.in_b_a.group_products(b_a, &mut group);
+        if !dev::matmul_group(gpu, k, x, &group)? {
+            self.in_qkv_z.multiply(m, qkv_z, x)?;
+            self.in_b_a.multiply(m, b_a, x)?;
+        }
         // With GpuOptions::fold_launches the per-token scan makes the gates from the raw a and b
         // itself; only chunked prefill parts get them from gdn_gates (below).
         let fold = gpu.options().fold_launches;
@@ -674,11 +703,23 @@ impl GpuAttn {
         let (gpu, k, t) = (&*m.gpu, &*m.k, x.tokens());
         let (hq, hkv, d) = (self.heads, self.kv_heads, self.head_dim);
         let qg = m.scratch(t * hq * 2 * d)?;
-        dev::matmul_activations(gpu, k, ptr(gpu, &qg, 0), x, &self.q, 0, hq * 2 * d)?;
         let kb = m.scratch(t * hkv * d)?;
-        dev::matmul_activations(gpu, k, ptr(gpu, &kb, 0), x, &self.k, 0, hkv * d)?;
         let vb = m.scratch(t * hkv * d)?;
-        dev::matmul_activations(gpu, k, ptr(gpu, &vb, 0), x, &self.v, 0, hkv * d)?;
+        // k and v in the same launch as q where they can be.
+        let products = [(&self.q, &qg), (&self.k, &kb), (&self.v, &vb)];
+        let group: Vec<_> = products
+            .iter()
+            .map(|&(w, y)| dev::GroupProduct {
+                w,
+                split: w.rows(),
+                out: (ptr(gpu, y, 0), 0),
+            })
+            .collect();
+        if !dev::matmul_group(gpu, k, x, &group)? {
+            for (w, y) in products {
+                dev::matmul_activations(gpu, k, ptr(gpu, y, 0), x, w, 0, w.rows())?;
+            }
+        }
         let q = m.scratch(t * hq * d)?;
         let gate = m.scratch(t * hq * d)?;
         let (qp, gp, qgp, kp) = (
