@@ -75,6 +75,8 @@ fn check_kernels(dims: KernelDims, arch: &'static str) {
         "gemv_tc_experts_q4_k",
         "gemm_tc_experts_q6_k",
         "moe_route",
+        "gemv8_group",
+        "gemv_group",
         "moe_group_scatter",
         "moe_combine",
         "quantize_q8",

@@ -1113,8 +1113,17 @@ __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* b
     }
 }
 
+// The 16-token build at most the registers of gemv_i8tc_q4_k's, the larger of its products' own
+// (three blocks of 4 warps an SM; uncapped it took 178).
+#ifdef KERNEL_EMULATION
+#define GROUP_REGS_gemv8
+#define GROUP_REGS_gemv
+#else
+#define GROUP_REGS_gemv8 __maxnreg__(I8TC8_REGS)
+#define GROUP_REGS_gemv __maxnreg__(168)
+#endif
 #define GROUP_BUILD(PREFIX, NT)                                                                            \
-    extern "C" __global__ void I8TC_REGS_##PREFIX PREFIX##_group(ProductGroup g, const i8* bq, const float* bd, \
+    extern "C" __global__ void GROUP_REGS_##PREFIX PREFIX##_group(ProductGroup g, const i8* bq, const float* bd, \
                                                                   const short* bs, const i8* xq,             \
                                                                   const float* xd, const float* xs, int K,   \
                                                                   int T) {                                   \
