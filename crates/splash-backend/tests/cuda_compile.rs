@@ -75,6 +75,7 @@ fn check_kernels(dims: KernelDims, arch: &'static str) {
         "gemv_tc_experts_q4_k",
         "gemm_tc_experts_q6_k",
         "moe_route",
+        "moe_group",
         "gemv8_group",
         "gemv_group",
         "moe_group_scatter",

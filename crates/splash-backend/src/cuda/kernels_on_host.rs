@@ -925,9 +925,9 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
             }
         };
         route(None);
-        // The grouping by the routing's last block, then by chunks: (active, offsets, order) of
-        // each.
-        let grouped = |chunked: bool| {
+        // The grouping by the routing's last block, by moe_group, then by chunks: (active,
+        // offsets, order) of each.
+        let grouped = |how: &str| {
             let (active, offsets, order) = (
                 vec![-7i32; slots],
                 vec![-7i32; slots + 1],
@@ -938,7 +938,7 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
             let (aa, oa, ra) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
             let ca = Addr::of(&counts);
             let (p, e, s) = (pairs as i32, grouped as i32, slots as i32);
-            if !chunked {
+            if how == "last block" {
                 let done = [0i32];
                 route(Some([aa, oa, ra, Addr::of(&done)]));
                 assert_eq!(done[0], 0, "E={experts} T={tokens}: the counter left at 0");
@@ -947,6 +947,13 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
             // SAFETY: the signatures of the grouping kernels in kernels/moe.cu, over buffers of the
             // sizes ops::moe_route gives them.
             unsafe {
+                if how == "moe_group" {
+                    let f: host::moe_group = kern.kernel("moe_group");
+                    kern.launch(1, 1024, &|| {
+                        f(ia.ptr(), p, e, s, aa.ptr(), oa.ptr(), ra.ptr())
+                    });
+                    return (active, offsets, order);
+                }
                 let f: Counts = kern.kernel("moe_group_counts");
                 kern.launch(chunks as u32, 256, &|| f(ia.ptr(), p, e, ca.ptr()));
                 let f: Slots = kern.kernel("moe_group_slots");
@@ -995,9 +1002,8 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         }
         want_offsets.resize(slots + 1, pairs as i32);
         want_active.resize(slots, -1);
-        for chunked in [false, true] {
-            let (active, offsets, order) = grouped(chunked);
-            let how = if chunked { "chunks" } else { "one block" };
+        for how in ["last block", "moe_group", "chunks"] {
+            let (active, offsets, order) = grouped(how);
             assert_eq!(
                 active, want_active,
                 "E={experts} T={tokens}, {how}: active experts"

@@ -61,6 +61,9 @@ pub struct GpuOptions {
     /// the tensor-core GEMV after them (no `to_f16_tc`); the norm before a GDN layer writes the
     /// int8 input of its b and a product too (no `quantize_q8`); the attention's query / gate
     /// split and its q and k norms are one launch. Three launches fewer per layer of either kind.
+    /// In a MoE layer whose shared expert is one of the grouped pairs, the norm before it writes
+    /// the experts' f16 input (no `to_f16_tc`), the routing's last block groups the pairs (no
+    /// `moe_group`) and the residual add after it sums the pairs (no `moe_combine`).
     pub fold_launches: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.

@@ -226,6 +226,13 @@ static __device__ void group_pairs(const int* ids, int pairs, int E, int slots, 
     }
 }
 
+// group_pairs in a launch of its own (after moe_route without its counter).
+extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
+                                     int* order) {
+    GRID_PROLOGUE();
+    group_pairs(ids, pairs, E, slots, active, offsets, order);
+}
+
 // A prefill pass's grouping (group_pairs' result for thousands of pairs, over many blocks), in
 // three launches: each chunk of MOE_GROUP_CHUNK pairs counts its pairs per expert into
 // counts [chunks, E]; one block sums them, writes the slots and turns counts into each chunk's

@@ -81,12 +81,11 @@ pub fn moe_route(
     let (ids, e, slots) = (p(&r.ids), experts as i32, slots as i32);
     let (active, offsets, order) = (p(&r.active), p(&r.offsets), p(&r.order));
     // Up to MOE_GROUP_ONE_BLOCK pairs the routing's last block groups them (`done`: its
-    // counter), else the grouping's launches follow.
-    let done = if r.chunk_counts.is_none() {
-        gpu.route_done()
-    } else {
-        0
-    };
+    // counter; `moe_group` after it without GpuOptions::fold_launches), else the grouping's
+    // launches follow.
+    let one_block = r.chunk_counts.is_none();
+    let fold = one_block && gpu.options().fold_launches;
+    let done = if fold { gpu.route_done() } else { 0 };
     launch::moe_route(
         gpu,
         k,
@@ -103,10 +102,14 @@ pub fn moe_route(
         offsets,
         order,
     )?;
+    let pairs = pairs as i32;
     let Some(counts) = &r.chunk_counts else {
+        if !fold {
+            let grid = (1, 1024);
+            launch::moe_group(gpu, k, grid, ids, pairs, e, slots, active, offsets, order)?;
+        }
         return Ok(r);
     };
-    let pairs = pairs as i32;
     let counts = p(counts);
     let spread = (chunks as u32, MOE_GROUP_CHUNK as u32);
     launch::moe_group_counts(gpu, k, spread, ids, pairs, e, counts)?;

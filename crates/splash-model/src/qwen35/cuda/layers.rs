@@ -157,7 +157,7 @@ impl GpuMoe {
     /// The first products of the layer's input over `tokens` rows: the grouped experts when the
     /// shared expert is one of their pairs, else the shared expert's.
     pub(super) fn input_products(&self, gpu: &Gpu, tokens: usize) -> dev::NextProducts<'_> {
-        if self.shared_grouped(gpu, tokens) {
+        if self.shared_grouped(gpu, tokens) && gpu.options().fold_launches {
             dev::NextProducts::Experts
         } else {
             dev::NextProducts::Weights(self.shared.input_weight(), None)
@@ -422,10 +422,14 @@ impl GpuModel {
             // The shared expert's gate is applied in the same launch as the experts' sum; as
             // a pair's weight, the residual add after the layer sums the pairs.
             let Some(out) = out else {
-                return Ok(FfnOut::Pairs {
+                let pairs = FfnOut::Pairs {
                     y,
                     routing: Box::new(routing),
-                });
+                };
+                if gpu.options().fold_launches {
+                    return Ok(pairs);
+                }
+                return Ok(FfnOut::Rows(pairs.into_rows(self, t, h)?));
             };
             dev::moe_combine(gpu, k, ptr(gpu, &out, 0), yp, Some(sg), &routing, t, h)?;
             return Ok(FfnOut::Rows(out));
