@@ -48,8 +48,8 @@ pub struct GpuOptions {
     /// theirs: three launches fewer a layer in decode and verify passes.
     pub shared_expert_grouped: bool,
     /// The products of one input in one launch where their kernels allow
-    /// (`SPLASH_PRODUCT_GROUPS`, on; see `ops::matmul_group`): a GDN layer's b and a beside its
-    /// q/k/v/z, an attention layer's k and v beside its q.
+    /// (`SPLASH_PRODUCT_GROUPS`, off until a GPU run measures it; see `ops::matmul_group`): a
+    /// GDN layer's b and a beside its q/k/v/z, an attention layer's k and v beside its q.
     pub product_groups: bool,
     /// Tiles of 16 queries each warp of the vision tower's attention takes, 1 or 2
     /// (`SPLASH_VISION_QUERY_TILES`, 2: 1.24× faster at 4 Mpx on the H200); 2 only for head
@@ -88,7 +88,7 @@ impl Default for GpuOptions {
             flash_async: true,
             staged_attention: true,
             shared_expert_grouped: true,
-            product_groups: true,
+            product_groups: false,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
