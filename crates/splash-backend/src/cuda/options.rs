@@ -61,10 +61,13 @@ pub struct GpuOptions {
     /// the tensor-core GEMV after them (no `to_f16_tc`); the norm before a GDN layer writes the
     /// int8 input of its b and a product too (no `quantize_q8`); the attention's query / gate
     /// split and its q and k norms are one launch. Three launches fewer per layer of either kind.
-    /// In a MoE layer whose shared expert is one of the grouped pairs, the norm before it writes
-    /// the experts' f16 input (no `to_f16_tc`), the routing's last block groups the pairs (no
-    /// `moe_group`) and the residual add after it sums the pairs (no `moe_combine`).
     pub fold_launches: bool,
+    /// A MoE layer's small launches folded too, the same bits (`SPLASH_FOLD_MOE`, off until a
+    /// GPU run checks and measures it): where its shared expert is one of the grouped pairs, the
+    /// norm before it writes the experts' f16 input (no `to_f16_tc`), the routing's last block
+    /// groups the pairs (no `moe_group`) and the residual add after it sums the pairs (no
+    /// `moe_combine`). Three launches fewer a MoE layer.
+    pub fold_moe: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
     pub tensor_core_warps: Option<usize>,
@@ -93,6 +96,7 @@ impl Default for GpuOptions {
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
             fold_launches: true,
+            fold_moe: false,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -283,6 +287,7 @@ impl GpuOptions {
             vision_query_tiles: number("SPLASH_VISION_QUERY_TILES", 1..=2)?
                 .unwrap_or(d.vision_query_tiles),
             fold_launches: flag("SPLASH_FOLD_LAUNCHES", d.fold_launches)?,
+            fold_moe: flag("SPLASH_FOLD_MOE", d.fold_moe)?,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions {

@@ -81,10 +81,10 @@ pub fn moe_route(
     let (ids, e, slots) = (p(&r.ids), experts as i32, slots as i32);
     let (active, offsets, order) = (p(&r.active), p(&r.offsets), p(&r.order));
     // Up to MOE_GROUP_ONE_BLOCK pairs the routing's last block groups them (`done`: its
-    // counter; `moe_group` after it without GpuOptions::fold_launches), else the grouping's
+    // counter; with GpuOptions::fold_moe), else `moe_group` or the chunked grouping's
     // launches follow.
     let one_block = r.chunk_counts.is_none();
-    let fold = one_block && gpu.options().fold_launches;
+    let fold = one_block && gpu.options().fold_moe;
     let done = if fold { gpu.route_done() } else { 0 };
     launch::moe_route(
         gpu,

@@ -157,7 +157,7 @@ impl GpuMoe {
     /// The first products of the layer's input over `tokens` rows: the grouped experts when the
     /// shared expert is one of their pairs, else the shared expert's.
     pub(super) fn input_products(&self, gpu: &Gpu, tokens: usize) -> dev::NextProducts<'_> {
-        if self.shared_grouped(gpu, tokens) && gpu.options().fold_launches {
+        if self.shared_grouped(gpu, tokens) && gpu.options().fold_moe {
             dev::NextProducts::Experts
         } else {
             dev::NextProducts::Weights(self.shared.input_weight(), None)
@@ -426,7 +426,7 @@ impl GpuModel {
                     y,
                     routing: Box::new(routing),
                 };
-                if gpu.options().fold_launches {
+                if gpu.options().fold_moe {
                     return Ok(pairs);
                 }
                 return Ok(FfnOut::Rows(pairs.into_rows(self, t, h)?));
