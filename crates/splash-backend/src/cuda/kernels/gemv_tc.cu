@@ -830,7 +830,7 @@ __device__ __forceinline__ ExpertBlock expert_block(const u64* table, float* y, 
     return {table, y, blk / tiles, blk % tiles};
 }
 
-// The expert products of a MoE layer, grouped by expert (moe_route): block (a, tile) multiplies
+// The expert products of a MoE layer, grouped by expert (ops::moe_route): block (a, tile) multiplies
 // tile `tile` of the a-th active expert's weight (its pointer in `table`) by every pair routed
 // to it, 16 columns at a time, so each expert's weights are read once however many tokens chose
 // it. Pair p reads activation row p / col_div (its token for gate / up, the pair itself for

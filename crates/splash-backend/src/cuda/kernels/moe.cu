@@ -47,9 +47,9 @@ static __device__ void group_pairs(const int* ids, int pairs, int E, int slots, 
 // (ids, weights [T, top_k + 1]).
 // With `done` (a counter at 0, left at 0), the last block to finish also groups the pairs
 // (group_pairs, up to 1,024 pairs): routing and grouping in one launch.
-extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route(const float* logits, int* ids, float* weights, int E, int top_k,
-                                     const float* shared_gate, int* done, int slots, int* active, int* offsets,
-                                     int* order) {
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
+    moe_route(const float* logits, int* ids, float* weights, int E, int top_k, const float* shared_gate, int* done,
+              int slots, int* active, int* offsets, int* order) {
     GRID_PROLOGUE();
     __shared__ float p[1024];
     const float* l = logits + (long)blockIdx.x * E;

@@ -60,7 +60,8 @@ __device__ __forceinline__ void add_row(float* xr, const float* y, int d, const 
             ((float4*)xr)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
         }
     } else {
-        for (int i = threadIdx.x; i < d; i += blockDim.x) xr[i] += per ? pair_sum(y, pw, per, t, d, i, 0.0f) : y[t * d + i];
+        for (int i = threadIdx.x; i < d; i += blockDim.x)
+            xr[i] += per ? pair_sum(y, pw, per, t, d, i, 0.0f) : y[t * d + i];
     }
 }
 
