@@ -476,6 +476,7 @@ fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
 /// Each product gets the bits of its own launch, for 1, 5 and 16 tokens.
 #[test]
 fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
+    use super::ops::{FMT_Q4_K, FMT_Q6_K, FMT_Q8_0};
     let Some(kern) = kernels(DIMS_32) else { return };
     // 8 blocks a row: chains of one block each for the Q6_K weight (the host keeps chains ≤ blocks).
     let kd = 2048;
@@ -488,11 +489,25 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
     // (weights as the device holds them, format code, rows, split, chains, row bytes)
     type Product<'a> = (&'a [u8], i32, usize, usize, usize, i64);
     let products: [Product<'_>; 3] = [
-        (&t4, 10, 48, 16, 3, GgmlType::Q4_K.row_bytes(kd) as i64),
-        (&t6, 12, 40, 40, 8, GgmlType::Q6_K.row_bytes(kd) as i64),
+        (
+            &t4,
+            FMT_Q4_K,
+            48,
+            16,
+            3,
+            GgmlType::Q4_K.row_bytes(kd) as i64,
+        ),
+        (
+            &t6,
+            FMT_Q6_K,
+            40,
+            40,
+            8,
+            GgmlType::Q6_K.row_bytes(kd) as i64,
+        ),
         (
             q8.raw_bytes(),
-            7,
+            FMT_Q8_0,
             24,
             8,
             0,
@@ -538,7 +553,7 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
             // SAFETY: the signatures of gemv*_i8tc_* (kernels/gemv_tc.cu) and gemv1_q8_q8_0
             // (kernels/gemv.cu), over buffers of the sizes ops.rs gives them.
             unsafe {
-                if fmt == 7 {
+                if fmt == FMT_Q8_0 {
                     let gemv: host::gemv_q8 = kern.kernel("gemv1_q8_q8_0");
                     kern.launch((n * tokens) as u32, 128, &|| {
                         let (q, d, s) = (qa.ptr(), da.ptr(), sa.ptr());
@@ -558,7 +573,7 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
                         )
                     });
                 } else {
-                    let suffix = if fmt == 10 { "q4_k" } else { "q6_k" };
+                    let suffix = if fmt == FMT_Q4_K { "q4_k" } else { "q6_k" };
                     let gemv: host::gemv_i8tc = kern.kernel(&format!("{build}_i8tc_{suffix}"));
                     kern.launch(n.div_ceil(16) as u32, 32 * chains as u32, &|| {
                         let (q, d, s) = (bqa.ptr(), bda.ptr(), bsa.ptr());
@@ -593,7 +608,11 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
             (g.row_bytes[i], g.fmt[i], g.n[i], g.split[i]) =
                 (row_bytes, fmt, n as i32, split as i32);
             g.chains[i] = chains as i32;
-            end += if fmt == 7 { n * tokens } else { n.div_ceil(16) };
+            end += if fmt == FMT_Q8_0 {
+                n * tokens
+            } else {
+                n.div_ceil(16)
+            };
             g.end[i] = end as i32;
         }
         g.end[3] = end as i32;

@@ -518,9 +518,9 @@ pub(super) fn int8_blocks_at(gpu: &Gpu, (xq, xd, xs): &Int8Blocks, at: usize) ->
 }
 
 /// The format codes of kernels/quant.cuh that `gemv_group` takes.
-const FMT_Q8_0: i32 = 7;
-const FMT_Q4_K: i32 = 10;
-const FMT_Q6_K: i32 = 12;
+pub(crate) const FMT_Q8_0: i32 = 7;
+pub(crate) const FMT_Q4_K: i32 = 10;
+pub(crate) const FMT_Q6_K: i32 = 12;
 
 /// One product of [`matmul_group`]: `x · W[..split]ᵀ` into `out.0` `[tokens, split]` and
 /// `x · W[split..]ᵀ` into `out.1` (none when `split` is all of W's rows), as [`matmul_pair`].

@@ -157,7 +157,7 @@ impl GpuMoe {
     /// The first products of the layer's input over `tokens` rows: the grouped experts when the
     /// shared expert is one of their pairs, else the shared expert's.
     pub(super) fn input_products(&self, gpu: &Gpu, tokens: usize) -> dev::NextProducts<'_> {
-        if self.shared_grouped(gpu, tokens) && gpu.options().fold_moe {
+        if self.folds(gpu, tokens) {
             dev::NextProducts::Experts
         } else {
             dev::NextProducts::Weights(self.shared.input_weight(), None)
@@ -176,6 +176,13 @@ impl GpuMoe {
         self.device_tables(gpu).is_some_and(|t| t.with_shared)
             && gpu.options().shared_expert_grouped
             && dev::swiglu_fused(gpu, &self.shared.down, tokens)
+    }
+
+    /// Whether the launches around the layer fold its small ones (`GpuOptions::fold_moe`, with
+    /// the shared expert grouped): the norm before it writes the experts' f16 input and the
+    /// residual add after it sums the pairs.
+    fn folds(&self, gpu: &Gpu, tokens: usize) -> bool {
+        self.shared_grouped(gpu, tokens) && gpu.options().fold_moe
     }
 }
 
@@ -426,7 +433,7 @@ impl GpuModel {
                     y,
                     routing: Box::new(routing),
                 };
-                if gpu.options().fold_moe {
+                if moe.folds(gpu, t) {
                     return Ok(pairs);
                 }
                 return Ok(FfnOut::Rows(pairs.into_rows(self, t, h)?));
