@@ -3,6 +3,7 @@
 
 import asyncio
 import math
+import time
 
 import httpx
 import pytest
@@ -247,6 +248,19 @@ def test_overload_is_529_with_retry_after(scorer):
             assert r.headers["retry-after"] == "1"
             assert r.json()["detail"]["error_type"] == "server_overloaded"
             assert judge(scorer).status_code == 503
+    wait_until_idle(scorer)
+
+
+def wait_until_idle(server, seconds=30):
+    """Waits until the server runs no request: a stream closed by its client frees its lane only
+    when the engine next sees the disconnect, and the next test must find the lane free."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        metrics = httpx.get(server.url + "/metrics").text
+        if "splash_running_requests 0" in metrics.splitlines():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the server still ran a request {seconds} s after its client left")
 
 
 def test_timeout_is_504(scorer):

@@ -188,7 +188,13 @@ fn main() {
                 println!("{line}");
                 alone(family.name());
             }
-            tune(&gpu, |o| o.tiled_gemv = dev::TiledGemv::TensorCores);
+            // The int8 tensor-core family's one-token dp4a build (the same bits).
+            tune(&gpu, |o| o.one_token_dp4a = true);
+            alone("int8-mma, one token by dp4a");
+            tune(&gpu, |o| {
+                o.one_token_dp4a = false;
+                o.tiled_gemv = dev::TiledGemv::TensorCores
+            });
         }
         if std::env::var_os("GEMV_SWEEP").is_some() && tensor_core {
             for warps in [1, 2, 4, 8] {

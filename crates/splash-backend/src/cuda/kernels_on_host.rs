@@ -449,21 +449,26 @@ fn for_each_tile_case(check: impl Fn(&Weight, &TileWeight, &str, &str)) {
 /// `gemv_i8tc_*` up to 16) gives the CPU's product within the int8 rounding of the activations
 /// per 256 values, over chains of one and several blocks and warps; rows from 16 on go to a
 /// second output with the same bits; and every token of 5 and of 16 gets the bits it gets
-/// alone.
+/// alone, from the dp4a build of one token (`gemv1_i8tc_*`), which gives the 8-token build's.
 #[test]
 fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
     for_each_tile_case(|w, tile, suffix, label| {
-        let run = |x: &[f32], split: usize| {
-            let build = if x.len() / tile.kd <= 8 {
-                "gemv8"
-            } else {
-                "gemv"
-            };
+        let run_build = |build: &str, x: &[f32], split: usize| {
             let gemv = format!("{build}_i8tc_{suffix}");
             // SAFETY: quantize_q8_blocks (a warp per 256 values, a scale per 256, an int16 sum
             // per 32) and gemv*_i8tc_* (kernels/gemv_tc.cu) have these signatures.
             unsafe { tile.run::<i16>(&kern, ("quantize_q8_blocks", 8, 256), &gemv, x, split) }
+        };
+        let run = |x: &[f32], split: usize| match x.len() / tile.kd {
+            1 => {
+                let (dp4a, mma) = (run_build("gemv1", x, split), run_build("gemv8", x, split));
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&dp4a), bits(&mma), "{label}: gemv1 and gemv8 differ");
+                dp4a
+            }
+            2..=8 => run_build("gemv8", x, split),
+            _ => run_build("gemv", x, split),
         };
         // Activations rounded to int8 per 256 values.
         check_tile_gemv(w, tile.n, tile.kd, label, run);
@@ -543,7 +548,7 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
                 })
                 .collect()
         };
-        let (apart, together) = (outputs(), outputs());
+        let apart = outputs();
         let build = if tokens <= 8 { "gemv8" } else { "gemv" };
         let (t, k) = (tokens as i32, kd as i32);
         // Each product in its own launch, as ops::matmul launches it.
@@ -594,51 +599,59 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
                 }
             }
         }
-        // All three in one launch.
-        let mut g = super::ProductGroup::default();
-        let mut end = 0;
-        for (i, (&(w, fmt, n, split, chains, row_bytes), (y, y2))) in
-            products.iter().zip(&together).enumerate()
-        {
-            (g.w[i], g.y[i], g.y2[i]) = (
-                Addr::of(w).0 as u64,
-                Addr::of(y).0 as u64,
-                Addr::of(y2).0 as u64,
-            );
-            (g.row_bytes[i], g.fmt[i], g.n[i], g.split[i]) =
-                (row_bytes, fmt, n as i32, split as i32);
-            g.chains[i] = chains as i32;
-            end += if fmt == FMT_Q8_0 {
-                n * tokens
-            } else {
-                n.div_ceil(16)
-            };
-            g.end[i] = end as i32;
-        }
-        g.end[3] = end as i32;
-        // SAFETY: gemv*_group's signature (kernels/gemv_tc.cu), over the buffers above.
-        unsafe {
-            let gemv: host::gemv_group = kern.kernel(&format!("{build}_group"));
-            kern.launch(end as u32, 128, &|| {
-                let (q, d, s) = (qa.ptr(), da.ptr(), sa.ptr());
-                gemv(g, bqa.ptr(), bda.ptr(), bsa.ptr(), q, d, s, k, t)
-            });
-        }
-        for (i, ((a, a2), (b, b2))) in apart.iter().zip(&together).enumerate() {
-            assert!(
-                a.iter().all(|v| v.is_finite()),
-                "product {i}: written apart"
-            );
-            assert_eq!(
-                bits(a),
-                bits(b),
-                "tokens={tokens} product {i}: the first rows"
-            );
-            assert_eq!(
-                bits(a2),
-                bits(b2),
-                "tokens={tokens} product {i}: the second rows"
-            );
+        // All three in one launch; one token also by the dp4a build (`gemv1_group`).
+        let builds: &[&str] = if tokens == 1 {
+            &["gemv1", build]
+        } else {
+            &[build]
+        };
+        for build in builds {
+            let together = outputs();
+            let mut g = super::ProductGroup::default();
+            let mut end = 0;
+            for (i, (&(w, fmt, n, split, chains, row_bytes), (y, y2))) in
+                products.iter().zip(&together).enumerate()
+            {
+                (g.w[i], g.y[i], g.y2[i]) = (
+                    Addr::of(w).0 as u64,
+                    Addr::of(y).0 as u64,
+                    Addr::of(y2).0 as u64,
+                );
+                (g.row_bytes[i], g.fmt[i], g.n[i], g.split[i]) =
+                    (row_bytes, fmt, n as i32, split as i32);
+                g.chains[i] = chains as i32;
+                end += if fmt == FMT_Q8_0 {
+                    n * tokens
+                } else {
+                    n.div_ceil(16)
+                };
+                g.end[i] = end as i32;
+            }
+            g.end[3] = end as i32;
+            // SAFETY: gemv*_group's signature (kernels/gemv_tc.cu), over the buffers above.
+            unsafe {
+                let gemv: host::gemv_group = kern.kernel(&format!("{build}_group"));
+                kern.launch(end as u32, 128, &|| {
+                    let (q, d, s) = (qa.ptr(), da.ptr(), sa.ptr());
+                    gemv(g, bqa.ptr(), bda.ptr(), bsa.ptr(), q, d, s, k, t)
+                });
+            }
+            for (i, ((a, a2), (b, b2))) in apart.iter().zip(&together).enumerate() {
+                assert!(
+                    a.iter().all(|v| v.is_finite()),
+                    "product {i}: written apart"
+                );
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "{build}_group, tokens={tokens} product {i}: the first rows"
+                );
+                assert_eq!(
+                    bits(a2),
+                    bits(b2),
+                    "{build}_group, tokens={tokens} product {i}: the second rows"
+                );
+            }
         }
     }
 }

@@ -51,6 +51,11 @@ pub struct GpuOptions {
     /// (`SPLASH_PRODUCT_GROUPS`, off until a GPU run measures it; see `ops::matmul_group`): a
     /// GDN layer's b and a beside its q/k/v/z, an attention layer's k and v beside its q.
     pub product_groups: bool,
+    /// A one-token product on the int8 tensor-core family runs its dp4a build, with the same
+    /// bits (`SPLASH_ONE_TOKEN_DP4A`, off until a GPU run measures it; `gemv1_i8tc_*`): the mma
+    /// builds spend seven of a tile's eight token columns on nothing and swap code words
+    /// between lanes.
+    pub one_token_dp4a: bool,
     /// Tiles of 16 queries each warp of the vision tower's attention takes, 1 or 2
     /// (`SPLASH_VISION_QUERY_TILES`, 2: 1.24× faster at 4 Mpx on the H200); 2 only for head
     /// dims up to 80.
@@ -92,6 +97,7 @@ impl Default for GpuOptions {
             staged_attention: true,
             shared_expert_grouped: true,
             product_groups: false,
+            one_token_dp4a: false,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
@@ -282,6 +288,7 @@ impl GpuOptions {
             staged_attention: flag("SPLASH_STAGED_ATTENTION", d.staged_attention)?,
             shared_expert_grouped: flag("SPLASH_SHARED_EXPERT_GROUPED", d.shared_expert_grouped)?,
             product_groups: flag("SPLASH_PRODUCT_GROUPS", d.product_groups)?,
+            one_token_dp4a: flag("SPLASH_ONE_TOKEN_DP4A", d.one_token_dp4a)?,
             gdn_chunked: flag("SPLASH_GDN_CHUNKED", d.gdn_chunked)?,
             prefill_experts,
             vision_query_tiles: number("SPLASH_VISION_QUERY_TILES", 1..=2)?

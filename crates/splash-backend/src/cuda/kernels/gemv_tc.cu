@@ -703,6 +703,81 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
     tc_tile_sum<NT>(part, chains, n0, y, y2, split, N, T, nullptr);
 }
 
+// The one-token build of gemv_i8tc, with its bits: each block's integer sums are the same
+// integers made another way, and the f32 steps, the chains and their sum are gemv_i8tc's. A lane
+// multiplies its own loads by dp4a (values 16·(q&1) + 0..15 of sub-blocks 4n..4n+3, n = q>>1,
+// the layout gemv_q8_tiles reads) and the quad adds its four shares: no word swap between lanes
+// and no mma whose seven other token columns would be wasted. In quantize_q8_blocks' order the
+// first eight of those values of sub-block s are at byte 64q + 8s of the block, the last eight
+// at 64(q^2) + 8s (lane q^2's share of s).
+template <int F>
+__device__ void gemv1_i8tc(const u8* W, long row_bytes, const i8* xq, const float* xd, const short* xs, float* y,
+                           float* y2, int split, int N, int K, int chains, int tile_index) {
+    __shared__ float part[TC_WARPS_MAX][32][4];
+    int lane = threadIdx.x & 31, q = lane & 3, n = q >> 1;
+    int n0 = tile_index * 16, nb = K >> 8;
+    const u8* tile = W + (long)n0 * row_bytes;
+    const i8* first = xq + 64 * q + 32 * n;
+    const i8* last = xq + 64 * (q ^ 2) + 32 * n;
+    float c[2] = {0.0f, 0.0f};
+    // One row's share of block b: Σ over its sub-blocks of scale · Σ code·x.
+    auto share = [&](const TcRaw& r, const u32 (&x)[4][4]) {
+        int sum = 0;
+        u32 sc = 0, mn = 0;
+        if (F == FMT_Q4_K) q4k_scale_words(r, q, sc, mn);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            int dot = 0, scale;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                u32 code = F == FMT_Q4_K ? (word_of(m < 2 ? r.b : r.c, j) >> (4 * (m & 1))) & 0x0f0f0f0fu
+                                         : q6k_signed(q6k_codes(word_of(r.a, j), word_of(r.b, j), word_of(r.c, j), m));
+                dot = __dp4a((int)code, (int)x[m][j], dot);
+            }
+            if (F == FMT_Q4_K)
+                scale = i8_byte(&sc, m);
+            else  // scale (q&1) + 2m of the lane's eight (see tc_scales)
+                scale = (int)((m < 2 ? r.s.x : r.s.y) << (24 - 8 * ((q & 1) + 2 * (m & 1)))) >> 24;
+            sum += scale * dot;
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        return sum + __shfl_xor_sync(0xffffffffu, sum, 2);
+    };
+    tile_units<F>(
+        tile, nb, chains,
+        [&](const TcRaw& r0, const TcRaw& r1, int b) {
+            const uint4* f = (const uint4*)(first + 256 * b);
+            const uint4* l = (const uint4*)(last + 256 * b);
+            uint4 f0 = f[0], f1 = f[1], l0 = l[0], l1 = l[1];
+            const u32 x[4][4] = {{f0.x, f0.y, l0.x, l0.y}, {f0.z, f0.w, l0.z, l0.w},
+                                 {f1.x, f1.y, l1.x, l1.y}, {f1.z, f1.w, l1.z, l1.w}};
+            float xdb = xd[b];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const TcRaw& r = h ? r1 : r0;
+                float block, s = (float)share(r, x);
+                if (F == FMT_Q4_K) {
+                    u32 sc0, mn[2], sc1;
+                    q4k_scale_words(r, 0, sc0, mn[0]);
+                    q4k_scale_words(r, 2, sc1, mn[1]);
+                    float d = f16_to_f32((u16)(r.a.x & 0xffff)), dmin = f16_to_f32((u16)(r.a.x >> 16));
+                    block = fmaf(d, s, -(dmin * (float)i8_minimums(mn, ((const uint4*)xs)[b])));
+                } else {
+                    block = f16_to_f32((u16)(r.d & 0xffff)) * s;
+                }
+                c[h] = fmaf(xdb, block, c[h]);
+            }
+        },
+        [&](int j) {
+            // gemv_i8tc's layout, where a lone token fills every column of its lane.
+            float(&p)[4] = part[j][lane];
+            p[0] = p[1] = c[0];
+            p[2] = p[3] = c[1];
+            c[0] = c[1] = 0.0f;
+        });
+    tc_tile_sum<1>(part, chains, n0, y, y2, split, N, 1, nullptr);
+}
+
 // Stream-K: the same products with the work of the whole matrix, (tile, 256-value block)
 // units in tile-major order, cut into gridDim.x equal ranges, one per block. A launch of a
 // mid-sized matrix then keeps every SM streaming weights to the end, where a block per tile
@@ -1072,6 +1147,15 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
                                                   int split, int N, int K, int T) {                           \
         gemv_i8tc<F, NT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5, blockIdx.x);       \
     }
+// gemv1_i8tc_*: one token, gemv_i8tc's bits (T must be 1).
+#define I8TC1_BUILD(NAME, F)                                                                           \
+    extern "C" __global__ void gemv1_i8tc_##NAME(const u8* W, long row_bytes, const i8* xq, const float* xd, \
+                                                 const short* xs, float* y, float* y2, int split, int N,     \
+                                                 int K, int T) {                                              \
+        gemv1_i8tc<F>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, blockDim.x >> 5, blockIdx.x);            \
+    }
+I8TC1_BUILD(q4_k, FMT_Q4_K)
+I8TC1_BUILD(q6_k, FMT_Q6_K)
 I8TC_BUILD(gemv8, 1, q4_k, FMT_Q4_K)
 I8TC_BUILD(gemv, 2, q4_k, FMT_Q4_K)
 I8TC_BUILD(gemv8, 1, q6_k, FMT_Q6_K)
@@ -1091,6 +1175,7 @@ struct ProductGroup {
         end[PRODUCT_GROUP_MAX];
 };
 
+// NT = 0: one token on gemv1_i8tc (the same bits).
 template <int NT>
 __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* bq, const float* bd, const short* bs,
                                            const i8* xq, const float* xd, const float* xs, int K, int T) {
@@ -1100,10 +1185,14 @@ __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* b
     const u8* W = (const u8*)g.w[i];
     float *y = (float*)g.y[i], *y2 = (float*)g.y2[i];
     int N = g.n[i], split = g.split[i];
-    if (g.fmt[i] == FMT_Q4_K) {
-        gemv_i8tc<FMT_Q4_K, NT>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i], local);
+    if (NT == 0 && g.fmt[i] == FMT_Q4_K) {
+        gemv1_i8tc<FMT_Q4_K>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, g.chains[i], local);
+    } else if (NT == 0 && g.fmt[i] == FMT_Q6_K) {
+        gemv1_i8tc<FMT_Q6_K>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, g.chains[i], local);
+    } else if (g.fmt[i] == FMT_Q4_K) {
+        gemv_i8tc<FMT_Q4_K, NT ? NT : 1>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i], local);
     } else if (g.fmt[i] == FMT_Q6_K) {
-        gemv_i8tc<FMT_Q6_K, NT>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i], local);
+        gemv_i8tc<FMT_Q6_K, NT ? NT : 1>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i], local);
     } else {
         GRID_PROLOGUE();
         int per = (g.end[i] - first) / T, t = local / per;
@@ -1116,9 +1205,11 @@ __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* b
 // The 16-token build at most the registers of gemv_i8tc_q4_k's, the larger of its products' own
 // (three blocks of 4 warps an SM; uncapped it took 178).
 #ifdef KERNEL_EMULATION
+#define GROUP_REGS_gemv1
 #define GROUP_REGS_gemv8
 #define GROUP_REGS_gemv
 #else
+#define GROUP_REGS_gemv1
 #define GROUP_REGS_gemv8 __maxnreg__(I8TC8_REGS)
 #define GROUP_REGS_gemv __maxnreg__(168)
 #endif
@@ -1129,6 +1220,7 @@ __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* b
                                                                   int T) {                                   \
         product_group<NT>(g, bq, bd, bs, xq, xd, xs, K, T);                                                 \
     }
+GROUP_BUILD(gemv1, 0)
 GROUP_BUILD(gemv8, 1)
 GROUP_BUILD(gemv, 2)
 

@@ -593,7 +593,9 @@ pub fn matmul_group(
     } else {
         (0, 0, 0)
     };
-    let name = if tokens <= 8 {
+    let name = if tokens == 1 && options.one_token_dp4a {
+        "gemv1_group"
+    } else if tokens <= 8 {
         "gemv8_group"
     } else {
         "gemv_group"
@@ -618,7 +620,8 @@ pub fn matmul_group(
 }
 
 /// The int8 tensor-core GEMV of a Q4_K or Q6_K weight (`gemv_i8tc_*` in kernels/gemv_tc.cu), the
-/// 8-token build for chunks of up to 8 (see [`int8_tile_launches`]).
+/// 8-token build for chunks of up to 8 and, with [`GpuOptions::one_token_dp4a`], the dp4a build
+/// for one (see [`int8_tile_launches`]).
 #[allow(clippy::too_many_arguments)]
 fn gemv_i8tc(
     gpu: &Gpu,
@@ -631,8 +634,13 @@ fn gemv_i8tc(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let suffix = w.format.kernel_suffix();
+    let one_token_dp4a = gpu.options().one_token_dp4a;
     let name = |tc: usize| {
-        let build = if tc <= 8 { "gemv8" } else { "gemv" };
+        let build = match tc {
+            1 if one_token_dp4a => "gemv1",
+            ..=8 => "gemv8",
+            _ => "gemv",
+        };
         format!("{build}_i8tc_{suffix}")
     };
     let at = |value: usize| int8_blocks_at(gpu, x, value);
