@@ -323,6 +323,8 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       [ -n "${PROFILE_KERNELS:-}" ] && only=(-k "regex:$PROFILE_KERNELS" --cache-control none)
       # PROFILE_AS_RUN=1: the GPU's own clocks and warm caches (each kernel as the pass runs it).
       [ -n "${PROFILE_AS_RUN:-}" ] && only+=(--clock-control none --cache-control none)
+      # PROFILE_LAUNCHES=N: the first N launches only (the prefill's and a few decode passes').
+      [ -n "${PROFILE_LAUNCHES:-}" ] && only+=(-c "$PROFILE_LAUNCHES")
       /usr/local/cuda/bin/ncu "${only[@]}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         --csv --log-file "$out/profile-$m.csv" ./.device/splash bench --model "$f" --device cuda \
         --prompt-tokens "${PROFILE_CONTEXT:-16}" --decode-tokens 8 --repeat 1 --speculative off > "$out/profile-$m.txt" 2>&1
