@@ -244,18 +244,21 @@ fn tensor_core_gemv_is_batch_invariant() {
     let Some(gpu) = gpu() else { return };
     let k = gpu.kernels(FIXTURE_DIMS).unwrap();
     let (n, kd) = (100, 2560);
-    // A block per tile, stream-K (tiles cut between blocks), and the int8 families.
+    // A block per tile, stream-K (tiles cut between blocks), and the int8 families; the int8
+    // tensor-core family also with its one-token dp4a build (the lone tokens run on it).
     use dev::TiledGemv::{Int8, Int8Mma, Int8MmaQ4K, TensorCores};
-    for (family, stream_k) in [
-        (TensorCores, false),
-        (TensorCores, true),
-        (Int8, false),
-        (Int8Mma, false),
-        (Int8MmaQ4K, false),
+    for (family, stream_k, dp4a) in [
+        (TensorCores, false, false),
+        (TensorCores, true, false),
+        (Int8, false, false),
+        (Int8Mma, false, false),
+        (Int8Mma, false, true),
+        (Int8MmaQ4K, false, false),
     ] {
         tune(&gpu, |o| {
             o.stream_k = stream_k;
             o.tiled_gemv = family;
+            o.one_token_dp4a = dp4a;
         });
         // Activations rounded to int8 (per 32 or 256 values) rather than f16.
         let tol = if family == TensorCores { 5e-3 } else { 1e-2 };
@@ -283,7 +286,7 @@ fn tensor_core_gemv_is_batch_invariant() {
                     let err = rel_err(&got[rows.clone()], &want[rows.clone()]);
                     assert!(
                         err < tol,
-                        "{name} {family:?} t={t} token {ti} stream-K {stream_k}: relative error {err}"
+                        "{name} {family:?} t={t} token {ti} stream-K {stream_k} dp4a {dp4a}: relative error {err}"
                     );
                     let alone = product(&x[ti * kd..(ti + 1) * kd], 1);
                     let same = alone
@@ -292,7 +295,7 @@ fn tensor_core_gemv_is_batch_invariant() {
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
                         same,
-                        "{name} {family:?} t={t} token {ti} stream-K {stream_k}: differs from the token alone"
+                        "{name} {family:?} t={t} token {ti} stream-K {stream_k} dp4a {dp4a}: differs from the token alone"
                     );
                 }
             }
@@ -300,6 +303,7 @@ fn tensor_core_gemv_is_batch_invariant() {
     }
     tune(&gpu, |o| {
         o.stream_k = false;
+        o.one_token_dp4a = false;
         o.tiled_gemv = TensorCores;
     });
 }
