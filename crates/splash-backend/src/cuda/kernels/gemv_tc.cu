@@ -720,11 +720,10 @@ __device__ void gemv1_i8tc(const u8* W, long row_bytes, const i8* xq, const floa
     const i8* first = xq + 64 * q + 32 * n;
     const i8* last = xq + 64 * (q ^ 2) + 32 * n;
     float c[2] = {0.0f, 0.0f};
-    // One row's share of block b: Σ over its sub-blocks of scale · Σ code·x.
-    auto share = [&](const TcRaw& r, const u32 (&x)[4][4]) {
+    // A row's Σ over block b's sub-blocks of scale · Σ code·x, from the lane's share (Q4_K: sc
+    // its four scales, a byte each) and the quad's others.
+    auto quad_sum = [&](const TcRaw& r, const u32 (&x)[4][4], u32 sc) {
         int sum = 0;
-        u32 sc = 0, mn = 0;
-        if (F == FMT_Q4_K) q4k_scale_words(r, q, sc, mn);
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             int dot = 0, scale;
@@ -755,15 +754,17 @@ __device__ void gemv1_i8tc(const u8* W, long row_bytes, const i8* xq, const floa
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const TcRaw& r = h ? r1 : r0;
-                float block, s = (float)share(r, x);
+                float block;
                 if (F == FMT_Q4_K) {
-                    u32 sc0, mn[2], sc1;
-                    q4k_scale_words(r, 0, sc0, mn[0]);
-                    q4k_scale_words(r, 2, sc1, mn[1]);
+                    // The scales and minimums of sub-blocks 0..3 and 4..7.
+                    u32 sc[2], mn[2];
+                    q4k_scale_words(r, 0, sc[0], mn[0]);
+                    q4k_scale_words(r, 2, sc[1], mn[1]);
                     float d = f16_to_f32((u16)(r.a.x & 0xffff)), dmin = f16_to_f32((u16)(r.a.x >> 16));
+                    float s = (float)quad_sum(r, x, sc[n]);
                     block = fmaf(d, s, -(dmin * (float)i8_minimums(mn, ((const uint4*)xs)[b])));
                 } else {
-                    block = f16_to_f32((u16)(r.d & 0xffff)) * s;
+                    block = f16_to_f32((u16)(r.d & 0xffff)) * (float)quad_sum(r, x, 0);
                 }
                 c[h] = fmaf(xdb, block, c[h]);
             }
