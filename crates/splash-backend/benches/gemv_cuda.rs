@@ -190,7 +190,8 @@ fn main() {
             }
             // The int8 tensor-core family's one-token dp4a build (the same bits).
             tune(&gpu, |o| o.one_token_dp4a = true);
-            alone("int8-mma, one token by dp4a");
+            let one = cell(time_of(1, true));
+            println!("    int8-mma, one token by dp4a, conversion shared: 1: {one}");
             tune(&gpu, |o| {
                 o.one_token_dp4a = false;
                 o.tiled_gemv = dev::TiledGemv::TensorCores
