@@ -48,13 +48,12 @@ pub struct GpuOptions {
     /// theirs: three launches fewer a layer in decode and verify passes.
     pub shared_expert_grouped: bool,
     /// The products of one input in one launch where their kernels allow
-    /// (`SPLASH_PRODUCT_GROUPS`, off until a GPU run measures it; see `ops::matmul_group`): a
-    /// GDN layer's b and a beside its q/k/v/z, an attention layer's k and v beside its q.
+    /// (`SPLASH_PRODUCT_GROUPS`, on; see `ops::matmul_group`): a GDN layer's b and a beside its
+    /// q/k/v/z, an attention layer's k and v beside its q.
     pub product_groups: bool,
     /// A one-token product on the int8 tensor-core family runs its dp4a build, with the same
-    /// bits (`SPLASH_ONE_TOKEN_DP4A`, off until a GPU run measures it; `gemv1_i8tc_*`): the mma
-    /// builds spend seven of a tile's eight token columns on nothing and swap code words
-    /// between lanes.
+    /// bits (`SPLASH_ONE_TOKEN_DP4A`, on; `gemv1_i8tc_*`): the mma builds spend seven of a
+    /// tile's eight token columns on nothing and swap code words between lanes.
     pub one_token_dp4a: bool,
     /// Tiles of 16 queries each warp of the vision tower's attention takes, 1 or 2
     /// (`SPLASH_VISION_QUERY_TILES`, 2: 1.24× faster at 4 Mpx on the H200); 2 only for head
@@ -67,11 +66,11 @@ pub struct GpuOptions {
     /// int8 input of its b and a product too (no `quantize_q8`); the attention's query / gate
     /// split and its q and k norms are one launch. Three launches fewer per layer of either kind.
     pub fold_launches: bool,
-    /// A MoE layer's small launches folded too, the same bits (`SPLASH_FOLD_MOE`, off until a
-    /// GPU run checks and measures it): where its shared expert is one of the grouped pairs, the
-    /// norm before it writes the experts' f16 input (no `to_f16_tc`), the routing's last block
-    /// groups the pairs (no `moe_group`) and the residual add after it sums the pairs (no
-    /// `moe_combine`). Three launches fewer a MoE layer.
+    /// A MoE layer's small launches folded too, the same bits (`SPLASH_FOLD_MOE`, on): where its
+    /// shared expert is one of the grouped pairs, the norm before it writes the experts' f16
+    /// input (no `to_f16_tc`), the routing's last block groups the pairs (no `moe_group`) and
+    /// the residual add after it sums the pairs (no `moe_combine`). Three launches fewer a MoE
+    /// layer.
     pub fold_moe: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
@@ -96,13 +95,13 @@ impl Default for GpuOptions {
             flash_async: true,
             staged_attention: true,
             shared_expert_grouped: true,
-            product_groups: false,
-            one_token_dp4a: false,
+            product_groups: true,
+            one_token_dp4a: true,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
             fold_launches: true,
-            fold_moe: false,
+            fold_moe: true,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
