@@ -1089,8 +1089,9 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
     }
 }
 
-/// The residual add before a norm, given a MoE layer's pairs (`add_rms_norm` with `per`), has
-/// the bits of `moe_combine` (`sum`: its output, no gate) then the add of rows.
+/// The residual add before a norm, given a MoE layer's pairs (`add_rms_norm` with `per`, and
+/// `add_rms_norm_to_f16_tc`, whose rows stay on chip), has the bits of `moe_combine` (`sum`: its
+/// output, no gate) then the add of rows.
 fn pairs_through_the_norm(
     kern: &HostKernels,
     y: &[f32],
@@ -1102,34 +1103,69 @@ fn pairs_through_the_norm(
 ) {
     let (x0, w) = (random(tokens * d, 31), random(d, 32));
     let threads = (d.div_ceil(4).div_ceil(32) * 32).clamp(32, 1024) as u32;
-    let run = |addend: &[f32], pairs: bool| {
+    let run = |addend: &[f32], pairs: bool, fused: bool| {
         let (x, out) = (x0.clone(), vec![f32::NAN; tokens * d]);
         let (xa, ya, wa, oa) = (Addr::of(&x), Addr::of(addend), Addr::of(&w), Addr::of(&out));
         let pw = Addr::of(weights);
-        // SAFETY: add_rms_norm's signature, over rows of d (pairs: tokens · per of them).
+        let per = if pairs { per as i32 } else { 0 };
+        // SAFETY: the signatures of add_rms_norm and add_rms_norm_to_f16_tc, over rows of d
+        // (pairs: tokens · per of them), no conversion asked of the second.
         unsafe {
-            let norm: host::add_rms_norm = kern.kernel("add_rms_norm");
-            kern.launch(tokens as u32, threads, &|| {
-                let (pw, per) = if pairs {
-                    (pw.ptr(), per as i32)
-                } else {
-                    (std::ptr::null_mut(), 0)
-                };
-                norm(
-                    xa.ptr(),
-                    ya.ptr(),
-                    wa.ptr(),
-                    oa.ptr(),
-                    d as i32,
-                    1e-6,
-                    pw,
-                    per,
-                )
-            });
+            if fused {
+                let norm: host::add_rms_norm_to_f16_tc = kern.kernel("add_rms_norm_to_f16_tc");
+                kern.launch(tokens as u32, threads, &|| {
+                    norm(
+                        xa.ptr(),
+                        ya.ptr(),
+                        wa.ptr(),
+                        oa.ptr(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        d as i32,
+                        1e-6,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        if pairs {
+                            pw.ptr()
+                        } else {
+                            std::ptr::null_mut()
+                        },
+                        per,
+                    )
+                });
+            } else {
+                let norm: host::add_rms_norm = kern.kernel("add_rms_norm");
+                kern.launch(tokens as u32, threads, &|| {
+                    norm(
+                        xa.ptr(),
+                        ya.ptr(),
+                        wa.ptr(),
+                        oa.ptr(),
+                        d as i32,
+                        1e-6,
+                        if pairs {
+                            pw.ptr()
+                        } else {
+                            std::ptr::null_mut()
+                        },
+                        per,
+                    )
+                });
+            }
         }
         (bits(&x), bits(&out))
     };
-    assert_eq!(run(y, true), run(sum, false), "d={d}: the pairs' sum added");
+    let plain = run(sum, false, false);
+    assert_eq!(run(y, true, false), plain, "d={d}: the pairs' sum added");
+    assert_eq!(
+        run(y, true, true),
+        plain,
+        "d={d}: the pairs' sum added, the row on chip"
+    );
 }
 
 /// The MLP's fused conversion (`silu_mul_to_f16_tc`) writes the bits of `silu_mul` then

@@ -44,21 +44,25 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 // One block per row; out must not alias x or y. With per > 0, y [T·per, d] holds a MoE layer's
 // pairs and pw [T·per] their weights: x[r] += their sum, the bits of moe_combine (no gate) then
 // add_in_place, a launch fewer.
+// Row t's float4 i of x plus that of y (or of its pairs' sum, each pair by one fma in order j).
+__device__ __forceinline__ float4 added4(const float* xr, const float* y, int d, const float* pw, int per, long t,
+                                         int i) {
+    float4 a = ((const float4*)xr)[i], b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (!per) b = ((const float4*)(y + t * d))[i];
+    for (int j = 0; j < per; j++) {  // pair_sum, four values at a time
+        float wj = pw[t * per + j];
+        float4 v = ((const float4*)(y + (t * per + j) * d))[i];
+        b = make_float4(fmaf(wj, v.x, b.x), fmaf(wj, v.y, b.y), fmaf(wj, v.z, b.z), fmaf(wj, v.w, b.w));
+    }
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
 // xr += row blockIdx.x of y (or its pairs' sum) for one row, by the whole block, each thread
 // adding the values rms_norm_row then gives it.
 __device__ __forceinline__ void add_row(float* xr, const float* y, int d, const float* pw, int per) {
     long t = blockIdx.x;
     if ((d & 3) == 0) {
-        for (int i = threadIdx.x; i < d / 4; i += blockDim.x) {
-            float4 a = ((float4*)xr)[i], b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (!per) b = ((const float4*)(y + t * d))[i];
-            for (int j = 0; j < per; j++) {  // pair_sum, four values at a time
-                float wj = pw[t * per + j];
-                float4 v = ((const float4*)(y + (t * per + j) * d))[i];
-                b = make_float4(fmaf(wj, v.x, b.x), fmaf(wj, v.y, b.y), fmaf(wj, v.z, b.z), fmaf(wj, v.w, b.w));
-            }
-            ((float4*)xr)[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        }
+        for (int i = threadIdx.x; i < d / 4; i += blockDim.x) ((float4*)xr)[i] = added4(xr, y, d, pw, per, t, i);
     } else {
         for (int i = threadIdx.x; i < d; i += blockDim.x)
             xr[i] += per ? pair_sum(y, pw, per, t, d, i, 0.0f) : y[t * d + i];
@@ -73,26 +77,67 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
     rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps);
 }
 
+// Rows add_rms_norm_to_f16_tc keeps on chip: up to NORM_ROW_MAX values, two float4 a thread.
+#define NORM_ROW_MAX 8192
+
 // add_rms_norm, then to_f16_tc of each out row, in one launch: the block's warps convert the
 // row's 256-value blocks once the row is written (the bits of the two kernels). d is a multiple
 // of 256 when xh is given. With xq, also (or only, without xh) quantize_q8 of the row (for a
 // dp4a product of the same rows).
+// A row of up to NORM_ROW_MAX values stays on chip: the norm's weights are loaded before the
+// wait (no kernel writes them), each thread keeps the sums it adds, and the conversions read
+// the normed row from shared memory, not back from memory (its five or so dependent round trips
+// were most of this launch). Longer rows take the same arithmetic through memory.
 extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
                                                   float* xscale, int d, float eps, i8* xq, float* xd, float* xs,
                                                   i8* bq, float* bd, short* bs, const float* pw, int per) {
-    GRID_PROLOGUE_BRIDGE();
+    __shared__ float row[NORM_ROW_MAX];
     float *xr = x + (long)blockIdx.x * d, *o = out + (long)blockIdx.x * d;
-    add_row(xr, y, d, pw, per);
-    rms_norm_row(xr, w, o, d, eps);
+    const float* normed = o;
+    int n4 = d / 4;
+    if ((d & 3) == 0 && d <= NORM_ROW_MAX && n4 <= 2 * (int)blockDim.x) {
+        float4 g[2], v[2];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < n4) g[k] = ((const float4*)w)[i];
+        }
+        GRID_PROLOGUE_BRIDGE();
+        // add_row then rms_norm_row: the same sums, in the same order.
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i >= n4) continue;
+            v[k] = added4(xr, y, d, pw, per, blockIdx.x, i);
+            ((float4*)xr)[i] = v[k];
+            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        }
+        float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i >= n4) continue;
+            float4 r = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z,
+                                   v[k].w * inv * g[k].w);
+            ((float4*)o)[i] = r;
+            ((float4*)row)[i] = r;
+        }
+        normed = row;
+    } else {
+        GRID_PROLOGUE_BRIDGE();
+        add_row(xr, y, d, pw, per);
+        rms_norm_row(xr, w, o, d, eps);
+    }
     __syncthreads();  // the row is written
     int per_row = xh || bq ? d >> 8 : 0;
     for (int b = threadIdx.x >> 5; b < per_row; b += blockDim.x >> 5) {
-        const float* ob = o + 256 * b;
+        const float* ob = normed + 256 * b;
         tc_input_block([&](int i) { return ob[i]; }, xh, xscale, bq, bd, bs, (long)blockIdx.x * per_row + b);
     }
     if (!xq) return;
     for (int b = threadIdx.x >> 5; b < d / 32; b += blockDim.x >> 5)
-        quantize_q8_block(o[32 * b + (threadIdx.x & 31)], xq, xd, xs, (long)blockIdx.x * (d / 32) + b);
+        quantize_q8_block(normed[32 * b + (threadIdx.x & 31)], xq, xd, xs, (long)blockIdx.x * (d / 32) + b);
 }
 
 // add_rms_norm, each out row also in bf16 (ob, cuBLAS's input: the bits of to_bf16 of out).
