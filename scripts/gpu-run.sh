@@ -325,9 +325,16 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       [ -n "${PROFILE_AS_RUN:-}" ] && only+=(--clock-control none --cache-control none)
       # PROFILE_LAUNCHES=N: the first N launches only (the prefill's and a few decode passes').
       [ -n "${PROFILE_LAUNCHES:-}" ] && only+=(-c "$PROFILE_LAUNCHES")
+      # PROFILE_VERIFY_ROWS=N: then the pass costs of one token and of N rows (three passes
+      # each after two warm-up ones, each after a prefill), whose last launches PROFILE_SKIP=K
+      # (ncu -s: the first K launches run unprofiled) leaves to the profile.
+      [ -n "${PROFILE_SKIP:-}" ] && only+=(-s "$PROFILE_SKIP")
+      rows=()
+      [ -n "${PROFILE_VERIFY_ROWS:-}" ] && rows=(--verify-rows "$PROFILE_VERIFY_ROWS")
       /usr/local/cuda/bin/ncu "${only[@]}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         --csv --log-file "$out/profile-$m.csv" ./.device/splash bench --model "$f" --device cuda \
-        --prompt-tokens "${PROFILE_CONTEXT:-16}" --decode-tokens 8 --repeat 1 --speculative off > "$out/profile-$m.txt" 2>&1
+        --prompt-tokens "${PROFILE_CONTEXT:-16}" --decode-tokens 8 --repeat 1 --speculative off "${rows[@]}" \
+        > "$out/profile-$m.txt" 2>&1
       if [ -n "${PROFILE_KERNELS:-}" ]; then
         python3 bench/ncu_passes.py "$out/profile-$m.csv" --tail 64 | tee "$out/profile-$m-pass.txt" | tail -80
       else
