@@ -87,10 +87,12 @@ extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w
 // A row of up to NORM_ROW_MAX values stays on chip: the norm's weights are loaded before the
 // wait (no kernel writes them), each thread keeps the sums it adds, and the conversions read
 // the normed row from shared memory, not back from memory (its five or so dependent round trips
-// were most of this launch). Longer rows take the same arithmetic through memory.
-extern "C" __global__ void add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh,
-                                                  float* xscale, int d, float eps, i8* xq, float* xd, float* xs,
-                                                  i8* bq, float* bd, short* bs, const float* pw, int per) {
+// were most of this launch). Longer rows take the same arithmetic through memory. At most 64
+// registers, so that a hidden-size row's 1,024 threads fit an SM.
+extern "C" __global__ void __launch_bounds__(1024)
+    add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh, float* xscale, int d,
+                           float eps, i8* xq, float* xd, float* xs, i8* bq, float* bd, short* bs, const float* pw,
+                           int per) {
     __shared__ float row[NORM_ROW_MAX];
     float *xr = x + (long)blockIdx.x * d, *o = out + (long)blockIdx.x * d;
     const float* normed = o;
