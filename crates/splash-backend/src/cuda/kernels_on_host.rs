@@ -1108,6 +1108,13 @@ fn pairs_through_the_norm(
         let (xa, ya, wa, oa) = (Addr::of(&x), Addr::of(addend), Addr::of(&w), Addr::of(&out));
         let pw = Addr::of(weights);
         let per = if pairs { per as i32 } else { 0 };
+        let pw_or_null = || {
+            if pairs {
+                pw.ptr()
+            } else {
+                std::ptr::null_mut()
+            }
+        };
         // SAFETY: the signatures of add_rms_norm and add_rms_norm_to_f16_tc, over rows of d
         // (pairs: tokens · per of them), no conversion asked of the second.
         unsafe {
@@ -1129,11 +1136,7 @@ fn pairs_through_the_norm(
                         std::ptr::null_mut(),
                         std::ptr::null_mut(),
                         std::ptr::null_mut(),
-                        if pairs {
-                            pw.ptr()
-                        } else {
-                            std::ptr::null_mut()
-                        },
+                        pw_or_null(),
                         per,
                     )
                 });
@@ -1147,11 +1150,7 @@ fn pairs_through_the_norm(
                         oa.ptr(),
                         d as i32,
                         1e-6,
-                        if pairs {
-                            pw.ptr()
-                        } else {
-                            std::ptr::null_mut()
-                        },
+                        pw_or_null(),
                         per,
                     )
                 });
