@@ -656,6 +656,169 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
     }
 }
 
+/// The dense MLP of one token in one persistent launch (`mlp1_persistent`) gives the bits of
+/// the three launches it replaces (gate / up pair, `silu_mul_to_q8_blocks`, down), with grids
+/// of fewer blocks than either product's tiles and of more than the down product's, so that
+/// blocks idle through a step and still meet the grid barriers.
+#[test]
+fn the_persistent_mlp_has_the_bits_of_its_three_launches() {
+    use super::ops::{FMT_Q4_K, FMT_Q6_K};
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (hidden, inter) = (512usize, 768usize);
+    let fmt_of = |t: GgmlType| {
+        if t == GgmlType::Q4_K {
+            FMT_Q4_K
+        } else {
+            FMT_Q6_K
+        }
+    };
+    let fields = |t: GgmlType| -> &'static [usize] {
+        if t == GgmlType::Q4_K {
+            &[0, 2]
+        } else {
+            &[208]
+        }
+    };
+    for (up_t, down_t, grids) in [
+        (GgmlType::Q4_K, GgmlType::Q6_K, [3u32, 40]),
+        (GgmlType::Q6_K, GgmlType::Q4_K, [7, 100]),
+    ] {
+        let gate_up = kquant(up_t, 2 * inter, hidden, fields(up_t), 61);
+        let down = kquant(down_t, hidden, inter, fields(down_t), 62);
+        let tiled = |w: &Weight, t: GgmlType, k: usize| {
+            super::weights::tiled(t, w.raw_bytes(), w.rows(), k / 256)
+        };
+        let (gu_w, down_w) = (tiled(&gate_up, up_t, hidden), tiled(&down, down_t, inter));
+        let (gu_rb, down_rb) = (
+            up_t.row_bytes(hidden) as i64,
+            down_t.row_bytes(inter) as i64,
+        );
+        let x = random(hidden, 63);
+        let (bq, bd, bs) = q8_blocks_input(&kern, &x);
+        let (bqa, bda, bsa) = (Addr::of(&bq), Addr::of(&bd), Addr::of(&bs));
+        let (gua, dwa) = (Addr::of(&gu_w), Addr::of(&down_w));
+        // Everything the MLP writes: gate, up, the int8 blocks of silu(gate)·up, out; then as
+        // bits.
+        type Buffers = (Vec<f32>, Vec<f32>, Vec<i8>, Vec<f32>, Vec<i16>, Vec<f32>);
+        type Written = (Vec<u32>, Vec<u32>, Vec<i8>, Vec<u32>, Vec<i16>, Vec<u32>);
+        let buffers = || -> Buffers {
+            (
+                vec![f32::NAN; inter],
+                vec![f32::NAN; inter],
+                vec![0i8; inter],
+                vec![f32::NAN; inter / 256],
+                vec![-1i16; inter / 32],
+                vec![f32::NAN; hidden],
+            )
+        };
+        let written = |(g, u, hq, hd, hs, out): Buffers| -> Written {
+            (bits(&g), bits(&u), hq, bits(&hd), hs, bits(&out))
+        };
+        let suffix = |t: GgmlType| if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
+        // The three launches, as ops::matmul_pair and ops::matmul_swiglu make them.
+        let apart = buffers();
+        {
+            let (g, u, hq, hd, hs, out) = &apart;
+            let (ga, ua, qa, da, sa, oa) = (
+                Addr::of(g),
+                Addr::of(u),
+                Addr::of(hq),
+                Addr::of(hd),
+                Addr::of(hs),
+                Addr::of(out),
+            );
+            // SAFETY: the signatures of gemv1_i8tc_*, silu_mul_to_q8_blocks (kernels/gemv_tc.cu),
+            // over buffers of the sizes ops.rs gives them.
+            unsafe {
+                let f: host::gemv_i8tc = kern.kernel(&format!("gemv1_i8tc_{}", suffix(up_t)));
+                // Chains are warps there: 2 for gate / up, 3 for down (below, as in `group`).
+                kern.launch((2 * inter / 16) as u32, 64, &|| {
+                    let (q, d, s) = (bqa.ptr(), bda.ptr(), bsa.ptr());
+                    let (n, split) = (2 * inter as i32, inter as i32);
+                    f(
+                        gua.ptr(),
+                        gu_rb,
+                        q,
+                        d,
+                        s,
+                        ga.ptr(),
+                        ua.ptr(),
+                        split,
+                        n,
+                        hidden as i32,
+                        1,
+                    )
+                });
+                let f: host::silu_mul_to_q8_blocks = kern.kernel("silu_mul_to_q8_blocks");
+                kern.launch((inter / 8).div_ceil(256) as u32, 256, &|| {
+                    f(
+                        ga.ptr(),
+                        ua.ptr(),
+                        qa.ptr(),
+                        da.ptr(),
+                        sa.ptr(),
+                        (inter / 256) as i64,
+                    )
+                });
+                let f: host::gemv_i8tc = kern.kernel(&format!("gemv1_i8tc_{}", suffix(down_t)));
+                kern.launch((hidden / 16) as u32, 96, &|| {
+                    let (n, nop) = (hidden as i32, std::ptr::null_mut());
+                    f(
+                        dwa.ptr(),
+                        down_rb,
+                        qa.ptr(),
+                        da.ptr(),
+                        sa.ptr(),
+                        oa.ptr(),
+                        nop,
+                        n,
+                        n,
+                        inter as i32,
+                        1,
+                    )
+                });
+            }
+        }
+        let apart = written(apart);
+        for grid in grids {
+            let together = buffers();
+            let (g, u, hq, hd, hs, out) = &together;
+            let mut group = super::ProductGroup::default();
+            (group.w[0], group.y[0], group.y2[0]) =
+                (gua.0 as u64, Addr::of(g).0 as u64, Addr::of(u).0 as u64);
+            (
+                group.row_bytes[0],
+                group.fmt[0],
+                group.n[0],
+                group.split[0],
+                group.chains[0],
+            ) = (gu_rb, fmt_of(up_t), 2 * inter as i32, inter as i32, 2);
+            (group.w[1], group.y[1]) = (dwa.0 as u64, Addr::of(out).0 as u64);
+            (
+                group.row_bytes[1],
+                group.fmt[1],
+                group.n[1],
+                group.split[1],
+                group.chains[1],
+            ) = (down_rb, fmt_of(down_t), hidden as i32, hidden as i32, 3);
+            let barrier = [0u32; 2];
+            let (qa, da, sa, ba) = (Addr::of(hq), Addr::of(hd), Addr::of(hs), Addr::of(&barrier));
+            // SAFETY: mlp1_persistent's signature (kernels/gemv_tc.cu), over the buffers above.
+            unsafe {
+                let f: host::mlp1_persistent = kern.kernel("mlp1_persistent");
+                kern.launch(grid, 128, &|| {
+                    let (q, d, s) = (bqa.ptr(), bda.ptr(), bsa.ptr());
+                    f(group, q, d, s, qa.ptr(), da.ptr(), sa.ptr(), ba.ptr())
+                });
+            }
+            assert!(
+                written(together) == apart,
+                "{up_t:?} / {down_t:?}, grid {grid}: the persistent MLP differs from its launches"
+            );
+        }
+    }
+}
+
 /// A grouped expert product on the host (`gemv_tc_experts*`) as ops.rs launches it: the pairs'
 /// routing (`active` experts, `offsets` into `order`, one slot an entry of `active`), the
 /// activations converted for the tensor cores, and the experts' shape.

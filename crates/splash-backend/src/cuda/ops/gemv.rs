@@ -404,6 +404,70 @@ pub fn matmul_swiglu(
     matmul(gpu, k, out, g, w, 0, w.rows, tokens)
 }
 
+/// A dense MLP of one token in one persistent launch (`mlp1_persistent`, with
+/// [`GpuOptions::persistent_mlp`]): `out = down · (silu(g) ⊙ u)` where `g` and `u` (`[W rows
+/// before split]` each, written too) are `x`'s products with the gate and up rows stacked in
+/// `gate_up` at `split`. The bits of [`matmul_pair`] then [`matmul_swiglu`]. Returns false,
+/// launching nothing, where those must run: more than one token, or a weight off the int8
+/// tensor-core GEMV's dp4a build.
+#[allow(clippy::too_many_arguments)]
+pub fn mlp_one_token(
+    gpu: &Gpu,
+    k: &Kernels,
+    out: u64,
+    (g, u): (u64, u64),
+    x: &Activations,
+    gate_up: &DeviceWeight,
+    split: usize,
+    down: &DeviceWeight,
+) -> Result<bool, GpuError> {
+    let options = gpu.options();
+    let fits = options.persistent_mlp
+        && options.one_token_dp4a
+        && x.tokens == 1
+        && reads_int8_blocks(gpu, gate_up, 1)
+        && reads_int8_blocks(gpu, down, 1)
+        && split.is_multiple_of(16)
+        && gate_up.rows == 2 * split
+        && down.cols == split;
+    if !fits {
+        return Ok(false);
+    }
+    x.check(gate_up);
+    let fmt = |w: &DeviceWeight| if w.format == Q4_K { FMT_Q4_K } else { FMT_Q6_K };
+    let mut group = ProductGroup::default();
+    for (i, (w, y, y2, split)) in [(gate_up, g, u, split), (down, out, 0, down.rows)]
+        .into_iter()
+        .enumerate()
+    {
+        group.w[i] = ptr(gpu, &w.data, 0);
+        (group.y[i], group.y2[i]) = (y, y2);
+        group.row_bytes[i] = w.row_bytes as i64;
+        group.fmt[i] = fmt(w);
+        group.n[i] = w.rows as i32;
+        group.split[i] = split as i32;
+        group.chains[i] = tensor_core_warps(&options, w.rows, w.cols) as i32;
+    }
+    let (bq, bd, bs) = int8_blocks_at(gpu, x.int8_blocks(gpu, k)?, 0);
+    let hidden = int8_blocks(gpu, split)?;
+    let (hq, hd, hs) = int8_blocks_at(gpu, &hidden, 0);
+    let grid = gpu.resident_blocks(k, "mlp1_persistent", 128)?;
+    launch::mlp1_persistent(
+        gpu,
+        k,
+        (grid, 128),
+        group,
+        bq,
+        bd,
+        bs,
+        hq,
+        hd,
+        hs,
+        gpu.grid_barrier(),
+    )?;
+    Ok(true)
+}
+
 /// Formats with an integer (dp4a) GEMV.
 pub(super) fn int8_format(format: GpuFormat) -> bool {
     use crate::ggml::GgmlType;
