@@ -662,16 +662,8 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
 /// blocks idle through a step and still meet the grid barriers.
 #[test]
 fn the_persistent_mlp_has_the_bits_of_its_three_launches() {
-    use super::ops::{FMT_Q4_K, FMT_Q6_K};
     let Some(kern) = kernels(DIMS_32) else { return };
     let (hidden, inter) = (512usize, 768usize);
-    let fmt_of = |t: GgmlType| {
-        if t == GgmlType::Q4_K {
-            FMT_Q4_K
-        } else {
-            FMT_Q6_K
-        }
-    };
     let fields = |t: GgmlType| -> &'static [usize] {
         if t == GgmlType::Q4_K {
             &[0, 2]
@@ -788,24 +780,23 @@ fn the_persistent_mlp_has_the_bits_of_its_three_launches() {
                 (gua.0 as u64, Addr::of(g).0 as u64, Addr::of(u).0 as u64);
             (
                 group.row_bytes[0],
-                group.fmt[0],
                 group.n[0],
                 group.split[0],
                 group.chains[0],
-            ) = (gu_rb, fmt_of(up_t), 2 * inter as i32, inter as i32, 2);
+            ) = (gu_rb, 2 * inter as i32, inter as i32, 2);
             (group.w[1], group.y[1]) = (dwa.0 as u64, Addr::of(out).0 as u64);
             (
                 group.row_bytes[1],
-                group.fmt[1],
                 group.n[1],
                 group.split[1],
                 group.chains[1],
-            ) = (down_rb, fmt_of(down_t), hidden as i32, hidden as i32, 3);
+            ) = (down_rb, hidden as i32, hidden as i32, 3);
             let barrier = [0u32; 2];
             let (qa, da, sa, ba) = (Addr::of(hq), Addr::of(hd), Addr::of(hs), Addr::of(&barrier));
             // SAFETY: mlp1_persistent's signature (kernels/gemv_tc.cu), over the buffers above.
             unsafe {
-                let f: host::mlp1_persistent = kern.kernel("mlp1_persistent");
+                let name = format!("mlp1_persistent_{}_{}", suffix(up_t), suffix(down_t));
+                let f: host::mlp1_persistent = kern.kernel(&name);
                 kern.launch(grid, 128, &|| {
                     let (q, d, s) = (bqa.ptr(), bda.ptr(), bsa.ptr());
                     f(group, q, d, s, qa.ptr(), da.ptr(), sa.ptr(), ba.ptr())

@@ -434,7 +434,11 @@ pub fn mlp_one_token(
         return Ok(false);
     }
     x.check(gate_up);
-    let fmt = |w: &DeviceWeight| if w.format == Q4_K { FMT_Q4_K } else { FMT_Q6_K };
+    let name = format!(
+        "mlp1_persistent_{}_{}",
+        gate_up.format.kernel_suffix(),
+        down.format.kernel_suffix()
+    );
     let mut group = ProductGroup::default();
     for (i, (w, y, y2, split)) in [(gate_up, g, u, split), (down, out, 0, down.rows)]
         .into_iter()
@@ -443,7 +447,6 @@ pub fn mlp_one_token(
         group.w[i] = ptr(gpu, &w.data, 0);
         (group.y[i], group.y2[i]) = (y, y2);
         group.row_bytes[i] = w.row_bytes as i64;
-        group.fmt[i] = fmt(w);
         group.n[i] = w.rows as i32;
         group.split[i] = split as i32;
         group.chains[i] = tensor_core_warps(&options, w.rows, w.cols) as i32;
@@ -451,10 +454,11 @@ pub fn mlp_one_token(
     let (bq, bd, bs) = int8_blocks_at(gpu, x.int8_blocks(gpu, k)?, 0);
     let hidden = int8_blocks(gpu, split)?;
     let (hq, hd, hs) = int8_blocks_at(gpu, &hidden, 0);
-    let grid = gpu.resident_blocks(k, "mlp1_persistent", 128)?;
+    let grid = gpu.resident_blocks(k, &name, 128)?;
     launch::mlp1_persistent(
         gpu,
         k,
+        &name,
         (grid, 128),
         group,
         bq,
