@@ -6,10 +6,7 @@
 // A launch runs its blocks one after another; a block runs as blockDim.x cooperative threads
 // (fibers on the calling thread), so __syncthreads, warp shuffles and the warp-wide
 // mma.sync behave as on the device: a thread that reaches a barrier yields until the others
-// arrive. A block that reaches a grid barrier (grid_arrive_and_wait, a persistent kernel's) is
-// set aside with its threads and the next block starts; once every block has arrived they go
-// on, one after another, to the next barrier, so a kernel may keep nothing in shared memory
-// across a grid barrier. One OS thread per CUDA thread made every barrier a round of futex wake-ups, which on
+// arrive. One OS thread per CUDA thread made every barrier a round of futex wake-ups, which on
 // a 2-core machine cost more than the arithmetic. `__shared__` variables become function
 // statics: one copy, reused by each block in turn. A thread that returns leaves its block's
 // and its warp's barriers, as exited threads do on the GPU. The PTX helpers of the kernels (f16
@@ -137,7 +134,7 @@ struct Barrier {
     }
 };
 
-// One block of a launch: its threads, their stacks, its barriers, and the lanes' exchange
+// One launch: the threads of the block that runs, its barriers, and the lanes' exchange
 // slots for shuffles and mma.
 struct Launch {
     Barrier block;
@@ -147,24 +144,11 @@ struct Launch {
     std::vector<Context> fiber;
     std::vector<char> done;
     Context scheduler;
-    unsigned running = 0, live = 0;
-    uint3 index{0, 0, 0};
-    bool parked = false;  // its thread 0 waits at a grid barrier
+    unsigned running = 0;
     void (*body)(void*) = nullptr;
     void* ctx = nullptr;
-    // Kernels keep small arrays on their stacks; pages are only committed where touched.
-    static constexpr size_t stack_bytes = 256 << 10;
-    char* stacks = nullptr;
     explicit Launch(unsigned n)
-        : warps((n + 31) / 32), slot(n), frag(n * 10), fiber(n), done(n) {
-        void* p = mmap(nullptr, stack_bytes * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
-        if (p == MAP_FAILED) std::abort();
-        stacks = (char*)p;
-    }
-    ~Launch() { munmap(stacks, stack_bytes * fiber.size()); }
-    Launch(const Launch&) = delete;
-    Launch& operator=(const Launch&) = delete;
+        : warps((n + 31) / 32), slot(n), frag(n * 10), fiber(n), done(n) {}
 };
 
 inline Launch* current = nullptr;
@@ -459,93 +443,39 @@ inline void thread_main() {
 }
 }  // namespace emu
 
-namespace emu {
-// The blocks waiting at a grid barrier: how many have arrived since it last opened.
-inline unsigned grid_arrived = 0;
-
-// Thread 0 of a block at a grid barrier: the block is set aside until every block has arrived.
-inline void park_block() {
-    Launch& l = *current;
-    l.parked = true;
-    grid_arrived++;
-    while (l.parked) yield();
-}
-
-// Starts block `b` on `l`: fresh fibers and barriers.
-inline void start_block(Launch& l, unsigned b, unsigned block) {
-    l.index = {b, 0, 0};
-    l.block.reset(block);
-    for (unsigned w = 0; w < l.warps.size(); w++) l.warps[w].reset(std::min(32u, block - 32 * w));
-    for (unsigned t = 0; t < block; t++) {
-        make_context(l.fiber[t], l.stacks + t * Launch::stack_bytes, Launch::stack_bytes, thread_main);
-        l.done[t] = 0;
-    }
-    l.live = block;
-    l.parked = false;
-}
-
-// Runs block `l` until its threads have all returned or it is parked at a grid barrier. Round
-// robin: each thread runs until it waits at a barrier or returns.
-inline void run_block(Launch& l) {
-    current = &l;
-    block_idx = l.index;
-    unsigned block = (unsigned)l.fiber.size();
-    while (l.live > 0 && !l.parked) {
-        for (unsigned t = 0; t < block; t++) {
-            if (l.done[t]) continue;
-            l.running = t;
-            thread_idx = {t, 0, 0};
-            switch_context(l.scheduler, l.fiber[t]);
-            l.live -= l.done[t];
-        }
-    }
-}
-}  // namespace emu
-
-// A grid barrier's wait (kernels/common.cuh): on the host, the block steps aside (above).
-inline void grid_arrive_and_wait(unsigned*) { emu::park_block(); }
-
 // Runs `body(ctx)` as a kernel launch of `grid` blocks of `block` threads (1-D); the body calls
-// one kernel with its arguments. Returns when every block has run. Blocks run one after
-// another; those parked at a grid barrier keep their threads until every block has arrived,
-// then go on in block order. A kernel whose blocks do not all arrive would hang on the device:
-// here it aborts.
+// one kernel with its arguments. Returns when every block has run.
 extern "C" void host_launch(unsigned grid, unsigned block, void (*body)(void*), void* ctx) {
+    // Kernels keep small arrays on their stacks; pages are only committed where touched.
+    constexpr size_t stack_bytes = 256 << 10;
+    size_t all = stack_bytes * block;
+    void* stacks = mmap(nullptr, all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stacks == MAP_FAILED) std::abort();
+    emu::Launch l(block);
+    l.body = body;
+    l.ctx = ctx;
+    emu::current = &l;
     emu::grid_dim = {grid, 1, 1};
     emu::block_dim = {block, 1, 1};
-    emu::grid_arrived = 0;
-    std::vector<emu::Launch*> spare, parked;
-    auto fresh = [&]() {
-        emu::Launch* l = nullptr;
-        if (spare.empty()) {
-            l = new emu::Launch(block);
-        } else {
-            l = spare.back();
-            spare.pop_back();
-        }
-        l->body = body;
-        l->ctx = ctx;
-        return l;
-    };
-    // Each block runs to its end or to its first grid barrier.
     for (unsigned b = 0; b < grid; b++) {
-        emu::Launch* l = fresh();
-        emu::start_block(*l, b, block);
-        emu::run_block(*l);
-        (l->parked ? parked : spare).push_back(l);
-    }
-    // Then the parked blocks, in order, from one grid barrier to the next.
-    while (!parked.empty()) {
-        if (emu::grid_arrived != grid) std::abort();  // some blocks ended without arriving
-        emu::grid_arrived = 0;
-        std::vector<emu::Launch*> again;
-        for (emu::Launch* l : parked) {
-            l->parked = false;
-            emu::run_block(*l);
-            (l->parked ? again : spare).push_back(l);
+        emu::block_idx = {b, 0, 0};
+        l.block.reset(block);
+        for (unsigned w = 0; w < l.warps.size(); w++) l.warps[w].reset(std::min(32u, block - 32 * w));
+        for (unsigned t = 0; t < block; t++) {
+            emu::make_context(l.fiber[t], (char*)stacks + t * stack_bytes, stack_bytes, emu::thread_main);
+            l.done[t] = 0;
         }
-        parked.swap(again);
+        // Round robin: each thread runs until it waits at a barrier or returns.
+        for (unsigned live = block; live > 0;) {
+            for (unsigned t = 0; t < block; t++) {
+                if (l.done[t]) continue;
+                l.running = t;
+                emu::thread_idx = {t, 0, 0};
+                emu::switch_context(l.scheduler, l.fiber[t]);
+                live -= l.done[t];
+            }
+        }
     }
     emu::current = nullptr;
-    for (emu::Launch* l : spare) delete l;
+    munmap(stacks, all);
 }

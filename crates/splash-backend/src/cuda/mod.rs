@@ -88,9 +88,6 @@ pub struct Gpu {
     /// The counter with which `moe_route`'s last block finds itself to group the pairs (at 0
     /// between launches; one serves all, as everything runs in order on one stream).
     route_done: CudaSlice<i32>,
-    /// The two words of a persistent kernel's grid barrier (`grid_barrier` in
-    /// kernels/common.cuh; zero between launches, one serves all as `route_done` does).
-    grid_barrier: CudaSlice<u32>,
 }
 
 impl Drop for Gpu {
@@ -434,7 +431,6 @@ impl Gpu {
         )? as usize;
         let profile = options.profile.then(|| Mutex::new(HashMap::new()));
         let route_done = stream.alloc_zeros::<i32>(1)?;
-        let grid_barrier = stream.alloc_zeros::<u32>(2)?;
         // Profiling synchronises every launch, which a capture cannot contain.
         let graphs = options.graphs && !options.profile;
         Ok(Arc::new(Self {
@@ -455,7 +451,6 @@ impl Gpu {
             options: std::sync::RwLock::new(options),
             staging: Mutex::new(None),
             route_done,
-            grid_barrier,
         }))
     }
 
@@ -482,25 +477,6 @@ impl Gpu {
     /// The device address of `moe_route`'s grouping counter (see the field).
     pub(crate) fn route_done(&self) -> u64 {
         ptr(self, &self.route_done, 0)
-    }
-
-    /// The device address of the persistent kernels' grid barrier (see the field).
-    pub(crate) fn grid_barrier(&self) -> u64 {
-        ptr(self, &self.grid_barrier, 0)
-    }
-
-    /// The most blocks of `threads` threads of kernel `name` that are resident at once on the
-    /// whole GPU: a persistent kernel's grid, all of whose blocks must run together.
-    pub(crate) fn resident_blocks(
-        &self,
-        k: &Kernels,
-        name: &str,
-        threads: u32,
-    ) -> Result<u32, GpuError> {
-        let per_sm = k
-            .function(name)?
-            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
-        Ok(per_sm * self.sms as u32)
     }
 
     /// The stream all work is queued on.

@@ -72,10 +72,6 @@ pub struct GpuOptions {
     /// the residual add after it sums the pairs (no `moe_combine`). Three launches fewer a MoE
     /// layer.
     pub fold_moe: bool,
-    /// A dense MLP of one token in one persistent launch (`SPLASH_PERSISTENT_MLP`, off;
-    /// `mlp1_persistent`): gate / up, the SwiGLU conversion and down in a grid of resident
-    /// blocks with grid barriers between them, the same bits as the three launches.
-    pub persistent_mlp: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
     pub tensor_core_warps: Option<usize>,
@@ -106,7 +102,6 @@ impl Default for GpuOptions {
             vision_query_tiles: 2,
             fold_launches: true,
             fold_moe: true,
-            persistent_mlp: false,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -299,7 +294,6 @@ impl GpuOptions {
                 .unwrap_or(d.vision_query_tiles),
             fold_launches: flag("SPLASH_FOLD_LAUNCHES", d.fold_launches)?,
             fold_moe: flag("SPLASH_FOLD_MOE", d.fold_moe)?,
-            persistent_mlp: flag("SPLASH_PERSISTENT_MLP", d.persistent_mlp)?,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions {
@@ -358,11 +352,9 @@ mod tests {
             ("SPLASH_ATTENTION_HEADS", "1"),
             ("SPLASH_TILED_GEMV", "tensor-cores"),
             ("SPLASH_SHARED_EXPERT_GROUPED", "0"),
-            ("SPLASH_PERSISTENT_MLP", "1"),
         ])
         .unwrap();
         assert!(!o.fold_launches && !o.capture_pool && !o.shared_expert_grouped);
-        assert!(o.persistent_mlp);
         assert_eq!(o.tiled_gemv, TiledGemv::TensorCores);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);

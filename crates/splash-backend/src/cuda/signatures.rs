@@ -50,7 +50,6 @@ pointer_params! {
     *mut i16 => "short*",
     *const i32 => "const int*",
     *mut i32 => "int*",
-    *mut u32 => "unsigned*",
     *const u64 => "const u64*",
     *mut c_void => "void*",
 }
@@ -225,9 +224,6 @@ kernels! {
     kernel quantize_q8_blocks(x: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut i16, blocks: i64);
     /// `quantize_q8_blocks` of `silu(g) · u`.
     kernel silu_mul_to_q8_blocks(g: *const f32, u: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut i16, blocks: i64);
-    /// A dense MLP of one token in one persistent launch, a build per gate / up and down format:
-    /// `g`'s gate / up pair, then its down product, the grid barrier's two words at `barrier`.
-    family mlp1_persistent ["mlp1_persistent_q4_k_q4_k", "mlp1_persistent_q4_k_q6_k", "mlp1_persistent_q6_k_q4_k", "mlp1_persistent_q6_k_q6_k"](g: ProductGroup, bq: *const i8, bd: *const f32, bs: *const i16, hq: *mut i8, hd: *mut f32, hs: *mut i16, barrier: *mut u32);
     /// The tensor-core GEMV stream-K, partial sums in `partials` (`gemv_tc_fixup`).
     family gemv_tcs ["gemv_tcs8_q4_k", "gemv_tcs8_q6_k", "gemv_tcs16_q4_k", "gemv_tcs16_q6_k"](w: *const u8, row_bytes: i64, xh: *const u16, xscale: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32, partials: *mut f32, max_pieces: i32);
     kernel to_f16_tc(x: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64);

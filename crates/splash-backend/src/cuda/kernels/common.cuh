@@ -72,39 +72,6 @@ typedef unsigned long long u64;
 #define GRID_PROLOGUE_BRIDGE() GRID_PROLOGUE()
 #endif
 
-// A barrier of all the blocks of a persistent launch, whose blocks must all be resident at once
-// (the host sizes its grid by the occupancy; a dependent launch takes SM slots only once all of
-// them have started, see above). bar[0] counts arrivals and bar[1] is the generation, both zero
-// before the first launch: the last block to arrive sets the count back to zero before it opens
-// the next generation, so the words are ready for the next barrier and the next launch. Shared
-// memory is not kept across it (the host emulation runs the blocks one after another between
-// barriers).
-#ifndef KERNEL_EMULATION  // kernels_on_host.h sets the block aside instead
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void grid_arrive_and_wait(unsigned* bar) {
-    unsigned generation = load_acquire(bar + 1);  // it cannot move before this block arrives
-    __threadfence();                              // the block's writes before its arrival
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-        atomicExch(bar, 0u);
-        __threadfence();
-        atomicAdd(bar + 1, 1u);
-    } else {
-        while (load_acquire(bar + 1) == generation) {
-        }
-    }
-    __threadfence();
-}
-#endif
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
-    __syncthreads();
-    if (threadIdx.x == 0) grid_arrive_and_wait(bar);
-    __syncthreads();
-}
-
 __device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
 #ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU

@@ -1320,62 +1320,6 @@ extern "C" __global__ void silu_mul_to_q8_blocks(const float* g, const float* u,
     q8_blocks_block([&](int i) { return silu(gb[i]) * ub[i]; }, xq, xd, xs, w);
 }
 
-// Product i of g (format F) over the int8 blocks (q, d, s) of K values: tiles blockIdx.x,
-// + gridDim.x, ... of mlp1_steps.
-template <int F>
-__device__ __forceinline__ void mlp1_product(const ProductGroup& g, int i, const i8* q, const float* d,
-                                             const short* s, int K) {
-    for (int tile = blockIdx.x; tile < (g.n[i] + 15) / 16; tile += gridDim.x) {
-        gemv1_i8tc<F>((const u8*)g.w[i], g.row_bytes[i], q, d, s, (float*)g.y[i], (float*)g.y2[i], g.split[i], g.n[i],
-                      K, g.chains[i], tile);
-        __syncthreads();  // warp 0 has summed the tile's chains out of shared memory
-    }
-}
-// A dense MLP of one token in one persistent launch (`SPLASH_PERSISTENT_MLP`), where it took
-// three (the gate / up product, silu_mul_to_q8_blocks, the down product), each with its own ramp
-// and tail: the stacked gate / up product (entry 0 of `g`: gate rows before its split into y[0],
-// up rows into y2[0], K = entry 1's rows), silu(gate)·up into the int8 blocks (hq, hd, hs), and
-// the down product (entry 1 into y[1], K = entry 0's split), a grid barrier between the steps.
-// The grid is as many blocks of 4 warps as stay resident at once (the host sizes it by the
-// occupancy); block b takes tiles b, b + gridDim.x, ... of a product and its warps int8 blocks in
-// turn: each tile is gemv1_i8tc's and each block q8_blocks_block's, so the bits are the three
-// launches'. Before the first barrier a block asks the L2 for its first tile of
-// the down weights, which streams while the last gate / up tiles finish. The weights' formats are
-// FU (gate / up) and FD (down); g.fmt is not read.
-template <int FU, int FD>
-__device__ __forceinline__ void mlp1_steps(const ProductGroup& g, const i8* bq, const float* bd, const short* bs,
-                                           i8* hq, float* hd, short* hs, unsigned* barrier) {
-    int inter = g.split[0], hidden = g.n[1], warps = blockDim.x >> 5, warp = threadIdx.x >> 5;
-    int lane = threadIdx.x & 31;
-    if ((int)blockIdx.x >= (g.n[0] + 15) / 16) GRID_PROLOGUE();  // no tile: wait here
-    mlp1_product<FU>(g, 0, bq, bd, bs, hidden);
-    if (16 * (int)blockIdx.x < hidden) {
-        constexpr int seg = FD == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
-        const u8* tile = (const u8*)g.w[1] + (long)blockIdx.x * 16 * g.row_bytes[1];
-        for (int b = warp; b < inter / 256; b += warps) l2_prefetch(tile + (long)b * seg, seg, lane);
-    }
-    grid_barrier(barrier);
-    const float *gate = (const float*)g.y[0], *up = (const float*)g.y2[0];
-    for (long w = (long)warps * blockIdx.x + warp; w < inter / 256; w += (long)warps * gridDim.x) {
-        const float *gb = gate + 256 * w, *ub = up + 256 * w;
-        q8_blocks_block([&](int i) { return silu(gb[i]) * ub[i]; }, hq, hd, hs, w);
-    }
-    grid_barrier(barrier);
-    mlp1_product<FD>(g, 1, hq, hd, hs, inter);
-}
-// mlp1_persistent_<gate / up format>_<down format>: a build per pair of formats, each with the
-// registers of its own products (one build for all four took 168).
-#define MLP1_BUILD(NAME, FU, FD)                                                                           \
-    extern "C" __global__ void __launch_bounds__(128) mlp1_persistent_##NAME(                              \
-        ProductGroup g, const i8* bq, const float* bd, const short* bs, i8* hq, float* hd, short* hs,       \
-        unsigned* barrier) {                                                                               \
-        mlp1_steps<FU, FD>(g, bq, bd, bs, hq, hd, hs, barrier);                                           \
-    }
-MLP1_BUILD(q4_k_q4_k, FMT_Q4_K, FMT_Q4_K)
-MLP1_BUILD(q4_k_q6_k, FMT_Q4_K, FMT_Q6_K)
-MLP1_BUILD(q6_k_q4_k, FMT_Q6_K, FMT_Q4_K)
-MLP1_BUILD(q6_k_q6_k, FMT_Q6_K, FMT_Q6_K)
-
 // x [T, K] f32 → xh [T, K] and xscale [T, K / 256] (to_f16_tc_block).
 extern "C" __global__ void to_f16_tc(const float* x, u16* xh, float* xscale, long blocks) {
     GRID_PROLOGUE_BRIDGE();

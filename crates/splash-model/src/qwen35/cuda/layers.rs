@@ -353,14 +353,9 @@ impl GpuMlp {
         let i = self.gate_up.rows().0;
         let g = m.scratch(t * i)?;
         let u = m.scratch(t * i)?;
+        self.gate_up
+            .multiply(m, (ptr(gpu, &g, 0), ptr(gpu, &u, 0)), x)?;
         let out = m.scratch(t * self.down.rows())?;
-        let gu = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
-        if let WeightPair::Stacked { w, split } = &self.gate_up {
-            if dev::mlp_one_token(gpu, k, ptr(gpu, &out, 0), gu, x, w, *split, &self.down)? {
-                return Ok(out);
-            }
-        }
-        self.gate_up.multiply(m, gu, x)?;
         dev::matmul_swiglu(
             gpu,
             k,
