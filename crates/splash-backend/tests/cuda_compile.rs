@@ -128,7 +128,8 @@ fn triggers_before_waiting(ptx: &str, name: &str) -> bool {
 /// The dependent-launch variants compile as their options say (SPLASH_DEPENDENT_LAUNCH): by
 /// default every kernel waits, then lets the next launch; `bridge` turns that around in the
 /// small kernels between products only; `early` everywhere. One-head decode attention
-/// (SPLASH_ATTENTION_HEADS=1, the 96-register bound) compiles too.
+/// (SPLASH_ATTENTION_HEADS=1, the 96-register bound) and the 16-token int8 GEMVs capped at 128
+/// registers (SPLASH_INT8_MMA16_REGS=128) compile too.
 fn check_launch_triggers() {
     let dims = KernelDims {
         head_dim: 256,
@@ -150,6 +151,7 @@ fn check_launch_triggers() {
     let early = compile(KernelOptions {
         trigger_early: true,
         attention_heads: Some(1),
+        int8_mma16_regs: Some(128),
         ..Default::default()
     });
     for name in bridges {

@@ -166,6 +166,9 @@ pub struct KernelOptions {
     /// Register cap of the int8 tensor-core GEMV's 8-token build, 64..=255
     /// (`SPLASH_INT8_MMA_REGS`; `None`: the kernel's default).
     pub int8_mma_regs: Option<u32>,
+    /// Register cap of the int8 tensor-core GEMV's 16-token build and of the product groups of
+    /// 9 to 16 tokens, 64..=255 (`SPLASH_INT8_MMA16_REGS`; `None`: the kernels' default).
+    pub int8_mma16_regs: Option<u32>,
     /// Most query heads of one KV head a decode-attention block of a several-row pass takes,
     /// sharing each key it loads, 1..=4 (`SPLASH_ATTENTION_HEADS`; `None`: 4).
     pub attention_heads: Option<u32>,
@@ -303,6 +306,7 @@ impl GpuOptions {
                 l2_ahead: number("SPLASH_GEMV_L2_AHEAD", 0..=16)?.map(|n| n as u32),
                 expert_regs: number("SPLASH_EXPERT_REGS", 64..=255)?.map(|n| n as u32),
                 int8_mma_regs: number("SPLASH_INT8_MMA_REGS", 64..=255)?.map(|n| n as u32),
+                int8_mma16_regs: number("SPLASH_INT8_MMA16_REGS", 64..=255)?.map(|n| n as u32),
                 attention_heads: number("SPLASH_ATTENTION_HEADS", 1..=4)?.map(|n| n as u32),
             },
         })
@@ -347,6 +351,7 @@ mod tests {
             ("SPLASH_GEMV_L2_AHEAD", "2"),
             ("SPLASH_EXPERT_REGS", "96"),
             ("SPLASH_INT8_MMA_REGS", "128"),
+            ("SPLASH_INT8_MMA16_REGS", "128"),
             ("SPLASH_VISION_QUERY_TILES", "1"),
             ("SPLASH_FOLD_LAUNCHES", "0"),
             ("SPLASH_ATTENTION_HEADS", "1"),
@@ -370,6 +375,7 @@ mod tests {
                 l2_ahead: Some(2),
                 expert_regs: Some(96),
                 int8_mma_regs: Some(128),
+                int8_mma16_regs: Some(128),
                 attention_heads: Some(1),
             }
         );

@@ -1141,7 +1141,13 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
 #else
 #define I8TC_REGS_gemv8 __maxnreg__(I8TC8_REGS)
 #endif
+// The 16-token builds take up to 168 registers (three 4-warp blocks an SM); I8TC16_REGS
+// (SPLASH_INT8_MMA16_REGS) caps them and gemv_group, e.g. 128 for four.
+#if defined(I8TC16_REGS) && !defined(KERNEL_EMULATION)
+#define I8TC_REGS_gemv __maxnreg__(I8TC16_REGS)
+#else
 #define I8TC_REGS_gemv
+#endif
 #define I8TC_BUILD(PREFIX, NT, NAME, F)                                                                 \
     extern "C" __global__ void I8TC_REGS_##PREFIX PREFIX##_i8tc_##NAME(const u8* W, long row_bytes, const i8* xq, \
                                                   const float* xd, const short* xs, float* y, float* y2,      \
@@ -1204,7 +1210,10 @@ __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* b
 }
 
 // The 16-token build at most the registers of gemv_i8tc_q4_k's, the larger of its products' own
-// (three blocks of 4 warps an SM; uncapped it took 178).
+// (three blocks of 4 warps an SM; uncapped it took 178), or I8TC16_REGS.
+#ifndef I8TC16_REGS
+#define I8TC16_REGS 168
+#endif
 #ifdef KERNEL_EMULATION
 #define GROUP_REGS_gemv1
 #define GROUP_REGS_gemv8
@@ -1212,7 +1221,7 @@ __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* b
 #else
 #define GROUP_REGS_gemv1
 #define GROUP_REGS_gemv8 __maxnreg__(I8TC8_REGS)
-#define GROUP_REGS_gemv __maxnreg__(168)
+#define GROUP_REGS_gemv __maxnreg__(I8TC16_REGS)
 #endif
 #define GROUP_BUILD(PREFIX, NT)                                                                            \
     extern "C" __global__ void GROUP_REGS_##PREFIX PREFIX##_group(ProductGroup g, const i8* bq, const float* bd, \
