@@ -39,11 +39,6 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     rms_norm_row(x + (long)blockIdx.x * d, w, out + (long)blockIdx.x * d, d, eps);
 }
 
-// The residual add and the next norm in one launch: x[r] += y[r], then out[r] = rms_norm(x[r])
-// · w, with the bits of add_in_place then rms_norm (each thread adds the values it then reads).
-// One block per row; out must not alias x or y. With per > 0, y [T·per, d] holds a MoE layer's
-// pairs and pw [T·per] their weights: x[r] += their sum, the bits of moe_combine (no gate) then
-// add_in_place, a launch fewer.
 // Row t's float4 i of x plus that of y (or of its pairs' sum, each pair by one fma in order j).
 __device__ __forceinline__ float4 added4(const float* xr, const float* y, int d, const float* pw, int per, long t,
                                          int i) {
@@ -69,6 +64,11 @@ __device__ __forceinline__ void add_row(float* xr, const float* y, int d, const 
     }
 }
 
+// The residual add and the next norm in one launch: x[r] += y[r], then out[r] = rms_norm(x[r])
+// · w, with the bits of add_in_place then rms_norm (each thread adds the values it then reads).
+// One block per row; out must not alias x or y. With per > 0, y [T·per, d] holds a MoE layer's
+// pairs and pw [T·per] their weights: x[r] += their sum, the bits of moe_combine (no gate) then
+// add_in_place, a launch fewer.
 extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps,
                                         const float* pw, int per) {
     GRID_PROLOGUE_BRIDGE();
