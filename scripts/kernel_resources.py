@@ -42,6 +42,7 @@ def main():
     ap.add_argument("--gdn-dk", type=int, default=128)
     ap.add_argument("--gdn-dv", type=int, default=128)
     ap.add_argument("--only", default="", help="regular expression over kernel names")
+    ap.add_argument("-D", "--define", action="append", default=[], help="a kernel constant, e.g. TC_X_AHEAD=0")
     args = ap.parse_args()
 
     cu13 = os.path.join(args.tools, "nvidia", "cu13")
@@ -55,7 +56,7 @@ def main():
         f"-DHEAD_DIM={args.head_dim}".encode(),
         f"-DGDN_DK={args.gdn_dk}".encode(),
         f"-DGDN_DV={args.gdn_dv}".encode(),
-    ]
+    ] + [f"-D{d}".encode() for d in args.define]
     ptx = nvrtc_ptx(lib, source, options)
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path = os.path.join(tmp, "k.ptx")

@@ -55,7 +55,15 @@ fn random_weight(t: Option<GgmlType>, n: usize, k: usize, seed: u64) -> Weight {
 }
 
 fn main() {
-    let gpu = match Gpu::new(0) {
+    // The SPLASH_* variables set the options (kernel constants too), as in `splash`.
+    let options = match dev::GpuOptions::from_env() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let gpu = match Gpu::with_options(0, options) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("no GPU: {e}");

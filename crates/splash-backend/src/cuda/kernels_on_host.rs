@@ -37,16 +37,22 @@ const ATTENTION_HEADS: usize = 4;
 /// The kernels for `dims`, built on first use; `None` (test skipped) without g++, unless
 /// `SPLASH_REQUIRE_HOST_KERNELS` is set.
 fn kernels(dims: KernelDims) -> Option<Arc<HostKernels>> {
-    static BUILT: Mutex<Option<HashMap<KernelDims, Arc<HostKernels>>>> = Mutex::new(None);
+    kernels_with(dims, &[])
+}
+
+/// [`kernels`] with the kernel constants `defines` (`NAME=value`, as the options set them).
+fn kernels_with(dims: KernelDims, defines: &'static [&'static str]) -> Option<Arc<HostKernels>> {
+    type Built = HashMap<(KernelDims, &'static [&'static str]), Arc<HostKernels>>;
+    static BUILT: Mutex<Option<Built>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap();
     let map = built.get_or_insert_with(HashMap::new);
-    if let Some(k) = map.get(&dims) {
+    if let Some(k) = map.get(&(dims, defines)) {
         return Some(k.clone());
     }
-    match HostKernels::build(dims) {
+    match HostKernels::build(dims, defines) {
         Ok(k) => {
             let k = Arc::new(k);
-            map.insert(dims, k.clone());
+            map.insert((dims, defines), k.clone());
             Some(k)
         }
         Err(e) if std::env::var_os("SPLASH_REQUIRE_HOST_KERNELS").is_none() => {
@@ -58,14 +64,15 @@ fn kernels(dims: KernelDims) -> Option<Arc<HostKernels>> {
 }
 
 impl HostKernels {
-    fn build(dims: KernelDims) -> Result<Self, String> {
+    fn build(dims: KernelDims, defines: &[&str]) -> Result<Self, String> {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cuda");
         let stem = std::env::temp_dir().join(format!(
-            "splash-kernels-on-host-{}-{}-{}-{}",
+            "splash-kernels-on-host-{}-{}-{}-{}-{}",
             std::process::id(),
             dims.head_dim,
             dims.gdn_dk,
-            dims.gdn_dv
+            dims.gdn_dv,
+            defines.join("-")
         ));
         let (cu, lib) = (stem.with_extension("cu"), stem.with_extension("so"));
         // The very source NVRTC compiles (the kernel files in order, with #line directives),
@@ -87,6 +94,7 @@ impl HostKernels {
                 super::KernelOptions::default().gdn_slices(dims.gdn_dk)
             ))
             .arg(format!("-DATTN_HEADS_MAX={ATTENTION_HEADS}"))
+            .args(defines.iter().map(|d| format!("-D{d}")))
             .arg("-include")
             .arg(src.join("kernels_on_host.h"))
             .args(["-x", "c++"])
@@ -452,7 +460,16 @@ fn for_each_tile_case(check: impl Fn(&Weight, &TileWeight, &str, &str)) {
 /// alone, from the dp4a build of one token (`gemv1_i8tc_*`), which gives the 8-token build's.
 #[test]
 fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
-    let Some(kern) = kernels(DIMS_32) else { return };
+    // Both orders of the int8 blocks' chunks (SPLASH_Q8_CHUNKS_BY_K).
+    for defines in [&[][..], &["Q8_CHUNKS_BY_K=1"][..]] {
+        int8_tensor_core_gemv_matches_the_cpu(defines);
+    }
+}
+
+fn int8_tensor_core_gemv_matches_the_cpu(defines: &'static [&'static str]) {
+    let Some(kern) = kernels_with(DIMS_32, defines) else {
+        return;
+    };
     for_each_tile_case(|w, tile, suffix, label| {
         let run_build = |build: &str, x: &[f32], split: usize| {
             let gemv = format!("{build}_i8tc_{suffix}");

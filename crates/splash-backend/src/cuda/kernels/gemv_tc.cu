@@ -522,8 +522,8 @@ __device__ void gemv_q8_tiles(const u8* W, long row_bytes, const i8* xq, const f
 // give lane q the values 16·(q&1) + 0..15 of sub-blocks 4·(q>>1)..+3 (word j: values 4j..4j+3
 // of that half). Lanes q and q^2 swap their words 2 and 3, so that lane q holds the values
 // 16·(q&1) + 8·[s>>2 != q>>1] + 0..7 of every sub-block s: the first four are its k 4q..4q+3,
-// the last four its k 16+4q... quantize_q8_blocks writes a token's bytes in that order: lane
-// q's 8 of sub-block s at byte 64q + 8s of the block.
+// the last four its k 16+4q... quantize_q8_blocks writes a token's bytes in that order, lane
+// q's 64 in four 16-byte chunks (chunk k: sub-blocks 2k, 2k + 1) at q8_chunk(q, k) of the block.
 //
 // A Q6_K scale covers 16 values, one half of a sub-block, and lane q's values are all of half
 // q&1. So each sub-block takes two mmas: one over all 32 values and one with the odd lanes'
@@ -541,6 +541,18 @@ __device__ __forceinline__ void mma_s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32
 
 // Where lane q's 8 values of sub-block s start within it (see above).
 __device__ __forceinline__ int q8_blocks_offset(int q, int s) { return 16 * (q & 1) + ((s >> 2) != (q >> 1) ? 8 : 0); }
+
+// The chunks of a block lane-major (chunk k of lane q at 64q + 16k), or k-major with
+// Q8_CHUNKS_BY_K=1 (SPLASH_Q8_CHUNKS_BY_K, a measurement switch; at 64k + 16q): then an mma's
+// loads of 8 tokens (lane (g, q): chunk k of token g) touch half a 128-byte line a token, not two
+// quarters of both lines, half the L1 wavefronts. Measured once on the H100 (BENCHMARKS.md,
+// 2026-12-07, twenty-ninth session): 16-token Q4_K product −14 %, Q6_K +6 %.
+#ifndef Q8_CHUNKS_BY_K
+#define Q8_CHUNKS_BY_K 0
+#endif
+
+// The byte where lane q's chunk k (0..3) of a 256-value block starts.
+__device__ __forceinline__ constexpr int q8_chunk(int q, int k) { return Q8_CHUNKS_BY_K ? 64 * k + 16 * q : 64 * q + 16 * k; }
 
 // One row of a tile (rows g or g + 8 of lane (g, q)) as the mma takes it: w[s][0] and w[s][1]
 // the codes of its a0/a1 and a2/a3 registers for sub-block s (Q4_K: 0..15; Q6_K: code − 32,
@@ -639,7 +651,7 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
     const uint4* xst[NT][2];
 #pragma unroll
     for (int i = 0; i < NT; i++) {
-        x[i] = (const uint4*)(xq + (long)min(8 * i + g, T - 1) * K) + 4 * q;
+        x[i] = (const uint4*)(xq + (long)min(8 * i + g, T - 1) * K);
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             long t = min(8 * i + 2 * q + e, T - 1);
@@ -658,7 +670,9 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
             I8Row w0 = i8_row<F>(r0), w1 = i8_row<F>(r1);
 #pragma unroll
             for (int i = 0; i < NT; i++) {
-                uint4 v[4] = {x[i][16 * b], x[i][16 * b + 1], x[i][16 * b + 2], x[i][16 * b + 3]};
+                uint4 v[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) v[k] = x[i][16 * b + q8_chunk(q, k) / 16];
                 int s1[4] = {0, 0, 0, 0};
 #pragma unroll
                 for (int s = 0; s < 8; s++) {
@@ -708,8 +722,8 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
 // multiplies its own loads by dp4a (values 16·(q&1) + 0..15 of sub-blocks 4n..4n+3, n = q>>1,
 // the layout gemv_q8_tiles reads) and the quad adds its four shares: no word swap between lanes
 // and no mma whose seven other token columns would be wasted. In quantize_q8_blocks' order the
-// first eight of those values of sub-block s are at byte 64q + 8s of the block, the last eight
-// at 64(q^2) + 8s (lane q^2's share of s).
+// first eight of those values of sub-block s are in lane q's chunk s / 2 of the block, the last
+// eight in lane q^2's (its share of s).
 template <int F>
 __device__ void gemv1_i8tc(const u8* W, long row_bytes, const i8* xq, const float* xd, const short* xs, float* y,
                            float* y2, int split, int N, int K, int chains, int tile_index) {
@@ -717,8 +731,11 @@ __device__ void gemv1_i8tc(const u8* W, long row_bytes, const i8* xq, const floa
     int lane = threadIdx.x & 31, q = lane & 3, n = q >> 1;
     int n0 = tile_index * 16, nb = K >> 8;
     const u8* tile = W + (long)n0 * row_bytes;
-    const i8* first = xq + 64 * q + 32 * n;
-    const i8* last = xq + 64 * (q ^ 2) + 32 * n;
+    // Chunks 2n and 2n + 1 (`step` bytes on) of lane q (the first eight of each sub-block's
+    // values) and of lane q^2.
+    const i8* first = xq + q8_chunk(q, 2 * n);
+    const i8* last = xq + q8_chunk(q ^ 2, 2 * n);
+    constexpr int step = q8_chunk(0, 1) - q8_chunk(0, 0);
     float c[2] = {0.0f, 0.0f};
     // A row's Σ over block b's sub-blocks of scale · Σ code·x, from the lane's share (Q4_K: sc
     // its four scales, a byte each) and the quad's others.
@@ -745,9 +762,9 @@ __device__ void gemv1_i8tc(const u8* W, long row_bytes, const i8* xq, const floa
     tile_units<F>(
         tile, nb, chains,
         [&](const TcRaw& r0, const TcRaw& r1, int b) {
-            const uint4* f = (const uint4*)(first + 256 * b);
-            const uint4* l = (const uint4*)(last + 256 * b);
-            uint4 f0 = f[0], f1 = f[1], l0 = l[0], l1 = l[1];
+            const i8 *f = first + 256 * b, *l = last + 256 * b;
+            uint4 f0 = *(const uint4*)f, f1 = *(const uint4*)(f + step);
+            uint4 l0 = *(const uint4*)l, l1 = *(const uint4*)(l + step);
             const u32 x[4][4] = {{f0.x, f0.y, l0.x, l0.y}, {f0.z, f0.w, l0.z, l0.w},
                                  {f1.x, f1.y, l1.x, l1.y}, {f1.z, f1.w, l1.z, l1.w}};
             float xdb = xd[b];
@@ -1154,9 +1171,16 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
                                                   int split, int N, int K, int T) {                           \
         gemv_i8tc<F, NT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5, blockIdx.x);       \
     }
-// gemv1_i8tc_*: one token, gemv_i8tc's bits (T must be 1).
+// gemv1_i8tc_*: one token, gemv_i8tc's bits (T must be 1). Q4_K's at most 80 registers: six
+// 4-warp blocks an SM (registers go to a warp in 256s, so 82 left five).
+#ifdef KERNEL_EMULATION
+#define I8TC1_REGS_q4_k
+#else
+#define I8TC1_REGS_q4_k __maxnreg__(80)
+#endif
+#define I8TC1_REGS_q6_k
 #define I8TC1_BUILD(NAME, F)                                                                           \
-    extern "C" __global__ void gemv1_i8tc_##NAME(const u8* W, long row_bytes, const i8* xq, const float* xd, \
+    extern "C" __global__ void I8TC1_REGS_##NAME gemv1_i8tc_##NAME(const u8* W, long row_bytes, const i8* xq, const float* xd, \
                                                  const short* xs, float* y, float* y2, int split, int N,     \
                                                  int K, int T) {                                              \
         gemv1_i8tc<F>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, blockDim.x >> 5, blockIdx.x);            \
@@ -1267,9 +1291,9 @@ __device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xsc
 }
 
 // Activation block w (256 values, value(i) its i-th) → the int8 tensor-core GEMV's input: xq
-// [256·w..] int8 in its k order (lane q's 8 values of sub-block s at byte 64q + 8s), the scale
-// xd[w] = max |value| / 127 (codes rounded as quantize_q8 rounds), and the codes' sum per 32
-// values xs[8w..8w+7]. One warp per block; lane l = 8q + s writes those 8 bytes.
+// [256·w..] int8 in its k order (lane q's 8 values of sub-block s at q8_chunk(q, s / 2) +
+// 8 (s & 1)), the scale xd[w] = max |value| / 127 (codes rounded as quantize_q8 rounds), and the
+// codes' sum per 32 values xs[8w..8w+7]. One warp per block; lane l = 8q + s writes those 8 bytes.
 template <class Value>
 __device__ __forceinline__ void q8_blocks_block(Value value, i8* xq, float* xd, short* xs, long w) {
     int lane = threadIdx.x & 31, q = lane >> 3, s = lane & 7;
@@ -1291,7 +1315,7 @@ __device__ __forceinline__ void q8_blocks_block(Value value, i8* xq, float* xd, 
         sum += code;
         packed[i >> 2] |= (u32)(code & 0xff) << (8 * (i & 3));
     }
-    ((uint2*)(xq + 256 * w))[lane] = make_uint2(packed[0], packed[1]);
+    *(uint2*)(xq + 256 * w + q8_chunk(q, s >> 1) + 8 * (s & 1)) = make_uint2(packed[0], packed[1]);
     // Sub-block s is in lanes s, s + 8, s + 16, s + 24.
     sum += __shfl_xor_sync(0xffffffffu, sum, 8);
     sum += __shfl_xor_sync(0xffffffffu, sum, 16);
