@@ -5,15 +5,24 @@
 # Needs a Python with numpy (PYTHON=...) for the config files, and the fixture packages
 # (tests/fixtures/requirements.txt) in SPLASH_FIXTURE_PYTHON, default .venv/bin/python (as
 # scripts/test makes it). Prints the one command that runs them there (scripts/gpu-run.sh).
+# `gpu-check.sh speed` (about half the time) stages only what the speed runs need: `splash`,
+# `gemv_cuda` and `cuda_ops`, no generated fixtures (gpu-run.sh's `tests` part needs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+what=${1:-all}
+case "$what" in
+  all) tests="cuda_ops cuda_parity speculative_cuda scheduler_cuda" crates="-p splash-backend -p splash-model -p splash-engine" ;;
+  speed) tests="cuda_ops" crates="-p splash-backend" ;;
+  *) echo "usage: scripts/gpu-check.sh [all|speed]" >&2; exit 2 ;;
+esac
 export CARGO_PROFILE_RELEASE_DEBUG=0
 mkdir -p .device
-bins=$(cargo test --release --features cuda -p splash-backend -p splash-model -p splash-engine --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
+# shellcheck disable=SC2086  # $crates is a list of arguments
+bins=$(cargo test --release --features cuda $crates --no-run --message-format=json 2>/dev/null |
+  TESTS="$tests" python3 -c 'import json,os,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("cuda_ops", "cuda_parity", "speculative_cuda", "scheduler_cuda"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in os.environ["TESTS"].split():
         print(m["target"]["name"], m["executable"])')
 while read -r name exe; do cp "$exe" ".device/$name"; done <<<"$bins"
 # The generated fixtures the GPU tests read (tests/fixtures/derived.rs, FOR_THE_GPU: the GGUFs and
@@ -21,11 +30,14 @@ while read -r name exe; do cp "$exe" ".device/$name"; done <<<"$bins"
 # made here by cuda_parity's ignored test, which prints their target/fixtures/<set>-<hash>/
 # directories: the GPU machine has no gguf or tokenizers. gpu-run.sh puts them back at
 # target/fixtures/ there, where the tests find them.
-rm -rf .device/fixtures && mkdir -p .device/fixtures
-sets=$(SPLASH_FIXTURE_PYTHON=${SPLASH_FIXTURE_PYTHON:-$PWD/.venv/bin/python} "$(awk '$1 == "cuda_parity" {print $2}' <<<"$bins")" \
-  --ignored --exact derived_fixtures_for_the_gpu_machine --nocapture | sed -n 's/^derived fixtures: //p')
-[ -n "$sets" ] || { echo "cuda_parity named no generated fixtures to stage" >&2; exit 1; }
-for d in $sets; do cp -r "$d" .device/fixtures/; done
+rm -rf .device/fixtures
+if [ "$what" = all ]; then
+  mkdir -p .device/fixtures
+  sets=$(SPLASH_FIXTURE_PYTHON=${SPLASH_FIXTURE_PYTHON:-$PWD/.venv/bin/python} "$(awk '$1 == "cuda_parity" {print $2}' <<<"$bins")" \
+    --ignored --exact derived_fixtures_for_the_gpu_machine --nocapture | sed -n 's/^derived fixtures: //p')
+  [ -n "$sets" ] || { echo "cuda_parity named no generated fixtures to stage" >&2; exit 1; }
+  for d in $sets; do cp -r "$d" .device/fixtures/; done
+fi
 cargo build --release --features cuda -p splash-cli
 cp target/release/splash .device/splash
 bench=$(cargo bench --no-run --features cuda -p splash-backend --bench gemv_cuda --message-format=json 2>/dev/null |
@@ -35,7 +47,8 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         print(m["executable"])')
 cp "$bench" .device/gemv_cuda
-strip .device/splash .device/cuda_ops .device/cuda_parity .device/speculative_cuda .device/scheduler_cuda .device/gemv_cuda
+for t in $tests; do strip ".device/$t"; done
+strip .device/splash .device/gemv_cuda
 pwd > .device/built_in
 "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: -d .device gguf==0.19.0
 for m in 27b:"--size 27b" 35b:"--size 35b-a3b --moe"; do
@@ -46,7 +59,16 @@ du -sh .device
 # The device tool carries at most 64 MiB with the working tree (about 58 MB tracked): the
 # staged files go as one archive (about 7 MB; xz -6 makes 12), unpacked there by gpu-run.sh.
 mkdir -p .devpack
-tar -cf - .device | xz -T2 -9e --lzma2=preset=9e,dict=64MiB > .devpack/device.tar.xz
+# Only what this run built (and an earlier build kept as .device/splash-before).
+staged=(.device/splash .device/gemv_cuda .device/built_in .device/cfg-27b .device/cfg-35b .device/gguf-*.whl)
+for t in $tests; do staged+=(".device/$t"); done
+[ -d .device/fixtures ] && staged+=(.device/fixtures)
+[ -f .device/splash-before ] && staged+=(.device/splash-before)
+tar -cf - "${staged[@]}" | xz -T2 -9e --lzma2=preset=9e,dict=64MiB > .devpack/device.tar.xz
 du -sh .devpack/device.tar.xz
-echo 'run on the GPU machine (device tool, carry [".devpack"]): bash scripts/gpu-run.sh tests bench'
+if [ "$what" = all ]; then
+  echo 'run on the GPU machine (device tool, carry [".devpack"]): bash scripts/gpu-run.sh tests bench'
+else
+  echo 'run on the GPU machine (device tool, carry [".devpack"]): e.g. bash scripts/gpu-run.sh decode-ab (no `tests`: no fixtures staged)'
+fi
 
