@@ -47,8 +47,9 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         print(m["executable"])')
 cp "$bench" .device/gemv_cuda
-for t in $tests; do strip ".device/$t"; done
-strip .device/splash .device/gemv_cuda
+binaries=(.device/splash .device/gemv_cuda)
+for t in $tests; do binaries+=(".device/$t"); done
+strip "${binaries[@]}"
 pwd > .device/built_in
 "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: -d .device gguf==0.19.0
 for m in 27b:"--size 27b" 35b:"--size 35b-a3b --moe"; do
@@ -60,8 +61,7 @@ du -sh .device
 # staged files go as one archive (about 7 MB; xz -6 makes 12), unpacked there by gpu-run.sh.
 mkdir -p .devpack
 # Only what this run built (and an earlier build kept as .device/splash-before).
-staged=(.device/splash .device/gemv_cuda .device/built_in .device/cfg-27b .device/cfg-35b .device/gguf-*.whl)
-for t in $tests; do staged+=(".device/$t"); done
+staged=("${binaries[@]}" .device/built_in .device/cfg-27b .device/cfg-35b .device/gguf-*.whl)
 [ -d .device/fixtures ] && staged+=(.device/fixtures)
 [ -f .device/splash-before ] && staged+=(.device/splash-before)
 tar -cf - "${staged[@]}" | xz -T2 -9e --lzma2=preset=9e,dict=64MiB > .devpack/device.tar.xz

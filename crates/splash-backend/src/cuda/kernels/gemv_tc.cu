@@ -1171,8 +1171,9 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
                                                   int split, int N, int K, int T) {                           \
         gemv_i8tc<F, NT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5, blockIdx.x);       \
     }
-// gemv1_i8tc_*: one token, gemv_i8tc's bits (T must be 1). Q4_K's at most 80 registers: six
-// 4-warp blocks an SM (registers go to a warp in 256s, so 82 left five).
+// gemv1_i8tc_*: one token, gemv_i8tc's bits (T must be 1). Q4_K's at most 80 registers, its own
+// count lane-major: six 4-warp blocks an SM, where the k-major chunks' 82 left five (registers go
+// to a warp in 256s).
 #ifdef KERNEL_EMULATION
 #define I8TC1_REGS_q4_k
 #else
