@@ -60,10 +60,11 @@ du -sh .device
 # The device tool carries at most 64 MiB with the working tree (about 58 MB tracked): the
 # staged files go as one archive (about 7 MB; xz -6 makes 12), unpacked there by gpu-run.sh.
 mkdir -p .devpack
-# Only what this run built (and an earlier build kept as .device/splash-before).
+# Only what this run built, and earlier builds kept to compare with (.device/splash-before,
+# .device/gemv_cuda-before).
 staged=("${binaries[@]}" .device/built_in .device/cfg-27b .device/cfg-35b .device/gguf-*.whl)
 [ -d .device/fixtures ] && staged+=(.device/fixtures)
-[ -f .device/splash-before ] && staged+=(.device/splash-before)
+for b in .device/*-before; do [ -f "$b" ] && staged+=("$b"); done
 tar -cf - "${staged[@]}" | xz -T2 -9e --lzma2=preset=9e,dict=64MiB > .devpack/device.tar.xz
 du -sh .devpack/device.tar.xz
 if [ "$what" = all ]; then

@@ -22,7 +22,8 @@
 # the settings in AB, one machine, no profile: e.g. AB="- SPLASH_PREFILL_EXPERTS=gemm" ("-": none).
 # `decode-ab`: plain decode with the 1- and VERIFY_ROWS-row (16; a list: 4,8,16) pass costs at CONTEXT (1,024)
 # tokens of context under each of the settings in AB, alternating, AB_ROUNDS rounds (2); a
-# setting is "-" (none) or VAR=value pairs joined by commas (default "- SPLASH_ATTENTION_HEADS=1";
+# setting is "-" (none) or VAR=value pairs joined by commas, "before" or "before,VAR=value..."
+# running .device/splash-before instead (default "- SPLASH_ATTENTION_HEADS=1";
 # the launch chain of before 2026-12-06 is
 # SPLASH_CAPTURE_POOL=0,SPLASH_DEPENDENT_LAUNCH=early).
 # `draft-profile`: one draft block's launches, each synchronised and timed
@@ -235,10 +236,12 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       for round in $(seq "${AB_ROUNDS:-2}"); do
         for setting in ${AB:-- SPLASH_ATTENTION_HEADS=1}; do
           [ "$setting" = - ] && setting=""
-          echo "== decode $m, ${setting:-default}, round $round"
-          env ${setting//,/ } ./.device/splash bench --model "$f" --device cuda --prompt-tokens "${CONTEXT:-1024}" --decode-tokens 128 \
+          bin=splash
+          case $setting in before*) bin=splash-before setting=${setting#before} setting=${setting#,} ;; esac
+          echo "== decode $m, $bin, ${setting:-default}, round $round"
+          env ${setting//,/ } ./.device/$bin bench --model "$f" --device cuda --prompt-tokens "${CONTEXT:-1024}" --decode-tokens 128 \
             --repeat 3 --speculative off --verify-rows "${VERIFY_ROWS:-16}" 2>&1 |
-            tee "$out/decode-ab-$m-${setting//[^A-Za-z0-9]/_}-$round.txt" | grep -E '^(decode|pass)'
+            tee "$out/decode-ab-$m-$bin-${setting//[^A-Za-z0-9]/_}-$round.txt" | grep -E '^(decode|pass)'
         done
       done
     elif [ "$what" = ab ]; then

@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--gdn-dk", type=int, default=128)
     ap.add_argument("--gdn-dv", type=int, default=128)
     ap.add_argument("--only", default="", help="regular expression over kernel names")
-    ap.add_argument("-D", "--define", action="append", default=[], help="a kernel constant, e.g. Q8_CHUNKS_BY_K=1")
+    ap.add_argument("-D", "--define", action="append", default=[], help="a kernel constant, e.g. I8TC16_REGS=128")
     args = ap.parse_args()
 
     cu13 = os.path.join(args.tools, "nvidia", "cu13")

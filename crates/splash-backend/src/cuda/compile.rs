@@ -82,9 +82,8 @@ pub fn compile_ptx(
         format!("-DGDN_DV={}", dims.gdn_dv),
         format!("-DGDN_SLICES={}", options.gdn_slices(dims.gdn_dk)),
     ];
-    // Measurement options (GRID_PROLOGUE in kernels/common.cuh, TC_L2_AHEAD, Q8_CHUNKS_BY_K,
-    // EXPERT_REGS, I8TC8_REGS and I8TC16_REGS in kernels/gemv_tc.cu, ATTN_HEADS_MAX in
-    // kernels/attention.cu).
+    // Measurement options (GRID_PROLOGUE in kernels/common.cuh, TC_L2_AHEAD, EXPERT_REGS,
+    // I8TC8_REGS and I8TC16_REGS in kernels/gemv_tc.cu, ATTN_HEADS_MAX in kernels/attention.cu).
     if options.trigger_early {
         defines.push("-DGRID_TRIGGER_EARLY".into());
     }
@@ -93,9 +92,6 @@ pub fn compile_ptx(
     }
     if let Some(ahead) = options.l2_ahead {
         defines.push(format!("-DTC_L2_AHEAD={ahead}"));
-    }
-    if options.q8_chunks_by_k {
-        defines.push("-DQ8_CHUNKS_BY_K=1".into());
     }
     defines.push(format!("-DATTN_HEADS_MAX={}", options.attention_heads()));
     if let Some(regs) = options.expert_regs {

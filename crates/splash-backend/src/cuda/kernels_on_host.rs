@@ -287,22 +287,19 @@ struct TileWeight<'a> {
 }
 
 impl TileWeight<'_> {
-    /// `x` `[tokens, kd]` quantised by `quantize` (a thread per `per_thread` values, a scale
-    /// per `scale_span` values, sums of `S` per 32), then multiplied by the kernel `gemv`: rows
-    /// below `split` into one output, the others into a second, returned one after the other.
+    /// Quantised activations `[tokens, kd]` (codes, scales, sums of `S`) multiplied by the
+    /// kernel `gemv`: rows below `split` into one output, the others into a second, returned
+    /// one after the other.
     ///
     /// # Safety
-    /// `quantize` and `gemv` must have the signatures of `quantize_q8` / `gemv_q8t_*` with
-    /// their sums of type `S`.
-    unsafe fn run<S: Copy + Default>(
+    /// `gemv` must have the signature of `gemv_q8t_*` with its sums of type `S`.
+    unsafe fn run<S>(
         &self,
         kern: &HostKernels,
-        (quantize, per_thread, scale_span): (&str, usize, usize),
         gemv: &str,
-        x: &[f32],
+        (xq, xd, xs): (&[i8], &[f32], &[S]),
         split: usize,
     ) -> Vec<f32> {
-        type Quantize<S> = unsafe extern "C" fn(*const f32, *mut i8, *mut f32, *mut S, i64);
         type Gemv<S> = unsafe extern "C" fn(
             *const u8,
             i64,
@@ -317,32 +314,21 @@ impl TileWeight<'_> {
             i32,
         );
         let (n, kd) = (self.n, self.kd);
-        let (tokens, values) = (x.len() / kd, x.len());
-        let (xq, xd, xs) = (
-            vec![0i8; values],
-            vec![0.0f32; values / scale_span],
-            vec![S::default(); values / 32],
-        );
+        let tokens = xq.len() / kd;
         let (y, y2) = (
             vec![f32::NAN; tokens * split],
             vec![f32::NAN; tokens * (n - split)],
         );
-        let (xa, qa, da, sa, ya, y2a, wa) = (
-            Addr::of(x),
-            Addr::of(&xq),
-            Addr::of(&xd),
-            Addr::of(&xs),
+        let (qa, da, sa, ya, y2a, wa) = (
+            Addr::of(xq),
+            Addr::of(xd),
+            Addr::of(xs),
             Addr::of(&y),
             Addr::of(&y2),
             Addr::of(self.tiles),
         );
-        // SAFETY: the caller's signatures, over buffers of the sizes ops.rs gives them.
+        // SAFETY: the caller's signature, over buffers of the sizes ops.rs gives them.
         unsafe {
-            let q: Quantize<S> = kern.kernel(quantize);
-            let blocks = (values / scale_span) as i64;
-            kern.launch((values / per_thread).div_ceil(256) as u32, 256, &|| {
-                q(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks)
-            });
             let g: Gemv<S> = kern.kernel(gemv);
             kern.launch(n.div_ceil(16) as u32, 32 * self.warps, &|| {
                 g(
@@ -370,13 +356,13 @@ impl TileWeight<'_> {
 /// one output, and every token of 5 and 16 bit-equal to itself alone.
 fn check_tile_gemv(
     w: &Weight,
-    n: usize,
-    kd: usize,
+    (n, kd): (usize, usize),
+    token_counts: &[usize],
     label: &str,
     run: impl Fn(&[f32], usize) -> Vec<f32>,
 ) {
     let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-    for tokens in [1usize, 5, 16] {
+    for &tokens in token_counts {
         let x = random(tokens * kd, 7 + tokens as u64);
         let mut want = vec![0.0f32; tokens * n];
         cpu::matmul(&mut want, &x, w);
@@ -422,12 +408,12 @@ fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
                 _ => "",
             };
             let gemv = format!("gemv{build}_q8t_{suffix}");
-            // SAFETY: quantize_q8 (kernels/gemv.cu, a thread a value, a scale and a sum per 32)
-            // and gemv*_q8t_* (kernels/gemv_tc.cu) have these signatures.
-            unsafe { tile.run::<f32>(&kern, ("quantize_q8", 1, 32), &gemv, x, split) }
+            let (q, d, s) = q8_input(&kern, x);
+            // SAFETY: gemv*_q8t_* (kernels/gemv_tc.cu) have this signature.
+            unsafe { tile.run(&kern, &gemv, (&q, &d, &s), split) }
         };
         // Activations rounded to int8 per 32 values: about 4e-3.
-        check_tile_gemv(w, tile.n, tile.kd, label, run);
+        check_tile_gemv(w, (tile.n, tile.kd), &[1, 5, 16], label, run);
     });
 }
 
@@ -456,39 +442,41 @@ fn for_each_tile_case(check: impl Fn(&Weight, &TileWeight, &str, &str)) {
 /// The int8 tensor-core GEMV of Q4_K and Q6_K tiles (`gemv8_i8tc_*` up to 8 tokens,
 /// `gemv_i8tc_*` up to 16) gives the CPU's product within the int8 rounding of the activations
 /// per 256 values, over chains of one and several blocks and warps; rows from 16 on go to a
-/// second output with the same bits; and every token of 5 and of 16 gets the bits it gets
-/// alone, from the dp4a build of one token (`gemv1_i8tc_*`), which gives the 8-token build's.
+/// second output with the same bits; and every token of 5, 16 and 20 (one conversion read by
+/// launches of 16 and 4, as ops.rs launches them) gets the bits it gets alone, from the dp4a
+/// build of one token (`gemv1_i8tc_*`), which gives the 8-token build's.
 #[test]
 fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
-    // Both orders of the int8 blocks' chunks (SPLASH_Q8_CHUNKS_BY_K).
-    for defines in [&[][..], &["Q8_CHUNKS_BY_K=1"][..]] {
-        int8_tensor_core_gemv_matches_the_cpu(defines);
-    }
-}
-
-fn int8_tensor_core_gemv_matches_the_cpu(defines: &'static [&'static str]) {
-    let Some(kern) = kernels_with(DIMS_32, defines) else {
-        return;
-    };
+    let Some(kern) = kernels(DIMS_32) else { return };
     for_each_tile_case(|w, tile, suffix, label| {
-        let run_build = |build: &str, x: &[f32], split: usize| {
-            let gemv = format!("{build}_i8tc_{suffix}");
-            // SAFETY: quantize_q8_blocks (a warp per 256 values, a scale per 256, an int16 sum
-            // per 32) and gemv*_i8tc_* (kernels/gemv_tc.cu) have these signatures.
-            unsafe { tile.run::<i16>(&kern, ("quantize_q8_blocks", 8, 256), &gemv, x, split) }
-        };
-        let run = |x: &[f32], split: usize| match x.len() / tile.kd {
-            1 => {
-                let (dp4a, mma) = (run_build("gemv1", x, split), run_build("gemv8", x, split));
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let kd = tile.kd;
+        let run = |x: &[f32], split: usize| {
+            let tokens = x.len() / kd;
+            let (q, d, s) = q8_blocks_input(&kern, x, kd);
+            let run_build = |build: &str, t0: usize, tc: usize| {
+                let gemv = format!("{build}_i8tc_{suffix}");
+                let (v0, v1) = (t0 * kd, (t0 + tc) * kd);
+                let group = (&q[v0..v1], &d[v0 / 256..v1 / 256], &s[v0 / 32..v1 / 32]);
+                // SAFETY: gemv*_i8tc_* (kernels/gemv_tc.cu) have this signature.
+                unsafe { tile.run(&kern, &gemv, group, split) }
+            };
+            if tokens == 1 {
+                let (dp4a, mma) = (run_build("gemv1", 0, 1), run_build("gemv8", 0, 1));
                 assert_eq!(bits(&dp4a), bits(&mma), "{label}: gemv1 and gemv8 differ");
-                dp4a
+                return dp4a;
             }
-            2..=8 => run_build("gemv8", x, split),
-            _ => run_build("gemv", x, split),
+            let (mut y, mut y2) = (Vec::new(), Vec::new());
+            for t0 in (0..tokens).step_by(16) {
+                let tc = 16.min(tokens - t0);
+                let out = run_build(if tc <= 8 { "gemv8" } else { "gemv" }, t0, tc);
+                let (lo, hi) = out.split_at(tc * split);
+                y.extend_from_slice(lo);
+                y2.extend_from_slice(hi);
+            }
+            [y, y2].concat()
         };
         // Activations rounded to int8 per 256 values.
-        check_tile_gemv(w, tile.n, tile.kd, label, run);
+        check_tile_gemv(w, (tile.n, kd), &[1, 5, 16, 20], label, run);
     });
 }
 
@@ -538,22 +526,10 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
     ];
     for tokens in [1usize, 5, 16] {
         let x = random(tokens * kd, 44 + tokens as u64);
-        let (bq, bd, bs) = q8_blocks_input(&kern, &x);
-        let blocks32 = tokens * kd / 32;
-        let (xq, xd, xs) = (
-            vec![0i8; tokens * kd],
-            vec![0f32; blocks32],
-            vec![0f32; blocks32],
-        );
-        let (xa, qa, da, sa) = (Addr::of(&x), Addr::of(&xq), Addr::of(&xd), Addr::of(&xs));
+        let (bq, bd, bs) = q8_blocks_input(&kern, &x, kd);
+        let (xq, xd, xs) = q8_input(&kern, &x);
+        let (qa, da, sa) = (Addr::of(&xq), Addr::of(&xd), Addr::of(&xs));
         let (bqa, bda, bsa) = (Addr::of(&bq), Addr::of(&bd), Addr::of(&bs));
-        // SAFETY: quantize_q8's signature (a thread a value), over buffers of these sizes.
-        unsafe {
-            let quantize: host::quantize_q8 = kern.kernel("quantize_q8");
-            kern.launch((blocks32 * 32).div_ceil(256) as u32, 256, &|| {
-                quantize(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks32 as i64)
-            });
-        }
         let outputs = || -> Vec<(Vec<f32>, Vec<f32>)> {
             products
                 .iter()
@@ -1227,13 +1203,14 @@ fn the_fused_swiglu_conversion_has_the_bits_of_the_two_kernels() {
 #[test]
 fn the_fused_gate_conversions_have_the_bits_of_the_two_kernels() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    let blocks = 6usize;
+    // Three tokens of two 256-value blocks.
+    let (blocks, kd) = (6usize, 512usize);
     let n = 256 * blocks;
     let (x, z, gate) = (random(n, 31), random(n, 32), random(n, 33));
     type Converted = (Vec<u16>, Vec<u32>, Vec<i8>, Vec<u32>, Vec<i16>);
     let converted = |rows: &[f32]| -> Converted {
         let (xh, xs) = tc_input(&kern, rows);
-        let (q, qd, qs) = q8_blocks_input(&kern, rows);
+        let (q, qd, qs) = q8_blocks_input(&kern, rows, kd);
         (xh, bits(&xs), q, bits(&qd), qs)
     };
     // The kernel run twice: into the f16 rows, then into the int8 blocks (f16 pointers null).
@@ -1293,6 +1270,7 @@ fn the_fused_gate_conversions_have_the_bits_of_the_two_kernels() {
                     q.ptr(),
                     qd.ptr(),
                     qs.ptr(),
+                    (kd / 256) as i32,
                 )
             })
         });
@@ -1324,6 +1302,7 @@ fn the_fused_gate_conversions_have_the_bits_of_the_two_kernels() {
                 q.ptr(),
                 qd.ptr(),
                 qs.ptr(),
+                (kd / 256) as i32,
             )
         })
     });
@@ -1403,8 +1382,9 @@ fn tc_input(kern: &HostKernels, x: &[f32]) -> (Vec<u16>, Vec<f32>) {
     (xh, xscale)
 }
 
-/// `x` as the int8 tensor-core GEMV reads it (`quantize_q8_blocks`): codes, scales, sums.
-fn q8_blocks_input(kern: &HostKernels, x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<i16>) {
+/// `x` (rows of `kd`) as the int8 tensor-core GEMV reads it (`quantize_q8_blocks`): codes,
+/// scales, sums.
+fn q8_blocks_input(kern: &HostKernels, x: &[f32], kd: usize) -> (Vec<i8>, Vec<f32>, Vec<i16>) {
     let blocks256 = x.len() / 256;
     let (q, qd, qs) = (
         vec![0i8; x.len()],
@@ -1416,7 +1396,33 @@ fn q8_blocks_input(kern: &HostKernels, x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<i16
     unsafe {
         let f: host::quantize_q8_blocks = kern.kernel("quantize_q8_blocks");
         kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
-            f(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks256 as i64)
+            f(
+                xa.ptr(),
+                qa.ptr(),
+                da.ptr(),
+                sa.ptr(),
+                blocks256 as i64,
+                (kd / 256) as i32,
+            )
+        });
+    }
+    (q, qd, qs)
+}
+
+/// `x` as the dp4a GEMVs read it (`quantize_q8`): codes, and a scale and a sum per 32 values.
+fn q8_input(kern: &HostKernels, x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
+    let blocks32 = x.len() / 32;
+    let (q, qd, qs) = (
+        vec![0i8; x.len()],
+        vec![0f32; blocks32],
+        vec![0f32; blocks32],
+    );
+    let (xa, qa, da, sa) = (Addr::of(x), Addr::of(&q), Addr::of(&qd), Addr::of(&qs));
+    // SAFETY: quantize_q8's signature (a thread a value), over buffers of these sizes.
+    unsafe {
+        let f: host::quantize_q8 = kern.kernel("quantize_q8");
+        kern.launch(x.len().div_ceil(256) as u32, 256, &|| {
+            f(xa.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks32 as i64)
         });
     }
     (q, qd, qs)
@@ -3314,7 +3320,14 @@ fn the_norm_with_its_f16_conversion_has_the_bits_of_the_two_kernels() {
                     });
                     let f: host::quantize_q8_blocks = kern.kernel("quantize_q8_blocks");
                     kern.launch(blocks256.div_ceil(8) as u32, 256, &|| {
-                        f(oa.ptr(), ba.ptr(), bda.ptr(), bsa.ptr(), blocks256 as i64)
+                        f(
+                            oa.ptr(),
+                            ba.ptr(),
+                            bda.ptr(),
+                            bsa.ptr(),
+                            blocks256 as i64,
+                            (d / 256) as i32,
+                        )
                     });
                 }
             }
@@ -3410,7 +3423,8 @@ fn the_gated_int8_conversion_has_the_bits_of_the_two_kernels() {
 #[test]
 fn the_gated_int8_block_conversion_has_the_bits_of_the_two_kernels() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    let n = 3 * 5120;
+    // Three tokens of 20 blocks.
+    let (n, nb) = (3 * 5120, 20);
     let (g0, u) = (random(n, 96), random(n, 97));
     let run = |fused: bool| {
         let g = g0.clone();
@@ -3429,7 +3443,7 @@ fn the_gated_int8_block_conversion_has_the_bits_of_the_two_kernels() {
             if fused {
                 let f: host::silu_mul_to_q8_blocks = kern.kernel("silu_mul_to_q8_blocks");
                 kern.launch(grid, 256, &|| {
-                    f(ga.ptr(), ua.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks)
+                    f(ga.ptr(), ua.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks, nb)
                 });
             } else {
                 let f: host::silu_mul = kern.kernel("silu_mul");
@@ -3438,7 +3452,7 @@ fn the_gated_int8_block_conversion_has_the_bits_of_the_two_kernels() {
                 });
                 let f: host::quantize_q8_blocks = kern.kernel("quantize_q8_blocks");
                 kern.launch(grid, 256, &|| {
-                    f(ga.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks)
+                    f(ga.ptr(), qa.ptr(), da.ptr(), sa.ptr(), blocks, nb)
                 });
             }
         }

@@ -160,9 +160,6 @@ pub struct KernelOptions {
     /// Weight tiles the tensor-core GEMV prefetches into L2 ahead, 0..=16
     /// (`SPLASH_GEMV_L2_AHEAD`; `None`: the kernel's default).
     pub l2_ahead: Option<u32>,
-    /// The int8 activation blocks' chunks k-major, not lane-major (`SPLASH_Q8_CHUNKS_BY_K=1`;
-    /// see q8_chunk in kernels/gemv_tc.cu).
-    pub q8_chunks_by_k: bool,
     /// Register cap of the grouped expert kernels, 64..=255 (`SPLASH_EXPERT_REGS`; `None`: the
     /// kernel's default per format).
     pub expert_regs: Option<u32>,
@@ -307,7 +304,6 @@ impl GpuOptions {
                 trigger_early,
                 bridge_early,
                 l2_ahead: number("SPLASH_GEMV_L2_AHEAD", 0..=16)?.map(|n| n as u32),
-                q8_chunks_by_k: flag("SPLASH_Q8_CHUNKS_BY_K", false)?,
                 expert_regs: number("SPLASH_EXPERT_REGS", 64..=255)?.map(|n| n as u32),
                 int8_mma_regs: number("SPLASH_INT8_MMA_REGS", 64..=255)?.map(|n| n as u32),
                 int8_mma16_regs: number("SPLASH_INT8_MMA16_REGS", 64..=255)?.map(|n| n as u32),
@@ -353,7 +349,6 @@ mod tests {
             ("SPLASH_PREFILL_EXPERTS", "gemv"),
             ("SPLASH_GDN_SLICES", "16"),
             ("SPLASH_GEMV_L2_AHEAD", "2"),
-            ("SPLASH_Q8_CHUNKS_BY_K", "1"),
             ("SPLASH_EXPERT_REGS", "96"),
             ("SPLASH_INT8_MMA_REGS", "128"),
             ("SPLASH_INT8_MMA16_REGS", "128"),
@@ -378,7 +373,6 @@ mod tests {
                 trigger_early: true,
                 bridge_early: false,
                 l2_ahead: Some(2),
-                q8_chunks_by_k: true,
                 expert_regs: Some(96),
                 int8_mma_regs: Some(128),
                 int8_mma16_regs: Some(128),

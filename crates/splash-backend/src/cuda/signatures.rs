@@ -159,7 +159,7 @@ kernels! {
     kernel add_rms_norm_to_bf16(x: *mut f32, y: *const f32, w: *const f32, out: *mut f32, ob: *mut u16, d: i32, eps: f32, pw: *const f32, per: i32);
     kernel rms_norm_gated(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, rows: i32, d: i32, eps: f32);
     kernel rms_norm_gated_to_bf16(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, ob: *mut u16, rows: i32, d: i32, eps: f32);
-    kernel rms_norm_gated_to_f16_tc(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, xh: *mut u16, xscale: *mut f32, d: i32, eps: f32, blocks: i64, bq: *mut i8, bd: *mut f32, bs: *mut i16);
+    kernel rms_norm_gated_to_f16_tc(x: *const f32, z: *const f32, w: *const f32, out: *mut f32, xh: *mut u16, xscale: *mut f32, d: i32, eps: f32, blocks: i64, bq: *mut i8, bd: *mut f32, bs: *mut i16, nb: i32);
     kernel add_in_place(x: *mut f32, y: *const f32, n: i64);
     kernel silu_mul(g: *mut f32, u: *const f32, n: i64);
     kernel scale_rows_sigmoid(x: *mut f32, g: *const f32, d: i32);
@@ -187,7 +187,7 @@ kernels! {
     kernel attention_combine(part: *const f32, out: *mut f32, nchunks: i32);
     kernel attention_combine_seqs(part: *const f32, out: *mut f32, hq: i32, s: AttnSlots, rows: i32, nchunks: i32);
     kernel sigmoid_gate(x: *mut f32, gate: *const f32, n: i64);
-    kernel sigmoid_gate_to_f16_tc(x: *mut f32, gate: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64, bq: *mut i8, bd: *mut f32, bs: *mut i16);
+    kernel sigmoid_gate_to_f16_tc(x: *mut f32, gate: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64, bq: *mut i8, bd: *mut f32, bs: *mut i16, nb: i32);
     /// The flash prefill attention (`attention_prefill`), and the one that copies each int8
     /// tile ahead (`attention_prefill_async`).
     family attention_prefill ["attention_prefill", "attention_prefill_async"](q: *const f32, kc: *const u8, ks: *const f32, vc: *const u8, vs: *const f32, out: *mut f32, fmt: i32, hq: i32, hkv: i32, pos0: i32, pos_at: *const i32, scale: f32, block: i32, window: i32, t: i32, chunk: i32, nchunks: i32, part: *mut f32);
@@ -221,9 +221,9 @@ kernels! {
     family gemv_i8tc ["gemv1_i8tc_q4_k", "gemv8_i8tc_q4_k", "gemv_i8tc_q4_k", "gemv1_i8tc_q6_k", "gemv8_i8tc_q6_k", "gemv_i8tc_q6_k"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const i16, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
     family gemv_group ["gemv1_group", "gemv8_group", "gemv_group"](g: ProductGroup, bq: *const i8, bd: *const f32, bs: *const i16, xq: *const i8, xd: *const f32, xs: *const f32, k: i32, t: i32);
     /// Activations for `gemv_i8tc`: int8 per 256 values in its order, a scale a block, sums per 32.
-    kernel quantize_q8_blocks(x: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut i16, blocks: i64);
+    kernel quantize_q8_blocks(x: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut i16, blocks: i64, nb: i32);
     /// `quantize_q8_blocks` of `silu(g) · u`.
-    kernel silu_mul_to_q8_blocks(g: *const f32, u: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut i16, blocks: i64);
+    kernel silu_mul_to_q8_blocks(g: *const f32, u: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut i16, blocks: i64, nb: i32);
     /// The tensor-core GEMV stream-K, partial sums in `partials` (`gemv_tc_fixup`).
     family gemv_tcs ["gemv_tcs8_q4_k", "gemv_tcs8_q6_k", "gemv_tcs16_q4_k", "gemv_tcs16_q6_k"](w: *const u8, row_bytes: i64, xh: *const u16, xscale: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32, partials: *mut f32, max_pieces: i32);
     kernel to_f16_tc(x: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64);

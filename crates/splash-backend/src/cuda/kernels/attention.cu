@@ -1022,9 +1022,9 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* gate, long n) {
 }
 
 // sigmoid_gate, then to_f16_tc of x for the output product (the bits of the two kernels): a warp
-// per 256-value block.
+// per 256-value block, nb of them a token.
 extern "C" __global__ void sigmoid_gate_to_f16_tc(float* x, const float* gate, u16* xh, float* xscale, long blocks,
-                                                   i8* bq, float* bd, short* bs) {
+                                                   i8* bq, float* bd, short* bs, int nb) {
     GRID_PROLOGUE_BRIDGE();
     long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (blk >= blocks) return;
@@ -1036,5 +1036,5 @@ extern "C" __global__ void sigmoid_gate_to_f16_tc(float* x, const float* gate, u
             xb[i] = v;
             return v;
         },
-        xh, xscale, bq, bd, bs, blk);
+        xh, xscale, bq, bd, bs, blk, nb, blocks / nb);
 }

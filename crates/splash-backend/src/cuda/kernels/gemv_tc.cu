@@ -523,7 +523,7 @@ __device__ void gemv_q8_tiles(const u8* W, long row_bytes, const i8* xq, const f
 // of that half). Lanes q and q^2 swap their words 2 and 3, so that lane q holds the values
 // 16·(q&1) + 8·[s>>2 != q>>1] + 0..7 of every sub-block s: the first four are its k 4q..4q+3,
 // the last four its k 16+4q... quantize_q8_blocks writes a token's bytes in that order, lane
-// q's 64 in four 16-byte chunks (chunk k: sub-blocks 2k, 2k + 1) at q8_chunk(q, k) of the block.
+// q's 64 in four 16-byte chunks (chunk k: sub-blocks 2k, 2k + 1; where they lie: q8_spot).
 //
 // A Q6_K scale covers 16 values, one half of a sub-block, and lane q's values are all of half
 // q&1. So each sub-block takes two mmas: one over all 32 values and one with the odd lanes'
@@ -542,17 +542,27 @@ __device__ __forceinline__ void mma_s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32
 // Where lane q's 8 values of sub-block s start within it (see above).
 __device__ __forceinline__ int q8_blocks_offset(int q, int s) { return 16 * (q & 1) + ((s >> 2) != (q >> 1) ? 8 : 0); }
 
-// The chunks of a block lane-major (chunk k of lane q at 64q + 16k), or k-major with
-// Q8_CHUNKS_BY_K=1 (SPLASH_Q8_CHUNKS_BY_K, a measurement switch; at 64k + 16q): then an mma's
-// loads of 8 tokens (lane (g, q): chunk k of token g) touch half a 128-byte line a token, not two
-// quarters of both lines, half the L1 wavefronts. Measured once on the H100 (BENCHMARKS.md,
-// 2026-12-07, twenty-ninth session): 16-token Q4_K product −14 %, Q6_K +6 %.
-#ifndef Q8_CHUNKS_BY_K
-#define Q8_CHUNKS_BY_K 0
-#endif
-
-// The byte where lane q's chunk k (0..3) of a 256-value block starts.
-__device__ __forceinline__ constexpr int q8_chunk(int q, int k) { return Q8_CHUNKS_BY_K ? 64 * k + 16 * q : 64 * q + 16 * k; }
+// Where a batch's int8 blocks lie (quantize_q8_blocks writes them, the GEMVs below read them):
+// in groups of GEMV_MAX_T tokens (a launch's; the last group holds the rest), group after group.
+// In a group of G tokens block b of all G lies together: its codes 256·G bytes from 256·G·b,
+// chunk k (0..3) of token t at 64·(k·G + t) in them and lane q's 16 bytes of it at + 16q; its
+// scales xd[G·b + t] and sums xs[8·(G·b + t) + s] from the group's first. Then an mma's load
+// of chunk k for 8 tokens (lane (g, q): token g's lane q) reads 512 contiguous bytes, four
+// lines, and a 16-token unit's scales and sums lie in three; a row a token (the layout before
+// 2026-12-07) took 16 lines a load and 32 for the scales and sums. One token's blocks are a row.
+//
+// Block b of token t of a batch of T tokens of nb blocks: the scale index of the group's block
+// b (`at`; its codes at 256·at, its sums at 8·at), the group's tokens and t's place in it.
+struct Q8Spot {
+    long at;
+    int group, t;
+};
+__device__ __forceinline__ Q8Spot q8_spot(long w, int nb, long T) {
+    long t = w / nb, first = t - t % GEMV_MAX_T;
+    int b = (int)(w - t * nb);
+    int group = (int)min((long)GEMV_MAX_T, T - first);
+    return {first * nb + (long)b * group, group, (int)(t - first)};
+}
 
 // One row of a tile (rows g or g + 8 of lane (g, q)) as the mma takes it: w[s][0] and w[s][1]
 // the codes of its a0/a1 and a2/a3 registers for sub-block s (Q4_K: 0..15; Q6_K: code − 32,
@@ -634,8 +644,8 @@ __device__ __forceinline__ int i8_minimums(const u32* mn, uint4 xs) {
 }
 
 // y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ 8·NT over the tiles as gemv_tc walks them (the same
-// chains and their order, `split` and the outputs), from xq [T, K] (quantize_q8_blocks' order),
-// xd [T, K / 256] and xs [T, K / 32] (Q4_K only). The block takes 16-row tile `tile`.
+// chains and their order, `split` and the outputs), from one group of T tokens' int8 blocks (codes
+// xq, scales xd, sums xs (Q4_K only); see q8_spot). The block takes 16-row tile `tile`.
 template <int F, int NT>
 __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float* xd, const short* xs, float* y,
                           float* y2, int split, int N, int K, int T, int chains, int tile_index) {
@@ -644,19 +654,20 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
     int g = lane >> 2, q = lane & 3;
     int n0 = tile_index * 16, nb = K >> 8;
     const u8* tile = W + (long)n0 * row_bytes;
-    // Token 8i + g's codes (this lane's 64 bytes of each block); tokens 8i + 2q + e's block
-    // scales and sums. Tokens past T repeat the last one (their columns are not written).
+    // Token 8i + g's codes (this lane's 16 bytes of chunk 0 of block 0; chunk k of block b is
+    // 16·T·(4b + k) uint4 on); tokens 8i + 2q + e's scales and sums (block b's T·b on). Tokens
+    // past T repeat the last one (their columns are not written).
     const uint4* x[NT];
     const float* xdt[NT][2];
     const uint4* xst[NT][2];
 #pragma unroll
     for (int i = 0; i < NT; i++) {
-        x[i] = (const uint4*)(xq + (long)min(8 * i + g, T - 1) * K);
+        x[i] = (const uint4*)(xq + 64 * min(8 * i + g, T - 1) + 16 * q);
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            long t = min(8 * i + 2 * q + e, T - 1);
-            xdt[i][e] = xd + t * nb;
-            xst[i][e] = (const uint4*)(xs + t * (K >> 5));
+            int t = min(8 * i + 2 * q + e, T - 1);
+            xdt[i][e] = xd + t;
+            xst[i][e] = (const uint4*)xs + t;
         }
     }
     // Q6_K: the activations of half 0 (even lanes) alone.
@@ -672,7 +683,7 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
             for (int i = 0; i < NT; i++) {
                 uint4 v[4];
 #pragma unroll
-                for (int k = 0; k < 4; k++) v[k] = x[i][16 * b + q8_chunk(q, k) / 16];
+                for (int k = 0; k < 4; k++) v[k] = x[i][4 * T * (4 * b + k)];
                 int s1[4] = {0, 0, 0, 0};
 #pragma unroll
                 for (int s = 0; s < 8; s++) {
@@ -702,10 +713,10 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
                     const I8Row& w = e < 2 ? w0 : w1;
                     float block;
                     if (F == FMT_Q4_K)
-                        block = fmaf(w.d, (float)s1[e], -(w.dmin * (float)i8_minimums(w.mn, xst[i][e & 1][b])));
+                        block = fmaf(w.d, (float)s1[e], -(w.dmin * (float)i8_minimums(w.mn, xst[i][e & 1][T * b])));
                     else
                         block = w.d * (float)s1[e];
-                    c[i][e] = fmaf(xdt[i][e & 1][b], block, c[i][e]);
+                    c[i][e] = fmaf(xdt[i][e & 1][T * b], block, c[i][e]);
                 }
             }
         },
@@ -732,10 +743,10 @@ __device__ void gemv1_i8tc(const u8* W, long row_bytes, const i8* xq, const floa
     int n0 = tile_index * 16, nb = K >> 8;
     const u8* tile = W + (long)n0 * row_bytes;
     // Chunks 2n and 2n + 1 (`step` bytes on) of lane q (the first eight of each sub-block's
-    // values) and of lane q^2.
-    const i8* first = xq + q8_chunk(q, 2 * n);
-    const i8* last = xq + q8_chunk(q ^ 2, 2 * n);
-    constexpr int step = q8_chunk(0, 1) - q8_chunk(0, 0);
+    // values) and of lane q^2 (one token's blocks: chunk k of lane q at 64k + 16q, q8_spot).
+    const i8* first = xq + 128 * n + 16 * q;
+    const i8* last = xq + 128 * n + 16 * (q ^ 2);
+    constexpr int step = 64;
     float c[2] = {0.0f, 0.0f};
     // A row's Σ over block b's sub-blocks of scale · Σ code·x, from the lane's share (Q4_K: sc
     // its four scales, a byte each) and the quad's others.
@@ -1291,12 +1302,13 @@ __device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xsc
     ((uint4*)(xh + 256 * w))[lane] = make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-// Activation block w (256 values, value(i) its i-th) → the int8 tensor-core GEMV's input: xq
-// [256·w..] int8 in its k order (lane q's 8 values of sub-block s at q8_chunk(q, s / 2) +
-// 8 (s & 1)), the scale xd[w] = max |value| / 127 (codes rounded as quantize_q8 rounds), and the
-// codes' sum per 32 values xs[8w..8w+7]. One warp per block; lane l = 8q + s writes those 8 bytes.
+// Activation block w (256 values, value(i) its i-th; block w % nb of token w / nb of T) → the
+// int8 tensor-core GEMV's input where q8_spot puts it: the codes in its k order (lane q's 8
+// values of sub-block s at 8 (s & 1) in its chunk s / 2), the scale max |value| / 127 (codes
+// rounded as quantize_q8 rounds), and the codes' sum per 32 values. One warp per block; lane
+// l = 8q + s writes those 8 bytes.
 template <class Value>
-__device__ __forceinline__ void q8_blocks_block(Value value, i8* xq, float* xd, short* xs, long w) {
+__device__ __forceinline__ void q8_blocks_block(Value value, i8* xq, float* xd, short* xs, long w, int nb, long T) {
     int lane = threadIdx.x & 31, q = lane >> 3, s = lane & 7;
     int base = 32 * s + q8_blocks_offset(q, s);
     float v[8];
@@ -1316,42 +1328,44 @@ __device__ __forceinline__ void q8_blocks_block(Value value, i8* xq, float* xd, 
         sum += code;
         packed[i >> 2] |= (u32)(code & 0xff) << (8 * (i & 3));
     }
-    *(uint2*)(xq + 256 * w + q8_chunk(q, s >> 1) + 8 * (s & 1)) = make_uint2(packed[0], packed[1]);
+    Q8Spot at = q8_spot(w, nb, T);
+    long codes = 256 * at.at + 64 * ((s >> 1) * at.group + at.t) + 16 * q + 8 * (s & 1);
+    *(uint2*)(xq + codes) = make_uint2(packed[0], packed[1]);
     // Sub-block s is in lanes s, s + 8, s + 16, s + 24.
     sum += __shfl_xor_sync(0xffffffffu, sum, 8);
     sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-    if (q == 0) xs[8 * w + s] = (short)sum;
-    if (lane == 0) xd[w] = d;
+    if (q == 0) xs[8 * (at.at + at.t) + s] = (short)sum;
+    if (lane == 0) xd[at.at + at.t] = d;
 }
 
-// A conversion's output block w: the tensor-core GEMV's f16 (xh, xscale), or with xh null the
-// int8 tensor-core GEMV's int8 blocks (bq, bd, bs).
+// A conversion's output block w of T tokens' nb each: the tensor-core GEMV's f16 (xh, xscale),
+// or with xh null the int8 tensor-core GEMV's int8 blocks (bq, bd, bs).
 template <class Value>
 __device__ __forceinline__ void tc_input_block(Value value, u16* xh, float* xscale, i8* bq, float* bd, short* bs,
-                                               long w) {
+                                               long w, int nb, long T) {
     if (xh)
         to_f16_tc_block(value, xh, xscale, w);
     else
-        q8_blocks_block(value, bq, bd, bs, w);
+        q8_blocks_block(value, bq, bd, bs, w, nb, T);
 }
 
-// x [T, K] f32 → xq [T, K], xd [T, K / 256], xs [T, K / 32] (q8_blocks_block).
-extern "C" __global__ void quantize_q8_blocks(const float* x, i8* xq, float* xd, short* xs, long blocks) {
+// x [T, K] f32 (`blocks` = T · nb blocks of 256) → the int8 blocks xq, xd, xs (q8_blocks_block).
+extern "C" __global__ void quantize_q8_blocks(const float* x, i8* xq, float* xd, short* xs, long blocks, int nb) {
     GRID_PROLOGUE_BRIDGE();
     long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (w >= blocks) return;
     const float* xb = x + 256 * w;
-    q8_blocks_block([&](int i) { return xb[i]; }, xq, xd, xs, w);
+    q8_blocks_block([&](int i) { return xb[i]; }, xq, xd, xs, w, nb, blocks / nb);
 }
 
 // quantize_q8_blocks of silu(g) · u (the values silu_mul writes): the MLP's down product input.
 extern "C" __global__ void silu_mul_to_q8_blocks(const float* g, const float* u, i8* xq, float* xd, short* xs,
-                                                 long blocks) {
+                                                 long blocks, int nb) {
     GRID_PROLOGUE_BRIDGE();
     long w = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (w >= blocks) return;
     const float *gb = g + 256 * w, *ub = u + 256 * w;
-    q8_blocks_block([&](int i) { return silu(gb[i]) * ub[i]; }, xq, xd, xs, w);
+    q8_blocks_block([&](int i) { return silu(gb[i]) * ub[i]; }, xq, xd, xs, w, nb, blocks / nb);
 }
 
 // x [T, K] f32 → xh [T, K] and xscale [T, K / 256] (to_f16_tc_block).

@@ -135,7 +135,8 @@ extern "C" __global__ void __launch_bounds__(1024)
     int per_row = xh || bq ? d >> 8 : 0;
     for (int b = threadIdx.x >> 5; b < per_row; b += blockDim.x >> 5) {
         const float* ob = normed + 256 * b;
-        tc_input_block([&](int i) { return ob[i]; }, xh, xscale, bq, bd, bs, (long)blockIdx.x * per_row + b);
+        tc_input_block([&](int i) { return ob[i]; }, xh, xscale, bq, bd, bs, (long)blockIdx.x * per_row + b, per_row,
+                       gridDim.x);
     }
     if (!xq) return;
     for (int b = threadIdx.x >> 5; b < d / 32; b += blockDim.x >> 5)
@@ -184,10 +185,10 @@ extern "C" __global__ void rms_norm_gated_to_bf16(const float* x, const float* z
 
 // rms_norm_gated, then to_f16_tc of the output (the bits of the two kernels) for the product that
 // reads it: a warp per 256-value block, which is 256 / d whole rows (d divides 256, d >= 32),
-// each row's sum as rms_norm_gated_row makes it. `blocks` = rows · d / 256.
+// each row's sum as rms_norm_gated_row makes it. `blocks` = rows · d / 256, nb of them a token.
 extern "C" __global__ void rms_norm_gated_to_f16_tc(const float* x, const float* z, const float* w, float* out,
                                                     u16* xh, float* xscale, int d, float eps, long blocks, i8* bq,
-                                                    float* bd, short* bs) {
+                                                    float* bd, short* bs, int nb) {
     GRID_PROLOGUE_BRIDGE();
     int lane = threadIdx.x & 31;
     long blk = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -208,7 +209,7 @@ extern "C" __global__ void rms_norm_gated_to_f16_tc(const float* x, const float*
             out[base + i] = o;
             return o;
         },
-        xh, xscale, bq, bd, bs, blk);
+        xh, xscale, bq, bd, bs, blk, nb, blocks / nb);
 }
 
 extern "C" __global__ void add_in_place(float* x, const float* y, long n) {

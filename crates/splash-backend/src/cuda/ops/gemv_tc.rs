@@ -127,7 +127,7 @@ pub(super) fn convert_f16_tc(
     let xh = gpu.uninit::<u16>(rows * kdim)?;
     let xscale = gpu.uninit::<f32>(blocks256)?;
     let out = [ptr(gpu, &xh, 0), ptr(gpu, &xscale, 0), 0, 0, 0];
-    convert(gpu, k, input, blocks256, out)?;
+    convert(gpu, k, input, (blocks256, kdim / 256), out)?;
     Ok((xh, xscale))
 }
 
@@ -142,31 +142,39 @@ pub(super) fn convert_int8_blocks(
 ) -> Result<Int8Blocks, GpuError> {
     let converted = int8_blocks(gpu, rows * kdim)?;
     let (xq, xd, xs) = int8_blocks_at(gpu, &converted, 0);
-    convert(gpu, k, input, rows * kdim / 256, [0, 0, xq, xd, xs])?;
+    convert(
+        gpu,
+        k,
+        input,
+        (rows * kdim / 256, kdim / 256),
+        [0, 0, xq, xd, xs],
+    )?;
     Ok(converted)
 }
 
-/// The launch of a conversion of `blocks256` blocks into the f16 rows (`xh`, `xscale`) or,
-/// with `xh` 0, the int8 blocks (`bq`, `bd`, `bs`): a warp a block.
+/// The launch of a conversion of `blocks256` blocks, `per_row` a row, into the f16 rows (`xh`,
+/// `xscale`) or, with `xh` 0, the int8 blocks (`bq`, `bd`, `bs`): a warp a block.
 fn convert(
     gpu: &Gpu,
     k: &Kernels,
     input: TcInput,
-    blocks256: usize,
+    (blocks256, per_row): (usize, usize),
     [xh, xscale, bq, bd, bs]: [u64; 5],
 ) -> Result<(), GpuError> {
     let grid = (blocks(blocks256 * 32, 256), 256);
-    let n = blocks256 as i64;
+    let (n, nb) = (blocks256 as i64, per_row as i32);
     let f16 = xh != 0;
     match input {
         TcInput::Rows(x) if f16 => launch::to_f16_tc(gpu, k, grid, x, xh, xscale, n),
-        TcInput::Rows(x) => launch::quantize_q8_blocks(gpu, k, grid, x, bq, bd, bs, n),
+        TcInput::Rows(x) => launch::quantize_q8_blocks(gpu, k, grid, x, bq, bd, bs, n, nb),
         TcInput::SiluMul(g, u) if f16 => {
             launch::silu_mul_to_f16_tc(gpu, k, grid, g, u, xh, xscale, n)
         }
-        TcInput::SiluMul(g, u) => launch::silu_mul_to_q8_blocks(gpu, k, grid, g, u, bq, bd, bs, n),
+        TcInput::SiluMul(g, u) => {
+            launch::silu_mul_to_q8_blocks(gpu, k, grid, g, u, bq, bd, bs, n, nb)
+        }
         TcInput::SigmoidGate { x, gate } => {
-            launch::sigmoid_gate_to_f16_tc(gpu, k, grid, x, gate, xh, xscale, n, bq, bd, bs)
+            launch::sigmoid_gate_to_f16_tc(gpu, k, grid, x, gate, xh, xscale, n, bq, bd, bs, nb)
         }
         TcInput::GatedNorm {
             x,
@@ -176,7 +184,7 @@ fn convert(
             d,
             eps,
         } => launch::rms_norm_gated_to_f16_tc(
-            gpu, k, grid, x, z, w, out, xh, xscale, d as i32, eps, n, bq, bd, bs,
+            gpu, k, grid, x, z, w, out, xh, xscale, d as i32, eps, n, bq, bd, bs, nb,
         ),
     }
 }
