@@ -486,22 +486,6 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const u16* row) {
 }
 #endif
 
-// Copies `bytes` (16, or 4 for cp_async4) from global to shared memory without registers,
-// zero-filling what is past `src_bytes` (0: nothing is read); cp_async_wait_all waits for this
-// thread's copies, which a barrier then shows to the block.
-#ifndef KERNEL_EMULATION  // kernels_on_host.h defines them on the CPU
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    u32 d = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
-    u32 d = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-}
-#endif
 
 // Split attention over an int8 cache with the keys staged in shared memory (`*_staged`, the
 // default for int8 caches of head dim 128 or 256): a block takes the hb query heads

@@ -100,9 +100,6 @@ extern "C" __global__ void vision_qkv(const float* qkv, const float* cos_t, cons
 #define VA_QUERIES 128
 
 #ifndef KERNEL_EMULATION  // kernels_on_host.h defines them on the CPU
-// Closes this thread's group of cp.async copies; waits until all but the latest group landed.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 // 2^x by the special-function unit (relative error about 2⁻²²; 2^−∞ = 0).
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;

@@ -517,6 +517,10 @@ pub(super) fn int8_blocks_at(gpu: &Gpu, (xq, xd, xs): &Int8Blocks, at: usize) ->
     )
 }
 
+/// Warps a block of the int8 tensor-core GEMV's staged builds at most (`I8TC_STAGE_WARPS` in
+/// kernels/gemv_tc.cu).
+const I8TC_STAGE_WARPS: usize = 4;
+
 /// The format codes of kernels/quant.cuh that `gemv_group` takes.
 pub(crate) const FMT_Q8_0: i32 = 7;
 pub(crate) const FMT_Q4_K: i32 = 10;
@@ -593,18 +597,23 @@ pub fn matmul_group(
     } else {
         (0, 0, 0)
     };
-    let name = if tokens == 1 && options.one_token_dp4a {
-        "gemv1_group"
-    } else if tokens <= 8 {
-        "gemv8_group"
+    let staged = if options.int8_mma_staged {
+        "_staged"
     } else {
-        "gemv_group"
+        ""
+    };
+    let name = if tokens == 1 && options.one_token_dp4a {
+        "gemv1_group".to_string()
+    } else if tokens <= 8 {
+        format!("gemv8_group{staged}")
+    } else {
+        format!("gemv_group{staged}")
     };
     let (kd, t) = (kdim as i32, tokens as i32);
     launch::gemv_group(
         gpu,
         k,
-        name,
+        &name,
         (end as u32, 128),
         g,
         bq,
@@ -621,7 +630,8 @@ pub fn matmul_group(
 
 /// The int8 tensor-core GEMV of a Q4_K or Q6_K weight (`gemv_i8tc_*` in kernels/gemv_tc.cu), the
 /// 8-token build for chunks of up to 8 and, with [`GpuOptions::one_token_dp4a`], the dp4a build
-/// for one (see [`int8_tile_launches`]).
+/// for one (see [`int8_tile_launches`]); with [`GpuOptions::int8_mma_staged`] several tokens on
+/// the staged builds.
 #[allow(clippy::too_many_arguments)]
 fn gemv_i8tc(
     gpu: &Gpu,
@@ -634,16 +644,42 @@ fn gemv_i8tc(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let suffix = w.format.kernel_suffix();
-    let one_token_dp4a = gpu.options().one_token_dp4a;
-    let name = |tc: usize| {
-        let build = match tc {
-            1 if one_token_dp4a => "gemv1",
-            ..=8 => "gemv8",
-            _ => "gemv",
-        };
-        format!("{build}_i8tc_{suffix}")
+    let options = gpu.options();
+    let build = |tc: usize| match tc {
+        1 if options.one_token_dp4a => "gemv1",
+        ..=8 => "gemv8",
+        _ => "gemv",
     };
     let at = |value: usize| int8_blocks_at(gpu, x, value);
+    if options.int8_mma_staged && tokens > 1 {
+        // Blocks of at most I8TC_STAGE_WARPS warps taking the chains of the usual launch.
+        let (y, y2, split) = out;
+        let chains = tensor_core_warps(&options, n, w.cols);
+        for (t0, tc) in token_chunks(tokens) {
+            let (xq, xd, xs) = at(t0 * w.cols);
+            let build = if tc <= 8 { "gemv8" } else { "gemv" };
+            launch::gemv_i8tc_staged(
+                gpu,
+                k,
+                &format!("{build}_i8tc_staged_{suffix}"),
+                (blocks(n, 16), 32 * chains.min(I8TC_STAGE_WARPS) as u32),
+                base,
+                w.row_bytes as i64,
+                xq,
+                xd,
+                xs,
+                row_at(y, t0, split),
+                row_at(y2, t0, n - split),
+                split as i32,
+                n as i32,
+                w.cols as i32,
+                tc as i32,
+                chains as i32,
+            )?;
+        }
+        return Ok(());
+    }
+    let name = |tc: usize| format!("{}_i8tc_{suffix}", build(tc));
     int8_tile_launches(
         gpu,
         k,
