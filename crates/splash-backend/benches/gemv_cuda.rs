@@ -196,12 +196,17 @@ fn main() {
                 println!("{line}");
                 alone(family.name());
             }
-            // The int8 tensor-core family's one-token dp4a build (the same bits).
-            tune(&gpu, |o| o.one_token_dp4a = true);
-            let one = cell(time_of(1, true));
-            println!("    int8-mma, one token by dp4a, conversion shared: 1: {one}");
+            // The int8 tensor-core family's staged builds (several tokens; the same bits).
+            tune(&gpu, |o| o.int8_mma_staged = true);
+            let mut line = format!("{:<28} {:>6} {:>10} |", "    int8-mma staged", "", "");
+            for tokens in [2, 4, 8, 16] {
+                line += &format!(" {tokens}: {}", cell(time(tokens)));
+            }
+            println!("{line}");
+            let sixteen = cell(time_of(16, true));
+            println!("    int8-mma staged, conversion shared: 16: {sixteen}");
             tune(&gpu, |o| {
-                o.one_token_dp4a = false;
+                o.int8_mma_staged = false;
                 o.tiled_gemv = dev::TiledGemv::TensorCores
             });
         }

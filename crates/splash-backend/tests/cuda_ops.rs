@@ -245,9 +245,9 @@ fn tensor_core_gemv_is_batch_invariant() {
     let k = gpu.kernels(FIXTURE_DIMS).unwrap();
     let (n, kd) = (100, 2560);
     // A block per tile, stream-K (tiles cut between blocks), and the int8 families; the int8
-    // tensor-core family also with its one-token dp4a build (the lone tokens run on it).
+    // tensor-core family also with its staged builds (lone tokens run its dp4a build).
     use dev::TiledGemv::{Int8, Int8Mma, Int8MmaQ4K, TensorCores};
-    for (family, stream_k, dp4a) in [
+    for (family, stream_k, staged) in [
         (TensorCores, false, false),
         (TensorCores, true, false),
         (Int8, false, false),
@@ -258,7 +258,7 @@ fn tensor_core_gemv_is_batch_invariant() {
         tune(&gpu, |o| {
             o.stream_k = stream_k;
             o.tiled_gemv = family;
-            o.one_token_dp4a = dp4a;
+            o.int8_mma_staged = staged;
         });
         // Activations rounded to int8 (per 32 or 256 values) rather than f16.
         let tol = if family == TensorCores { 5e-3 } else { 1e-2 };
@@ -286,7 +286,7 @@ fn tensor_core_gemv_is_batch_invariant() {
                     let err = rel_err(&got[rows.clone()], &want[rows.clone()]);
                     assert!(
                         err < tol,
-                        "{name} {family:?} t={t} token {ti} stream-K {stream_k} dp4a {dp4a}: relative error {err}"
+                        "{name} {family:?} t={t} token {ti} stream-K {stream_k} staged {staged}: relative error {err}"
                     );
                     let alone = product(&x[ti * kd..(ti + 1) * kd], 1);
                     let same = alone
@@ -295,7 +295,7 @@ fn tensor_core_gemv_is_batch_invariant() {
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
                         same,
-                        "{name} {family:?} t={t} token {ti} stream-K {stream_k} dp4a {dp4a}: differs from the token alone"
+                        "{name} {family:?} t={t} token {ti} stream-K {stream_k} staged {staged}: differs from the token alone"
                     );
                 }
             }
@@ -303,7 +303,7 @@ fn tensor_core_gemv_is_batch_invariant() {
     }
     tune(&gpu, |o| {
         o.stream_k = false;
-        o.one_token_dp4a = false;
+        o.int8_mma_staged = false;
         o.tiled_gemv = TensorCores;
     });
 }

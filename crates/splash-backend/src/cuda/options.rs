@@ -51,10 +51,6 @@ pub struct GpuOptions {
     /// (`SPLASH_PRODUCT_GROUPS`, on; see `ops::matmul_group`): a GDN layer's b and a beside its
     /// q/k/v/z, an attention layer's k and v beside its q.
     pub product_groups: bool,
-    /// A one-token product on the int8 tensor-core family runs its dp4a build, with the same
-    /// bits (`SPLASH_ONE_TOKEN_DP4A`, on; `gemv1_i8tc_*`): the mma builds spend seven of a
-    /// tile's eight token columns on nothing and swap code words between lanes.
-    pub one_token_dp4a: bool,
     /// Products of 2 to 16 tokens on the int8 tensor-core family run its staged builds, with
     /// the same bits (`SPLASH_INT8_MMA_STAGED`, off; `*_i8tc_staged_*`, `*_group_staged`): each
     /// warp copies a unit's activations into shared memory a unit ahead, as it asks for the
@@ -101,7 +97,6 @@ impl Default for GpuOptions {
             staged_attention: true,
             shared_expert_grouped: true,
             product_groups: true,
-            one_token_dp4a: true,
             int8_mma_staged: false,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
@@ -296,7 +291,6 @@ impl GpuOptions {
             staged_attention: flag("SPLASH_STAGED_ATTENTION", d.staged_attention)?,
             shared_expert_grouped: flag("SPLASH_SHARED_EXPERT_GROUPED", d.shared_expert_grouped)?,
             product_groups: flag("SPLASH_PRODUCT_GROUPS", d.product_groups)?,
-            one_token_dp4a: flag("SPLASH_ONE_TOKEN_DP4A", d.one_token_dp4a)?,
             int8_mma_staged: flag("SPLASH_INT8_MMA_STAGED", d.int8_mma_staged)?,
             gdn_chunked: flag("SPLASH_GDN_CHUNKED", d.gdn_chunked)?,
             prefill_experts,

@@ -555,12 +555,15 @@ __device__ __forceinline__ int q8_blocks_offset(int q, int s) { return 16 * (q &
 // Where a batch's int8 blocks lie (quantize_q8_blocks writes them, the GEMVs below read them):
 // in groups of GEMV_MAX_T tokens (a launch's; the last group holds the rest), group after group.
 // In a group of G tokens block b of all G lies together: its codes 256·G bytes from 256·G·b,
-// chunk k (0..3) of token t at 64·(k·G + t) in them and lane q's 16 bytes of it at + 16q; its
-// scales xd[G·b + t] and sums xs[8·(G·b + t) + s] from the group's first. Then an mma's load
-// of chunk k for 8 tokens (lane (g, q): token g's lane q) reads 512 contiguous bytes, four
-// lines, and a 16-token unit's scales and sums lie in three; a row a token (the layout before
-// 2026-12-07) took 16 lines a load and 32 for the scales and sums. One token's blocks are a row.
-//
+// its scales xd[G·b + t] and sums xs[8·(G·b + t) + s] from the group's first. In the codes, lane
+// q's 16-byte chunk k (0..3) of token t lies at 16 · q8_chunk(q, k, t, G): with G > 1 the
+// tokens' chunks k together, so that an mma's load of chunk k for 8 tokens (lane (g, q): token
+// g's lane q) reads 512 contiguous bytes, four lines, and a 16-token unit's scales and sums lie
+// in three (a row a token, the layout before 2026-12-07, took 16 lines a load and 32 for those);
+// a lone token (one-token decode) keeps a lane's chunks together, which its dp4a build reads
+// faster than chunks k together (BENCHMARKS.md, 2026-12-07, thirtieth session).
+__device__ __forceinline__ constexpr int q8_chunk(int q, int k, int t, int G) { return G == 1 ? 4 * q + k : 4 * (k * G + t) + q; }
+
 // Block b of token t of a batch of T tokens of nb blocks: the scale index of the group's block
 // b (`at`; its codes at 256·at, its sums at 8·at), the group's tokens and t's place in it.
 struct Q8Spot {
@@ -663,7 +666,8 @@ __shared__ uint4 i8tc_stage[I8TC_STAGE_WARPS][2][128 * 2 + 8 * 2 + 2 * 2];
 __shared__ float i8tc_part1[TC_WARPS_MAX][32][4];
 __shared__ float i8tc_part2[TC_WARPS_MAX][32][8];
 
-// y[t, n] = Σ_k W[n, k] x[t, k] for t < T ≤ 8·NT over the tiles as gemv_tc walks them (the same
+// y[t, n] = Σ_k W[n, k] x[t, k] for 2 ≤ T ≤ 8·NT (one token runs gemv1_i8tc, which reads a lone
+// token's layout and gives these bits) over the tiles as gemv_tc walks them (the same
 // chains and their order, `split` and the outputs), from one group of T tokens' int8 blocks (codes
 // xq, scales xd, sums xs (Q4_K only); see q8_spot). The block takes 16-row tile `tile`.
 // STAGED (at most I8TC_STAGE_WARPS warps): each warp copies a unit's activations into one of its
@@ -683,8 +687,8 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
     int n0 = tile_index * 16, nb = K >> 8;
     const u8* tile = W + (long)n0 * row_bytes;
     // In a block's activations (uint4): token 8i + g's codes from ox[i] (this lane's 16 bytes of
-    // chunk 0; chunk k 4·T·k on), tokens 8i + 2q + e's scales and sums at ot[i][e]. Tokens past T
-    // repeat the last one (their columns are not written).
+    // chunk 0; chunk k 4·T·k on: q8_chunk for T ≥ 2), tokens 8i + 2q + e's scales and sums at
+    // ot[i][e]. Tokens past T repeat the last one (their columns are not written).
     int ox[NT], ot[NT][2];
 #pragma unroll
     for (int i = 0; i < NT; i++) {
@@ -796,10 +800,10 @@ __device__ void gemv1_i8tc(const u8* W, long row_bytes, const i8* xq, const floa
     int n0 = tile_index * 16, nb = K >> 8;
     const u8* tile = W + (long)n0 * row_bytes;
     // Chunks 2n and 2n + 1 (`step` bytes on) of lane q (the first eight of each sub-block's
-    // values) and of lane q^2 (one token's blocks: chunk k of lane q at 64k + 16q, q8_spot).
-    const i8* first = xq + 128 * n + 16 * q;
-    const i8* last = xq + 128 * n + 16 * (q ^ 2);
-    constexpr int step = 64;
+    // values) and of lane q^2.
+    const i8* first = xq + 16 * q8_chunk(q, 2 * n, 0, 1);
+    const i8* last = xq + 16 * q8_chunk(q ^ 2, 2 * n, 0, 1);
+    constexpr int step = 16 * (q8_chunk(0, 1, 0, 1) - q8_chunk(0, 0, 0, 1));
     float c[2] = {0.0f, 0.0f};
     // A row's Σ over block b's sub-blocks of scale · Σ code·x, from the lane's share (Q4_K: sc
     // its four scales, a byte each) and the quad's others.
@@ -1212,7 +1216,7 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
     Q8_TILES_BUILD(NAME, F, gemv8, 8)         \
     Q8_TILES_BUILD(NAME, F, gemv, GEMV_MAX_T)
 
-// gemv8_i8tc_*: the int8 tensor-core GEMV for up to 8 tokens, gemv_i8tc_*: up to 16. The 8-token
+// gemv8_i8tc_*: the int8 tensor-core GEMV for 2 to 8 tokens, gemv_i8tc_*: up to 16. The 8-token
 // builds at most I8TC8_REGS registers (occupancy hides the weights' latency).
 #if !defined(KERNEL_EMULATION) && !defined(I8TC8_REGS)
 #define I8TC8_REGS 128
@@ -1247,8 +1251,7 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
         gemv_i8tc<F, NT, true>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, chains, blockIdx.x);     \
     }
 // gemv1_i8tc_*: one token, gemv_i8tc's bits (T must be 1). Q4_K's at most 80 registers, its own
-// count lane-major: six 4-warp blocks an SM, where the k-major chunks' 82 left five (registers go
-// to a warp in 256s).
+// count: six 4-warp blocks an SM (registers go to a warp in 256s).
 #ifdef KERNEL_EMULATION
 #define I8TC1_REGS_q4_k
 #else
@@ -1282,7 +1285,8 @@ struct ProductGroup {
         end[PRODUCT_GROUP_MAX];
 };
 
-// NT = 0: one token on gemv1_i8tc (the same bits). STAGED: gemv_i8tc's staged build.
+// NT = 0: one token on gemv1_i8tc (the same bits; the others take 2 to 8·NT). STAGED:
+// gemv_i8tc's staged build.
 template <int NT, bool STAGED>
 __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* bq, const float* bd, const short* bs,
                                            const i8* xq, const float* xd, const float* xs, int K, int T) {
@@ -1392,7 +1396,7 @@ __device__ __forceinline__ void q8_blocks_block(Value value, i8* xq, float* xd, 
         packed[i >> 2] |= (u32)(code & 0xff) << (8 * (i & 3));
     }
     Q8Spot at = q8_spot(w, nb, T);
-    long codes = 256 * at.at + 64 * ((s >> 1) * at.group + at.t) + 16 * q + 8 * (s & 1);
+    long codes = 256 * at.at + 16 * q8_chunk(q, s >> 1, at.t, at.group) + 8 * (s & 1);
     *(uint2*)(xq + codes) = make_uint2(packed[0], packed[1]);
     // Sub-block s is in lanes s, s + 8, s + 16, s + 24.
     sum += __shfl_xor_sync(0xffffffffu, sum, 8);

@@ -602,7 +602,7 @@ pub fn matmul_group(
     } else {
         ""
     };
-    let name = if tokens == 1 && options.one_token_dp4a {
+    let name = if tokens == 1 {
         "gemv1_group".to_string()
     } else if tokens <= 8 {
         format!("gemv8_group{staged}")
@@ -629,9 +629,10 @@ pub fn matmul_group(
 }
 
 /// The int8 tensor-core GEMV of a Q4_K or Q6_K weight (`gemv_i8tc_*` in kernels/gemv_tc.cu), the
-/// 8-token build for chunks of up to 8 and, with [`GpuOptions::one_token_dp4a`], the dp4a build
-/// for one (see [`int8_tile_launches`]); with [`GpuOptions::int8_mma_staged`] several tokens on
-/// the staged builds.
+/// 8-token build for chunks of 2 to 8 and its dp4a build for one, with the same bits (the mma
+/// builds would spend seven of a tile's eight token columns on nothing and swap code words
+/// between lanes; see [`int8_tile_launches`]); with [`GpuOptions::int8_mma_staged`] several
+/// tokens on the staged builds.
 #[allow(clippy::too_many_arguments)]
 fn gemv_i8tc(
     gpu: &Gpu,
@@ -646,7 +647,7 @@ fn gemv_i8tc(
     let suffix = w.format.kernel_suffix();
     let options = gpu.options();
     let build = |tc: usize| match tc {
-        1 if options.one_token_dp4a => "gemv1",
+        1 => "gemv1",
         ..=8 => "gemv8",
         _ => "gemv",
     };
@@ -657,23 +658,51 @@ fn gemv_i8tc(
         let chains = tensor_core_warps(&options, n, w.cols);
         for (t0, tc) in token_chunks(tokens) {
             let (xq, xd, xs) = at(t0 * w.cols);
-            let build = if tc <= 8 { "gemv8" } else { "gemv" };
+            let (y, y2) = (row_at(y, t0, split), row_at(y2, t0, n - split));
+            let shape = (split as i32, n as i32, w.cols as i32, tc as i32);
+            let (rb, grid) = (w.row_bytes as i64, blocks(n, 16));
+            if tc == 1 {
+                let name = format!("gemv1_i8tc_{suffix}");
+                let threads = 32 * chains as u32;
+                let (s, n, kd, t) = shape;
+                launch::gemv_i8tc(
+                    gpu,
+                    k,
+                    &name,
+                    (grid, threads),
+                    base,
+                    rb,
+                    xq,
+                    xd,
+                    xs,
+                    y,
+                    y2,
+                    s,
+                    n,
+                    kd,
+                    t,
+                )?;
+                continue;
+            }
+            let name = format!("{}_i8tc_staged_{suffix}", build(tc));
+            let threads = 32 * chains.min(I8TC_STAGE_WARPS) as u32;
+            let (s, n, kd, t) = shape;
             launch::gemv_i8tc_staged(
                 gpu,
                 k,
-                &format!("{build}_i8tc_staged_{suffix}"),
-                (blocks(n, 16), 32 * chains.min(I8TC_STAGE_WARPS) as u32),
+                &name,
+                (grid, threads),
                 base,
-                w.row_bytes as i64,
+                rb,
                 xq,
                 xd,
                 xs,
-                row_at(y, t0, split),
-                row_at(y2, t0, n - split),
-                split as i32,
-                n as i32,
-                w.cols as i32,
-                tc as i32,
+                y,
+                y2,
+                s,
+                n,
+                kd,
+                t,
                 chains as i32,
             )?;
         }
