@@ -652,57 +652,29 @@ fn gemv_i8tc(
         _ => "gemv",
     };
     let at = |value: usize| int8_blocks_at(gpu, x, value);
-    if options.int8_mma_staged && tokens > 1 {
+    // The staged builds take 2 to 16 tokens: a count with a lone token's chunk runs unstaged.
+    if options.int8_mma_staged && tokens % GEMV_MAX_T != 1 {
         // Blocks of at most I8TC_STAGE_WARPS warps taking the chains of the usual launch.
         let (y, y2, split) = out;
         let chains = tensor_core_warps(&options, n, w.cols);
         for (t0, tc) in token_chunks(tokens) {
             let (xq, xd, xs) = at(t0 * w.cols);
-            let (y, y2) = (row_at(y, t0, split), row_at(y2, t0, n - split));
-            let shape = (split as i32, n as i32, w.cols as i32, tc as i32);
-            let (rb, grid) = (w.row_bytes as i64, blocks(n, 16));
-            if tc == 1 {
-                let name = format!("gemv1_i8tc_{suffix}");
-                let threads = 32 * chains as u32;
-                let (s, n, kd, t) = shape;
-                launch::gemv_i8tc(
-                    gpu,
-                    k,
-                    &name,
-                    (grid, threads),
-                    base,
-                    rb,
-                    xq,
-                    xd,
-                    xs,
-                    y,
-                    y2,
-                    s,
-                    n,
-                    kd,
-                    t,
-                )?;
-                continue;
-            }
-            let name = format!("{}_i8tc_staged_{suffix}", build(tc));
-            let threads = 32 * chains.min(I8TC_STAGE_WARPS) as u32;
-            let (s, n, kd, t) = shape;
             launch::gemv_i8tc_staged(
                 gpu,
                 k,
-                &name,
-                (grid, threads),
+                &format!("{}_i8tc_staged_{suffix}", build(tc)),
+                (blocks(n, 16), 32 * chains.min(I8TC_STAGE_WARPS) as u32),
                 base,
-                rb,
+                w.row_bytes as i64,
                 xq,
                 xd,
                 xs,
-                y,
-                y2,
-                s,
-                n,
-                kd,
-                t,
+                row_at(y, t0, split),
+                row_at(y2, t0, n - split),
+                split as i32,
+                n as i32,
+                w.cols as i32,
+                tc as i32,
                 chains as i32,
             )?;
         }
