@@ -388,8 +388,8 @@ impl TileWeight<'_> {
 
 /// Checks an int8 GEMV of the tiles of `w` (`n` rows of `kd`), run by `run(x, split)` (rows
 /// below `split` into one output, the others into a second, returned one after the other):
-/// within 1e-2 of the CPU for 1, 5 and 16 tokens, rows stacked into two outputs bit-equal to
-/// one output, and every token of 5 and 16 bit-equal to itself alone.
+/// for each of `token_counts` tokens within 1e-2 of the CPU, rows stacked into two outputs
+/// bit-equal to one output, and every token of several bit-equal to itself alone.
 fn check_tile_gemv(
     w: &Weight,
     (n, kd): (usize, usize),
