@@ -562,7 +562,9 @@ __device__ __forceinline__ int q8_blocks_offset(int q, int s) { return 16 * (q &
 // in three (a row a token, the layout before 2026-12-07, took 16 lines a load and 32 for those);
 // a lone token (one-token decode) keeps a lane's chunks together, which its dp4a build reads
 // faster than chunks k together (BENCHMARKS.md, 2026-12-07, thirtieth session).
-__device__ __forceinline__ constexpr int q8_chunk(int q, int k, int t, int G) { return G == 1 ? 4 * q + k : 4 * (k * G + t) + q; }
+__device__ __forceinline__ constexpr int q8_chunk(int q, int k, int t, int G) {
+    return G == 1 ? 4 * q + k : 4 * (k * G + t) + q;
+}
 
 // Block b of token t of a batch of T tokens of nb blocks: the scale index of the group's block
 // b (`at`; its codes at 256·at, its sums at 8·at), the group's tokens and t's place in it.
