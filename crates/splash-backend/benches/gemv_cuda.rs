@@ -196,10 +196,11 @@ fn main() {
                 println!("{line}");
                 alone(family.name());
             }
-            // The int8 tensor-core family's staged builds (several tokens; the same bits).
+            // The int8 tensor-core family's staged builds (2 tokens or more; one runs the dp4a
+            // build either way; the same bits).
             tune(&gpu, |o| o.int8_mma_staged = true);
             let mut line = format!("{:<28} {:>6} {:>10} |", "    int8-mma staged", "", "");
-            for tokens in [2, 4, 8, 16] {
+            for tokens in [1, 2, 4, 8, 16] {
                 line += &format!(" {tokens}: {}", cell(time(tokens)));
             }
             println!("{line}");

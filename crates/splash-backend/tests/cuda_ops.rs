@@ -271,7 +271,8 @@ fn tensor_core_gemv_is_batch_invariant() {
                 let xd = gpu.upload(x).unwrap();
                 gpu_matmul(&gpu, &k, &dw, ptr(&gpu, &xd, 0), 0, n, t)
             };
-            for t in [1, 5, 8, 9, 16] {
+            // 17 and 20: two launches reading one conversion at a 16-token group's start.
+            for t in [1, 5, 8, 9, 16, 17, 20] {
                 // Rows of very different magnitudes: each token has its own f16 scale.
                 let mut x = random(t * kd, 40 + t as u64);
                 for (ti, row) in x.chunks_mut(kd).enumerate() {

@@ -510,8 +510,8 @@ fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
             let (mut y, mut y2) = (Vec::new(), Vec::new());
             for t0 in (0..tokens).step_by(16) {
                 let tc = 16.min(tokens - t0);
-                let out = run_build(if tc <= 8 { "gemv8" } else { "gemv" }, t0, tc);
                 assert!(tc > 1, "the mma builds take 2 tokens or more");
+                let out = run_build(if tc <= 8 { "gemv8" } else { "gemv" }, t0, tc);
                 let (lo, hi) = out.split_at(tc * split);
                 y.extend_from_slice(lo);
                 y2.extend_from_slice(hi);

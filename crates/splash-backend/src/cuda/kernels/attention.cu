@@ -486,7 +486,6 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const u16* row) {
 }
 #endif
 
-
 // Split attention over an int8 cache with the keys staged in shared memory (`*_staged`, the
 // default for int8 caches of head dim 128 or 256): a block takes the hb query heads
 // h0.. of one KV head of one row over one ATTN_CHUNK chunk and reads each key and value once for

@@ -508,7 +508,9 @@ fn gemv_q8_tiles(
     )
 }
 
-/// The device addresses of int8 blocks from value `at` on (a token's start): codes, scales, sums.
+/// The device addresses of int8 blocks from value `at` on (the first token of a group of
+/// `GEMV_MAX_T`, where a launch's blocks start: see q8_spot in kernels/gemv_tc.cu): codes,
+/// scales, sums.
 pub(super) fn int8_blocks_at(gpu: &Gpu, (xq, xd, xs): &Int8Blocks, at: usize) -> (u64, u64, u64) {
     (
         ptr(gpu, xq, at),
