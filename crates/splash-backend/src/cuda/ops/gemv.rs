@@ -504,7 +504,7 @@ fn gemv_q8_tiles(
         (base, n, tokens),
         name,
         at,
-        launch::gemv_q8t,
+        (usize::MAX, &launch::gemv_q8t),
     )
 }
 
@@ -657,30 +657,16 @@ fn gemv_i8tc(
     // The staged builds take 2 to 16 tokens: a count with a lone token's chunk runs unstaged.
     if options.int8_mma_staged && tokens % GEMV_MAX_T != 1 {
         // Blocks of at most I8TC_STAGE_WARPS warps taking the chains of the usual launch.
-        let (y, y2, split) = out;
-        let chains = tensor_core_warps(&options, n, w.cols);
-        for (t0, tc) in token_chunks(tokens) {
-            let (xq, xd, xs) = at(t0 * w.cols);
-            launch::gemv_i8tc_staged(
-                gpu,
-                k,
-                &format!("{}_i8tc_staged_{suffix}", build(tc)),
-                (blocks(n, 16), 32 * chains.min(I8TC_STAGE_WARPS) as u32),
-                base,
-                w.row_bytes as i64,
-                xq,
-                xd,
-                xs,
-                row_at(y, t0, split),
-                row_at(y2, t0, n - split),
-                split as i32,
-                n as i32,
-                w.cols as i32,
-                tc as i32,
-                chains as i32,
-            )?;
-        }
-        return Ok(());
+        let chains = tensor_core_warps(&options, n, w.cols) as i32;
+        let name = |tc: usize| format!("{}_i8tc_staged_{suffix}", build(tc));
+        let staged =
+            |gpu: &Gpu, k: &Kernels, name: &str, grid, base, rb, xq, xd, xs, y, y2, s, n, kd, t| {
+                launch::gemv_i8tc_staged(
+                    gpu, k, name, grid, base, rb, xq, xd, xs, y, y2, s, n, kd, t, chains,
+                )
+            };
+        let shape = (base, n, tokens);
+        return int8_tile_launches(gpu, k, out, w, shape, name, at, (I8TC_STAGE_WARPS, &staged));
     }
     let name = |tc: usize| format!("{}_i8tc_{suffix}", build(tc));
     int8_tile_launches(
@@ -691,12 +677,13 @@ fn gemv_i8tc(
         (base, n, tokens),
         name,
         at,
-        launch::gemv_i8tc,
+        (usize::MAX, &launch::gemv_i8tc),
     )
 }
 
-/// A launcher of the int8 GEMVs of the tiles (`launch::gemv_q8t`, `launch::gemv_i8tc`).
-type TileLauncher = fn(
+/// A launcher of the int8 GEMVs of the tiles (`launch::gemv_q8t`, `launch::gemv_i8tc`, the
+/// staged builds with their chains).
+type TileLauncher<'a> = &'a dyn Fn(
     &Gpu,
     &Kernels,
     &str,
@@ -716,8 +703,9 @@ type TileLauncher = fn(
 
 /// The launches of an int8 GEMV of `n` rows of a tiled weight from `base` over `tokens`: a block
 /// per 16-row tile with the tensor-core GEMV's warps, one launch per 16 tokens by the build
-/// `name(tokens)` (each token's bits are the same in every build); `at(value)` gives the int8
-/// input's addresses from a token's first value.
+/// `name(tokens)` (each token's bits are the same in every build), blocks of at most
+/// `max_warps` warps (the staged builds' slots); `at(value)` gives the int8 input's addresses
+/// from a token's first value.
 #[allow(clippy::too_many_arguments)]
 fn int8_tile_launches(
     gpu: &Gpu,
@@ -727,10 +715,10 @@ fn int8_tile_launches(
     (base, n, tokens): (u64, usize, usize),
     name: impl Fn(usize) -> String,
     at: impl Fn(usize) -> (u64, u64, u64),
-    launcher: TileLauncher,
+    (max_warps, launcher): (usize, TileLauncher<'_>),
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
-    let warps = tensor_core_warps(&gpu.options(), n, kdim) as u32;
+    let warps = tensor_core_warps(&gpu.options(), n, kdim).min(max_warps) as u32;
     for (t0, tc) in token_chunks(tokens) {
         let (xq, xd, xs) = at(t0 * kdim);
         launcher(
