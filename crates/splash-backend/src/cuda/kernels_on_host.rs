@@ -37,22 +37,16 @@ const ATTENTION_HEADS: usize = 4;
 /// The kernels for `dims`, built on first use; `None` (test skipped) without g++, unless
 /// `SPLASH_REQUIRE_HOST_KERNELS` is set.
 fn kernels(dims: KernelDims) -> Option<Arc<HostKernels>> {
-    kernels_with(dims, &[])
-}
-
-/// [`kernels`] with the kernel constants `defines` (`NAME=value`, as the options set them).
-fn kernels_with(dims: KernelDims, defines: &'static [&'static str]) -> Option<Arc<HostKernels>> {
-    type Built = HashMap<(KernelDims, &'static [&'static str]), Arc<HostKernels>>;
-    static BUILT: Mutex<Option<Built>> = Mutex::new(None);
+    static BUILT: Mutex<Option<HashMap<KernelDims, Arc<HostKernels>>>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap();
     let map = built.get_or_insert_with(HashMap::new);
-    if let Some(k) = map.get(&(dims, defines)) {
+    if let Some(k) = map.get(&dims) {
         return Some(k.clone());
     }
-    match HostKernels::build(dims, defines) {
+    match HostKernels::build(dims) {
         Ok(k) => {
             let k = Arc::new(k);
-            map.insert((dims, defines), k.clone());
+            map.insert(dims, k.clone());
             Some(k)
         }
         Err(e) if std::env::var_os("SPLASH_REQUIRE_HOST_KERNELS").is_none() => {
@@ -64,15 +58,14 @@ fn kernels_with(dims: KernelDims, defines: &'static [&'static str]) -> Option<Ar
 }
 
 impl HostKernels {
-    fn build(dims: KernelDims, defines: &[&str]) -> Result<Self, String> {
+    fn build(dims: KernelDims) -> Result<Self, String> {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cuda");
         let stem = std::env::temp_dir().join(format!(
-            "splash-kernels-on-host-{}-{}-{}-{}-{}",
+            "splash-kernels-on-host-{}-{}-{}-{}",
             std::process::id(),
             dims.head_dim,
             dims.gdn_dk,
-            dims.gdn_dv,
-            defines.join("-")
+            dims.gdn_dv
         ));
         let (cu, lib) = (stem.with_extension("cu"), stem.with_extension("so"));
         // The very source NVRTC compiles (the kernel files in order, with #line directives),
@@ -94,7 +87,6 @@ impl HostKernels {
                 super::KernelOptions::default().gdn_slices(dims.gdn_dk)
             ))
             .arg(format!("-DATTN_HEADS_MAX={ATTENTION_HEADS}"))
-            .args(defines.iter().map(|d| format!("-D{d}")))
             .arg("-include")
             .arg(src.join("kernels_on_host.h"))
             .args(["-x", "c++"])
