@@ -334,14 +334,16 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
       [ -n "${PROFILE_SKIP:-}" ] && only+=(-s "$PROFILE_SKIP")
       rows=()
       [ -n "${PROFILE_VERIFY_ROWS:-}" ] && rows=(--verify-rows "$PROFILE_VERIFY_ROWS")
+      # PROFILE_BIN=splash-before: profile the earlier build staged beside this one.
+      p=$out/profile-$m${PROFILE_BIN:+-$PROFILE_BIN}
       /usr/local/cuda/bin/ncu "${only[@]}" --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-        --csv --log-file "$out/profile-$m.csv" ./.device/splash bench --model "$f" --device cuda \
+        --csv --log-file "$p.csv" "./.device/${PROFILE_BIN:-splash}" bench --model "$f" --device cuda \
         --prompt-tokens "${PROFILE_CONTEXT:-16}" --decode-tokens 8 --repeat 1 --speculative off "${rows[@]}" \
-        > "$out/profile-$m.txt" 2>&1
+        > "$p.txt" 2>&1
       if [ -n "${PROFILE_KERNELS:-}" ]; then
-        python3 bench/ncu_passes.py "$out/profile-$m.csv" --tail 64 | tee "$out/profile-$m-pass.txt" | tail -80
+        python3 bench/ncu_passes.py "$p.csv" --tail 64 | tee "$p-pass.txt" | tail -80
       else
-        python3 bench/ncu_passes.py "$out/profile-$m.csv" -2 | tee "$out/profile-$m-pass.txt" | tail -60
+        python3 bench/ncu_passes.py "$p.csv" -2 | tee "$p-pass.txt" | tail -60
       fi
     else
       # Random drafts of the published shapes, 5 layers, block 16: DFlash (v1), and DFlash2
