@@ -915,8 +915,8 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
 /// order and leaves the counter at 0 (as do `moe_group_counts`, `moe_group_slots` and
 /// `moe_group_scatter`, a prefill pass's grouping),
 /// and `moe_combine` adds the weighted products to the gated residual with the bits of the
-/// formula, value by value. Expert counts below, at and above a thread each (12, 256, 1,000),
-/// and more pairs than threads. With the shared expert routed as each token's first pair
+/// formula, value by value. Expert counts under one, eight and up to 32 a lane (12, 256, 1,000),
+/// the tokens in one routing block (up to 32) and in several, and more pairs than threads. With the shared expert routed as each token's first pair
 /// (expert E, weight sigmoid(gate)), the grouping counts it as one more expert and the sum
 /// starts from zero.
 #[test]
@@ -940,9 +940,8 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         (1000, 10, 110, false),
     ] {
         let mut logits = random(tokens * experts, (experts + tokens) as u64);
-        // Ties among the chosen, to go to the lower index: across lanes (0, 1), within a lane's
-        // experts (3, 259: one thread holds both when there are more experts than threads) and
-        // across warps of the last token (2, 40).
+        // Ties among the chosen, to go to the lower index: across lanes (0, 1; 2, 40 of the last
+        // token) and within a lane's experts (3, 259: lane 3 holds both).
         (logits[0], logits[1]) = (9.0, 9.0);
         if experts > 259 {
             (logits[3], logits[259]) = (10.0, 10.0);
@@ -964,7 +963,7 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
             // ops::moe_route gives them.
             unsafe {
                 let route: Route = kern.kernel("moe_route");
-                kern.launch(tokens as u32, 1024, &|| {
+                kern.launch(tokens.div_ceil(32) as u32, 1024, &|| {
                     let sg = if shared {
                         sga.ptr()
                     } else {
@@ -974,6 +973,7 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
                     let [aa, oa, ra, da] = grouping.map_or([null; 4], |g| g.map(|a| a.ptr()));
                     route(
                         la.ptr(),
+                        tokens as i32,
                         ia.ptr(),
                         wa.ptr(),
                         experts as i32,

@@ -2,139 +2,124 @@
 // p = t·k + j is token t's j-th expert (k: top_k, or top_k + 1 with the shared expert routed as
 // a pair, see moe_route); the expert products are gemv_tc_experts_* (gemv_tc.cu).
 
-// The router of one token per block (E ≤ 1024 experts): softmax over its logits, the top_k most
-// probable experts (ties: the lower index first), their probabilities renormalised to sum 1,
-// summed in that order (as ffn.rs::route). ids, weights [T, top_k].
-// Threads of a moe_route block (a thread an expert, so that its last block can group the pairs,
-// see group_pairs), the most experts a token keeps, and the experts a thread holds.
+// The router, a warp a token (E ≤ 1024 experts; lane l holds experts l, l + 32, ...): softmax
+// over the token's logits, its top_k most probable experts (ties: the lower index first), their
+// probabilities renormalised to sum 1, summed in that order (as ffn.rs::route). A warp a token
+// keeps the pick in registers and shuffles: no block-wide round, and the decode step's lone token
+// (a block of its own) is routed in a few microseconds.
+// Threads of a moe_route block (a thread an expert, so that a block can group the pairs, see
+// group_pairs), the tokens a block routes, the most experts a token keeps, a lane's experts.
 #define MOE_ROUTE_THREADS 1024
+#define MOE_ROUTE_TOKENS (MOE_ROUTE_THREADS / 32)
 #define MOE_TOP_K_MAX 32
-#define MOE_PER_THREAD (1024 / MOE_ROUTE_THREADS)
+#define MOE_LANE_EXPERTS (1024 / 32)
 
-// The best (largest value, then lowest id) of the warp's candidates v[k], id[k] (k < n, each
-// lane its own), to every lane; the lane that held it takes it out (value −inf).
-__device__ __forceinline__ void warp_best(float* v, int* id, int n, float* best_v, int* best_i, int* best_k) {
-    float bv = NEG_INF;
-    int bi = 0x7fffffff, bk = -1;
-    for (int k = 0; k < n; k++)
-        if (v[k] > bv || (v[k] == bv && id[k] < bi)) {
-            bv = v[k];
-            bi = id[k];
-            bk = k;
+// Token's logits l [E] → its top_k (expert, weight) pairs at out_i, out_w, by one warp.
+static __device__ void route_token(const float* l, int E, int top_k, int* out_i, float* out_w) {
+    int lane = threadIdx.x & 31, n = (E + 31) >> 5;
+    // p[k]: expert lane + 32k's logit, then its probability; −inf past the last expert.
+    float p[MOE_LANE_EXPERTS];
+    float m = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < MOE_LANE_EXPERTS; k++) {
+        p[k] = k < n && lane + 32 * k < E ? l[lane + 32 * k] : NEG_INF;
+        m = fmaxf(m, p[k]);
+    }
+    m = warp_max(m);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MOE_LANE_EXPERTS; k++)
+        if (k < n && lane + 32 * k < E) {
+            p[k] = expf(p[k] - m);
+            s += p[k];
         }
-    int owner = threadIdx.x & 31;
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        int oo = __shfl_xor_sync(0xffffffffu, owner, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-            bv = ov;
-            bi = oi;
-            owner = oo;
+    s = warp_sum(s);
+#pragma unroll
+    for (int k = 0; k < MOE_LANE_EXPERTS; k++)
+        if (k < n && lane + 32 * k < E) p[k] /= s;
+    // Pick j: each lane's best (its lowest expert on ties), then the warp's (the lowest expert on
+    // ties); its lane takes it out, lane j keeps it.
+    float kept_v = 0.0f;
+    int kept_i = 0;
+    for (int j = 0; j < top_k; j++) {
+        float bv = NEG_INF;
+        int bk = 0;
+#pragma unroll
+        for (int k = 0; k < MOE_LANE_EXPERTS; k++)
+            if (k < n && p[k] > bv) {
+                bv = p[k];
+                bk = k;
+            }
+        int bi = lane + 32 * bk;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if ((bi & 31) == lane) {
+#pragma unroll
+            for (int k = 0; k < MOE_LANE_EXPERTS; k++)
+                if (k == bi >> 5) p[k] = NEG_INF;
+        }
+        if (lane == j) {
+            kept_v = bv;
+            kept_i = bi;
         }
     }
-    if ((threadIdx.x & 31) == owner && bk >= 0) v[bk] = NEG_INF;
-    *best_v = bv;
-    *best_i = bi;
-    *best_k = bk;
+    float sum = 0.0f;
+    for (int j = 0; j < top_k; j++) sum += __shfl_sync(0xffffffffu, kept_v, j);
+    if (lane < top_k) {
+        out_i[lane] = kept_i;
+        out_w[lane] = kept_v / sum;
+    }
 }
 
 static __device__ void group_pairs(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
                                    int* order);
 
+// ids, weights [tokens, top_k]; MOE_ROUTE_TOKENS tokens a block.
 // With shared_gate, the shared expert is one more pair of every token, its first: expert E with
 // weight sigmoid(shared_gate[t]), so that the grouped products run it with the routed experts
-// (ids, weights [T, top_k + 1]).
-// With `done` (a counter at 0, left at 0), the last block to finish also groups the pairs
-// (group_pairs, up to 1,024 pairs): routing and grouping in one launch.
+// (ids, weights [tokens, top_k + 1]).
+// With `done` (a counter at 0, left at 0), the block also groups the pairs (group_pairs, up to
+// 1,024 pairs), the last to finish when there are several: routing and grouping in one launch.
 extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
-    moe_route(const float* logits, int* ids, float* weights, int E, int top_k, const float* shared_gate, int* done,
-              int slots, int* active, int* offsets, int* order) {
+    moe_route(const float* logits, int tokens, int* ids, float* weights, int E, int top_k, const float* shared_gate,
+              int* done, int slots, int* active, int* offsets, int* order) {
     GRID_PROLOGUE();
-    __shared__ float p[1024];
-    const float* l = logits + (long)blockIdx.x * E;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    float m = NEG_INF;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, l[e]);
-    m = block_max(m);
-    float s = 0.0f;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        p[e] = expf(l[e] - m);
-        s += p[e];
-    }
-    s = block_sum(s);
-    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] /= s;
-    __syncthreads();
+    int t = blockIdx.x * MOE_ROUTE_TOKENS + (threadIdx.x >> 5);
     int per = shared_gate ? top_k + 1 : top_k;
-    int* out_i = ids + (long)blockIdx.x * per;
-    float* out_w = weights + (long)blockIdx.x * per;
-    if (shared_gate) {
-        if (threadIdx.x == 0) {
-            out_i[0] = E;
-            out_w[0] = sigmoid(shared_gate[blockIdx.x]);
-        }
-        out_i++;
-        out_w++;
-    }
-    // Each warp's top_k of its experts (e = threadIdx.x, + blockDim.x, ...), then warp 0's top_k
-    // of those: the block's top_k in order, with no block-wide round per expert chosen.
-    __shared__ float cand_v[MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX];
-    __shared__ int cand_i[MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX];
-    float mine_v[MOE_PER_THREAD];
-    int mine_i[MOE_PER_THREAD];
-#pragma unroll
-    for (int k = 0; k < MOE_PER_THREAD; k++) {
-        int e = threadIdx.x + k * blockDim.x;
-        mine_v[k] = e < E ? p[e] : NEG_INF;
-        mine_i[k] = e < E ? e : E;
-    }
-    for (int j = 0; j < top_k; j++) {
-        float bv;
-        int bi, bk;
-        warp_best(mine_v, mine_i, MOE_PER_THREAD, &bv, &bi, &bk);
-        if (lane == 0) {
-            cand_v[warp * top_k + j] = bv;
-            cand_i[warp * top_k + j] = bi;
-        }
-    }
-    __syncthreads();
-    if (warp == 0) {
-        float v[MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX / 32];
-        int id[MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX / 32];
-        int n = warps * top_k;
-#pragma unroll
-        for (int k = 0; k < MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX / 32; k++) {
-            int c = lane + 32 * k;
-            v[k] = c < n ? cand_v[c] : NEG_INF;
-            id[k] = c < n ? cand_i[c] : E;
-        }
-        for (int j = 0; j < top_k; j++) {
-            float bv;
-            int bi, bk;
-            warp_best(v, id, MOE_ROUTE_THREADS / 32 * MOE_TOP_K_MAX / 32, &bv, &bi, &bk);
-            if (lane == 0) {
-                out_i[j] = bi;
-                out_w[j] = bv;
+    if (t < tokens) {
+        int* out_i = ids + (long)t * per;
+        float* out_w = weights + (long)t * per;
+        if (shared_gate) {
+            if ((threadIdx.x & 31) == 0) {
+                out_i[0] = E;
+                out_w[0] = sigmoid(shared_gate[t]);
             }
+            out_i++;
+            out_w++;
         }
-    }
-    if (threadIdx.x == 0) {
-        float sum = 0.0f;
-        for (int j = 0; j < top_k; j++) sum += out_w[j];
-        for (int j = 0; j < top_k; j++) out_w[j] /= sum;
+        route_token(logits + (long)t * E, E, top_k, out_i, out_w);
     }
     if (!done) return;
-    // Thread 0 wrote the token's pairs: they are visible to every block before it is counted.
-    __shared__ int last;
-    if (threadIdx.x == 0) {
+    if (gridDim.x > 1) {
+        // Every block's pairs are visible to every block before it is counted.
+        __shared__ int last;
         __threadfence();
-        last = atomicAdd(done, 1) == (int)gridDim.x - 1;
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(done, 1) == (int)gridDim.x - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+    } else {
+        __syncthreads();
     }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    group_pairs(ids, (int)gridDim.x * per, shared_gate ? E + 1 : E, slots, active, offsets, order);
-    if (threadIdx.x == 0) *done = 0;
+    group_pairs(ids, tokens * per, shared_gate ? E + 1 : E, slots, active, offsets, order);
+    if (threadIdx.x == 0 && gridDim.x > 1) *done = 0;
 }
 
 // The slots of a MoE layer's active experts, from thread e's count c of expert e's pairs (one

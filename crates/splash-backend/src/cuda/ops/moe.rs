@@ -36,6 +36,9 @@ pub(super) const MOE_GROUP_ONE_BLOCK: usize = 1024;
 /// Pairs a block of `moe_group_counts` and `moe_group_scatter` takes (`MOE_GROUP_CHUNK`).
 pub(super) const MOE_GROUP_CHUNK: usize = 256;
 
+/// Tokens a block of `moe_route` routes, a warp each (`MOE_ROUTE_TOKENS` in kernels/moe.cu).
+pub(super) const MOE_ROUTE_TOKENS: usize = 32;
+
 /// The most experts a token may keep for device routing (`MOE_TOP_K_MAX` in kernels/moe.cu).
 pub(super) const MOE_TOP_K_MAX: usize = 32;
 
@@ -80,17 +83,18 @@ pub fn moe_route(
     let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
     let (ids, e, slots) = (p(&r.ids), experts as i32, slots as i32);
     let (active, offsets, order) = (p(&r.active), p(&r.offsets), p(&r.order));
-    // Up to MOE_GROUP_ONE_BLOCK pairs the routing's last block groups them (`done`: its
-    // counter; with GpuOptions::fold_moe), else `moe_group` or the chunked grouping's
-    // launches follow.
+    // Up to MOE_GROUP_ONE_BLOCK pairs the routing groups them, in its one block or the last of
+    // several to finish (`done`: their counter; with GpuOptions::fold_moe), else `moe_group` or
+    // the chunked grouping's launches follow.
     let one_block = r.chunk_counts.is_none();
     let fold = one_block && gpu.options().fold_moe;
     let done = if fold { gpu.route_done() } else { 0 };
     launch::moe_route(
         gpu,
         k,
-        (tokens as u32, 1024),
+        (tokens.div_ceil(MOE_ROUTE_TOKENS) as u32, 1024),
         logits,
+        tokens as i32,
         ids,
         ptr(gpu, &r.weights, 0),
         routed as i32,
