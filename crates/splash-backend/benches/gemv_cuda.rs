@@ -196,20 +196,7 @@ fn main() {
                 println!("{line}");
                 alone(family.name());
             }
-            // The int8 tensor-core family's staged builds (2 tokens or more; one runs the dp4a
-            // build either way; the same bits).
-            tune(&gpu, |o| o.int8_mma_staged = true);
-            let mut line = format!("{:<28} {:>6} {:>10} |", "    int8-mma staged", "", "");
-            for tokens in [1, 2, 4, 8, 16] {
-                line += &format!(" {tokens}: {}", cell(time(tokens)));
-            }
-            println!("{line}");
-            let sixteen = cell(time_of(16, true));
-            println!("    int8-mma staged, conversion shared: 16: {sixteen}");
-            tune(&gpu, |o| {
-                o.int8_mma_staged = false;
-                o.tiled_gemv = dev::TiledGemv::TensorCores
-            });
+            tune(&gpu, |o| o.tiled_gemv = dev::TiledGemv::TensorCores);
         }
         if std::env::var_os("GEMV_SWEEP").is_some() && tensor_core {
             for warps in [1, 2, 4, 8] {

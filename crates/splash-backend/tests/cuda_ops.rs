@@ -244,21 +244,19 @@ fn tensor_core_gemv_is_batch_invariant() {
     let Some(gpu) = gpu() else { return };
     let k = gpu.kernels(FIXTURE_DIMS).unwrap();
     let (n, kd) = (100, 2560);
-    // A block per tile, stream-K (tiles cut between blocks), and the int8 families; the int8
-    // tensor-core family also with its staged builds (lone tokens run its dp4a build).
+    // A block per tile, stream-K (tiles cut between blocks), and the int8 families (lone
+    // tokens of the int8 tensor-core family run its dp4a build).
     use dev::TiledGemv::{Int8, Int8Mma, Int8MmaQ4K, TensorCores};
-    for (family, stream_k, staged) in [
-        (TensorCores, false, false),
-        (TensorCores, true, false),
-        (Int8, false, false),
-        (Int8Mma, false, false),
-        (Int8Mma, false, true),
-        (Int8MmaQ4K, false, false),
+    for (family, stream_k) in [
+        (TensorCores, false),
+        (TensorCores, true),
+        (Int8, false),
+        (Int8Mma, false),
+        (Int8MmaQ4K, false),
     ] {
         tune(&gpu, |o| {
             o.stream_k = stream_k;
             o.tiled_gemv = family;
-            o.int8_mma_staged = staged;
         });
         // Activations rounded to int8 (per 32 or 256 values) rather than f16.
         let tol = if family == TensorCores { 5e-3 } else { 1e-2 };
@@ -287,7 +285,7 @@ fn tensor_core_gemv_is_batch_invariant() {
                     let err = rel_err(&got[rows.clone()], &want[rows.clone()]);
                     assert!(
                         err < tol,
-                        "{name} {family:?} t={t} token {ti} stream-K {stream_k} staged {staged}: relative error {err}"
+                        "{name} {family:?} t={t} token {ti} stream-K {stream_k}: relative error {err}"
                     );
                     let alone = product(&x[ti * kd..(ti + 1) * kd], 1);
                     let same = alone
@@ -296,7 +294,7 @@ fn tensor_core_gemv_is_batch_invariant() {
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
                         same,
-                        "{name} {family:?} t={t} token {ti} stream-K {stream_k} staged {staged}: differs from the token alone"
+                        "{name} {family:?} t={t} token {ti} stream-K {stream_k}: differs from the token alone"
                     );
                 }
             }
@@ -304,7 +302,6 @@ fn tensor_core_gemv_is_batch_invariant() {
     }
     tune(&gpu, |o| {
         o.stream_k = false;
-        o.int8_mma_staged = false;
         o.tiled_gemv = TensorCores;
     });
 }

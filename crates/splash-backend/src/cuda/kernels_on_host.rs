@@ -281,33 +281,17 @@ struct TileWeight<'a> {
 impl TileWeight<'_> {
     /// Quantised activations `[tokens, kd]` (codes, scales, sums of `S`) multiplied by the
     /// kernel `gemv`: rows below `split` into one output, the others into a second, returned
-    /// one after the other. `staged`: `gemv` is a staged build (`*_i8tc_staged_*`), launched
-    /// with at most 4 warps taking `warps` chains.
+    /// one after the other.
     ///
     /// # Safety
-    /// `gemv` must have the signature of `gemv_q8t_*` (staged: and `chains` after it) with its
-    /// sums of type `S`.
+    /// `gemv` must have the signature of `gemv_q8t_*` with its sums of type `S`.
     unsafe fn run<S>(
         &self,
         kern: &HostKernels,
-        (gemv, staged): (&str, bool),
+        gemv: &str,
         (xq, xd, xs): (&[i8], &[f32], &[S]),
         split: usize,
     ) -> Vec<f32> {
-        type Staged<S> = unsafe extern "C" fn(
-            *const u8,
-            i64,
-            *const i8,
-            *const f32,
-            *const S,
-            *mut f32,
-            *mut f32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-        );
         type Gemv<S> = unsafe extern "C" fn(
             *const u8,
             i64,
@@ -337,26 +321,6 @@ impl TileWeight<'_> {
         );
         // SAFETY: the caller's signature, over buffers of the sizes ops.rs gives them.
         unsafe {
-            if staged {
-                let g: Staged<S> = kern.kernel(gemv);
-                kern.launch(n.div_ceil(16) as u32, 32 * self.warps.min(4), &|| {
-                    g(
-                        wa.ptr(),
-                        self.row_bytes,
-                        qa.ptr(),
-                        da.ptr(),
-                        sa.ptr(),
-                        ya.ptr(),
-                        y2a.ptr(),
-                        split as i32,
-                        n as i32,
-                        kd as i32,
-                        tokens as i32,
-                        self.warps as i32,
-                    )
-                });
-                return [y, y2].concat();
-            }
             let g: Gemv<S> = kern.kernel(gemv);
             kern.launch(n.div_ceil(16) as u32, 32 * self.warps, &|| {
                 g(
@@ -438,7 +402,7 @@ fn the_int8_tile_gemv_on_the_host_matches_the_cpu() {
             let gemv = format!("gemv{build}_q8t_{suffix}");
             let (q, d, s) = q8_input(&kern, x);
             // SAFETY: gemv*_q8t_* (kernels/gemv_tc.cu) have this signature.
-            unsafe { tile.run(&kern, (&gemv, false), (&q, &d, &s), split) }
+            unsafe { tile.run(&kern, &gemv, (&q, &d, &s), split) }
         };
         // Activations rounded to int8 per 32 values: about 4e-3.
         check_tile_gemv(w, (tile.n, tile.kd), &[1, 5, 16], label, run);
@@ -472,8 +436,7 @@ fn for_each_tile_case(check: impl Fn(&Weight, &TileWeight, &str, &str)) {
 /// per 256 values, over chains of one and several blocks and warps; rows from 16 on go to a
 /// second output with the same bits; and every token of 5, 16 and 20 (one conversion read by
 /// launches of 16 and 4, as ops.rs launches them) gets the bits it gets alone, from the dp4a
-/// build of one token (`gemv1_i8tc_*`). The staged builds (`*_i8tc_staged_*`, at most 4 warps
-/// taking all chains) give the bits of the others.
+/// build of one token (`gemv1_i8tc_*`).
 #[test]
 fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
     let Some(kern) = kernels(DIMS_32) else { return };
@@ -486,15 +449,8 @@ fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
                 let (v0, v1) = (t0 * kd, (t0 + tc) * kd);
                 let group = (&q[v0..v1], &d[v0 / 256..v1 / 256], &s[v0 / 32..v1 / 32]);
                 let gemv = format!("{build}_i8tc_{suffix}");
-                // SAFETY: gemv*_i8tc_* and *_i8tc_staged_* (kernels/gemv_tc.cu) have these
-                // signatures.
-                let y = unsafe { tile.run(&kern, (&gemv, false), group, split) };
-                if build != "gemv1" {
-                    let staged = format!("{build}_i8tc_staged_{suffix}");
-                    let z = unsafe { tile.run(&kern, (&staged, true), group, split) };
-                    assert_eq!(bits(&y), bits(&z), "{label}: {staged} differs from {gemv}");
-                }
-                y
+                // SAFETY: gemv*_i8tc_* (kernels/gemv_tc.cu) have this signature.
+                unsafe { tile.run(&kern, &gemv, group, split) }
             };
             if tokens == 1 {
                 return run_build("gemv1", 0, 1);
@@ -515,8 +471,7 @@ fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
     });
 }
 
-/// The products of one input in one launch (`gemv8_group`, `gemv_group`, and their staged
-/// builds) as `ops::matmul_group` launches them: a stacked Q4_K pair (3 tiles split at 16, 3
+/// The products of one input in one launch (`gemv8_group`, `gemv_group`) as `ops::matmul_group` launches them: a stacked Q4_K pair (3 tiles split at 16, 3
 /// chains), a Q6_K weight whose 8 chains outnumber the launch's 4 warps, and a stacked Q8_0 pair
 /// of few rows on the row GEMV. Each product gets the bits of its own launch, for 1, 5 and 16
 /// tokens.
@@ -632,58 +587,53 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
                 }
             }
         }
-        // All three in one launch, also by the staged build (of 2 tokens or more).
-        let mut groups = vec![format!("{build}_group")];
-        if tokens > 1 {
-            groups.push(format!("{build}_group_staged"));
+        // All three in one launch.
+        let group = format!("{build}_group");
+        let together = outputs();
+        let mut g = super::ProductGroup::default();
+        let mut end = 0;
+        for (i, (&(w, fmt, n, split, chains, row_bytes), (y, y2))) in
+            products.iter().zip(&together).enumerate()
+        {
+            (g.w[i], g.y[i], g.y2[i]) = (
+                Addr::of(w).0 as u64,
+                Addr::of(y).0 as u64,
+                Addr::of(y2).0 as u64,
+            );
+            (g.row_bytes[i], g.fmt[i], g.n[i], g.split[i]) =
+                (row_bytes, fmt, n as i32, split as i32);
+            g.chains[i] = chains as i32;
+            end += if fmt == FMT_Q8_0 {
+                n * tokens
+            } else {
+                n.div_ceil(16)
+            };
+            g.end[i] = end as i32;
         }
-        for group in &groups {
-            let together = outputs();
-            let mut g = super::ProductGroup::default();
-            let mut end = 0;
-            for (i, (&(w, fmt, n, split, chains, row_bytes), (y, y2))) in
-                products.iter().zip(&together).enumerate()
-            {
-                (g.w[i], g.y[i], g.y2[i]) = (
-                    Addr::of(w).0 as u64,
-                    Addr::of(y).0 as u64,
-                    Addr::of(y2).0 as u64,
-                );
-                (g.row_bytes[i], g.fmt[i], g.n[i], g.split[i]) =
-                    (row_bytes, fmt, n as i32, split as i32);
-                g.chains[i] = chains as i32;
-                end += if fmt == FMT_Q8_0 {
-                    n * tokens
-                } else {
-                    n.div_ceil(16)
-                };
-                g.end[i] = end as i32;
-            }
-            g.end[3] = end as i32;
-            // SAFETY: gemv*_group's signature (kernels/gemv_tc.cu), over the buffers above.
-            unsafe {
-                let gemv: host::gemv_group = kern.kernel(group);
-                kern.launch(end as u32, 128, &|| {
-                    let (q, d, s) = (qa.ptr(), da.ptr(), sa.ptr());
-                    gemv(g, bqa.ptr(), bda.ptr(), bsa.ptr(), q, d, s, k, t)
-                });
-            }
-            for (i, ((a, a2), (b, b2))) in apart.iter().zip(&together).enumerate() {
-                assert!(
-                    a.iter().all(|v| v.is_finite()),
-                    "product {i}: written apart"
-                );
-                assert_eq!(
-                    bits(a),
-                    bits(b),
-                    "{group}, tokens={tokens} product {i}: the first rows"
-                );
-                assert_eq!(
-                    bits(a2),
-                    bits(b2),
-                    "{group}, tokens={tokens} product {i}: the second rows"
-                );
-            }
+        g.end[3] = end as i32;
+        // SAFETY: gemv*_group's signature (kernels/gemv_tc.cu), over the buffers above.
+        unsafe {
+            let gemv: host::gemv_group = kern.kernel(&group);
+            kern.launch(end as u32, 128, &|| {
+                let (q, d, s) = (qa.ptr(), da.ptr(), sa.ptr());
+                gemv(g, bqa.ptr(), bda.ptr(), bsa.ptr(), q, d, s, k, t)
+            });
+        }
+        for (i, ((a, a2), (b, b2))) in apart.iter().zip(&together).enumerate() {
+            assert!(
+                a.iter().all(|v| v.is_finite()),
+                "product {i}: written apart"
+            );
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "{group}, tokens={tokens} product {i}: the first rows"
+            );
+            assert_eq!(
+                bits(a2),
+                bits(b2),
+                "{group}, tokens={tokens} product {i}: the second rows"
+            );
         }
     }
 }

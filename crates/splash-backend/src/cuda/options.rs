@@ -51,11 +51,6 @@ pub struct GpuOptions {
     /// (`SPLASH_PRODUCT_GROUPS`, on; see `ops::matmul_group`): a GDN layer's b and a beside its
     /// q/k/v/z, an attention layer's k and v beside its q.
     pub product_groups: bool,
-    /// Products of 2 to 16 tokens on the int8 tensor-core family run its staged builds, with
-    /// the same bits (`SPLASH_INT8_MMA_STAGED`, off; `*_i8tc_staged_*`, `*_group_staged`): each
-    /// warp copies a unit's activations into shared memory a unit ahead, as it asks for the
-    /// unit's weights, instead of reading them from memory inside the unit.
-    pub int8_mma_staged: bool,
     /// Tiles of 16 queries each warp of the vision tower's attention takes, 1 or 2
     /// (`SPLASH_VISION_QUERY_TILES`, 2: 1.24× faster at 4 Mpx on the H200); 2 only for head
     /// dims up to 80.
@@ -97,7 +92,6 @@ impl Default for GpuOptions {
             staged_attention: true,
             shared_expert_grouped: true,
             product_groups: true,
-            int8_mma_staged: false,
             gdn_chunked: false,
             prefill_experts: PrefillExperts::Gemm,
             vision_query_tiles: 2,
@@ -291,7 +285,6 @@ impl GpuOptions {
             staged_attention: flag("SPLASH_STAGED_ATTENTION", d.staged_attention)?,
             shared_expert_grouped: flag("SPLASH_SHARED_EXPERT_GROUPED", d.shared_expert_grouped)?,
             product_groups: flag("SPLASH_PRODUCT_GROUPS", d.product_groups)?,
-            int8_mma_staged: flag("SPLASH_INT8_MMA_STAGED", d.int8_mma_staged)?,
             gdn_chunked: flag("SPLASH_GDN_CHUNKED", d.gdn_chunked)?,
             prefill_experts,
             vision_query_tiles: number("SPLASH_VISION_QUERY_TILES", 1..=2)?
@@ -358,11 +351,9 @@ mod tests {
             ("SPLASH_ATTENTION_HEADS", "1"),
             ("SPLASH_TILED_GEMV", "tensor-cores"),
             ("SPLASH_SHARED_EXPERT_GROUPED", "0"),
-            ("SPLASH_INT8_MMA_STAGED", "1"),
         ])
         .unwrap();
         assert!(!o.fold_launches && !o.capture_pool && !o.shared_expert_grouped);
-        assert!(o.int8_mma_staged);
         assert_eq!(o.tiled_gemv, TiledGemv::TensorCores);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);

@@ -219,9 +219,7 @@ kernels! {
     family gemv_q8t ["gemv_q8t_q4_k", "gemv_q8t_q6_k", "gemv1_q8t_q4_k", "gemv1_q8t_q6_k", "gemv2_q8t_q4_k", "gemv2_q8t_q6_k", "gemv4_q8t_q4_k", "gemv4_q8t_q6_k", "gemv8_q8t_q4_k", "gemv8_q8t_q6_k"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const f32, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
     /// The int8 tensor-core GEMV of Q4_K and Q6_K tiles: one token by dp4a with its bits (`gemv1_i8tc_*`), up to 8 (`gemv8_i8tc_*`) or 16 tokens.
     family gemv_i8tc ["gemv1_i8tc_q4_k", "gemv8_i8tc_q4_k", "gemv_i8tc_q4_k", "gemv1_i8tc_q6_k", "gemv8_i8tc_q6_k", "gemv_i8tc_q6_k"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const i16, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32);
-    /// Its staged builds (`GpuOptions::int8_mma_staged`): blocks of up to 4 warps taking `chains` chains.
-    family gemv_i8tc_staged ["gemv8_i8tc_staged_q4_k", "gemv_i8tc_staged_q4_k", "gemv8_i8tc_staged_q6_k", "gemv_i8tc_staged_q6_k"](w: *const u8, row_bytes: i64, xq: *const i8, xd: *const f32, xs: *const i16, y: *mut f32, y2: *mut f32, split: i32, n: i32, k: i32, t: i32, chains: i32);
-    family gemv_group ["gemv1_group", "gemv8_group", "gemv_group", "gemv8_group_staged", "gemv_group_staged"](g: ProductGroup, bq: *const i8, bd: *const f32, bs: *const i16, xq: *const i8, xd: *const f32, xs: *const f32, k: i32, t: i32);
+    family gemv_group ["gemv1_group", "gemv8_group", "gemv_group"](g: ProductGroup, bq: *const i8, bd: *const f32, bs: *const i16, xq: *const i8, xd: *const f32, xs: *const f32, k: i32, t: i32);
     /// Activations for `gemv_i8tc`: int8 per 256 values in its order, a scale a block, sums per 32.
     kernel quantize_q8_blocks(x: *const f32, xq: *mut i8, xd: *mut f32, xs: *mut i16, blocks: i64, nb: i32);
     /// `quantize_q8_blocks` of `silu(g) · u`.

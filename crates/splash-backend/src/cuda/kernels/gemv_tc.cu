@@ -284,11 +284,9 @@ __device__ __forceinline__ void tc_tile_sum(float (*part)[32][4 * NT], int chain
 // so every chain has a block). `unit(r0, r1, b)` works on a unit's two halves (rows g and g + 8)
 // while the next unit's loads are in flight; `chain_done(j)` follows the last unit of chain j.
 // The first weights are asked for before GRID_PROLOGUE: everything else comes from the kernels
-// before. `ahead(b, some)` is called as each unit's weights are asked for, after GRID_PROLOGUE
-// (some: there is a unit b; the last call has none), so that its activations can be too.
-template <int F, class Unit, class ChainDone, class Ahead>
-__device__ __forceinline__ void tile_units(const u8* tile, int nb, int chains, Unit unit, ChainDone chain_done,
-                                           Ahead ahead) {
+// before.
+template <int F, class Unit, class ChainDone>
+__device__ __forceinline__ void tile_units(const u8* tile, int nb, int chains, Unit unit, ChainDone chain_done) {
     int warps = blockDim.x >> 5, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int seg_bytes = F == FMT_Q4_K ? Q4K_SEGMENT : Q6K_SEGMENT;
     auto after = [&](int& uj, int& ub) {
@@ -312,7 +310,6 @@ __device__ __forceinline__ void tile_units(const u8* tile, int nb, int chains, U
         after(pj, pb);
     }
     GRID_PROLOGUE();
-    ahead(b, have);
     while (have) {
         // The next unit's loads are in flight while this one is decoded and multiplied (more
         // in flight, in registers or through a ring of shared-memory slots that the copy engine
@@ -329,7 +326,6 @@ __device__ __forceinline__ void tile_units(const u8* tile, int nb, int chains, U
             n0r = tc_load<F>(tile + (long)nbk * seg_bytes, 0, lane);
             n1r = tc_load<F>(tile + (long)nbk * seg_bytes, 1, lane);
         }
-        ahead(nbk, next);
         unit(r0, r1, b);
         if (nj != j) chain_done(j);
         r0 = n0r;
@@ -338,12 +334,6 @@ __device__ __forceinline__ void tile_units(const u8* tile, int nb, int chains, U
         b = nbk;
         have = next;
     }
-}
-
-// tile_units with nothing asked for ahead but the weights.
-template <int F, class Unit, class ChainDone>
-__device__ __forceinline__ void tile_units(const u8* tile, int nb, int chains, Unit unit, ChainDone chain_done) {
-    tile_units<F>(tile, nb, chains, unit, chain_done, [](int, bool) {});
 }
 
 // y[t, n] = Σ_b xscale[t, b] · Σ_{k in block b} W[n, k] xh[t, k] for t < T ≤ 8·NT. Block: the
@@ -658,13 +648,8 @@ __device__ __forceinline__ int i8_minimums(const u32* mn, uint4 xs) {
     return __dp2a_hi((int)xs.w, (int)mn[1], v);
 }
 
-// The slots of the staged builds (gemv_i8tc with STAGED), two a warp for at most
-// I8TC_STAGE_WARPS warps, of the 16-token build's size: one array for every instance in a kernel
-// (a product group has two).
-#define I8TC_STAGE_WARPS 4
-__shared__ uint4 i8tc_stage[I8TC_STAGE_WARPS][2][128 * 2 + 8 * 2 + 2 * 2];
-// gemv_i8tc's chain sums of each NT, likewise one array for a kernel's instances: a product
-// group's two and the slots fit the 48 KB of static shared memory.
+// gemv_i8tc's chain sums of each NT, one array for every instance in a kernel (a product group
+// has two).
 __shared__ float i8tc_part1[TC_WARPS_MAX][32][4];
 __shared__ float i8tc_part2[TC_WARPS_MAX][32][8];
 
@@ -672,19 +657,12 @@ __shared__ float i8tc_part2[TC_WARPS_MAX][32][8];
 // token's layout and gives these bits) over the tiles as gemv_tc walks them (the same
 // chains and their order, `split` and the outputs), from one group of T tokens' int8 blocks (codes
 // xq, scales xd, sums xs (Q4_K only); see q8_spot). The block takes 16-row tile `tile`.
-// STAGED (at most I8TC_STAGE_WARPS warps): each warp copies a unit's activations into one of its
-// two shared-memory slots (cp.async) as it asks for the unit's weights, a unit ahead, and reads
-// them from there, the same values in the same order; otherwise it reads them from memory in the
-// unit.
-template <int F, int NT, bool STAGED = false>
+template <int F, int NT>
 __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float* xd, const short* xs, float* y,
                           float* y2, int split, int N, int K, int T, int chains, int tile_index) {
     static_assert(NT == 1 || NT == 2, "gemv_i8tc: 8 or 16 tokens");
     auto part = reinterpret_cast<float(*)[32][4 * NT]>(NT == 1 ? &i8tc_part1[0][0][0] : &i8tc_part2[0][0][0]);
-    // A slot (uint4): the codes of up to 8·NT tokens (a block's, as they lie in memory), their
-    // sums from SUMS, their scales (floats) from SCALES.
-    constexpr int SUMS = 128 * NT, SCALES = SUMS + 8 * NT;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int lane = threadIdx.x & 31;
     int g = lane >> 2, q = lane & 3;
     int n0 = tile_index * 16, nb = K >> 8;
     const u8* tile = W + (long)n0 * row_bytes;
@@ -698,22 +676,6 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
 #pragma unroll
         for (int e = 0; e < 2; e++) ot[i][e] = min(8 * i + 2 * q + e, T - 1);
     }
-    // STAGED: units whose copies were asked for, units read.
-    int asked = 0, read = 0;
-    auto ahead = [&](int b, bool some) {
-        if (!STAGED) return;
-        __syncwarp();  // the slot's reads two units ago are done
-        uint4* slot = i8tc_stage[warp][asked++ & 1];
-        if (some) {
-            const uint4* codes = (const uint4*)(xq + 256L * T * b);
-            for (int i = lane; i < 16 * T; i += 32) cp_async16(slot + i, codes + i, 16);
-            if (lane < T) {
-                if (F == FMT_Q4_K) cp_async16(slot + SUMS + lane, (const uint4*)xs + (long)T * b + lane, 16);
-                cp_async4((float*)(slot + SCALES) + lane, xd + (long)T * b + lane, 4);
-            }
-        }
-        cp_async_commit();
-    };
     // Q6_K: the activations of half 0 (even lanes) alone.
     const u32 half0 = (q & 1) ? 0u : 0xffffffffu;
     float c[NT][4];
@@ -722,20 +684,10 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
     tile_units<F>(
         tile, nb, chains,
         [&](const TcRaw& r0, const TcRaw& r1, int b) {
-            const uint4 *codes, *sums;
-            const float* scales;
-            if (STAGED) {
-                cp_async_wait_one();  // all but the next unit's copies
-                __syncwarp();
-                const uint4* slot = i8tc_stage[warp][read++ & 1];
-                codes = slot;
-                sums = slot + SUMS;
-                scales = (const float*)(slot + SCALES);
-            } else {
-                codes = (const uint4*)(xq + 256L * T * b);
-                sums = (const uint4*)xs + (long)T * b;
-                scales = xd + (long)T * b;
-            }
+            // The unit's block of the tokens' codes, sums and scales.
+            const uint4* codes = (const uint4*)(xq + 256L * T * b);
+            const uint4* sums = (const uint4*)xs + (long)T * b;
+            const float* scales = xd + (long)T * b;
             I8Row w0 = i8_row<F>(r0), w1 = i8_row<F>(r1);
 #pragma unroll
             for (int i = 0; i < NT; i++) {
@@ -782,8 +734,7 @@ __device__ void gemv_i8tc(const u8* W, long row_bytes, const i8* xq, const float
             tc_chain_store<NT>(c, part, j);
 #pragma unroll
             for (int i = 0; i < NT; i++) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
-        },
-        ahead);
+        });
     tc_tile_sum<NT>(part, chains, n0, y, y2, split, N, T, nullptr);
 }
 
@@ -1239,18 +1190,11 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
 #else
 #define I8TC_REGS_gemv __maxnreg__(I8TC16_REGS)
 #endif
-// *_i8tc_staged_*: the staged builds (SPLASH_INT8_MMA_STAGED), blocks of at most
-// I8TC_STAGE_WARPS warps taking `chains` chains (the bits of a launch of that many warps).
 #define I8TC_BUILD(PREFIX, NT, NAME, F)                                                                 \
     extern "C" __global__ void I8TC_REGS_##PREFIX PREFIX##_i8tc_##NAME(const u8* W, long row_bytes, const i8* xq, \
                                                   const float* xd, const short* xs, float* y, float* y2,      \
                                                   int split, int N, int K, int T) {                           \
         gemv_i8tc<F, NT>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, blockDim.x >> 5, blockIdx.x);       \
-    }                                                                                                   \
-    extern "C" __global__ void I8TC_REGS_##PREFIX PREFIX##_i8tc_staged_##NAME(                          \
-        const u8* W, long row_bytes, const i8* xq, const float* xd, const short* xs, float* y, float* y2, \
-        int split, int N, int K, int T, int chains) {                                                   \
-        gemv_i8tc<F, NT, true>(W, row_bytes, xq, xd, xs, y, y2, split, N, K, T, chains, blockIdx.x);     \
     }
 // gemv1_i8tc_*: one token, gemv_i8tc's bits (T must be 1). Q4_K's at most 80 registers, its own
 // count: six 4-warp blocks an SM (registers go to a warp in 256s).
@@ -1287,9 +1231,8 @@ struct ProductGroup {
         end[PRODUCT_GROUP_MAX];
 };
 
-// NT = 0: one token on gemv1_i8tc (the same bits; the others take 2 to 8·NT). STAGED:
-// gemv_i8tc's staged build.
-template <int NT, bool STAGED>
+// NT = 0: one token on gemv1_i8tc (the same bits; the others take 2 to 8·NT).
+template <int NT>
 __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* bq, const float* bd, const short* bs,
                                            const i8* xq, const float* xd, const float* xs, int K, int T) {
     int i = 0;
@@ -1303,11 +1246,9 @@ __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* b
     } else if (NT == 0 && g.fmt[i] == FMT_Q6_K) {
         gemv1_i8tc<FMT_Q6_K>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, g.chains[i], local);
     } else if (g.fmt[i] == FMT_Q4_K) {
-        gemv_i8tc<FMT_Q4_K, NT ? NT : 1, STAGED>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i],
-                                                 local);
+        gemv_i8tc<FMT_Q4_K, NT ? NT : 1>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i], local);
     } else if (g.fmt[i] == FMT_Q6_K) {
-        gemv_i8tc<FMT_Q6_K, NT ? NT : 1, STAGED>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i],
-                                                 local);
+        gemv_i8tc<FMT_Q6_K, NT ? NT : 1>(W, g.row_bytes[i], bq, bd, bs, y, y2, split, N, K, T, g.chains[i], local);
     } else {
         GRID_PROLOGUE();
         int per = (g.end[i] - first) / T, t = local / per;
@@ -1327,17 +1268,16 @@ __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* b
 #define GROUP_REGS_gemv8 __maxnreg__(I8TC8_REGS)
 #define GROUP_REGS_gemv __maxnreg__(I8TC16_REGS)
 #endif
-#define GROUP_BUILD(PREFIX, NAME, NT, STAGED)                                                              \
-    extern "C" __global__ void GROUP_REGS_##PREFIX NAME(ProductGroup g, const i8* bq, const float* bd,       \
-                                                        const short* bs, const i8* xq, const float* xd,     \
-                                                        const float* xs, int K, int T) {                    \
-        product_group<NT, STAGED>(g, bq, bd, bs, xq, xd, xs, K, T);                                         \
+#define GROUP_BUILD(PREFIX, NT)                                                                            \
+    extern "C" __global__ void GROUP_REGS_##PREFIX PREFIX##_group(ProductGroup g, const i8* bq, const float* bd, \
+                                                                  const short* bs, const i8* xq,             \
+                                                                  const float* xd, const float* xs, int K,   \
+                                                                  int T) {                                   \
+        product_group<NT>(g, bq, bd, bs, xq, xd, xs, K, T);                                                 \
     }
-GROUP_BUILD(gemv1, gemv1_group, 0, false)
-GROUP_BUILD(gemv8, gemv8_group, 1, false)
-GROUP_BUILD(gemv, gemv_group, 2, false)
-GROUP_BUILD(gemv8, gemv8_group_staged, 1, true)
-GROUP_BUILD(gemv, gemv_group_staged, 2, true)
+GROUP_BUILD(gemv1, 0)
+GROUP_BUILD(gemv8, 1)
+GROUP_BUILD(gemv, 2)
 
 TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)

@@ -504,7 +504,7 @@ fn gemv_q8_tiles(
         (base, n, tokens),
         name,
         at,
-        (usize::MAX, &launch::gemv_q8t),
+        launch::gemv_q8t,
     )
 }
 
@@ -518,10 +518,6 @@ pub(super) fn int8_blocks_at(gpu: &Gpu, (xq, xd, xs): &Int8Blocks, at: usize) ->
         ptr(gpu, xs, at / 32),
     )
 }
-
-/// Warps a block of the int8 tensor-core GEMV's staged builds at most (`I8TC_STAGE_WARPS` in
-/// kernels/gemv_tc.cu).
-const I8TC_STAGE_WARPS: usize = 4;
 
 /// The format codes of kernels/quant.cuh that `gemv_group` takes.
 pub(crate) const FMT_Q8_0: i32 = 7;
@@ -599,23 +595,16 @@ pub fn matmul_group(
     } else {
         (0, 0, 0)
     };
-    let staged = if options.int8_mma_staged {
-        "_staged"
-    } else {
-        ""
-    };
-    let name = if tokens == 1 {
-        "gemv1_group".to_string()
-    } else if tokens <= 8 {
-        format!("gemv8_group{staged}")
-    } else {
-        format!("gemv_group{staged}")
+    let name = match tokens {
+        1 => "gemv1_group",
+        ..=8 => "gemv8_group",
+        _ => "gemv_group",
     };
     let (kd, t) = (kdim as i32, tokens as i32);
     launch::gemv_group(
         gpu,
         k,
-        &name,
+        name,
         (end as u32, 128),
         g,
         bq,
@@ -633,8 +622,7 @@ pub fn matmul_group(
 /// The int8 tensor-core GEMV of a Q4_K or Q6_K weight (`gemv_i8tc_*` in kernels/gemv_tc.cu), the
 /// 8-token build for chunks of 2 to 8 and its dp4a build for one, with the same bits (the mma
 /// builds would spend seven of a tile's eight token columns on nothing and swap code words
-/// between lanes; see [`int8_tile_launches`]); with [`GpuOptions::int8_mma_staged`] several
-/// tokens on the staged builds.
+/// between lanes; see [`int8_tile_launches`]).
 #[allow(clippy::too_many_arguments)]
 fn gemv_i8tc(
     gpu: &Gpu,
@@ -647,28 +635,15 @@ fn gemv_i8tc(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let suffix = w.format.kernel_suffix();
-    let options = gpu.options();
-    let build = |tc: usize| match tc {
-        1 => "gemv1",
-        ..=8 => "gemv8",
-        _ => "gemv",
+    let name = |tc: usize| {
+        let build = match tc {
+            1 => "gemv1",
+            ..=8 => "gemv8",
+            _ => "gemv",
+        };
+        format!("{build}_i8tc_{suffix}")
     };
     let at = |value: usize| int8_blocks_at(gpu, x, value);
-    // The staged builds take 2 to 16 tokens: a count with a lone token's chunk runs unstaged.
-    if options.int8_mma_staged && tokens % GEMV_MAX_T != 1 {
-        // Blocks of at most I8TC_STAGE_WARPS warps taking the chains of the usual launch.
-        let chains = tensor_core_warps(&options, n, w.cols) as i32;
-        let name = |tc: usize| format!("{}_i8tc_staged_{suffix}", build(tc));
-        let staged =
-            |gpu: &Gpu, k: &Kernels, name: &str, grid, base, rb, xq, xd, xs, y, y2, s, n, kd, t| {
-                launch::gemv_i8tc_staged(
-                    gpu, k, name, grid, base, rb, xq, xd, xs, y, y2, s, n, kd, t, chains,
-                )
-            };
-        let shape = (base, n, tokens);
-        return int8_tile_launches(gpu, k, out, w, shape, name, at, (I8TC_STAGE_WARPS, &staged));
-    }
-    let name = |tc: usize| format!("{}_i8tc_{suffix}", build(tc));
     int8_tile_launches(
         gpu,
         k,
@@ -677,13 +652,12 @@ fn gemv_i8tc(
         (base, n, tokens),
         name,
         at,
-        (usize::MAX, &launch::gemv_i8tc),
+        launch::gemv_i8tc,
     )
 }
 
-/// A launcher of the int8 GEMVs of the tiles (`launch::gemv_q8t`, `launch::gemv_i8tc`, the
-/// staged builds with their chains).
-type TileLauncher<'a> = &'a dyn Fn(
+/// A launcher of the int8 GEMVs of the tiles (`launch::gemv_q8t`, `launch::gemv_i8tc`).
+type TileLauncher = fn(
     &Gpu,
     &Kernels,
     &str,
@@ -703,9 +677,8 @@ type TileLauncher<'a> = &'a dyn Fn(
 
 /// The launches of an int8 GEMV of `n` rows of a tiled weight from `base` over `tokens`: a block
 /// per 16-row tile with the tensor-core GEMV's warps, one launch per 16 tokens by the build
-/// `name(tokens)` (each token's bits are the same in every build), blocks of at most
-/// `max_warps` warps (the staged builds' slots); `at(value)` gives the int8 input's addresses
-/// from a token's first value.
+/// `name(tokens)` (each token's bits are the same in every build); `at(value)` gives the int8
+/// input's addresses from a token's first value.
 #[allow(clippy::too_many_arguments)]
 fn int8_tile_launches(
     gpu: &Gpu,
@@ -715,10 +688,10 @@ fn int8_tile_launches(
     (base, n, tokens): (u64, usize, usize),
     name: impl Fn(usize) -> String,
     at: impl Fn(usize) -> (u64, u64, u64),
-    (max_warps, launcher): (usize, TileLauncher<'_>),
+    launcher: TileLauncher,
 ) -> Result<(), GpuError> {
     let kdim = w.cols;
-    let warps = tensor_core_warps(&gpu.options(), n, kdim).min(max_warps) as u32;
+    let warps = tensor_core_warps(&gpu.options(), n, kdim) as u32;
     for (t0, tc) in token_chunks(tokens) {
         let (xq, xd, xs) = at(t0 * kdim);
         launcher(
