@@ -866,9 +866,9 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
 /// `moe_group_scatter`, a prefill pass's grouping),
 /// and `moe_combine` adds the weighted products to the gated residual with the bits of the
 /// formula, value by value. Expert counts under one, eight and up to 32 a lane (12, 256, 1,000),
-/// the tokens in one routing block (up to 32) and in several, and more pairs than threads. With the shared expert routed as each token's first pair
-/// (expert E, weight sigmoid(gate)), the grouping counts it as one more expert and the sum
-/// starts from zero.
+/// the tokens in one routing block (up to 32) and in several, and more pairs than threads. With
+/// the shared expert routed as each token's first pair (expert E, weight sigmoid(gate)), the
+/// grouping counts it as one more expert and the sum starts from zero.
 #[test]
 fn the_moe_routing_kernels_on_the_host_match_the_reference() {
     let Some(kern) = kernels(DIMS_32) else { return };
