@@ -471,10 +471,10 @@ fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
     });
 }
 
-/// The products of one input in one launch (`gemv8_group`, `gemv_group`) as `ops::matmul_group` launches them: a stacked Q4_K pair (3 tiles split at 16, 3
-/// chains), a Q6_K weight whose 8 chains outnumber the launch's 4 warps, and a stacked Q8_0 pair
-/// of few rows on the row GEMV. Each product gets the bits of its own launch, for 1, 5 and 16
-/// tokens.
+/// The products of one input in one launch (`gemv8_group`, `gemv_group`) as
+/// `ops::matmul_group` launches them: a stacked Q4_K pair (3 tiles split at 16, 3 chains), a
+/// Q6_K weight whose 8 chains outnumber the launch's 4 warps, and a stacked Q8_0 pair of few
+/// rows on the row GEMV. Each product gets the bits of its own launch, for 1, 5 and 16 tokens.
 #[test]
 fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
     use super::ops::{FMT_Q4_K, FMT_Q6_K, FMT_Q8_0};
