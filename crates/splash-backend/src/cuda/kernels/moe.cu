@@ -5,8 +5,8 @@
 // The router, a warp a token (E ≤ 1024 experts; lane l holds experts l, l + 32, ...): softmax
 // over the token's logits, its top_k most probable experts (ties: the lower index first), their
 // probabilities renormalised to sum 1, summed in that order (as ffn.rs::route). A warp a token
-// keeps the pick in registers and shuffles: no block-wide round, and the decode step's lone token
-// (a block of its own) is routed in a few microseconds.
+// keeps the pick in registers and shuffles: no block-wide round or global-memory pass between
+// the softmax, the top_k and the renormalisation.
 // Threads of a moe_route block (a thread an expert, so that a block can group the pairs, see
 // group_pairs), the tokens a block routes, the most experts a token keeps, a lane's experts.
 #define MOE_ROUTE_THREADS 1024
