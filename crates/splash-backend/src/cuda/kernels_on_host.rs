@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 
+use super::ops::int8_mma_build;
 use super::signatures::host;
 use super::KernelDims;
 use crate::cpu::{self, GdnDims, KvFormat, KvStore, VHeadOrder};
@@ -445,21 +446,22 @@ fn the_int8_tensor_core_gemv_on_the_host_matches_the_cpu() {
         let run = |x: &[f32], split: usize| {
             let tokens = x.len() / kd;
             let (q, d, s) = q8_blocks_input(&kern, x, kd);
-            let run_build = |build: &str, t0: usize, tc: usize| {
+            // Tokens t0.. t0 + tc by the build ops.rs launches for tc.
+            let run_build = |t0: usize, tc: usize| {
                 let (v0, v1) = (t0 * kd, (t0 + tc) * kd);
                 let group = (&q[v0..v1], &d[v0 / 256..v1 / 256], &s[v0 / 32..v1 / 32]);
-                let gemv = format!("{build}_i8tc_{suffix}");
+                let gemv = format!("{}_i8tc_{suffix}", int8_mma_build(tc));
                 // SAFETY: gemv*_i8tc_* (kernels/gemv_tc.cu) have this signature.
                 unsafe { tile.run(&kern, &gemv, group, split) }
             };
             if tokens == 1 {
-                return run_build("gemv1", 0, 1);
+                return run_build(0, 1);
             }
             let (mut y, mut y2) = (Vec::new(), Vec::new());
             for t0 in (0..tokens).step_by(16) {
                 let tc = 16.min(tokens - t0);
                 assert!(tc > 1, "the mma builds take 2 tokens or more");
-                let out = run_build(if tc <= 8 { "gemv8" } else { "gemv" }, t0, tc);
+                let out = run_build(t0, tc);
                 let (lo, hi) = out.split_at(tc * split);
                 y.extend_from_slice(lo);
                 y2.extend_from_slice(hi);
@@ -533,11 +535,7 @@ fn a_product_group_gives_each_product_the_bits_of_its_own_launch() {
                 .collect()
         };
         let apart = outputs();
-        let build = match tokens {
-            1 => "gemv1",
-            ..=8 => "gemv8",
-            _ => "gemv",
-        };
+        let build = int8_mma_build(tokens);
         let (t, k) = (tokens as i32, kd as i32);
         // Each product in its own launch, as ops::matmul launches it.
         for (&(w, fmt, n, split, chains, row_bytes), (y, y2)) in products.iter().zip(&apart) {

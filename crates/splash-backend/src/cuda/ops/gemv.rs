@@ -519,6 +519,16 @@ pub(super) fn int8_blocks_at(gpu: &Gpu, (xq, xd, xs): &Int8Blocks, at: usize) ->
     )
 }
 
+/// The build of the int8 tensor-core family (and of `gemv_group`) that runs a launch of `tokens`
+/// (1 to 16): the dp4a build for one, the 8-token mma build up to 8, the 16-token one above.
+pub(crate) fn int8_mma_build(tokens: usize) -> &'static str {
+    match tokens {
+        1 => "gemv1",
+        ..=8 => "gemv8",
+        _ => "gemv",
+    }
+}
+
 /// The format codes of kernels/quant.cuh that `gemv_group` takes.
 pub(crate) const FMT_Q8_0: i32 = 7;
 pub(crate) const FMT_Q4_K: i32 = 10;
@@ -595,16 +605,12 @@ pub fn matmul_group(
     } else {
         (0, 0, 0)
     };
-    let name = match tokens {
-        1 => "gemv1_group",
-        ..=8 => "gemv8_group",
-        _ => "gemv_group",
-    };
+    let name = format!("{}_group", int8_mma_build(tokens));
     let (kd, t) = (kdim as i32, tokens as i32);
     launch::gemv_group(
         gpu,
         k,
-        name,
+        &name,
         (end as u32, 128),
         g,
         bq,
@@ -635,14 +641,7 @@ fn gemv_i8tc(
     tokens: usize,
 ) -> Result<(), GpuError> {
     let suffix = w.format.kernel_suffix();
-    let name = |tc: usize| {
-        let build = match tc {
-            1 => "gemv1",
-            ..=8 => "gemv8",
-            _ => "gemv",
-        };
-        format!("{build}_i8tc_{suffix}")
-    };
+    let name = |tc: usize| format!("{}_i8tc_{suffix}", int8_mma_build(tc));
     let at = |value: usize| int8_blocks_at(gpu, x, value);
     int8_tile_launches(
         gpu,
