@@ -8,16 +8,19 @@
 // keeps the pick in registers and shuffles: no block-wide round or global-memory pass between
 // the softmax, the top_k and the renormalisation.
 // Threads of a moe_route block (a thread an expert, so that a block can group the pairs, see
-// group_pairs), the tokens a block routes, the most experts a token keeps, a lane's experts.
+// group_pairs), the tokens a block routes, the most experts a token keeps (lane j keeps pick j),
+// the experts a lane holds (of at most a thread's worth).
 #define MOE_ROUTE_THREADS 1024
 #define MOE_ROUTE_TOKENS (MOE_ROUTE_THREADS / 32)
 #define MOE_TOP_K_MAX 32
-#define MOE_LANE_EXPERTS (1024 / 32)
+#define MOE_LANE_EXPERTS (MOE_ROUTE_THREADS / 32)
 
-// Token's logits l [E] → its top_k (expert, weight) pairs at out_i, out_w, by one warp.
+// Token's logits l [E] → its top_k (≤ MOE_TOP_K_MAX) (expert, weight) pairs at out_i, out_w, by
+// one warp.
 static __device__ void route_token(const float* l, int E, int top_k, int* out_i, float* out_w) {
     int lane = threadIdx.x & 31, n = (E + 31) >> 5;
-    // p[k]: expert lane + 32k's logit, then its probability; −inf past the last expert.
+    // p[k]: expert lane + 32k's logit, then its probability; −inf past the last expert. The
+    // warp-uniform k < n skips the slots no lane holds (E = 256: 8 of 32).
     float p[MOE_LANE_EXPERTS];
     float m = NEG_INF;
 #pragma unroll
