@@ -628,6 +628,107 @@ fn experts_route_and_multiply_on_the_device() {
     }
 }
 
+/// The router's product and the routing in one launch (`dev::moe_router`) against the stacked
+/// product (`dev::matmul_pair`) then `dev::moe_route`: the same logits, gate, pairs and weights,
+/// and a grouped product over each routing gives the same bits (the same grouping). The
+/// 35B-A3B's router (256 experts, top 8, the shared expert routed and its gate row stacked)
+/// at 1, 2, 16 and 28 tokens, f32 and bf16 rows; past 256 pairs, or with the option off, it
+/// declines.
+#[test]
+fn the_folded_router_has_the_bits_of_the_product_then_the_routing() {
+    let Some(gpu) = gpu() else { return };
+    let k = gpu.kernels(FIXTURE_DIMS).unwrap();
+    let (experts, top_k, kd, n) = (256, 8, 2048, 32);
+    let expert = |seed: u64| {
+        let all = weights(n, kd, seed);
+        let w = all.into_iter().find(|(name, _)| name == "Q4_K").unwrap().1;
+        gpu.upload_weight(&w).unwrap()
+    };
+    // The grouped product's experts: 257 (the shared one last), alternating two weights.
+    let dws = [expert(3), expert(4)];
+    let table: Vec<u64> = (0..=experts).map(|e| dws[e % 2].device_ptr(&gpu)).collect();
+    let table = gpu.upload(&table).unwrap();
+    for (format, t) in [
+        ("f32", 1),
+        ("f32", 2),
+        ("f32", 16),
+        ("f32", 28),
+        ("bf16", 1),
+        ("f32", 29),
+    ] {
+        let gates = weights(experts + 1, kd, 11)
+            .into_iter()
+            .find(|(name, _)| name == format)
+            .unwrap()
+            .1;
+        let gates = gpu.upload_weight(&gates).unwrap();
+        let xd = gpu.upload(&random(t * kd, 12 + t as u64)).unwrap();
+        let xa = dev::Activations::new(ptr(&gpu, &xd, 0), t, kd);
+        let outputs = || (poisoned(&gpu, t * experts), poisoned(&gpu, t));
+        let (l1, g1) = outputs();
+        let (l2, g2) = outputs();
+        let (l1p, g1p, l2p, g2p) = (
+            ptr(&gpu, &l1, 0),
+            ptr(&gpu, &g1, 0),
+            ptr(&gpu, &l2, 0),
+            ptr(&gpu, &g2, 0),
+        );
+        let folded = dev::moe_router(
+            &gpu,
+            &k,
+            (l1p, Some(g1p)),
+            &xa,
+            &gates,
+            (experts, top_k),
+            true,
+        )
+        .unwrap();
+        let Some(folded) = folded else {
+            assert_eq!(t * (top_k + 1), 29 * 9, "{format} t={t}: declined");
+            continue;
+        };
+        dev::matmul_pair(&gpu, &k, (l2p, g2p), &xa, &gates, experts).unwrap();
+        let apart = dev::moe_route(&gpu, &k, l2p, t, (experts, top_k), Some(g2p)).unwrap();
+        let what = format!("{format} t={t}");
+        let dl = |b: &cudarc::driver::CudaSlice<f32>, n| bits(&gpu.download(b, n).unwrap());
+        assert_eq!(dl(&l1, t * experts), dl(&l2, t * experts), "{what}: logits");
+        assert_eq!(dl(&g1, t), dl(&g2, t), "{what}: gate");
+        let pairs = t * (top_k + 1);
+        assert_eq!(
+            gpu.download(&folded.ids, pairs).unwrap(),
+            gpu.download(&apart.ids, pairs).unwrap(),
+            "{what}: pairs"
+        );
+        assert_eq!(
+            dl(&folded.weights, pairs),
+            dl(&apart.weights, pairs),
+            "{what}: weights"
+        );
+        let ya = dev::Activations::new(ptr(&gpu, &xd, 0), t, kd);
+        let (o1, o2) = (poisoned(&gpu, pairs * n), poisoned(&gpu, pairs * n));
+        let tp = ptr(&gpu, &table, 0);
+        for (o, r) in [(&o1, &folded), (&o2, &apart)] {
+            dev::matmul_experts(&gpu, &k, ptr(&gpu, o, 0), &ya, tp, &dws[0], r, top_k + 1).unwrap();
+        }
+        assert_eq!(
+            dl(&o1, pairs * n),
+            dl(&o2, pairs * n),
+            "{what}: the grouped products"
+        );
+    }
+    tune(&gpu, |o| o.fold_router = false);
+    let gates = gpu
+        .upload_weight(&weights(experts + 1, kd, 11).remove(0).1)
+        .unwrap();
+    let xd = gpu.upload(&random(kd, 12)).unwrap();
+    let xa = dev::Activations::new(ptr(&gpu, &xd, 0), 1, kd);
+    let (l, g) = (poisoned(&gpu, experts), poisoned(&gpu, 1));
+    let out = (ptr(&gpu, &l, 0), Some(ptr(&gpu, &g, 0)));
+    let declined = dev::moe_router(&gpu, &k, out, &xa, &gates, (experts, top_k), true).unwrap();
+    assert!(declined.is_none(), "SPLASH_FOLD_ROUTER=0 declines");
+    tune(&gpu, |o| o.fold_router = true);
+}
+
 #[test]
 fn norms_and_elementwise_match_the_cpu() {
     let Some(gpu) = gpu() else { return };

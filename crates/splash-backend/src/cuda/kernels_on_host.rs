@@ -1069,6 +1069,177 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
     }
 }
 
+/// The router's product and the routing in one launch (`moe_router_*`, as `ops::moe_router`
+/// launches it) give the bits of `gemv1_*` over the stacked router and gate rows, then
+/// `moe_route` with its grouping: logits, gate, each token's pairs and weights, the active
+/// experts, their offsets and order, and the counter left at 0. One token and several (a
+/// decode step, verify blocks, 252 pairs near the limit), with and without the gate row and
+/// the shared expert routed as a pair, up to 1,000 experts, f32 and bf16 rows.
+#[test]
+fn the_folded_moe_router_on_the_host_has_the_bits_of_the_product_then_the_routing() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    type Gemv = host::gemv;
+    type Route = host::moe_route;
+    type Router = host::moe_router;
+    // (routed experts, top_k, tokens, gate row, shared expert routed, bf16 rows)
+    for (experts, top_k, tokens, gate_row, shared, bf16) in [
+        (256usize, 8usize, 1usize, true, true, false),
+        (256, 8, 3, true, true, false),
+        (256, 8, 28, true, true, false),
+        (12, 3, 5, true, false, false),
+        (1000, 10, 2, false, false, false),
+        (64, 4, 4, true, true, true),
+    ] {
+        let what = format!("E={experts} top-{top_k} T={tokens} gate {gate_row} shared {shared}");
+        let (n, kd) = (experts + usize::from(gate_row), 96);
+        // Router rows 0 and 1 alike and large over inputs of one sign: every token's two most
+        // probable experts tie, to go to the lower index first.
+        let mut v = random(n * kd, (experts + tokens) as u64);
+        v[..2 * kd].fill(0.9);
+        let x: Vec<f32> = random(tokens * kd, 17).iter().map(|v| v.abs()).collect();
+        let raw: Vec<u8> = if bf16 {
+            v.iter()
+                .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                .collect()
+        } else {
+            v.iter().flat_map(|x| x.to_le_bytes()).collect()
+        };
+        let (suffix, row_bytes) = if bf16 {
+            ("bf16", 2 * kd)
+        } else {
+            ("f32", 4 * kd)
+        };
+        // ops::RowGemv's one-token build: 4 warps a row below 1,024 rows.
+        let split = if n < 1024 { 4 } else { 1 };
+        let group = n.div_ceil(4 / split);
+        let per = top_k + usize::from(shared);
+        let pairs = tokens * per;
+        let slots = (experts + usize::from(shared)).min(pairs);
+        // (logits, gate, ids, weights, active, offsets, order) of one way.
+        let outputs = || {
+            (
+                vec![f32::NAN; tokens * experts],
+                vec![f32::NAN; tokens],
+                vec![-7i32; pairs],
+                vec![f32::NAN; pairs],
+                vec![-7i32; slots],
+                vec![-7i32; slots + 1],
+                vec![-7i32; pairs],
+            )
+        };
+        let (wa, xa) = (Addr::of(&raw), Addr::of(&x));
+        let done = [0i32];
+        let da = Addr::of(&done);
+        let want = outputs();
+        let got = outputs();
+        for (folded, out) in [(false, &want), (true, &got)] {
+            let (l, g, ids, w, act, off, ord) = out;
+            let (la, ga, ia, wta) = (Addr::of(l), Addr::of(g), Addr::of(ids), Addr::of(w));
+            let (aa, oa, ra) = (Addr::of(act), Addr::of(off), Addr::of(ord));
+            let gate_ptr = |a: Addr| {
+                if gate_row {
+                    a.ptr()
+                } else {
+                    std::ptr::null_mut()
+                }
+            };
+            // SAFETY: the signatures of gemv1_*, moe_route and moe_router_* in kernels/gemv.cu
+            // and kernels/moe.cu, over buffers of the sizes ops::gemv_float, ops::moe_route and
+            // ops::moe_router give them.
+            unsafe {
+                if folded {
+                    let router: Router = kern.kernel(&format!("moe_router_{suffix}"));
+                    kern.launch((group * tokens) as u32, 128, &|| {
+                        router(
+                            wa.ptr(),
+                            row_bytes as i64,
+                            xa.ptr(),
+                            la.ptr(),
+                            gate_ptr(ga),
+                            kd as i32,
+                            tokens as i32,
+                            split as i32,
+                            experts as i32,
+                            top_k as i32,
+                            i32::from(shared),
+                            ia.ptr(),
+                            wta.ptr(),
+                            da.ptr(),
+                            slots as i32,
+                            aa.ptr(),
+                            oa.ptr(),
+                            ra.ptr(),
+                        )
+                    });
+                    continue;
+                }
+                let gemv: Gemv = kern.kernel(&format!("gemv1_{suffix}"));
+                kern.launch((group * tokens) as u32, 128, &|| {
+                    gemv(
+                        wa.ptr(),
+                        row_bytes as i64,
+                        std::ptr::null(),
+                        std::ptr::null(),
+                        32,
+                        xa.ptr(),
+                        la.ptr(),
+                        gate_ptr(ga),
+                        n as i32,
+                        kd as i32,
+                        tokens as i32,
+                        split as i32,
+                        experts as i32,
+                    )
+                });
+                let route: Route = kern.kernel("moe_route");
+                kern.launch(tokens.div_ceil(32) as u32, 1024, &|| {
+                    let sg = if shared {
+                        ga.ptr()
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                    route(
+                        la.ptr(),
+                        tokens as i32,
+                        ia.ptr(),
+                        wta.ptr(),
+                        experts as i32,
+                        top_k as i32,
+                        sg,
+                        da.ptr(),
+                        slots as i32,
+                        aa.ptr(),
+                        oa.ptr(),
+                        ra.ptr(),
+                    )
+                });
+            }
+            assert_eq!(done[0], 0, "{what}, folded {folded}: the counter left at 0");
+        }
+        assert!(
+            want.2[..].iter().all(|&e| e >= 0),
+            "{what}: the reference routed every pair"
+        );
+        for t in 0..tokens {
+            let first = t * per + usize::from(shared);
+            assert_eq!(want.2[first..first + 2], [0, 1], "{what}: token {t}'s tie");
+        }
+        assert_eq!(bits(&got.0), bits(&want.0), "{what}: logits");
+        if gate_row {
+            assert_eq!(
+                bits(&got.1),
+                bits(&want.1),
+                "{what}: the shared expert's gate"
+            );
+        }
+        assert_eq!(got.2, want.2, "{what}: the pairs' experts");
+        assert_eq!(bits(&got.3), bits(&want.3), "{what}: the pairs' weights");
+        assert_eq!(got.4, want.4, "{what}: active experts");
+        assert_eq!(got.5, want.5, "{what}: offsets");
+        assert_eq!(got.6, want.6, "{what}: order");
+    }
+}
+
 /// The residual add before a norm, given a MoE layer's pairs (`add_rms_norm` with `per`, and
 /// `add_rms_norm_to_f16_tc`, whose rows stay on chip), has the bits of `moe_combine` (`sum`: its
 /// output, no gate) then the add of rows.
