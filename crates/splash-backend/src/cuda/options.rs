@@ -68,10 +68,6 @@ pub struct GpuOptions {
     /// the residual add after it sums the pairs (no `moe_combine`). Three launches fewer a MoE
     /// layer.
     pub fold_moe: bool,
-    /// A MoE layer's router product, routing and grouping in one launch for a few tokens
-    /// (`SPLASH_FOLD_ROUTER`, on; `ops::moe_router`), the same bits as the product then
-    /// `moe_route`: a launch fewer a MoE layer of a decode step or verify block.
-    pub fold_router: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
     pub tensor_core_warps: Option<usize>,
@@ -101,7 +97,6 @@ impl Default for GpuOptions {
             vision_query_tiles: 2,
             fold_launches: true,
             fold_moe: true,
-            fold_router: true,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -296,7 +291,6 @@ impl GpuOptions {
                 .unwrap_or(d.vision_query_tiles),
             fold_launches: flag("SPLASH_FOLD_LAUNCHES", d.fold_launches)?,
             fold_moe: flag("SPLASH_FOLD_MOE", d.fold_moe)?,
-            fold_router: flag("SPLASH_FOLD_ROUTER", d.fold_router)?,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions {

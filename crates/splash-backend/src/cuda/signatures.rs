@@ -236,8 +236,6 @@ kernels! {
     // kernels/moe.cu
     kernel moe_route(logits: *const f32, tokens: i32, ids: *mut i32, weights: *mut f32, e: i32, top_k: i32, shared_gate: *const f32, done: *mut i32, slots: i32, active: *mut i32, offsets: *mut i32, order: *mut i32);
     kernel moe_group(ids: *const i32, pairs: i32, e: i32, slots: i32, active: *mut i32, offsets: *mut i32, order: *mut i32);
-    /// The router's product (float rows), the routing and the grouping of a few tokens in one launch.
-    family moe_router ["moe_router_f32", "moe_router_f16", "moe_router_bf16"](w: *const u8, row_bytes: i64, x: *const f32, logits: *mut f32, gate: *mut f32, k: i32, t: i32, split: i32, e: i32, top_k: i32, shared: i32, ids: *mut i32, weights: *mut f32, done: *mut i32, slots: i32, active: *mut i32, offsets: *mut i32, order: *mut i32);
     kernel moe_group_counts(ids: *const i32, pairs: i32, e: i32, counts: *mut i32);
     kernel moe_group_slots(counts: *mut i32, chunks: i32, e: i32, slots: i32, active: *mut i32, offsets: *mut i32);
     kernel moe_group_scatter(ids: *const i32, pairs: i32, e: i32, counts: *const i32, order: *mut i32);

@@ -16,7 +16,7 @@
 #define MOE_LANE_EXPERTS (MOE_ROUTE_THREADS / 32)
 
 // Token's logits l [E] → its top_k (≤ MOE_TOP_K_MAX) (expert, weight) pairs at out_i, out_w, by
-// one warp. The logits are read past L1: in moe_router other blocks of the launch wrote them.
+// one warp.
 static __device__ void route_token(const float* l, int E, int top_k, int* out_i, float* out_w) {
     int lane = threadIdx.x & 31, n = (E + 31) >> 5;
     // p[k]: expert lane + 32k's logit, then its probability; −inf past the last expert. The
@@ -25,7 +25,7 @@ static __device__ void route_token(const float* l, int E, int top_k, int* out_i,
     float m = NEG_INF;
 #pragma unroll
     for (int k = 0; k < MOE_LANE_EXPERTS; k++) {
-        p[k] = k < n && lane + 32 * k < E ? __ldcg(l + lane + 32 * k) : NEG_INF;
+        p[k] = k < n && lane + 32 * k < E ? l[lane + 32 * k] : NEG_INF;
         m = fmaxf(m, p[k]);
     }
     m = warp_max(m);
@@ -80,24 +80,6 @@ static __device__ void route_token(const float* l, int E, int top_k, int* out_i,
     }
 }
 
-// Token t's pairs, by one warp: with shared_gate, first the shared expert (expert E, weight
-// sigmoid(shared_gate[t])), then its top_k routed experts (route_token).
-static __device__ void route_pairs(const float* logits, int t, int E, int top_k, const float* shared_gate, int* ids,
-                                   float* weights) {
-    int per = shared_gate ? top_k + 1 : top_k;
-    int* out_i = ids + (long)t * per;
-    float* out_w = weights + (long)t * per;
-    if (shared_gate) {
-        if ((threadIdx.x & 31) == 0) {
-            out_i[0] = E;
-            out_w[0] = sigmoid(__ldcg(shared_gate + t));
-        }
-        out_i++;
-        out_w++;
-    }
-    route_token(logits + (long)t * E, E, top_k, out_i, out_w);
-}
-
 static __device__ void group_pairs(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
                                    int* order);
 
@@ -113,7 +95,19 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
     GRID_PROLOGUE();
     int t = blockIdx.x * MOE_ROUTE_TOKENS + (threadIdx.x >> 5);
     int per = shared_gate ? top_k + 1 : top_k;
-    if (t < tokens) route_pairs(logits, t, E, top_k, shared_gate, ids, weights);
+    if (t < tokens) {
+        int* out_i = ids + (long)t * per;
+        float* out_w = weights + (long)t * per;
+        if (shared_gate) {
+            if ((threadIdx.x & 31) == 0) {
+                out_i[0] = E;
+                out_w[0] = sigmoid(shared_gate[t]);
+            }
+            out_i++;
+            out_w++;
+        }
+        route_token(logits + (long)t * E, E, top_k, out_i, out_w);
+    }
     if (!done) return;
     if (gridDim.x > 1) {
         // Every block's pairs are visible to every block before it is counted.
@@ -226,88 +220,6 @@ extern "C" __global__ void moe_group(const int* ids, int pairs, int E, int slots
     GRID_PROLOGUE();
     group_pairs(ids, pairs, E, slots, active, offsets, order);
 }
-
-// The most pairs moe_router groups (group_few_pairs: a pair's place counted over all pairs).
-#define MOE_ROUTER_PAIRS 256
-
-// group_pairs' result for up to MOE_ROUTER_PAIRS pairs, by a block of any size: a pair's place
-// in `order` is the number of pairs before it in (expert, pair) order; an expert's first pair
-// gives its slot (the experts below it) and its offset (that place). The ids were written by
-// this block (ordered by the barrier before the call).
-static __device__ void group_few_pairs(const int* ids, int pairs, int slots, int* active, int* offsets, int* order) {
-    __shared__ int id[MOE_ROUTER_PAIRS], first[MOE_ROUTER_PAIRS];
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) id[p] = ids[p];
-    __syncthreads();
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-        int e = id[p], below = 0, before = 0;
-        for (int q = 0; q < pairs; q++) {
-            below += id[q] < e;
-            before += id[q] == e && q < p;
-        }
-        order[below + before] = p;
-        first[p] = before == 0;
-    }
-    __syncthreads();
-    int used = 0;
-    for (int q = 0; q < pairs; q++) used += first[q];
-    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-        if (!first[p]) continue;
-        int e = id[p], slot = 0, below = 0;
-        for (int q = 0; q < pairs; q++) {
-            slot += first[q] && id[q] < e;
-            below += id[q] < e;
-        }
-        active[slot] = e;
-        offsets[slot] = below;
-    }
-    if (threadIdx.x == 0) offsets[used] = pairs;
-    for (int i = used + threadIdx.x; i < slots; i += blockDim.x) {
-        active[i] = -1;
-        offsets[i + 1] = pairs;
-    }
-}
-
-// The router's product, the routing and the grouping of a few tokens' pairs in one launch: the
-// blocks of gemv1_* over the router's E rows (logits [T, E]) and, with `gate`, the shared
-// expert's gate stacked after them (gate [T]: its row E), the same sums; then the last block to
-// finish (`done`: a counter at 0, left at 0) routes every token, a warp a token (moe_route's
-// bits), and groups the T · (top_k + shared) ≤ MOE_ROUTER_PAIRS pairs (group_few_pairs). With
-// `shared`, the shared expert is each token's first pair (moe_route's shared_gate).
-template <int F>
-__device__ void moe_router(const u8* W, long row_bytes, Affine a, const float* x, float* logits, float* gate,
-                           int K, int T, int split, int E, int top_k, int shared, int* ids, float* weights,
-                           int* done, int slots, int* active, int* offsets, int* order) {
-    int N = gate ? E + 1 : E, per = gridDim.x / T, t = blockIdx.x / per;
-    gemv<F, 1>(W, row_bytes, a, x + (long)t * K, logits + (long)t * E, gate ? gate + t : nullptr, N, K, 1, split, E,
-               blockIdx.x % per);
-    // Every block's sums are visible to every block before it is counted.
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float* shared_gate = shared ? gate : nullptr;
-    for (int u = threadIdx.x >> 5; u < T; u += blockDim.x >> 5) route_pairs(logits, u, E, top_k, shared_gate, ids, weights);
-    __syncthreads();
-    group_few_pairs(ids, T * (shared ? top_k + 1 : top_k), slots, active, offsets, order);
-    if (threadIdx.x == 0) *done = 0;
-}
-
-#define ROUTER_KERNEL(NAME, F)                                                                          \
-    extern "C" __global__ void moe_router_##NAME(const u8* W, long row_bytes, const float* x, float* logits, \
-                                                 float* gate, int K, int T, int split, int E, int top_k,    \
-                                                 int shared, int* ids, float* weights, int* done, int slots, \
-                                                 int* active, int* offsets, int* order) {                   \
-        GRID_PROLOGUE();                                                                                \
-        Affine a = {nullptr, nullptr, 32};                                                              \
-        moe_router<F>(W, row_bytes, a, x, logits, gate, K, T, split, E, top_k, shared, ids, weights, done, \
-                      slots, active, offsets, order);                                                   \
-    }
-ROUTER_KERNEL(f32, FMT_F32)
-ROUTER_KERNEL(f16, FMT_F16)
-ROUTER_KERNEL(bf16, FMT_BF16)
 
 // A prefill pass's grouping (group_pairs' result for thousands of pairs, over many blocks), in
 // three launches: each chunk of MOE_GROUP_CHUNK pairs counts its pairs per expert into

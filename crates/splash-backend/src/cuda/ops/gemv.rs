@@ -740,14 +740,6 @@ pub(super) struct RowGemv {
     tokens: usize,
 }
 
-/// The warps per row and the blocks per token of the one-token build of the warp-per-row GEMV
-/// of `n` rows over `tokens` tokens (a launch of blocks of 4 warps, a group a token), as
-/// [`gemv_float`] launches it; `None` where it takes the build of up to 16 tokens.
-pub(super) fn row_gemv_per_token(n: usize, tokens: usize) -> Option<(usize, u32)> {
-    let g = RowGemv::new(n, tokens);
-    g.per_token.then_some((g.split, g.group))
-}
-
 impl RowGemv {
     fn new(n: usize, tokens: usize) -> Self {
         let split = if n < 1024 { 4 } else { 1 };

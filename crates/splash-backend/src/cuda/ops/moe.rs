@@ -29,40 +29,6 @@ pub struct ExpertRouting {
     chunk_counts: Option<CudaSlice<i32>>,
 }
 
-impl ExpertRouting {
-    /// Buffers for the routing of `tokens` tokens of `per_token` pairs over `experts` (the
-    /// grouping's, the shared one included).
-    fn new(gpu: &Gpu, tokens: usize, experts: usize, per_token: usize) -> Result<Self, GpuError> {
-        let pairs = tokens * per_token;
-        let slots = experts.min(pairs);
-        let chunks = pairs.div_ceil(MOE_GROUP_CHUNK);
-        Ok(Self {
-            ids: gpu.uninit::<i32>(pairs)?,
-            weights: gpu.uninit::<f32>(pairs)?,
-            per_token,
-            active: gpu.uninit::<i32>(slots)?,
-            offsets: gpu.uninit::<i32>(slots + 1)?,
-            order: gpu.uninit::<i32>(pairs)?,
-            slots,
-            chunk_counts: if pairs > MOE_GROUP_ONE_BLOCK {
-                Some(gpu.uninit::<i32>(chunks * experts)?)
-            } else {
-                None
-            },
-        })
-    }
-}
-
-/// Whether device routing takes `routed` experts (and `shared` more) at `top_k`.
-fn check_routing(routed: usize, shared: usize, top_k: usize) -> Result<(), GpuError> {
-    if routed + shared > 1024 || top_k > routed || top_k > MOE_TOP_K_MAX {
-        return Err(GpuError::Unsupported(format!(
-            "device routing takes up to 1024 experts, the shared one included, and top-k ≤ min(experts, {MOE_TOP_K_MAX}) (got {routed} + {shared}, {top_k})"
-        )));
-    }
-    Ok(())
-}
-
 /// Pairs above which the grouping takes its three-launch form over many blocks (up to it the
 /// routing's last block groups them, scanning every pair once per active expert).
 pub(super) const MOE_GROUP_ONE_BLOCK: usize = 1024;
@@ -91,12 +57,31 @@ pub fn moe_route(
     // The grouping's experts: the shared one is the last.
     let shared = usize::from(shared_gate.is_some());
     let experts = routed + shared;
-    check_routing(routed, shared, top_k)?;
-    let r = ExpertRouting::new(gpu, tokens, experts, top_k + shared)?;
-    let pairs = tokens * r.per_token;
+    if experts > 1024 || top_k > routed || top_k > MOE_TOP_K_MAX {
+        return Err(GpuError::Unsupported(format!(
+            "device routing takes up to 1024 experts, the shared one included, and top-k ≤ min(experts, {MOE_TOP_K_MAX}) (got {routed} + {shared}, {top_k})"
+        )));
+    }
+    let per_token = top_k + shared;
+    let pairs = tokens * per_token;
+    let slots = experts.min(pairs);
     let chunks = pairs.div_ceil(MOE_GROUP_CHUNK);
+    let r = ExpertRouting {
+        ids: gpu.uninit::<i32>(pairs)?,
+        weights: gpu.uninit::<f32>(pairs)?,
+        per_token,
+        active: gpu.uninit::<i32>(slots)?,
+        offsets: gpu.uninit::<i32>(slots + 1)?,
+        order: gpu.uninit::<i32>(pairs)?,
+        slots,
+        chunk_counts: if pairs > MOE_GROUP_ONE_BLOCK {
+            Some(gpu.uninit::<i32>(chunks * experts)?)
+        } else {
+            None
+        },
+    };
     let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
-    let (ids, e, slots) = (p(&r.ids), experts as i32, r.slots as i32);
+    let (ids, e, slots) = (p(&r.ids), experts as i32, slots as i32);
     let (active, offsets, order) = (p(&r.active), p(&r.offsets), p(&r.order));
     // Up to MOE_GROUP_ONE_BLOCK pairs the routing groups them, in its one block or the last of
     // several to finish (`done`: their counter; with GpuOptions::fold_moe), else `moe_group` or
@@ -136,74 +121,6 @@ pub fn moe_route(
     launch::moe_group_slots(gpu, k, (1, 1024), counts, n, e, slots, active, offsets)?;
     launch::moe_group_scatter(gpu, k, spread, ids, pairs, e, counts, order)?;
     Ok(r)
-}
-
-/// Pairs up to which [`moe_router`] routes and groups in the router's launch
-/// (`MOE_ROUTER_PAIRS` in kernels/moe.cu).
-pub(super) const MOE_ROUTER_PAIRS: usize = 256;
-
-/// The router's product and [`moe_route`] in one launch (`moe_router_*`), where it can run
-/// them, with the bits of the two: `w` holds the router's `routed` rows, then the shared
-/// expert's gate row when `gate` is given (`[tokens]`, written as the product writes it, and
-/// routed as each token's first pair with `shared`), in float rows that the f32-decoding GEMV
-/// multiplies; up to [`MOE_ROUTER_PAIRS`] pairs, with [`GpuOptions::fold_router`]. The logits
-/// `[tokens, routed]` are written too. `None` where it cannot: the caller multiplies, then
-/// routes.
-#[allow(clippy::too_many_arguments)]
-pub fn moe_router(
-    gpu: &Gpu,
-    k: &Kernels,
-    (logits, gate): (u64, Option<u64>),
-    x: &Activations,
-    w: &DeviceWeight,
-    (routed, top_k): (usize, usize),
-    shared: bool,
-) -> Result<Option<ExpertRouting>, GpuError> {
-    use GpuFormat::{Bf16, F16, F32};
-    let tokens = x.tokens;
-    let per_token = top_k + usize::from(shared);
-    let Some((split, group)) = row_gemv_per_token(w.rows, tokens) else {
-        return Ok(None);
-    };
-    if !gpu.options().fold_router
-        || !matches!(w.format, F32 | F16 | Bf16)
-        || w.rows != routed + usize::from(gate.is_some())
-        || (shared && gate.is_none())
-        || tokens * per_token > MOE_ROUTER_PAIRS
-        || gemm_blas(gpu, w, tokens, GEMM_MIN_T).is_some()
-    {
-        return Ok(None);
-    }
-    x.check(w);
-    check_routing(routed, usize::from(shared), top_k)?;
-    let r = ExpertRouting::new(gpu, tokens, routed + usize::from(shared), per_token)?;
-    let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
-    let name = format!("moe_router_{}", w.format.kernel_suffix());
-    launch::moe_router(
-        gpu,
-        k,
-        &name,
-        (group * tokens as u32, 128),
-        ptr(gpu, &w.data, 0),
-        w.row_bytes as i64,
-        x.x,
-        logits,
-        gate.unwrap_or(0),
-        w.cols as i32,
-        tokens as i32,
-        split as i32,
-        routed as i32,
-        top_k as i32,
-        i32::from(shared),
-        p(&r.ids),
-        ptr(gpu, &r.weights, 0),
-        gpu.route_done(),
-        r.slots as i32,
-        p(&r.active),
-        p(&r.offsets),
-        p(&r.order),
-    )?;
-    Ok(Some(r))
 }
 
 /// `out[p, :] = W_e · x[p / col_div, :]` for every pair `p` of `routing`, `e` its expert:

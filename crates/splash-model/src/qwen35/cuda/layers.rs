@@ -389,28 +389,23 @@ impl GpuModel {
         // One conversion of x for the router, the shared expert and the routed experts.
         let logits = self.scratch(t * e)?;
         let sg = self.scratch(t)?;
+        gates.multiply(self, (ptr(gpu, &logits, 0), ptr(gpu, &sg, 0)), xa)?;
         if let Some(tables) = moe.device_tables(gpu) {
             let grouped = moe.shared_grouped(gpu, t);
-            let (lp, sg) = (ptr(gpu, &logits, 0), ptr(gpu, &sg, 0));
-            // The router's product and the routing in one launch where it can, else apart.
-            let folded = match gates {
-                WeightPair::Stacked { w, .. } => {
-                    dev::moe_router(gpu, k, (lp, Some(sg)), xa, w, (e, *top_k), grouped)?
-                }
-                WeightPair::Apart(..) => None,
-            };
-            let routing = match folded {
-                Some(routing) => routing,
-                None => {
-                    gates.multiply(self, (lp, sg), xa)?;
-                    dev::moe_route(gpu, k, lp, t, (e, *top_k), grouped.then_some(sg))?
-                }
-            };
             let out = if grouped {
                 None
             } else {
                 Some(shared.forward(self, xa)?)
             };
+            let sg = ptr(gpu, &sg, 0);
+            let routing = dev::moe_route(
+                gpu,
+                k,
+                ptr(gpu, &logits, 0),
+                t,
+                (e, *top_k),
+                grouped.then_some(sg),
+            )?;
             let (per, first) = (routing.per_token, &experts[0]);
             let pairs = t * per;
             let (first_gate, first_up) = first.expert_weights();
@@ -446,7 +441,6 @@ impl GpuModel {
             dev::moe_combine(gpu, k, ptr(gpu, &out, 0), yp, Some(sg), &routing, t, h)?;
             return Ok(FfnOut::Rows(out));
         }
-        gates.multiply(self, (ptr(gpu, &logits, 0), ptr(gpu, &sg, 0)), xa)?;
         let out = shared.forward(self, xa)?;
         dev::scale_rows_sigmoid(gpu, k, ptr(gpu, &out, 0), ptr(gpu, &sg, 0), t, h)?;
         let mut probs = gpu.download(&logits, t * e)?;
