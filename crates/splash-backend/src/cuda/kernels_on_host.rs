@@ -863,7 +863,8 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
 /// order and leaves the counter at 0 (as do `moe_group_counts`, `moe_group_slots` and
 /// `moe_group_scatter`, a prefill pass's grouping),
 /// and `moe_combine` adds the weighted products to the gated residual with the bits of the
-/// formula, value by value. Expert counts under one, eight and up to 32 a lane (12, 256, 1,000),
+/// formula, value by value. Expert counts under one, two, four, eight, sixteen and up to 32 a
+/// lane (12, 60, 100, 256, 500, 1,000: each of the router's builds),
 /// the tokens in one routing block (up to 32) and in several, and more pairs than threads. With
 /// the shared expert routed as each token's first pair (expert E, weight sigmoid(gate)), the
 /// grouping counts it as one more expert and the sum starts from zero.
@@ -883,6 +884,9 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         (256, 8, 1, false),
         (256, 8, 40, true),
         (1000, 10, 3, false),
+        (60, 4, 2, false),
+        (100, 6, 7, true),
+        (500, 8, 3, false),
         (256, 8, 200, false),
         (256, 8, 200, true),
         (1000, 10, 110, false),

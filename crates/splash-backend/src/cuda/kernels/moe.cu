@@ -16,29 +16,32 @@
 #define MOE_LANE_EXPERTS (MOE_ROUTE_THREADS / 32)
 
 // Token's logits l [E] → its top_k (≤ MOE_TOP_K_MAX) (expert, weight) pairs at out_i, out_w, by
-// one warp.
-static __device__ void route_token(const float* l, int E, int top_k, int* out_i, float* out_w) {
+// one warp whose lanes hold up to SLOTS experts each (route_token picks the fewest that hold E):
+// the loops over a lane's experts are unrolled, so slots past E would still cost instructions
+// in each of the top_k rounds.
+template <int SLOTS>
+static __device__ void route_token_in(const float* l, int E, int top_k, int* out_i, float* out_w) {
     int lane = threadIdx.x & 31, n = (E + 31) >> 5;
     // p[k]: expert lane + 32k's logit, then its probability; −inf past the last expert. The
-    // warp-uniform k < n skips the slots no lane holds (E = 256: 8 of 32).
-    float p[MOE_LANE_EXPERTS];
+    // warp-uniform k < n skips the slots no lane holds (E = 200: 7 of 8).
+    float p[SLOTS];
     float m = NEG_INF;
 #pragma unroll
-    for (int k = 0; k < MOE_LANE_EXPERTS; k++) {
+    for (int k = 0; k < SLOTS; k++) {
         p[k] = k < n && lane + 32 * k < E ? l[lane + 32 * k] : NEG_INF;
         m = fmaxf(m, p[k]);
     }
     m = warp_max(m);
     float s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < MOE_LANE_EXPERTS; k++)
+    for (int k = 0; k < SLOTS; k++)
         if (k < n && lane + 32 * k < E) {
             p[k] = expf(p[k] - m);
             s += p[k];
         }
     s = warp_sum(s);
 #pragma unroll
-    for (int k = 0; k < MOE_LANE_EXPERTS; k++)
+    for (int k = 0; k < SLOTS; k++)
         if (k < n && lane + 32 * k < E) p[k] /= s;
     // Pick j: each lane's best (its lowest expert on ties), then the warp's (the lowest expert on
     // ties); its lane takes it out, lane j keeps it.
@@ -48,7 +51,7 @@ static __device__ void route_token(const float* l, int E, int top_k, int* out_i,
         float bv = NEG_INF;
         int bk = 0;
 #pragma unroll
-        for (int k = 0; k < MOE_LANE_EXPERTS; k++)
+        for (int k = 0; k < SLOTS; k++)
             if (k < n && p[k] > bv) {
                 bv = p[k];
                 bk = k;
@@ -64,7 +67,7 @@ static __device__ void route_token(const float* l, int E, int top_k, int* out_i,
         }
         if ((bi & 31) == lane) {
 #pragma unroll
-            for (int k = 0; k < MOE_LANE_EXPERTS; k++)
+            for (int k = 0; k < SLOTS; k++)
                 if (k == bi >> 5) p[k] = NEG_INF;
         }
         if (lane == j) {
@@ -78,6 +81,23 @@ static __device__ void route_token(const float* l, int E, int top_k, int* out_i,
         out_i[lane] = kept_i;
         out_w[lane] = kept_v / sum;
     }
+}
+
+// route_token_in with the fewest slots a lane that hold E experts (a warp-uniform choice).
+static __device__ void route_token(const float* l, int E, int top_k, int* out_i, float* out_w) {
+    int n = (E + 31) >> 5;
+    if (n <= 1)
+        route_token_in<1>(l, E, top_k, out_i, out_w);
+    else if (n <= 2)
+        route_token_in<2>(l, E, top_k, out_i, out_w);
+    else if (n <= 4)
+        route_token_in<4>(l, E, top_k, out_i, out_w);
+    else if (n <= 8)
+        route_token_in<8>(l, E, top_k, out_i, out_w);
+    else if (n <= 16)
+        route_token_in<16>(l, E, top_k, out_i, out_w);
+    else
+        route_token_in<MOE_LANE_EXPERTS>(l, E, top_k, out_i, out_w);
 }
 
 static __device__ void group_pairs(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
