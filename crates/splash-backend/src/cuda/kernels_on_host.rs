@@ -810,8 +810,8 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
 
 /// The prefill passes' grouped expert kernel (`gemm_tc_experts_*`, up to 64 pairs per decoding
 /// of a block, at 1 to 3 warps a block) and the 8-pair build give every pair the bits of the
-/// 16-pair kernel and of its expert's GEMV on its token alone: an expert with 70 pairs (a 64-pair span and 6) and one
-/// with 30, with one K block a chain and with chain 0 taking two.
+/// 16-pair kernel and of its expert's GEMV on its token alone: an expert with 70 pairs (a
+/// 64-pair span and 6) and one with 30, with one K block a chain and with chain 0 taking two.
 #[test]
 fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
     let Some(kern) = kernels(DIMS_32) else { return };

@@ -1100,11 +1100,10 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
 
 // The grouped expert GEMV's registers: Q4_K's at most 128 (sixteen warps an SM instead of
 // eight at its uncapped ~230; measured on the H200, 35B-A3B gate / up at 1 / 4 / 16 tokens:
-// 5.3 / 12.4 / 47.4 µs → 5.2 / 11.4 / 37.1), Q6_K's uncapped (slower capped at 1 and 4 tokens),
-// unless EXPERT_REGS caps both (SPLASH_EXPERT_REGS, a measurement switch).
-// The grouped expert GEMVs' register caps: EXPERT_REGS_* for the 16-pair build (Q4_K at 128
-// spills about 200 bytes a thread), EXPERT8_REGS_* for the 8-pair one (Q4_K without spills
-// at 135; ptxas spilled 20 bytes at a cap of 144).
+// 5.3 / 12.4 / 47.4 µs → 5.2 / 11.4 / 37.1; it spills about 200 bytes a thread), Q6_K's
+// uncapped (slower capped at 1 and 4 tokens), unless EXPERT_REGS caps both (SPLASH_EXPERT_REGS,
+// a measurement switch). The 8-pair build (EXPERT8_REGS_*): Q4_K's at most 136, where it
+// needs 135 and spills nothing (ptxas spilled 20 bytes at a cap of 144); Q6_K's uncapped (162).
 #if defined(KERNEL_EMULATION)
 #define EXPERT_REGS_q4_k
 #define EXPERT_REGS_q6_k
