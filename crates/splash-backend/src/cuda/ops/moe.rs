@@ -273,10 +273,11 @@ impl PrefillExperts {
 }
 
 /// Warps in flight that a grouped expert product of `format` aims for: about as many as the
-/// H200's SMs hold of its kernel (`EXPERT_REGS_*` in kernels/gemv_tc.cu: Q4_K's at 128
-/// registers, 16 an SM; Q6_K's at ~230, 8 an SM). Measured there (`gemv_cuda`, 35B-A3B experts), each fastest at
-/// 1, 4 and 16 tokens (1 to 8 warps a tile); twice as many ran 15-40% slower, half as many
-/// (Q4_K at 1,024) up to 55% slower.
+/// H200's SMs hold of its 16-pair kernel (`EXPERT_REGS_*` in kernels/gemv_tc.cu: Q4_K's at 128
+/// registers, 16 an SM; Q6_K's at ~230, 8 an SM). Measured there (`gemv_cuda`, 35B-A3B
+/// experts), each fastest at 1, 4 and 16 tokens (1 to 8 warps a tile); twice as many ran
+/// 15-40% slower, half as many (Q4_K at 1,024) up to 55% slower. The 8-pair kernel
+/// (`gemv_tc_experts8_*`: Q4_K 15 an SM, Q6_K 12) takes the same targets, not re-measured.
 pub(super) fn expert_warps_in_flight(format: GpuFormat) -> usize {
     match format {
         GpuFormat::Ggml(crate::ggml::GgmlType::Q4_K) => 2048,
