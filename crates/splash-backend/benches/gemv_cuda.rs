@@ -253,8 +253,45 @@ fn tune(gpu: &Gpu, change: impl FnOnce(&mut dev::GpuOptions)) {
     gpu.set_options(options);
 }
 
+/// Router logits of `tokens` tokens over `e` experts, spread so that their top-k differ.
+fn router_logits(tokens: usize, e: usize) -> Vec<f32> {
+    (0..tokens * e)
+        .map(|i| ((i * 2_654_435_761usize) % 10_007) as f32 / 1000.0)
+        .collect()
+}
+
+/// Seconds a call of `run` takes on the GPU: `reps` calls captured in one graph, replayed once
+/// to warm up and once timed.
+fn graph_time(gpu: &Gpu, reps: usize, run: impl Fn() -> Result<(), dev::GpuError>) -> f64 {
+    run().unwrap();
+    let graph = gpu
+        .capture(|| {
+            for _ in 0..reps {
+                run()?;
+            }
+            Ok::<(), dev::GpuError>(())
+        })
+        .unwrap();
+    gpu.replay(&graph).unwrap();
+    gpu.synchronize().unwrap();
+    let t0 = Instant::now();
+    gpu.replay(&graph).unwrap();
+    gpu.synchronize().unwrap();
+    t0.elapsed().as_secs_f64() / reps as f64
+}
+
 fn experts(gpu: &Gpu, k: &dev::Kernels) {
     let (e, top_k) = (256, 8);
+    let narrow_default = gpu.options().narrow_experts;
+    // The routing and grouping (`moe_route`, the shared expert routed as the 257th).
+    for tokens in [1, 4, 16] {
+        let logits = gpu.upload(&router_logits(tokens, e)).unwrap();
+        let gate = gpu.upload(&vec![0.5f32; tokens]).unwrap();
+        let (lp, gp) = (ptr(gpu, &logits, 0), ptr(gpu, &gate, 0));
+        let route = || dev::moe_route(gpu, k, lp, tokens, (e, top_k), Some(gp)).map(drop);
+        let secs = graph_time(gpu, 200, route);
+        println!("35B-A3B routing, {tokens:>2} tokens: {:.2} µs", secs * 1e6);
+    }
     println!("35B-A3B experts ({e}, top {top_k}): time per grouped product (µs) and share of the bandwidth");
     for (name, t, n, kd, col_div) in [
         ("expert gate/up", GgmlType::Q4_K, 512, 2048, top_k),
@@ -273,10 +310,7 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
             .collect();
         let table = gpu.upload(&table).unwrap();
         for tokens in [1, 4, 16, 2048] {
-            let logits: Vec<f32> = (0..tokens * e)
-                .map(|i| ((i * 2_654_435_761usize) % 10_007) as f32 / 1000.0)
-                .collect();
-            let logits = gpu.upload(&logits).unwrap();
+            let logits = gpu.upload(&router_logits(tokens, e)).unwrap();
             let routing =
                 dev::moe_route(gpu, k, ptr(gpu, &logits, 0), tokens, (e, top_k), None).unwrap();
             let mut ids = gpu.download(&routing.ids, tokens * top_k).unwrap();
@@ -303,29 +337,23 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                     bytes / 1e6,
                     kernel.name()
                 );
-                for warps in [0, 1, 2, 4, 8] {
-                    tune(gpu, |o| o.expert_warps = (warps > 0).then_some(warps));
+                // Up to 8 tokens "16-pair" is the 16-pair build (SPLASH_NARROW_EXPERTS=0) at
+                // the default warps, for the 8-pair build's A/B.
+                let wide = if tokens <= 8 { &[usize::MAX][..] } else { &[] };
+                for &warps in [0, 1, 2, 4, 8].iter().chain(wide) {
+                    let narrow = warps != usize::MAX;
+                    tune(gpu, |o| {
+                        o.expert_warps = (warps > 0 && narrow).then_some(warps);
+                        o.narrow_experts = narrow && narrow_default;
+                    });
                     let run = || {
                         let (tp, op) = (ptr(gpu, &table, 0), ptr(gpu, &out, 0));
                         dev::matmul_experts(gpu, k, op, &xa, tp, &proto, &routing, col_div)
                     };
-                    run().unwrap();
-                    let reps = if tokens > 16 { 20 } else { 200 };
-                    let graph = gpu
-                        .capture(|| {
-                            for _ in 0..reps {
-                                run()?;
-                            }
-                            Ok::<(), dev::GpuError>(())
-                        })
-                        .unwrap();
-                    gpu.replay(&graph).unwrap();
-                    gpu.synchronize().unwrap();
-                    let t0 = Instant::now();
-                    gpu.replay(&graph).unwrap();
-                    gpu.synchronize().unwrap();
-                    let secs = t0.elapsed().as_secs_f64() / reps as f64;
-                    let label = if warps == 0 {
+                    let secs = graph_time(gpu, if tokens > 16 { 20 } else { 200 }, run);
+                    let label = if !narrow {
+                        "16-pair".to_string()
+                    } else if warps == 0 {
                         "default".to_string()
                     } else {
                         format!("{warps}w")
@@ -336,7 +364,10 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                         bytes / secs / COPY_BANDWIDTH * 100.0
                     );
                 }
-                tune(gpu, |o| o.expert_warps = None);
+                tune(gpu, |o| {
+                    o.expert_warps = None;
+                    o.narrow_experts = narrow_default;
+                });
                 println!("{line}");
             }
             tune(gpu, |o| {
