@@ -44,15 +44,17 @@ static __device__ void route_token_in(const float* l, int E, int top_k, int* out
     for (int k = 0; k < SLOTS; k++)
         if (k < n && lane + 32 * k < E) p[k] /= s;
     // Pick j: each lane's best (its lowest expert on ties), then the warp's (the lowest expert on
-    // ties); its lane takes it out, lane j keeps it.
+    // ties); its lane marks it taken, lane j keeps it. A mask, not p[k] = −inf: that store's
+    // slot is known at run time only, and nvcc then keeps p in local memory.
     float kept_v = 0.0f;
     int kept_i = 0;
+    unsigned taken = 0;
     for (int j = 0; j < top_k; j++) {
         float bv = NEG_INF;
         int bk = 0;
 #pragma unroll
         for (int k = 0; k < SLOTS; k++)
-            if (k < n && p[k] > bv) {
+            if (k < n && !(taken >> k & 1) && p[k] > bv) {
                 bv = p[k];
                 bk = k;
             }
@@ -65,11 +67,7 @@ static __device__ void route_token_in(const float* l, int E, int top_k, int* out
                 bi = oi;
             }
         }
-        if ((bi & 31) == lane) {
-#pragma unroll
-            for (int k = 0; k < SLOTS; k++)
-                if (k == bi >> 5) p[k] = NEG_INF;
-        }
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
         if (lane == j) {
             kept_v = bv;
             kept_i = bi;
