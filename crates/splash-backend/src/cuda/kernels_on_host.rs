@@ -2288,11 +2288,18 @@ fn the_grouped_dynamic_conv_on_the_host_matches_the_cpu() {
 
 /// The GDN conv matches the CPU and advances the state past the pass, for passes shorter
 /// than its history, within one thread's chunk, and over several chunks; cut into pieces,
-/// the same tokens give the same bits.
+/// the same tokens give the same bits. Qwen3.5's 4 taps (the build with them constant) and 6
+/// (any count).
 #[test]
 fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
     let Some(kern) = kernels(DIMS_32) else { return };
-    let (c, kernel) = (200, 4);
+    for kernel in [4, 6] {
+        gdn_conv_matches(&kern, kernel);
+    }
+}
+
+fn gdn_conv_matches(kern: &HostKernels, kernel: usize) {
+    let c = 200;
     let w = random(c * kernel, 61);
     let state0 = random((kernel - 1) * c, 62);
     // SAFETY: conv1d_silu's signature; ops::conv1d_silu's grid.
@@ -2320,17 +2327,17 @@ fn the_gdn_conv_on_the_host_matches_the_cpu_and_is_pass_invariant() {
         cpu::causal_conv1d_silu(&mut want, &x, &mut want_state, &w);
         let (y, state) = (vec![f32::NAN; t * c], state0.clone());
         conv(&x, &y, &state);
-        assert!(rel_err(&y, &want) < 1e-6, "t={t}: output");
-        assert_eq!(state, want_state, "t={t}: state");
+        assert!(rel_err(&y, &want) < 1e-6, "K={kernel} t={t}: output");
+        assert_eq!(state, want_state, "K={kernel} t={t}: state");
         // Token by token, then the rest.
         let (y2, state2) = (vec![f32::NAN; t * c], state0.clone());
         conv(&x[..c], &y2[..c], &state2);
         conv(&x[c..], &y2[c..], &state2);
         assert!(
             y.iter().zip(&y2).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "t={t}: an output depends on how the pass was cut"
+            "K={kernel} t={t}: an output depends on how the pass was cut"
         );
-        assert_eq!(state2, state, "t={t}: state after two passes");
+        assert_eq!(state2, state, "K={kernel} t={t}: state after two passes");
     }
 }
 

@@ -23,16 +23,21 @@ __device__ __forceinline__ int conv_steps(int K) { return K - 1 > 4 ? K - 1 : 4;
 // steps chunks of rows). Non-null save_state / save_x get the state before the pass and the
 // input rows (a recorded pass).
 // The state is read from state_in and left in state (the same buffer but for a rollback replay).
-__device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float* y, const float* state_in,
-                                                  float* state, const float* w, int T, int C, int K,
-                                                  float* save_state = nullptr, float* save_x = nullptr) {
+// KC > 0: the taps are the constant KC (the history in registers: with a run-time K, nvcc keeps
+// it in local memory); KC = 0: K taps, up to 9.
+template <int KC>
+__device__ __forceinline__ void conv1d_silu_taps(int blk, const float* x, float* y, const float* state_in, float* state,
+                                                 const float* w, int T, int C, int k_rt, float* save_state,
+                                                 float* save_x) {
+    const int K = KC > 0 ? KC : k_rt;
     int per_chunk = (C + blockDim.x - 1) / blockDim.x;
     int chunk = blk / per_chunk;
     int c = (blk % per_chunk) * blockDim.x + threadIdx.x;
     int steps = conv_steps(K);
     if (c >= C || (chunk > 0 && chunk * steps >= T)) return;
     int t0 = chunk * steps, t1 = min(T, t0 + steps);
-    float hist[8], old[8];
+    float hist[KC > 0 ? KC : 8], old[KC > 0 ? KC : 8];
+#pragma unroll
     for (int j = 0; j < K - 1; j++) {
         int e = t0 - (K - 1) + j;  // position of history slot j; < 0 is in the state
         old[j] = chunk == 0 ? state_in[(long)j * C + c] : 0.0f;
@@ -43,18 +48,35 @@ __device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float
         float xv = x[(long)t * C + c];
         if (save_x) save_x[(long)t * C + c] = xv;
         float acc = 0.0f;
+#pragma unroll
         for (int j = 0; j < K - 1; j++) acc += w[c * K + j] * hist[j];
         acc += w[c * K + K - 1] * xv;
         y[(long)t * C + c] = silu(acc);
+#pragma unroll
         for (int j = 0; j < K - 2; j++) hist[j] = hist[j + 1];
         if (K > 1) hist[K - 2] = xv;
     }
     if (chunk != 0) return;
     // The new state: the last K-1 rows of [old state ; x].
+#pragma unroll
     for (int j = 0; j < K - 1; j++) {
         int e = T + j;  // index into [old state (K-1 rows) ; x (T rows)]
-        state[(long)j * C + c] = e < K - 1 ? old[e] : x[(long)(e - (K - 1)) * C + c];
+        float v = 0.0f;
+#pragma unroll
+        for (int m = 0; m < K - 1; m++)  // old[e], by constant indices
+            if (m == e) v = old[m];
+        state[(long)j * C + c] = e < K - 1 ? v : x[(long)(e - (K - 1)) * C + c];
     }
+}
+
+// The conv of Qwen3.5's 4 taps, or of any K ≤ 9.
+__device__ __forceinline__ void conv1d_silu_block(int blk, const float* x, float* y, const float* state_in,
+                                                  float* state, const float* w, int T, int C, int K,
+                                                  float* save_state = nullptr, float* save_x = nullptr) {
+    if (K == 4)
+        conv1d_silu_taps<4>(blk, x, y, state_in, state, w, T, C, K, save_state, save_x);
+    else
+        conv1d_silu_taps<0>(blk, x, y, state_in, state, w, T, C, K, save_state, save_x);
 }
 
 extern "C" __global__ void conv1d_silu(const float* x, float* y, float* state, const float* w, int T, int C,

@@ -195,8 +195,12 @@ extern "C" __global__ void rms_norm_gated_to_f16_tc(const float* x, const float*
     if (blk >= blocks) return;  // the whole warp
     long base = 256 * blk;
     int per = 256 / d;
+    // Read by constant indices only, so that inv stays in registers (an index known at run time
+    // puts the array in local memory).
     float inv[8];
-    for (int r = 0; r < per; r++) {
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        if (r >= per) break;
         const float* xr = x + base + (long)r * d;
         float ss = 0.0f;
         for (int i = lane; i < d; i += 32) ss += xr[i] * xr[i];
@@ -205,7 +209,11 @@ extern "C" __global__ void rms_norm_gated_to_f16_tc(const float* x, const float*
     tc_input_block(
         [&](int i) {
             int r = i / d, c = i - r * d;
-            float o = w[c] * (x[base + i] * inv[r]) * silu(z[base + i]);
+            float ir = inv[0];
+#pragma unroll
+            for (int m = 1; m < 8; m++)
+                if (m == r) ir = inv[m];
+            float o = w[c] * (x[base + i] * ir) * silu(z[base + i]);
             out[base + i] = o;
             return o;
         },
