@@ -169,6 +169,9 @@ pub struct KernelOptions {
     /// Register cap of the int8 tensor-core GEMV's 16-token build and of the product groups of
     /// 9 to 16 tokens, 64..=255 (`SPLASH_INT8_MMA16_REGS`; `None`: the kernels' default).
     pub int8_mma16_regs: Option<u32>,
+    /// Register cap of the one-token product group (`gemv1_group`), 64..=255
+    /// (`SPLASH_GROUP1_REGS`; `None`: uncapped).
+    pub group1_regs: Option<u32>,
     /// Most query heads of one KV head a decode-attention block of a several-row pass takes,
     /// sharing each key it loads, 1..=4 (`SPLASH_ATTENTION_HEADS`; `None`: 4).
     pub attention_heads: Option<u32>,
@@ -307,6 +310,7 @@ impl GpuOptions {
                 expert_regs: number("SPLASH_EXPERT_REGS", 64..=255)?.map(|n| n as u32),
                 int8_mma_regs: number("SPLASH_INT8_MMA_REGS", 64..=255)?.map(|n| n as u32),
                 int8_mma16_regs: number("SPLASH_INT8_MMA16_REGS", 64..=255)?.map(|n| n as u32),
+                group1_regs: number("SPLASH_GROUP1_REGS", 64..=255)?.map(|n| n as u32),
                 attention_heads: number("SPLASH_ATTENTION_HEADS", 1..=4)?.map(|n| n as u32),
             },
         })
@@ -352,6 +356,7 @@ mod tests {
             ("SPLASH_EXPERT_REGS", "96"),
             ("SPLASH_INT8_MMA_REGS", "128"),
             ("SPLASH_INT8_MMA16_REGS", "128"),
+            ("SPLASH_GROUP1_REGS", "96"),
             ("SPLASH_VISION_QUERY_TILES", "1"),
             ("SPLASH_FOLD_LAUNCHES", "0"),
             ("SPLASH_ATTENTION_HEADS", "1"),
@@ -376,6 +381,7 @@ mod tests {
                 expert_regs: Some(96),
                 int8_mma_regs: Some(128),
                 int8_mma16_regs: Some(128),
+                group1_regs: Some(96),
                 attention_heads: Some(1),
             }
         );

@@ -1272,13 +1272,19 @@ __device__ __forceinline__ void product_group(const ProductGroup& g, const i8* b
     }
 }
 
-// The 16-token build at most I8TC16_REGS registers, as gemv_i8tc's.
+// The 16-token build at most I8TC16_REGS registers, as gemv_i8tc's. The one-token build takes
+// what its Q6_K path needs (122 registers: four 4-warp blocks an SM, where gemv1_i8tc_q4_k at
+// 80 holds six); GROUP1_REGS (SPLASH_GROUP1_REGS) caps it: 96 is the least without spills.
 #ifdef KERNEL_EMULATION
 #define GROUP_REGS_gemv1
 #define GROUP_REGS_gemv8
 #define GROUP_REGS_gemv
 #else
+#ifdef GROUP1_REGS
+#define GROUP_REGS_gemv1 __maxnreg__(GROUP1_REGS)
+#else
 #define GROUP_REGS_gemv1
+#endif
 #define GROUP_REGS_gemv8 __maxnreg__(I8TC8_REGS)
 #define GROUP_REGS_gemv __maxnreg__(I8TC16_REGS)
 #endif
