@@ -73,21 +73,23 @@ def main():
         m = re.search(r"Compiling entry function '(\w+)'", line)
         if m:
             name = m.group(1)
-            spill = "0 / 0"
-        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+            spill, stack = "0 / 0", 0
+        # The stack frame holds spills and local arrays: an array indexed by a value known only
+        # at run time lives there, in local memory, without any spill being reported.
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m and name:
-            spill = f"{m.group(1)} / {m.group(2)}"
+            stack, spill = int(m.group(1)), f"{m.group(2)} / {m.group(3)}"
         m = re.search(r"Used (\d+) registers.*?(?:(\d+) bytes smem)?$", line)
         if m and name:
             smem = re.search(r"(\d+) bytes smem", line)
-            rows.append((name, int(m.group(1)), spill, int(smem.group(1)) if smem else 0))
+            rows.append((name, int(m.group(1)), spill, stack, int(smem.group(1)) if smem else 0))
             name = None
     only = re.compile(args.only) if args.only else None
     print(f"sm_{args.sm}, head dim {args.head_dim}, GDN {args.gdn_dk}/{args.gdn_dv}")
-    print(f"{'kernel':<34} {'regs':>5} {'spill st/ld (B)':>16} {'smem (B)':>9}")
-    for name, regs, spill, smem in sorted(rows):
+    print(f"{'kernel':<34} {'regs':>5} {'spill st/ld (B)':>16} {'stack (B)':>10} {'smem (B)':>9}")
+    for name, regs, spill, stack, smem in sorted(rows):
         if only is None or only.search(name):
-            print(f"{name:<34} {regs:>5} {spill:>16} {smem:>9}")
+            print(f"{name:<34} {regs:>5} {spill:>16} {stack:>10} {smem:>9}")
 
 
 if __name__ == "__main__":
