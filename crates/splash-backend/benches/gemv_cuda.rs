@@ -148,12 +148,7 @@ fn main() {
                     graph.census().unwrap()
                 );
             }
-            gpu.replay(&graph).unwrap();
-            gpu.synchronize().unwrap();
-            let t0 = Instant::now();
-            gpu.replay(&graph).unwrap();
-            gpu.synchronize().unwrap();
-            t0.elapsed().as_secs_f64() / reps as f64
+            replay_time(&gpu, &graph, reps)
         };
         let time = |tokens: usize| time_of(tokens, false);
         let cell = |secs: f64| {
@@ -260,8 +255,7 @@ fn router_logits(tokens: usize, e: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Seconds a call of `run` takes on the GPU: `reps` calls captured in one graph, replayed once
-/// to warm up and once timed.
+/// Seconds a call of `run` takes on the GPU, `reps` calls captured in one graph.
 fn graph_time(gpu: &Gpu, reps: usize, run: impl Fn() -> Result<(), dev::GpuError>) -> f64 {
     run().unwrap();
     let graph = gpu
@@ -272,10 +266,15 @@ fn graph_time(gpu: &Gpu, reps: usize, run: impl Fn() -> Result<(), dev::GpuError
             Ok::<(), dev::GpuError>(())
         })
         .unwrap();
-    gpu.replay(&graph).unwrap();
+    replay_time(gpu, &graph, reps)
+}
+
+/// Seconds each of the `reps` calls a graph holds takes: replayed once to warm up, once timed.
+fn replay_time(gpu: &Gpu, graph: &dev::Graph, reps: usize) -> f64 {
+    gpu.replay(graph).unwrap();
     gpu.synchronize().unwrap();
     let t0 = Instant::now();
-    gpu.replay(&graph).unwrap();
+    gpu.replay(graph).unwrap();
     gpu.synchronize().unwrap();
     t0.elapsed().as_secs_f64() / reps as f64
 }
