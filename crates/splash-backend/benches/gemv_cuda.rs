@@ -7,9 +7,10 @@
 //! GEMV kernels alone), and on the stream-K GEMV. `GEMV_SWEEP=1` also times the tensor-core
 //! GEMV at each warps-per-tile count; `GEMV_ONLY=words` (comma-separated) times the shapes whose
 //! names contain one of them. The tiled formats are timed on the int8 GEMVs
-//! (`SPLASH_TILED_GEMV=int8`, `int8-mma`) too. Then the grouped expert products of a 35B-A3B MoE layer
-//! (256 experts, 8 a token) at each warps-per-block count (`GEMV_EXPERTS_ONLY=1`: these
-//! alone). Last, the time to download a verify block's logits.
+//! (`SPLASH_TILED_GEMV=int8`, `int8-mma`) too. Then a 35B-A3B MoE layer's routing (`moe_route`)
+//! and grouped expert products (256 experts, 8 a token) at each warps-per-block count, and up
+//! to 8 tokens the 16-pair build beside the 8-pair one (`GEMV_EXPERTS_ONLY=1`: these alone).
+//! Last, the time to download a verify block's logits.
 
 use std::time::Instant;
 
