@@ -337,27 +337,26 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                     bytes / 1e6,
                     kernel.name()
                 );
-                // Up to 8 tokens "16-pair" is the 16-pair build (SPLASH_NARROW_EXPERTS=0) at
-                // the default warps, for the 8-pair build's A/B.
-                let wide = if tokens <= 8 { &[usize::MAX][..] } else { &[] };
-                for &warps in [0, 1, 2, 4, 8].iter().chain(wide) {
-                    let narrow = warps != usize::MAX;
+                // Each column: its label, the warps forced (None: by size) and whether the
+                // 8-pair build may serve. Up to 8 tokens "16-pair" is the 16-pair build
+                // (SPLASH_NARROW_EXPERTS=0) at the default warps, for the 8-pair build's A/B.
+                let mut columns = vec![("default".to_string(), None, narrow_default)];
+                for w in [1, 2, 4, 8] {
+                    columns.push((format!("{w}w"), Some(w), narrow_default));
+                }
+                if tokens <= 8 {
+                    columns.push(("16-pair".to_string(), None, false));
+                }
+                for (label, warps, narrow) in columns {
                     tune(gpu, |o| {
-                        o.expert_warps = (warps > 0 && narrow).then_some(warps);
-                        o.narrow_experts = narrow && narrow_default;
+                        o.expert_warps = warps;
+                        o.narrow_experts = narrow;
                     });
                     let run = || {
                         let (tp, op) = (ptr(gpu, &table, 0), ptr(gpu, &out, 0));
                         dev::matmul_experts(gpu, k, op, &xa, tp, &proto, &routing, col_div)
                     };
                     let secs = graph_time(gpu, if tokens > 16 { 20 } else { 200 }, run);
-                    let label = if !narrow {
-                        "16-pair".to_string()
-                    } else if warps == 0 {
-                        "default".to_string()
-                    } else {
-                        format!("{warps}w")
-                    };
                     line += &format!(
                         " {label}: {:.1} ({:.0}%)",
                         secs * 1e6,
