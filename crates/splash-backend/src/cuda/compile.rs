@@ -83,8 +83,7 @@ pub fn compile_ptx(
         format!("-DGDN_SLICES={}", options.gdn_slices(dims.gdn_dk)),
     ];
     // Measurement options (GRID_PROLOGUE in kernels/common.cuh, TC_L2_AHEAD, EXPERT_REGS,
-    // I8TC8_REGS, I8TC16_REGS and GROUP1_REGS in kernels/gemv_tc.cu, ATTN_HEADS_MAX in
-    // kernels/attention.cu).
+    // I8TC8_REGS and I8TC16_REGS in kernels/gemv_tc.cu, ATTN_HEADS_MAX in kernels/attention.cu).
     if options.trigger_early {
         defines.push("-DGRID_TRIGGER_EARLY".into());
     }
@@ -103,9 +102,6 @@ pub fn compile_ptx(
     }
     if let Some(regs) = options.int8_mma16_regs {
         defines.push(format!("-DI8TC16_REGS={regs}"));
-    }
-    if let Some(regs) = options.group1_regs {
-        defines.push(format!("-DGROUP1_REGS={regs}"));
     }
     let mut h = Sha256::new();
     h.update(kernel_source().as_bytes());

@@ -68,10 +68,6 @@ pub struct GpuOptions {
     /// the residual add after it sums the pairs (no `moe_combine`). Three launches fewer a MoE
     /// layer.
     pub fold_moe: bool,
-    /// The grouped expert GEMV's build of up to 8 pairs at a time for passes of up to 8 tokens
-    /// (`SPLASH_NARROW_EXPERTS`, on): the same bits as the 16-pair build, fewer registers
-    /// (Q4_K: 135 without spills against 128 with about 200 bytes spilled; Q6_K: 162 against 238).
-    pub narrow_experts: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
     pub tensor_core_warps: Option<usize>,
@@ -101,7 +97,6 @@ impl Default for GpuOptions {
             vision_query_tiles: 2,
             fold_launches: true,
             fold_moe: true,
-            narrow_experts: true,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -169,9 +164,6 @@ pub struct KernelOptions {
     /// Register cap of the int8 tensor-core GEMV's 16-token build and of the product groups of
     /// 9 to 16 tokens, 64..=255 (`SPLASH_INT8_MMA16_REGS`; `None`: the kernels' default).
     pub int8_mma16_regs: Option<u32>,
-    /// Register cap of the one-token product group (`gemv1_group`), 64..=255
-    /// (`SPLASH_GROUP1_REGS`; `None`: uncapped).
-    pub group1_regs: Option<u32>,
     /// Most query heads of one KV head a decode-attention block of a several-row pass takes,
     /// sharing each key it loads, 1..=4 (`SPLASH_ATTENTION_HEADS`; `None`: 4).
     pub attention_heads: Option<u32>,
@@ -299,7 +291,6 @@ impl GpuOptions {
                 .unwrap_or(d.vision_query_tiles),
             fold_launches: flag("SPLASH_FOLD_LAUNCHES", d.fold_launches)?,
             fold_moe: flag("SPLASH_FOLD_MOE", d.fold_moe)?,
-            narrow_experts: flag("SPLASH_NARROW_EXPERTS", d.narrow_experts)?,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions {
@@ -310,7 +301,6 @@ impl GpuOptions {
                 expert_regs: number("SPLASH_EXPERT_REGS", 64..=255)?.map(|n| n as u32),
                 int8_mma_regs: number("SPLASH_INT8_MMA_REGS", 64..=255)?.map(|n| n as u32),
                 int8_mma16_regs: number("SPLASH_INT8_MMA16_REGS", 64..=255)?.map(|n| n as u32),
-                group1_regs: number("SPLASH_GROUP1_REGS", 64..=255)?.map(|n| n as u32),
                 attention_heads: number("SPLASH_ATTENTION_HEADS", 1..=4)?.map(|n| n as u32),
             },
         })
@@ -356,7 +346,6 @@ mod tests {
             ("SPLASH_EXPERT_REGS", "96"),
             ("SPLASH_INT8_MMA_REGS", "128"),
             ("SPLASH_INT8_MMA16_REGS", "128"),
-            ("SPLASH_GROUP1_REGS", "96"),
             ("SPLASH_VISION_QUERY_TILES", "1"),
             ("SPLASH_FOLD_LAUNCHES", "0"),
             ("SPLASH_ATTENTION_HEADS", "1"),
@@ -381,7 +370,6 @@ mod tests {
                 expert_regs: Some(96),
                 int8_mma_regs: Some(128),
                 int8_mma16_regs: Some(128),
-                group1_regs: Some(96),
                 attention_heads: Some(1),
             }
         );

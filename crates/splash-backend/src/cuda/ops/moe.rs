@@ -204,12 +204,8 @@ pub(super) fn launch_experts(
     // More than 16 pairs a slot on average (prefill passes): the kernels that decode a tile's
     // weights for more pairs at a time may pay.
     let many = x.tokens * col_div > 16 * routing.slots;
-    // An expert has at most one pair a token: up to 8 tokens, the build of up to 8 pairs at a
-    // time (fewer registers) serves.
-    let tokens = routing.ids.len() / routing.per_token;
     let (kernel, warps) = match options.prefill_experts {
         PrefillExperts::Gemm if many => ("gemm_tc_experts_", 4),
-        _ if tokens <= 8 && options.narrow_experts => ("gemv_tc_experts8_", 0),
         _ => ("gemv_tc_experts_", 0),
     };
     // The bench's sweep may force the warps; the same bits either way.
