@@ -857,6 +857,98 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
     }
 }
 
+/// The MoE down products with their input converted in their launch
+/// (`gemv_tc_experts_swiglu_*`) give every pair the bits of `silu_mul`, `to_f16_tc` and the
+/// grouped GEMV: rows of 512 (16 pairs staged at a time: an expert's 23 pairs are 16 and 7)
+/// and 768 (10 at a time: 10, 10, 3), a tile cut short (40 rows), a slot without an expert, and
+/// every warp count the chains allow.
+#[test]
+fn the_down_products_converting_their_input_have_the_bits_of_the_two_launches() {
+    let Some(kern) = kernels(DIMS_32) else { return };
+    let (n, pairs) = (40usize, 30usize);
+    // Pair p chose expert 2 when p % 4 == 1 (7 pairs), else expert 0 (23); expert 1 none.
+    let ids: Vec<usize> = (0..pairs).map(|p| if p % 4 == 1 { 2 } else { 0 }).collect();
+    let mut order: Vec<i32> = Vec::new();
+    let mut offsets = vec![0i32];
+    for e in [0, 2] {
+        order.extend((0..pairs).filter(|&p| ids[p] == e).map(|p| p as i32));
+        offsets.push(order.len() as i32);
+    }
+    offsets.push(order.len() as i32);
+    let active = [0i32, 2, -1];
+    for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
+        for kd in [512usize, 768] {
+            let tiled: Vec<Vec<u8>> = (0..3)
+                .map(|e| {
+                    let w = kquant(t, n, kd, fields, 51 + e as u64);
+                    super::weights::tiled(t, w.raw_bytes(), n, kd / 256)
+                })
+                .collect();
+            let table: Vec<u64> = tiled.iter().map(|w| w.as_ptr() as u64).collect();
+            let (g, u) = (random(pairs * kd, 61), random(pairs * kd, 62));
+            // The two launches: silu_mul, to_f16_tc, then the grouped GEMV of the rows.
+            let swiglu = g.clone();
+            let (sa, ua) = (Addr::of(&swiglu), Addr::of(&u));
+            // SAFETY: silu_mul's signature over `pairs · kd` values.
+            unsafe {
+                let silu: host::silu_mul = kern.kernel("silu_mul");
+                kern.launch((pairs * kd).div_ceil(256) as u32, 256, &|| {
+                    silu(sa.ptr(), ua.ptr(), (pairs * kd) as i64)
+                });
+            }
+            let (xh, xscale) = tc_input(&kern, &swiglu);
+            let chains = (kd / 256) as u32;
+            let launch = ExpertLaunch {
+                kern: &kern,
+                routing: (&active, &offsets, &order),
+                x: (&xh, &xscale),
+                pairs,
+                n,
+                kd,
+                row_bytes: t.row_bytes(kd) as i64,
+                col_div: 1,
+                chains,
+            };
+            let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
+            let apart = launch
+                .run(&format!("gemv_tc_experts_{suffix}"), chains, &table, None)
+                .0;
+            for warps in 1..=chains {
+                let y = vec![f32::NAN; pairs * n];
+                let (ta, ya, ga) = (Addr::of(&table), Addr::of(&y), Addr::of(&g));
+                let (ac, of, or) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
+                let grid = active.len() * n.div_ceil(16);
+                // SAFETY: gemv_tc_experts_swiglu's signature in kernels/gemv_tc.cu, over
+                // buffers of the sizes ops::matmul_experts_swiglu gives it.
+                unsafe {
+                    let f: host::experts_swiglu =
+                        kern.kernel(&format!("gemv_tc_experts_swiglu_{suffix}"));
+                    kern.launch(grid as u32, 32 * warps, &|| {
+                        f(
+                            ta.ptr(),
+                            ya.ptr(),
+                            ac.ptr(),
+                            of.ptr(),
+                            or.ptr(),
+                            t.row_bytes(kd) as i64,
+                            ga.ptr(),
+                            ua.ptr(),
+                            n as i32,
+                            kd as i32,
+                            chains as i32,
+                        )
+                    });
+                }
+                assert_eq!(
+                    bits(&y),
+                    bits(&apart),
+                    "{t}, rows of {kd}, {warps} warps: the fused launch against the two"
+                );
+            }
+        }
+    }
+}
+
 /// Device routing on the host: `moe_route` picks each token's top-k experts by probability
 /// (ties to the lower index, here from equal logits) with renormalised weights; given its
 /// counter, its last block lists the active experts in order with their pairs in increasing
