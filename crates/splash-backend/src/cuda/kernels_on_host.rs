@@ -661,6 +661,19 @@ impl ExpertLaunch<'_> {
         first: &[u64],
         second: Option<&[u64]>,
     ) -> (Vec<f32>, Vec<f32>) {
+        self.run_then(name, warps, first, second, None)
+    }
+
+    /// [`run`](Self::run), its blocks asking the L2 for the weights of `then` (a table, the
+    /// bytes of each entry) as for the launch after it.
+    fn run_then(
+        &self,
+        name: &str,
+        warps: u32,
+        first: &[u64],
+        second: Option<&[u64]>,
+        then: Option<(&[u64], i64)>,
+    ) -> (Vec<f32>, Vec<f32>) {
         type Experts = host::experts;
         let (active, offsets, order) = self.routing;
         let (y, y_b) = (
@@ -668,6 +681,7 @@ impl ExpertLaunch<'_> {
             vec![f32::NAN; self.pairs * self.n],
         );
         let (a, b) = (Addr::of(first), second.map(Addr::of));
+        let th = then.map(|(t, bytes)| (Addr::of(t), bytes));
         let (ac, of, or) = (Addr::of(active), Addr::of(offsets), Addr::of(order));
         let (xha, xsa, ya, yb) = (
             Addr::of(self.x.0),
@@ -701,6 +715,8 @@ impl ExpertLaunch<'_> {
                     self.kd as i32,
                     self.col_div as i32,
                     self.chains as i32,
+                    th.map_or(std::ptr::null_mut(), |(t, _)| t.ptr()),
+                    th.map_or(0, |(_, bytes)| bytes),
                 )
             });
         }
@@ -798,6 +814,20 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     let (apart, _) = run(2, &reversed, None);
     assert_eq!(bits(&first), bits(&eight), "the first of two tables");
     assert_eq!(bits(&second), bits(&apart), "the second of two tables");
+    // Asking the L2 for the next launch's weights (a whole expert's share a block) leaves them.
+    let then = Some((&table[..], tiled[0].len() as i64));
+    let name = "gemv_tc_experts_q4_k";
+    let (first_then, second_then) = launch.run_then(name, 2, &table, Some(&reversed), then);
+    assert_eq!(
+        bits(&first_then),
+        bits(&first),
+        "asking the L2 ahead: the first table"
+    );
+    assert_eq!(
+        bits(&second_then),
+        bits(&second),
+        "asking the L2 ahead: the second table"
+    );
 }
 
 /// The prefill passes' grouped expert kernel (`gemm_tc_experts_*`, up to 64 pairs per decoding

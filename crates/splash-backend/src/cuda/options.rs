@@ -72,6 +72,10 @@ pub struct GpuOptions {
     /// (`gemv_tc_experts_swiglu_*`, `SPLASH_FUSED_SWIGLU_EXPERTS`, on) where the grouped GEMV
     /// runs them: the same bits, a launch fewer a MoE layer.
     pub fused_swiglu_experts: bool,
+    /// The MoE gate and up products ask the L2 for their experts' down weights
+    /// (`SPLASH_EXPERT_PREFETCH`, on) where the routed experts' fit in half of it: the down
+    /// products after them then read from the L2.
+    pub expert_prefetch: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
     pub tensor_core_warps: Option<usize>,
@@ -102,6 +106,7 @@ impl Default for GpuOptions {
             fold_launches: true,
             fold_moe: true,
             fused_swiglu_experts: true,
+            expert_prefetch: true,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -297,6 +302,7 @@ impl GpuOptions {
             fold_launches: flag("SPLASH_FOLD_LAUNCHES", d.fold_launches)?,
             fold_moe: flag("SPLASH_FOLD_MOE", d.fold_moe)?,
             fused_swiglu_experts: flag("SPLASH_FUSED_SWIGLU_EXPERTS", d.fused_swiglu_experts)?,
+            expert_prefetch: flag("SPLASH_EXPERT_PREFETCH", d.expert_prefetch)?,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions {
@@ -358,10 +364,11 @@ mod tests {
             ("SPLASH_TILED_GEMV", "tensor-cores"),
             ("SPLASH_SHARED_EXPERT_GROUPED", "0"),
             ("SPLASH_FUSED_SWIGLU_EXPERTS", "0"),
+            ("SPLASH_EXPERT_PREFETCH", "0"),
         ])
         .unwrap();
         assert!(!o.fold_launches && !o.capture_pool && !o.shared_expert_grouped);
-        assert!(!o.fused_swiglu_experts);
+        assert!(!o.fused_swiglu_experts && !o.expert_prefetch);
         assert_eq!(o.tiled_gemv, TiledGemv::TensorCores);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);

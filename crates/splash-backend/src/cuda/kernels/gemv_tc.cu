@@ -36,7 +36,16 @@
 __device__ __forceinline__ void l2_prefetch(const u8* p, int bytes, int lane) {
 #ifndef KERNEL_EMULATION
     if (128 * lane < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 128 * lane));
+#else
+    // On the host the line's first byte is read: the address must at least be mapped.
+    if (128 * lane < bytes) (void)*(const volatile u8*)(p + 128 * lane);
 #endif
+}
+
+// Asks the L2 for bytes [from, to) at p, the block's warps a 4 KB segment at a time.
+__device__ __forceinline__ void l2_prefetch_range(const u8* p, long from, long to) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (long at = from + 4096L * warp; at < to; at += 4096L * warps) l2_prefetch(p + at, (int)min(4096L, to - at), lane);
 }
 
 #ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
@@ -1018,10 +1027,8 @@ __device__ void gemv_tc_experts_swiglu(const u64* table, float* y, const int* ac
     int e = active[eb.a];
     if (e < 0) return;  // the whole block
     const u8* W = (const u8*)eb.table[e];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const u8* tile = W + (long)eb.tile * 16 * row_bytes;
-    for (long at = 4096L * warp; at < 16 * row_bytes; at += 4096L * warps)
-        l2_prefetch(tile + at, (int)min(4096L, 16 * row_bytes - at), lane);
+    l2_prefetch_range(W + (long)eb.tile * 16 * row_bytes, 0, 16 * row_bytes);
+    int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     int off = offsets[eb.a], cnt = offsets[eb.a + 1] - off;
     int nb = K >> 8, step = min(16, EXPERT_STAGE_HALVES / K);
     for (int c0 = 0; c0 < cnt; c0 += step) {
@@ -1189,16 +1196,33 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
 #define GEMM_EXPERT_REGS
 #endif
 
+// With then_table, this block's share of its expert's weight in then_table (then_bytes each)
+// asked of the L2: the weights of the launch after this one (the down products after the gate
+// and up ones), which depend on the routing alone, arrive while this launch runs instead of
+// after it. An expert's tables × tiles blocks take a share each.
+__device__ __forceinline__ void expert_prefetch_then(const u64* table_b, const int* active, int N,
+                                                     const u64* then_table, long then_bytes) {
+    int tables = table_b ? 2 : 1, per = gridDim.x / tables, tiles = (N + 15) / 16;
+    int blk = blockIdx.x % per, e = active[blk / tiles];
+    if (e < 0) return;
+    int shares = tables * tiles, share = (blockIdx.x / per) * tiles + blk % tiles;
+    long chunk = (then_bytes + 128L * shares - 1) / (128L * shares) * 128;
+    long from = share * chunk;
+    l2_prefetch_range((const u8*)then_table[e], from, min(then_bytes, from + chunk));
+}
+
 // A grouped expert kernel NAME (registers capped by REGS) running the device function given
 // after them: the signature ops::launch_experts passes.
-#define EXPERT_KERNEL(REGS, NAME, ...)                                                              \
-    extern "C" __global__ void REGS NAME(const u64* table, float* y, const u64* table_b, float* y_b, \
-                                         const int* active, const int* offsets, const int* order,    \
-                                         long row_bytes, const u16* xh, const float* xscale, int N,  \
-                                         int K, int col_div, int chains) {                           \
-        GRID_PROLOGUE();                                                                            \
-        __VA_ARGS__(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K,    \
-                    col_div, chains);                                                               \
+#define EXPERT_KERNEL(REGS, NAME, ...)                                                                 \
+    extern "C" __global__ void REGS NAME(const u64* table, float* y, const u64* table_b, float* y_b,    \
+                                         const int* active, const int* offsets, const int* order,       \
+                                         long row_bytes, const u16* xh, const float* xscale, int N,     \
+                                         int K, int col_div, int chains, const u64* then_table,         \
+                                         long then_bytes) {                                             \
+        GRID_PROLOGUE();                                                                               \
+        if (then_table) expert_prefetch_then(table_b, active, N, then_table, then_bytes);             \
+        __VA_ARGS__(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K,       \
+                    col_div, chains);                                                                  \
     }
 
 // gemv_tc8_*: up to 8 tokens, gemv_tc16_*: up to 16, a tile per block; gemv_tcs*: stream-K (the

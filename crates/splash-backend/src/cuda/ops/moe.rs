@@ -139,11 +139,23 @@ pub fn matmul_experts(
     routing: &ExpertRouting,
     col_div: usize,
 ) -> Result<(), GpuError> {
-    launch_experts(gpu, k, [(table, out), (0, 0)], x, proto, routing, col_div)
+    launch_experts(
+        gpu,
+        k,
+        [(table, out), (0, 0)],
+        x,
+        proto,
+        routing,
+        col_div,
+        None,
+    )
 }
 
 /// [`matmul_experts`] of two tables of the same shape over the same input in one launch (the
-/// gate and up products): `(table, out)` each.
+/// gate and up products): `(table, out)` each. With `then` (a table of the weights the next
+/// launch multiplies, the down products, and the bytes of one), the launch also asks the L2
+/// for the routed experts' weights there, where they fit in half of it
+/// ([`GpuOptions::expert_prefetch`](crate::cuda::GpuOptions)).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_expert_pair(
     gpu: &Gpu,
@@ -153,8 +165,12 @@ pub fn matmul_expert_pair(
     proto: &DeviceWeight,
     routing: &ExpertRouting,
     col_div: usize,
+    then: Option<(u64, usize)>,
 ) -> Result<(), GpuError> {
-    launch_experts(gpu, k, products, x, proto, routing, col_div)
+    let then = then.filter(|&(_, bytes)| {
+        gpu.options().expert_prefetch && routing.slots * bytes <= gpu.l2_bytes() / 2
+    });
+    launch_experts(gpu, k, products, x, proto, routing, col_div, then)
 }
 
 /// The down products of a MoE layer's experts: [`matmul_experts`] of `silu(g) * u` (pairs'
@@ -263,7 +279,9 @@ fn check_expert_kernel(gpu: &Gpu, proto: &DeviceWeight) -> Result<(), GpuError> 
 }
 
 /// One launch of the grouped expert kernel for one or two `(table, out)` products (a second
-/// table of 0: none).
+/// table of 0: none); with `then`, its blocks ask the L2 for the weights of that table's
+/// experts (bytes each), where the decode kernel runs them.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn launch_experts(
     gpu: &Gpu,
     k: &Kernels,
@@ -272,6 +290,7 @@ pub(super) fn launch_experts(
     proto: &DeviceWeight,
     routing: &ExpertRouting,
     col_div: usize,
+    then: Option<(u64, usize)>,
 ) -> Result<(), GpuError> {
     check_expert_kernel(gpu, proto)?;
     x.check(proto);
@@ -282,6 +301,10 @@ pub(super) fn launch_experts(
     let blocks = tables * routing.slots * n.div_ceil(16);
     let kernel = expert_kernel(gpu, routing, x.tokens * col_div);
     let (chains, warps) = expert_chains_and_warps(gpu, kernel, blocks, proto);
+    let (then_table, then_bytes) = match (kernel, then) {
+        (ExpertKernel::Gemv, Some((table, bytes))) => (table, bytes as i64),
+        _ => (0, 0),
+    };
     let kernel = match kernel {
         ExpertKernel::Gemv => "gemv_tc_experts_",
         ExpertKernel::Gemm => "gemm_tc_experts_",
@@ -311,6 +334,8 @@ pub(super) fn launch_experts(
         kdim,
         col_div,
         chains,
+        then_table,
+        then_bytes,
     )
 }
 
