@@ -8,9 +8,8 @@
 //! GEMV at each warps-per-tile count; `GEMV_ONLY=words` (comma-separated) times the shapes whose
 //! names contain one of them. The tiled formats are timed on the int8 GEMVs
 //! (`SPLASH_TILED_GEMV=int8`, `int8-mma`) too. Then a 35B-A3B MoE layer's routing (`moe_route`)
-//! and grouped expert products (256 experts, 8 a token) at each warps-per-block count, and
-//! the down products from the gate and up outputs with their input converted apart and in
-//! their launch (`GEMV_EXPERTS_ONLY=1`: these alone).
+//! and grouped expert products (256 experts, 8 a token) at each warps-per-block count
+//! (`GEMV_EXPERTS_ONLY=1`: these alone).
 //! Last, the time to download a verify block's logits.
 
 use std::time::Instant;
@@ -354,22 +353,6 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                     );
                 }
                 tune(gpu, |o| o.expert_warps = None);
-                // The down products from the gate and up outputs: their input converted by
-                // its own launch, then in the product's (the default).
-                if col_div == 1 && kernel == dev::PrefillExperts::Gemv {
-                    line += " | from g, u:";
-                    for (label, fused) in [("apart", false), ("fused", true)] {
-                        tune(gpu, |o| o.fused_swiglu_experts = fused);
-                        let run = || {
-                            let (tp, op) = (ptr(gpu, &table, 0), ptr(gpu, &out, 0));
-                            let gu = (ptr(gpu, &xd, 0), ptr(gpu, &xd, 0));
-                            dev::matmul_experts_swiglu(gpu, k, op, gu, tp, &proto, &routing, rows)
-                        };
-                        let secs = graph_time(gpu, 200, run);
-                        line += &format!(" {label} {:.1}", secs * 1e6);
-                    }
-                    tune(gpu, |o| o.fused_swiglu_experts = true);
-                }
                 println!("{line}");
             }
             tune(gpu, |o| {

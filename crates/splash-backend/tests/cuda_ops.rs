@@ -562,16 +562,14 @@ fn experts_route_and_multiply_on_the_device() {
                 assert!((sum[ti * n + i] - want).abs() <= 1e-5 * want.abs().max(1.0));
             }
         }
-        // The same gate products beside up-like ones (the experts in reverse) in one launch,
-        // asking the L2 for the experts' weights of the next launch (the same bits).
+        // The same gate products beside up-like ones (the experts in reverse) in one launch.
         let reversed: Vec<u64> = dws.iter().rev().map(|w| w.device_ptr(&gpu)).collect();
         let reversed = gpu.upload(&reversed).unwrap();
         let (gate, up) = (poisoned(&gpu, pairs * n), poisoned(&gpu, pairs * n));
         let rp = ptr(&gpu, &reversed, 0);
         let (gp, upp) = (ptr(&gpu, &gate, 0), ptr(&gpu, &up, 0));
         let products = [(tp, gp), (rp, upp)];
-        let then = Some((tp, dws[0].bytes()));
-        dev::matmul_expert_pair(&gpu, &k, products, &xa, &dws[0], &routing, top_k, then).unwrap();
+        dev::matmul_expert_pair(&gpu, &k, products, &xa, &dws[0], &routing, top_k).unwrap();
         let up_alone = poisoned(&gpu, pairs * n);
         let ua = ptr(&gpu, &up_alone, 0);
         dev::matmul_experts(&gpu, &k, ua, &xa, rp, &dws[0], &routing, top_k).unwrap();

@@ -661,19 +661,6 @@ impl ExpertLaunch<'_> {
         first: &[u64],
         second: Option<&[u64]>,
     ) -> (Vec<f32>, Vec<f32>) {
-        self.run_then(name, warps, first, second, None)
-    }
-
-    /// [`run`](Self::run), its blocks asking the L2 for the weights of `then` (a table, the
-    /// bytes of each entry) as for the launch after it.
-    fn run_then(
-        &self,
-        name: &str,
-        warps: u32,
-        first: &[u64],
-        second: Option<&[u64]>,
-        then: Option<(&[u64], i64)>,
-    ) -> (Vec<f32>, Vec<f32>) {
         type Experts = host::experts;
         let (active, offsets, order) = self.routing;
         let (y, y_b) = (
@@ -681,7 +668,6 @@ impl ExpertLaunch<'_> {
             vec![f32::NAN; self.pairs * self.n],
         );
         let (a, b) = (Addr::of(first), second.map(Addr::of));
-        let th = then.map(|(t, bytes)| (Addr::of(t), bytes));
         let (ac, of, or) = (Addr::of(active), Addr::of(offsets), Addr::of(order));
         let (xha, xsa, ya, yb) = (
             Addr::of(self.x.0),
@@ -715,8 +701,6 @@ impl ExpertLaunch<'_> {
                     self.kd as i32,
                     self.col_div as i32,
                     self.chains as i32,
-                    th.map_or(std::ptr::null_mut(), |(t, _)| t.ptr()),
-                    th.map_or(0, |(_, bytes)| bytes),
                 )
             });
         }
@@ -814,20 +798,6 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     let (apart, _) = run(2, &reversed, None);
     assert_eq!(bits(&first), bits(&eight), "the first of two tables");
     assert_eq!(bits(&second), bits(&apart), "the second of two tables");
-    // Asking the L2 for the next launch's weights (a whole expert's share a block) leaves them.
-    let then = Some((&table[..], tiled[0].len() as i64));
-    let name = "gemv_tc_experts_q4_k";
-    let (first_then, second_then) = launch.run_then(name, 2, &table, Some(&reversed), then);
-    assert_eq!(
-        bits(&first_then),
-        bits(&first),
-        "asking the L2 ahead: the first table"
-    );
-    assert_eq!(
-        bits(&second_then),
-        bits(&second),
-        "asking the L2 ahead: the second table"
-    );
 }
 
 /// The prefill passes' grouped expert kernel (`gemm_tc_experts_*`, up to 64 pairs per decoding
@@ -881,98 +851,6 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
                     bits(&narrow[p * n..(p + 1) * n]),
                     bits(&alone),
                     "{t}, {chains} chains: pair {p} against its expert's GEMV alone"
-                );
-            }
-        }
-    }
-}
-
-/// The MoE down products with their input converted in their launch
-/// (`gemv_tc_experts_swiglu_*`) give every pair the bits of `silu_mul`, `to_f16_tc` and the
-/// grouped GEMV: rows of 512 (16 pairs staged at a time: an expert's 23 pairs are 16 and 7)
-/// and 768 (10 at a time: 10, 10, 3), a tile cut short (40 rows), a slot without an expert, and
-/// every warp count the chains allow.
-#[test]
-fn the_down_products_converting_their_input_have_the_bits_of_the_two_launches() {
-    let Some(kern) = kernels(DIMS_32) else { return };
-    let (n, pairs) = (40usize, 30usize);
-    // Pair p chose expert 2 when p % 4 == 1 (7 pairs), else expert 0 (23); expert 1 none.
-    let ids: Vec<usize> = (0..pairs).map(|p| if p % 4 == 1 { 2 } else { 0 }).collect();
-    let mut order: Vec<i32> = Vec::new();
-    let mut offsets = vec![0i32];
-    for e in [0, 2] {
-        order.extend((0..pairs).filter(|&p| ids[p] == e).map(|p| p as i32));
-        offsets.push(order.len() as i32);
-    }
-    offsets.push(order.len() as i32);
-    let active = [0i32, 2, -1];
-    for (t, fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208])] {
-        for kd in [512usize, 768] {
-            let tiled: Vec<Vec<u8>> = (0..3)
-                .map(|e| {
-                    let w = kquant(t, n, kd, fields, 51 + e as u64);
-                    super::weights::tiled(t, w.raw_bytes(), n, kd / 256)
-                })
-                .collect();
-            let table: Vec<u64> = tiled.iter().map(|w| w.as_ptr() as u64).collect();
-            let (g, u) = (random(pairs * kd, 61), random(pairs * kd, 62));
-            // The two launches: silu_mul, to_f16_tc, then the grouped GEMV of the rows.
-            let swiglu = g.clone();
-            let (sa, ua) = (Addr::of(&swiglu), Addr::of(&u));
-            // SAFETY: silu_mul's signature over `pairs · kd` values.
-            unsafe {
-                let silu: host::silu_mul = kern.kernel("silu_mul");
-                kern.launch((pairs * kd).div_ceil(256) as u32, 256, &|| {
-                    silu(sa.ptr(), ua.ptr(), (pairs * kd) as i64)
-                });
-            }
-            let (xh, xscale) = tc_input(&kern, &swiglu);
-            let chains = (kd / 256) as u32;
-            let launch = ExpertLaunch {
-                kern: &kern,
-                routing: (&active, &offsets, &order),
-                x: (&xh, &xscale),
-                pairs,
-                n,
-                kd,
-                row_bytes: t.row_bytes(kd) as i64,
-                col_div: 1,
-                chains,
-            };
-            let suffix = if t == GgmlType::Q4_K { "q4_k" } else { "q6_k" };
-            let apart = launch
-                .run(&format!("gemv_tc_experts_{suffix}"), chains, &table, None)
-                .0;
-            for warps in 1..=chains {
-                let y = vec![f32::NAN; pairs * n];
-                let (ta, ya, ga) = (Addr::of(&table), Addr::of(&y), Addr::of(&g));
-                let (ac, of, or) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
-                let grid = active.len() * n.div_ceil(16);
-                // SAFETY: gemv_tc_experts_swiglu's signature in kernels/gemv_tc.cu, over
-                // buffers of the sizes ops::matmul_experts_swiglu gives it.
-                unsafe {
-                    let f: host::experts_swiglu =
-                        kern.kernel(&format!("gemv_tc_experts_swiglu_{suffix}"));
-                    kern.launch(grid as u32, 32 * warps, &|| {
-                        f(
-                            ta.ptr(),
-                            ya.ptr(),
-                            ac.ptr(),
-                            of.ptr(),
-                            or.ptr(),
-                            t.row_bytes(kd) as i64,
-                            ga.ptr(),
-                            ua.ptr(),
-                            n as i32,
-                            kd as i32,
-                            chains as i32,
-                        )
-                    });
-                }
-                assert_eq!(
-                    bits(&y),
-                    bits(&apart),
-                    "{t}, rows of {kd}, {warps} warps: the fused launch against the two"
                 );
             }
         }

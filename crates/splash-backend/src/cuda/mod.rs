@@ -56,8 +56,6 @@ pub struct Gpu {
     name: String,
     /// Streaming multiprocessors (the stream-K GEMV gives each a share of a matrix).
     sms: usize,
-    /// Bytes of its L2 cache.
-    l2_bytes: usize,
     modules: Mutex<HashMap<(KernelDims, KernelOptions), Arc<Kernels>>>,
     /// How it runs (see [`Gpu::set_options`]).
     options: std::sync::RwLock<GpuOptions>,
@@ -431,9 +429,6 @@ impl Gpu {
         let sms = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )? as usize;
-        let l2_bytes = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?
-            as usize;
         let profile = options.profile.then(|| Mutex::new(HashMap::new()));
         let route_done = stream.alloc_zeros::<i32>(1)?;
         // Profiling synchronises every launch, which a capture cannot contain.
@@ -442,7 +437,6 @@ impl Gpu {
             arch: compile::arch_for(major, minor),
             name,
             sms,
-            l2_bytes,
             ctx,
             stream,
             modules: Mutex::new(HashMap::new()),
@@ -473,11 +467,6 @@ impl Gpu {
     /// Streaming multiprocessors of the device.
     pub fn sms(&self) -> usize {
         self.sms
-    }
-
-    /// Bytes of the device's L2 cache.
-    pub fn l2_bytes(&self) -> usize {
-        self.l2_bytes
     }
 
     /// Free and total device memory in bytes.

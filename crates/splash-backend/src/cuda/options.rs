@@ -68,14 +68,6 @@ pub struct GpuOptions {
     /// the residual add after it sums the pairs (no `moe_combine`). Three launches fewer a MoE
     /// layer.
     pub fold_moe: bool,
-    /// The MoE down products' input conversion (`silu(g) · u` to f16) in their own launch
-    /// (`gemv_tc_experts_swiglu_*`, `SPLASH_FUSED_SWIGLU_EXPERTS`, on) where the grouped GEMV
-    /// runs them: the same bits, a launch fewer a MoE layer.
-    pub fused_swiglu_experts: bool,
-    /// The MoE gate and up products ask the L2 for their experts' down weights
-    /// (`SPLASH_EXPERT_PREFETCH`, on) where the routed experts' fit in half of it: the down
-    /// products after them then read from the L2.
-    pub expert_prefetch: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
     pub tensor_core_warps: Option<usize>,
@@ -105,8 +97,6 @@ impl Default for GpuOptions {
             vision_query_tiles: 2,
             fold_launches: true,
             fold_moe: true,
-            fused_swiglu_experts: true,
-            expert_prefetch: true,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -301,8 +291,6 @@ impl GpuOptions {
                 .unwrap_or(d.vision_query_tiles),
             fold_launches: flag("SPLASH_FOLD_LAUNCHES", d.fold_launches)?,
             fold_moe: flag("SPLASH_FOLD_MOE", d.fold_moe)?,
-            fused_swiglu_experts: flag("SPLASH_FUSED_SWIGLU_EXPERTS", d.fused_swiglu_experts)?,
-            expert_prefetch: flag("SPLASH_EXPERT_PREFETCH", d.expert_prefetch)?,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions {
@@ -363,12 +351,9 @@ mod tests {
             ("SPLASH_ATTENTION_HEADS", "1"),
             ("SPLASH_TILED_GEMV", "tensor-cores"),
             ("SPLASH_SHARED_EXPERT_GROUPED", "0"),
-            ("SPLASH_FUSED_SWIGLU_EXPERTS", "0"),
-            ("SPLASH_EXPERT_PREFETCH", "0"),
         ])
         .unwrap();
         assert!(!o.fold_launches && !o.capture_pool && !o.shared_expert_grouped);
-        assert!(!o.fused_swiglu_experts && !o.expert_prefetch);
         assert_eq!(o.tiled_gemv, TiledGemv::TensorCores);
         assert!(!o.graphs && o.profile && o.dependent_launch && o.stream_k);
         assert_eq!(o.vision_query_tiles, 1);

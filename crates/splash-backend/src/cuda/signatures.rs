@@ -232,10 +232,7 @@ kernels! {
     kernel silu_mul_to_bf16(g: *const f32, u: *const f32, out: *mut u16, n: i64);
     /// The grouped expert products: decode's tensor-core GEMV (`gemv_tc_experts_*`) and the
     /// prefill GEMM (`gemm_tc_experts_*`).
-    family experts ["gemv_tc_experts_q4_k", "gemv_tc_experts_q6_k", "gemm_tc_experts_q4_k", "gemm_tc_experts_q6_k"](table: *const u64, y: *mut f32, table_b: *const u64, y_b: *mut f32, active: *const i32, offsets: *const i32, order: *const i32, row_bytes: i64, xh: *const u16, xscale: *const f32, n: i32, k: i32, col_div: i32, chains: i32, then_table: *const u64, then_bytes: i64);
-    /// The down products of a MoE layer's experts from the gate and up outputs (`silu(g) · u`
-    /// converted in the product's launch).
-    family experts_swiglu ["gemv_tc_experts_swiglu_q4_k", "gemv_tc_experts_swiglu_q6_k"](table: *const u64, y: *mut f32, active: *const i32, offsets: *const i32, order: *const i32, row_bytes: i64, g: *const f32, u: *const f32, n: i32, k: i32, chains: i32);
+    family experts ["gemv_tc_experts_q4_k", "gemv_tc_experts_q6_k", "gemm_tc_experts_q4_k", "gemm_tc_experts_q6_k"](table: *const u64, y: *mut f32, table_b: *const u64, y_b: *mut f32, active: *const i32, offsets: *const i32, order: *const i32, row_bytes: i64, xh: *const u16, xscale: *const f32, n: i32, k: i32, col_div: i32, chains: i32);
     // kernels/moe.cu
     kernel moe_route(logits: *const f32, tokens: i32, ids: *mut i32, weights: *mut f32, e: i32, top_k: i32, shared_gate: *const f32, done: *mut i32, slots: i32, active: *mut i32, offsets: *mut i32, order: *mut i32);
     kernel moe_group(ids: *const i32, pairs: i32, e: i32, slots: i32, active: *mut i32, offsets: *mut i32, order: *mut i32);

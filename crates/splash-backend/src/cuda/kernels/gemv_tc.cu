@@ -36,16 +36,7 @@
 __device__ __forceinline__ void l2_prefetch(const u8* p, int bytes, int lane) {
 #ifndef KERNEL_EMULATION
     if (128 * lane < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 128 * lane));
-#else
-    // On the host the line's first byte is read: the address must at least be mapped.
-    if (128 * lane < bytes) (void)*(const volatile u8*)(p + 128 * lane);
 #endif
-}
-
-// Asks the L2 for bytes [from, to) at p, the block's warps a 4 KB segment at a time.
-__device__ __forceinline__ void l2_prefetch_range(const u8* p, long from, long to) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (long at = from + 4096L * warp; at < to; at += 4096L * warps) l2_prefetch(p + at, (int)min(4096L, to - at), lane);
 }
 
 #ifndef KERNEL_EMULATION  // tests/host_cuda/cuda_host.h defines these on the CPU
@@ -362,9 +353,8 @@ __device__ void gemv_tc(const u8* W, long row_bytes, const u16* xh, const float*
     int n0 = tile_index * 16, nb = K >> 8;
     // The tile's segments (rows are padded to whole tiles on the device).
     const u8* tile = W + (long)n0 * row_bytes;
-    // Tokens past T repeat the last one (their columns are not written). col_div 0 (TC_STAGED):
-// column t reads row t (activations staged for these columns) and writes row cols[t].
-#define TC_XROW(t) (cols && col_div ? cols[t] / col_div : (t))
+    // Tokens past T repeat the last one (their columns are not written).
+#define TC_XROW(t) (cols ? cols[t] / col_div : (t))
     const uint4* x[NT];
 #pragma unroll
     for (int i = 0; i < NT; i++) x[i] = (const uint4*)(xh + (long)TC_XROW(min(8 * i + g, T - 1)) * K + 8 * q);
@@ -981,74 +971,6 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
     }
 }
 
-// Activation block w (256 values, value(i) its i-th) → xh[256·w..] f16 in the tensor-core GEMV's
-// k order, scaled by the power of two xscale[w] that puts its largest magnitude below 2^14. One
-// warp per block; lane l writes the block's halves 8l..8l+7.
-template <class Value>
-__device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xscale, long w) {
-    int lane = threadIdx.x & 31;
-    float v[8];
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int r = 8 * lane + i, q = (r >> 3) & 3, idx = 8 * (r >> 5) + (r & 7), mi = idx >> 2, slot = idx & 3;
-        int base = 128 * (q >> 1) + 32 * (mi & 3) + 16 * (q & 1) + 4 * (mi >> 2);
-        v[i] = value(base + (slot == 0 ? 0 : slot == 1 ? 2 : slot == 2 ? 1 : 3));
-        amax = fmaxf(amax, fabsf(v[i]));
-    }
-    amax = warp_max(amax);
-    int e = 0;
-    if (amax > 0.0f && amax <= 3.0e38f) frexpf(amax, &e);
-    e = max(e, -100);  // keeps 2^(14-e) finite
-    float inv = ldexpf(1.0f, 14 - e);
-    if (lane == 0) xscale[w] = ldexpf(1.0f, e - 14);
-    u32 h[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = (u32)f32_to_f16(v[2 * i] * inv) | ((u32)f32_to_f16(v[2 * i + 1] * inv) << 16);
-    ((uint4*)(xh + 256 * w))[lane] = make_uint4(h[0], h[1], h[2], h[3]);
-}
-
-// The down products of a MoE layer's experts from the gate and up products' outputs g, u
-// [pairs, K] (f32): gemv_tc_experts of silu(g) · u, each block converting its expert's pairs
-// itself (to_f16_tc_block, the bits of silu_mul_to_f16_tc) into shared memory before their
-// product, up to EXPERT_STAGE_HALVES values at a time: a launch fewer a layer than the
-// conversion's own kernel, whose 256-value blocks were too few to fill the GPU. Every tile
-// of an expert converts the same pairs again: 512 values a pair at the 35B-A3B's shape,
-// read from the L2. The tile's weights are asked of the L2 first, so their loads overlap the
-// conversion.
-#define EXPERT_STAGE_HALVES 8192
-template <int F>
-__device__ void gemv_tc_experts_swiglu(const u64* table, float* y, const int* active, const int* offsets,
-                                       const int* order, long row_bytes, const float* g, const float* u, int N,
-                                       int K, int chains) {
-    __shared__ __align__(16) u16 xh[EXPERT_STAGE_HALVES];
-    __shared__ float xscale[EXPERT_STAGE_HALVES / 256];
-    ExpertBlock eb = expert_block(table, y, nullptr, nullptr, N);
-    int e = active[eb.a];
-    if (e < 0) return;  // the whole block
-    const u8* W = (const u8*)eb.table[e];
-    l2_prefetch_range(W + (long)eb.tile * 16 * row_bytes, 0, 16 * row_bytes);
-    int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    int off = offsets[eb.a], cnt = offsets[eb.a + 1] - off;
-    int nb = K >> 8, step = min(16, EXPERT_STAGE_HALVES / K);
-    for (int c0 = 0; c0 < cnt; c0 += step) {
-        int n = min(step, cnt - c0);
-        const int* cols = order + off + c0;
-        // Staged block w: 256-value block w % nb of the chunk's pair w / nb.
-        for (int w = warp; w < n * nb; w += warps) {
-            long at = (long)cols[w / nb] * K + 256 * (w % nb);
-            const float *gb = g + at, *ub = u + at;
-            to_f16_tc_block([&](int i) { return silu(gb[i]) * ub[i]; }, xh, xscale, w);
-        }
-        __syncthreads();
-        if (n <= 8)
-            gemv_tc<F, 1>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, 0, chains);
-        else
-            gemv_tc<F, 2>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, 0, chains);
-        __syncthreads();  // the next chunk reuses the staged values and the partial sums
-    }
-}
-
 // Pairs of one expert that gemm_tc_experts multiplies per decoding of a 256-value block.
 #define EXPERT_SPAN 64
 
@@ -1196,33 +1118,16 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
 #define GEMM_EXPERT_REGS
 #endif
 
-// With then_table, this block's share of its expert's weight in then_table (then_bytes each)
-// asked of the L2: the weights of the launch after this one (the down products after the gate
-// and up ones), which depend on the routing alone, arrive while this launch runs instead of
-// after it. An expert's tables × tiles blocks take a share each.
-__device__ __forceinline__ void expert_prefetch_then(const u64* table_b, const int* active, int N,
-                                                     const u64* then_table, long then_bytes) {
-    int tables = table_b ? 2 : 1, per = gridDim.x / tables, tiles = (N + 15) / 16;
-    int blk = blockIdx.x % per, e = active[blk / tiles];
-    if (e < 0) return;
-    int shares = tables * tiles, share = (blockIdx.x / per) * tiles + blk % tiles;
-    long chunk = (then_bytes + 128L * shares - 1) / (128L * shares) * 128;
-    long from = share * chunk;
-    l2_prefetch_range((const u8*)then_table[e], from, min(then_bytes, from + chunk));
-}
-
 // A grouped expert kernel NAME (registers capped by REGS) running the device function given
 // after them: the signature ops::launch_experts passes.
-#define EXPERT_KERNEL(REGS, NAME, ...)                                                                 \
-    extern "C" __global__ void REGS NAME(const u64* table, float* y, const u64* table_b, float* y_b,    \
-                                         const int* active, const int* offsets, const int* order,       \
-                                         long row_bytes, const u16* xh, const float* xscale, int N,     \
-                                         int K, int col_div, int chains, const u64* then_table,         \
-                                         long then_bytes) {                                             \
-        GRID_PROLOGUE();                                                                               \
-        if (then_table) expert_prefetch_then(table_b, active, N, then_table, then_bytes);             \
-        __VA_ARGS__(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K,       \
-                    col_div, chains);                                                                  \
+#define EXPERT_KERNEL(REGS, NAME, ...)                                                              \
+    extern "C" __global__ void REGS NAME(const u64* table, float* y, const u64* table_b, float* y_b, \
+                                         const int* active, const int* offsets, const int* order,    \
+                                         long row_bytes, const u16* xh, const float* xscale, int N,  \
+                                         int K, int col_div, int chains) {                           \
+        GRID_PROLOGUE();                                                                            \
+        __VA_ARGS__(table, y, table_b, y_b, active, offsets, order, row_bytes, xh, xscale, N, K,    \
+                    col_div, chains);                                                               \
     }
 
 // gemv_tc8_*: up to 8 tokens, gemv_tc16_*: up to 16, a tile per block; gemv_tcs*: stream-K (the
@@ -1249,13 +1154,7 @@ __device__ __forceinline__ void expert_prefetch_then(const u64* table_b, const i
         gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
     }                                                                                             \
     EXPERT_KERNEL(EXPERT_REGS_##NAME, gemv_tc_experts_##NAME, gemv_tc_experts<F>)               \
-    EXPERT_KERNEL(GEMM_EXPERT_REGS, gemm_tc_experts_##NAME, gemm_tc_experts<F>)                  \
-    extern "C" __global__ void EXPERT_REGS_##NAME gemv_tc_experts_swiglu_##NAME(                    \
-        const u64* table, float* y, const int* active, const int* offsets, const int* order,        \
-        long row_bytes, const float* g, const float* u, int N, int K, int chains) {                 \
-        GRID_PROLOGUE();                                                                            \
-        gemv_tc_experts_swiglu<F>(table, y, active, offsets, order, row_bytes, g, u, N, K, chains); \
-    }
+    EXPERT_KERNEL(GEMM_EXPERT_REGS, gemm_tc_experts_##NAME, gemm_tc_experts<F>)
 
 // gemv{1,2,4,8}_q8t_*: the int8 GEMV of the tiles for up to that many tokens, gemv_q8t_*: up to
 // 16. Each build keeps the registers its tokens need (a token's bits are the same in all).
@@ -1388,6 +1287,33 @@ TC_KERNEL(q4_k, FMT_Q4_K)
 TC_KERNEL(q6_k, FMT_Q6_K)
 Q8_TILES_KERNEL(q4_k, FMT_Q4_K)
 Q8_TILES_KERNEL(q6_k, FMT_Q6_K)
+
+// Activation block w (256 values, value(i) its i-th) → xh[256·w..] f16 in the tensor-core GEMV's
+// k order, scaled by the power of two xscale[w] that puts its largest magnitude below 2^14. One
+// warp per block; lane l writes the block's halves 8l..8l+7.
+template <class Value>
+__device__ __forceinline__ void to_f16_tc_block(Value value, u16* xh, float* xscale, long w) {
+    int lane = threadIdx.x & 31;
+    float v[8];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int r = 8 * lane + i, q = (r >> 3) & 3, idx = 8 * (r >> 5) + (r & 7), mi = idx >> 2, slot = idx & 3;
+        int base = 128 * (q >> 1) + 32 * (mi & 3) + 16 * (q & 1) + 4 * (mi >> 2);
+        v[i] = value(base + (slot == 0 ? 0 : slot == 1 ? 2 : slot == 2 ? 1 : 3));
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    amax = warp_max(amax);
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.0e38f) frexpf(amax, &e);
+    e = max(e, -100);  // keeps 2^(14-e) finite
+    float inv = ldexpf(1.0f, 14 - e);
+    if (lane == 0) xscale[w] = ldexpf(1.0f, e - 14);
+    u32 h[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = (u32)f32_to_f16(v[2 * i] * inv) | ((u32)f32_to_f16(v[2 * i + 1] * inv) << 16);
+    ((uint4*)(xh + 256 * w))[lane] = make_uint4(h[0], h[1], h[2], h[3]);
+}
 
 // Activation block w (256 values, value(i) its i-th; block w % nb of token w / nb of T) → the
 // int8 tensor-core GEMV's input where q8_spot puts it: the codes in its k order (lane q's 8

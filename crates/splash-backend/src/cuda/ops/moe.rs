@@ -139,23 +139,11 @@ pub fn matmul_experts(
     routing: &ExpertRouting,
     col_div: usize,
 ) -> Result<(), GpuError> {
-    launch_experts(
-        gpu,
-        k,
-        [(table, out), (0, 0)],
-        x,
-        proto,
-        routing,
-        col_div,
-        None,
-    )
+    launch_experts(gpu, k, [(table, out), (0, 0)], x, proto, routing, col_div)
 }
 
 /// [`matmul_experts`] of two tables of the same shape over the same input in one launch (the
-/// gate and up products): `(table, out)` each. With `then` (a table of the weights the next
-/// launch multiplies, the down products, and the bytes of one), the launch also asks the L2
-/// for the routed experts' weights there, where they fit in half of it
-/// ([`GpuOptions::expert_prefetch`](crate::cuda::GpuOptions)).
+/// gate and up products): `(table, out)` each.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_expert_pair(
     gpu: &Gpu,
@@ -165,19 +153,13 @@ pub fn matmul_expert_pair(
     proto: &DeviceWeight,
     routing: &ExpertRouting,
     col_div: usize,
-    then: Option<(u64, usize)>,
 ) -> Result<(), GpuError> {
-    let then = then.filter(|&(_, bytes)| {
-        gpu.options().expert_prefetch && routing.slots * bytes <= gpu.l2_bytes() / 2
-    });
-    launch_experts(gpu, k, products, x, proto, routing, col_div, then)
+    launch_experts(gpu, k, products, x, proto, routing, col_div)
 }
 
 /// The down products of a MoE layer's experts: [`matmul_experts`] of `silu(g) * u` (pairs'
-/// rows of `proto.cols`), the bits of `silu_mul` then the tensor cores' conversion. Where the
-/// grouped GEMV runs them (decode and verify passes) the conversion is in its launch
-/// (`gemv_tc_experts_swiglu_*`, [`GpuOptions::fused_swiglu_experts`](crate::cuda::GpuOptions));
-/// else it is a launch of its own before the product.
+/// rows of `proto.cols`), converted for the tensor cores in the same launch as the product of
+/// the two (the bits of `silu_mul` then the conversion).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_experts_swiglu(
     gpu: &Gpu,
@@ -189,99 +171,13 @@ pub fn matmul_experts_swiglu(
     routing: &ExpertRouting,
     pairs: usize,
 ) -> Result<(), GpuError> {
-    check_expert_kernel(gpu, proto)?;
-    let kernel = expert_kernel(gpu, routing, pairs);
-    if kernel == ExpertKernel::Gemv
-        && gpu.options().fused_swiglu_experts
-        && proto.cols <= EXPERT_STAGE_HALVES
-    {
-        let (n, kdim) = (proto.rows, proto.cols);
-        let blocks = routing.slots * n.div_ceil(16);
-        let (chains, warps) = expert_chains_and_warps(gpu, kernel, blocks, proto);
-        let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
-        return launch::experts_swiglu(
-            gpu,
-            k,
-            &format!("gemv_tc_experts_swiglu_{}", proto.format.kernel_suffix()),
-            (blocks as u32, 32 * warps as u32),
-            table,
-            out,
-            p(&routing.active),
-            p(&routing.offsets),
-            p(&routing.order),
-            proto.row_bytes as i64,
-            g,
-            u,
-            n as i32,
-            kdim as i32,
-            chains as i32,
-        );
-    }
     let converted = convert_f16_tc(gpu, k, TcInput::SiluMul(g, u), pairs, proto.cols)?;
     let x = Activations::with_f16(g, pairs, proto.cols, converted);
     matmul_experts(gpu, k, out, &x, table, proto, routing, 1)
 }
 
-/// Values of a row `gemv_tc_experts_swiglu_*` stages at most (`EXPERT_STAGE_HALVES` in
-/// kernels/gemv_tc.cu: 16 pairs of up to 512 at a time, fewer of longer rows).
-const EXPERT_STAGE_HALVES: usize = 8192;
-
-/// The grouped expert kernels.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ExpertKernel {
-    /// `gemv_tc_experts_*`: decode's, a tile's weights decoded for every 16 pairs.
-    Gemv,
-    /// `gemm_tc_experts_*`: a prefill pass's, a block decoded once for up to 64 pairs.
-    Gemm,
-}
-
-/// The kernel of a grouped product of `pairs` (token, expert) pairs.
-fn expert_kernel(gpu: &Gpu, routing: &ExpertRouting, pairs: usize) -> ExpertKernel {
-    // More than 16 pairs a slot on average (prefill passes): the kernel that decodes a tile's
-    // weights for more pairs at a time may pay.
-    let many = pairs > 16 * routing.slots;
-    match gpu.options().prefill_experts {
-        PrefillExperts::Gemm if many => ExpertKernel::Gemm,
-        _ => ExpertKernel::Gemv,
-    }
-}
-
-/// The chains (they set the bits) and warps a block (by the launch's size) of `kernel` over
-/// `blocks` tiles of `proto`.
-fn expert_chains_and_warps(
-    gpu: &Gpu,
-    kernel: ExpertKernel,
-    blocks: usize,
-    proto: &DeviceWeight,
-) -> (usize, usize) {
-    let options = gpu.options();
-    let chains = tensor_core_warps(&options, proto.rows, proto.cols);
-    // The bench's sweep may force the warps; the same bits either way.
-    let warps = match (options.expert_warps, kernel) {
-        (Some(forced), _) => forced,
-        (None, ExpertKernel::Gemm) => 4,
-        (None, ExpertKernel::Gemv) => {
-            expert_warps(blocks, chains, expert_warps_in_flight(proto.format))
-        }
-    };
-    (chains, warps.min(chains))
-}
-
-/// An error unless the grouped expert kernels run weights like `proto` (outside the exact mode).
-fn check_expert_kernel(gpu: &Gpu, proto: &DeviceWeight) -> Result<(), GpuError> {
-    if gpu.exact() || !has_expert_kernel(proto) {
-        return Err(GpuError::Unsupported(format!(
-            "experts of {:?} have no device kernel",
-            proto.format
-        )));
-    }
-    Ok(())
-}
-
 /// One launch of the grouped expert kernel for one or two `(table, out)` products (a second
-/// table of 0: none); with `then`, its blocks ask the L2 for the weights of that table's
-/// experts (bytes each), where the decode kernel runs them.
-#[allow(clippy::too_many_arguments)]
+/// table of 0: none).
 pub(super) fn launch_experts(
     gpu: &Gpu,
     k: &Kernels,
@@ -290,24 +186,33 @@ pub(super) fn launch_experts(
     proto: &DeviceWeight,
     routing: &ExpertRouting,
     col_div: usize,
-    then: Option<(u64, usize)>,
 ) -> Result<(), GpuError> {
-    check_expert_kernel(gpu, proto)?;
+    if gpu.exact() || !has_expert_kernel(proto) {
+        return Err(GpuError::Unsupported(format!(
+            "experts of {:?} have no device kernel",
+            proto.format
+        )));
+    }
     x.check(proto);
     let (n, kdim) = (proto.rows, proto.cols);
     let (xh, xscale) = x.f16(gpu, k)?;
     let p = |b: &CudaSlice<i32>| ptr(gpu, b, 0);
     let tables = if products[1].0 == 0 { 1 } else { 2 };
     let blocks = tables * routing.slots * n.div_ceil(16);
-    let kernel = expert_kernel(gpu, routing, x.tokens * col_div);
-    let (chains, warps) = expert_chains_and_warps(gpu, kernel, blocks, proto);
-    let (then_table, then_bytes) = match (kernel, then) {
-        (ExpertKernel::Gemv, Some((table, bytes))) => (table, bytes as i64),
-        _ => (0, 0),
+    let options = gpu.options();
+    let chains = tensor_core_warps(&options, n, kdim);
+    // More than 16 pairs a slot on average (prefill passes): the kernels that decode a tile's
+    // weights for more pairs at a time may pay.
+    let many = x.tokens * col_div > 16 * routing.slots;
+    let (kernel, warps) = match options.prefill_experts {
+        PrefillExperts::Gemm if many => ("gemm_tc_experts_", 4),
+        _ => ("gemv_tc_experts_", 0),
     };
-    let kernel = match kernel {
-        ExpertKernel::Gemv => "gemv_tc_experts_",
-        ExpertKernel::Gemm => "gemm_tc_experts_",
+    // The bench's sweep may force the warps; the same bits either way.
+    let warps = match (options.expert_warps, warps) {
+        (None, 0) => expert_warps(blocks, chains, expert_warps_in_flight(proto.format)),
+        (None, w) => w.min(chains),
+        (Some(forced), _) => forced.min(chains),
     };
     let name = format!("{kernel}{}", proto.format.kernel_suffix());
     let grid = (blocks as u32, 32 * warps as u32);
@@ -334,8 +239,6 @@ pub(super) fn launch_experts(
         kdim,
         col_div,
         chains,
-        then_table,
-        then_bytes,
     )
 }
 

@@ -415,12 +415,8 @@ impl GpuModel {
             let (gp, up) = (ptr(gpu, &g, 0), ptr(gpu, &u, 0));
             let table = |b: &CudaSlice<u64>| ptr(gpu, b, 0);
             let (gate_p, up_p) = ((table(&tables.gate), gp), (table(&tables.up), up));
-            let down = table(&tables.down);
             if same_layout(first_gate, first_up) {
-                // The down products' weights asked of the L2 while these run.
-                let then = Some((down, first.down.bytes()));
-                let pair = [gate_p, up_p];
-                dev::matmul_expert_pair(gpu, k, pair, xa, first_gate, &routing, per, then)?;
+                dev::matmul_expert_pair(gpu, k, [gate_p, up_p], xa, first_gate, &routing, per)?;
             } else {
                 for ((tp, op), w) in [(gate_p, first_gate), (up_p, first_up)] {
                     dev::matmul_experts(gpu, k, op, xa, tp, w, &routing, per)?;
@@ -428,6 +424,7 @@ impl GpuModel {
             }
             let y = self.scratch(pairs * h)?;
             let yp = ptr(gpu, &y, 0);
+            let down = table(&tables.down);
             dev::matmul_experts_swiglu(gpu, k, yp, (gp, up), down, &first.down, &routing, pairs)?;
             // The shared expert's gate is applied in the same launch as the experts' sum; as
             // a pair's weight, the residual add after the layer sums the pairs.
