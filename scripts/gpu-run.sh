@@ -3,7 +3,7 @@
 # staged in .device/: the GPU tests (cuda_ops, cuda_parity, speculative_cuda, scheduler_cuda),
 # then `splash bench` on synthetic checkpoints of the real sizes (made there: they are too
 # large to carry).
-#   bash scripts/gpu-run.sh [tests|vision|ttft-image|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|decode-ab|peers|table|serve|ttft|ab|all]...   (results under $OUT, default ./gpu-out)
+#   bash scripts/gpu-run.sh [tests|vision|ttft-image|kernels|sweep|gemv-ncu|demo|bench|decode|serving|profile|draft-profile|prefill|prefill-ab|decode-ab|timeline|peers|table|serve|ttft|ab|all]...   (results under $OUT, default ./gpu-out)
 # Several parts run one after the other. The staged files come as .devpack/device.tar.xz
 # (carried with the working tree) and are unpacked into .device/ first.
 # `vision`: the vision tower's time at the real tower sizes, and transformers' beside it.
@@ -26,6 +26,9 @@
 # running .device/splash-before instead (default "- SPLASH_ATTENTION_HEADS=1";
 # the launch chain of before 2026-12-06 is
 # SPLASH_CAPTURE_POOL=0,SPLASH_DEPENDENT_LAUNCH=early).
+# `timeline`: one pass of 1 and VERIFY_ROWS rows with every launch's wait timed on the GPU
+# (SPLASH_TIMELINE; Gpu::timeline): each launch's start and the time it held the stream, as run
+# (no Nsight Systems on the device machine), and those times summed by kernel.
 # `draft-profile`: one draft block's launches, each synchronised and timed
 # (SPLASH_GPU_PROFILE=1), for each DRAFT_WEIGHTS (the full output is kept under $OUT).
 # `kernels`: the quantised GEMV kernels alone on the 27B / 35B-A3B matrix shapes (no checkpoint);
@@ -147,7 +150,7 @@ fi
 
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what" = serving ] || [ "$what" = decode ] ||
   [ "$what" = draft-profile ] || [ "$what" = prefill ] || [ "$what" = prefill-ab ] || [ "$what" = table ] || [ "$what" = serve ] || [ "$what" = ttft ] ||
-  [ "$what" = ab ] || [ "$what" = ttft-image ] || [ "$what" = decode-ab ]; then
+  [ "$what" = ab ] || [ "$what" = ttft-image ] || [ "$what" = decode-ab ] || [ "$what" = timeline ]; then
   # The server on `$1` (a model), `$2` a name for its files: /ready, a chat completion, a
   # streamed Anthropic message and a tool call, each printed.
   serve_once() {
@@ -244,6 +247,15 @@ if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = profile ] || [ "$what
             tee "$out/decode-ab-$m-$bin-${setting//[^A-Za-z0-9]/_}-$round.txt" | grep -E '^(decode|pass)'
         done
       done
+    elif [ "$what" = timeline ]; then
+      # One pass of 1 and VERIFY_ROWS (4,16) rows at CONTEXT (1,024) with every launch's wait
+      # recorded (SPLASH_TIMELINE): each launch's start and the time it held the stream, as run.
+      echo "== timeline $m"
+      SPLASH_TIMELINE=1 ./.device/splash bench --model "$f" --device cuda --prompt-tokens "${CONTEXT:-1024}" \
+        --decode-tokens 16 --repeat 3 --speculative off --verify-rows "${VERIFY_ROWS:-4,16}" \
+        > "$out/timeline-$m.txt" 2>&1
+      grep -E '^(decode|pass|timeline)' "$out/timeline-$m.txt"
+      awk '/^kernel +launches/ {on = 1} /^timeline|^ +#/ {on = 0} on' "$out/timeline-$m.txt" | head -40
     elif [ "$what" = ab ]; then
       # This build against .device/splash-before on the same machine, alternating (before,
       # after, AB_ROUNDS times, default 1) so that drift shows: prefill of 2,048 tokens, plain

@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod ggml;
 pub mod profile;
+pub mod timeline;
 mod weight;
 
 pub use weight::{DType, HostBytes, Weight, WeightError};

@@ -55,6 +55,7 @@ fn every_kernel_compiles_for_the_served_shapes() {
     let n = std::fs::read_dir(&tmp).unwrap().count();
     assert_eq!(n, 8, "one cached PTX per (dims, arch)");
     check_launch_triggers();
+    check_timeline_build();
     std::fs::remove_dir_all(&tmp).unwrap();
 }
 
@@ -164,4 +165,33 @@ fn check_launch_triggers() {
         assert!(!triggers_before_waiting(&bridge, name), "{name}, bridge");
         assert!(triggers_before_waiting(&early, name), "{name}, early");
     }
+}
+
+/// The timeline build (SPLASH_TIMELINE) records at every wait: each kernel that waits for the
+/// one before reads the global timer and its grid id; the default build reads neither.
+fn check_timeline_build() {
+    let dims = KernelDims {
+        head_dim: 256,
+        gdn_dk: 128,
+        gdn_dv: 128,
+    };
+    let timeline = KernelOptions {
+        timeline: true,
+        ..Default::default()
+    };
+    let ptx = compile_ptx(dims, &timeline, "compute_90").unwrap();
+    let mut waiting = 0;
+    for entry in ptx.split(".entry ").skip(1) {
+        if entry.contains("griddepcontrol.wait") {
+            waiting += 1;
+            let name = &entry[..entry.find('(').unwrap_or(0)];
+            assert!(
+                entry.contains("%globaltimer") && entry.contains("%gridid"),
+                "{name} waits without recording"
+            );
+        }
+    }
+    assert!(waiting > 50, "only {waiting} kernels wait");
+    let default = compile_ptx(dims, &KernelOptions::default(), "compute_90").unwrap();
+    assert!(!default.contains("%globaltimer"));
 }

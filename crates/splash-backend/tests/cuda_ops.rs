@@ -1079,6 +1079,41 @@ fn gated_delta_net_matches_the_cpu_in_both_head_orders() {
     }
 }
 
+/// A timeline build (`SPLASH_TIMELINE`) pairs every launch, direct or replayed from a graph,
+/// with its blocks' records, in queue order, each wait returning no earlier than the one before.
+#[test]
+fn a_timeline_build_records_every_launch_in_order() {
+    let Some(gpu) = gpu() else { return };
+    tune(&gpu, |o| o.kernels.timeline = true);
+    let k = gpu.kernels(FIXTURE_DIMS).unwrap();
+    let n = 1 << 16;
+    let (g, u) = (
+        gpu.upload(&random(n, 1)).unwrap(),
+        gpu.upload(&random(n, 2)).unwrap(),
+    );
+    let (gp, up) = (ptr(&gpu, &g, 0), ptr(&gpu, &u, 0));
+    let queue = || -> Result<(), dev::GpuError> {
+        dev::silu_mul(&gpu, &k, gp, up, n)?;
+        dev::silu_mul(&gpu, &k, gp, up, n / 2)
+    };
+    gpu.timeline_reset(&k).unwrap();
+    queue().unwrap();
+    let graph = gpu.capture(queue).unwrap();
+    gpu.replay(&graph).unwrap();
+    let spans = gpu.timeline(&k).unwrap().expect("a timeline build");
+    let spans = spans.expect("every launch paired with its records");
+    let blocks: Vec<u32> = spans.iter().map(|s| s.blocks).collect();
+    let whole = n.div_ceil(256) as u32;
+    assert_eq!(blocks, [whole, whole / 2, whole, whole / 2]);
+    assert!(spans.iter().all(|s| s.name == "silu_mul"));
+    assert!(spans.windows(2).all(|w| w[0].released <= w[1].released));
+    assert!(spans.iter().all(|s| s.arrived <= s.released && s.sms > 0));
+    // A module without the records has no timeline.
+    tune(&gpu, |o| o.kernels.timeline = false);
+    let plain = gpu.kernels(FIXTURE_DIMS).unwrap();
+    assert!(gpu.timeline(&plain).unwrap().is_none());
+}
+
 #[test]
 fn kernels_of_one_module_are_reused() {
     let Some(gpu) = gpu() else { return };

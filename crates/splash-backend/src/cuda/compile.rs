@@ -90,6 +90,9 @@ pub fn compile_ptx(
     if options.bridge_early {
         defines.push("-DGRID_BRIDGE_EARLY".into());
     }
+    if options.timeline {
+        defines.push("-DTIMELINE".into());
+    }
     if let Some(ahead) = options.l2_ahead {
         defines.push(format!("-DTC_L2_AHEAD={ahead}"));
     }

@@ -24,6 +24,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 
+use crate::timeline::{spans, BlockRecord, Launch, Span};
 pub use compile::{compile_ptx, KernelDims};
 pub use ops::*;
 pub use options::{GpuOptions, KernelOptions, TiledGemv};
@@ -56,6 +57,9 @@ pub struct Gpu {
     name: String,
     /// Streaming multiprocessors (the stream-K GEMV gives each a share of a matrix).
     sms: usize,
+    /// The launches of modules built with [`KernelOptions::timeline`] since the last
+    /// [`Gpu::timeline_reset`], in queue order (a graph's again at each replay).
+    launches: Mutex<Vec<Launch>>,
     modules: Mutex<HashMap<(KernelDims, KernelOptions), Arc<Kernels>>>,
     /// How it runs (see [`Gpu::set_options`]).
     options: std::sync::RwLock<GpuOptions>,
@@ -181,8 +185,9 @@ thread_local! {
 /// verify block's logits are 16 MB).
 const STAGED_DOWNLOAD: usize = 256 << 10;
 
-/// A captured pass ([`Gpu::capture`]), replayed by [`Gpu::replay`].
-pub struct Graph(cudarc::driver::CudaGraph);
+/// A captured pass ([`Gpu::capture`]), replayed by [`Gpu::replay`]; with a timeline build, the
+/// launches it holds (each replay queues them again).
+pub struct Graph(cudarc::driver::CudaGraph, Vec<Launch>);
 
 // SAFETY: a graph is a driver handle; it is launched on the stream it was captured from, whose
 // work is ordered, and its owners keep it behind a lock.
@@ -437,6 +442,7 @@ impl Gpu {
             arch: compile::arch_for(major, minor),
             name,
             sms,
+            launches: Mutex::new(Vec::new()),
             ctx,
             stream,
             modules: Mutex::new(HashMap::new()),
@@ -467,6 +473,59 @@ impl Gpu {
     /// Streaming multiprocessors of the device.
     pub fn sms(&self) -> usize {
         self.sms
+    }
+
+    /// The launch log ([`Gpu::timeline`]).
+    fn launch_log(&self) -> std::sync::MutexGuard<'_, Vec<Launch>> {
+        self.launches.lock().expect("launch log lock")
+    }
+
+    /// Starts a timeline (modules built with [`KernelOptions::timeline`]; for others nothing):
+    /// forgets the launches so far and empties `k`'s ring of block records, in stream order.
+    pub fn timeline_reset(&self, k: &Kernels) -> Result<(), GpuError> {
+        if !k.options.timeline {
+            return Ok(());
+        }
+        self.launch_log().clear();
+        let mut count = k.module.get_global("timeline_count", &self.stream)?;
+        self.stream.memcpy_htod(&0u64.to_ne_bytes(), &mut count)?;
+        Ok(())
+    }
+
+    /// The launches since [`Gpu::timeline_reset`] as they ran (after the queued work): `k`'s
+    /// block records paired with the launches queued (see [`crate::timeline::spans`]). `None`
+    /// when `k` was not built with [`KernelOptions::timeline`]; an error names a pairing that
+    /// fails.
+    pub fn timeline(&self, k: &Kernels) -> Result<Option<Result<Vec<Span>, String>>, GpuError> {
+        if !k.options.timeline {
+            return Ok(None);
+        }
+        self.stream.synchronize()?;
+        let count = k.module.get_global("timeline_count", &self.stream)?;
+        let mut n = [0u8; 8];
+        self.stream.memcpy_dtoh(&count, &mut n)?;
+        let size = std::mem::size_of::<BlockRecord>();
+        let ring = k.module.get_global("timeline_records", &self.stream)?;
+        let held = (u64::from_ne_bytes(n) as usize).min(ring.len() / size);
+        let mut bytes = vec![0u8; held * size];
+        self.stream
+            .memcpy_dtoh(&ring.slice(..held * size), &mut bytes)?;
+        let records: Vec<BlockRecord> = bytes
+            .chunks_exact(size)
+            .map(|b| {
+                let word = |i: usize| u64::from_ne_bytes(b[8 * i..8 * i + 8].try_into().unwrap());
+                let half =
+                    |i: usize| u32::from_ne_bytes(b[24 + 4 * i..28 + 4 * i].try_into().unwrap());
+                BlockRecord {
+                    grid: word(0),
+                    arrived: word(1),
+                    released: word(2),
+                    blocks: half(0),
+                    sm: half(1),
+                }
+            })
+            .collect();
+        Ok(Some(spans(&records, &self.launch_log())))
     }
 
     /// Free and total device memory in bytes.
@@ -600,6 +659,7 @@ impl Gpu {
     pub fn replay(&self, graph: &Graph) -> Result<(), GpuError> {
         self.replays
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.launch_log().extend_from_slice(&graph.1);
         Ok(graph.0.launch()?)
     }
 
@@ -624,9 +684,11 @@ impl Gpu {
             None => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         };
         self.stream.begin_capture(mode).map_err(GpuError::from)?;
+        let logged = self.launch_log().len();
         CAPTURING.with(|c| c.set(self as *const Self as usize));
         let queued = queue();
         CAPTURING.with(|c| c.set(0));
+        let captured = self.launch_log().split_off(logged);
         // The capture ends whatever happened, so the stream runs work again.
         let graph = self
             .stream
@@ -634,7 +696,7 @@ impl Gpu {
             .map_err(GpuError::from);
         queued?;
         match graph? {
-            Some(g) => Ok(Graph(g)),
+            Some(g) => Ok(Graph(g, captured)),
             None => Err(GpuError::Driver("the capture recorded no work".into()).into()),
         }
     }
@@ -771,6 +833,12 @@ impl Gpu {
             return Ok(());
         }
         let f = k.function(name)?;
+        if k.options.timeline {
+            self.launch_log().push(Launch {
+                name: name.to_string(),
+                blocks: grid,
+            });
+        }
         self.profiled(
             || name.to_string(),
             || self.launch_function(&f, grid, block, args),

@@ -167,6 +167,10 @@ pub struct KernelOptions {
     /// Most query heads of one KV head a decode-attention block of a several-row pass takes,
     /// sharing each key it loads, 1..=4 (`SPLASH_ATTENTION_HEADS`; `None`: 4).
     pub attention_heads: Option<u32>,
+    /// Every block records its launch at its wait (`SPLASH_TIMELINE`, off; TIMELINE in
+    /// common.cuh), for [`Gpu::timeline`](crate::cuda::Gpu::timeline): the launches of a pass as
+    /// they ran. A measurement build: the records cost each block a few instructions and a store.
+    pub timeline: bool,
 }
 
 impl KernelOptions {
@@ -302,6 +306,7 @@ impl GpuOptions {
                 int8_mma_regs: number("SPLASH_INT8_MMA_REGS", 64..=255)?.map(|n| n as u32),
                 int8_mma16_regs: number("SPLASH_INT8_MMA16_REGS", 64..=255)?.map(|n| n as u32),
                 attention_heads: number("SPLASH_ATTENTION_HEADS", 1..=4)?.map(|n| n as u32),
+                timeline: flag("SPLASH_TIMELINE", false)?,
             },
         })
     }
@@ -351,6 +356,7 @@ mod tests {
             ("SPLASH_ATTENTION_HEADS", "1"),
             ("SPLASH_TILED_GEMV", "tensor-cores"),
             ("SPLASH_SHARED_EXPERT_GROUPED", "0"),
+            ("SPLASH_TIMELINE", "1"),
         ])
         .unwrap();
         assert!(!o.fold_launches && !o.capture_pool && !o.shared_expert_grouped);
@@ -371,6 +377,7 @@ mod tests {
                 int8_mma_regs: Some(128),
                 int8_mma16_regs: Some(128),
                 attention_heads: Some(1),
+                timeline: true,
             }
         );
         assert!(

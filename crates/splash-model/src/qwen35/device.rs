@@ -6,6 +6,7 @@ use std::fmt::Debug;
 
 use splash_backend::cpu::KvFormat;
 use splash_backend::profile::ProfileRow;
+use splash_backend::timeline::Span;
 
 use super::positions::Rotary;
 use super::{Logits, PassOutput, Weights};
@@ -38,6 +39,17 @@ pub(crate) trait TextDevice: Send + Sync {
     /// Every kernel launched so far with its launches and seconds, when profiling is on.
     fn profile(&self) -> Option<Vec<ProfileRow>> {
         None
+    }
+
+    /// Starts a timeline of the launches, where they are timed (`SPLASH_TIMELINE` on a GPU).
+    fn timeline_reset(&self) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    /// The launches since [`timeline_reset`](Self::timeline_reset) as they ran, where they are
+    /// timed (`Err` inside: the records and the launches could not be paired).
+    fn timeline(&self) -> Result<Option<Result<Vec<Span>, String>>, ModelError> {
+        Ok(None)
     }
 
     /// Waits for the work queued on the device.

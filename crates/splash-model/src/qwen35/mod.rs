@@ -261,6 +261,19 @@ impl Qwen35 {
         self.device.profile()
     }
 
+    /// Starts a timeline of the device's launches (`SPLASH_TIMELINE` on a GPU; else nothing).
+    pub fn gpu_timeline_reset(&self) -> Result<(), ModelError> {
+        self.device.timeline_reset()
+    }
+
+    /// The device's launches since [`gpu_timeline_reset`](Self::gpu_timeline_reset) as they ran
+    /// (see `Gpu::timeline`); `None` where they are not timed.
+    pub fn gpu_timeline(
+        &self,
+    ) -> Result<Option<Result<Vec<splash_backend::timeline::Span>, String>>, ModelError> {
+        self.device.timeline()
+    }
+
     /// Waits for the work queued on the device (a no-op on the CPU): timings end here.
     pub fn synchronize(&self) -> Result<(), ModelError> {
         self.device.synchronize()

@@ -42,11 +42,45 @@ typedef unsigned long long u64;
 // kernel's blocks take SM slots only once all of this one's blocks have started, so the earliest
 // kernel always runs (no kernel here waits on another block).
 #if !defined(KERNEL_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define GRID_WAIT_NOW() asm volatile("griddepcontrol.wait;" ::: "memory")
 #define GRID_LAUNCH_NEXT() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #else
-#define GRID_WAIT()
+#define GRID_WAIT_NOW()
 #define GRID_LAUNCH_NEXT()
+#endif
+
+#ifdef TIMELINE
+// SPLASH_TIMELINE (a measurement build): thread 0 of every block records its launch at its wait,
+// the grid's id, its blocks, the SM and the global timer (ns) when the block arrived and when
+// the wait returned, into a ring the host reads back (Gpu::timeline). A launch's earliest
+// return from the wait is when the launch before it completed, so consecutive launches' returns
+// bound the time each held the stream, as run, with the dependent launches' overlap.
+#define TIMELINE_CAP (1 << 20)
+struct TimelineRecord {
+    unsigned long long grid, arrived, released;
+    unsigned int blocks, sm;
+};
+__device__ TimelineRecord timeline_records[TIMELINE_CAP];
+__device__ unsigned long long timeline_count;
+__device__ __forceinline__ unsigned long long timeline_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void timeline_wait() {
+    unsigned long long arrived = timeline_now();
+    GRID_WAIT_NOW();
+    if (threadIdx.x != 0) return;
+    unsigned long long grid, released = timeline_now();
+    unsigned int sm;
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    unsigned long long i = atomicAdd(&timeline_count, 1ull) % TIMELINE_CAP;
+    timeline_records[i] = {grid, arrived, released, gridDim.x, sm};
+}
+#define GRID_WAIT() timeline_wait()
+#else
+#define GRID_WAIT() GRID_WAIT_NOW()
 #endif
 #define GRID_PROLOGUE_EARLY() \
     do {                      \

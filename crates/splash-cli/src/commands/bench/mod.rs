@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
-use splash_backend::profile;
+use splash_backend::{profile, timeline};
 use splash_engine::{DFlashDrafter, Drafter, Engine, Request, SamplingParams, SpecStats};
 use splash_model::{DFlashDraft, Logits, Model};
 
@@ -463,6 +463,19 @@ fn row_costs(
             model.graph.forward(&mut state, &tokens[..n], Logits::All)?;
             if i >= WARM_UP_PASSES {
                 times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        // SPLASH_TIMELINE: one more pass, its launches as they ran.
+        if model.graph.gpu_timeline()?.is_some() {
+            model.graph.gpu_timeline_reset()?;
+            model.graph.forward(&mut state, &tokens[..n], Logits::All)?;
+            match model.graph.gpu_timeline()? {
+                Some(Ok(spans)) => eprint!(
+                    "timeline of one {n}-token pass (SPLASH_TIMELINE):\n{}",
+                    timeline::timeline_text(&spans)
+                ),
+                Some(Err(e)) => eprintln!("timeline of one {n}-token pass: {e}"),
+                None => {}
             }
         }
         Ok(median(&mut times))

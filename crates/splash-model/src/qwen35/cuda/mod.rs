@@ -15,6 +15,7 @@ use cudarc::driver::CudaSlice;
 use splash_backend::cpu::{KvFormat, VHeadOrder};
 use splash_backend::cuda::{self as dev, ptr, DeviceWeight, Gpu, GpuError, KernelDims, Kernels};
 use splash_backend::profile::ProfileRow;
+use splash_backend::timeline::Span;
 use splash_backend::Weight;
 
 use super::attention::Attention;
@@ -602,6 +603,14 @@ impl TextDevice for CudaDevice {
 
     fn profile(&self) -> Option<Vec<ProfileRow>> {
         self.0.gpu.profile_table()
+    }
+
+    fn timeline_reset(&self) -> Result<(), ModelError> {
+        Ok(self.0.gpu.timeline_reset(&self.0.k)?)
+    }
+
+    fn timeline(&self) -> Result<Option<Result<Vec<Span>, String>>, ModelError> {
+        Ok(self.0.gpu.timeline(&self.0.k)?)
     }
 
     fn synchronize(&self) -> Result<(), ModelError> {
