@@ -8,8 +8,8 @@
 //! GEMV at each warps-per-tile count; `GEMV_ONLY=words` (comma-separated) times the shapes whose
 //! names contain one of them. The tiled formats are timed on the int8 GEMVs
 //! (`SPLASH_TILED_GEMV=int8`, `int8-mma`) too. Then a 35B-A3B MoE layer's routing (`moe_route`)
-//! and grouped expert products (256 experts, 8 a token) at each warps-per-block count
-//! (`GEMV_EXPERTS_ONLY=1`: these alone).
+//! and grouped expert products (256 experts, 8 a token) at each warps-per-block count, and for
+//! one token the 16-pair build beside the 8-pair one (`GEMV_EXPERTS_ONLY=1`: these alone).
 //! Last, the time to download a verify block's logits.
 
 use std::time::Instant;
@@ -282,6 +282,7 @@ fn replay_time(gpu: &Gpu, graph: &dev::Graph, reps: usize) -> f64 {
 
 fn experts(gpu: &Gpu, k: &dev::Kernels) {
     let (e, top_k) = (256, 8);
+    let narrow_default = gpu.options().narrow_experts;
     // The routing and grouping (`moe_route`, the shared expert routed as the 257th).
     for tokens in [1, 4, 16] {
         let logits = gpu.upload(&router_logits(tokens, e)).unwrap();
@@ -336,11 +337,21 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                     bytes / 1e6,
                     kernel.name()
                 );
-                // Each column: its label and the warps forced (None: by size).
-                let columns = [None, Some(1), Some(2), Some(4), Some(8)];
-                for warps in columns {
-                    let label = warps.map_or("default".to_string(), |w| format!("{w}w"));
-                    tune(gpu, |o| o.expert_warps = warps);
+                // Each column: its label, the warps forced (None: by size) and whether the
+                // 8-pair build may serve. For one token "16-pair" is the 16-pair build
+                // (SPLASH_NARROW_EXPERTS=0) at the default warps, for the 8-pair build's A/B.
+                let mut columns = vec![("default".to_string(), None, narrow_default)];
+                for w in [1, 2, 4, 8] {
+                    columns.push((format!("{w}w"), Some(w), narrow_default));
+                }
+                if tokens == 1 {
+                    columns.push(("16-pair".to_string(), None, false));
+                }
+                for (label, warps, narrow) in columns {
+                    tune(gpu, |o| {
+                        o.expert_warps = warps;
+                        o.narrow_experts = narrow;
+                    });
                     let run = || {
                         let (tp, op) = (ptr(gpu, &table, 0), ptr(gpu, &out, 0));
                         dev::matmul_experts(gpu, k, op, &xa, tp, &proto, &routing, col_div)
@@ -352,7 +363,10 @@ fn experts(gpu: &Gpu, k: &dev::Kernels) {
                         bytes / secs / COPY_BANDWIDTH * 100.0
                     );
                 }
-                tune(gpu, |o| o.expert_warps = None);
+                tune(gpu, |o| {
+                    o.expert_warps = None;
+                    o.narrow_experts = narrow_default;
+                });
                 println!("{line}");
             }
             tune(gpu, |o| {

@@ -722,9 +722,10 @@ impl ExpertLaunch<'_> {
     }
 }
 
-/// The grouped expert GEMV (`gemv_tc_experts_*`) gives each (token, expert) pair the bits of
-/// the tiled GEMV of its expert on its token alone, with 1, 2, 4 or 8 warps a block taking the
-/// 8 chains of K blocks (ops::expert_warps picks the warps by the launch's size).
+/// The grouped expert GEMV (`gemv_tc_experts_*`, and its 8-pair build `gemv_tc_experts8_*`)
+/// gives each (token, expert) pair the bits of the tiled GEMV of its expert on its token alone,
+/// with 1, 2, 4 or 8 warps a block taking the 8 chains of K blocks (ops::expert_warps picks the
+/// warps by the launch's size).
 #[test]
 fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
     let Some(kern) = kernels(DIMS_32) else { return };
@@ -791,6 +792,13 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
             "{warps} warps a block"
         );
     }
+    for warps in [1, 2, 4, 8] {
+        assert_eq!(
+            bits(&launch.run("gemv_tc_experts8_q4_k", warps, &table, None).0),
+            bits(&eight),
+            "the 8-pair build at {warps} warps a block"
+        );
+    }
     // Beside a second table (the experts in reverse), each product has the bits of its own
     // launch.
     let reversed: Vec<u64> = table.iter().rev().copied().collect();
@@ -801,9 +809,9 @@ fn the_grouped_expert_gemv_has_the_tiled_bits_at_every_warp_count() {
 }
 
 /// The prefill passes' grouped expert kernel (`gemm_tc_experts_*`, up to 64 pairs per decoding
-/// of a block, at 1 to 3 warps a block) gives every pair the bits of the 16-pair kernel and of
-/// its expert's GEMV on its token alone: an expert with 70 pairs (a 64-pair span and 6) and one
-/// with 30, with one K block a chain and with chain 0 taking two.
+/// of a block, at 1 to 3 warps a block) and the 8-pair build give every pair the bits of the
+/// 16-pair kernel and of its expert's GEMV on its token alone: an expert with 70 pairs (a
+/// 64-pair span and 6) and one with 30, with one K block a chain and with chain 0 taking two.
 #[test]
 fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
     let Some(kern) = kernels(DIMS_32) else { return };
@@ -837,6 +845,12 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
             };
             let run = |name: &str, warps: u32| launch.run(name, warps, &table, None).0;
             let narrow = run(&format!("gemv_tc_experts_{suffix}"), 2);
+            // The 8-pair build, 8 of an expert's pairs at a time (70: 8 chunks and 6).
+            assert_eq!(
+                bits(&run(&format!("gemv_tc_experts8_{suffix}"), 2)),
+                bits(&narrow),
+                "{t}, {chains} chains: the 8-pair build against the 16-pair one"
+            );
             for warps in 1..=chains {
                 assert_eq!(
                     bits(&run(&format!("gemm_tc_experts_{suffix}"), warps)),

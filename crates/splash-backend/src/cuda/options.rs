@@ -68,6 +68,11 @@ pub struct GpuOptions {
     /// the residual add after it sums the pairs (no `moe_combine`). Three launches fewer a MoE
     /// layer.
     pub fold_moe: bool,
+    /// The grouped expert GEMV's build of up to 8 pairs at a time for one-token passes
+    /// (`SPLASH_NARROW_EXPERTS`, on): the same bits as the 16-pair build, fewer registers
+    /// (Q4_K: 135 without spills against 128 with about 200 bytes spilled; Q6_K: 162 against
+    /// 238). Passes of several tokens take the 16-pair build, faster there.
+    pub narrow_experts: bool,
     /// Warps per 16-row tile of every tensor-core GEMV, 1..=8 (`None`: by shape). The kernel
     /// bench's sweep; no variable.
     pub tensor_core_warps: Option<usize>,
@@ -97,6 +102,7 @@ impl Default for GpuOptions {
             vision_query_tiles: 2,
             fold_launches: true,
             fold_moe: true,
+            narrow_experts: true,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions::default(),
@@ -295,6 +301,7 @@ impl GpuOptions {
                 .unwrap_or(d.vision_query_tiles),
             fold_launches: flag("SPLASH_FOLD_LAUNCHES", d.fold_launches)?,
             fold_moe: flag("SPLASH_FOLD_MOE", d.fold_moe)?,
+            narrow_experts: flag("SPLASH_NARROW_EXPERTS", d.narrow_experts)?,
             tensor_core_warps: None,
             expert_warps: None,
             kernels: KernelOptions {

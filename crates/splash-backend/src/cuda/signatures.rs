@@ -230,9 +230,9 @@ kernels! {
     kernel silu_mul_to_f16_tc(g: *const f32, u: *const f32, xh: *mut u16, xscale: *mut f32, blocks: i64);
     kernel to_bf16(x: *const f32, out: *mut u16, n: i64);
     kernel silu_mul_to_bf16(g: *const f32, u: *const f32, out: *mut u16, n: i64);
-    /// The grouped expert products: decode's tensor-core GEMV (`gemv_tc_experts_*`) and the
-    /// prefill GEMM (`gemm_tc_experts_*`).
-    family experts ["gemv_tc_experts_q4_k", "gemv_tc_experts_q6_k", "gemm_tc_experts_q4_k", "gemm_tc_experts_q6_k"](table: *const u64, y: *mut f32, table_b: *const u64, y_b: *mut f32, active: *const i32, offsets: *const i32, order: *const i32, row_bytes: i64, xh: *const u16, xscale: *const f32, n: i32, k: i32, col_div: i32, chains: i32);
+    /// The grouped expert products: decode's tensor-core GEMV (`gemv_tc_experts_*`; `*8_*`,
+    /// 8 pairs at a time, for one token) and the prefill GEMM (`gemm_tc_experts_*`).
+    family experts ["gemv_tc_experts_q4_k", "gemv_tc_experts_q6_k", "gemv_tc_experts8_q4_k", "gemv_tc_experts8_q6_k", "gemm_tc_experts_q4_k", "gemm_tc_experts_q6_k"](table: *const u64, y: *mut f32, table_b: *const u64, y_b: *mut f32, active: *const i32, offsets: *const i32, order: *const i32, row_bytes: i64, xh: *const u16, xscale: *const f32, n: i32, k: i32, col_div: i32, chains: i32);
     // kernels/moe.cu
     kernel moe_route(logits: *const f32, tokens: i32, ids: *mut i32, weights: *mut f32, e: i32, top_k: i32, shared_gate: *const f32, done: *mut i32, slots: i32, active: *mut i32, offsets: *mut i32, order: *mut i32);
     kernel moe_group(ids: *const i32, pairs: i32, e: i32, slots: i32, active: *mut i32, offsets: *mut i32, order: *mut i32);

@@ -951,7 +951,13 @@ __device__ __forceinline__ ExpertBlock expert_block(const u64* table, float* y, 
 // down) and writes row p of y; each pair gets what its token alone would get. With a second
 // table (table_b, y_b: the up products beside the gate ones), the second half of the grid does
 // the same for it. A prefill pass's products (dozens of pairs an expert) take gemm_tc_experts.
-template <int F>
+// WIDE: up to 16 pairs at a time (the 16-column build beside the 8-column one); without it, 8
+// at a time, and the kernel keeps only the 8-column build's registers (an expert has at most
+// as many pairs as the pass has tokens). The same bits either way (each pair's sums are its
+// own). ops::launch_experts takes the 8-pair build for one-token passes only: on an H100 it
+// made the 35B-A3B's one-token pass 0.03-0.11 ms faster and its 4- and 8-row passes 0.15-0.35
+// ms slower (BENCHMARKS.md, thirty-fourth session).
+template <int F, bool WIDE>
 __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, float* y_b, const int* active,
                                 const int* offsets, const int* order, long row_bytes, const u16* xh,
                                 const float* xscale, int N, int K, int col_div, int chains) {
@@ -960,10 +966,11 @@ __device__ void gemv_tc_experts(const u64* table, float* y, const u64* table_b, 
     if (e < 0) return;  // the whole block
     const u8* W = (const u8*)eb.table[e];
     int off = offsets[eb.a], cnt = offsets[eb.a + 1] - off;
-    for (int c0 = 0; c0 < cnt; c0 += 16) {
-        int n = min(16, cnt - c0);
+    const int step = WIDE ? 16 : 8;
+    for (int c0 = 0; c0 < cnt; c0 += step) {
+        int n = min(step, cnt - c0);
         const int* cols = order + off + c0;
-        if (n <= 8)
+        if (!WIDE || n <= 8)
             gemv_tc<F, 1>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
         else
             gemv_tc<F, 2>(W, row_bytes, xh, xscale, eb.y, nullptr, N, N, K, n, eb.tile, cols, col_div, chains);
@@ -1095,19 +1102,26 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
 
 // The grouped expert GEMV's registers: Q4_K's at most 128 (sixteen warps an SM instead of
 // eight at its uncapped ~230; measured on the H200, 35B-A3B gate / up at 1 / 4 / 16 tokens:
-// 5.3 / 12.4 / 47.4 µs → 5.2 / 11.4 / 37.1; it spills about 200 bytes a thread), Q6_K's uncapped
-// (slower capped at 1 and 4 tokens), unless EXPERT_REGS caps both (SPLASH_EXPERT_REGS, a
-// measurement switch). An 8-pair build without spills (135 registers) was slower at 4 and 8
-// tokens on an H100 (BENCHMARKS.md, 2026-12-07, thirty-fourth session).
+// 5.3 / 12.4 / 47.4 µs → 5.2 / 11.4 / 37.1; it spills about 200 bytes a thread), Q6_K's
+// uncapped (slower capped at 1 and 4 tokens), unless EXPERT_REGS caps both (SPLASH_EXPERT_REGS,
+// a measurement switch). The 8-pair build (EXPERT8_REGS_*, one-token passes): Q4_K's at most
+// 136, where it needs 135 and spills nothing (ptxas spilled 20 bytes at a cap of 144); Q6_K's
+// uncapped (162).
 #if defined(KERNEL_EMULATION)
 #define EXPERT_REGS_q4_k
 #define EXPERT_REGS_q6_k
+#define EXPERT8_REGS_q4_k
+#define EXPERT8_REGS_q6_k
 #elif defined(EXPERT_REGS)
 #define EXPERT_REGS_q4_k __maxnreg__(EXPERT_REGS)
 #define EXPERT_REGS_q6_k __maxnreg__(EXPERT_REGS)
+#define EXPERT8_REGS_q4_k __maxnreg__(EXPERT_REGS)
+#define EXPERT8_REGS_q6_k __maxnreg__(EXPERT_REGS)
 #else
 #define EXPERT_REGS_q4_k __maxnreg__(128)
 #define EXPERT_REGS_q6_k
+#define EXPERT8_REGS_q4_k __maxnreg__(136)
+#define EXPERT8_REGS_q6_k
 #endif
 
 // gemm_tc_experts: 64 registers of A fragments; 128 keeps four 4-warp blocks an SM (their
@@ -1153,7 +1167,8 @@ __device__ void gemm_tc_experts(const u64* table, float* y, const u64* table_b, 
                                                 int split, int N, int K, int T) {                 \
         gemv_tc<F, 2>(W, row_bytes, xh, xscale, y, y2, split, N, K, T, blockIdx.x, nullptr, 1, blockDim.x >> 5); \
     }                                                                                             \
-    EXPERT_KERNEL(EXPERT_REGS_##NAME, gemv_tc_experts_##NAME, gemv_tc_experts<F>)               \
+    EXPERT_KERNEL(EXPERT_REGS_##NAME, gemv_tc_experts_##NAME, gemv_tc_experts<F, true>)         \
+    EXPERT_KERNEL(EXPERT8_REGS_##NAME, gemv_tc_experts8_##NAME, gemv_tc_experts<F, false>)      \
     EXPERT_KERNEL(GEMM_EXPERT_REGS, gemm_tc_experts_##NAME, gemm_tc_experts<F>)
 
 // gemv{1,2,4,8}_q8t_*: the int8 GEMV of the tiles for up to that many tokens, gemv_q8t_*: up to

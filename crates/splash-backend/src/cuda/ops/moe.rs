@@ -204,8 +204,13 @@ pub(super) fn launch_experts(
     // More than 16 pairs a slot on average (prefill passes): the kernels that decode a tile's
     // weights for more pairs at a time may pay.
     let many = x.tokens * col_div > 16 * routing.slots;
+    // One-token passes take the build of up to 8 pairs at a time (fewer registers; an expert
+    // has one pair there): on an H100 it made the 35B-A3B's one-token pass faster, its 4- and
+    // 8-row passes slower (BENCHMARKS.md, thirty-fourth session).
+    let tokens = routing.ids.len() / routing.per_token;
     let (kernel, warps) = match options.prefill_experts {
         PrefillExperts::Gemm if many => ("gemm_tc_experts_", 4),
+        _ if tokens == 1 && options.narrow_experts => ("gemv_tc_experts8_", 0),
         _ => ("gemv_tc_experts_", 0),
     };
     // The bench's sweep may force the warps; the same bits either way.
