@@ -82,8 +82,9 @@ pub fn compile_ptx(
         format!("-DGDN_DV={}", dims.gdn_dv),
         format!("-DGDN_SLICES={}", options.gdn_slices(dims.gdn_dk)),
     ];
-    // Measurement options (GRID_PROLOGUE in kernels/common.cuh, TC_L2_AHEAD, EXPERT_REGS,
-    // I8TC8_REGS and I8TC16_REGS in kernels/gemv_tc.cu, ATTN_HEADS_MAX in kernels/attention.cu).
+    // Measurement options (GRID_PROLOGUE and TIMELINE in kernels/common.cuh, TC_L2_AHEAD,
+    // EXPERT_REGS, I8TC8_REGS and I8TC16_REGS in kernels/gemv_tc.cu, ATTN_HEADS_MAX in
+    // kernels/attention.cu).
     if options.trigger_early {
         defines.push("-DGRID_TRIGGER_EARLY".into());
     }
