@@ -185,6 +185,9 @@ thread_local! {
 /// verify block's logits are 16 MB).
 const STAGED_DOWNLOAD: usize = 256 << 10;
 
+/// Launches the log of a timeline build keeps at most (twice the kernels' ring of records).
+const LAUNCH_LOG_MAX: usize = 1 << 21;
+
 /// A captured pass ([`Gpu::capture`]), replayed by [`Gpu::replay`]; with a timeline build, the
 /// launches it holds (each replay queues them again).
 pub struct Graph(cudarc::driver::CudaGraph, Vec<Launch>);
@@ -480,6 +483,18 @@ impl Gpu {
         self.launches.lock().expect("launch log lock")
     }
 
+    /// Adds `launches` to the log; past `LAUNCH_LOG_MAX` entries (a timeline build left
+    /// running, a server) the older half goes, outside a capture (which takes its launches from
+    /// the end): only the launches since a reset pair anyway.
+    fn log_launches(&self, launches: &[Launch]) {
+        let mut log = self.launch_log();
+        log.extend_from_slice(launches);
+        if log.len() > LAUNCH_LOG_MAX && !self.capturing_here() {
+            let old = log.len() - LAUNCH_LOG_MAX / 2;
+            log.drain(..old);
+        }
+    }
+
     /// Starts a timeline (modules built with [`KernelOptions::timeline`]; for others nothing):
     /// forgets the launches so far and empties `k`'s ring of block records, in stream order.
     pub fn timeline_reset(&self, k: &Kernels) -> Result<(), GpuError> {
@@ -659,7 +674,7 @@ impl Gpu {
     pub fn replay(&self, graph: &Graph) -> Result<(), GpuError> {
         self.replays
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.launch_log().extend_from_slice(&graph.1);
+        self.log_launches(&graph.1);
         Ok(graph.0.launch()?)
     }
 
@@ -834,10 +849,10 @@ impl Gpu {
         }
         let f = k.function(name)?;
         if k.options.timeline {
-            self.launch_log().push(Launch {
+            self.log_launches(&[Launch {
                 name: name.to_string(),
                 blocks: grid,
-            });
+            }]);
         }
         self.profiled(
             || name.to_string(),
