@@ -24,8 +24,13 @@ pub struct BlockRecord {
     pub sm: u32,
 }
 
-// The kernels write the C struct's 32 bytes: three u64 then two u32.
+// The kernels write the C struct's 32 bytes: three u64 then two u32, no padding.
 const _: () = assert!(std::mem::size_of::<BlockRecord>() == 32);
+// SAFETY: repr(C) of integer fields only, with no padding (asserted above): every bit pattern
+// is a valid value, and zero is one.
+unsafe impl bytemuck::Zeroable for BlockRecord {}
+// SAFETY: as above; the type is Copy and 'static.
+unsafe impl bytemuck::Pod for BlockRecord {}
 
 /// A launch as the host queued it: the kernel's name and its blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1096,7 +1096,7 @@ fn a_timeline_build_records_every_launch_in_order() {
         dev::silu_mul(&gpu, &k, gp, up, n)?;
         dev::silu_mul(&gpu, &k, gp, up, n / 2)
     };
-    gpu.timeline_reset(&k).unwrap();
+    assert!(gpu.timeline_reset(&k).unwrap(), "the module records");
     queue().unwrap();
     let graph = gpu.capture(queue).unwrap();
     gpu.replay(&graph).unwrap();
@@ -1111,6 +1111,7 @@ fn a_timeline_build_records_every_launch_in_order() {
     // A module without the records has no timeline.
     tune(&gpu, |o| o.kernels.timeline = false);
     let plain = gpu.kernels(FIXTURE_DIMS).unwrap();
+    assert!(!gpu.timeline_reset(&plain).unwrap());
     assert!(gpu.timeline(&plain).unwrap().is_none());
 }
 

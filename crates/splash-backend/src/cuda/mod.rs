@@ -495,16 +495,17 @@ impl Gpu {
         }
     }
 
-    /// Starts a timeline (modules built with [`KernelOptions::timeline`]; for others nothing):
-    /// forgets the launches so far and empties `k`'s ring of block records, in stream order.
-    pub fn timeline_reset(&self, k: &Kernels) -> Result<(), GpuError> {
+    /// Starts a timeline (modules built with [`KernelOptions::timeline`]): forgets the launches
+    /// so far and empties `k`'s ring of block records, in stream order. Whether `k` records:
+    /// for other modules nothing is done and the answer is `false`.
+    pub fn timeline_reset(&self, k: &Kernels) -> Result<bool, GpuError> {
         if !k.options.timeline {
-            return Ok(());
+            return Ok(false);
         }
         self.launch_log().clear();
         let mut count = k.module.get_global("timeline_count", &self.stream)?;
         self.stream.memcpy_htod(&0u64.to_ne_bytes(), &mut count)?;
-        Ok(())
+        Ok(true)
     }
 
     /// The launches since [`Gpu::timeline_reset`] as they ran (after the queued work): `k`'s
@@ -525,21 +526,7 @@ impl Gpu {
         let mut bytes = vec![0u8; held * size];
         self.stream
             .memcpy_dtoh(&ring.slice(..held * size), &mut bytes)?;
-        let records: Vec<BlockRecord> = bytes
-            .chunks_exact(size)
-            .map(|b| {
-                let word = |i: usize| u64::from_ne_bytes(b[8 * i..8 * i + 8].try_into().unwrap());
-                let half =
-                    |i: usize| u32::from_ne_bytes(b[24 + 4 * i..28 + 4 * i].try_into().unwrap());
-                BlockRecord {
-                    grid: word(0),
-                    arrived: word(1),
-                    released: word(2),
-                    blocks: half(0),
-                    sm: half(1),
-                }
-            })
-            .collect();
+        let records: Vec<BlockRecord> = bytemuck::pod_collect_to_vec(&bytes);
         Ok(Some(spans(&records, &self.launch_log())))
     }
 

@@ -41,9 +41,10 @@ pub(crate) trait TextDevice: Send + Sync {
         None
     }
 
-    /// Starts a timeline of the launches, where they are timed (`SPLASH_TIMELINE` on a GPU).
-    fn timeline_reset(&self) -> Result<(), ModelError> {
-        Ok(())
+    /// Starts a timeline of the launches, where they are timed (`SPLASH_TIMELINE` on a GPU);
+    /// whether they are.
+    fn timeline_reset(&self) -> Result<bool, ModelError> {
+        Ok(false)
     }
 
     /// The launches since [`timeline_reset`](Self::timeline_reset) as they ran, where they are

@@ -261,8 +261,9 @@ impl Qwen35 {
         self.device.profile()
     }
 
-    /// Starts a timeline of the device's launches (`SPLASH_TIMELINE` on a GPU; else nothing).
-    pub fn gpu_timeline_reset(&self) -> Result<(), ModelError> {
+    /// Starts a timeline of the device's launches (`SPLASH_TIMELINE` on a GPU; else nothing):
+    /// whether they are timed.
+    pub fn gpu_timeline_reset(&self) -> Result<bool, ModelError> {
         self.device.timeline_reset()
     }
 

@@ -466,8 +466,7 @@ fn row_costs(
             }
         }
         // SPLASH_TIMELINE: one more pass, its launches as they ran.
-        if model.graph.gpu_timeline()?.is_some() {
-            model.graph.gpu_timeline_reset()?;
+        if model.graph.gpu_timeline_reset()? {
             model.graph.forward(&mut state, &tokens[..n], Logits::All)?;
             match model.graph.gpu_timeline()? {
                 Some(Ok(spans)) => eprint!(

@@ -605,7 +605,7 @@ impl TextDevice for CudaDevice {
         self.0.gpu.profile_table()
     }
 
-    fn timeline_reset(&self) -> Result<(), ModelError> {
+    fn timeline_reset(&self) -> Result<bool, ModelError> {
         Ok(self.0.gpu.timeline_reset(&self.0.k)?)
     }
 
