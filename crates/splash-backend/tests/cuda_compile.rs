@@ -7,6 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use splash_backend::cuda::{compile_ptx, KernelDims, KernelOptions};
 
+/// The kernel dimensions of Qwen3.5/3.6 (head dim 256, GDN 128/128).
+const QWEN35_DIMS: KernelDims = KernelDims {
+    head_dim: 256,
+    gdn_dk: 128,
+    gdn_dv: 128,
+};
+
 fn nvrtc_present() -> bool {
     // SAFETY: only probes whether the library can be loaded.
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
@@ -132,11 +139,7 @@ fn triggers_before_waiting(ptx: &str, name: &str) -> bool {
 /// (SPLASH_ATTENTION_HEADS=1, the 96-register bound) and the 16-token int8 GEMVs capped at 128
 /// registers (SPLASH_INT8_MMA16_REGS=128) compile too.
 fn check_launch_triggers() {
-    let dims = KernelDims {
-        head_dim: 256,
-        gdn_dk: 128,
-        gdn_dv: 128,
-    };
+    let dims = QWEN35_DIMS;
     let bridges = [
         "add_rms_norm_to_f16_tc",
         "silu_mul_to_f16_tc",
@@ -170,11 +173,7 @@ fn check_launch_triggers() {
 /// The timeline build (SPLASH_TIMELINE) records at every wait: each kernel that waits for the
 /// one before reads the global timer and its grid id; the default build reads neither.
 fn check_timeline_build() {
-    let dims = KernelDims {
-        head_dim: 256,
-        gdn_dk: 128,
-        gdn_dv: 128,
-    };
+    let dims = QWEN35_DIMS;
     let timeline = KernelOptions {
         timeline: true,
         ..Default::default()
