@@ -879,7 +879,8 @@ fn the_prefill_expert_kernels_have_the_bits_of_the_narrow_one() {
 /// and `moe_combine` adds the weighted products to the gated residual with the bits of the
 /// formula, value by value. Expert counts under one, two, four, eight, sixteen and up to 32 a
 /// lane (12, 60, 100, 256, 500, 1,000: each of the router's builds),
-/// the tokens in one routing block (up to 32) and in several, and more pairs than threads. With
+/// the tokens in one routing block (up to 32) and in several, one warp's routing and grouping
+/// (up to 32 pairs: a decode step's) against the blocks', and more pairs than threads. With
 /// the shared expert routed as each token's first pair (expert E, weight sigmoid(gate)), the
 /// grouping counts it as one more expert and the sum starts from zero.
 #[test]
@@ -896,6 +897,8 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         (12usize, 3usize, 5usize, false),
         (12, 3, 5, true),
         (256, 8, 1, false),
+        (256, 8, 1, true),
+        (256, 8, 3, true),
         (256, 8, 40, true),
         (1000, 10, 3, false),
         (60, 4, 2, false),
@@ -923,13 +926,18 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         let (la, ia, wa) = (Addr::of(&logits), Addr::of(&ids), Addr::of(&weights));
         let sga = Addr::of(&shared_gate);
         // The routing, and with `grouping` (active, offsets, order and the counter) the grouping
-        // by its last block.
-        let route = |grouping: Option<[Addr; 4]>| {
+        // by its last block; by blocks of 1,024 threads, or (up to 32 pairs) by one warp.
+        let route = |grouping: Option<[Addr; 4]>, warp: bool| {
+            let (blocks, threads) = if warp {
+                (1, 32)
+            } else {
+                (tokens.div_ceil(32) as u32, 1024)
+            };
             // SAFETY: moe_route's signature in kernels/moe.cu, over buffers of the sizes
             // ops::moe_route gives them.
             unsafe {
                 let route: Route = kern.kernel("moe_route");
-                kern.launch(tokens.div_ceil(32) as u32, 1024, &|| {
+                kern.launch(blocks, threads, &|| {
                     let sg = if shared {
                         sga.ptr()
                     } else {
@@ -954,9 +962,9 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
                 });
             }
         };
-        route(None);
-        // The grouping by the routing's last block, by moe_group, then by chunks: (active,
-        // offsets, order) of each.
+        route(None, false);
+        // The grouping by the routing's last block (or its one warp), by moe_group, then by
+        // chunks: (active, offsets, order) of each.
         let grouped = |how: &str| {
             let (active, offsets, order) = (
                 vec![-7i32; slots],
@@ -968,9 +976,9 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
             let (aa, oa, ra) = (Addr::of(&active), Addr::of(&offsets), Addr::of(&order));
             let ca = Addr::of(&counts);
             let (p, e, s) = (pairs as i32, grouped as i32, slots as i32);
-            if how == "last block" {
+            if how == "last block" || how == "one warp" {
                 let done = [0i32];
-                route(Some([aa, oa, ra, Addr::of(&done)]));
+                route(Some([aa, oa, ra, Addr::of(&done)]), how == "one warp");
                 assert_eq!(done[0], 0, "E={experts} T={tokens}: the counter left at 0");
                 return (active, offsets, order);
             }
@@ -1032,8 +1040,20 @@ fn the_moe_routing_kernels_on_the_host_match_the_reference() {
         }
         want_offsets.resize(slots + 1, pairs as i32);
         want_active.resize(slots, -1);
-        for how in ["last block", "moe_group", "chunks"] {
+        let warp_ids = (ids.clone(), weights.clone());
+        let warp = pairs <= 32;
+        for how in ["last block", "one warp", "moe_group", "chunks"] {
+            if how == "one warp" && !warp {
+                continue;
+            }
             let (active, offsets, order) = grouped(how);
+            // The warp routes as the blocks do.
+            let same = ids == warp_ids.0
+                && weights
+                    .iter()
+                    .zip(&warp_ids.1)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "E={experts} T={tokens}, {how}: the routing changed");
             assert_eq!(
                 active, want_active,
                 "E={experts} T={tokens}, {how}: active experts"

@@ -50,12 +50,15 @@ typedef unsigned long long u64;
 #endif
 
 #ifdef TIMELINE
-// SPLASH_TIMELINE (a measurement build): thread 0 of every block records its launch at its wait,
-// the grid's id, its blocks, the SM and the global timer (ns) when the block arrived and when
-// the wait returned, into a ring the host reads back (Gpu::timeline). A launch's earliest
-// return from the wait is when the launch before it completed, so consecutive launches' returns
-// bound the time each held the stream, as run, with the dependent launches' overlap.
+// SPLASH_TIMELINE (a measurement build): thread 0 of each of a launch's first TIMELINE_BLOCKS
+// blocks records its launch at its wait, the grid's id, its blocks, the SM and the global timer
+// (ns) when the block arrived and when the wait returned, into a ring the host reads back
+// (Gpu::timeline). A launch's earliest return from the wait is when the launch before it
+// completed, so consecutive launches' returns bound the time each held the stream, as run, with
+// the dependent launches' overlap. The first blocks are the first to start (they include the
+// earliest return); every block of a 16-row pass's expert products overran the ring.
 #define TIMELINE_CAP (1 << 20)
+#define TIMELINE_BLOCKS 256
 struct TimelineRecord {
     unsigned long long grid, arrived, released;
     unsigned int blocks, sm;
@@ -70,7 +73,7 @@ __device__ __forceinline__ unsigned long long timeline_now() {
 __device__ __forceinline__ void timeline_wait() {
     unsigned long long arrived = timeline_now();
     GRID_WAIT_NOW();
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x != 0 || blockIdx.x >= TIMELINE_BLOCKS) return;
     unsigned long long grid, released = timeline_now();
     unsigned int sm;
     asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
@@ -193,9 +196,27 @@ __device__ float block_max(float v) {
 
 // A MoE layer's sum of its pairs for token t, value i: Σ_j w[t·per + j] · y[(t·per + j)·d + i]
 // added to acc in order j, one fma each (moe_combine, and the residual add that takes its place,
-// add_row, with the same bits).
+// add_row, with the same bits). A batch of PAIR_BATCH pairs' loads are all asked for before its
+// first fma: a loop of one load and its fma waits out a round trip a pair (a decode step's 9
+// pairs held a one-block launch 4 µs longer than its other rows' launches). 5: a Qwen3.5 MoE
+// token's 9 pairs (8 experts, the shared one) in two round trips; 9 float4 in flight do not fit
+// add_rms_norm_to_f16_tc's 64 registers (ptxas spills).
+#ifndef PAIR_BATCH
+#define PAIR_BATCH 5
+#endif
 __device__ __forceinline__ float pair_sum(const float* y, const float* w, int per, long t, int d, int i, float acc) {
-    for (int j = 0; j < per; j++) acc = fmaf(w[t * per + j], y[(t * per + j) * d + i], acc);
+    for (int j0 = 0; j0 < per; j0 += PAIR_BATCH) {
+        float wj[PAIR_BATCH], v[PAIR_BATCH];
+#pragma unroll
+        for (int u = 0; u < PAIR_BATCH; u++)
+            if (j0 + u < per) {
+                wj[u] = w[t * per + j0 + u];
+                v[u] = y[(t * per + j0 + u) * d + i];
+            }
+#pragma unroll
+        for (int u = 0; u < PAIR_BATCH; u++)
+            if (j0 + u < per) acc = fmaf(wj[u], v[u], acc);
+    }
     return acc;
 }
 

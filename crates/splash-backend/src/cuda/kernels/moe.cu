@@ -19,8 +19,9 @@
 // one warp whose lanes hold up to SLOTS experts each (route_token picks the fewest that hold E):
 // the loops over a lane's experts are unrolled, so slots past E would still cost instructions
 // in each of the top_k rounds.
+// Returns lane j's pick j (j < top_k).
 template <int SLOTS>
-static __device__ void route_token_in(const float* l, int E, int top_k, int* out_i, float* out_w) {
+static __device__ int route_token_in(const float* l, int E, int top_k, int* out_i, float* out_w) {
     int lane = threadIdx.x & 31, n = (E + 31) >> 5;
     // p[k]: expert lane + 32k's logit, then its probability; −inf past the last expert. The
     // warp-uniform k < n skips the slots no lane holds (E = 200: 7 of 8).
@@ -79,23 +80,51 @@ static __device__ void route_token_in(const float* l, int E, int top_k, int* out
         out_i[lane] = kept_i;
         out_w[lane] = kept_v / sum;
     }
+    return kept_i;
 }
 
 // route_token_in with the fewest slots a lane that hold E experts (a warp-uniform choice).
-static __device__ void route_token(const float* l, int E, int top_k, int* out_i, float* out_w) {
+static __device__ int route_token(const float* l, int E, int top_k, int* out_i, float* out_w) {
     int n = (E + 31) >> 5;
-    if (n <= 1)
-        route_token_in<1>(l, E, top_k, out_i, out_w);
-    else if (n <= 2)
-        route_token_in<2>(l, E, top_k, out_i, out_w);
-    else if (n <= 4)
-        route_token_in<4>(l, E, top_k, out_i, out_w);
-    else if (n <= 8)
-        route_token_in<8>(l, E, top_k, out_i, out_w);
-    else if (n <= 16)
-        route_token_in<16>(l, E, top_k, out_i, out_w);
-    else
-        route_token_in<MOE_LANE_EXPERTS>(l, E, top_k, out_i, out_w);
+    if (n <= 1) return route_token_in<1>(l, E, top_k, out_i, out_w);
+    if (n <= 2) return route_token_in<2>(l, E, top_k, out_i, out_w);
+    if (n <= 4) return route_token_in<4>(l, E, top_k, out_i, out_w);
+    if (n <= 8) return route_token_in<8>(l, E, top_k, out_i, out_w);
+    if (n <= 16) return route_token_in<16>(l, E, top_k, out_i, out_w);
+    return route_token_in<MOE_LANE_EXPERTS>(l, E, top_k, out_i, out_w);
+}
+
+// The pairs of up to 32 (lane p holds pair p's expert `id`; lanes past `pairs` hold none)
+// grouped as group_pairs groups them, by the warp alone: a pair's place in `order` is the
+// count of pairs before it by (expert, pair); the first pair of each expert writes its slot.
+static __device__ void group_pairs_warp(int id, int pairs, int slots, int* active, int* offsets, int* order) {
+    int lane = threadIdx.x & 31;
+    if (lane >= pairs) id = 0x7fffffff;
+    int rank = 0;
+    bool first = lane < pairs;
+    for (int o = 0; o < 32; o++) {
+        int other = __shfl_sync(0xffffffffu, id, o);
+        bool before = other < id || (other == id && o < lane);
+        rank += before;
+        if (other == id && o < lane) first = false;
+    }
+    // The slot: the experts below this one (each counted at its first pair), and all of them.
+    int slot = 0, used = 0;
+    for (int o = 0; o < 32; o++) {
+        int other = __shfl_sync(0xffffffffu, id, o), other_first = __shfl_sync(0xffffffffu, (int)first, o);
+        used += other_first;
+        slot += other_first && other < id;
+    }
+    if (lane < pairs) order[rank] = lane;
+    if (first) {
+        active[slot] = id;
+        offsets[slot] = rank;
+    }
+    if (lane == 0) offsets[used] = pairs;
+    for (int i = used + lane; i < slots; i += 32) {
+        active[i] = -1;
+        offsets[i + 1] = pairs;
+    }
 }
 
 static __device__ void group_pairs(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
@@ -111,8 +140,31 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
     moe_route(const float* logits, int tokens, int* ids, float* weights, int E, int top_k, const float* shared_gate,
               int* done, int slots, int* active, int* offsets, int* order) {
     GRID_PROLOGUE();
-    int t = blockIdx.x * MOE_ROUTE_TOKENS + (threadIdx.x >> 5);
     int per = shared_gate ? top_k + 1 : top_k;
+    if (blockDim.x == 32) {
+        // Up to 32 pairs (a decode step's): one warp routes the tokens in turn, each lane
+        // keeping its pair's expert, then groups them; no block barrier and no pair read back.
+        int lane = threadIdx.x & 31, id = 0;
+        for (int t = 0; t < tokens; t++) {
+            int* out_i = ids + (long)t * per;
+            float* out_w = weights + (long)t * per;
+            if (shared_gate) {
+                if (lane == 0) {
+                    out_i[0] = E;
+                    out_w[0] = sigmoid(shared_gate[t]);
+                }
+                out_i++;
+                out_w++;
+            }
+            int pick = route_token(logits + (long)t * E, E, top_k, out_i, out_w);
+            int j = lane - t * per - (shared_gate ? 1 : 0);  // this lane's pair's pick of token t
+            int from = __shfl_sync(0xffffffffu, pick, j & 31);
+            if (lane >= t * per && lane < (t + 1) * per) id = j < 0 ? E : from;
+        }
+        if (done) group_pairs_warp(id, tokens * per, slots, active, offsets, order);
+        return;
+    }
+    int t = blockIdx.x * MOE_ROUTE_TOKENS + (threadIdx.x >> 5);
     if (t < tokens) {
         int* out_i = ids + (long)t * per;
         float* out_w = weights + (long)t * per;

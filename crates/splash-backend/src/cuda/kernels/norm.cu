@@ -44,10 +44,21 @@ __device__ __forceinline__ float4 added4(const float* xr, const float* y, int d,
                                          int i) {
     float4 a = ((const float4*)xr)[i], b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!per) b = ((const float4*)(y + t * d))[i];
-    for (int j = 0; j < per; j++) {  // pair_sum, four values at a time
-        float wj = pw[t * per + j];
-        float4 v = ((const float4*)(y + (t * per + j) * d))[i];
-        b = make_float4(fmaf(wj, v.x, b.x), fmaf(wj, v.y, b.y), fmaf(wj, v.z, b.z), fmaf(wj, v.w, b.w));
+    // pair_sum, four values at a time, its loads batched the same way.
+    for (int j0 = 0; j0 < per; j0 += PAIR_BATCH) {
+        float wj[PAIR_BATCH];
+        float4 v[PAIR_BATCH];
+#pragma unroll
+        for (int u = 0; u < PAIR_BATCH; u++)
+            if (j0 + u < per) {
+                wj[u] = pw[t * per + j0 + u];
+                v[u] = ((const float4*)(y + (t * per + j0 + u) * d))[i];
+            }
+#pragma unroll
+        for (int u = 0; u < PAIR_BATCH; u++)
+            if (j0 + u < per)
+                b = make_float4(fmaf(wj[u], v[u].x, b.x), fmaf(wj[u], v[u].y, b.y), fmaf(wj[u], v[u].z, b.z),
+                                fmaf(wj[u], v[u].w, b.w));
     }
     return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
@@ -68,27 +79,65 @@ __device__ __forceinline__ void add_row(float* xr, const float* y, int d, const 
 // · w, with the bits of add_in_place then rms_norm (each thread adds the values it then reads).
 // One block per row; out must not alias x or y. With per > 0, y [T·per, d] holds a MoE layer's
 // pairs and pw [T·per] their weights: x[r] += their sum, the bits of moe_combine (no gate) then
-// add_in_place, a launch fewer.
-extern "C" __global__ void add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps,
-                                        const float* pw, int per) {
+// add_in_place, a launch fewer. At most 64 registers (its pair loads batched), for rows of
+// 1,024 threads.
+extern "C" __global__ void __launch_bounds__(1024)
+    add_rms_norm(float* x, const float* y, const float* w, float* out, int d, float eps, const float* pw, int per) {
     GRID_PROLOGUE_BRIDGE();
     float* xr = x + (long)blockIdx.x * d;
     add_row(xr, y, d, pw, per);
     rms_norm_row(xr, w, out + (long)blockIdx.x * d, d, eps);
 }
 
-// Rows add_rms_norm_to_f16_tc keeps on chip: up to NORM_ROW_MAX values, two float4 a thread.
+// Rows add_rms_norm_to_f16_tc keeps on chip: up to NORM_ROW_MAX values, K float4 a thread.
 #define NORM_ROW_MAX 8192
+
+// add_rms_norm of row blockIdx.x on chip, K float4 a thread (n4 ≤ K · blockDim.x): the norm's
+// weights loaded before the wait (no kernel writes them), each thread keeping the sums it adds;
+// the normed row to o and to `row` in shared memory. The sums of add_row then rms_norm_row, in
+// the same order. PAIRS: y holds pairs (per > 0), a thread's pair loads all in flight together
+// (added4), which fits the 64 registers only at one float4 a thread.
+template <int K, bool PAIRS>
+__device__ __forceinline__ void add_rms_norm_on_chip(float* xr, const float* y, const float* w, float* o, float* row,
+                                                     int d, float eps, const float* pw, int per) {
+    int n4 = d / 4;
+    float4 g[K], v[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i < n4) g[k] = ((const float4*)w)[i];
+    }
+    GRID_PROLOGUE_BRIDGE();
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i >= n4) continue;
+        v[k] = added4(xr, y, d, pw, PAIRS ? per : 0, blockIdx.x, i);
+        ((float4*)xr)[i] = v[k];
+        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    float inv = rsqrtf(block_sum(ss) / (float)d + eps);
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        if (i >= n4) continue;
+        float4 r = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z,
+                               v[k].w * inv * g[k].w);
+        ((float4*)o)[i] = r;
+        ((float4*)row)[i] = r;
+    }
+}
 
 // add_rms_norm, then to_f16_tc of each out row, in one launch: the block's warps convert the
 // row's 256-value blocks once the row is written (the bits of the two kernels). d is a multiple
 // of 256 when xh is given. With xq, also (or only, without xh) quantize_q8 of the row (for a
 // dp4a product of the same rows).
-// A row of up to NORM_ROW_MAX values stays on chip: the norm's weights are loaded before the
-// wait (no kernel writes them), each thread keeps the sums it adds, and the conversions read
+// A row of up to NORM_ROW_MAX values stays on chip (add_rms_norm_on_chip): the conversions read
 // the normed row from shared memory, not back from memory (its five or so dependent round trips
-// were most of this launch). Longer rows take the same arithmetic through memory. At most 64
-// registers, so that a hidden-size row's 1,024 threads fit an SM.
+// were most of this launch); a MoE layer's pairs, at one float4 a thread. Other rows take the
+// same arithmetic through memory. At most 64 registers, so that a hidden-size row's 1,024
+// threads fit an SM.
 extern "C" __global__ void __launch_bounds__(1024)
     add_rms_norm_to_f16_tc(float* x, const float* y, const float* w, float* out, u16* xh, float* xscale, int d,
                            float eps, i8* xq, float* xd, float* xs, i8* bq, float* bd, short* bs, const float* pw,
@@ -97,34 +146,12 @@ extern "C" __global__ void __launch_bounds__(1024)
     float *xr = x + (long)blockIdx.x * d, *o = out + (long)blockIdx.x * d;
     const float* normed = o;
     int n4 = d / 4;
-    if ((d & 3) == 0 && d <= NORM_ROW_MAX && n4 <= 2 * (int)blockDim.x) {
-        float4 g[2], v[2];
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            int i = threadIdx.x + k * blockDim.x;
-            if (i < n4) g[k] = ((const float4*)w)[i];
-        }
-        GRID_PROLOGUE_BRIDGE();
-        // add_row then rms_norm_row: the same sums, in the same order.
-        float ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            int i = threadIdx.x + k * blockDim.x;
-            if (i >= n4) continue;
-            v[k] = added4(xr, y, d, pw, per, blockIdx.x, i);
-            ((float4*)xr)[i] = v[k];
-            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-        }
-        float inv = rsqrtf(block_sum(ss) / (float)d + eps);
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            int i = threadIdx.x + k * blockDim.x;
-            if (i >= n4) continue;
-            float4 r = make_float4(v[k].x * inv * g[k].x, v[k].y * inv * g[k].y, v[k].z * inv * g[k].z,
-                                   v[k].w * inv * g[k].w);
-            ((float4*)o)[i] = r;
-            ((float4*)row)[i] = r;
-        }
+    bool on_chip = (d & 3) == 0 && d <= NORM_ROW_MAX;
+    if (on_chip && per && n4 <= (int)blockDim.x) {
+        add_rms_norm_on_chip<1, true>(xr, y, w, o, row, d, eps, pw, per);
+        normed = row;
+    } else if (on_chip && !per && n4 <= 2 * (int)blockDim.x) {
+        add_rms_norm_on_chip<2, false>(xr, y, w, o, row, d, eps, pw, per);
         normed = row;
     } else {
         GRID_PROLOGUE_BRIDGE();

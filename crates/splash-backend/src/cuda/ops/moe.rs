@@ -89,10 +89,16 @@ pub fn moe_route(
     let one_block = r.chunk_counts.is_none();
     let fold = one_block && gpu.options().fold_moe;
     let done = if fold { gpu.route_done() } else { 0 };
+    // Up to a warp's worth of pairs (a decode step's) one warp routes and groups them.
+    let grid = if pairs <= 32 {
+        (1, 32)
+    } else {
+        (tokens.div_ceil(MOE_ROUTE_TOKENS) as u32, 1024)
+    };
     launch::moe_route(
         gpu,
         k,
-        (tokens.div_ceil(MOE_ROUTE_TOKENS) as u32, 1024),
+        grid,
         logits,
         tokens as i32,
         ids,
