@@ -1125,11 +1125,16 @@ fn kernels_of_one_module_are_reused() {
 
 /// Attention over a long cache: a few rows split the keys into chunks (flash-decoding), a
 /// prefill-sized pass does not; both match the CPU, and a block of rows gives each row the
-/// bits a one-row pass gives (a verify block equals token-by-token decoding).
+/// bits a one-row pass gives (a verify block equals token-by-token decoding); with the default
+/// chunks and with `SPLASH_ATTENTION_CHUNK=64`.
 #[test]
 fn long_context_attention_matches_the_cpu_and_is_row_invariant() {
     let Some(gpu) = gpu() else { return };
-    for dims in [FIXTURE_DIMS, REAL_DIMS] {
+    for (chunk, dims) in [None, Some(64)]
+        .into_iter()
+        .flat_map(|c| [(c, FIXTURE_DIMS), (c, REAL_DIMS)])
+    {
+        tune(&gpu, |o| o.kernels.attention_chunk = chunk);
         let k = gpu.kernels(dims).unwrap();
         let d = dims.head_dim;
         let (hq, hkv, pos0) = (8, 2, 2_900);
@@ -1172,18 +1177,19 @@ fn long_context_attention_matches_the_cpu_and_is_row_invariant() {
             // Past the split kernel's rows (32), head dims of 16s run on the tensor cores:
             // f16 keys, values and probabilities, as the host test of that kernel bounds them.
             let bound = if t > 32 && d % 16 == 0 { 4e-3 } else { 1e-4 };
-            assert!(err < bound, "d={d} t={t}: {err}");
+            assert!(err < bound, "d={d} t={t} chunk {chunk:?}: {err}");
             if t <= 32 {
                 for i in 0..t {
                     let one = run(1, i);
                     assert!(
                         one[..] == all[i * hq * d..(i + 1) * hq * d],
-                        "d={d}: row {i} of a {t}-row pass differs from a one-row pass"
+                        "d={d} chunk {chunk:?}: row {i} of a {t}-row pass differs from a one-row pass"
                     );
                 }
             }
         }
     }
+    tune(&gpu, |o| o.kernels.attention_chunk = None);
 }
 
 /// DFlash2's grouped dynamic conv, its taps read from a projection holding both sides.

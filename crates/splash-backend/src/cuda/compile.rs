@@ -83,8 +83,8 @@ pub fn compile_ptx(
         format!("-DGDN_SLICES={}", options.gdn_slices(dims.gdn_dk)),
     ];
     // Measurement options (GRID_PROLOGUE and TIMELINE in kernels/common.cuh, TC_L2_AHEAD,
-    // EXPERT_REGS, I8TC8_REGS and I8TC16_REGS in kernels/gemv_tc.cu, ATTN_HEADS_MAX in
-    // kernels/attention.cu).
+    // EXPERT_REGS, I8TC8_REGS and I8TC16_REGS in kernels/gemv_tc.cu, ATTN_HEADS_MAX and
+    // ATTN_CHUNK in kernels/attention.cu).
     if options.trigger_early {
         defines.push("-DGRID_TRIGGER_EARLY".into());
     }
@@ -98,6 +98,9 @@ pub fn compile_ptx(
         defines.push(format!("-DTC_L2_AHEAD={ahead}"));
     }
     defines.push(format!("-DATTN_HEADS_MAX={}", options.attention_heads()));
+    if let Some(chunk) = options.attention_chunk {
+        defines.push(format!("-DATTN_CHUNK={chunk}"));
+    }
     if let Some(regs) = options.expert_regs {
         defines.push(format!("-DEXPERT_REGS={regs}"));
     }

@@ -23,6 +23,8 @@ use crate::{DType, HostBytes, Weight};
 /// The kernels built for one set of dimensions, loaded.
 struct HostKernels {
     lib: libloading::Library,
+    /// Keys per chunk of the split attention it was built with (`ATTN_CHUNK`).
+    chunk: usize,
 }
 
 /// `host_launch` in kernels_on_host.h.
@@ -38,16 +40,22 @@ const ATTENTION_HEADS: usize = 4;
 /// The kernels for `dims`, built on first use; `None` (test skipped) without g++, unless
 /// `SPLASH_REQUIRE_HOST_KERNELS` is set.
 fn kernels(dims: KernelDims) -> Option<Arc<HostKernels>> {
-    static BUILT: Mutex<Option<HashMap<KernelDims, Arc<HostKernels>>>> = Mutex::new(None);
+    kernels_chunked(dims, super::ops::ATTN_CHUNK)
+}
+
+/// [`kernels`] with `chunk` keys per chunk of the split attention (`SPLASH_ATTENTION_CHUNK`).
+fn kernels_chunked(dims: KernelDims, chunk: usize) -> Option<Arc<HostKernels>> {
+    type Built = HashMap<(KernelDims, usize), Arc<HostKernels>>;
+    static BUILT: Mutex<Option<Built>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap();
     let map = built.get_or_insert_with(HashMap::new);
-    if let Some(k) = map.get(&dims) {
+    if let Some(k) = map.get(&(dims, chunk)) {
         return Some(k.clone());
     }
-    match HostKernels::build(dims) {
+    match HostKernels::build(dims, chunk) {
         Ok(k) => {
             let k = Arc::new(k);
-            map.insert(dims, k.clone());
+            map.insert((dims, chunk), k.clone());
             Some(k)
         }
         Err(e) if std::env::var_os("SPLASH_REQUIRE_HOST_KERNELS").is_none() => {
@@ -59,10 +67,10 @@ fn kernels(dims: KernelDims) -> Option<Arc<HostKernels>> {
 }
 
 impl HostKernels {
-    fn build(dims: KernelDims) -> Result<Self, String> {
+    fn build(dims: KernelDims, chunk: usize) -> Result<Self, String> {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cuda");
         let stem = std::env::temp_dir().join(format!(
-            "splash-kernels-on-host-{}-{}-{}-{}",
+            "splash-kernels-on-host-{}-{}-{}-{}-{chunk}",
             std::process::id(),
             dims.head_dim,
             dims.gdn_dk,
@@ -88,6 +96,7 @@ impl HostKernels {
                 super::KernelOptions::default().gdn_slices(dims.gdn_dk)
             ))
             .arg(format!("-DATTN_HEADS_MAX={ATTENTION_HEADS}"))
+            .arg(format!("-DATTN_CHUNK={chunk}"))
             .arg("-include")
             .arg(src.join("kernels_on_host.h"))
             .args(["-x", "c++"])
@@ -106,7 +115,10 @@ impl HostKernels {
         // SAFETY: our own library, which runs no code at load.
         let loaded = unsafe { libloading::Library::new(&lib) }.map_err(|e| e.to_string());
         let _ = std::fs::remove_file(&lib);
-        Ok(Self { lib: loaded? })
+        Ok(Self {
+            lib: loaded?,
+            chunk,
+        })
     }
 
     /// The kernel `name` as a function of type `F` (an `extern "C" fn` of its parameters).
@@ -1769,7 +1781,11 @@ unsafe fn combine(kern: &HostKernels, part: Addr, out: Addr, rows: usize, nchunk
 /// The slot table of sequences `seqs` ((context, new rows) each, rows in order) over `caches`,
 /// as ops::attn_groups makes it; the most rows of a sequence, and the chunks the longest context
 /// needs.
-fn attn_slots(seqs: &[(usize, usize)], caches: &[HostCache]) -> (super::AttnSlots, usize, usize) {
+fn attn_slots(
+    seqs: &[(usize, usize)],
+    caches: &[HostCache],
+    chunk: usize,
+) -> (super::AttnSlots, usize, usize) {
     let mut slots = super::AttnSlots::default();
     let mut off = 0;
     for (i, (&(pos0, n), c)) in seqs.iter().zip(caches).enumerate() {
@@ -1785,7 +1801,7 @@ fn attn_slots(seqs: &[(usize, usize)], caches: &[HostCache]) -> (super::AttnSlot
         .map(|s| s.0 + s.1)
         .max()
         .unwrap()
-        .div_ceil(super::ops::ATTN_CHUNK);
+        .div_ceil(chunk);
     (slots, longest, chunks)
 }
 
@@ -1896,7 +1912,7 @@ fn the_attention_of_several_sequences_has_each_ones_bits() {
         // All of them at once.
         let (q, kn, vn) = (q.clone(), kn.clone(), vn.clone());
         let caches = caches(90);
-        let (slots, longest, chunks) = attn_slots(&seqs, &caches);
+        let (slots, longest, chunks) = attn_slots(&seqs, &caches, kern.chunk);
         let (n_seqs, qrows) = (seqs.len(), longest * hq);
         let part = vec![f32::NAN; n_seqs * qrows * chunks * (d + 2)];
         let out = vec![f32::NAN; rows * hq * d];
@@ -2814,14 +2830,21 @@ fn staged_groupings(hq: usize, hkv: usize) -> Vec<usize> {
 }
 
 /// The staged split attention (int8 cache, head dims 256 and 128) matches the CPU over five
-/// chunks, the last one partly filled, with and without a sliding window whose first key is
+/// chunks (seventeen of 64 keys), the last one partly filled, with and without a sliding window whose first key is
 /// inside a tile; every grouping of a block's heads gives the same bits, and so does each row
 /// of a 3-token block against its query alone.
 #[test]
 fn the_staged_split_attention_matches_the_cpu_in_any_grouping() {
-    // Groups of 8 (the 35B-A3B's) and 6 (the 27B's), over one and two KV heads; a draft's 4.
-    for (dims, (hq, hkv)) in [(DIMS_256, (8, 1)), (DIMS_256, (12, 2)), (DIMS_128, (8, 2))] {
-        let Some(kern) = kernels(dims) else {
+    // Groups of 8 (the 35B-A3B's) and 6 (the 27B's), over one and two KV heads; a draft's 4;
+    // the 35B-A3B's in chunks of 64 keys too (SPLASH_ATTENTION_CHUNK; 17 chunks, two tiles each).
+    let default = super::ops::ATTN_CHUNK;
+    for (dims, (hq, hkv), chunk) in [
+        (DIMS_256, (8, 1), default),
+        (DIMS_256, (12, 2), default),
+        (DIMS_128, (8, 2), default),
+        (DIMS_256, (8, 1), 64),
+    ] {
+        let Some(kern) = kernels_chunked(dims, chunk) else {
             return;
         };
         let (d, pos0, t) = (dims.head_dim, 1030, 3);
@@ -2879,10 +2902,17 @@ fn the_staged_split_attention_matches_the_cpu_in_any_grouping() {
 /// The staged split attention of several sequences in one launch
 /// (`attention_part_seqs_staged`, `attention_combine_seqs`) gives every sequence the bits of its
 /// own `attention_part_staged` launch, in other groupings of the heads, over contexts of 1,030,
-/// 5 and 300 keys (the short ones take the long one's chunk count, their extra chunks empty).
+/// 5 and 300 keys (the short ones take the long one's chunk count, their extra chunks empty);
+/// in chunks of the default 256 keys and of 64 (`SPLASH_ATTENTION_CHUNK`).
 #[test]
 fn the_staged_attention_of_several_sequences_has_each_ones_bits() {
-    let Some(kern) = kernels(DIMS_256) else {
+    for chunk in [super::ops::ATTN_CHUNK, 64] {
+        staged_attention_of_several_sequences(chunk);
+    }
+}
+
+fn staged_attention_of_several_sequences(chunk: usize) {
+    let Some(kern) = kernels_chunked(DIMS_256, chunk) else {
         return;
     };
     let (d, hq, hkv) = (256usize, 12usize, 2usize);
@@ -2919,7 +2949,7 @@ fn the_staged_attention_of_several_sequences_has_each_ones_bits() {
         ));
         off += n;
     }
-    let (slots, longest, chunks) = attn_slots(&seqs, &caches);
+    let (slots, longest, chunks) = attn_slots(&seqs, &caches, kern.chunk);
     let (n_seqs, qrows) = (seqs.len(), longest * hq);
     for heads in staged_groupings(hq, hkv) {
         let part = vec![f32::NAN; n_seqs * qrows * chunks * (d + 2)];
@@ -3031,7 +3061,7 @@ fn split_attention(
 ) -> Vec<f32> {
     let t = q.len() / (hq * d);
     let mask = super::ops::KeyMask { block: 0, window };
-    let chunks = super::ops::split_chunks(pos0.into(), t, mask);
+    let chunks = super::ops::split_chunks(pos0.into(), t, mask, kern.chunk);
     let rows = t * hq;
     let part = vec![f32::NAN; rows * chunks * (d + 2)];
     let out = vec![f32::NAN; rows * d];

@@ -173,6 +173,11 @@ pub struct KernelOptions {
     /// Most query heads of one KV head a decode-attention block of a several-row pass takes,
     /// sharing each key it loads, 1..=4 (`SPLASH_ATTENTION_HEADS`; `None`: 4).
     pub attention_heads: Option<u32>,
+    /// Keys per chunk of the split decode attention, a multiple of 32 from 64 to 1,024
+    /// (`SPLASH_ATTENTION_CHUNK`; `None`: [`ATTN_CHUNK`](crate::cuda::ops::ATTN_CHUNK)). Fewer
+    /// keys make more blocks, each walking fewer tiles one after another; every pass of a
+    /// model runs with the same chunks, so a verify row keeps the bits of decoding.
+    pub attention_chunk: Option<u32>,
     /// Every block records its launch at its wait (`SPLASH_TIMELINE`, off; TIMELINE in
     /// common.cuh), for [`Gpu::timeline`](crate::cuda::Gpu::timeline): the launches of a pass as
     /// they ran. A measurement build: the records cost each block a few instructions and a store.
@@ -188,6 +193,12 @@ impl KernelOptions {
     /// Most query heads a decode-attention block takes (`ATTN_HEADS_MAX`).
     pub fn attention_heads(&self) -> usize {
         self.attention_heads.unwrap_or(4) as usize
+    }
+
+    /// Keys per chunk of the split decode attention (`ATTN_CHUNK`).
+    pub fn attention_chunk(&self) -> usize {
+        self.attention_chunk
+            .map_or(crate::cuda::ops::ATTN_CHUNK, |c| c as usize)
     }
 
     /// Whether these options fit a model whose GDN key dim is `dk`.
@@ -313,6 +324,14 @@ impl GpuOptions {
                 int8_mma_regs: number("SPLASH_INT8_MMA_REGS", 64..=255)?.map(|n| n as u32),
                 int8_mma16_regs: number("SPLASH_INT8_MMA16_REGS", 64..=255)?.map(|n| n as u32),
                 attention_heads: number("SPLASH_ATTENTION_HEADS", 1..=4)?.map(|n| n as u32),
+                attention_chunk: match number("SPLASH_ATTENTION_CHUNK", 64..=1024)? {
+                    Some(c) if c % 32 != 0 => {
+                        return Err(format!(
+                            "SPLASH_ATTENTION_CHUNK={c}: expected a multiple of 32 (the staged attention's tile of keys)"
+                        ))
+                    }
+                    c => c.map(|c| c as u32),
+                },
                 timeline: flag("SPLASH_TIMELINE", false)?,
             },
         })
@@ -361,6 +380,7 @@ mod tests {
             ("SPLASH_VISION_QUERY_TILES", "1"),
             ("SPLASH_FOLD_LAUNCHES", "0"),
             ("SPLASH_ATTENTION_HEADS", "1"),
+            ("SPLASH_ATTENTION_CHUNK", "64"),
             ("SPLASH_TILED_GEMV", "tensor-cores"),
             ("SPLASH_SHARED_EXPERT_GROUPED", "0"),
             ("SPLASH_TIMELINE", "1"),
@@ -384,6 +404,7 @@ mod tests {
                 int8_mma_regs: Some(128),
                 int8_mma16_regs: Some(128),
                 attention_heads: Some(1),
+                attention_chunk: Some(64),
                 timeline: true,
             }
         );
@@ -412,6 +433,8 @@ mod tests {
             ("SPLASH_EXPERT_REGS", "lots", "from 64 to 255"),
             ("SPLASH_VISION_QUERY_TILES", "4", "from 1 to 2"),
             ("SPLASH_ATTENTION_HEADS", "6", "from 1 to 4"),
+            ("SPLASH_ATTENTION_CHUNK", "32", "from 64 to 1024"),
+            ("SPLASH_ATTENTION_CHUNK", "100", "a multiple of 32"),
             (
                 "SPLASH_TILED_GEMV",
                 "dp4a",

@@ -409,11 +409,11 @@ impl GpuDraft {
             at: 0,
             limit: context,
         };
-        let block = c.block_size;
+        let (block, chunk) = (c.block_size, self.gpu().options().kernels.attention_chunk());
         let chunks = self
             .layers
             .iter()
-            .map(|l| dev::split_chunks(at, block, Self::key_mask(c, l, block)))
+            .map(|l| dev::split_chunks(at, block, Self::key_mask(c, l, block), chunk))
             .max()
             .unwrap_or(0);
         let partials = c.num_heads * chunks * (c.head_dim + 2);

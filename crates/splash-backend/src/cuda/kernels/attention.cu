@@ -277,8 +277,10 @@ extern "C" __global__ void ATTN_BOUNDS attention(const float* q, const u8* kc, c
                  out + ((long)t * hq + h0) * HEAD_DIM, HEAD_DIM, true);
 }
 
-// Keys per chunk of the split attention below.
+// Keys per chunk of the split attention below (SPLASH_ATTENTION_CHUNK: a multiple of 32).
+#ifndef ATTN_CHUNK
 #define ATTN_CHUNK 256
+#endif
 
 // Split attention for a few query rows over a long context (flash-decoding): block
 // (token, hb heads, chunk c) attends to the keys of its token's range that fall in

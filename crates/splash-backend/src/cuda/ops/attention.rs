@@ -3,9 +3,10 @@
 
 use super::*;
 
-/// Keys per chunk of the split attention (`ATTN_CHUNK` in kernels/attention.cu): small enough
-/// that a decode step at 1K of context has a block per SM or so (1,024 made 48 blocks for the 27B's
-/// 24 heads, each walking 1,024 keys).
+/// Keys per chunk of the split attention by default (`ATTN_CHUNK` in kernels/attention.cu;
+/// [`KernelOptions::attention_chunk`] sets another): small enough that a decode step at 1K of
+/// context has a block per SM or so (1,024 made 48 blocks for the 27B's 24 heads, each walking
+/// 1,024 keys).
 pub const ATTN_CHUNK: usize = 256;
 /// The fewest keys per chunk when `attention_prefill` splits a short pass's keys.
 pub(super) const FLASH_MIN_CHUNK: usize = 1024;
@@ -111,19 +112,20 @@ pub(crate) fn staged_heads(
         .unwrap_or(1)
 }
 
-/// Chunks of [`ATTN_CHUNK`] keys the split attention (`attention_part`) gives each query row of
-/// a pass of `tokens` at `pos`: up to the furthest key of any query (a draft block sees the
-/// whole block), and with a window at most the chunks the window and the pass's keys span
-/// (the kernel starts at the chunk of the first query's first key).
-pub fn split_chunks(pos: Position, tokens: usize, mask: KeyMask) -> usize {
+/// Chunks of `chunk` keys ([`KernelOptions::attention_chunk`]) the split attention
+/// (`attention_part`) gives each query row of a pass of `tokens` at `pos`: up to the furthest
+/// key of any query (a draft block sees the whole block), and with a window at most the chunks
+/// the window and the pass's keys span (the kernel starts at the chunk of the first query's
+/// first key).
+pub fn split_chunks(pos: Position, tokens: usize, mask: KeyMask, chunk: usize) -> usize {
     let reach = if mask.block > 0 { mask.block } else { tokens };
     let span = match pos {
         Position::Host(p) => p + reach,
         Position::Device { limit, .. } => limit,
     };
-    let chunks = span.div_ceil(ATTN_CHUNK).max(1);
+    let chunks = span.div_ceil(chunk).max(1);
     match mask.window {
-        Some(w) => chunks.min((w + reach).div_ceil(ATTN_CHUNK) + 1),
+        Some(w) => chunks.min((w + reach).div_ceil(chunk) + 1),
         None => chunks,
     }
 }
@@ -163,7 +165,7 @@ pub fn attention(
     let (kc, ks, vc, vs) = (keys.0, keys.1, values.0, values.1);
     let heads = attention_heads(tokens, hq, hkv, k.options().attention_heads());
     if tokens <= SPLIT_ATTENTION_ROWS {
-        let chunks = split_chunks(pos, tokens, mask);
+        let chunks = split_chunks(pos, tokens, mask, k.options().attention_chunk());
         let rows = tokens * hq;
         let part = gpu.uninit::<f32>(rows * chunks * (k.dims().head_dim + 2))?;
         let pp = ptr(gpu, &part, 0);
@@ -375,7 +377,7 @@ pub fn attention_seqs(
             })
             .max()
             .unwrap_or(0)
-            .div_ceil(ATTN_CHUNK)
+            .div_ceil(k.options().attention_chunk())
             .max(1);
         let rows = longest * hq;
         let part = gpu.uninit::<f32>(group.len() * rows * chunks * (d + 2))?;

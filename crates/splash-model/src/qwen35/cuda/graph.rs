@@ -47,7 +47,8 @@ impl GpuModel {
             None => cfg.intermediate_size,
         };
         let per_row = cfg.vocab_size + 16 * cfg.hidden_size + 3 * ffn;
-        let partials = cfg.num_heads * context.div_ceil(dev::ATTN_CHUNK) * (cfg.head_dim + 2);
+        let chunk = self.gpu.options().kernels.attention_chunk();
+        let partials = cfg.num_heads * context.div_ceil(chunk) * (cfg.head_dim + 2);
         (PASS_GRAPHS * rows * 4 * (per_row + partials)) as u64
     }
 
