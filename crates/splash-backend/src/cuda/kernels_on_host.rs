@@ -2830,9 +2830,9 @@ fn staged_groupings(hq: usize, hkv: usize) -> Vec<usize> {
 }
 
 /// The staged split attention (int8 cache, head dims 256 and 128) matches the CPU over five
-/// chunks (seventeen of 64 keys), the last one partly filled, with and without a sliding window whose first key is
-/// inside a tile; every grouping of a block's heads gives the same bits, and so does each row
-/// of a 3-token block against its query alone.
+/// chunks (seventeen of 64 keys), the last one partly filled, with and without a sliding window
+/// whose first key is inside a tile; every grouping of a block's heads gives the same bits, and
+/// so does each row of a 3-token block against its query alone.
 #[test]
 fn the_staged_split_attention_matches_the_cpu_in_any_grouping() {
     // Groups of 8 (the 35B-A3B's) and 6 (the 27B's), over one and two KV heads; a draft's 4;

@@ -104,9 +104,9 @@ static __device__ void group_pairs_warp(int id, int pairs, int slots, int* activ
     bool first = lane < pairs;
     for (int o = 0; o < 32; o++) {
         int other = __shfl_sync(0xffffffffu, id, o);
-        bool before = other < id || (other == id && o < lane);
-        rank += before;
-        if (other == id && o < lane) first = false;
+        bool same_before = other == id && o < lane;
+        rank += other < id || same_before;
+        first = first && !same_before;
     }
     // The slot: the experts below this one (each counted at its first pair), and all of them.
     int slot = 0, used = 0;
@@ -125,6 +125,24 @@ static __device__ void group_pairs_warp(int id, int pairs, int slots, int* activ
         active[i] = -1;
         offsets[i + 1] = pairs;
     }
+}
+
+// Token t's pairs at ids, weights [t · per ..] by one warp: with shared_gate the shared expert
+// first (expert E, weight sigmoid(shared_gate[t])), then its top_k routed ones (route_token).
+// Returns lane j's routed pick j (j < top_k).
+static __device__ int route_token_pairs(const float* logits, int t, int* ids, float* weights, int E, int top_k,
+                                        const float* shared_gate, int per) {
+    int* out_i = ids + (long)t * per;
+    float* out_w = weights + (long)t * per;
+    if (shared_gate) {
+        if ((threadIdx.x & 31) == 0) {
+            out_i[0] = E;
+            out_w[0] = sigmoid(shared_gate[t]);
+        }
+        out_i++;
+        out_w++;
+    }
+    return route_token(logits + (long)t * E, E, top_k, out_i, out_w);
 }
 
 static __device__ void group_pairs(const int* ids, int pairs, int E, int slots, int* active, int* offsets,
@@ -146,17 +164,7 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
         // keeping its pair's expert, then groups them; no block barrier and no pair read back.
         int lane = threadIdx.x & 31, id = 0;
         for (int t = 0; t < tokens; t++) {
-            int* out_i = ids + (long)t * per;
-            float* out_w = weights + (long)t * per;
-            if (shared_gate) {
-                if (lane == 0) {
-                    out_i[0] = E;
-                    out_w[0] = sigmoid(shared_gate[t]);
-                }
-                out_i++;
-                out_w++;
-            }
-            int pick = route_token(logits + (long)t * E, E, top_k, out_i, out_w);
+            int pick = route_token_pairs(logits, t, ids, weights, E, top_k, shared_gate, per);
             int j = lane - t * per - (shared_gate ? 1 : 0);  // this lane's pair's pick of token t
             int from = __shfl_sync(0xffffffffu, pick, j & 31);
             if (lane >= t * per && lane < (t + 1) * per) id = j < 0 ? E : from;
@@ -165,19 +173,7 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS)
         return;
     }
     int t = blockIdx.x * MOE_ROUTE_TOKENS + (threadIdx.x >> 5);
-    if (t < tokens) {
-        int* out_i = ids + (long)t * per;
-        float* out_w = weights + (long)t * per;
-        if (shared_gate) {
-            if ((threadIdx.x & 31) == 0) {
-                out_i[0] = E;
-                out_w[0] = sigmoid(shared_gate[t]);
-            }
-            out_i++;
-            out_w++;
-        }
-        route_token(logits + (long)t * E, E, top_k, out_i, out_w);
-    }
+    if (t < tokens) route_token_pairs(logits, t, ids, weights, E, top_k, shared_gate, per);
     if (!done) return;
     if (gridDim.x > 1) {
         // Every block's pairs are visible to every block before it is counted.
